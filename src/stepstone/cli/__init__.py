@@ -1,0 +1,44 @@
+"""The ``stepstone`` command line: the root group and the registry of command modules.
+
+To add commands, write a module in this package exposing ``commands`` (a list of click commands or
+groups) and append it to ``_COMMAND_MODULES``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from stepstone import __version__
+from stepstone.cli import db, doctor
+from stepstone.cli.common import RootOptions, settings_options
+from stepstone.errors import StepstoneError
+
+__all__ = ["cli", "main"]
+
+_COMMAND_MODULES: list[Any] = [db, doctor]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@settings_options
+@click.version_option(__version__, prog_name="stepstone")
+@click.pass_context
+def cli(ctx: click.Context, database_url: str | None, schema: str | None) -> None:
+    """stepstone: durable workflows on PostgreSQL."""
+    ctx.obj = RootOptions(database_url=database_url, schema=schema)
+
+
+for _module in _COMMAND_MODULES:
+    for _command in _module.commands:
+        cli.add_command(_command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: exit 1 with one line for a StepstoneError, 2 for usage errors."""
+    try:
+        cli.main(args=argv, prog_name="stepstone")
+    except StepstoneError as exc:  # safety net: commands normally convert these themselves
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,122 @@
+"""Helpers shared by CLI command modules: settings options, output format, async runner, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from stepstone.config import load_settings
+from stepstone.errors import StepstoneError
+
+__all__ = [
+    "CliError",
+    "RootOptions",
+    "emit",
+    "output_option",
+    "render_table",
+    "run_async",
+    "settings_options",
+    "with_settings",
+]
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CliError(click.ClickException):
+    """A one-line error on stderr and exit code 1 (``exit_code`` may be overridden)."""
+
+    exit_code = 1
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", file=file, err=True)
+
+
+@dataclass
+class RootOptions:
+    """Options given to the root group, kept in ``ctx.obj``."""
+
+    database_url: str | None = None
+    schema: str | None = None
+
+
+def settings_options(func: F) -> F:
+    """Add ``--database-url`` and ``--schema`` to a group or command."""
+    func = click.option(
+        "--schema",
+        default=None,
+        metavar="NAME",
+        help="PostgreSQL schema holding stepstone's tables [env STEPSTONE_SCHEMA; default stepstone].",
+    )(func)
+    return click.option(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="postgresql://user:password@host:port/dbname [env STEPSTONE_DATABASE_URL, DATABASE_URL; "
+        "default: embedded PostgreSQL in .stepstone/pg].",
+    )(func)
+
+
+def with_settings(func: Callable[..., T]) -> Callable[..., T]:
+    """Give the command resolved ``settings`` (command flags beat root flags beat env and pyproject)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, database_url: str | None, schema: str | None, **kwargs: Any) -> T:
+        ctx = click.get_current_context()
+        root = ctx.find_object(RootOptions) or RootOptions()
+        try:
+            settings = load_settings(
+                database_url=database_url if database_url is not None else root.database_url,
+                schema=schema if schema is not None else root.schema,
+            )
+        except StepstoneError as exc:
+            raise CliError(str(exc)) from exc
+        return func(*args, settings=settings, **kwargs)
+
+    return settings_options(wrapper)
+
+
+def output_option(func: F) -> F:
+    """Add ``-o/--output [table|json]`` (passed as ``output``)."""
+    return click.option(
+        "-o",
+        "--output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="Output format.",
+    )(func)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro``; a StepstoneError becomes a one-line message and exit code 1."""
+    try:
+        return asyncio.run(coro)
+    except StepstoneError as exc:
+        raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+
+
+def render_table(rows: Sequence[Sequence[Any]], headers: Sequence[str] | None = None) -> str:
+    """Left-aligned columns separated by two spaces."""
+    all_rows = [list(map(str, headers))] if headers else []
+    all_rows += [["" if cell is None else str(cell) for cell in row] for row in rows]
+    if not all_rows:
+        return ""
+    widths = [max(len(row[i]) for row in all_rows if i < len(row)) for i in range(len(all_rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in all_rows
+    )
+
+
+def emit(data: Any, output: str, table: Callable[[], str]) -> None:
+    """Print ``data`` as JSON, or the text ``table()`` builds."""
+    if output == "json":
+        click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
+    else:
+        click.echo(table())

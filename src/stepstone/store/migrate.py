@@ -1,0 +1,214 @@
+"""Schema migrations: ordered ``migrations/NNNN_name.sql`` files applied once each, under a lock.
+
+Each pending file runs in its own transaction holding a transaction-level advisory lock derived from
+the schema name, so concurrent migrators apply every version exactly once. A history that records
+versions this stepstone does not ship is refused with :class:`SchemaTooNew` before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from importlib import resources
+
+import asyncpg
+
+from stepstone.config import quote_ident, validate_schema_name
+from stepstone.errors import SchemaTooNew
+from stepstone.store.database import translate_errors
+from stepstone.store.sqlfiles import render
+
+__all__ = [
+    "AppliedMigration",
+    "Migration",
+    "MigrationStatus",
+    "advisory_lock_key",
+    "migrate",
+    "pending_sql",
+    "shipped_migrations",
+    "status",
+]
+
+_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+_BOOTSTRAP = """\
+CREATE SCHEMA IF NOT EXISTS {{schema}};
+CREATE TABLE IF NOT EXISTS {{schema}}.schema_migrations (
+    version int PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    checksum text NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One shipped migration file."""
+
+    version: int
+    name: str
+    sql: str  # raw text, with the {{schema}} placeholder
+    checksum: str  # sha256 of the raw text
+
+    def rendered(self, schema: str) -> str:
+        """The SQL to run for ``schema``."""
+        return render(self.sql, schema)
+
+
+@dataclass(frozen=True)
+class AppliedMigration:
+    """One row of ``schema_migrations``."""
+
+    version: int
+    name: str
+    applied_at: datetime
+    checksum: str
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    """Applied, pending and unknown (newer than shipped) versions, plus checksum mismatches."""
+
+    applied: list[AppliedMigration] = field(default_factory=list)
+    pending: list[Migration] = field(default_factory=list)
+    unknown: list[int] = field(default_factory=list)
+    modified: list[int] = field(default_factory=list)  # applied, but the shipped file has changed since
+
+    @property
+    def current_version(self) -> int | None:
+        """Highest applied version, or None on a fresh database."""
+        return max((m.version for m in self.applied), default=None)
+
+
+@cache
+def shipped_migrations() -> tuple[Migration, ...]:
+    """The migration files shipped with this stepstone, in version order."""
+    found: list[Migration] = []
+    for entry in resources.files("stepstone.store").joinpath("migrations").iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match is None:
+            if entry.name.endswith(".sql"):
+                raise RuntimeError(f"migration file {entry.name!r} does not match NNNN_name.sql")
+            continue
+        text = entry.read_text(encoding="utf-8")
+        found.append(
+            Migration(
+                version=int(match.group(1)),
+                name=match.group(2),
+                sql=text,
+                checksum=hashlib.sha256(text.encode()).hexdigest(),
+            )
+        )
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise RuntimeError(f"duplicate migration versions in {versions}")
+    return tuple(found)
+
+
+def advisory_lock_key(schema: str) -> int:
+    """A stable signed 64-bit advisory lock key for migrating ``schema``."""
+    digest = hashlib.sha256(f"stepstone.migrate:{validate_schema_name(schema)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def pending_sql(schema: str, applied: frozenset[int] = frozenset()) -> str:
+    """The SQL that migrating ``schema`` would run, given the versions already ``applied``."""
+    chunks = [f"-- stepstone bootstrap\n{render(_BOOTSTRAP, schema)}"]
+    for migration in shipped_migrations():
+        if migration.version in applied:
+            continue
+        chunks.append(
+            f"-- {migration.version:04d}_{migration.name}\n{migration.rendered(schema).rstrip()}\n"
+            f"INSERT INTO {quote_ident(schema)}.schema_migrations (version, name, checksum)"
+            f" VALUES ({migration.version}, '{migration.name}', '{migration.checksum}');\n"
+        )
+    return "\n".join(chunks)
+
+
+async def _read_history(conn: asyncpg.Connection, schema: str) -> list[AppliedMigration] | None:
+    """Rows of schema_migrations, or None when the table does not exist."""
+    table = f"{quote_ident(schema)}.schema_migrations"
+    exists = await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
+    if not exists:
+        return None
+    rows = await conn.fetch(
+        render("SELECT version, name, applied_at, checksum FROM {{schema}}.schema_migrations "
+               "ORDER BY version", schema)
+    )
+    return [AppliedMigration(r["version"], r["name"], r["applied_at"], r["checksum"]) for r in rows]
+
+
+def _status_from(history: list[AppliedMigration]) -> MigrationStatus:
+    shipped = {m.version: m for m in shipped_migrations()}
+    applied_versions = {m.version for m in history}
+    return MigrationStatus(
+        applied=history,
+        pending=[m for v, m in sorted(shipped.items()) if v not in applied_versions],
+        unknown=sorted(v for v in applied_versions if v not in shipped),
+        modified=sorted(m.version for m in history if m.version in shipped
+                        and shipped[m.version].checksum != m.checksum),
+    )
+
+
+async def status(conn: asyncpg.Connection, schema: str) -> MigrationStatus:
+    """What is applied, pending and unknown in ``schema``; creates nothing."""
+    validate_schema_name(schema)
+    with translate_errors():
+        history = await _read_history(conn, schema)
+    return _status_from(history or [])
+
+
+def _too_new(schema: str, unknown: list[int]) -> SchemaTooNew:
+    latest = max((m.version for m in shipped_migrations()), default=0)
+    return SchemaTooNew(
+        f"schema {schema!r} has migration(s) {', '.join(map(str, unknown))} but this stepstone only "
+        f"knows up to {latest}: upgrade stepstone",
+        unknown_versions=tuple(unknown),
+    )
+
+
+async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
+    """Apply pending migrations to ``schema``, each in its own locked transaction; return those applied.
+
+    Safe to call concurrently from several processes and idempotent.
+    """
+    validate_schema_name(schema)
+    key = advisory_lock_key(schema)
+    applied_now: list[Migration] = []
+    with translate_errors():
+        # Pre-check without creating anything, so a too-new history or a missing privilege on an
+        # up-to-date schema does not try to create the schema.
+        history = await _read_history(conn, schema)
+        if history is not None:
+            current = _status_from(history)
+            if current.unknown:
+                raise _too_new(schema, current.unknown)
+            if not current.pending:
+                return applied_now
+        while True:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
+                history = await _read_history(conn, schema)
+                if history is None:
+                    await conn.execute(render(_BOOTSTRAP, schema))
+                    history = []
+                current = _status_from(history)
+                if current.unknown:
+                    raise _too_new(schema, current.unknown)
+                if not current.pending:
+                    return applied_now
+                migration = current.pending[0]
+                await conn.execute(migration.rendered(schema))
+                await conn.execute(
+                    render("INSERT INTO {{schema}}.schema_migrations (version, name, checksum) "
+                           "VALUES ($1, $2, $3)", schema),
+                    migration.version,
+                    migration.name,
+                    migration.checksum,
+                )
+            applied_now.append(migration)

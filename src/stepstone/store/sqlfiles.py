@@ -1,0 +1,28 @@
+"""Reading the SQL files shipped in ``stepstone.store`` and rendering their schema placeholder.
+
+SQL files name the schema with the literal placeholder ``{{schema}}``; :func:`render` is the one place
+it is replaced, always by the validated, double-quoted identifier.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from stepstone.config import quote_ident
+
+__all__ = ["SCHEMA_PLACEHOLDER", "read_text", "render"]
+
+SCHEMA_PLACEHOLDER = "{{schema}}"
+
+
+def render(sql_text: str, schema: str) -> str:
+    """Replace every ``{{schema}}`` in ``sql_text`` by the quoted identifier of ``schema`` (validated)."""
+    return sql_text.replace(SCHEMA_PLACEHOLDER, quote_ident(schema))
+
+
+def read_text(*parts: str) -> str:
+    """Text of a file shipped under the ``stepstone.store`` package, e.g. ``read_text("schema.sql")``."""
+    node = resources.files("stepstone.store")
+    for part in parts:
+        node = node.joinpath(part)
+    return node.read_text(encoding="utf-8")
