@@ -1,0 +1,67 @@
+"""Size and depth bounds checked before a payload or a state is stored."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class PayloadRejected(ValueError):
+    """A value that may not be stored; `reason` is one of too_large, too_deep, invalid."""
+
+    def __init__(self, what: str, reason: str, detail: str) -> None:
+        super().__init__(f"{what}: {detail}")
+        self.what = what
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Configurable bounds; the defaults suit business state, not blobs."""
+
+    max_payload_bytes: int = 256 * 1024
+    max_depth: int = 32
+    max_name_length: int = 200
+
+    def encode(self, what: str, value: Any) -> str:
+        """JSON text of `value`, or PayloadRejected when it is deep, large or not JSON."""
+        self.check_depth(what, value)
+        try:
+            text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise PayloadRejected(what, "invalid", f"not JSON-serializable ({exc})") from None
+        if "\\u0000" in text:
+            raise PayloadRejected(what, "invalid", "contains a NUL character (\\u0000), which PostgreSQL cannot store")
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise PayloadRejected(what, "invalid", "contains a lone surrogate, which is not valid UTF-8") from None
+        if size > self.max_payload_bytes:
+            raise PayloadRejected(
+                what, "too_large", f"{size} bytes exceeds the limit of {self.max_payload_bytes} bytes"
+            )
+        return text
+
+    def check_depth(self, what: str, value: Any) -> None:
+        # Iterative, so a 10,000-deep document cannot exhaust the Python stack.
+        stack: list[tuple[Any, int]] = [(value, 1)]
+        while stack:
+            item, depth = stack.pop()
+            if isinstance(item, dict | list):
+                if depth > self.max_depth:
+                    raise PayloadRejected(
+                        what, "too_deep", f"nesting deeper than the limit of {self.max_depth} levels"
+                    )
+                if isinstance(item, dict):
+                    for key in item:
+                        self.check_name(f"{what} key", str(key))
+                    stack.extend((c, depth + 1) for c in item.values())
+                else:
+                    stack.extend((c, depth + 1) for c in item)
+
+    def check_name(self, what: str, name: str) -> None:
+        if len(name) > self.max_name_length:
+            raise PayloadRejected(
+                what, "too_large", f"{len(name)} characters exceeds the limit of {self.max_name_length}"
+            )

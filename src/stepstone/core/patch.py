@@ -1,0 +1,54 @@
+"""RFC 6902 patches between two JSON documents, for history entries.
+
+Objects are diffed key by key; arrays and scalars that differ are replaced whole,
+which keeps patches small for the usual state changes and always correct.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _pointer(path: list[str]) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def diff(old: Any, new: Any) -> list[dict[str, Any]]:
+    """The operations that turn `old` into `new`."""
+    ops: list[dict[str, Any]] = []
+    _diff(old, new, [], ops)
+    return ops
+
+
+def _diff(old: Any, new: Any, path: list[str], ops: list[dict[str, Any]]) -> None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in old:
+            if key not in new:
+                ops.append({"op": "remove", "path": _pointer([*path, key])})
+        for key, value in new.items():
+            if key not in old:
+                ops.append({"op": "add", "path": _pointer([*path, key]), "value": value})
+            else:
+                _diff(old[key], value, [*path, key], ops)
+    elif old != new or type(old) is not type(new):
+        ops.append({"op": "replace", "path": _pointer(path), "value": new})
+
+
+def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+    """Apply operations produced by `diff` (add, remove, replace) to a copy of `doc`."""
+    import copy
+
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        if not parts:
+            doc = copy.deepcopy(op["value"])
+            continue
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[p]
+        if op["op"] == "remove":
+            del parent[parts[-1]]
+        else:
+            parent[parts[-1]] = copy.deepcopy(op["value"])
+    return doc
