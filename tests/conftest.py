@@ -38,7 +38,7 @@ def pg_server() -> Iterator[PgServer]:
 
 @pytest.fixture
 def database_url(pg_server: PgServer) -> Iterator[str]:
-    name = pg_server.create_database(template=pg_server.template)
+    name = pg_server.take_clone()
     try:
         yield pg_server.url_for(name)
     finally:

@@ -1,7 +1,7 @@
 """Schema migrations: ordered ``migrations/NNNN_name.sql`` files applied once each, under a lock.
 
-Each pending file runs in its own transaction holding a transaction-level advisory lock derived from
-the schema name, so concurrent migrators apply every version exactly once. A history that records
+Each pending file runs in its own transaction while the migrator holds a session-level advisory lock
+derived from the schema name, so concurrent migrators apply every version exactly once. A history that records
 versions this stepstone does not ship is refused with :class:`SchemaTooNew` before anything runs.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -173,7 +174,7 @@ def _too_new(schema: str, unknown: list[int]) -> SchemaTooNew:
 
 
 async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
-    """Apply pending migrations to ``schema``, each in its own locked transaction; return those applied.
+    """Apply pending migrations to ``schema``, each in its own transaction under a lock; return them.
 
     Safe to call concurrently from several processes and idempotent.
     """
@@ -190,25 +191,32 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
                 raise _too_new(schema, current.unknown)
             if not current.pending:
                 return applied_now
-        while True:
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", key)
-                history = await _read_history(conn, schema)
-                if history is None:
-                    await conn.execute(render(_BOOTSTRAP, schema))
-                    history = []
-                current = _status_from(history)
-                if current.unknown:
-                    raise _too_new(schema, current.unknown)
-                if not current.pending:
-                    return applied_now
-                migration = current.pending[0]
-                await conn.execute(migration.rendered(schema))
-                await conn.execute(
-                    render("INSERT INTO {{schema}}.schema_migrations (version, name, checksum) "
-                           "VALUES ($1, $2, $3)", schema),
-                    migration.version,
-                    migration.name,
-                    migration.checksum,
-                )
-            applied_now.append(migration)
+        # A session lock, so that every transaction below starts after the lock is held and so sees
+        # (with fresh catalog caches) whatever a concurrent migrator committed before releasing it.
+        await conn.execute("SELECT pg_advisory_lock($1)", key)
+        try:
+            while True:
+                async with conn.transaction():
+                    history = await _read_history(conn, schema)
+                    if history is None:
+                        await conn.execute(render(_BOOTSTRAP, schema))
+                        history = []
+                    current = _status_from(history)
+                    if current.unknown:
+                        raise _too_new(schema, current.unknown)
+                    if not current.pending:
+                        return applied_now
+                    migration = current.pending[0]
+                    await conn.execute(migration.rendered(schema))
+                    await conn.execute(
+                        render("INSERT INTO {{schema}}.schema_migrations (version, name, checksum) "
+                               "VALUES ($1, $2, $3)", schema),
+                        migration.version,
+                        migration.name,
+                        migration.checksum,
+                    )
+                applied_now.append(migration)
+        finally:
+            if not conn.is_closed():
+                with suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                    await conn.execute("SELECT pg_advisory_unlock($1)", key)

@@ -1,0 +1,152 @@
+"""The command line: one-line errors, exit codes, migrate/status/sql/doctor against real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import asyncpg
+import pytest
+from click.testing import CliRunner, Result
+
+from stepstone.cli import cli
+from tests._pg import PgServer
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def one_line_error(result: Result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("schema", ["a$$b", "o'brien", 'x";drop'])
+@pytest.mark.parametrize("where", ["root", "command"])
+def test_invalid_schema_is_refused_and_nothing_created(empty_database_url: str, schema: str, where: str) -> None:
+    opts = ["--database-url", empty_database_url, "--schema", schema]
+    args = [*opts, "db", "migrate"] if where == "root" else ["db", "migrate", *opts]
+    line = one_line_error(run(*args))
+    assert "invalid schema name" in line
+
+    async def schemas() -> list[str]:
+        conn = await asyncpg.connect(empty_database_url)
+        try:
+            rows = await conn.fetch("SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg_%'")
+            return sorted(r["nspname"] for r in rows)
+        finally:
+            await conn.close()
+
+    import asyncio  # noqa: PLC0415
+
+    assert asyncio.run(schemas()) == ["information_schema", "public"]
+
+
+def test_unreachable_names_host_port_and_hides_password() -> None:
+    line = one_line_error(run("--database-url", "postgresql://bob:s3cretpw@127.0.0.1:1/db", "db", "migrate"))
+    assert "127.0.0.1:1" in line
+    assert "s3cretpw" not in line
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://bob:s3cretpw@localhost:notaport/db", "mysql://bob:s3cretpw@h/db", "not a url"]
+)
+def test_malformed_url(url: str) -> None:
+    line = one_line_error(run("--database-url", url, "db", "status"))
+    assert "malformed database URL" in line
+    assert "s3cretpw" not in line
+
+
+def test_unknown_host() -> None:
+    line = one_line_error(run("--database-url", "postgresql://u:pw1234@no-such-host.invalid:5433/db", "doctor"))
+    assert "no-such-host.invalid:5433" in line and "pw1234" not in line
+
+
+@pytest.fixture
+def unprivileged_url(pg_server: PgServer, empty_database_url: str) -> Iterator[str]:
+    role = f"nopriv_{uuid.uuid4().hex[:8]}"
+    pg_server.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        yield pg_server.url_for(urlsplit(empty_database_url).path.lstrip("/"), user=role)
+    finally:
+        pg_server.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_insufficient_privilege(unprivileged_url: str) -> None:
+    line = one_line_error(run("--database-url", unprivileged_url, "db", "migrate"))
+    assert "insufficient privilege" in line
+
+
+def test_migrate_status_and_rerun(empty_database_url: str) -> None:
+    status = run("--database-url", empty_database_url, "db", "status")
+    assert status.exit_code == 1 and "pending" in status.stdout
+    first = run("--database-url", empty_database_url, "db", "migrate")
+    assert first.exit_code == 0 and "applied 0001_" in first.stdout
+    again = run("--database-url", empty_database_url, "db", "migrate")
+    assert again.exit_code == 0 and "up to date" in again.stdout
+    status = run("--database-url", empty_database_url, "db", "status", "-o", "json")
+    assert status.exit_code == 0
+    data = json.loads(status.stdout)
+    assert data["pending"] == [] and data["applied"][0]["version"] == 1
+
+
+def test_newer_history_is_refused(database_url: str, pg_server: PgServer) -> None:
+    async def add_future() -> None:
+        conn = await asyncpg.connect(database_url)
+        try:
+            await conn.execute("INSERT INTO stepstone.schema_migrations VALUES (9999, 'future', now(), 'x')")
+        finally:
+            await conn.close()
+
+    import asyncio  # noqa: PLC0415
+
+    asyncio.run(add_future())
+    assert "9999" in one_line_error(run("--database-url", database_url, "db", "migrate"))
+    assert "9999" in one_line_error(run("--database-url", database_url, "doctor"))
+
+
+def test_doctor_ok_and_json(database_url: str) -> None:
+    result = run("--database-url", database_url, "doctor")
+    assert result.exit_code == 0, result.output
+    assert "--database-url" in result.stdout and "status: ok" in result.stdout
+    data = json.loads(run("--database-url", database_url, "doctor", "-o", "json").stdout)
+    assert data["database"]["reachable"] is True
+    assert data["database"]["mode"] == "configured"
+    assert data["schema"]["pending"] == []
+    assert data["config"]["schema"] == {"value": "stepstone", "source": "default"}
+
+
+def test_doctor_reports_pending(empty_database_url: str) -> None:
+    result = run("--database-url", empty_database_url, "doctor")
+    assert result.exit_code == 1 and "pending" in result.stderr
+
+
+def test_db_sql_is_offline_and_rendered() -> None:
+    result = run("--schema", "wf", "db", "sql")
+    assert result.exit_code == 0
+    assert '"wf".schema_migrations' in result.stdout and "{{schema}}" not in result.stdout
+
+
+def test_usage_error_exits_2() -> None:
+    assert run("db", "nosuch").exit_code == 2
+    assert run("doctor", "-o", "xml").exit_code == 2
+
+
+def test_console_script_has_no_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "from stepstone.cli import main; main()", "--schema", "a$$b", "db", "sql"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "invalid schema name" in proc.stderr

@@ -1,0 +1,129 @@
+"""The migration runner against real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import asyncpg
+import pytest
+
+from stepstone.errors import SchemaTooNew
+from stepstone.store import migrate as m
+from stepstone.store.sqlfiles import render
+
+
+def _fake(version: int, sql: str) -> m.Migration:
+    return m.Migration(version, f"fake_{version}", sql, hashlib.sha256(sql.encode()).hexdigest())
+
+
+@pytest.fixture
+def two_migrations(monkeypatch: pytest.MonkeyPatch) -> tuple[m.Migration, ...]:
+    shipped = (*m.shipped_migrations(), _fake(9001, "CREATE TABLE {{schema}}.extra (id int);"))
+    monkeypatch.setattr(m, "shipped_migrations", lambda: shipped)
+    return shipped
+
+
+def test_render_quotes_schema() -> None:
+    assert render("SELECT * FROM {{schema}}.t, {{schema}}.u", "wf") == 'SELECT * FROM "wf".t, "wf".u'
+
+
+def test_shipped_files_are_ordered_and_named() -> None:
+    shipped = m.shipped_migrations()
+    assert shipped, "at least the initial migration ships"
+    assert [x.version for x in shipped] == sorted({x.version for x in shipped})
+    assert shipped[0].version == 1
+
+
+async def test_migrate_fresh_then_noop(empty_database_url: str) -> None:
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        before = await m.status(conn, "wf")
+        assert before.applied == [] and len(before.pending) == len(m.shipped_migrations())
+        assert await conn.fetchval("SELECT to_regnamespace('wf')") is None  # status creates nothing
+        applied = await m.migrate(conn, "wf")
+        assert [x.version for x in applied] == [x.version for x in m.shipped_migrations()]
+        assert await m.migrate(conn, "wf") == []
+        after = await m.status(conn, "wf")
+        assert after.pending == [] and after.unknown == [] and after.modified == []
+        assert after.current_version == m.shipped_migrations()[-1].version
+    finally:
+        await conn.close()
+
+
+async def test_concurrent_migrators_apply_each_version_once(
+    empty_database_url: str, two_migrations: tuple[m.Migration, ...]
+) -> None:
+    conns = [await asyncpg.connect(empty_database_url) for _ in range(3)]
+    try:
+        results = await asyncio.gather(*(m.migrate(c, "wf") for c in conns))
+        applied = sorted(x.version for result in results for x in result)
+        assert applied == [x.version for x in two_migrations]
+        rows = await conns[0].fetch("SELECT version FROM wf.schema_migrations ORDER BY version")
+        assert [r["version"] for r in rows] == [x.version for x in two_migrations]
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_history_newer_than_shipped_is_refused(
+    empty_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await m.migrate(conn, "wf")
+        await conn.execute(
+            "INSERT INTO wf.schema_migrations (version, name, checksum) VALUES (9999, 'future', 'x')"
+        )
+        shipped = (*m.shipped_migrations(), _fake(9001, "CREATE TABLE {{schema}}.extra (id int);"))
+        monkeypatch.setattr(m, "shipped_migrations", lambda: shipped)
+        with pytest.raises(SchemaTooNew, match="9999") as info:
+            await m.migrate(conn, "wf")
+        assert info.value.unknown_versions == (9999,)
+        assert await conn.fetchval("SELECT to_regclass('wf.extra')") is None  # nothing applied
+        assert (await m.status(conn, "wf")).unknown == [9999]
+    finally:
+        await conn.close()
+
+
+async def test_failing_migration_rolls_back_alone(
+    empty_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = (*m.shipped_migrations(), _fake(9001, "CREATE TABLE {{schema}}.half (id int); SELECT 1/0;"))
+    monkeypatch.setattr(m, "shipped_migrations", lambda: shipped)
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            await m.migrate(conn, "wf")
+        state = await m.status(conn, "wf")
+        assert [x.version for x in state.pending] == [9001]
+        assert await conn.fetchval("SELECT to_regclass('wf.half')") is None
+    finally:
+        await conn.close()
+
+
+async def test_modified_file_is_reported(empty_database_url: str) -> None:
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await m.migrate(conn, "wf")
+        await conn.execute("UPDATE wf.schema_migrations SET checksum = 'old' WHERE version = 1")
+        assert (await m.status(conn, "wf")).modified == [1]
+    finally:
+        await conn.close()
+
+
+async def test_pending_sql_runs_as_is(empty_database_url: str) -> None:
+    text = m.pending_sql("wf")
+    assert "{{schema}}" not in text and '"wf".schema_migrations' in text
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        await conn.execute(text)
+        assert (await m.status(conn, "wf")).pending == []
+    finally:
+        await conn.close()
+    assert "0001_" not in m.pending_sql("wf", frozenset({1}))
+
+
+def test_lock_key_is_stable_and_per_schema() -> None:
+    assert m.advisory_lock_key("a") == m.advisory_lock_key("a") != m.advisory_lock_key("b")
+    assert -(2**63) <= m.advisory_lock_key("a") < 2**63
