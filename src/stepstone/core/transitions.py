@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from stepstone.core.model import (
-    JSON,
     CANCELLED,
     COMPLETED,
     FAILED,
+    JSON,
     RUNNING,
     RUNS_STEP,
     TERMINAL,
@@ -32,7 +32,6 @@ from stepstone.core.model import (
 )
 from stepstone.core.patch import diff
 from stepstone.core.plan import END, Plan
-
 
 
 def apply(instance: InstanceView, command: CommandView, plan: Plan, now: datetime, max_claims: int = 5) -> RunStep | Decision:
@@ -265,3 +264,11 @@ def _dead_letter(instance: InstanceView, command: CommandView, max_claims: int) 
         instance=InstanceChange(FAILED, instance.step, instance.visit, wait=instance.wait, error=error),
         history=(dead, HistoryEntry("INSTANCE_FAILED", instance.step, instance.visit, error)),
     )
+
+
+def advance(instance: InstanceView, change: InstanceChange | None) -> InstanceView:
+    """The instance as a committed decision left it, without reading it back."""
+    if change is None:
+        return instance
+    state = instance.state if change.state is None else change.state
+    return InstanceView(instance.id, change.status, change.step, change.visit, state, change.wait)

@@ -78,6 +78,7 @@ CREATE TABLE {{schema}}.commands (
     dedup_key text,
     attempt integer NOT NULL DEFAULT 1,
     claims integer NOT NULL DEFAULT 0,
+    deferrals integer NOT NULL DEFAULT 0,
     available_at timestamptz NOT NULL,
     token uuid,
     claimed_by text,
@@ -198,7 +199,8 @@ BEGIN
             ELSE c.available_at END,
         attempt = CASE v_settle WHEN 'RETRY' THEN c.attempt + 1 ELSE c.attempt END,
         claims = CASE WHEN v_settle IN ('RETRY', 'PARKED') THEN 0 ELSE c.claims END,
-        token = NULL,
+        -- The token stays on the settled row: it tells a worker whose commit
+        -- outcome was unknown that this claim did settle it.
         last_error = d->'settle'->>'reason',
         settled_at = CASE WHEN v_settle IN ('RETRY', 'PARKED', 'DEAD') THEN NULL ELSE v_now END
     WHERE c.id = p_command AND c.token = p_token AND c.state = 'CLAIMED'

@@ -1,0 +1,1 @@
+"""The Python authoring API: workflows, steps, retry policies and the registry."""

@@ -1,0 +1,271 @@
+"""Define workflows in Python.
+
+    wf = Workflow("order", version=1, state=Order)
+
+    @wf.step(start=True, next="await_payment")
+    async def reserve(ctx: StepContext, state: Order) -> None: ...
+
+    wf.wait("await_payment", signals={"paid": "ship"}, timeout=timedelta(days=1), on_timeout="release")
+
+A workflow collects steps and becomes an immutable `Plan` the first time the
+engine asks for it; after that it can no longer change.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Generic, TypeVar, overload
+
+from pydantic import BaseModel, ValidationError
+
+from stepstone.core.model import Event
+from stepstone.core.plan import END, Plan, RetryPolicy, Step
+from stepstone.errors import DefinitionError, InvalidInput
+
+S = TypeVar("S")
+Handler = Callable[["StepContext", Any], "str | None | Awaitable[str | None]"]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Retry policy of an action step: attempts, exponential backoff, errors never retried."""
+
+    max_attempts: int = 3
+    backoff: float | timedelta = 1.0
+    multiplier: float = 2.0
+    max_backoff: float | timedelta = 60.0
+    non_retryable: tuple[type[BaseException], ...] = ()
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.max_attempts,
+            initial_backoff=_seconds(self.backoff),
+            multiplier=self.multiplier,
+            max_backoff=_seconds(self.max_backoff),
+            non_retryable=tuple(sorted(_type_name(t) for t in self.non_retryable)),
+        )
+
+
+@dataclass(frozen=True)
+class Signal:
+    """The signal that moved the instance out of its last wait."""
+
+    name: str
+    payload: Any
+
+
+@dataclass
+class StepContext:
+    """What a handler knows about the step it runs.
+
+    `idempotency_key` is the same on every attempt of this visit of this step, on
+    any worker: hand it to the outside world so a repeated effect is recognised.
+    """
+
+    instance_id: str
+    workflow: str
+    step: str
+    attempt: int
+    idempotency_key: str
+    signal: Signal | None = None
+    events: list[Event] = field(default_factory=list)
+
+    def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
+        """Stage an outbox event; it is written in this step's commit, or not at all."""
+        self.events.append(Event(type, payload, key))
+
+
+@dataclass(frozen=True)
+class _ActionSpec:
+    handler: Callable[..., Any]
+    non_retryable: tuple[type[BaseException], ...]
+
+
+class Workflow(Generic[S]):
+    """A named, versioned graph of steps over a state model."""
+
+    def __init__(self, id: str, *, version: int = 1, state: type[S] | None = None) -> None:  # noqa: A002
+        self.id = id
+        self.version = version
+        self.state_model = state
+        self._steps: list[Step] = []
+        self._actions: dict[str, _ActionSpec] = {}
+        self._start: str | None = None
+        self._plan: Plan | None = None
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.id} v{self.version}>"
+
+    # -- authoring -------------------------------------------------------------------------
+
+    @overload
+    def step(self, fn: F, /) -> F: ...
+    @overload
+    def step(
+        self,
+        *,
+        name: str | None = None,
+        next: str | Sequence[str] | None = None,
+        start: bool = False,
+        retry: Retry | None = None,
+    ) -> Callable[[F], F]: ...
+    def step(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        next: str | Sequence[str] | None = None,  # noqa: A002
+        start: bool = False,
+        retry: Retry | None = None,
+    ) -> F | Callable[[F], F]:
+        """Declare an action step. The handler `(ctx, state)` returns the next step's name,
+        or None when `next` names a single step (or none: the step then ends the instance)."""
+
+        def register(handler: F) -> F:
+            step_name = name or handler.__name__
+            targets = (next,) if isinstance(next, str) else tuple(next or ())
+            policy = retry or Retry()
+            self._add(Step(step_name, "action", targets, retry=policy.policy()), start)
+            self._actions[step_name] = _ActionSpec(handler, policy.non_retryable)
+            return handler
+
+        return register(fn) if fn is not None else register
+
+    def timer(
+        self,
+        name: str,
+        *,
+        next: str,  # noqa: A002
+        delay: timedelta | float | None = None,
+        until: str | None = None,
+        start: bool = False,
+    ) -> None:
+        """Declare a timer step: sleep for `delay`, or until the instant in state field `until`."""
+        seconds = None if delay is None else _seconds(delay)
+        self._add(Step(name, "timer", (next,), delay_seconds=seconds, until=until), start)
+
+    def wait(
+        self,
+        name: str,
+        *,
+        signals: Mapping[str, str],
+        timeout: timedelta | float | None = None,
+        on_timeout: str | None = None,
+        start: bool = False,
+    ) -> None:
+        """Declare a wait step: the first accepted signal moves on to its step."""
+        seconds = None if timeout is None else _seconds(timeout)
+        self._add(Step(name, "wait", signals=dict(signals), timeout_seconds=seconds, on_timeout=on_timeout), start)
+
+    def _add(self, step: Step, start: bool) -> None:
+        if self._plan is not None:
+            raise DefinitionError(f"workflow {self.id!r} v{self.version} is already in use and cannot change")
+        if start:
+            if self._start is not None:
+                raise DefinitionError(f"workflow {self.id!r}: both {self._start!r} and {step.name!r} are marked start")
+            self._start = step.name
+        self._steps.append(step)
+
+    # -- what the engine reads ---------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        """The validated plan; building it freezes the workflow."""
+        if self._plan is None:
+            start = self._start or (self._steps[0].name if len(self._steps) == 1 else None)
+            try:
+                self._plan = Plan.build(self.id, self.version, start, self._steps)
+            except ValueError as exc:
+                raise DefinitionError(str(exc)) from None
+        return self._plan
+
+    def handler(self, step: str) -> Callable[..., Any]:
+        return self._actions[step].handler
+
+    def is_async(self, step: str) -> bool:
+        return inspect.iscoroutinefunction(self._actions[step].handler)
+
+    def never_retried(self, step: str, error: BaseException) -> bool:
+        return isinstance(error, self._actions[step].non_retryable)
+
+    def state_to_json(self, value: Any) -> Any:
+        """Validate `value` (a model instance or a dict) against the state model; JSON out."""
+        model = self.state_model
+        if model is None:
+            if not isinstance(value, dict):
+                raise InvalidInput(f"workflow {self.id!r} takes a JSON object as input, got {type(value).__name__}")
+            return value
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            try:
+                obj = value if isinstance(value, model) else model.model_validate(value)
+            except ValidationError as exc:
+                raise InvalidInput(f"input for workflow {self.id!r} is invalid: {_brief(exc)}") from None
+            return obj.model_dump(mode="json")
+        raise DefinitionError(f"workflow {self.id!r}: state must be a pydantic model class")
+
+    def state_from_json(self, data: Any) -> Any:
+        model = self.state_model
+        if model is None:
+            return data
+        assert issubclass(model, BaseModel)  # checked by state_to_json at start
+        return model.model_validate(data)
+
+    def end(self) -> str:
+        """The step name that ends the instance, for handlers that choose to stop."""
+        return END
+
+
+class Registry:
+    """The workflows a worker can run and a client can start, by id and version."""
+
+    def __init__(self, *workflows: Workflow[Any]) -> None:
+        self._by_key: dict[tuple[str, int], Workflow[Any]] = {}
+        for wf in workflows:
+            self.add(wf)
+
+    def add(self, workflow: Workflow[Any]) -> Workflow[Any]:
+        key = (workflow.id, workflow.version)
+        if key in self._by_key and self._by_key[key] is not workflow:
+            raise DefinitionError(f"workflow {workflow.id!r} v{workflow.version} is registered twice")
+        workflow.plan  # noqa: B018 - validate now, not at first use
+        self._by_key[key] = workflow
+        return workflow
+
+    def __iter__(self) -> Any:
+        return iter(self._by_key.values())
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def latest(self, definition_id: str) -> Workflow[Any] | None:
+        versions = [wf for (i, _), wf in self._by_key.items() if i == definition_id]
+        return max(versions, key=lambda wf: wf.version) if versions else None
+
+    def find(self, definition_id: str, version: int, plan_hash: str | None = None) -> Workflow[Any] | None:
+        """The workflow for a pin; None when this node lacks it or runs different structure."""
+        wf = self._by_key.get((definition_id, version))
+        if wf is None or (plan_hash is not None and wf.plan.plan_hash != plan_hash):
+            return None
+        return wf
+
+
+def _seconds(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _type_name(t: type[BaseException]) -> str:
+    return t.__name__
+
+
+def _brief(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "input"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    more = exc.error_count() - 3
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

@@ -1,0 +1,278 @@
+"""Public operations on workflow instances: start, signal, cancel, retry, inspect, wait.
+
+`Client` is async; `SyncClient` is generated from it (every public coroutine
+method of `Client`, run on a private event loop), never kept by hand. The CLI
+and the HTTP API call these same methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import inspect
+import json
+import threading
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.config import Settings
+from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.model import COMPLETED, FAILED, TERMINAL
+from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.runtime.worker import pin_of
+from stepstone.store.database import resolve_target
+from stepstone.store.port import NewInstance
+from stepstone.store.postgres import PostgresStore
+
+SETTLED = TERMINAL | {FAILED}
+"""Statuses `wait_for` returns on: the instance will not move without an operator."""
+
+
+@dataclass(frozen=True)
+class InstanceInfo:
+    """An instance as `get` shows it: where it is, what it holds and what it waits for."""
+
+    id: str
+    definition_id: str
+    version: int
+    status: str
+    step: str | None
+    state: Any
+    waiting_for: Any
+    next_timer_at: datetime | None
+    parked_signals: int
+    error: Any
+    business_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == COMPLETED
+
+
+class Client:
+    """Start and steer workflow instances. Open with `await Client.connect(...)`."""
+
+    def __init__(
+        self, store: PostgresStore, registry: Registry | None = None, *, limits: Limits | None = None,
+        actor: str | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry or Registry()
+        self.limits = limits or Limits()
+        self.actor = actor
+        self._registered: set[tuple[str, int]] = set()
+
+    @classmethod
+    async def connect(
+        cls,
+        database_url: str | None = None,
+        *,
+        schema: str = "stepstone",
+        registry: Registry | None = None,
+        settings: Settings | None = None,
+        limits: Limits | None = None,
+        actor: str | None = None,
+    ) -> Client:
+        """Connect to `database_url`, or to the configured / embedded database."""
+        if database_url is None:
+            settings = settings or Settings(database_url=None, schema=schema)
+            target = await asyncio.to_thread(resolve_target, settings)
+            database_url, schema = target.url, settings.schema
+        store = await PostgresStore.open(database_url, schema)
+        return cls(store, registry, limits=limits, actor=actor)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    # -- operations -----------------------------------------------------------------------------
+
+    async def start(
+        self,
+        workflow: Workflow[Any] | str,
+        input: Any = None,  # noqa: A002 - the instance's input
+        *,
+        idempotency_key: str | None = None,
+        business_key: str | None = None,
+    ) -> str:
+        """Start an instance; returns its id. The same key with the same input returns the
+        same instance; the same key with other input raises IdempotencyConflict."""
+        wf = self._workflow(workflow)
+        for what, name in (("idempotency key", idempotency_key), ("business key", business_key)):
+            if name is not None:
+                self._check_name(what, name)
+        state = wf.state_to_json({} if input is None else input)
+        text = self._encode("input", state)
+        await self._ensure_registered(wf)
+        new = NewInstance(
+            id=str(uuid.uuid4()),
+            pin=pin_of(wf),
+            state=state,
+            start_step=wf.plan.start,
+            business_key=business_key,
+            idempotency_key=idempotency_key,
+            fingerprint=_fingerprint(text, business_key),
+            actor=self.actor,
+        )
+        instance_id, _ = await self.store.start(new)
+        return instance_id
+
+    async def signal(
+        self, instance_id: str, name: str, payload: Any = None, *, dedup_key: str | None = None
+    ) -> int:
+        """Send a signal; returns its command id. A repeated dedup key applies once."""
+        self._check_name("signal name", name)
+        if dedup_key is not None:
+            self._check_name("dedup key", dedup_key)
+        text = self._encode("signal payload", payload)
+        return await self.store.signal(
+            instance_id, name, payload, dedup_key, _fingerprint(name, text), self.actor
+        )
+
+    async def cancel(self, instance_id: str, reason: str = "") -> str:
+        """Cancel an instance (idempotent); returns its status afterwards."""
+        return await self.store.cancel(instance_id, reason[:500], self.actor)
+
+    async def retry(self, instance_id: str) -> None:
+        """Re-drive the failed step of a FAILED instance."""
+        await self.store.retry(instance_id, self.actor)
+
+    async def get(self, instance_id: str) -> InstanceInfo:
+        row = await self.store.get(instance_id)
+        return InstanceInfo(
+            id=row["id"], definition_id=row["definition_id"], version=row["version"], status=row["status"],
+            step=row["step"], state=row["state"], waiting_for=row["wait"], next_timer_at=row["next_timer_at"],
+            parked_signals=row["parked_signals"], error=row["error"], business_key=row["business_key"],
+            created_at=row["created_at"], updated_at=row["updated_at"], ended_at=row["ended_at"],
+        )
+
+    async def history(self, instance_id: str) -> list[dict[str, Any]]:
+        return await self.store.history(instance_id)
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        definition: str | None = None,
+        business_key: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Instances newest first; pass the last row's (created_at, id) as `after` for the next page."""
+        return await self.store.list(
+            status=status, definition=definition, business_key=business_key, after=after, limit=limit
+        )
+
+    async def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:
+        """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pause = 0.005
+        while True:
+            status = await self.store.status(instance_id)
+            if status in SETTLED:
+                return await self.get(instance_id)
+            if loop.time() >= deadline:
+                raise WaitTimeout(instance_id, status, timeout)
+            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+            pause = min(pause * 2, 0.25)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
+        if isinstance(workflow, Workflow):
+            return workflow
+        found = self.registry.latest(workflow)
+        if found is None:
+            raise DefinitionNotFound(workflow)
+        return found
+
+    async def _ensure_registered(self, wf: Workflow[Any]) -> None:
+        key = (wf.id, wf.version)
+        if key not in self._registered:
+            await self.store.register(pin_of(wf), wf.plan.document())
+            self._registered.add(key)
+
+    def _encode(self, what: str, value: Any) -> str:
+        try:
+            return self.limits.encode(what, value)
+        except PayloadRejected as exc:
+            raise _typed(exc) from None
+
+    def _check_name(self, what: str, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"{what} must be a non-empty string")
+        try:
+            self.limits.check_name(what, name)
+            self.limits.encode(what, name)
+        except PayloadRejected as exc:
+            raise _typed(exc) from None
+
+
+def _typed(exc: PayloadRejected) -> InvalidInput:
+    if exc.reason == "too_large":
+        return PayloadTooLarge(str(exc))
+    if exc.reason == "too_deep":
+        return PayloadTooDeep(str(exc))
+    return InvalidInput(str(exc))
+
+
+def _fingerprint(*parts: str | None) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+class SyncClient:
+    """The blocking face of `Client`: the same methods, run on a private event loop thread.
+
+    Built from `Client` at import: every public coroutine method of `Client` appears
+    here with its signature and docstring, so the two cannot drift apart.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stepstone-client", daemon=True)
+        self._thread.start()
+        self._client: Client = self._run(Client.connect(*args, **kwargs))
+
+    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:  # only reached for names not generated below
+        raise AttributeError(name)
+
+
+def _blocking(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: SyncClient, *args: Any, **kwargs: Any) -> Any:
+        return self._run(getattr(self._client, name)(*args, **kwargs))
+
+    return call
+
+
+for _name, _method in inspect.getmembers(Client, inspect.iscoroutinefunction):
+    if not _name.startswith("_") and _name not in ("connect", "close"):
+        setattr(SyncClient, _name, _blocking(_name, _method))

@@ -1,0 +1,1 @@
+"""The worker: claimer, segment runner, lease keeper, waker and drain."""

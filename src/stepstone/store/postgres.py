@@ -1,0 +1,323 @@
+"""The PostgreSQL adapter of the store port (asyncpg).
+
+Every statement is a named query from `sql/queries.sql`; every driver error is
+translated into the stepstone hierarchy here. The hot path is two statements:
+`claim` (one round trip per batch) and `commit` (one round trip per step).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from stepstone.core.model import CommandView, Decision, InstanceView
+from stepstone.errors import (
+    BusinessKeyInUse,
+    DefinitionConflict,
+    IdempotencyConflict,
+    InstanceNotFound,
+    InvalidState,
+    UnknownSignal,
+)
+from stepstone.store.database import create_pool, translate_errors
+from stepstone.store.port import Claim, Committed, NewInstance, Pin
+from stepstone.store.queries import queries
+
+_EVENTS = uuid.UUID("5f1e0b8a-3c1d-4f0e-9a57-2b8f6c1d9e40")
+
+
+def event_id(instance_id: str, visit: int, index: int) -> str:
+    """Stable id of the index-th event a visit emitted: the broker's dedup id."""
+    return str(uuid.uuid5(_EVENTS, f"{instance_id}/{visit}/{index}"))
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(
+            name, schema="pg_catalog", encoder=_dumps, decoder=json.loads, format="text"
+        )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass
+class Listener:
+    """A dedicated LISTEN connection; `close` ends it."""
+
+    conn: asyncpg.Connection
+    channel: str
+    callback: Callable[..., None]
+
+    async def close(self) -> None:
+        try:
+            await self.conn.remove_listener(self.channel, self.callback)
+        finally:
+            await self.conn.close()
+
+    @property
+    def alive(self) -> bool:
+        return not self.conn.is_closed()
+
+
+class PostgresStore:
+    """The store on one asyncpg pool, in one schema."""
+
+    def __init__(self, pool: asyncpg.Pool, url: str, schema: str) -> None:
+        self.pool = pool
+        self.url = url
+        self.schema = schema
+        self.q = queries(schema)
+        self.channel = f"stepstone_{schema}"
+
+    @classmethod
+    async def open(cls, url: str, schema: str = "stepstone", *, max_size: int = 10) -> PostgresStore:
+        pool = await create_pool(url, min_size=1, max_size=max_size, init=_init_connection)
+        return cls(pool, url, schema)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        with translate_errors(self.url):
+            return await self.pool.fetch(self.q[name], *args)
+
+    async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
+        with translate_errors(self.url):
+            return await self.pool.fetchrow(self.q[name], *args)
+
+    async def _fetchval(self, name: str, *args: Any) -> Any:
+        with translate_errors(self.url):
+            return await self.pool.fetchval(self.q[name], *args)
+
+    # -- the hot path ---------------------------------------------------------------------
+
+    async def claim(self, limit: int, lease_seconds: float, worker: str) -> list[Claim]:
+        rows = await self._fetch("claim", limit, lease_seconds, worker)
+        return [_claim(r) for r in rows]
+
+    async def commit(
+        self, claim: Claim, command_id: int, decision: Decision, *, lease_seconds: float, worker: str, visit: int
+    ) -> Committed | None:
+        """Carry out `decision` fenced on the claim's token; None when the token was refused."""
+        doc = decision_document(decision, claim.instance.id, visit, lease_seconds, worker)
+        row = await self._fetchrow(
+            "commit", uuid.UUID(claim.instance.id), command_id, claim.token, doc
+        )
+        if row is None:
+            return None
+        return Committed(row["continuation"], row["committed_at"])
+
+    async def held_command(self, instance_id: str, token: Any) -> int | None:
+        """The command this token holds on the instance now: re-reads a commit of unknown outcome."""
+        value = await self._fetchval("held_command", uuid.UUID(instance_id), token)
+        return None if value is None else int(value)
+
+    async def settled_by(self, command_id: int, token: Any) -> bool:
+        """Whether the claim with this token settled the command (a commit that did happen)."""
+        return bool(await self._fetchval("settled_by", command_id, token))
+
+    async def renew(self, held: dict[str, Any], lease_seconds: float) -> set[str]:
+        if not held:
+            return set()
+        ids = [uuid.UUID(i) for i in held]
+        rows = await self._fetch("renew", ids, list(held.values()), lease_seconds)
+        return {str(r["id"]) for r in rows}
+
+    async def release(self, instance_id: str, token: Any) -> bool:
+        return bool(await self._fetch("release", uuid.UUID(instance_id), token))
+
+    async def defer(self, instance_id: str, token: Any, reason: str) -> bool:
+        return bool(await self._fetch("defer", uuid.UUID(instance_id), token, reason))
+
+    async def next_available(self) -> float | None:
+        value = await self._fetchval("next_available")
+        return None if value is None else float(value)
+
+    async def listen(self, callback: Callable[[], None]) -> Listener:
+        """Open the dedicated wake-up connection; `callback` runs on every notification."""
+        with translate_errors(self.url):
+            conn = await asyncpg.connect(self.url)
+
+        def on_notify(*_: Any) -> None:
+            callback()
+
+        await conn.add_listener(self.channel, on_notify)
+        return Listener(conn, self.channel, on_notify)
+
+    # -- definitions and instances ------------------------------------------------------------
+
+    async def register(self, pin: Pin, plan: dict[str, Any]) -> None:
+        args = (pin.scope, pin.definition_id, pin.version)
+        await self._fetch("register_definition", *args, pin.plan_hash, plan)
+        stored = await self._fetchval("definition_hash", *args)
+        if stored != pin.plan_hash:
+            raise DefinitionConflict(
+                f"workflow {pin.definition_id!r} v{pin.version} is already registered with a different "
+                "structure; give the changed workflow a new version",
+                definition_id=pin.definition_id,
+                version=pin.version,
+            )
+
+    async def start(self, new: NewInstance) -> tuple[str, bool]:
+        """Insert the instance; (id, True) when created, (existing id, False) for a repeated key."""
+        pin = new.pin
+        try:
+            created = await self._fetchval(
+                "start", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
+                new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint,
+                None, new.actor,
+            )
+        except asyncpg.UniqueViolationError:
+            holder = await self._fetchval("business_key_holder", pin.scope, pin.definition_id, new.business_key)
+            raise BusinessKeyInUse(new.business_key or "", str(holder)) from None
+        if created is not None:
+            return str(created), True
+        row = await self._fetchrow("start_key", f"{pin.scope}/{pin.definition_id}", new.idempotency_key)
+        assert row is not None
+        if row["fingerprint"] != new.fingerprint:
+            raise IdempotencyConflict(
+                f"idempotency key {new.idempotency_key!r} already started instance {row['target']} "
+                "with different input",
+                instance_id=row["target"],
+            )
+        return row["target"], False
+
+    async def signal(
+        self, instance_id: str, name: str, payload: Any, dedup_key: str | None, fingerprint: str, actor: str | None
+    ) -> int:
+        row = await self._fetchrow("signal", _uuid(instance_id), name, payload, dedup_key, fingerprint, actor)
+        assert row is not None
+        outcome = row["outcome"]
+        if outcome == "not_found":
+            raise InstanceNotFound(instance_id)
+        if outcome == "unknown_signal":
+            raise UnknownSignal(name, instance_id)
+        if outcome == "ended":
+            raise InvalidState(
+                f"instance {instance_id} is {row['status']}; it takes no more signals",
+                instance_id=instance_id,
+                status=row["status"],
+            )
+        if outcome == "conflict":
+            raise IdempotencyConflict(
+                f"dedup key {dedup_key!r} was already used on instance {instance_id} with a different signal",
+                instance_id=instance_id,
+                command_id=row["command_id"],
+            )
+        return int(row["command_id"])
+
+    async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str:
+        row = await self._fetchrow("cancel", _uuid(instance_id), reason, actor)
+        assert row is not None
+        if row["outcome"] == "not_found":
+            raise InstanceNotFound(instance_id)
+        return str(row["status"])
+
+    async def retry(self, instance_id: str, actor: str | None) -> None:
+        row = await self._fetchrow("retry", _uuid(instance_id), actor)
+        assert row is not None
+        if row["outcome"] == "not_found":
+            raise InstanceNotFound(instance_id)
+        if row["outcome"] == "not_failed":
+            raise InvalidState(
+                f"instance {instance_id} is {row['status']}; only a FAILED instance can be retried",
+                instance_id=instance_id,
+                status=row["status"],
+            )
+
+    async def get(self, instance_id: str) -> dict[str, Any]:
+        row = await self._fetchrow("get_instance", _uuid(instance_id))
+        if row is None:
+            raise InstanceNotFound(instance_id)
+        return {**dict(row), "id": str(row["id"])}
+
+    async def status(self, instance_id: str) -> str:
+        value = await self._fetchval("instance_status", _uuid(instance_id))
+        if value is None:
+            raise InstanceNotFound(instance_id)
+        return str(value)
+
+    async def history(self, instance_id: str) -> list[dict[str, Any]]:
+        await self.status(instance_id)
+        return [dict(r) for r in await self._fetch("history", _uuid(instance_id))]
+
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        definition: str | None = None,
+        business_key: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        at, after_id = after if after else (None, None)
+        rows = await self._fetch(
+            "list_instances", status, definition, business_key, at, _uuid(after_id) if after_id else None, limit
+        )
+        return [{**dict(r), "id": str(r["id"])} for r in rows]
+
+    async def db_now(self) -> datetime:
+        value: datetime = await self._fetchval("db_now")
+        return value
+
+    async def move_clock(self, seconds: float) -> datetime:
+        """Test hook: move the database clock forward (or back) for every session."""
+        value: datetime = await self._fetchval("move_clock", seconds)
+        return value
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InstanceNotFound(str(value)) from None
+
+
+def _claim(r: asyncpg.Record) -> Claim:
+    instance = InstanceView(str(r["instance_id"]), r["status"], r["step"], r["visit"], r["state"], r["wait"])
+    command = CommandView(
+        r["command_id"], r["kind"], r["command_step"], r["command_visit"], r["name"], r["payload"],
+        r["attempt"], r["claims"],
+    )
+    pin = Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"])
+    return Claim(instance, command, pin, r["token"], r["now"], r["business_key"])
+
+
+def decision_document(decision: Decision, instance_id: str, visit: int, lease_seconds: float, worker: str) -> dict[str, Any]:
+    """The JSON `commit_segment` reads: the decision, flattened."""
+    change = decision.instance
+    instance: dict[str, Any] | None = None
+    if change is not None:
+        instance = {"status": change.status, "step": change.step, "visit": change.visit,
+                    "wait": change.wait, "error": change.error}
+        if change.state is not None:
+            instance["state"] = change.state
+    return {
+        "settle": {"state": decision.settle.state, "reason": decision.settle.reason,
+                   "retry_delay": decision.settle.retry_delay},
+        "instance": instance,
+        "history": [{"kind": h.kind, "step": h.step, "visit": h.visit, "data": h.data} for h in decision.history],
+        "commands": [
+            {"kind": c.kind, "step": c.step, "visit": c.visit, "name": c.name, "payload": c.payload,
+             "delay": c.delay, "at": c.at, "continuation": c.continuation}
+            for c in decision.commands
+        ],
+        "events": [
+            {"event_id": event_id(instance_id, visit, n), "type": e.type, "key": e.key, "payload": e.payload}
+            for n, e in enumerate(decision.events)
+        ],
+        "close_timers": decision.close_timers,
+        "requeue_signals": list(decision.requeue_signals),
+        "ended": decision.ended,
+        "lease_seconds": lease_seconds,
+        "worker": worker,
+        "actor": None,
+    }

@@ -1,0 +1,180 @@
+-- Named queries of the engine. Each starts with "-- name: <name>"; {{schema}}
+-- is replaced by the quoted schema identifier when the file is loaded.
+
+-- name: claim
+-- Claim up to $1 heads of instance queues for worker $3 with a lease of $2
+-- seconds. The instance row is the mutex (FOR UPDATE SKIP LOCKED); the command
+-- update re-checks its state, so a command settled since the snapshot is not
+-- claimed, and the lease is taken only for commands actually claimed.
+WITH cand AS (
+    SELECT c.id, c.instance_id, gen_random_uuid() AS token
+    FROM {{schema}}.commands c
+    JOIN {{schema}}.instances i ON i.id = c.instance_id
+    WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+      AND c.available_at <= {{schema}}.db_now()
+      AND (i.lease_until IS NULL OR i.lease_until <= {{schema}}.db_now())
+      AND NOT EXISTS (
+          SELECT 1 FROM {{schema}}.commands e
+          WHERE e.instance_id = c.instance_id
+            AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+            AND (e.seq, e.id) < (c.seq, c.id)
+            AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now()))
+    ORDER BY c.available_at, c.id
+    LIMIT $1
+    FOR UPDATE OF i SKIP LOCKED
+), claimed AS (
+    UPDATE {{schema}}.commands c SET
+        state = 'CLAIMED',
+        token = cand.token,
+        available_at = {{schema}}.db_now() + make_interval(secs => $2),
+        claimed_by = $3,
+        claims = c.claims + 1
+    FROM cand
+    WHERE c.id = cand.id
+      AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+      AND c.available_at <= {{schema}}.db_now()
+    RETURNING c.id, c.instance_id, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims, c.token
+), leased AS (
+    UPDATE {{schema}}.instances i SET
+        lease_token = claimed.token,
+        lease_until = {{schema}}.db_now() + make_interval(secs => $2),
+        lease_owner = $3
+    FROM claimed
+    WHERE i.id = claimed.instance_id
+    RETURNING i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.step, i.visit,
+              i.state, i.wait, i.business_key
+)
+SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, claimed.visit AS command_visit,
+       claimed.name, claimed.payload, claimed.attempt, claimed.claims, claimed.token,
+       leased.id AS instance_id, leased.scope, leased.definition_id, leased.version, leased.plan_hash,
+       leased.status, leased.step, leased.visit, leased.state, leased.wait, leased.business_key,
+       {{schema}}.db_now() AS now
+FROM claimed JOIN leased ON leased.id = claimed.instance_id;
+
+-- name: commit
+SELECT continuation, lease_until, committed_at FROM {{schema}}.commit_segment($1, $2, $3, $4);
+
+-- name: held_command
+SELECT c.id FROM {{schema}}.commands c
+JOIN {{schema}}.instances i ON i.id = c.instance_id AND i.lease_token = c.token
+WHERE c.instance_id = $1 AND c.token = $2 AND c.state = 'CLAIMED';
+
+-- name: settled_by
+SELECT EXISTS (SELECT 1 FROM {{schema}}.commands c WHERE c.id = $1 AND c.token = $2 AND c.state <> 'CLAIMED');
+
+-- name: renew
+-- Extend the leases this worker still holds; returns the instances it holds.
+WITH held AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(instance_id, token)
+), inst AS (
+    UPDATE {{schema}}.instances i SET lease_until = {{schema}}.db_now() + make_interval(secs => $3)
+    FROM held
+    WHERE i.id = held.instance_id AND i.lease_token = held.token
+    RETURNING i.id, i.lease_token, i.lease_until
+), cmd AS (
+    UPDATE {{schema}}.commands c SET available_at = inst.lease_until
+    FROM inst
+    WHERE c.instance_id = inst.id AND c.token = inst.lease_token AND c.state = 'CLAIMED'
+    RETURNING c.instance_id
+)
+SELECT id FROM inst;
+
+-- name: release
+-- Give a claim back untouched (drain): the command is claimable at once and the
+-- claim it spent is restored.
+WITH inst AS (
+    UPDATE {{schema}}.instances i SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+    WHERE i.id = $1 AND i.lease_token = $2
+    RETURNING i.id
+)
+UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = {{schema}}.db_now(),
+    claims = GREATEST(c.claims - 1, 0)
+FROM inst
+WHERE c.instance_id = inst.id AND c.token = $2 AND c.state = 'CLAIMED'
+RETURNING c.id;
+
+-- name: defer
+-- This node lacks the pinned plan: hand the command to a node that has it, with
+-- backoff min(5 s * 2^deferrals, 5 min). The claim it spent is restored.
+WITH inst AS (
+    UPDATE {{schema}}.instances i SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+    WHERE i.id = $1 AND i.lease_token = $2
+    RETURNING i.id
+)
+UPDATE {{schema}}.commands c SET state = 'DEFERRED', token = NULL,
+    claims = GREATEST(c.claims - 1, 0),
+    deferrals = c.deferrals + 1,
+    last_error = $3,
+    available_at = {{schema}}.db_now() + make_interval(secs => LEAST(300, 5 * power(2, c.deferrals)))
+FROM inst
+WHERE c.instance_id = inst.id AND c.token = $2 AND c.state = 'CLAIMED'
+RETURNING c.id;
+
+-- name: next_available
+-- Seconds from the database clock to the earliest future availability, or NULL.
+SELECT EXTRACT(EPOCH FROM (c.available_at - {{schema}}.db_now()))::float8
+FROM {{schema}}.commands c
+WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND c.available_at > {{schema}}.db_now()
+ORDER BY c.available_at
+LIMIT 1;
+
+-- name: register_definition
+INSERT INTO {{schema}}.definitions (scope, definition_id, version, plan_hash, plan, registered_at)
+VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now())
+ON CONFLICT (scope, definition_id, version) DO NOTHING;
+
+-- name: definition_hash
+SELECT plan_hash FROM {{schema}}.definitions WHERE scope = $1 AND definition_id = $2 AND version = $3;
+
+-- name: start
+SELECT {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+
+-- name: start_key
+SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namespace = $1 AND key = $2;
+
+-- name: business_key_holder
+SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND business_key = $3;
+
+-- name: signal
+SELECT outcome, command_id, status FROM {{schema}}.send_signal($1, $2, $3, $4, $5, $6);
+
+-- name: cancel
+SELECT outcome, status FROM {{schema}}.cancel_instance($1, $2, $3);
+
+-- name: retry
+SELECT outcome, status FROM {{schema}}.retry_instance($1, $2);
+
+-- name: get_instance
+SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state, i.step, i.visit, i.wait,
+       i.error, i.business_key, i.parent_id, i.created_at, i.updated_at, i.ended_at,
+       (SELECT min(c.available_at) FROM {{schema}}.commands c
+        WHERE c.instance_id = i.id AND c.kind = 'TIMER' AND c.state IN ('PENDING', 'DEFERRED')) AS next_timer_at,
+       (SELECT count(*) FROM {{schema}}.commands c
+        WHERE c.instance_id = i.id AND c.state = 'PARKED') AS parked_signals
+FROM {{schema}}.instances i
+WHERE i.id = $1;
+
+-- name: instance_status
+SELECT status FROM {{schema}}.instances WHERE id = $1;
+
+-- name: list_instances
+-- Newest first, keyset-paginated on (created_at, id); every filter optional.
+SELECT i.id, i.definition_id, i.version, i.status, i.step, i.business_key, i.created_at, i.updated_at
+FROM {{schema}}.instances i
+WHERE ($1::text IS NULL OR i.status = $1)
+  AND ($2::text IS NULL OR i.definition_id = $2)
+  AND ($3::text IS NULL OR i.business_key = $3)
+  AND ($4::timestamptz IS NULL OR (i.created_at, i.id) < ($4, $5::uuid))
+ORDER BY i.created_at DESC, i.id DESC
+LIMIT $6;
+
+-- name: history
+SELECT seq, at, kind, step, visit, command_id, actor, data
+FROM {{schema}}.history WHERE instance_id = $1 ORDER BY seq;
+
+-- name: db_now
+SELECT {{schema}}.db_now();
+
+-- name: move_clock
+-- Test hook: shift the database clock every session sees.
+UPDATE {{schema}}.clock SET offset_by = offset_by + make_interval(secs => $1) RETURNING {{schema}}.db_now();
