@@ -161,7 +161,7 @@ async def create_pool(
             )
         except ValueError as exc:
             raise _unavailable(url, f"malformed database URL ({exc})") from exc
-    assert pool is not None  # create_pool only returns None when not awaited  # noqa: S101
+    assert pool is not None  # create_pool only returns None when not awaited
     return pool
 
 
