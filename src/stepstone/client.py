@@ -139,7 +139,7 @@ class Client:
             self._check_name("dedup key", dedup_key)
         text = self._encode("signal payload", payload)
         return await self.store.signal(
-            instance_id, name, payload, dedup_key, _fingerprint(name, text), self.actor
+            instance_id, name, payload, dedup_key=dedup_key, fingerprint=_fingerprint(name, text), actor=self.actor
         )
 
     async def cancel(self, instance_id: str, reason: str = "") -> str:

@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -26,7 +26,7 @@ from stepstone.core.plan import END, Plan, RetryPolicy, Step
 from stepstone.errors import DefinitionError, InvalidInput
 
 S = TypeVar("S")
-Handler = Callable[["StepContext", Any], "str | None | Awaitable[str | None]"]
+Handler = Callable[["StepContext", Any], "Awaitable[str | None] | str | None"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -102,31 +102,20 @@ class Workflow(Generic[S]):
 
     # -- authoring -------------------------------------------------------------------------
 
-    @overload
-    def step(self, fn: F, /) -> F: ...
-    @overload
     def step(
         self,
-        *,
-        name: str | None = None,
-        next: str | Sequence[str] | None = None,
-        start: bool = False,
-        retry: Retry | None = None,
-    ) -> Callable[[F], F]: ...
-    def step(
-        self,
-        fn: F | None = None,
+        fn: Callable[..., Any] | None = None,
         /,
         *,
         name: str | None = None,
         next: str | Sequence[str] | None = None,  # noqa: A002
         start: bool = False,
         retry: Retry | None = None,
-    ) -> F | Callable[[F], F]:
+    ) -> Any:
         """Declare an action step. The handler `(ctx, state)` returns the next step's name,
         or None when `next` names a single step (or none: the step then ends the instance)."""
 
-        def register(handler: F) -> F:
+        def register(handler: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or handler.__name__
             targets = (next,) if isinstance(next, str) else tuple(next or ())
             policy = retry or Retry()
@@ -212,7 +201,8 @@ class Workflow(Generic[S]):
         model = self.state_model
         if model is None:
             return data
-        assert issubclass(model, BaseModel)  # checked by state_to_json at start
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            raise DefinitionError(f"workflow {self.id!r}: state must be a pydantic model class")
         return model.model_validate(data)
 
     def end(self) -> str:

@@ -6,6 +6,7 @@ which keeps patches small for the usual state changes and always correct.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 
@@ -22,9 +23,7 @@ def diff(old: Any, new: Any) -> list[dict[str, Any]]:
 
 def _diff(old: Any, new: Any, path: list[str], ops: list[dict[str, Any]]) -> None:
     if isinstance(old, dict) and isinstance(new, dict):
-        for key in old:
-            if key not in new:
-                ops.append({"op": "remove", "path": _pointer([*path, key])})
+        ops.extend({"op": "remove", "path": _pointer([*path, key])} for key in old if key not in new)
         for key, value in new.items():
             if key not in old:
                 ops.append({"op": "add", "path": _pointer([*path, key]), "value": value})
@@ -36,8 +35,6 @@ def _diff(old: Any, new: Any, path: list[str], ops: list[dict[str, Any]]) -> Non
 
 def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
     """Apply operations produced by `diff` (add, remove, replace) to a copy of `doc`."""
-    import copy
-
     doc = copy.deepcopy(doc)
     for op in ops:
         parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]

@@ -131,9 +131,8 @@ class Plan:
     def build(cls, definition_id: str, version: int, start: str | None, steps: list[Step]) -> Plan:
         """Validate the graph and freeze it; raises PlanError naming every problem."""
         problems = _problems(definition_id, version, start, steps)
-        if problems:
+        if problems or start is None:
             raise PlanError(f"workflow {definition_id!r} v{version}: " + "; ".join(problems))
-        assert start is not None
         by_name = {s.name: s for s in steps}
         body = {
             "definition_id": definition_id,
@@ -156,11 +155,8 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         found.append("version must be a positive integer")
     names = [s.name for s in steps]
-    for dup in sorted({n for n in names if names.count(n) > 1}):
-        found.append(f"step {dup!r} is defined twice")
-    for s in steps:
-        if not valid_name(s.name):
-            found.append(f"invalid step name {s.name!r}")
+    found.extend(f"step {dup!r} is defined twice" for dup in sorted({n for n in names if names.count(n) > 1}))
+    found.extend(f"invalid step name {s.name!r}" for s in steps if not valid_name(s.name))
     known = set(names)
     if not steps:
         found.append("no steps")
@@ -195,9 +191,7 @@ def _step_problems(s: Step, known: set[str]) -> list[str]:
     else:
         if not s.signals:
             found.append(f"wait step {s.name!r} accepts no signal")
-        for sig in s.signals:
-            if not valid_name(sig):
-                found.append(f"wait step {s.name!r}: invalid signal name {sig!r}")
+        found.extend(f"wait step {s.name!r}: invalid signal name {sig!r}" for sig in s.signals if not valid_name(sig))
         if (s.timeout_seconds is None) != (s.on_timeout is None):
             found.append(f"wait step {s.name!r}: timeout and on_timeout go together")
         if s.timeout_seconds is not None and s.timeout_seconds < 0:

@@ -9,6 +9,7 @@ timer, a failing handler and a poison command are all decisions.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from stepstone.core.model import (
     CANCELLED,
@@ -34,7 +35,9 @@ from stepstone.core.patch import diff
 from stepstone.core.plan import END, Plan
 
 
-def apply(instance: InstanceView, command: CommandView, plan: Plan, now: datetime, max_claims: int = 5) -> RunStep | Decision:
+def apply(
+    instance: InstanceView, command: CommandView, plan: Plan, now: datetime, max_claims: int = 5
+) -> RunStep | Decision:
     """Decide what the claimed `command` does to `instance` under its pinned `plan`."""
     if instance.status in TERMINAL:
         reason = "INSTANCE_CANCELLED" if instance.status == CANCELLED else "INSTANCE_ENDED"
@@ -69,14 +72,12 @@ def complete_step(
         if target not in step.next and not (target == END and not step.next):
             allowed = ", ".join(step.next) or "the end"
             outcome = StepFailed(
-                "InvalidTransition", f"step {step.name!r} returned {target!r}; it may go to {allowed}", False
+                "InvalidTransition", f"step {step.name!r} returned {target!r}; it may go to {allowed}", retryable=False
             )
         else:
-            assert target is not None
-            done = HistoryEntry(
-                "STEP_COMPLETED", step.name, visit, {"attempt": command.attempt, "patch": diff(instance.state, outcome.state)}
-            )
-            entered = _enter(instance, plan, target, outcome.state, now)
+            patch = diff(instance.state, outcome.state)
+            done = HistoryEntry("STEP_COMPLETED", step.name, visit, {"attempt": command.attempt, "patch": patch})
+            entered = _enter(instance, plan, target or END, outcome.state, now)
             return Decision(
                 Settle("COMPLETE"),
                 instance=entered.instance,
@@ -175,6 +176,7 @@ def _enter(
     target: str,
     state: JSON,
     now: datetime,
+    *,
     cause: JSON = None,
     same_visit: bool = False,
 ) -> Decision:
@@ -204,17 +206,14 @@ def _enter(
         if step.until is not None:
             at = _instant(state, step.until, now)
             if at is None:
-                return _fail(
-                    InstanceView(instance.id, instance.status, target, visit, state),
-                    "InvalidTimer",
-                    f"timer step {target!r}: state field {step.until!r} is not an ISO 8601 instant with a time zone",
-                    new_state,
-                )
-        wait = {"kind": "timer", "delay_seconds": step.delay_seconds, "until": at}
+                problem = f"timer step {target!r}: state field {step.until!r} is not an ISO 8601 instant with a zone"
+                at_timer = InstanceView(instance.id, instance.status, target, visit, state)
+                return _fail(at_timer, "InvalidTimer", problem, new_state)
+        timer: dict[str, Any] = {"kind": "timer", "delay_seconds": step.delay_seconds, "until": at}
         return Decision(
             Settle("COMPLETE"),
-            instance=InstanceChange(WAITING, target, visit, wait=wait, state=new_state),
-            history=(HistoryEntry("WAITING", target, visit, wait),),
+            instance=InstanceChange(WAITING, target, visit, wait=timer, state=new_state),
+            history=(HistoryEntry("WAITING", target, visit, timer),),
             commands=(NewCommand("TIMER", target, visit, name="fire", delay=step.delay_seconds, at=at),),
         )
     wait = {"kind": "signal", "signals": dict(step.signals), "timeout_seconds": step.timeout_seconds}
@@ -255,7 +254,9 @@ def _fail(instance: InstanceView, error_type: str, message: str, state: JSON = N
 
 def _dead_letter(instance: InstanceView, command: CommandView, max_claims: int) -> Decision:
     reason = f"ATTEMPTS_EXHAUSTED: claimed {command.claims - 1} times without a commit (limit {max_claims})"
-    dead = HistoryEntry("COMMAND_DEAD_LETTERED", instance.step, instance.visit, {"command": command.id, "kind": command.kind})
+    dead = HistoryEntry(
+        "COMMAND_DEAD_LETTERED", instance.step, instance.visit, {"command": command.id, "kind": command.kind}
+    )
     if command.kind == "SIGNAL":
         return Decision(Settle("DEAD", reason), history=(dead,))
     error = {"step": instance.step, "type": "DeadLetter", "message": reason}

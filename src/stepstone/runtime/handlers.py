@@ -30,6 +30,7 @@ async def run_handler(
     workflow: Workflow[Any],
     instance: InstanceView,
     run: RunStep,
+    *,
     signal: Any,
     executor: Executor,
     limits: Limits,
@@ -38,7 +39,8 @@ async def run_handler(
     try:
         state = workflow.state_from_json(instance.state)
     except ValidationError as exc:
-        return StepFailed("InvalidState", f"stored state no longer fits the state model: {exc.error_count()} errors", False)
+        problem = f"stored state no longer fits the state model: {exc.error_count()} errors"
+        return StepFailed("InvalidState", problem, retryable=False)
     ctx = StepContext(
         instance_id=instance.id,
         workflow=workflow.id,
@@ -60,18 +62,19 @@ async def run_handler(
         raise
     except Exception as exc:  # noqa: BLE001 - every handler error becomes a StepFailed
         retryable = not workflow.never_retried(run.step, exc)
-        return StepFailed(type(exc).__name__, _message(exc), retryable)
+        return StepFailed(type(exc).__name__, _message(exc), retryable=retryable)
     if result is not None and not isinstance(result, str):
-        return StepFailed("InvalidTransition", f"handler returned {type(result).__name__}, not a step name", False)
+        problem = f"handler returned {type(result).__name__}, not a step name"
+        return StepFailed("InvalidTransition", problem, retryable=False)
     try:
         new_state = workflow.state_to_json(state)
         limits.encode("state", new_state)
         for event in ctx.events:
             limits.encode(f"event {event.type!r}", event.payload)
     except PayloadRejected as exc:
-        return StepFailed("PayloadRejected", str(exc), False)
+        return StepFailed("PayloadRejected", str(exc), retryable=False)
     except StepstoneError as exc:
-        return StepFailed("InvalidState", str(exc), False)
+        return StepFailed("InvalidState", str(exc), retryable=False)
     return StepSucceeded(result, new_state, tuple(ctx.events))
 
 

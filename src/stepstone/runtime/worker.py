@@ -15,6 +15,7 @@ Tests wait on `WorkerEvents`, never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
@@ -23,6 +24,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+
+import asyncpg
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.limits import Limits
@@ -146,8 +149,7 @@ class Worker:
         for loop in self._loops[1:]:
             loop.cancel()
         await asyncio.gather(*self._loops[1:], return_exceptions=True)
-        if self._listener is not None:
-            await self._close_listener()
+        await self._close_listener()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def run_until_idle(self) -> None:
@@ -195,10 +197,8 @@ class Worker:
                     upcoming = None
                 if upcoming is not None:
                     delay = min(delay, max(upcoming, 0.001))
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
-            except TimeoutError:
-                pass
 
     async def _lease_loop(self) -> None:
         while True:
@@ -226,12 +226,12 @@ class Worker:
                         type(exc).__name__, self.config.poll_interval)
 
     async def _close_listener(self) -> None:
-        assert self._listener is not None
-        try:
-            await self._listener.close()
-        except Exception:  # noqa: BLE001 - the connection may already be gone
-            pass
-        self._listener = None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                await listener.close()
+            except (DatabaseUnavailable, OSError, asyncpg.InterfaceError) as exc:
+                log.debug("wake-up connection already gone (%s)", type(exc).__name__)
 
     # -- segments -------------------------------------------------------------------------------
 
@@ -263,7 +263,9 @@ class Worker:
             visit = instance.visit
             if isinstance(outcome, RunStep):
                 signal = command.payload.get("signal") if isinstance(command.payload, dict) else None
-                result = await run_handler(workflow, instance, outcome, signal, self._executor, self.limits)
+                result = await run_handler(
+                    workflow, instance, outcome, signal=signal, executor=self._executor, limits=self.limits
+                )
                 decision = complete_step(instance, command, workflow.plan, result, now)
                 visit = outcome.visit
             else:

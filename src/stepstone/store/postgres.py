@@ -93,6 +93,13 @@ class PostgresStore:
         with translate_errors(self.url):
             return await self.pool.fetchrow(self.q[name], *args)
 
+    async def _one(self, name: str, *args: Any) -> asyncpg.Record:
+        """A statement that returns exactly one row (the store's functions do)."""
+        row = await self._fetchrow(name, *args)
+        if row is None:
+            raise RuntimeError(f"query {name!r} returned no row")
+        return row
+
     async def _fetchval(self, name: str, *args: Any) -> Any:
         with translate_errors(self.url):
             return await self.pool.fetchval(self.q[name], *args)
@@ -180,8 +187,7 @@ class PostgresStore:
             raise BusinessKeyInUse(new.business_key or "", str(holder)) from None
         if created is not None:
             return str(created), True
-        row = await self._fetchrow("start_key", f"{pin.scope}/{pin.definition_id}", new.idempotency_key)
-        assert row is not None
+        row = await self._one("start_key", f"{pin.scope}/{pin.definition_id}", new.idempotency_key)
         if row["fingerprint"] != new.fingerprint:
             raise IdempotencyConflict(
                 f"idempotency key {new.idempotency_key!r} already started instance {row['target']} "
@@ -191,10 +197,9 @@ class PostgresStore:
         return row["target"], False
 
     async def signal(
-        self, instance_id: str, name: str, payload: Any, dedup_key: str | None, fingerprint: str, actor: str | None
+        self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None
     ) -> int:
-        row = await self._fetchrow("signal", _uuid(instance_id), name, payload, dedup_key, fingerprint, actor)
-        assert row is not None
+        row = await self._one("signal", _uuid(instance_id), name, payload, dedup_key, fingerprint, actor)
         outcome = row["outcome"]
         if outcome == "not_found":
             raise InstanceNotFound(instance_id)
@@ -215,15 +220,13 @@ class PostgresStore:
         return int(row["command_id"])
 
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str:
-        row = await self._fetchrow("cancel", _uuid(instance_id), reason, actor)
-        assert row is not None
+        row = await self._one("cancel", _uuid(instance_id), reason, actor)
         if row["outcome"] == "not_found":
             raise InstanceNotFound(instance_id)
         return str(row["status"])
 
     async def retry(self, instance_id: str, actor: str | None) -> None:
-        row = await self._fetchrow("retry", _uuid(instance_id), actor)
-        assert row is not None
+        row = await self._one("retry", _uuid(instance_id), actor)
         if row["outcome"] == "not_found":
             raise InstanceNotFound(instance_id)
         if row["outcome"] == "not_failed":
@@ -291,7 +294,9 @@ def _claim(r: asyncpg.Record) -> Claim:
     return Claim(instance, command, pin, r["token"], r["now"], r["business_key"])
 
 
-def decision_document(decision: Decision, instance_id: str, visit: int, lease_seconds: float, worker: str) -> dict[str, Any]:
+def decision_document(
+    decision: Decision, instance_id: str, visit: int, lease_seconds: float, worker: str
+) -> dict[str, Any]:
     """The JSON `commit_segment` reads: the decision, flattened."""
     change = decision.instance
     instance: dict[str, Any] | None = None
