@@ -155,7 +155,10 @@ class Worker:
     async def run_until_idle(self) -> None:
         """Claim and run until nothing is claimable now (for tests, scripts and the demo)."""
         while True:
-            claims = await self.store.claim(self.config.concurrency, self.config.lease_seconds, self.config.worker_id)
+            free = self.config.concurrency - len(self._tasks)
+            claims = []
+            if free > 0:
+                claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id)
             if not claims and not self._tasks:
                 return
             for claim in claims:
