@@ -17,7 +17,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
@@ -102,6 +102,19 @@ class Workflow(Generic[S]):
 
     # -- authoring -------------------------------------------------------------------------
 
+    @overload
+    def step(self, fn: F, /) -> F: ...
+    @overload
+    def step(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        next: str | Sequence[str] | None = None,
+        start: bool = False,
+        retry: Retry | None = None,
+    ) -> Callable[[F], F]: ...
     def step(
         self,
         fn: Callable[..., Any] | None = None,
