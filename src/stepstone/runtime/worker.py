@@ -62,6 +62,7 @@ class WorkerEvents:
     fenced: int = 0
     released: int = 0
     deferred: int = 0
+    crashed: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def bump(self, name: str) -> None:
@@ -182,10 +183,10 @@ class Worker:
                     await self._open_listener()
                 claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id)
                 failures = 0
-            except DatabaseUnavailable as exc:
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 failures += 1
                 delay = min(5.0, 0.1 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
-                log.warning("claim failed (%s); retrying in %.2f s", exc, delay)
+                log.warning("claim failed (%s: %s); retrying in %.2f s", type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
                 continue
             for claim in claims:
@@ -196,7 +197,7 @@ class Worker:
             if not claims:
                 try:
                     upcoming = await self.store.next_available()
-                except DatabaseUnavailable:
+                except Exception:  # noqa: BLE001 - polling covers it
                     upcoming = None
                 if upcoming is not None:
                     delay = min(delay, max(upcoming, 0.001))
@@ -211,8 +212,8 @@ class Worker:
                 continue
             try:
                 kept = await self.store.renew(held, self.config.lease_seconds)
-            except DatabaseUnavailable as exc:
-                log.warning("lease renewal failed (%s)", exc)
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
+                log.warning("lease renewal failed (%s: %s)", type(exc).__name__, exc)
                 continue
             for instance_id in held.keys() - kept:
                 seg = self._segments.get(instance_id)
@@ -240,15 +241,25 @@ class Worker:
 
     def _spawn(self, claim: Claim) -> None:
         self._segments[claim.instance.id] = _Segment(claim.instance.id, claim.token)
-        task = asyncio.create_task(self._segment(claim), name=f"stepstone-segment-{claim.instance.id}")
+        task = asyncio.create_task(self._guarded(claim), name=f"stepstone-segment-{claim.instance.id}")
         self._tasks.add(task)
         task.add_done_callback(self._segment_done)
 
     def _segment_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._slot_free.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("segment crashed", exc_info=task.exception())
+
+    async def _guarded(self, claim: Claim) -> None:
+        """Run a segment; a crash stops renewing its lease, so another claim retries it (and a
+        command that keeps crashing is dead-lettered after max_claims)."""
+        try:
+            await self._segment(claim)
+        except asyncio.CancelledError:
+            raise  # drain: stop() releases what is still held
+        except Exception:
+            log.exception("segment of instance %s crashed; its lease will expire", claim.instance.id)
+            self._segments.pop(claim.instance.id, None)
+            await self.events.bump("crashed")
 
     async def _segment(self, claim: Claim) -> None:
         await self.events.bump("claims")

@@ -64,12 +64,18 @@ SELECT EXISTS (SELECT 1 FROM {{schema}}.commands c WHERE c.id = $1 AND c.token =
 
 -- name: renew
 -- Extend the leases this worker still holds; returns the instances it holds.
+-- Rows are locked in ascending id order first (the lock order), so two workers
+-- that both believe they hold the same instances cannot deadlock.
 WITH held AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(instance_id, token)
+), locked AS (
+    SELECT i.id FROM {{schema}}.instances i JOIN held ON held.instance_id = i.id AND i.lease_token = held.token
+    ORDER BY i.id
+    FOR UPDATE OF i
 ), inst AS (
     UPDATE {{schema}}.instances i SET lease_until = {{schema}}.db_now() + make_interval(secs => $3)
-    FROM held
-    WHERE i.id = held.instance_id AND i.lease_token = held.token
+    FROM locked, held
+    WHERE i.id = locked.id AND held.instance_id = i.id AND i.lease_token = held.token
     RETURNING i.id, i.lease_token, i.lease_until
 ), cmd AS (
     UPDATE {{schema}}.commands c SET available_at = inst.lease_until
