@@ -39,7 +39,13 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait after the given failed attempt (1-based)."""
-        return float(min(self.max_backoff, self.initial_backoff * self.multiplier ** (attempt - 1)))
+        try:
+            growth = self.multiplier ** (attempt - 1)
+        except OverflowError:  # float pow raises rather than returning inf; the cap applies long before
+            growth = float("inf")
+        if self.initial_backoff == 0:
+            return 0.0
+        return float(min(self.max_backoff, self.initial_backoff * growth))
 
     def problems(self, where: str) -> list[str]:
         found = []
