@@ -1,0 +1,147 @@
+"""Plan validation and hashing, without a database."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+from stepstone.core.plan import END, Plan, PlanError, RetryPolicy, Step
+from stepstone.errors import DefinitionError
+
+
+def action(name: str, *targets: str, retry: RetryPolicy | None = None) -> Step:
+    return Step(name, "action", targets, retry=retry or RetryPolicy())
+
+
+def build(*steps: Step, start: str | None = "a") -> Plan:
+    return Plan.build("wf", 1, start, list(steps))
+
+
+@pytest.mark.parametrize(
+    ("steps", "start", "problem"),
+    [
+        ((action("a", "ghost"),), "a", "step 'a' goes to unknown step 'ghost'"),
+        ((action("a", END), action("island", END)), "a", "unreachable steps: island"),
+        ((action("a", END),), None, "no start step"),
+        ((action("a", END),), "nowhere", "start step 'nowhere' is not defined"),
+        ((action("a", "a"), action("a", END)), "a", "step 'a' is defined twice"),
+        ((action("a", "w"), Step("w", "wait")), "a", "wait step 'w' accepts no signal"),
+        ((), "a", "no steps"),
+        ((action("a", "t"), Step("t", "timer", (END,))), "a", "timer step 't' needs exactly one of delay or until"),
+        ((action("a", "t"), Step("t", "timer", (END,), delay_seconds=-1)), "a", "negative delay"),
+        (
+            (action("a", "w"), Step("w", "wait", signals={"go": END}, timeout_seconds=5)),
+            "a",
+            "timeout and on_timeout go together",
+        ),
+        ((action("a", END, retry=RetryPolicy(max_attempts=0)),), "a", "max_attempts must be at least 1"),
+        ((action("bad name", END),), "bad name", "invalid step name 'bad name'"),
+    ],
+)
+def test_invalid_plans_are_refused_with_the_problem_named(steps: tuple[Step, ...], start: str, problem: str) -> None:
+    with pytest.raises(PlanError, match=problem.replace("(", r"\(")):
+        Plan.build("wf", 1, start, list(steps))
+
+
+def test_every_problem_is_named_at_once() -> None:
+    with pytest.raises(PlanError) as err:
+        build(action("a", "ghost"), action("island", END), Step("w", "wait"))
+    message = str(err.value)
+    assert "unknown step 'ghost'" in message and "unreachable steps: island, w" in message
+    assert "accepts no signal" in message
+
+
+def test_authoring_errors_surface_as_definition_errors() -> None:
+    wf: Workflow[None] = Workflow("broken")
+
+    @wf.step(start=True, next="missing")
+    def first(ctx: StepContext, state: None) -> None: ...
+
+    with pytest.raises(DefinitionError, match="unknown step 'missing'"):
+        Registry(wf)
+
+    twice: Workflow[None] = Workflow("twice")
+    twice.wait("w", signals={"go": END}, start=True)
+    with pytest.raises(DefinitionError, match="both 'w' and 'x' are marked start"):
+        twice.wait("x", signals={"go": END}, start=True)
+
+
+def _order_workflow(body: int, *, delay: float = 300, attempts: int = 3, signal: str = "paid") -> Workflow[None]:
+    wf: Workflow[None] = Workflow("order", version=1)
+
+    @wf.step(start=True, next="pause", retry=Retry(max_attempts=attempts))
+    def reserve(ctx: StepContext, state: None) -> None:
+        if body == 1:
+            print("one body")  # noqa: T201
+        else:
+            _ = [i * i for i in range(body)]
+
+    wf.timer("pause", delay=timedelta(seconds=delay), next="wait_pay")
+    wf.wait("wait_pay", signals={signal: "ship", "cancel": "refund"}, timeout=60, on_timeout="refund")
+
+    @wf.step(next=None)
+    def ship(ctx: StepContext, state: None) -> None: ...
+
+    @wf.step(next=None)
+    def refund(ctx: StepContext, state: None) -> None: ...
+
+    return wf
+
+
+def test_plan_hash_covers_structure_not_handler_bodies() -> None:
+    base = _order_workflow(1).plan.plan_hash
+    assert _order_workflow(2).plan.plan_hash == base
+    assert _order_workflow(3).plan.plan_hash == base
+    changed = {
+        _order_workflow(1, delay=301).plan.plan_hash,
+        _order_workflow(1, attempts=4).plan.plan_hash,
+        _order_workflow(1, signal="settled").plan.plan_hash,
+    }
+    assert base not in changed and len(changed) == 3
+
+    v2: Workflow[None] = Workflow("order", version=2)
+    v2.wait("w", signals={"go": END}, start=True)
+    v1: Workflow[None] = Workflow("order", version=1)
+    v1.wait("w", signals={"go": END}, start=True)
+    assert v1.plan.plan_hash != v2.plan.plan_hash
+
+
+def test_plan_hash_does_not_depend_on_declaration_order() -> None:
+    one = build(action("a", "b"), action("b", END))
+    two = Plan.build("wf", 1, "a", [action("b", END), action("a", "b")])
+    assert one.plan_hash == two.plan_hash
+
+
+def test_plan_hash_is_stable_across_processes() -> None:
+    code = "from tests.engine.workflows import registry; print(*(w.plan.plan_hash for w in registry))"
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+            env={"PYTHONHASHSEED": seed, "PATH": ""}, cwd=Path(__file__).parents[2],
+        ).stdout
+        for seed in ("1", "2", "random")
+    }
+    assert len(outputs) == 1
+    from tests.engine.workflows import registry  # noqa: PLC0415
+
+    assert outputs.pop().split() == [w.plan.plan_hash for w in registry]
+
+
+@given(
+    initial=st.floats(0, 1e4, allow_nan=False),
+    multiplier=st.floats(1, 10, allow_nan=False),
+    cap=st.floats(0, 1e6, allow_nan=False),
+    attempt=st.integers(1, 100_000),
+)
+def test_backoff_is_monotone_and_capped(initial: float, multiplier: float, cap: float, attempt: int) -> None:
+    policy = RetryPolicy(max_attempts=attempt + 1, initial_backoff=initial, multiplier=multiplier, max_backoff=cap)
+    now, later = policy.backoff(attempt), policy.backoff(attempt + 1)
+    assert 0 <= now <= later <= cap
+    assert policy.backoff(1) == min(initial, cap)
