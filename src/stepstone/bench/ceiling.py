@@ -1,0 +1,57 @@
+"""The same-run ceiling: pgbench committing the writes of one step commit as one statement.
+
+One data-modifying CTE per transaction (fenced instance update, settle of the claimed command,
+insert of the next, already claimed, command, STEP_COMPLETED history row) against the engine's own
+tables and indexes, at the engine's concurrency. Every throughput is reported as a ratio to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+from pathlib import Path
+
+import asyncpg
+
+from stepstone.bench.common import BenchContext, Metric, bench_database, bench_queries
+
+_TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
+
+
+async def run(ctx: BenchContext) -> list[Metric]:
+    q = bench_queries(ctx.schema)
+    async with bench_database(ctx) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(q["ceiling_setup"], ctx.sizes.ceiling_instances)
+            await conn.execute(q["analyze"])
+        finally:
+            await conn.close()
+        with tempfile.TemporaryDirectory(prefix="stepstone-bench-") as tmp:
+            script = Path(tmp) / "step_commit.sql"
+            script.write_text(q["ceiling_script"] + "\n", encoding="utf-8")
+            tps, output = await pgbench(ctx, url, script)
+    ctx.ceiling = tps
+    ctx.say(f"ceiling: pgbench {tps:,.0f} commits/s at {ctx.concurrency} clients")
+    return [Metric("ceiling", "pgbench step commits/s", tps, "commits/s", ratio=1.0,
+                   note=f"pgbench -c {ctx.concurrency} -j 2 -M prepared; {output}")]
+
+
+async def pgbench(ctx: BenchContext, url: str, script: Path) -> tuple[float, str]:
+    """Run the script for the sized duration; (tps, pgbench's latency line)."""
+    args = [
+        str(Path(ctx.bin_dir) / "pgbench"), "-n", "-f", str(script), "-c", str(ctx.concurrency), "-j", "2",
+        "-T", str(int(ctx.sizes.ceiling_seconds)), "-M", "prepared",
+        "-D", f"instances={ctx.sizes.ceiling_instances}", url,
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await proc.communicate()
+    text = out.decode()
+    found = _TPS.search(text)
+    if proc.returncode != 0 or found is None:
+        raise RuntimeError(f"pgbench failed ({proc.returncode}): {err.decode().strip()[-500:]}")
+    latency = next((line.strip() for line in text.splitlines() if line.startswith("latency average")), "")
+    return float(found.group(1)), latency

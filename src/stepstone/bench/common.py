@@ -1,0 +1,213 @@
+"""What the workloads share: sizes, a fresh database per workload, instrumentation and statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from stepstone.config import quote_ident
+from stepstone.core.model import Decision
+from stepstone.store.migrate import migrate
+from stepstone.store.port import Claim, Committed
+from stepstone.store.postgres import PostgresStore
+from stepstone.store.sqlfiles import read_text, render
+
+__all__ = [
+    "BenchContext",
+    "Metric",
+    "Progress",
+    "Sizes",
+    "StatementLog",
+    "bench_database",
+    "bench_queries",
+    "percentile",
+    "track_commits",
+]
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def bench_queries(schema: str) -> dict[str, str]:
+    """The named queries of `store/sql/bench.sql`, with the schema identifier composed in."""
+    parts = _NAME.split(render(read_text("sql", "bench.sql"), schema))
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each workload runs: `quick` for CI, `full` for the numbers in docs/performance.md."""
+
+    name: str
+    ceiling_seconds: float
+    ceiling_instances: int
+    workflows: int
+    latency_seconds: float
+    signal_samples: int
+    enqueue: int
+    scale_small: int
+    scale_large: int
+    scale_workflows: int
+    recovery_instances: int
+    memory_in_flight: int
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls("quick", 5, 2_000, 600, 5, 30, 500, 1_000, 50_000, 300, 20, 1_000)
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls("full", 15, 10_000, 5_000, 20, 200, 3_000, 1_000, 1_000_000, 2_000, 100, 1_000)
+
+
+@dataclass
+class Metric:
+    """One reported number, with its target when the issue sets one."""
+
+    workload: str
+    name: str
+    value: float | None
+    unit: str
+    target: str | None = None
+    met: bool | None = None
+    ratio: float | None = None
+    """Throughputs only: value / the same-run pgbench ceiling."""
+    note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class BenchContext:
+    """Settings every workload receives."""
+
+    admin_url: str
+    schema: str
+    sizes: Sizes
+    concurrency: int
+    processes: int
+    bin_dir: str
+    ceiling: float | None = None
+    max_workflows_per_s: float | None = None
+    log: list[str] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        self.log.append(text)
+        print(f"  {text}", flush=True)  # noqa: T201 - progress of a long-running command
+
+
+def database_url(url: str, database: str) -> str:
+    """`url` pointing at another database on the same server."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+
+@asynccontextmanager
+async def bench_database(ctx: BenchContext) -> AsyncIterator[str]:
+    """A fresh, migrated database `stepstone_bench_<random>`, dropped afterwards; yields its URL."""
+    name = f"stepstone_bench_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(ctx.admin_url)
+    try:
+        await admin.execute(f"CREATE DATABASE {quote_ident(name)}")
+    finally:
+        await admin.close()
+    url = database_url(ctx.admin_url, name)
+    try:
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn, ctx.schema)
+        finally:
+            await conn.close()
+        yield url
+    finally:
+        admin = await asyncpg.connect(ctx.admin_url)
+        try:
+            await admin.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+        finally:
+            await admin.close()
+
+
+class StatementLog:
+    """Counts and times the statements a store sends, by query name (wraps `_fetch*` on one store)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.calls: list[tuple[str, float]] = []
+        for method in ("_fetch", "_fetchrow", "_fetchval"):
+            setattr(store, method, self._wrap(getattr(store, method)))
+
+    def _wrap(self, inner: Any) -> Any:
+        async def timed(name: str, *args: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await inner(name, *args)
+            finally:
+                self.calls.append((name, time.perf_counter() - started))
+
+        return timed
+
+    def count(self, name: str) -> int:
+        return sum(1 for n, _ in self.calls if n == name)
+
+    def seconds(self, name: str) -> list[float]:
+        return [s for n, s in self.calls if n == name]
+
+    def clear(self) -> None:
+        self.calls.clear()
+
+
+class Progress:
+    """Instances that finished, with the monotonic time each one did; waiters wake on every change."""
+
+    def __init__(self) -> None:
+        self.ended: dict[str, float] = {}
+        self.waiting: dict[str, float] = {}
+        self.changed = asyncio.Condition()
+        self.done = 0
+
+    async def bump(self, instance_id: str | None = None, *, ended: bool = True, count: int = 1) -> None:
+        now = time.monotonic()
+        async with self.changed:
+            if instance_id is not None:
+                (self.ended if ended else self.waiting)[instance_id] = now
+            if ended:
+                self.done += count
+            self.changed.notify_all()
+
+    async def wait_until(self, predicate: Any, timeout: float) -> None:
+        async with self.changed:
+            await asyncio.wait_for(self.changed.wait_for(predicate), timeout)
+
+
+def track_commits(store: PostgresStore, progress: Progress) -> None:
+    """Record in `progress` when a commit on `store` ended an instance or made it wait."""
+    inner = store.commit
+
+    async def commit(claim: Claim, command_id: int, decision: Decision, **kwargs: Any) -> Committed | None:
+        result = await inner(claim, command_id, decision, **kwargs)
+        if result is not None:
+            if decision.ended:
+                await progress.bump(claim.instance.id)
+            elif decision.instance is not None and decision.instance.status == "WAITING":
+                await progress.bump(claim.instance.id, ended=False)
+        return result
+
+    store.commit = commit  # type: ignore[method-assign]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=1000, method="inclusive")[max(0, min(998, round(q * 10) - 1))]

@@ -1,0 +1,46 @@
+"""Enqueue: starts per second with no worker running, one at a time and concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from stepstone.bench.common import BenchContext, Metric, bench_database
+from stepstone.bench.workflows import registry, three
+from stepstone.client import Client
+from stepstone.store.postgres import PostgresStore
+
+
+async def run(ctx: BenchContext) -> list[Metric]:
+    n = ctx.sizes.enqueue
+    async with bench_database(ctx) as url:
+        store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency)
+        client = Client(store, registry)
+        try:
+            await client.start(three, {})  # registers the definition outside the timing
+            started = time.monotonic()
+            for _ in range(n):
+                await client.start(three, {})
+            serial = n / (time.monotonic() - started)
+
+            remaining = n
+
+            async def starter() -> None:
+                nonlocal remaining
+                while remaining > 0:
+                    remaining -= 1
+                    await client.start(three, {})
+
+            started = time.monotonic()
+            await asyncio.gather(*(starter() for _ in range(ctx.concurrency)))
+            concurrent = n / (time.monotonic() - started)
+        finally:
+            await store.close()
+    ctx.say(f"enqueue: {serial:,.0f} starts/s one at a time, {concurrent:,.0f} with {ctx.concurrency} tasks")
+    ceiling = ctx.ceiling
+    return [
+        Metric("enqueue", "starts/s, one at a time", serial, "starts/s",
+               ratio=serial / ceiling if ceiling else None),
+        Metric("enqueue", f"starts/s, {ctx.concurrency} concurrent", concurrent, "starts/s",
+               ratio=concurrent / ceiling if ceiling else None),
+    ]

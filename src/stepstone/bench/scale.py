@@ -1,0 +1,104 @@
+"""Scale: claim and commit cost with few and with many waiting instances; bytes per waiting instance.
+
+Waiting instances (half on a 30-day timer, half on a signal wait with a 30-day timeout) are
+bulk-inserted with generate_series in the shape the engine writes them: the instance row, its
+settled START command, its pending TIMER and three history rows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import asyncpg
+
+from stepstone.bench.common import (
+    BenchContext,
+    Metric,
+    Progress,
+    StatementLog,
+    bench_database,
+    bench_queries,
+    track_commits,
+)
+from stepstone.bench.throughput import closed_loop
+from stepstone.bench.workflows import registry, waiting
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker, WorkerConfig, pin_of
+from stepstone.store.postgres import PostgresStore
+
+BATCH = 200_000
+EMPTY_CLAIMS = 200
+
+
+async def run(ctx: BenchContext) -> list[Metric]:
+    q = bench_queries(ctx.schema)
+    small, large = ctx.sizes.scale_small, ctx.sizes.scale_large
+    results: dict[int, dict[str, float]] = {}
+    async with bench_database(ctx) as url:
+        conn = await asyncpg.connect(url)
+        try:
+            pin = pin_of(waiting)
+            await seed(conn, q, pin, 1, small)
+            results[small] = await measure(ctx, url, conn, q)
+            before = int(await conn.fetchval(q["relation_bytes"]))
+            started = time.monotonic()
+            await seed(conn, q, pin, small + 1, large)
+            seeded = time.monotonic() - started
+            per_instance = (int(await conn.fetchval(q["relation_bytes"])) - before) / (large - small)
+            results[large] = await measure(ctx, url, conn, q)
+        finally:
+            await conn.close()
+    ctx.say(f"scale: seeded {large - small:,} waiting instances in {seeded:.0f} s, {per_instance:,.0f} bytes each")
+    metrics: list[Metric] = []
+    for key, label in (("claim_ms", "claim"), ("commit_ms", "commit"), ("empty_claim_ms", "empty claim")):
+        a, b = results[small][key], results[large][key]
+        growth = b / a - 1
+        ctx.say(f"scale: {label} {a:.3f} ms at {small:,}, {b:.3f} ms at {large:,} ({growth:+.0%})")
+        metrics += [
+            Metric("scale", f"{label} mean, {small:,} waiting", a, "ms"),
+            Metric("scale", f"{label} mean, {large:,} waiting", b, "ms", "within 25%", abs(growth) <= 0.25,
+                   note=f"{growth:+.1%} vs {small:,} waiting"),
+        ]
+    metrics.append(Metric("scale", "bytes on disk per waiting instance", per_instance, "bytes",
+                          note="instances + commands + history, indexes included"))
+    return metrics
+
+
+async def seed(conn: asyncpg.Connection, q: dict[str, str], pin: object, first: int, last: int) -> None:
+    args = (pin.definition_id, pin.version, pin.plan_hash)  # type: ignore[attr-defined]
+    for lo in range(first, last + 1, BATCH):
+        hi = min(last, lo + BATCH - 1)
+        async with conn.transaction():
+            for name in ("seed_waiting_instances", "seed_waiting_commands", "seed_waiting_history"):
+                await conn.execute(q[name], lo, hi, *args)
+    await conn.execute(q["analyze"])
+
+
+async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict[str, str]) -> dict[str, float]:
+    """Mean claim and commit round trips over a closed loop of three-step workflows, and empty claims."""
+    progress = Progress()
+    store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency + 4)
+    client_store = await PostgresStore.open(url, ctx.schema, max_size=6)
+    client = Client(client_store, registry)
+    stats = StatementLog(store)
+    track_commits(store, progress)
+    worker = Worker(store, registry, WorkerConfig(concurrency=ctx.concurrency, worker_id="bench-scale"))
+    try:
+        for _ in range(EMPTY_CLAIMS):
+            await store.claim(ctx.concurrency, 30.0, "bench-scale")
+        empty = statistics.fmean(stats.seconds("claim"))
+        await worker.start()
+        await closed_loop(client, progress, 50, 4 * ctx.concurrency)
+        stats.clear()
+        await closed_loop(client, progress, ctx.sizes.scale_workflows, 4 * ctx.concurrency)
+        await worker.stop()
+    finally:
+        await client_store.close()
+        await store.close()
+    await conn.execute(q["analyze"])
+    return {
+        "claim_ms": statistics.fmean(stats.seconds("claim")) * 1000,
+        "commit_ms": statistics.fmean(stats.seconds("commit")) * 1000,
+        "empty_claim_ms": empty * 1000,
+    }

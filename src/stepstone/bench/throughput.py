@@ -1,0 +1,150 @@
+"""Throughput: N three-step workflows in a closed loop, with an in-process worker (and optionally
+worker processes). Starters keep at most a window of unfinished workflows outstanding; each one
+finished lets the next start, so the engine runs saturated but never builds an unbounded backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+
+from stepstone.bench.common import (
+    BenchContext,
+    Metric,
+    Progress,
+    StatementLog,
+    bench_database,
+    bench_queries,
+    track_commits,
+)
+from stepstone.bench.procs import WorkerProcess
+from stepstone.bench.workflows import registry, three
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.postgres import PostgresStore
+
+STEPS = 3
+STARTERS = 4
+
+
+async def run(ctx: BenchContext) -> list[Metric]:
+    metrics: list[Metric] = []
+    async with bench_database(ctx) as url:
+        rate, stats = await measure(ctx, url, ctx.sizes.workflows, processes=0)
+    ctx.max_workflows_per_s = rate
+    metrics += _metrics(ctx, "in-process worker", rate)
+    commits = stats.count("commit")
+    if commits:
+        metrics.append(Metric("throughput", "claim statements per workflow", stats.count("claim") / (commits / STEPS),
+                              "statements", note="in-process worker; includes empty claims while idle"))
+    if ctx.processes:
+        async with bench_database(ctx) as url:
+            rate, _ = await measure(ctx, url, ctx.sizes.workflows, processes=ctx.processes)
+        metrics += _metrics(ctx, f"{ctx.processes} worker processes", rate)
+    return metrics
+
+
+def _metrics(ctx: BenchContext, label: str, rate: float) -> list[Metric]:
+    ceiling = ctx.ceiling
+    commits = rate * STEPS
+    ratio = commits / ceiling if ceiling else None
+    ctx.say(f"throughput ({label}): {rate:,.0f} workflows/s, {commits:,.0f} step commits/s"
+            + (f" = {ratio:.2f} x ceiling" if ratio is not None else ""))
+    return [
+        Metric("throughput", f"workflows/s ({label})", rate, "workflows/s", ">= 500", rate >= 500),
+        Metric("throughput", f"step commits/s ({label})", commits, "commits/s", ">= 1500 and >= 0.5 x ceiling",
+               commits >= 1500 and (ratio is None or ratio >= 0.5), ratio=ratio),
+    ]
+
+
+@asynccontextmanager
+async def engine(ctx: BenchContext, url: str, processes: int, progress: Progress) -> AsyncIterator[StatementLog | None]:
+    """Workers running `registry`: in this process (yields its statement log) or in subprocesses."""
+    if processes == 0:
+        store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency + 4)
+        stats = StatementLog(store)
+        track_commits(store, progress)
+        worker = Worker(store, registry, WorkerConfig(concurrency=ctx.concurrency, worker_id="bench-inproc"))
+        await worker.start()
+        try:
+            yield stats
+        finally:
+            await worker.stop()
+            await store.close()
+        return
+    children = [await WorkerProcess.spawn(url, ctx.schema, "--concurrency", str(ctx.concurrency),
+                                          "--worker-id", f"bench-proc-{n}") for n in range(processes)]
+    poller = None
+    try:
+        for child in children:
+            await child.expect("ready")
+        poller = asyncio.create_task(_poll_completed(url, ctx.schema, progress))
+        yield None
+    finally:
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+        for child in children:
+            await child.terminate()
+
+
+async def _poll_completed(url: str, schema: str, progress: Progress) -> None:
+    query = bench_queries(schema)["completed_count"]
+    conn = await asyncpg.connect(url)
+    try:
+        while True:
+            value = int(await conn.fetchval(query, three.id))
+            async with progress.changed:
+                progress.done = value
+                progress.changed.notify_all()
+            await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
+async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) -> tuple[float, StatementLog]:
+    """Workflows per second over `total` workflows after a short warm-up; and the worker's statements."""
+    progress = Progress()
+    client_store = await PostgresStore.open(url, ctx.schema, max_size=STARTERS + 2)
+    client = Client(client_store, registry)
+    window = 4 * ctx.concurrency * max(1, processes)
+    warmup = min(200, max(20, total // 10))
+    try:
+        async with engine(ctx, url, processes, progress) as stats:
+            await closed_loop(client, progress, warmup, window)
+            if stats is not None:
+                stats.clear()
+            started = time.monotonic()
+            await closed_loop(client, progress, total, window)
+            elapsed = time.monotonic() - started
+            log = stats if stats is not None else StatementLog(client_store)
+    finally:
+        await client_store.close()
+    return total / elapsed, log
+
+
+async def closed_loop(client: Client, progress: Progress, count: int, window: int) -> None:
+    """Start `count` bench_three workflows, never more than `window` unfinished; wait for all."""
+    base = progress.done
+    started = 0
+
+    def room() -> bool:
+        return started - (progress.done - base) < window
+
+    async def starter() -> None:
+        nonlocal started
+        while True:
+            await progress.wait_until(room, timeout=120)
+            if started >= count:
+                return
+            started += 1
+            await client.start(three, {})
+
+    await asyncio.gather(*(starter() for _ in range(STARTERS)))
+    await progress.wait_until(lambda: progress.done - base >= count, timeout=300)

@@ -1,0 +1,68 @@
+"""A worker process for the benchmarks: `python -m stepstone.bench.worker_proc URL [options]`.
+
+Runs a `Worker` on the bench workflows until SIGTERM (drains, then exits) or SIGKILL. Reports JSON
+lines on stdout: `ready`, `holding` (with --hold, once --hold-target handlers wait on their event),
+`exit`; each carries `maxrss_kb`, the process's peak resident set so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import signal
+import sys
+
+from stepstone.bench.workflows import HOLD, registry
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.postgres import PostgresStore
+
+
+def report(event: str, **data: object) -> None:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    sys.stdout.write(json.dumps({"event": event, "maxrss_kb": peak, **data}) + "\n")
+    sys.stdout.flush()
+
+
+async def main(args: argparse.Namespace) -> None:
+    HOLD.enabled = args.hold
+    HOLD.target = args.hold_target
+    store = await PostgresStore.open(args.url, args.schema, max_size=args.pool)
+    worker = Worker(store, registry, WorkerConfig(
+        concurrency=args.concurrency, lease_seconds=args.lease, worker_id=args.worker_id,
+    ))
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await worker.start()
+    report("ready")
+
+    async def holding() -> None:
+        await HOLD.reached.wait()
+        report("holding", in_flight=worker.in_flight, entered=HOLD.entered)
+
+    watcher = asyncio.create_task(holding()) if args.hold else None
+    await stop.wait()
+    HOLD.release.set()
+    if watcher is not None:
+        watcher.cancel()
+    await worker.stop()
+    await store.close()
+    report("exit", commits=worker.events.commits)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m stepstone.bench.worker_proc")
+    parser.add_argument("url")
+    parser.add_argument("--schema", default="stepstone")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--pool", type=int, default=12)
+    parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--worker-id", default="bench-worker")
+    parser.add_argument("--hold", action="store_true", help="bench_hold handlers wait until SIGTERM")
+    parser.add_argument("--hold-target", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))

@@ -1,0 +1,112 @@
+-- Named queries of `stepstone bench` (not used by the engine). Each starts with
+-- "-- name: <name>"; {{schema}} is replaced by the quoted schema identifier.
+
+-- name: ceiling_setup
+-- $1 instances, each holding one CLAIMED command under its lease, as a running
+-- instance between two steps looks. Ids are md5(n)::uuid so pgbench can address them.
+WITH inst AS (
+    INSERT INTO {{schema}}.instances (id, definition_id, version, plan_hash, status, state, step, visit,
+                                      next_seq, history_seq, lease_token, lease_until, lease_owner,
+                                      created_at, updated_at)
+    SELECT md5(g::text)::uuid, 'bench_ceiling', 1, 'ceiling', 'RUNNING',
+           jsonb_build_object('n', 0, 'payload', repeat('x', 80)), 'one', 1, 2, 1,
+           md5('t' || g)::uuid, now() + interval '1 day', 'pgbench', now(), now()
+    FROM generate_series(1, $1::integer) AS g
+    RETURNING id, lease_token
+)
+INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, claims, available_at, token,
+                                 claimed_by, created_at)
+SELECT id, 1, 'START', 'CLAIMED', 'one', 1, 1, now() + interval '1 day', lease_token, 'pgbench', now()
+FROM inst;
+
+-- name: ceiling_script
+-- pgbench: the writes of one step commit as one statement. The fenced update of
+-- the instance, the settle of its claimed command, the next command (already
+-- claimed) and the STEP_COMPLETED history row; every write depends on the fence.
+\set n random(1, :instances)
+WITH i AS (
+    UPDATE {{schema}}.instances SET
+        state = jsonb_set(state, '{n}', to_jsonb((state->>'n')::integer + 1)),
+        step = 'one', visit = visit + 1, history_seq = history_seq + 1, next_seq = next_seq + 1,
+        lease_until = now() + interval '1 day', updated_at = now()
+    WHERE id = md5(:n::text)::uuid AND lease_token = md5('t' || :n)::uuid
+    RETURNING id, visit, history_seq, lease_token
+), s AS (
+    UPDATE {{schema}}.commands c SET state = 'COMPLETE', settled_at = now()
+    FROM i
+    WHERE c.instance_id = i.id AND c.token = i.lease_token AND c.state = 'CLAIMED'
+    RETURNING c.seq
+), n AS (
+    INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, claims, available_at, token,
+                                     claimed_by, created_at)
+    SELECT i.id, s.seq, 'STEP', 'CLAIMED', 'one', i.visit, 1, now() + interval '1 day', i.lease_token,
+           'pgbench', now()
+    FROM i, s
+    RETURNING id
+)
+INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, data)
+SELECT i.id, i.history_seq, now(), 'STEP_COMPLETED', 'one', i.visit - 1, n.id,
+       '{"attempt": 1, "patch": [{"op": "replace", "path": "/n", "value": 1}]}'::jsonb
+FROM i, n;
+
+-- name: seed_waiting_instances
+-- Instances $1..$2 waiting as the engine leaves them: even ones on a timer,
+-- odd ones on a signal wait with a timeout; pinned to ($3, $4, $5).
+INSERT INTO {{schema}}.instances (id, definition_id, version, plan_hash, status, state, step, visit, wait,
+                                  next_seq, history_seq, created_at, updated_at)
+SELECT md5('w' || g)::uuid, $3, $4, $5, 'WAITING',
+       jsonb_build_object('n', g, 'payload', repeat('x', 80)),
+       CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
+       CASE WHEN g % 2 = 0
+            THEN '{"kind": "timer", "delay_seconds": 2592000, "until": null}'::jsonb
+            ELSE '{"kind": "signal", "signals": {"go": "last"}, "timeout_seconds": 2592000}'::jsonb END,
+       3, 3, now(), now()
+FROM generate_series($1::bigint, $2::bigint) AS g;
+
+-- name: seed_waiting_commands
+-- Their settled START command and their pending timer (fire or timeout).
+INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, name, claims, available_at,
+                                 token, claimed_by, created_at, settled_at)
+SELECT md5('w' || g)::uuid, 1, 'START', 'COMPLETE', 'first', 1, NULL, 1, now(), md5('s' || g)::uuid,
+       'seed', now(), now()
+FROM generate_series($1::bigint, $2::bigint) AS g
+UNION ALL
+SELECT md5('w' || g)::uuid, 2, 'TIMER', 'PENDING', CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
+       CASE WHEN g % 2 = 0 THEN 'fire' ELSE 'timeout' END, 0, now() + interval '30 days', NULL, NULL,
+       now(), NULL
+FROM generate_series($1::bigint, $2::bigint) AS g;
+
+-- name: seed_waiting_history
+-- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them.
+INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, data)
+SELECT md5('w' || g)::uuid, k.seq, now(), k.kind, k.step, k.visit,
+       CASE k.seq
+           WHEN 1 THEN jsonb_build_object('state', jsonb_build_object('n', g, 'payload', repeat('x', 80)),
+                                          'version', $4::integer, 'plan_hash', $5::text)
+           WHEN 2 THEN '{"attempt": 1, "patch": [{"op": "replace", "path": "/n", "value": 1}]}'::jsonb
+           ELSE '{"kind": "timer", "delay_seconds": 2592000, "until": null}'::jsonb END
+FROM generate_series($1::bigint, $2::bigint) AS g,
+     (VALUES (1, 'INSTANCE_STARTED', 'first', 1), (2, 'STEP_COMPLETED', 'first', 1),
+             (3, 'WAITING', 'sleep', 2)) AS k(seq, kind, step, visit);
+
+-- name: relation_bytes
+SELECT pg_total_relation_size('{{schema}}.instances'::regclass)
+     + pg_total_relation_size('{{schema}}.commands'::regclass)
+     + pg_total_relation_size('{{schema}}.history'::regclass);
+
+-- name: analyze
+ANALYZE {{schema}}.instances, {{schema}}.commands, {{schema}}.history;
+
+-- name: completed_count
+SELECT count(*) FROM {{schema}}.instances WHERE status = 'COMPLETED' AND definition_id = $1;
+
+-- name: held_count
+SELECT count(*) FROM {{schema}}.instances
+WHERE lease_owner = $1 AND lease_until > {{schema}}.db_now() AND status = 'RUNNING';
+
+-- name: unfinished_count
+SELECT count(*) FROM {{schema}}.instances WHERE definition_id = $1 AND status <> 'COMPLETED';
+
+-- name: hot_updates
+SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
+WHERE schemaname = $1 AND relname IN ('instances', 'commands') ORDER BY relname;
