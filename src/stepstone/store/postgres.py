@@ -44,6 +44,17 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+async def _reset_connection(conn: asyncpg.Connection) -> None:
+    """Skip asyncpg's default reset query on release: a second round trip after every statement.
+
+    The store's pool statements leave no session state (no SET, LISTEN, advisory lock or cursor:
+    LISTEN has its own connection, migrations their own). Only a connection given back inside a
+    transaction (a statement interrupted mid-way) gets the full reset, which rolls it back.
+    """
+    if conn.is_in_transaction():
+        await conn.reset()
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
@@ -79,7 +90,9 @@ class PostgresStore:
 
     @classmethod
     async def open(cls, url: str, schema: str = "stepstone", *, max_size: int = 10) -> PostgresStore:
-        pool = await create_pool(url, min_size=1, max_size=max_size, init=_init_connection)
+        pool = await create_pool(
+            url, min_size=1, max_size=max_size, init=_init_connection, reset=_reset_connection
+        )
         return cls(pool, url, schema)
 
     async def close(self) -> None:
