@@ -30,6 +30,8 @@ from stepstone.store.postgres import PostgresStore
 
 STEPS = 3
 STARTERS = 4
+LAST_CPU_PER_WORKFLOW = [0.0]
+"""CPU seconds this process spent per workflow in the last `measure` (starts, claims, steps, commits)."""
 
 
 async def run(ctx: BenchContext) -> list[Metric]:
@@ -38,6 +40,9 @@ async def run(ctx: BenchContext) -> list[Metric]:
         rate, stats = await measure(ctx, url, ctx.sizes.workflows, processes=0)
     ctx.max_workflows_per_s = rate
     metrics += _metrics(ctx, "in-process worker", rate)
+    cpu_us = LAST_CPU_PER_WORKFLOW[0] / STEPS * 1e6
+    metrics.append(Metric("throughput", "engine CPU per step commit (in-process)", cpu_us, "us",
+                          note="process CPU time of client + worker / step commits; steadier than wall time"))
     commits = stats.count("commit")
     if commits:
         metrics.append(Metric("throughput", "claim statements per workflow", stats.count("claim") / (commits / STEPS),
@@ -120,9 +125,10 @@ async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) ->
             await closed_loop(client, progress, warmup, window)
             if stats is not None:
                 stats.clear()
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.process_time()
             await closed_loop(client, progress, total, window)
             elapsed = time.monotonic() - started
+            LAST_CPU_PER_WORKFLOW[0] = (time.process_time() - cpu) / total
             log = stats if stats is not None else StatementLog(client_store)
     finally:
         await client_store.close()
