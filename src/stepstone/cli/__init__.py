@@ -12,13 +12,13 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import db, doctor
+from stepstone.cli import db, demo, doctor, instances, worker
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, demo]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

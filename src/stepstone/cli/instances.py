@@ -1,0 +1,292 @@
+"""Instance commands: start, signal, cancel, retry, show, list.
+
+Each one validates what it was given (JSON, ids, cursors) before it connects, so a bad argument
+stores nothing, then calls the same `Client` operation a program would.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from stepstone.authoring.workflow import Registry
+from stepstone.cli.app import app_option
+from stepstone.cli.common import CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.connection import open_store
+from stepstone.client import Client, InstanceInfo
+from stepstone.config import Settings
+from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
+from stepstone.errors import DefinitionNotFound
+
+__all__ = ["commands", "decode_cursor", "encode_cursor"]
+
+T = TypeVar("T")
+STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
+_SHORT = 60
+
+
+# -- argument parsing (before anything touches the database) ---------------------------------------
+
+
+def parse_json(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+
+
+def instance_id_arg(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise CliError(f"{value!r} is not an instance id (expected a UUID)") from None
+
+
+def encode_cursor(created_at: datetime, instance_id: str) -> str:
+    """An opaque `--after` value for the page after the row (created_at, id)."""
+    raw = json.dumps([created_at.isoformat(), instance_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        at, instance_id = json.loads(raw)
+        return datetime.fromisoformat(at), str(uuid.UUID(instance_id))
+    except (binascii.Error, ValueError, TypeError):
+        raise CliError(f"--after {cursor!r} is not a cursor printed by `stepstone list`") from None
+
+
+def _with_client(settings: Settings, registry: Registry | None, work: Callable[[Client], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with open_store(settings) as store:
+            return await work(Client(store, registry))
+
+    return run_async(go())
+
+
+# -- formatting ------------------------------------------------------------------------------------
+
+
+def _time(value: datetime | None, *, millis: bool = False) -> str:
+    if value is None:
+        return ""
+    text = value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return (text[:-3] if millis else text[:-7]) + "Z"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _short(data: Any) -> str:
+    if data is None:
+        return ""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
+    return text if len(text) <= _SHORT else text[: _SHORT - 1] + "…"
+
+
+def describe_wait(info: InstanceInfo) -> str:
+    """What a waiting instance waits for, in words."""
+    wait = info.waiting_for
+    if not isinstance(wait, dict) or info.status != WAITING:
+        return ""
+    at = _time(info.next_timer_at)
+    if wait.get("kind") == "timer":
+        return f"timer, fires at {at}" if at else "timer"
+    if wait.get("kind") == "signal":
+        names = ", ".join(sorted(wait.get("signals") or {}))
+        text = f"signal {names}" if names else "a signal"
+        return f"{text} (timeout at {at})" if at else text
+    return _short(wait)
+
+
+def describe_error(error: Any) -> str:
+    if isinstance(error, dict) and "type" in error:
+        where = ", ".join(f"{k} {error[k]}" for k in ("step", "attempt") if error.get(k) is not None)
+        return f"{error['type']}: {error.get('message') or ''}" + (f" ({where})" if where else "")
+    return error if isinstance(error, str) else _short(error)
+
+
+def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
+    rows: list[list[Any]] = [
+        ["instance", info.id],
+        ["workflow", f"{info.definition_id} v{info.version}"],
+        ["status", info.status],
+        ["step", info.step or "-"],
+    ]
+    if info.business_key:
+        rows.append(["business key", info.business_key])
+    if info.status == WAITING:
+        rows.append(["waiting for", describe_wait(info)])
+    if info.parked_signals:
+        rows.append(["parked signals", info.parked_signals])
+    if info.error:
+        rows.append(["error", describe_error(info.error)])
+    rows += [["created", _time(info.created_at)], ["updated", _time(info.updated_at)]]
+    if info.ended_at:
+        rows.append(["ended", _time(info.ended_at)])
+    table = render_table(
+        [[h["seq"], _time(h["at"], millis=True), h["kind"], h["step"] or "", _short(h["data"])] for h in history],
+        ["seq", "time", "kind", "step", "data"],
+    )
+    state = json.dumps(info.state, indent=2, ensure_ascii=False, sort_keys=True)
+    return "\n".join([render_table(rows), "", "state", state, "", "history", table])
+
+
+# -- commands --------------------------------------------------------------------------------------
+
+
+@click.command("start")
+@click.argument("workflow")
+@click.option("--input", "input_text", metavar="JSON", help="The instance's input as a JSON object.")
+@click.option(
+    "--input-file", type=click.Path(dir_okay=False, allow_dash=True), help="Read the input from a file ('-': stdin)."
+)
+@click.option(
+    "--idempotency-key", metavar="K", help="Starting again with the same key and input returns the same instance."
+)
+@click.option("--business-key", metavar="K", help="Unique per workflow while set (e.g. an order number).")
+@app_option(required=True)
+@output_option
+@with_settings
+def start_command(
+    settings: Settings, registry: Registry, output: str, workflow: str, input_text: str | None,
+    input_file: str | None, idempotency_key: str | None, business_key: str | None,
+) -> None:
+    """Start an instance of WORKFLOW (its latest version in --app) and print its id."""
+    if input_text is not None and input_file is not None:
+        raise CliError("give --input or --input-file, not both")
+    if input_file is not None:
+        try:
+            text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read --input-file {input_file}: {exc.strerror}") from None
+        data = parse_json(text, f"--input-file {input_file}")
+    else:
+        data = parse_json(input_text, "--input") if input_text is not None else None
+    if registry.latest(workflow) is None:
+        known = ", ".join(sorted({wf.id for wf in registry})) or "none"
+        raise CliError(f"{DefinitionNotFound(workflow)} (workflows here: {known})")
+
+    async def work(client: Client) -> str:
+        return await client.start(workflow, data, idempotency_key=idempotency_key, business_key=business_key)
+
+    instance_id = _with_client(settings, registry, work)
+    emit({"instance_id": instance_id}, output, lambda: instance_id)
+
+
+@click.command("signal")
+@click.argument("instance_id")
+@click.argument("name")
+@click.option("--payload", metavar="JSON", help="The signal's payload as JSON.")
+@click.option("--dedup-key", metavar="K", help="Sending again with the same key applies the signal once.")
+@output_option
+@with_settings
+def signal_command(
+    settings: Settings, output: str, instance_id: str, name: str, payload: str | None, dedup_key: str | None
+) -> None:
+    """Send signal NAME to an instance (parked until the instance waits for it)."""
+    iid = instance_id_arg(instance_id)
+    data = parse_json(payload, "--payload") if payload is not None else None
+    command_id = _with_client(settings, None, lambda c: c.signal(iid, name, data, dedup_key=dedup_key))
+    result = {"instance_id": iid, "signal": name, "command_id": command_id}
+    emit(result, output, lambda: f"signal {name} sent to {iid} (command {command_id})")
+
+
+@click.command("cancel")
+@click.argument("instance_id")
+@click.option("--reason", default="", help="Recorded in the history.")
+@output_option
+@with_settings
+def cancel_command(settings: Settings, output: str, instance_id: str, reason: str) -> None:
+    """Cancel an instance (repeating it is harmless)."""
+    iid = instance_id_arg(instance_id)
+    status = _with_client(settings, None, lambda c: c.cancel(iid, reason))
+    emit({"instance_id": iid, "status": status}, output, lambda: f"{iid} {status}")
+
+
+@click.command("retry")
+@click.argument("instance_id")
+@output_option
+@with_settings
+def retry_command(settings: Settings, output: str, instance_id: str) -> None:
+    """Run the failed step of a FAILED instance again."""
+    iid = instance_id_arg(instance_id)
+
+    async def work(client: Client) -> str:
+        await client.retry(iid)
+        return (await client.get(iid)).status
+
+    status = _with_client(settings, None, work)
+    emit({"instance_id": iid, "status": status}, output, lambda: f"{iid} {status}: retry scheduled")
+
+
+@click.command("show")
+@click.argument("instance_id")
+@output_option
+@with_settings
+def show_command(settings: Settings, output: str, instance_id: str) -> None:
+    """Show an instance: where it is, what it waits for, its state and its history."""
+    iid = instance_id_arg(instance_id)
+
+    async def work(client: Client) -> tuple[InstanceInfo, list[dict[str, Any]]]:
+        return await client.get(iid), await client.history(iid)
+
+    info, history = _with_client(settings, None, work)
+    data = {"instance": _jsonable(asdict(info)), "waiting_for": describe_wait(info) or None,
+            "history": _jsonable(history)}
+    emit(data, output, lambda: _show_text(info, history))
+
+
+@click.command("list")
+@click.option("--status", type=click.Choice(STATUSES, case_sensitive=False), help="Only instances in this status.")
+@click.option("--workflow", metavar="W", help="Only instances of this workflow.")
+@click.option("--business-key", metavar="K", help="Only the instance with this business key.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Rows per page.")
+@click.option("--after", metavar="CURSOR", help="Continue after the page that printed this cursor.")
+@output_option
+@with_settings
+def list_command(
+    settings: Settings, output: str, status: str | None, workflow: str | None, business_key: str | None,
+    limit: int, after: str | None,
+) -> None:
+    """List instances, newest first, a page at a time."""
+    position = decode_cursor(after) if after else None
+
+    async def work(client: Client) -> list[dict[str, Any]]:
+        return await client.list(status=status.upper() if status else None, definition=workflow,
+                                 business_key=business_key, after=position, limit=limit + 1)
+
+    rows = _with_client(settings, None, work)
+    page, more = rows[:limit], len(rows) > limit
+    cursor = encode_cursor(page[-1]["created_at"], page[-1]["id"]) if more else None
+
+    def table() -> str:
+        lines = render_table(
+            [[r["id"], f"{r['definition_id']} v{r['version']}", r["status"], r["step"] or "-",
+              r["business_key"] or "", _time(r["created_at"])] for r in page],
+            ["id", "workflow", "status", "step", "business key", "created"],
+        ) if page else "no instances"
+        return lines + (f"\nnext page: --after {cursor}" if cursor else "")
+
+    emit({"instances": _jsonable(page), "next_cursor": cursor}, output, table)
+
+
+commands = [start_command, signal_command, cancel_command, retry_command, show_command, list_command]

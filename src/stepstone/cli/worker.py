@@ -1,0 +1,118 @@
+"""``stepstone worker``: run the workflows of ``--app`` until SIGTERM or SIGINT.
+
+The first signal drains: the worker stops claiming, lets in-flight steps finish up to the drain
+timeout, gives back the claims it still holds (another worker picks them up at once) and exits 0.
+A second signal exits at once with 128 + the signal number; leases then expire on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+
+import click
+
+from stepstone.authoring.workflow import Registry
+from stepstone.cli.app import app_option
+from stepstone.cli.common import run_async, with_settings
+from stepstone.cli.connection import open_store
+from stepstone.config import Settings
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.database import redact_url
+
+__all__ = ["commands", "configure_logging"]
+
+log = logging.getLogger("stepstone.cli.worker")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def configure_logging() -> None:
+    """stepstone's log lines on stderr, once per process."""
+    root = logging.getLogger("stepstone")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+
+
+def _force_exit(signum: int) -> None:
+    log.warning("second %s: exiting now without draining; held leases will expire",
+                signal.Signals(signum).name)
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+async def serve(settings: Settings, registry: Registry, config: WorkerConfig) -> int:
+    """Run a worker until the first stop signal, then drain; returns the number of claims released."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        if received:
+            _force_exit(signum)
+        received.append(signum)
+        stop.set()
+
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        async with open_store(settings, pool_size=config.concurrency + 2) as store:
+            worker = Worker(store, registry, config)
+            await worker.start()
+            workflows = ", ".join(f"{wf.id} v{wf.version}" for wf in registry)
+            log.info("worker %s started: concurrency %d, database %s (schema %s), workflows %s",
+                     config.worker_id, config.concurrency, redact_url(store.url), store.schema, workflows)
+            await stop.wait()
+            log.info("%s received: draining %d in-flight step(s) for up to %g s (a second signal exits at once)",
+                     signal.Signals(received[0]).name, worker.in_flight, config.drain_timeout)
+            released_before = worker.events.released
+            await worker.stop()
+            released = worker.events.released - released_before
+            log.info("worker %s drained: %d claim(s) released; exiting", config.worker_id, released)
+            return released
+    finally:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+def _stuck_step_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("stepstone-step") and t.is_alive())
+
+
+@click.command("worker")
+@app_option(required=True)
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=8, show_default=True,
+              help="Steps run at the same time.")
+@click.option("--lease-seconds", type=click.FloatRange(min=1.0), default=30.0, show_default=True,
+              help="How long a claim lasts without renewal (renewed every third of it).")
+@click.option("--poll-interval", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
+              help="Longest pause between looks for work when no notification arrives.")
+@click.option("--drain-timeout", type=click.FloatRange(min=0.0), default=10.0, show_default=True,
+              help="On SIGTERM/SIGINT, how long in-flight steps may take to finish.")
+@with_settings
+def worker_command(
+    settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
+    drain_timeout: float,
+) -> None:
+    """Run the workflows of --app until SIGTERM/SIGINT (migrates nothing: see `stepstone db migrate`)."""
+    configure_logging()
+    config = WorkerConfig(concurrency=concurrency, lease_seconds=lease_seconds, poll_interval=poll_interval,
+                          drain_timeout=drain_timeout)
+    run_async(serve(settings, registry, config))
+    stuck = _stuck_step_threads()
+    if stuck:
+        # A synchronous handler still running past the drain timeout cannot be interrupted; its claim
+        # is already released, so leave without waiting for the thread.
+        log.warning("%d synchronous step handler(s) still running after the drain timeout; exiting anyway", stuck)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+commands = [worker_command]

@@ -1,0 +1,1 @@
+"""Example workflows: read them, copy them, run them with `stepstone demo`."""

@@ -1,0 +1,70 @@
+"""Workflows the CLI tests load with ``--app tests.cli_apps:registry``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+
+from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+
+
+class Greeting(BaseModel):
+    name: str
+    greeting: str | None = None
+
+
+hello: Workflow[Greeting] = Workflow("hello", state=Greeting)
+
+
+@hello.step(next=None)
+def greet(ctx: StepContext, state: Greeting) -> None:
+    state.greeting = f"hello {state.name}"
+
+
+class Approval(BaseModel):
+    approved_by: Any = None
+
+
+approval: Workflow[Approval] = Workflow("approval", state=Approval)
+approval.wait("decide", signals={"approve": "done"}, start=True)
+
+
+@approval.step(next=None)
+def done(ctx: StepContext, state: Approval) -> None:
+    state.approved_by = ctx.signal.payload if ctx.signal else None
+
+
+class Outcome(BaseModel):
+    ok: bool = False
+
+
+FLAKY = {"fail": True}
+flaky: Workflow[Outcome] = Workflow("flaky", state=Outcome)
+
+
+@flaky.step(next=None, retry=Retry(max_attempts=1))
+def attempt(ctx: StepContext, state: Outcome) -> None:
+    if FLAKY["fail"]:
+        raise RuntimeError("the service said no")
+    state.ok = True
+
+
+class Nap(BaseModel):
+    seconds: float = 0
+    napped: bool = False
+
+
+slow: Workflow[Nap] = Workflow("slow", state=Nap)
+
+
+@slow.step(next=None)
+async def nap(ctx: StepContext, state: Nap) -> None:
+    # Stands for a long call to the outside world, so a drain has something in flight.
+    await asyncio.sleep(state.seconds)
+    state.napped = True
+
+
+registry = Registry(hello, approval, flaky, slow)
+not_a_registry = 42

@@ -1,0 +1,47 @@
+"""``stepstone demo``: migrates, runs the order example through a step, a timer and a signal, exits 0."""
+
+from __future__ import annotations
+
+import re
+
+from click.testing import CliRunner
+
+from stepstone.cli import cli
+from stepstone.cli.demo import narrate
+
+
+def test_demo_runs_the_order_to_completion(empty_database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["demo", "--database-url", empty_database_url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "schema stepstone: applied 1 migration(s)" in lines[0]
+    tag = re.match(r"\[order o-[0-9a-f]+\]", lines[1])
+    assert tag is not None, lines[1]
+    narrated = [line.removeprefix(tag.group(0) + " ") for line in lines[2:]]
+    assert narrated[:-1] == [
+        "started at step reserve_stock",
+        "step reserve_stock completed",
+        "waiting at timer cooling_off (2 s)",
+        "timer cooling_off fired",
+        "waiting at await_payment for signal order_cancelled or payment_received",
+        narrated[5],
+        "signal payment_received accepted at await_payment",
+        "step ship completed",
+        "step send_receipt completed",
+        "instance completed",
+    ]
+    assert narrated[5].startswith("sent signal payment_received ")
+    assert narrated[-1].startswith("done: outcome shipped, reservation res-")
+
+
+def test_demo_runs_again_on_a_migrated_database(database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["demo", "--database-url", database_url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "schema stepstone: up to date" in result.stdout.splitlines()[0]
+    assert "instance completed" in result.stdout
+
+
+def test_narration_of_other_entries() -> None:
+    assert narrate({"kind": "STEP_COMPLETED", "step": "s", "data": {"attempt": 3}}) == "step s completed (attempt 3)"
+    assert narrate({"kind": "INSTANCE_CANCELLED", "step": None, "data": None}) == "instance cancelled"
+    assert narrate({"kind": "WAIT_TIMED_OUT", "step": "w", "data": {}}) == "wait timed out at w"

@@ -1,0 +1,253 @@
+"""start / signal / cancel / retry / show / list through the CLI, against real PostgreSQL.
+
+Commands run in-process with click's CliRunner; an in-process worker drives instances with
+`run_until_idle`, so nothing waits on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from click.testing import CliRunner, Result
+
+from stepstone.cli import cli
+from stepstone.cli.instances import decode_cursor, encode_cursor
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.postgres import PostgresStore
+from tests import cli_apps
+
+APP = "tests.cli_apps:registry"
+
+
+class Cli:
+    """The CLI bound to one test database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __call__(self, *args: str, input: str | None = None) -> Result:  # noqa: A002 - CliRunner's name
+        command, *rest = args
+        return CliRunner().invoke(cli, [command, "--database-url", self.url, *rest], input=input,
+                                  catch_exceptions=False)
+
+    def json(self, *args: str) -> Any:
+        result = self(*args, "-o", "json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)  # stdout holds the JSON document and nothing else
+
+    def error(self, *args: str) -> str:
+        result = self(*args)
+        assert result.exit_code == 1, result.output
+        assert result.stdout == ""
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("error: ")
+        return lines[0]
+
+    def drive(self) -> None:
+        """Run every claimable command to the point where instances wait or end."""
+
+        async def go() -> None:
+            store = await PostgresStore.open(self.url)
+            try:
+                worker = Worker(store, cli_apps.registry, WorkerConfig(concurrency=2))
+                await worker.register()
+                await worker.run_until_idle()
+            finally:
+                await store.close()
+
+        asyncio.run(go())
+
+    def count(self, sql: str) -> int:
+        async def go() -> int:
+            conn = await asyncpg.connect(self.url)
+            try:
+                return int(await conn.fetchval(sql))
+            finally:
+                await conn.close()
+
+        return asyncio.run(go())
+
+
+@pytest.fixture
+def run(database_url: str) -> Cli:
+    return Cli(database_url)
+
+
+@pytest.fixture
+def flaky_fails() -> Iterator[None]:
+    cli_apps.FLAKY["fail"] = True
+    yield
+    cli_apps.FLAKY["fail"] = True
+
+
+def test_start_show_complete(run: Cli) -> None:
+    started = run.json("start", "hello", "--input", '{"name": "ada"}', "--app", APP)
+    instance_id = started["instance_id"]
+    assert uuid.UUID(instance_id)
+    shown = run.json("show", instance_id)
+    assert shown["instance"]["status"] == "PENDING"
+    assert [h["kind"] for h in shown["history"]] == ["INSTANCE_STARTED"]
+    run.drive()
+    shown = run.json("show", instance_id)
+    assert shown["instance"]["status"] == "COMPLETED"
+    assert shown["instance"]["state"] == {"name": "ada", "greeting": "hello ada"}
+    assert [h["kind"] for h in shown["history"]] == ["INSTANCE_STARTED", "STEP_COMPLETED", "INSTANCE_COMPLETED"]
+    text = run("show", instance_id).stdout
+    assert "COMPLETED" in text and "hello v1" in text and '"greeting": "hello ada"' in text
+    assert "STEP_COMPLETED" in text and "greet" in text
+
+
+def test_start_prints_only_the_id_and_reads_input_files(run: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "input.json"
+    path.write_text('{"name": "bob"}')
+    result = run("start", "hello", "--input-file", str(path), "--app", APP)
+    assert result.exit_code == 0, result.output
+    instance_id = result.stdout.strip()
+    assert uuid.UUID(instance_id)
+    assert run.json("show", instance_id)["instance"]["state"]["name"] == "bob"
+    from_stdin = run("start", "hello", "--input-file", "-", "--app", APP, input='{"name": "cy"}')
+    assert run.json("show", from_stdin.stdout.strip())["instance"]["state"]["name"] == "cy"
+
+
+def test_start_keys(run: Cli) -> None:
+    first = run.json("start", "hello", "--input", '{"name": "a"}', "--idempotency-key", "k1", "--app", APP)
+    again = run.json("start", "hello", "--input", '{"name": "a"}', "--idempotency-key", "k1", "--app", APP)
+    assert first == again
+    assert "different input" in run.error("start", "hello", "--input", '{"name": "b"}', "--idempotency-key", "k1",
+                                          "--app", APP)
+    keyed = run.json("start", "hello", "--input", '{"name": "a"}', "--business-key", "order-7", "--app", APP)
+    assert "already used by instance " + keyed["instance_id"] in run.error(
+        "start", "hello", "--input", '{"name": "a"}', "--business-key", "order-7", "--app", APP)
+    listed = run.json("list", "--business-key", "order-7")
+    assert [r["id"] for r in listed["instances"]] == [keyed["instance_id"]]
+
+
+def test_signal_moves_a_waiting_instance(run: Cli) -> None:
+    instance_id = run.json("start", "approval", "--app", APP)["instance_id"]
+    run.drive()
+    shown = run.json("show", instance_id)
+    assert shown["instance"]["status"] == "WAITING"
+    assert shown["waiting_for"] == "signal approve"
+    assert "waiting for  signal approve" in run("show", instance_id).stdout
+    sent = run.json("signal", instance_id, "approve", "--payload", '{"by": "eve"}', "--dedup-key", "d1")
+    assert sent["instance_id"] == instance_id and sent["signal"] == "approve"
+    assert run.json("signal", instance_id, "approve", "--payload", '{"by": "eve"}', "--dedup-key", "d1") == sent
+    run.drive()
+    shown = run.json("show", instance_id)
+    assert shown["instance"]["status"] == "COMPLETED"
+    assert shown["instance"]["state"] == {"approved_by": {"by": "eve"}}
+    assert "takes no more signals" in run.error("signal", instance_id, "approve")
+
+
+def test_cancel(run: Cli) -> None:
+    instance_id = run.json("start", "approval", "--app", APP)["instance_id"]
+    run.drive()
+    assert run.json("cancel", instance_id, "--reason", "customer asked") == {
+        "instance_id": instance_id, "status": "CANCELLED"}
+    assert run.json("cancel", instance_id)["status"] == "CANCELLED"  # repeating is harmless
+    history = run.json("show", instance_id)["history"]
+    assert history[-1]["kind"] == "INSTANCE_CANCELLED"
+    assert run.json("show", instance_id)["instance"]["status"] == "CANCELLED"
+
+
+@pytest.mark.usefixtures("flaky_fails")
+def test_retry_a_failed_instance(run: Cli) -> None:
+    instance_id = run.json("start", "flaky", "--app", APP)["instance_id"]
+    assert "only a FAILED instance can be retried" in run.error("retry", instance_id)
+    run.drive()
+    shown = run.json("show", instance_id)
+    assert shown["instance"]["status"] == "FAILED"
+    assert shown["instance"]["error"]["type"] == "RuntimeError"
+    assert "RuntimeError: the service said no" in run("show", instance_id).stdout
+    cli_apps.FLAKY["fail"] = False
+    retried = run.json("retry", instance_id)
+    assert retried["instance_id"] == instance_id and retried["status"] != "FAILED"
+    run.drive()
+    shown = run.json("show", instance_id)
+    assert shown["instance"]["status"] == "COMPLETED"
+    assert shown["instance"]["state"] == {"ok": True}
+
+
+def test_list_filters_and_pages_newest_first(run: Cli) -> None:
+    ids = [run.json("start", "hello", "--input", json.dumps({"name": str(i)}), "--app", APP)["instance_id"]
+           for i in range(5)]
+    waiting = run.json("start", "approval", "--app", APP)["instance_id"]
+    run.drive()
+    assert [r["id"] for r in run.json("list", "--status", "waiting")["instances"]] == [waiting]
+    assert [r["id"] for r in run.json("list", "--workflow", "hello")["instances"]] == ids[::-1]
+    seen: list[str] = []
+    cursor: str | None = None
+    while True:
+        page = run.json("list", "--workflow", "hello", "--limit", "2", *(["--after", cursor] if cursor else []))
+        seen += [r["id"] for r in page["instances"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    text = run("list", "--limit", "2").stdout
+    assert text.splitlines()[1].startswith(waiting)
+    assert "next page: --after " in text.splitlines()[-1]
+    assert "no instances" in run("list", "--status", "failed").stdout
+
+
+def test_cursor_round_trip() -> None:
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    instance_id = str(uuid.uuid4())
+    assert decode_cursor(encode_cursor(at, instance_id)) == (at, instance_id)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("start", "hello", "--input", "{not json", "--app", APP), "--input is not valid JSON"),
+        (("start", "hello", "--input", "[1, 2]", "--app", APP), "valid dictionary"),
+        (("start", "hello", "--input", '{"nom": 1}', "--app", APP), "input for workflow 'hello' is invalid"),
+        (("start", "nope", "--input", "{}", "--app", APP), "no workflow definition 'nope'"),
+        (("start", "hello", "--input", "{}", "--input-file", "x", "--app", APP), "not both"),
+        (("start", "hello", "--input-file", "/no/such/file.json", "--app", APP), "cannot read --input-file"),
+        (("start", "hello", "--app", "tests.cli_apps:nothing"), "has no attribute 'nothing'"),
+        (("show", "not-a-uuid"), "'not-a-uuid' is not an instance id"),
+        (("signal", "12345", "approve"), "'12345' is not an instance id"),
+        (("cancel", "xyz"), "'xyz' is not an instance id"),
+        (("retry", "xyz"), "'xyz' is not an instance id"),
+        (("show", str(uuid.UUID(int=1))), f"no instance {uuid.UUID(int=1)}"),
+        (("signal", str(uuid.UUID(int=1)), "approve"), f"no instance {uuid.UUID(int=1)}"),
+        (("cancel", str(uuid.UUID(int=1))), f"no instance {uuid.UUID(int=1)}"),
+        (("retry", str(uuid.UUID(int=1))), f"no instance {uuid.UUID(int=1)}"),
+        (("signal", str(uuid.UUID(int=1)), "approve", "--payload", "{oops"), "--payload is not valid JSON"),
+        (("list", "--after", "garbage"), "is not a cursor printed by `stepstone list`"),
+    ],
+)
+def test_bad_input_is_one_line_and_stores_nothing(run: Cli, args: tuple[str, ...], message: str) -> None:
+    assert message in run.error(*args)
+    assert run.count("SELECT count(*) FROM stepstone.instances") == 0
+    assert run.count("SELECT count(*) FROM stepstone.commands") == 0
+
+
+def test_unknown_signal_is_refused_and_stores_nothing(run: Cli) -> None:
+    instance_id = run.json("start", "approval", "--app", APP)["instance_id"]
+    commands = run.count("SELECT count(*) FROM stepstone.commands")
+    assert "has no signal named 'nope'" in run.error("signal", instance_id, "nope")
+    assert run.count("SELECT count(*) FROM stepstone.commands") == commands
+
+
+def test_start_needs_an_app(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STEPSTONE_APP", raising=False)
+    assert "pass --app module:attribute or set STEPSTONE_APP" in run.error("start", "hello")
+    monkeypatch.setenv("STEPSTONE_APP", APP)
+    assert uuid.UUID(run.json("start", "hello", "--input", '{"name": "env"}')["instance_id"])
+
+
+def test_unmigrated_database_is_a_one_line_error(empty_database_url: str) -> None:
+    line = Cli(empty_database_url).error("list")
+    assert "is not set up: run `stepstone db migrate` first" in line
