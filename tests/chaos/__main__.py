@@ -1,0 +1,77 @@
+"""Run the chaos scenarios: ``python -m tests.chaos --scenario all --size 10000 --out results/``.
+
+Without ``--admin-url`` the rig starts its own PostgreSQL (embedded binaries, TCP on 127.0.0.1) so every
+scenario can run; with it, kills and zombies run there and restarts and cuts are skipped (they need a
+server the rig owns). Writes ``<out>/<scenario>.json`` per scenario and exits 1 when any has violations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.chaos.rig import server as rig_server
+from tests.chaos.rig.scenarios import RUNNERS, SCENARIOS, Options, Skip, Target
+
+
+async def run(names: list[str], opts: Options, target: Target, out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - one small write between scenarios
+    results: dict[str, Any] = {}
+    for name in names:
+        t0 = time.monotonic()
+        try:
+            report = await RUNNERS[name](target, opts)
+        except Skip as exc:
+            report = {"skipped": str(exc)}
+        report["scenario"] = name
+        report["command"] = " ".join(["python -m tests.chaos", *sys.argv[1:]])
+        report["wall_s"] = round(time.monotonic() - t0, 2)
+        text = json.dumps(report, indent=2, default=str) + "\n"
+        (out / f"{name}.json").write_text(text)
+        results[name] = report
+        status = "skipped" if "skipped" in report else ("FAIL" if report["violations"] else "ok")
+        print(f"{name}: {status} in {report['wall_s']} s", file=sys.stderr)  # noqa: T201
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos")
+    p.add_argument("--scenario", default="all", help=f"all or a comma list of {', '.join(SCENARIOS)}")
+    p.add_argument("--size", type=int, default=200, help="workflows per scenario (zombies cap at 1000)")
+    p.add_argument("--out", default="results")
+    p.add_argument("--admin-url", default=None, help="run on this server instead of a dedicated one")
+    p.add_argument("--lease", type=float, default=2.0)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mutate-fencing", action="store_true", help="zombies with the fence removed (must fail)")
+    args = p.parse_args(argv)
+    names = list(SCENARIOS) if args.scenario == "all" else args.scenario.split(",")
+    out = Path(args.out)
+    opts = Options(size=args.size, workers=args.workers, lease=args.lease, concurrency=args.concurrency,
+                   seed=args.seed, workdir=out / "work", mutate_fencing=args.mutate_fencing)
+    server = None
+    if args.admin_url:
+        target = Target(args.admin_url)
+    else:
+        reason = rig_server.available()
+        if reason:
+            print(f"cannot start a rig server: {reason}", file=sys.stderr)  # noqa: T201
+            return 2
+        server = rig_server.create_server()
+        target = Target(server.url(), server)
+    try:
+        results = asyncio.run(run(names, opts, target, out))
+    finally:
+        if server is not None:
+            server.destroy()
+    return 1 if any(r.get("violations") for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

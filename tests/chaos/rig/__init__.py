@@ -1,0 +1,1 @@
+"""The chaos rig: a dedicated PostgreSQL server, a TCP proxy, a fleet of worker processes and a checker."""

@@ -1,0 +1,402 @@
+"""The chaos scenarios. Each creates its own database on a target server, runs worker processes against it
+while doing violence, then hands the tables to the checker and returns a JSON-able report.
+
+    kills      SIGKILL a random worker every 0.2-1.0 s and start a new one
+    zombies    SIGSTOP a worker in the middle of a handler for 1.5 x lease + 0.5 s, ten times
+    restarts   pg_ctl restart -m fast / -m immediate mid-run (a server the rig owns only)
+    cuts       a proxy resets every connection every ~2 s, blackholes all traffic once for 6 s, and the
+               LISTEN connections are terminated; new work must still be found within the poll interval
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from stepstone.client import Client
+from stepstone.runtime.worker import pin_of
+from stepstone.store.migrate import migrate
+from stepstone.store.postgres import PostgresStore
+from stepstone.store.sqlfiles import read_text, render
+from tests._pg import url_for
+from tests.chaos import workflows
+from tests.chaos.rig import checker
+from tests.chaos.rig.fleet import Fleet
+from tests.chaos.rig.proxy import Proxy
+from tests.chaos.rig.server import RigServer
+
+SCENARIOS = ("kills", "zombies", "restarts", "cuts")
+
+
+@dataclass
+class Target:
+    """Where a scenario runs: a server's admin URL, and the server itself when the rig owns it."""
+
+    admin_url: str
+    server: RigServer | None = None
+
+
+@dataclass
+class Options:
+    size: int = 200
+    workers: int = 4
+    lease: float = 2.0
+    concurrency: int = 8
+    poll: float = 1.0
+    seed: int = 1
+    workdir: Path = field(default_factory=lambda: Path("results"))
+    timeout: float | None = None
+    mutate_fencing: bool = False  # zombies only: run with commit_segment's fence removed (checker must fail)
+    pauses: int = 10  # zombies
+    restarts: tuple[str, ...] = ("fast", "immediate")  # restarts
+    keep_database: bool = False  # leave the scenario's database behind for inspection
+
+
+# -- database set-up --------------------------------------------------------------------------------
+
+
+async def create_database(admin_url: str, name: str) -> str:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    url = url_for(admin_url, name)
+    conn = await asyncpg.connect(url)
+    try:
+        await migrate(conn, "stepstone")
+        await conn.execute(workflows.LEDGER_DDL)
+    finally:
+        await conn.close()
+    return url
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+UNFENCED = (
+    ("WHERE i.id = p_instance AND i.lease_token = p_token", "WHERE i.id = p_instance"),
+    ("WHERE c.id = p_command AND c.token = p_token AND c.state = 'CLAIMED'", "WHERE c.id = p_command"),
+)
+
+
+def unfenced_commit_segment() -> str:
+    """commit_segment from schema.sql with its fence predicates removed: the mutation the checker must catch."""
+    text = read_text("schema.sql")
+    start = text.index("CREATE FUNCTION {{schema}}.commit_segment(")
+    end = text.index("END $$;", start) + len("END $$;")
+    body = text[start:end].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    for old, new in UNFENCED:
+        assert body.count(old) == 1, f"mutation anchor not found in commit_segment: {old}"
+        body = body.replace(old, new)
+    return render(body, "stepstone")
+
+
+async def start_instances(url: str, n: int, rng: random.Random) -> list[str]:
+    store = await PostgresStore.open(url, max_size=8)
+    try:
+        client = Client(store, workflows.registry)
+        for wf in workflows.registry:
+            await store.register(pin_of(wf), wf.plan.document())
+        ids: list[str] = []
+        lengths = [rng.randint(1, workflows.MAX_STEPS) for _ in range(n)]
+        for lo in range(0, n, 64):
+            batch = lengths[lo:lo + 64]
+            ids += await asyncio.gather(*(client.start(workflows.CHAINS[k], {}) for k in batch))
+        return ids
+    finally:
+        await store.close()
+
+
+class Probe:
+    """A reconnecting connection for the rig's own polling (the server may be restarting)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: asyncpg.Connection | None = None
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        while True:
+            try:
+                if self.conn is None or self.conn.is_closed():
+                    self.conn = await asyncpg.connect(self.url, timeout=5)
+                return await self.conn.fetchval(sql, *args, timeout=10)
+            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                    asyncpg.exceptions.OperatorInterventionError, TimeoutError):
+                self.conn = None
+                await asyncio.sleep(0.1)  # the server is coming back; retry the probe
+
+    async def completed(self) -> int:
+        return int(await self.fetchval("SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'"))
+
+    async def commits(self) -> int:
+        return int(await self.fetchval("SELECT count(*) FROM stepstone.history WHERE kind = 'STEP_COMPLETED'"))
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                await self.conn.close()
+
+
+async def wait_for(predicate: Any, deadline: float, every: float = 0.2) -> bool:
+    """Poll an async predicate until true or the monotonic deadline passes."""
+    while time.monotonic() < deadline:
+        if await predicate():
+            return True
+        await asyncio.sleep(every)
+    return bool(await predicate())
+
+
+@contextlib.asynccontextmanager
+async def scenario_database(target: Target, name: str, keep: bool = False) -> AsyncIterator[str]:
+    db = f"chaos_{name}_{uuid.uuid4().hex[:8]}"
+    url = await create_database(target.admin_url, db)
+    try:
+        yield url
+    finally:
+        if not keep:
+            await drop_database(target.admin_url, db)
+
+
+async def _finish(url: str, fleet: Fleet, opts: Options, *, expected: int, pauses: list[dict[str, Any]],
+                  started: float, extra: dict[str, Any]) -> dict[str, Any]:
+    await asyncio.to_thread(fleet.stop)  # in a thread: a proxy on this loop must keep forwarding meanwhile
+    stats = fleet.stats()
+    fenced = [{**f, "pid": s["pid"]} for s in stats for f in s.get("fenced_log", [])]
+    conn = await asyncpg.connect(url)
+    try:
+        report = await checker.check(conn, expected=expected, kills=fleet.kills, pauses=pauses, fenced=fenced,
+                                     lease=opts.lease)
+    finally:
+        await conn.close()
+    crashed = fleet.crashed()
+    if crashed:
+        report["violations"].append(f"worker_crashed: pids {crashed} exited on their own")
+    # A kill can catch at most `concurrency` handlers between their effect and their commit.
+    why = report["duplicates_explained_by"]
+    if why.get("killed", 0) + why.get("paused", 0) > (len(fleet.kills) + len(pauses)) * opts.concurrency:
+        report["violations"].append("too_many_duplicates: more than concurrency per kill or pause")
+    report.update({
+        "elapsed_s": round(time.monotonic() - started, 2),
+        "worker_processes": len(stats),
+        "fenced_commits": sum(s["fenced"] for s in stats),
+        "unknown_outcome_commits": sum(s["unknown_outcome"] for s in stats),
+        "worker_claims": sum(s["claims"] for s in stats),
+        "config": {"size": opts.size, "workers": opts.workers, "lease_s": opts.lease,
+                   "concurrency": opts.concurrency, "poll_s": opts.poll, "seed": opts.seed},
+        **extra,
+    })
+    return report
+
+
+# -- kills ------------------------------------------------------------------------------------------
+
+
+async def kills(target: Target, opts: Options) -> dict[str, Any]:
+    rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
+    started = time.monotonic()
+    async with scenario_database(target, "kills", opts.keep_database) as url:
+        await start_instances(url, opts.size, rng)
+        fleet = Fleet(url, opts.workdir / "kills", opts.workers, opts.lease, opts.concurrency, opts.poll,
+                      env={workflows.PAUSE_ENV: "0.005"})
+        fleet.start()
+        probe = Probe(url)
+        deadline = time.monotonic() + (opts.timeout or 120 + opts.size * 0.06)
+        try:
+            while time.monotonic() < deadline and await probe.completed() < opts.size:
+                await asyncio.sleep(rng.uniform(0.2, 1.0))  # the kill schedule
+                fleet.kill(rng.randrange(opts.workers))
+            await wait_for(lambda: _all_done(probe, opts.size), deadline)
+        finally:
+            await probe.close()
+        return await _finish(url, fleet, opts, expected=opts.size, pauses=[], started=started, extra={})
+
+
+async def _all_done(probe: Probe, n: int) -> bool:
+    """Every instance has settled: COMPLETED, or FAILED/CANCELLED (which the checker reports as lost)."""
+    moving = await probe.fetchval(
+        "SELECT count(*) FROM stepstone.instances WHERE status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')")
+    return moving == 0 and await probe.fetchval("SELECT count(*) FROM stepstone.instances") >= n
+
+
+# -- zombies ----------------------------------------------------------------------------------------
+
+
+async def zombies(target: Target, opts: Options) -> dict[str, Any]:
+    rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
+    started = time.monotonic()
+    async with scenario_database(target, "zombies", opts.keep_database) as url:
+        if opts.mutate_fencing:
+            conn = await asyncpg.connect(url)
+            try:
+                await conn.execute(unfenced_commit_segment())
+            finally:
+                await conn.close()
+        total = min(opts.size, 1000)  # handlers linger 0.3 s here; more adds time, not coverage
+        await start_instances(url, total, rng)
+        fleet = Fleet(url, opts.workdir / ("zombies-mutant" if opts.mutate_fencing else "zombies"), opts.workers,
+                      opts.lease, opts.concurrency, opts.poll, env={workflows.PAUSE_ENV: "0.3"})
+        fleet.start()
+        probe = Probe(url)
+        pauses: list[dict[str, Any]] = []
+        hold = 1.5 * opts.lease + 0.5
+        deadline = time.monotonic() + (opts.timeout or 180 + opts.size * 0.2)
+        try:
+            while len(pauses) < opts.pauses and time.monotonic() < deadline:
+                if await probe.completed() >= total - 10:  # keep work flowing for every pause
+                    await start_instances(url, 50, rng)
+                    total += 50
+                slot = rng.randrange(opts.workers)
+                pid = fleet.procs[slot].pid
+                # In the middle of a handler: its effect is committed and it is lingering before returning.
+                busy = await wait_for(lambda pid=pid: _mid_handler(probe, pid), time.monotonic() + 5, every=0.02)
+                if not busy:
+                    continue
+                t0 = time.time()
+                fleet.pause(slot)
+                await asyncio.sleep(hold)  # the pause itself: longer than the lease, so another worker takes over
+                fleet.resume(slot)
+                pauses.append({"pid": pid, "from": t0, "to": time.time()})
+                await asyncio.sleep(0.5)  # let the zombie try its writes before the next pause
+            await wait_for(lambda: _all_done(probe, total), deadline)
+        finally:
+            await probe.close()
+        report = await _finish(url, fleet, opts, expected=total, pauses=pauses, started=started,
+                               extra={"pauses": len(pauses), "pause_s": hold, "workflows": total,
+                                      "mutated_fencing": opts.mutate_fencing})
+        if not opts.mutate_fencing and report["fenced_commits"] == 0:
+            report["violations"].append("no_zombie_write: no pause produced a fenced commit; nothing was tested")
+        return report
+
+
+async def _mid_handler(probe: Probe, pid: int) -> bool:
+    n = await probe.fetchval(
+        "SELECT count(*) FROM chaos.ledger WHERE pid = $1 AND at > clock_timestamp() - interval '150 ms'", pid)
+    return bool(n)
+
+
+# -- restarts ---------------------------------------------------------------------------------------
+
+
+async def restarts(target: Target, opts: Options) -> dict[str, Any]:
+    server = target.server
+    if server is None:
+        raise Skip("restarts need a server the rig owns (pgdata and pg_ctl); the target is external")
+    rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
+    started = time.monotonic()
+    async with scenario_database(target, "restarts", opts.keep_database) as url:
+        await start_instances(url, opts.size, rng)
+        fleet = Fleet(url, opts.workdir / "restarts", opts.workers, opts.lease, opts.concurrency, opts.poll,
+                      env={workflows.PAUSE_ENV: "0.005"})
+        fleet.start()
+        probe = Probe(url)
+        deadline = time.monotonic() + (opts.timeout or 180 + opts.size * 0.1)
+        events: list[dict[str, Any]] = []
+        try:
+            for n, mode in enumerate(opts.restarts):
+                goal = opts.size * (n + 1) // (len(opts.restarts) + 1)
+                await wait_for(lambda goal=goal: _progress(probe, goal), deadline)
+                before = await probe.commits()
+                t0 = time.monotonic()
+                await asyncio.to_thread(server.restart, mode)
+                up = time.monotonic()
+                await wait_for(lambda before=before: _committed_since(probe, before), deadline, every=0.02)
+                first = time.monotonic()
+                events.append({"mode": mode, "restart_s": round(up - t0, 3),
+                               "first_commit_after_up_s": round(first - up, 3),
+                               "first_commit_after_restart_began_s": round(first - t0, 3)})
+            await wait_for(lambda: _all_done(probe, opts.size), deadline)
+        finally:
+            await probe.close()
+        return await _finish(url, fleet, opts, expected=opts.size, pauses=[], started=started,
+                             extra={"restarts": events})
+
+
+async def _progress(probe: Probe, goal: int) -> bool:
+    return await probe.completed() >= goal
+
+
+async def _committed_since(probe: Probe, before: int) -> bool:
+    return await probe.commits() > before
+
+
+# -- cut connections --------------------------------------------------------------------------------
+
+
+async def cuts(target: Target, opts: Options) -> dict[str, Any]:
+    server = target.server
+    if server is None:
+        raise Skip("cuts need a TCP server the rig owns to put its proxy in front of")
+    rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
+    started = time.monotonic()
+    async with scenario_database(target, "cuts", opts.keep_database) as url:
+        await start_instances(url, opts.size, rng)
+        proxy = Proxy("127.0.0.1", server.port)
+        await proxy.start()
+        db = urlsplit(url).path.lstrip("/")
+        fleet = Fleet(proxy.url(db), opts.workdir / "cuts", opts.workers, opts.lease, opts.concurrency, opts.poll,
+                      env={workflows.PAUSE_ENV: "0.005"})
+        fleet.start()
+        probe = Probe(url)  # direct, not through the proxy
+        deadline = time.monotonic() + (opts.timeout or 180 + opts.size * 0.1)
+        blackholed = False
+        reset_conns = 0
+        try:
+            await wait_for(lambda: _progress(probe, 1), deadline)
+            while time.monotonic() < deadline and await probe.completed() < opts.size:
+                await asyncio.sleep(rng.uniform(1.5, 2.5))  # the reset schedule
+                reset_conns += proxy.reset_all()
+                if not blackholed and await probe.completed() >= opts.size // 3:
+                    blackholed = True
+                    await proxy.blackhole(6.0)
+            await wait_for(lambda: _all_done(probe, opts.size), deadline)
+            if not blackholed:  # a run too short to reach a third before the first reset
+                await proxy.blackhole(6.0)
+                blackholed = True
+            # The LISTEN connections die; new work must still be found within the poll interval.
+            latencies = []
+            extra = 0
+            for _ in range(3):
+                killed = await probe.fetchval(
+                    "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query ILIKE 'LISTEN%') t")
+                await start_instances(url, 1, rng)
+                extra += 1
+                t0 = time.monotonic()
+                await wait_for(lambda n=opts.size + extra: _progress(probe, n), deadline, every=0.02)
+                latencies.append({"listen_killed": killed, "found_s": round(time.monotonic() - t0, 3)})
+            await asyncio.to_thread(fleet.stop)  # while the proxy still forwards their goodbyes
+        finally:
+            await probe.close()
+            await proxy.close()
+        report = await _finish(url, fleet, opts, expected=opts.size + extra, pauses=[], started=started,
+                               extra={"resets": proxy.resets, "connections_reset": reset_conns,
+                                      "blackhole_s": 6.0 if blackholed else 0, "after_listen_killed": latencies})
+        slow = [x for x in latencies if x["found_s"] > opts.poll + 1.0]
+        if slow:
+            report["violations"].append(f"slow_wakeup: new work found later than the poll interval: {slow}")
+        if not any(x["listen_killed"] for x in latencies):
+            report["violations"].append("listen_not_found: no LISTEN connection was terminated")
+        return report
+
+
+class Skip(Exception):
+    """The scenario cannot run against this target (the reason is the message)."""
+
+
+RUNNERS = {"kills": kills, "zombies": zombies, "restarts": restarts, "cuts": cuts}

@@ -1,0 +1,267 @@
+"""Model-based test of the store's command and instance state machines (Hypothesis RuleBasedStateMachine).
+
+Rules: start (with idempotency keys), signal (with dedup keys), claim, renew, commit (success or failure),
+lease expiry (moving the database clock), commit under a stale token, cancel and retry, all against the
+real store. A small model predicts which token holds each instance (so which commits and renewals must
+be refused) and which dedup keys were used. After every rule the invariants are read from the database:
+
+  at most one CLAIMED command per instance, and it carries the instance's lease token
+  tokens are never reused
+  terminal statuses (COMPLETED, CANCELLED) never change
+  a dedup key is recorded once and applied at most once
+  history seq is gapless per instance (1..n, n = instances.history_seq)
+
+One database per test function; tables are truncated between examples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.client import Client
+from stepstone.core.model import CommandView, InstanceView, RunStep, StepFailed, StepSucceeded
+from stepstone.core.transitions import advance, apply, complete_step
+from stepstone.errors import IdempotencyConflict, InvalidState
+from stepstone.runtime.worker import pin_of
+from stepstone.store.port import Claim, Pin
+from stepstone.store.postgres import PostgresStore
+
+LEASE = 5.0
+
+wf: Workflow[Any] = Workflow("model", version=1)
+
+
+@wf.step(start=True, next="w")
+def a(ctx: StepContext, state: dict[str, Any]) -> None:
+    """Never called: the model decides each handler's outcome."""
+
+
+wf.wait("w", signals={"go": "b"})
+
+
+@wf.step(next=None)
+def b(ctx: StepContext, state: dict[str, Any]) -> None:
+    """Never called either."""
+
+
+registry = Registry(wf)
+
+
+@dataclass
+class Held:
+    """A claim as a worker keeps it: the live command, the instance as this worker last saw it."""
+
+    instance: InstanceView
+    command: CommandView
+    pin: Pin
+    token: Any
+    now: datetime
+    spent: bool = False
+
+
+class Runner:
+    """One event loop, one store and one client for every example of a test function."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.store: PostgresStore = self.run(PostgresStore.open(url, max_size=4))
+        self.client = Client(self.store, registry)
+        self.run(self.store.register(pin_of(wf), wf.plan.document()))
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def reset(self) -> None:
+        self.run(self.store.pool.execute(
+            "TRUNCATE stepstone.instances, stepstone.commands, stepstone.dedup, stepstone.history, "
+            "stepstone.outbox; UPDATE stepstone.clock SET offset_by = '0'"))
+
+    def close(self) -> None:
+        self.run(self.store.close())
+        self.loop.close()
+
+
+class StoreMachine(RuleBasedStateMachine):
+    runner: Runner
+
+    instances = Bundle("instances")
+    claims = Bundle("claims")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.r = self.runner
+        self.r.reset()
+        self.holder: dict[str, Any] = {}  # instance -> the token that may write it (None: nobody)
+        self.tokens: set[Any] = set()
+        self.by_key: dict[str, str] = {}
+        self.dedup: dict[tuple[str, str], tuple[int, Any]] = {}
+        self.ended: dict[str, str] = {}
+        self.failed: set[str] = set()
+
+    # -- rules ------------------------------------------------------------------------------
+
+    @rule(target=instances, key=st.sampled_from([None, "k1", "k2"]))
+    def start(self, key: str | None) -> Any:
+        iid = self.r.run(self.r.client.start(wf, {}, idempotency_key=key))
+        if key is not None and key in self.by_key:
+            assert iid == self.by_key[key], "a repeated start key made a second instance"
+            return iid  # the same instance enters the bundle again
+        if key is not None:
+            self.by_key[key] = iid
+        self.holder[iid] = None
+        return iid
+
+    @rule(iid=instances, key=st.sampled_from([None, "d1", "d2"]), payload=st.sampled_from([1, 2]))
+    def signal(self, iid: str, key: str | None, payload: int) -> None:
+        prior = self.dedup.get((iid, key)) if key else None
+        try:
+            cid = self.r.run(self.r.client.signal(iid, "go", payload, dedup_key=key))
+        except IdempotencyConflict:
+            assert prior is not None and prior[1] != payload
+            return
+        except InvalidState:
+            assert prior is None and iid in self.ended
+            return
+        if prior is not None:
+            assert prior[1] == payload and cid == prior[0], "a dedup key applied twice"
+        elif key is not None:
+            self.dedup[(iid, key)] = (cid, payload)
+
+    @rule(target=claims, n=st.integers(1, 3))
+    def claim(self, n: int) -> Any:
+        got = self.r.run(self.r.store.claim(n, LEASE, "model"))
+        out = []
+        for c in got:
+            assert c.token not in self.tokens, "a token was issued twice"
+            self.tokens.add(c.token)
+            self.holder[c.instance.id] = c.token
+            out.append(Held(c.instance, c.command, c.pin, c.token, c.now))
+        return out
+
+    @rule(batch=claims)
+    def renew(self, batch: list[Held]) -> None:
+        for h in batch:
+            kept = self.r.run(self.r.store.renew({h.instance.id: h.token}, LEASE))
+            assert (h.instance.id in kept) == (self.holder.get(h.instance.id) == h.token)
+
+    @rule(batch=claims, fail=st.booleans())
+    def commit(self, batch: list[Held], fail: bool) -> None:
+        for h in batch:
+            if h.spent:
+                continue
+            self._commit(h, fail)
+
+    def _commit(self, h: Held, fail: bool) -> None:
+        iid = h.instance.id
+        outcome = apply(h.instance, h.command, wf.plan, h.now, 5)
+        visit = h.instance.visit
+        if isinstance(outcome, RunStep):
+            result = (StepFailed("Boom", "model failure", retryable=False) if fail
+                      else StepSucceeded(None, h.instance.state))
+            decision = complete_step(h.instance, h.command, wf.plan, result, h.now)
+            visit = outcome.visit
+        else:
+            decision = outcome
+        claim = Claim(h.instance, h.command, h.pin, h.token, h.now)
+        committed = self.r.run(self.r.store.commit(claim, h.command.id, decision, lease_seconds=LEASE,
+                                                   worker="model", visit=visit))
+        expected = self.holder.get(iid) == h.token
+        assert (committed is not None) == expected, (
+            f"commit {'applied' if committed else 'refused'} but the model says the token "
+            f"{'holds' if expected else 'is stale'}")
+        if committed is None:
+            h.spent = True
+            return
+        follow = decision.continuation
+        if decision.instance is not None and decision.instance.status in ("COMPLETED", "CANCELLED"):
+            self.ended[iid] = decision.instance.status
+        if decision.instance is not None and decision.instance.status == "FAILED":
+            self.failed.add(iid)
+        if follow is not None and committed.continuation is not None:
+            h.instance = advance(h.instance, decision.instance)
+            h.command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload)
+            h.now = committed.committed_at
+        else:
+            h.spent = True
+            self.holder[iid] = None
+
+    @rule()
+    def expire_leases(self) -> None:
+        self.r.run(self.r.store.move_clock(LEASE + 1))
+
+    @rule(iid=instances)
+    def cancel(self, iid: str) -> None:
+        status = self.r.run(self.r.client.cancel(iid, "model"))
+        if iid in self.ended:
+            assert status == self.ended[iid], "cancel changed a terminal instance"
+            return
+        assert status == "CANCELLED"
+        self.ended[iid] = "CANCELLED"
+        self.failed.discard(iid)
+        self.holder[iid] = None
+
+    @rule(iid=instances)
+    def retry(self, iid: str) -> None:
+        try:
+            self.r.run(self.r.client.retry(iid))
+        except InvalidState:
+            assert iid not in self.failed
+            return
+        assert iid in self.failed, "retry applied to an instance that was not FAILED"
+        self.failed.discard(iid)
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def database_invariants(self) -> None:
+        fetch = self.r.store.pool.fetch
+        two = self.r.run(fetch(
+            "SELECT c.instance_id, count(*) AS n, bool_and(c.token = i.lease_token) AS ok "
+            "FROM stepstone.commands c JOIN stepstone.instances i ON i.id = c.instance_id "
+            "WHERE c.state = 'CLAIMED' GROUP BY c.instance_id HAVING count(*) > 1 OR NOT bool_and("
+            "c.token IS NOT DISTINCT FROM i.lease_token)"))
+        assert not two, f"live claims per instance: {[dict(r) for r in two]}"
+        for iid, status in self.ended.items():
+            now = self.r.run(self.r.store.status(iid))
+            assert now == status, f"terminal instance {iid} went from {status} to {now}"
+        dups = self.r.run(fetch(
+            "SELECT instance_id, dedup_key FROM stepstone.commands WHERE kind = 'SIGNAL' AND dedup_key IS NOT NULL "
+            "GROUP BY 1, 2 HAVING count(*) > 1"))
+        assert not dups, f"a dedup key recorded twice: {[dict(r) for r in dups]}"
+        applied = self.r.run(fetch(
+            "SELECT data->>'command' AS cmd FROM stepstone.history WHERE kind = 'SIGNAL_APPLIED' "
+            "GROUP BY 1 HAVING count(*) > 1"))
+        assert not applied, f"a signal applied twice: {[dict(r) for r in applied]}"
+        gaps = self.r.run(fetch(
+            "SELECT i.id FROM stepstone.instances i LEFT JOIN stepstone.history h ON h.instance_id = i.id "
+            "GROUP BY i.id, i.history_seq "
+            "HAVING count(h.*) <> i.history_seq OR coalesce(min(h.seq), 1) <> 1 "
+            "    OR coalesce(max(h.seq), 0) <> i.history_seq"))
+        assert not gaps, f"history seq not gapless: {[dict(r) for r in gaps]}"
+        tokens = self.r.run(self.r.store.pool.fetchval(
+            "SELECT count(*) FROM (SELECT token FROM stepstone.commands WHERE token IS NOT NULL "
+            "GROUP BY token HAVING count(DISTINCT id) > 1 AND count(*) FILTER (WHERE state = 'CLAIMED') > 1) t"))
+        assert tokens == 0, "one token claims two live commands"
+
+
+@pytest.mark.parametrize("seed", [0])
+def test_store_state_machine(database_url: str, seed: int) -> None:
+    runner = Runner(database_url)
+    StoreMachine.runner = runner
+    try:
+        run_state_machine_as_test(
+            StoreMachine,
+            settings=settings(max_examples=40, stateful_step_count=30, deadline=None, derandomize=True,
+                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+        )
+    finally:
+        runner.close()

@@ -1,0 +1,129 @@
+"""One worker process of the rig: ``python -m tests.chaos.worker_proc --url URL --lease 2 --concurrency 8``.
+
+Opens a PostgresStore, runs ``Worker.start()`` until SIGTERM, then stops (drain) and exits. Every 0.5 s and
+at exit it writes its counters to ``--stats`` (JSON): claims, commits, fenced, released, commits whose
+outcome was unknown (re-read), and the instances whose commit was fenced. A SIGKILLed process leaves its
+last periodic file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from stepstone.core.model import Decision
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.port import Claim, Committed
+from stepstone.store.postgres import PostgresStore
+from tests.chaos import workflows
+
+
+class _Counting(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.unknown = 0
+        self.warnings = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.warnings += 1
+        if "interrupted" in record.getMessage():
+            self.unknown += 1
+
+
+class RigWorker(Worker):
+    """The engine's worker, noting which commits were fenced (test code only; no production switch)."""
+
+    fenced_log: list[dict[str, Any]]
+
+    async def _commit(self, claim: Claim, command_id: int, decision: Decision, visit: int) -> Committed | None:
+        result = await super()._commit(claim, command_id, decision, visit)
+        if result is None:
+            self.fenced_log.append({"instance": claim.instance.id, "visit": visit, "command": command_id})
+            print(f"FENCED {claim.instance.id} visit={visit} command={command_id}", flush=True)  # noqa: T201
+        return result
+
+
+async def main(args: argparse.Namespace) -> None:
+    worker_id = f"{args.name}:{os.getpid()}"
+    workflows.configure(args.url, worker_id)
+    counting = _Counting()
+    logging.getLogger("stepstone").addHandler(counting)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s {worker_id} %(levelname)s %(name)s %(message)s")
+    store = await _open(args.url, args.concurrency)
+    config = WorkerConfig(concurrency=args.concurrency, lease_seconds=args.lease, poll_interval=args.poll,
+                          worker_id=worker_id, drain_timeout=args.drain)
+    worker = RigWorker(store, workflows.registry, config)
+    worker.fenced_log = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    stats = Path(args.stats) if args.stats else None
+
+    def dump(final: bool) -> None:
+        if stats is None:
+            return
+        ev = worker.events
+        doc = {"pid": os.getpid(), "worker": worker_id, "final": final, "claims": ev.claims, "commits": ev.commits,
+               "fenced": ev.fenced, "released": ev.released, "crashed": getattr(ev, "crashed", 0),
+               "unknown_outcome": counting.unknown,
+               "warnings": counting.warnings, "fenced_log": worker.fenced_log}
+        tmp = stats.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(stats)
+
+    await _retrying(worker.start)
+    print(f"READY {worker_id}", flush=True)  # noqa: T201
+    while not stop.is_set():
+        dump(final=False)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    await worker.stop()
+    dump(final=True)
+    await store.close()
+
+
+async def _open(url: str, concurrency: int) -> PostgresStore:
+    async def attempt() -> PostgresStore:
+        return await PostgresStore.open(url, max_size=concurrency + 4)
+
+    return await _retrying(attempt)
+
+
+async def _retrying(fn: Any) -> Any:
+    """Start-up against a server that may be restarting: retry for up to a minute."""
+    delay = 0.1
+    last: Exception = RuntimeError("not attempted")
+    for _ in range(60):
+        try:
+            return await fn()
+        except Exception as exc:  # noqa: BLE001 - any start-up failure is retried, then raised
+            last = exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+    raise last
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos.worker_proc")
+    p.add_argument("--url", required=True)
+    p.add_argument("--lease", type=float, default=2.0)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--poll", type=float, default=1.0)
+    p.add_argument("--drain", type=float, default=5.0)
+    p.add_argument("--name", default="w")
+    p.add_argument("--stats", default="")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse()))
