@@ -114,6 +114,10 @@ class Client:
         for what, name in (("idempotency key", idempotency_key), ("business key", business_key)):
             if name is not None:
                 self._check_name(what, name)
+        try:  # before the state model sees it: validating a 10,000-deep document is costly
+            self.limits.check_depth("input", input)
+        except PayloadRejected as exc:
+            raise _typed(exc) from None
         state = wf.state_to_json({} if input is None else input)
         text = self._encode("input", state)
         await self._ensure_registered(wf)

@@ -207,7 +207,11 @@ class Workflow(Generic[S]):
                 obj = value if isinstance(value, model) else model.model_validate(value)
             except ValidationError as exc:
                 raise InvalidInput(f"input for workflow {self.id!r} is invalid: {_brief(exc)}") from None
-            return obj.model_dump(mode="json")
+            try:
+                return obj.model_dump(mode="json")
+            except (ValueError, UnicodeError, RecursionError) as exc:  # too deep, lone surrogates
+                message = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                raise InvalidInput(f"state of workflow {self.id!r} cannot be stored as JSON: {message}") from None
         raise DefinitionError(f"workflow {self.id!r}: state must be a pydantic model class")
 
     def state_from_json(self, data: Any) -> Any:

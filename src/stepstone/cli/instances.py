@@ -43,6 +43,8 @@ def parse_json(text: str, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{what} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except RecursionError:
+        raise CliError(f"{what} is nested too deeply") from None
 
 
 def instance_id_arg(value: str) -> str:

@@ -90,6 +90,7 @@ class PostgresStore:
 
     @classmethod
     async def open(cls, url: str, schema: str = "stepstone", *, max_size: int = 10) -> PostgresStore:
+        queries(schema)  # validates the schema name before a pool exists that would then leak
         pool = await create_pool(
             url, min_size=1, max_size=max_size, init=_init_connection, reset=_reset_connection
         )
