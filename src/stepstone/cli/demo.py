@@ -98,11 +98,12 @@ async def _run_order(client: Client, worker: Worker) -> None:
     printed, paid = 0, False
     while True:
         seen = worker.events.commits
+        # Status before history: once it reads settled, the history read after it holds every entry.
+        info = await client.get(instance_id)
         history = await client.history(instance_id)
         for entry in history[printed:]:
             click.echo(f"{tag} {narrate(entry)}")
         printed = len(history)
-        info = await client.get(instance_id)
         if info.status in SETTLED:
             break
         if info.status == WAITING and info.step == "await_payment" and not paid:
