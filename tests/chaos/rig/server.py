@@ -25,7 +25,7 @@ SETTINGS = {
     "fsync": "off",  # throwaway data; an immediate restart still replays WAL (no OS crash involved)
     "max_connections": "300",
     "log_lock_waits": "on",
-    "deadlock_timeout": "200ms",
+    "deadlock_timeout": "20ms",  # log_lock_waits then reports any wait over 20 ms
     "log_min_messages": "warning",
     "log_line_prefix": "'%m [%p] %e '",
 }
