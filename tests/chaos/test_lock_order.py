@@ -66,8 +66,7 @@ async def test_no_deadlocks_under_opposite_orders(rig_pg: RigServer, tmp_path: P
     errors: list[str] = []
     counts: dict[str, int] = {"signals": 0, "cancels": 0, "retries": 0, "refused": 0}
     try:
-        for _ in range(6):
-            stores.append(await PostgresStore.open(url, max_size=6))
+        stores.extend([await PostgresStore.open(url, max_size=6) for _ in range(6)])
         client = Client(stores[0], registry)
         ids = [await client.start(loop_wf, {}) for _ in range(INSTANCES)]
         workers = [Worker(stores[1 + n], registry, WorkerConfig(concurrency=4, lease_seconds=3, poll_interval=0.05,
