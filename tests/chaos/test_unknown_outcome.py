@@ -1,0 +1,99 @@
+"""A commit whose outcome is unknown (the connection died around it) is settled by re-reading, never by
+guessing: Worker._commit re-reads the claim and either reports the commit that did happen, commits again
+when it did not and the claim still holds, or gives up when another worker holds the instance now.
+
+The store is wrapped in test code to lose the acknowledgement (after the real commit) or the request
+(before it); the restart and cut-connection chaos scenarios do the same for real.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.errors import DatabaseUnavailable
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.postgres import PostgresStore
+from stepstone.testing import open_engine
+
+wf: Workflow[Any] = Workflow("unknown-outcome", version=1)
+runs: list[str] = []
+
+
+@wf.step(start=True, next="b")
+def a(ctx: StepContext, state: dict[str, Any]) -> None:
+    runs.append(ctx.idempotency_key)
+
+
+@wf.step(next=None)
+def b(ctx: StepContext, state: dict[str, Any]) -> None:
+    runs.append(ctx.idempotency_key)
+    ctx.emit("done", {})
+
+
+registry = Registry(wf)
+
+
+class LossyStore:
+    """Delegates to the real store; the n-th commit loses its request or its acknowledgement."""
+
+    def __init__(self, store: PostgresStore, nth: int, where: str, before_raise: Any = None) -> None:
+        self._store = store
+        self._n = 0
+        self.nth, self.where, self.before_raise = nth, where, before_raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self._n += 1
+        if self._n != self.nth:
+            return await self._store.commit(*args, **kwargs)
+        if self.where == "ack":
+            await self._store.commit(*args, **kwargs)
+        if self.before_raise is not None:
+            await self.before_raise(self._store)
+        raise DatabaseUnavailable("connection lost (test)", host="test", port=None)
+
+
+async def _run(database_url: str, nth: int, where: str, before_raise: Any = None) -> tuple[Any, Worker]:
+    runs.clear()
+    async with open_engine(database_url, registry) as engine:
+        lossy = LossyStore(engine.store, nth, where, before_raise)
+        worker = Worker(lossy, registry, WorkerConfig(concurrency=1, lease_seconds=5))  # type: ignore[arg-type]
+        iid = await engine.client.start(wf, {})
+        await worker.run_until_idle()
+        info = await engine.client.get(iid)
+        kinds = [h["kind"] for h in await engine.client.history(iid)]
+        outbox = await engine.store.pool.fetchval("SELECT count(*) FROM stepstone.outbox")
+        return (info.status, kinds, outbox), worker
+
+
+EXPECTED = ["INSTANCE_STARTED", "STEP_COMPLETED", "STEP_COMPLETED", "INSTANCE_COMPLETED"]
+
+
+@pytest.mark.parametrize("nth", [1, 2], ids=["with-continuation", "last-step"])
+@pytest.mark.parametrize("where", ["ack", "request"])
+async def test_unknown_outcome_is_settled_by_rereading(database_url: str, nth: int, where: str) -> None:
+    (status, kinds, outbox), worker = await _run(database_url, nth, where)
+    assert status == "COMPLETED"
+    assert kinds == EXPECTED  # each step committed exactly once, whichever way the commit was lost
+    assert outbox == 1
+    assert len(runs) == 2  # no handler ran again: the re-read settled it
+    assert worker.events.fenced == 0
+
+
+async def test_unknown_outcome_after_a_takeover_is_fenced(database_url: str) -> None:
+    """The request was lost and meanwhile the lease expired and another worker claimed the instance."""
+
+    async def takeover(store: PostgresStore) -> None:
+        await store.move_clock(6)
+        claims = await store.claim(1, 5, "other-worker")
+        assert len(claims) == 1
+
+    (status, kinds, _), worker = await _run(database_url, 1, "request", takeover)
+    assert worker.events.fenced == 1
+    assert status == "PENDING"  # still where it was: the other worker now holds it
+    assert kinds == ["INSTANCE_STARTED"]  # the zombie's commit wrote nothing
