@@ -18,7 +18,7 @@ import asyncpg
 from stepstone.config import quote_ident
 from stepstone.core.model import Decision
 from stepstone.store.migrate import migrate
-from stepstone.store.port import Claim, Committed
+from stepstone.store.port import Claim, Committed, Pin
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.sqlfiles import read_text, render
 
@@ -31,6 +31,7 @@ __all__ = [
     "bench_database",
     "bench_queries",
     "percentile",
+    "seed_waiting",
     "track_commits",
 ]
 
@@ -202,6 +203,14 @@ def track_commits(store: PostgresStore, progress: Progress) -> None:
         return result
 
     store.commit = commit  # type: ignore[method-assign]
+
+
+async def seed_waiting(conn: asyncpg.Connection, schema: str, pin: Pin, first: int, last: int) -> None:
+    """Bulk-insert waiting instances first..last as the engine writes them (see bench.sql)."""
+    q = bench_queries(schema)
+    await conn.execute(q["seed_waiting_instances"], first, last, pin.definition_id, pin.version, pin.plan_hash)
+    await conn.execute(q["seed_waiting_commands"], first, last)
+    await conn.execute(q["seed_waiting_history"], first, last, pin.version, pin.plan_hash)
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -19,12 +19,14 @@ from stepstone.bench.common import (
     StatementLog,
     bench_database,
     bench_queries,
+    seed_waiting,
     track_commits,
 )
 from stepstone.bench.throughput import closed_loop
 from stepstone.bench.workflows import registry, waiting
 from stepstone.client import Client
 from stepstone.runtime.worker import Worker, WorkerConfig, pin_of
+from stepstone.store.port import Pin
 from stepstone.store.postgres import PostgresStore
 
 BATCH = 200_000
@@ -39,11 +41,11 @@ async def run(ctx: BenchContext) -> list[Metric]:
         conn = await asyncpg.connect(url)
         try:
             pin = pin_of(waiting)
-            await seed(conn, q, pin, 1, small)
+            await seed(conn, ctx.schema, pin, 1, small)
             results[small] = await measure(ctx, url, conn, q)
             before = int(await conn.fetchval(q["relation_bytes"]))
             started = time.monotonic()
-            await seed(conn, q, pin, small + 1, large)
+            await seed(conn, ctx.schema, pin, small + 1, large)
             seeded = time.monotonic() - started
             per_instance = (int(await conn.fetchval(q["relation_bytes"])) - before) / (large - small)
             results[large] = await measure(ctx, url, conn, q)
@@ -65,14 +67,11 @@ async def run(ctx: BenchContext) -> list[Metric]:
     return metrics
 
 
-async def seed(conn: asyncpg.Connection, q: dict[str, str], pin: object, first: int, last: int) -> None:
-    args = (pin.definition_id, pin.version, pin.plan_hash)  # type: ignore[attr-defined]
+async def seed(conn: asyncpg.Connection, schema: str, pin: Pin, first: int, last: int) -> None:
     for lo in range(first, last + 1, BATCH):
-        hi = min(last, lo + BATCH - 1)
         async with conn.transaction():
-            for name in ("seed_waiting_instances", "seed_waiting_commands", "seed_waiting_history"):
-                await conn.execute(q[name], lo, hi, *args)
-    await conn.execute(q["analyze"])
+            await seed_waiting(conn, schema, pin, lo, min(last, lo + BATCH - 1))
+    await conn.execute(bench_queries(schema)["analyze"])
 
 
 async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict[str, str]) -> dict[str, float]:

@@ -64,7 +64,7 @@ SELECT md5('w' || g)::uuid, $3, $4, $5, 'WAITING',
 FROM generate_series($1::bigint, $2::bigint) AS g;
 
 -- name: seed_waiting_commands
--- Their settled START command and their pending timer (fire or timeout).
+-- Their settled START command and their pending timer (fire or timeout), for instances $1..$2.
 INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, name, claims, available_at,
                                  token, claimed_by, created_at, settled_at)
 SELECT md5('w' || g)::uuid, 1, 'START', 'COMPLETE', 'first', 1, NULL, 1, now(), md5('s' || g)::uuid,
@@ -77,12 +77,13 @@ SELECT md5('w' || g)::uuid, 2, 'TIMER', 'PENDING', CASE WHEN g % 2 = 0 THEN 'sle
 FROM generate_series($1::bigint, $2::bigint) AS g;
 
 -- name: seed_waiting_history
--- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them.
+-- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them
+-- (baseline of version $3, plan hash $4).
 INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, data)
 SELECT md5('w' || g)::uuid, k.seq, now(), k.kind, k.step, k.visit,
        CASE k.seq
            WHEN 1 THEN jsonb_build_object('state', jsonb_build_object('n', g, 'payload', repeat('x', 80)),
-                                          'version', $4::integer, 'plan_hash', $5::text)
+                                          'version', $3::integer, 'plan_hash', $4::text)
            WHEN 2 THEN '{"attempt": 1, "patch": [{"op": "replace", "path": "/n", "value": 1}]}'::jsonb
            ELSE '{"kind": "timer", "delay_seconds": 2592000, "until": null}'::jsonb END
 FROM generate_series($1::bigint, $2::bigint) AS g,

@@ -1,0 +1,122 @@
+"""EXPLAIN guards: the claim and commit-path statements use indexes, never a Seq Scan on commands or
+instances, with enough rows that the planner would seq-scan if an index were missing.
+
+Plans are captured from the real statements as they run (the claim named query and every statement
+inside `commit_segment`) with auto_explain, sent to the client as NOTICEs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import asyncpg
+import pytest
+
+from stepstone.bench.common import bench_queries, seed_waiting
+from stepstone.bench.workflows import registry, signal_wf, three, waiting
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker, WorkerConfig, pin_of
+from stepstone.store import postgres
+from stepstone.store.postgres import PostgresStore
+
+WAITING = 20_000
+GUARDED = {"commands", "instances"}
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def seq_scans(plans: list[dict[str, Any]]) -> list[str]:
+    """'<relation>: <query text>' for every Seq Scan on a guarded table in the captured plans."""
+    return [
+        f"{node['Relation Name']}: {' '.join(entry.get('Query Text', '').split())[:200]}"
+        for entry in plans
+        for node in _nodes(entry["Plan"])
+        if node.get("Node Type") == "Seq Scan" and node.get("Relation Name") in GUARDED
+    ]
+
+
+async def _seed(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await seed_waiting(conn, "stepstone", pin_of(waiting), 1, WAITING)
+        await conn.execute(bench_queries("stepstone")["analyze"])
+        database = await conn.fetchval("SELECT current_database()")
+        for setting in (
+            "session_preload_libraries = 'auto_explain'",
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_format = json",
+            "auto_explain.log_level = notice",
+        ):
+            await conn.execute(f'ALTER DATABASE "{database}" SET {setting}')
+    finally:
+        await conn.close()
+
+
+class _PlanCapture(asyncpg.Connection):  # type: ignore[misc]
+    """Collects auto_explain's NOTICEs (JSON plans) into `sink` without log listeners, which the
+    pool would warn about and clear on every release."""
+
+    sink: ClassVar[list[dict[str, Any]]] = []
+
+    def _process_log_message(self, fields: Any, last_query: Any) -> None:
+        text = asyncpg.PostgresLogMessage.new(fields, query=last_query).message
+        if "plan:" in text:
+            self.sink.append(json.loads(text.split("plan:", 1)[1]))
+
+
+async def captured_plans(database_url: str) -> list[dict[str, Any]]:
+    """Run three-step and signal workflows through a worker; the plans of every statement it sent."""
+    plans: list[dict[str, Any]] = []
+    _PlanCapture.sink = plans
+    pool = await asyncpg.create_pool(
+        database_url, min_size=1, max_size=4, init=postgres._init_connection,  # the store's codecs
+        connection_class=_PlanCapture,
+    )
+    store = PostgresStore(pool, database_url, "stepstone")
+    try:
+        client = Client(store, registry)
+        worker = Worker(store, registry, WorkerConfig(concurrency=4, worker_id="plans"))
+        await worker.register()
+        for _ in range(8):  # past plpgsql's five custom plans, so generic plans are seen too
+            await client.start(three, {})
+        waiting_ids = [await client.start(signal_wf, {}) for _ in range(3)]
+        await worker.run_until_idle()
+        for iid in waiting_ids:
+            await client.signal(iid, "go")
+        await worker.run_until_idle()
+        assert [(await client.get(i)).status for i in waiting_ids] == ["COMPLETED"] * len(waiting_ids)
+    finally:
+        await store.close()
+    return plans
+
+
+@pytest.fixture
+async def seeded(database_url: str) -> str:
+    await _seed(database_url)
+    return database_url
+
+
+async def test_claim_and_commit_use_indexes(seeded: str) -> None:
+    plans = await captured_plans(seeded)
+    texts = " ".join(p.get("Query Text", "") for p in plans)
+    assert "FOR UPDATE OF i SKIP LOCKED" in texts, "the claim statement's plan was captured"
+    assert "UPDATE \"stepstone\".instances i SET" in texts, "commit_segment's statements were captured"
+    assert seq_scans(plans) == []
+
+
+async def test_guard_fails_without_the_claim_indexes(seeded: str) -> None:
+    conn = await asyncpg.connect(seeded)
+    try:
+        await conn.execute('DROP INDEX "stepstone".commands_ready, "stepstone".commands_queue')
+        await conn.execute('ANALYZE "stepstone".commands')
+    finally:
+        await conn.close()
+    found = seq_scans(await captured_plans(seeded))
+    assert any(s.startswith("commands:") for s in found), found

@@ -1,0 +1,58 @@
+"""Round trips on the hot path: one statement per step commit, one per claimed batch.
+
+Counted by wrapping the store's statement methods (`PostgresStore._fetch/_fetchrow/_fetchval`)
+while a running worker (its real claim loop) takes N three-step workflows to completion.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepstone.bench.common import StatementLog
+from stepstone.bench.workflows import registry, three
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.port import Claim
+from stepstone.store.postgres import PostgresStore
+
+N = 24
+STEPS = 3
+HOT_PATH = {"claim", "commit", "next_available", "renew"}
+STARTUP = {"register_definition", "definition_hash"}  # worker.start() records its plans once
+
+
+async def test_one_statement_per_step_commit_and_per_claimed_batch(database_url: str) -> None:
+    store = await PostgresStore.open(database_url, max_size=12)
+    try:
+        client = Client(store, registry)
+        for _ in range(N):
+            await client.start(three, {})
+        worker = Worker(store, registry, WorkerConfig(concurrency=8, worker_id="rt"))
+        await worker.register()
+        stats = StatementLog(store)
+        batches: list[int] = []
+        inner = store.claim
+
+        async def claim(*args: Any) -> list[Claim]:
+            found = await inner(*args)
+            if found:
+                batches.append(len(found))
+            return found
+
+        store.claim = claim  # type: ignore[method-assign]
+        await worker.start()
+        try:
+            await worker.events.wait_until(lambda: worker.events.commits >= N * STEPS, timeout=60)
+        finally:
+            await worker.stop()
+    finally:
+        await store.close()
+
+    names = {name for name, _ in stats.calls} - STARTUP
+    assert names <= HOT_PATH, f"statements off the hot path while running: {names - HOT_PATH}"
+    assert worker.events.commits == N * STEPS
+    assert stats.count("commit") == N * STEPS, "each step commit is exactly one statement"
+    assert sum(batches) == N, "every START was claimed once"
+    # A batch of several claims is one statement: claim statements that found work == batches.
+    assert len(batches) < N, f"claims were not batched: {batches}"
+    assert stats.count("claim") - len(batches) >= 0
