@@ -30,6 +30,14 @@ async def test_kills_lose_nothing_and_commit_each_step_once(pg_server: PgServer,
     assert report["duplicate_effects"] == report["duplicates_explained_by"].get("killed", 0)
 
 
+async def test_kills_at_concurrency_one_repeat_at_most_one_effect_each(pg_server: PgServer, tmp_path: Path) -> None:
+    report = await kills(Target(pg_server.admin_url), Options(size=600, concurrency=1, workdir=tmp_path))
+    _ok(report)
+    assert report["kills"] >= 5
+    assert report["duplicate_effects"] <= report["kills"]
+    assert report["max_duplicates_of_one_kill"] <= 1
+
+
 async def test_zombie_writes_are_refused(pg_server: PgServer, tmp_path: Path) -> None:
     report = await zombies(Target(pg_server.admin_url), Options(size=100, lease=1.0, workdir=tmp_path))
     _ok(report)

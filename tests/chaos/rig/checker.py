@@ -103,6 +103,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         by_key[r["key"]].append((r["pid"], r["at"], r["attempt"]))
     duplicates = 0
     why: dict[str, int] = defaultdict(int)
+    per_kill: dict[int, int] = defaultdict(int)
     unexplained: list[dict[str, Any]] = []
     for key, rows in by_key.items():
         if len(rows) < 2:
@@ -124,9 +125,11 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         if reasons.count("") > 1:
             unexplained.append({"key": key, "rows": rows, "reasons": reasons})
         # Attribute the n-1 duplicates to the explained rows (the committer is one of the rest).
-        explained = [r for r in reasons if r]
-        for r in explained[: len(rows) - 1]:
+        explained = [(r, pid) for r, (pid, _, _) in zip(reasons, rows, strict=True) if r]
+        for r, pid in explained[: len(rows) - 1]:
             why[r] += 1
+            if r == "killed":
+                per_kill[pid] += 1
     if unexplained:
         bad("unexplained_dup", f"{len(unexplained)} step visits, e.g. {unexplained[:3]}")
 
@@ -151,6 +154,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         "duplicates_explained_by": dict(why),
         "kills": kills_n,
         "duplicates_per_kill": round(duplicates / kills_n, 3) if kills_n else None,
+        "max_duplicates_of_one_kill": max(per_kill.values(), default=0),
         "failed_attempts": len(failed_attempts),
         "failed_attempt_errors": sorted({f"{r['type']}: {r['message']}"[:200] for r in failed_attempts})[:5],
         "longest_stall_s": round(stall["worst"] or 0.0, 3),
