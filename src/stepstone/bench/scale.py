@@ -58,8 +58,8 @@ async def run(ctx: BenchContext) -> list[Metric]:
         growth = b / a - 1
         ctx.say(f"scale: {label} {a:.3f} ms at {small:,}, {b:.3f} ms at {large:,} ({growth:+.0%})")
         metrics += [
-            Metric("scale", f"{label} mean, {small:,} waiting", a, "ms"),
-            Metric("scale", f"{label} mean, {large:,} waiting", b, "ms", "within 25%", abs(growth) <= 0.25,
+            Metric("scale", f"{label} p50, {small:,} waiting", a, "ms"),
+            Metric("scale", f"{label} p50, {large:,} waiting", b, "ms", "within 25%", growth <= 0.25,
                    note=f"{growth:+.1%} vs {small:,} waiting"),
         ]
     metrics.append(Metric("scale", "bytes on disk per waiting instance", per_instance, "bytes",
@@ -75,7 +75,7 @@ async def seed(conn: asyncpg.Connection, schema: str, pin: Pin, first: int, last
 
 
 async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict[str, str]) -> dict[str, float]:
-    """Mean claim and commit round trips over a closed loop of three-step workflows, and empty claims."""
+    """Median claim and commit round trips over a closed loop of three-step workflows, and empty claims."""
     progress = Progress()
     store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency + 4)
     client_store = await PostgresStore.open(url, ctx.schema, max_size=6)
@@ -86,7 +86,7 @@ async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict
     try:
         for _ in range(EMPTY_CLAIMS):
             await store.claim(ctx.concurrency, 30.0, "bench-scale")
-        empty = statistics.fmean(stats.seconds("claim"))
+        empty = statistics.median(stats.seconds("claim"))
         await worker.start()
         await closed_loop(client, progress, 50, 4 * ctx.concurrency)
         stats.clear()
@@ -97,7 +97,7 @@ async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict
         await store.close()
     await conn.execute(q["analyze"])
     return {
-        "claim_ms": statistics.fmean(stats.seconds("claim")) * 1000,
-        "commit_ms": statistics.fmean(stats.seconds("commit")) * 1000,
+        "claim_ms": statistics.median(stats.seconds("claim")) * 1000,
+        "commit_ms": statistics.median(stats.seconds("commit")) * 1000,
         "empty_claim_ms": empty * 1000,
     }
