@@ -12,13 +12,13 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import db, demo, doctor, instances, worker
+from stepstone.cli import bench, db, demo, doctor, instances, worker
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, demo]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, demo, bench]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
