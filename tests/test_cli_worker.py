@@ -21,7 +21,7 @@ from stepstone.store.postgres import PostgresStore
 from tests import cli_apps
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPSTONE = str(Path(sys.executable).with_name("stepstone"))
+STEPSTONE = (sys.executable, "-c", "from stepstone.cli import main; main()")  # the console script, wherever installed
 DEADLINE = 30.0
 
 
@@ -55,7 +55,7 @@ class WorkerProcess:
 
 async def start_worker(database_url: str, *args: str) -> WorkerProcess:
     proc = await asyncio.create_subprocess_exec(
-        STEPSTONE, "worker", "--app", "tests.cli_apps:registry", "--database-url", database_url,
+        *STEPSTONE, "worker", "--app", "tests.cli_apps:registry", "--database-url", database_url,
         "--poll-interval", "0.2", *args,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
