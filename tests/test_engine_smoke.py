@@ -69,3 +69,23 @@ async def test_order_runs_through_timer_and_signal(store: PostgresStore) -> None
         "INSTANCE_STARTED", "STEP_COMPLETED", "WAITING", "TIMER_FIRED", "WAITING",
         "SIGNAL_APPLIED", "STEP_COMPLETED", "INSTANCE_COMPLETED",
     ]
+
+
+untyped: Workflow[dict[str, int]] = Workflow("untyped", version=1)
+
+
+@untyped.step(start=True)
+def count(ctx: StepContext, state: dict[str, int]) -> None:
+    state["n"] = state.get("n", 0) + 1
+
+
+async def test_workflow_without_state_model_keeps_handler_changes(store: PostgresStore) -> None:
+    reg = Registry(untyped)
+    client = Client(store, reg)
+    worker = Worker(store, reg)
+    await worker.register()
+    iid = await client.start(untyped, {"n": 41})
+    await worker.run_until_idle()
+    info = await client.get(iid)
+    assert info.status == "COMPLETED"
+    assert info.state == {"n": 42}

@@ -13,6 +13,7 @@ engine asks for it; after that it can no longer change.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -217,7 +218,8 @@ class Workflow(Generic[S]):
     def state_from_json(self, data: Any) -> Any:
         model = self.state_model
         if model is None:
-            return data
+            # A copy: the handler mutates it, and the stored snapshot must stay as it was for the patch.
+            return copy.deepcopy(data)
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise DefinitionError(f"workflow {self.id!r}: state must be a pydantic model class")
         return model.model_validate(data)
