@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests._pg import PgServer
-from tests.chaos.rig.scenarios import Options, Target, cuts, kills, restarts, zombies
+from tests.chaos.rig.scenarios import Options, Target, cuts, kills, partitions, restarts, zombies
 from tests.chaos.rig.server import RigServer
 
 
@@ -51,6 +51,14 @@ async def test_checker_catches_zombie_writes_when_the_fence_is_removed(pg_server
                            Options(size=100, lease=1.0, pauses=4, workdir=tmp_path, mutate_fencing=True))
     kinds = {v.split(":", 1)[0] for v in report["violations"]}
     assert kinds & {"step_twice", "steps_missing", "outbox", "history_gap", "lost", "lost_write"}, report
+
+
+async def test_partitioned_worker_writes_are_refused(rig_pg: RigServer, tmp_path: Path) -> None:
+    """The worker keeps running; its own proxy forwards nothing for longer than the lease, then heals."""
+    report = await partitions(Target(rig_pg.url(), rig_pg), Options(size=100, lease=1.0, workdir=tmp_path))
+    _ok(report)
+    assert report["pauses"] == 10
+    assert report["fenced_commits"] > 0
 
 
 async def test_postgres_restarts_lose_nothing(rig_pg: RigServer, tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ class Fleet:
     procs: dict[int, Proc] = field(default_factory=dict)
     retired: list[Proc] = field(default_factory=list)
     kills: list[dict[str, Any]] = field(default_factory=list)
+    slot_urls: dict[int, str] = field(default_factory=dict)  # a slot's own URL (e.g. its own proxy)
     _serial: int = 0
 
     def start(self) -> None:
@@ -54,7 +55,8 @@ class Fleet:
         stats = self.workdir / f"worker-{self._serial}.json"
         out = (self.workdir / f"worker-{self._serial}.log").open("w")
         env = {**os.environ, **self.env, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        cmd = [sys.executable, "-m", "tests.chaos.worker_proc", "--url", self.url, "--lease", str(self.lease),
+        url = self.slot_urls.get(slot, self.url)
+        cmd = [sys.executable, "-m", "tests.chaos.worker_proc", "--url", url, "--lease", str(self.lease),
                "--concurrency", str(self.concurrency), "--poll", str(self.poll), "--name", f"w{slot}",
                "--stats", str(stats)]
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)

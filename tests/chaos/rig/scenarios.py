@@ -3,6 +3,7 @@ while doing violence, then hands the tables to the checker and returns a JSON-ab
 
     kills      SIGKILL a random worker every 0.2-1.0 s and start a new one
     zombies    SIGSTOP a worker in the middle of a handler for 1.5 x lease + 0.5 s, ten times
+    partitions the same, but the worker runs on while its own proxy to PostgreSQL forwards nothing
     restarts   pg_ctl restart -m fast / -m immediate mid-run (a server the rig owns only)
     cuts       a proxy resets every connection every ~2 s, blackholes all traffic once for 6 s, and the
                LISTEN connections are terminated; new work must still be found within the poll interval
@@ -35,7 +36,7 @@ from tests.chaos.rig.fleet import Fleet
 from tests.chaos.rig.proxy import Proxy
 from tests.chaos.rig.server import RigServer
 
-SCENARIOS = ("kills", "zombies", "restarts", "cuts")
+SCENARIOS = ("kills", "zombies", "partitions", "restarts", "cuts")
 
 
 @dataclass
@@ -237,9 +238,22 @@ async def _all_done(probe: Probe, n: int) -> bool:
 
 
 async def zombies(target: Target, opts: Options) -> dict[str, Any]:
+    return await _zombies(target, opts, partition=False)
+
+
+async def partitions(target: Target, opts: Options) -> dict[str, Any]:
+    """Like zombies, but the worker keeps running while the network between it and PostgreSQL is cut:
+    its renewals and its commit sit in the network and arrive after another worker took over."""
+    if target.server is None:
+        raise Skip("partitions need a TCP server the rig owns to put a proxy per worker in front of")
+    return await _zombies(target, opts, partition=True)
+
+
+async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[str, Any]:
     rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
     started = time.monotonic()
-    async with scenario_database(target, "zombies", opts.keep_database) as url:
+    name = "partitions" if partition else "zombies"
+    async with scenario_database(target, name, opts.keep_database) as url:
         if opts.mutate_fencing:
             conn = await asyncpg.connect(url)
             try:
@@ -248,8 +262,17 @@ async def zombies(target: Target, opts: Options) -> dict[str, Any]:
                 await conn.close()
         total = min(opts.size, 1000)  # handlers linger 0.3 s here; more adds time, not coverage
         await start_instances(url, total, rng)
-        fleet = Fleet(url, opts.workdir / ("zombies-mutant" if opts.mutate_fencing else "zombies"), opts.workers,
+        fleet = Fleet(url, opts.workdir / (f"{name}-mutant" if opts.mutate_fencing else name), opts.workers,
                       opts.lease, opts.concurrency, opts.poll, env={workflows.PAUSE_ENV: "0.3"})
+        proxies: list[Proxy] = []
+        if partition:
+            assert target.server is not None
+            db = urlsplit(url).path.lstrip("/")
+            for slot in range(opts.workers):
+                proxy = Proxy("127.0.0.1", target.server.port)
+                await proxy.start()
+                proxies.append(proxy)
+                fleet.slot_urls[slot] = proxy.url(db)
         fleet.start()
         probe = Probe(url)
         pauses: list[dict[str, Any]] = []
@@ -267,14 +290,20 @@ async def zombies(target: Target, opts: Options) -> dict[str, Any]:
                 if not busy:
                     continue
                 t0 = time.time()
-                fleet.pause(slot)
-                await asyncio.sleep(hold)  # the pause itself: longer than the lease, so another worker takes over
-                fleet.resume(slot)
+                if partition:
+                    await proxies[slot].blackhole(hold)  # cut off longer than the lease; then heal
+                else:
+                    fleet.pause(slot)
+                    await asyncio.sleep(hold)  # the pause itself: longer than the lease, so another worker takes over
+                    fleet.resume(slot)
                 pauses.append({"pid": pid, "from": t0, "to": time.time()})
                 await asyncio.sleep(0.5)  # let the zombie try its writes before the next pause
             await wait_for(lambda: _all_done(probe, total), deadline)
+            await asyncio.to_thread(fleet.stop)  # while the proxies still forward their goodbyes
         finally:
             await probe.close()
+            for proxy in proxies:
+                await proxy.close()
         report = await _finish(url, fleet, opts, expected=total, pauses=pauses, started=started,
                                extra={"pauses": len(pauses), "pause_s": hold, "workflows": total,
                                       "mutated_fencing": opts.mutate_fencing})
@@ -398,4 +427,4 @@ class Skip(Exception):
     """The scenario cannot run against this target (the reason is the message)."""
 
 
-RUNNERS = {"kills": kills, "zombies": zombies, "restarts": restarts, "cuts": cuts}
+RUNNERS = {"kills": kills, "zombies": zombies, "partitions": partitions, "restarts": restarts, "cuts": cuts}
