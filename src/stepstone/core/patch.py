@@ -29,8 +29,19 @@ def _diff(old: Any, new: Any, path: list[str], ops: list[dict[str, Any]]) -> Non
                 ops.append({"op": "add", "path": _pointer([*path, key]), "value": value})
             else:
                 _diff(old[key], value, [*path, key], ops)
-    elif old != new or type(old) is not type(new):
+    elif not same(old, new):
         ops.append({"op": "replace", "path": _pointer(path), "value": new})
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as JSON documents. Python's `==` is too loose: it equates false, 0 and 0.0, also inside lists."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
 
 
 def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:

@@ -31,7 +31,7 @@ from stepstone.core.model import (
     StepFailed,
     StepSucceeded,
 )
-from stepstone.core.patch import diff
+from stepstone.core.patch import diff, same
 from stepstone.core.plan import END, Plan
 
 
@@ -186,7 +186,7 @@ def _enter(
     handler sees it as `ctx.signal`.
     """
     visit = instance.visit if same_visit else instance.visit + 1
-    new_state = None if state == instance.state else state
+    new_state = None if same(state, instance.state) else state
     if target == END:
         return Decision(
             Settle("COMPLETE"),
