@@ -18,7 +18,7 @@ import asyncpg
 from stepstone.config import quote_ident
 from stepstone.core.model import Decision
 from stepstone.store.migrate import migrate
-from stepstone.store.port import Claim, Committed, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, Pin
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.sqlfiles import read_text, render
 
@@ -190,19 +190,30 @@ class Progress:
 
 
 def track_commits(store: PostgresStore, progress: Progress) -> None:
-    """Record in `progress` when a commit on `store` ended an instance or made it wait."""
+    """Record in `progress` when a commit on `store` (single or grouped) ended an instance or made it wait."""
     inner = store.commit
+    inner_many = store.commit_many
 
-    async def commit(claim: Claim, command_id: int, decision: Decision, **kwargs: Any) -> Committed | None:
-        result = await inner(claim, command_id, decision, **kwargs)
+    async def record(claim: Claim, decision: Decision, result: Committed | None) -> None:
         if result is not None:
             if decision.ended:
                 await progress.bump(claim.instance.id)
             elif decision.instance is not None and decision.instance.status == "WAITING":
                 await progress.bump(claim.instance.id, ended=False)
+
+    async def commit(claim: Claim, command_id: int, decision: Decision, **kwargs: Any) -> Committed | None:
+        result = await inner(claim, command_id, decision, **kwargs)
+        await record(claim, decision, result)
         return result
 
+    async def commit_many(requests: list[CommitRequest], **kwargs: Any) -> list[Committed | None]:
+        results = await inner_many(requests, **kwargs)
+        for request, result in zip(requests, results, strict=True):
+            await record(request.claim, request.decision, result)
+        return results
+
     store.commit = commit  # type: ignore[method-assign]
+    store.commit_many = commit_many  # type: ignore[method-assign]
 
 
 async def seed_waiting(conn: asyncpg.Connection, schema: str, pin: Pin, first: int, last: int) -> None:

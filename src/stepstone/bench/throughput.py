@@ -43,10 +43,13 @@ async def run(ctx: BenchContext) -> list[Metric]:
     cpu_us = LAST_CPU_PER_WORKFLOW[0] / STEPS * 1e6
     metrics.append(Metric("throughput", "engine CPU per step commit (in-process)", cpu_us, "us",
                           note="process CPU time of client + worker / step commits; steadier than wall time"))
-    commits = stats.count("commit")
-    if commits:
-        metrics.append(Metric("throughput", "claim statements per workflow", stats.count("claim") / (commits / STEPS),
+    workflows = ctx.sizes.workflows
+    statements = stats.count("commit") + stats.count("commit_many")
+    if statements:
+        metrics.append(Metric("throughput", "claim statements per workflow", stats.count("claim") / workflows,
                               "statements", note="in-process worker; includes empty claims while idle"))
+        metrics.append(Metric("throughput", "step commits per commit statement", workflows * STEPS / statements,
+                              "commits", note="group commit: > 1 when commits are flushed together"))
     if ctx.processes:
         async with bench_database(ctx) as url:
             rate, _ = await measure(ctx, url, ctx.sizes.workflows, processes=ctx.processes)

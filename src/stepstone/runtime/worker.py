@@ -21,6 +21,7 @@ import os
 import random
 import socket
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +33,9 @@ from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, RunStep
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
+from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.handlers import run_handler
-from stepstone.store.port import Claim, Committed, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, Pin
 from stepstone.store.postgres import Listener, PostgresStore
 
 log = logging.getLogger("stepstone.worker")
@@ -55,7 +57,7 @@ class WorkerConfig:
 
 @dataclass
 class WorkerEvents:
-    """Counters and a condition tests can wait on."""
+    """Counters tests can wait on (`wait_until`), instead of sleeping."""
 
     claims: int = 0
     commits: int = 0
@@ -63,16 +65,24 @@ class WorkerEvents:
     released: int = 0
     deferred: int = 0
     crashed: int = 0
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = field(default_factory=list, repr=False)
 
     async def bump(self, name: str) -> None:
-        async with self.changed:
-            setattr(self, name, getattr(self, name) + 1)
-            self.changed.notify_all()
+        setattr(self, name, getattr(self, name) + 1)
+        for predicate, future in self._waiters:
+            if not future.done() and predicate():
+                future.set_result(None)
 
-    async def wait_until(self, predicate: Any, timeout: float = 30.0) -> None:
-        async with self.changed:
-            await asyncio.wait_for(self.changed.wait_for(predicate), timeout)
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+        if predicate():
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = (predicate, future)
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiters.remove(waiter)
 
 
 @dataclass
@@ -105,6 +115,9 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._listener: Listener | None = None
         self._executor = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="stepstone-step")
+        self._committer = GroupCommitter(
+            store, lease_seconds=self.config.lease_seconds, worker=self.config.worker_id
+        )
 
     @property
     def in_flight(self) -> int:
@@ -304,10 +317,7 @@ class Worker:
         delay = 0.05
         while True:
             try:
-                return await self.store.commit(
-                    claim, command_id, decision,
-                    lease_seconds=self.config.lease_seconds, worker=self.config.worker_id, visit=visit,
-                )
+                return await self._committer.commit(CommitRequest(claim, command_id, decision, visit))
             except DatabaseUnavailable as exc:
                 log.warning("commit of instance %s interrupted (%s); re-reading", claim.instance.id, exc)
             while True:

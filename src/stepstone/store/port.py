@@ -39,6 +39,16 @@ class Committed:
 
 
 @dataclass(frozen=True)
+class CommitRequest:
+    """One segment's commit waiting to be flushed: the claim, the command it settles, the decision."""
+
+    claim: Claim
+    command_id: int
+    decision: Decision
+    visit: int
+
+
+@dataclass(frozen=True)
 class NewInstance:
     id: str
     pin: Pin
@@ -55,6 +65,9 @@ class Store(Protocol):
     async def commit(
         self, claim: Claim, command_id: int, decision: Decision, *, lease_seconds: float, worker: str, visit: int
     ) -> Committed | None: ...
+    async def commit_many(
+        self, requests: list[CommitRequest], *, lease_seconds: float, worker: str
+    ) -> list[Committed | None]: ...
     async def renew(self, held: dict[str, Any], lease_seconds: float) -> set[str]: ...
     async def release(self, instance_id: str, token: Any) -> bool: ...
     async def defer(self, instance_id: str, token: Any, reason: str) -> bool: ...

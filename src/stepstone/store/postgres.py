@@ -26,7 +26,7 @@ from stepstone.errors import (
     UnknownSignal,
 )
 from stepstone.store.database import create_pool, translate_errors
-from stepstone.store.port import Claim, Committed, NewInstance, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
 
 _EVENTS = uuid.UUID("5f1e0b8a-3c1d-4f0e-9a57-2b8f6c1d9e40")
@@ -135,6 +135,31 @@ class PostgresStore:
         if row is None:
             return None
         return Committed(row["continuation"], row["committed_at"])
+
+    async def commit_many(
+        self, requests: list[CommitRequest], *, lease_seconds: float, worker: str
+    ) -> list[Committed | None]:
+        """Several segments' commits in one statement and one transaction (group commit).
+
+        Results are in the order of `requests`; each is None when that commit was fenced out.
+        Items go to the database in ascending instance id order, the lock order.
+        """
+        order = sorted(range(len(requests)), key=lambda n: requests[n].claim.instance.id)
+        items = [
+            {
+                "instance": requests[n].claim.instance.id,
+                "command": requests[n].command_id,
+                "token": str(requests[n].claim.token),
+                "decision": decision_document(
+                    requests[n].decision, requests[n].claim.instance.id, requests[n].visit, lease_seconds, worker
+                ),
+            }
+            for n in order
+        ]
+        results: list[Committed | None] = [None] * len(requests)
+        for row in await self._fetch("commit_many", items):
+            results[order[row["idx"]]] = Committed(row["continuation"], row["committed_at"])
+        return results
 
     async def held_command(self, instance_id: str, token: Any) -> int | None:
         """The command this token holds on the instance now: re-reads a commit of unknown outcome."""
@@ -336,6 +361,7 @@ def decision_document(
         "close_timers": decision.close_timers,
         "requeue_signals": list(decision.requeue_signals),
         "ended": decision.ended,
+        "continuation": decision.continuation is not None,
         "lease_seconds": lease_seconds,
         "worker": worker,
         "actor": None,

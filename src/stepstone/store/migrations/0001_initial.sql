@@ -161,10 +161,9 @@ DECLARE
     v_settle text := d->'settle'->>'state';
     v_ncmd integer := jsonb_array_length(d->'commands');
     v_nhist integer := jsonb_array_length(d->'history');
-    v_cont boolean := EXISTS (SELECT 1 FROM jsonb_array_elements(d->'commands') c
-                              WHERE (c->>'continuation')::boolean);
-    v_lease timestamptz := CASE WHEN v_cont
-        THEN {{schema}}.db_now() + make_interval(secs => (d->>'lease_seconds')::float8) END;
+    v_cont boolean := (d->>'continuation')::boolean;
+    v_ended boolean := (d->>'ended')::boolean;
+    v_lease timestamptz := CASE WHEN v_cont THEN v_now + make_interval(secs => (d->>'lease_seconds')::float8) END;
     v_hist integer;
     v_seq bigint;
     v_cur_seq bigint;
@@ -184,7 +183,7 @@ BEGIN
         lease_until = v_lease,
         lease_owner = CASE WHEN v_cont THEN i.lease_owner END,
         updated_at = v_now,
-        ended_at = CASE WHEN (d->>'ended')::boolean THEN v_now ELSE i.ended_at END
+        ended_at = CASE WHEN v_ended THEN v_now ELSE i.ended_at END
     WHERE i.id = p_instance AND i.lease_token = p_token
     RETURNING i.history_seq, i.next_seq INTO v_hist, v_seq;
     IF NOT FOUND THEN
@@ -218,7 +217,7 @@ BEGIN
                        WHERE x.instance_id = p_instance AND x.kind = 'TIMER'
                          AND x.state IN ('PENDING', 'DEFERRED') ORDER BY x.id FOR UPDATE);
     END IF;
-    IF (d->>'ended')::boolean THEN
+    IF v_ended THEN
         UPDATE {{schema}}.commands c SET state = 'REJECTED', token = NULL, settled_at = v_now,
             last_error = 'INSTANCE_ENDED'
         WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
@@ -272,7 +271,7 @@ BEGIN
     END IF;
 
     -- Work this segment was blocking (a signal queued behind it) is runnable now.
-    IF NOT v_cont AND EXISTS (SELECT 1 FROM {{schema}}.commands x
+    IF NOT v_cont AND NOT v_ended AND EXISTS (SELECT 1 FROM {{schema}}.commands x
                               WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED')
                                 AND x.available_at <= v_now) THEN
         PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
@@ -280,7 +279,35 @@ BEGIN
                           (extract(epoch FROM v_now) * 1000)::bigint::text);
     END IF;
 
-    RETURN QUERY SELECT v_next, v_lease, v_now;
+    continuation := v_next;
+    lease_until := v_lease;
+    committed_at := v_now;
+    RETURN NEXT;
+END $$;
+
+-- Group commit: several segments' commits in one statement and one transaction
+-- (one WAL flush). Items are passed in ascending instance id order (the lock
+-- order); each returns its row, or none when fenced out.
+CREATE FUNCTION {{schema}}.commit_segments(p jsonb)
+RETURNS TABLE (idx integer, continuation bigint, lease_until timestamptz, committed_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_item jsonb;
+    v_i integer := 0;
+    r record;
+BEGIN
+    FOR v_item IN SELECT jsonb_array_elements(p) LOOP
+        FOR r IN SELECT * FROM {{schema}}.commit_segment(
+                (v_item->>'instance')::uuid, (v_item->>'command')::bigint, (v_item->>'token')::uuid,
+                v_item->'decision') LOOP
+            idx := v_i;
+            continuation := r.continuation;
+            lease_until := r.lease_until;
+            committed_at := r.committed_at;
+            RETURN NEXT;
+        END LOOP;
+        v_i := v_i + 1;
+    END LOOP;
 END $$;
 
 -- Start an instance: idempotency key, instance row, START command and the

@@ -54,6 +54,9 @@ FROM claimed JOIN leased ON leased.id = claimed.instance_id;
 -- name: commit
 SELECT continuation, lease_until, committed_at FROM {{schema}}.commit_segment($1, $2, $3, $4);
 
+-- name: commit_many
+SELECT idx, continuation, lease_until, committed_at FROM {{schema}}.commit_segments($1);
+
 -- name: held_command
 SELECT c.id FROM {{schema}}.commands c
 JOIN {{schema}}.instances i ON i.id = c.instance_id AND i.lease_token = c.token

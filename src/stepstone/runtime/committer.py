@@ -1,0 +1,82 @@
+"""Group commit: the commits of concurrent segments flushed together.
+
+While one flush is in flight, the commits that become ready queue up; the next
+flush sends all of them as one statement in one transaction (one WAL flush
+instead of one per step). At low load a commit goes alone, with no added wait.
+A segment learns its result only after the transaction holding its commit has
+committed, so durability is exactly that of a single commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from stepstone.errors import DatabaseUnavailable
+from stepstone.store.port import CommitRequest, Committed
+from stepstone.store.postgres import PostgresStore
+
+log = logging.getLogger("stepstone.worker")
+
+
+class GroupCommitter:
+    def __init__(self, store: PostgresStore, *, lease_seconds: float, worker: str, max_batch: int = 64) -> None:
+        self.store = store
+        self.lease_seconds = lease_seconds
+        self.worker = worker
+        self.max_batch = max_batch
+        self._queue: list[tuple[CommitRequest, asyncio.Future[Committed | None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def commit(self, request: CommitRequest) -> Committed | None:
+        """Commit fenced; None when the claim's token was refused."""
+        future: asyncio.Future[Committed | None] = asyncio.get_running_loop().create_future()
+        self._queue.append((request, future))
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._drain_queue(), name="stepstone-commit")
+        return await future
+
+    async def _drain_queue(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+                await self._flush(batch)
+        finally:
+            self._flusher = None
+
+    async def _flush(self, batch: list[tuple[CommitRequest, asyncio.Future[Committed | None]]]) -> None:
+        if len(batch) == 1:
+            await self._flush_one(*batch[0])
+            return
+        requests = [request for request, _ in batch]
+        try:
+            results = await self.store.commit_many(requests, lease_seconds=self.lease_seconds, worker=self.worker)
+        except DatabaseUnavailable as exc:
+            for _, future in batch:
+                _fail(future, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - one bad item must not sink the others: commit them one by one
+            log.warning("group commit of %d failed (%s); committing one by one", len(batch), type(exc).__name__)
+            for request, future in batch:
+                await self._flush_one(request, future)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+    async def _flush_one(self, request: CommitRequest, future: asyncio.Future[Committed | None]) -> None:
+        try:
+            result = await self.store.commit(
+                request.claim, request.command_id, request.decision,
+                lease_seconds=self.lease_seconds, worker=self.worker, visit=request.visit,
+            )
+        except Exception as exc:  # noqa: BLE001 - handed to the waiting segment
+            _fail(future, exc)
+            return
+        if not future.done():
+            future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Committed | None], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
