@@ -98,6 +98,7 @@ async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict
     await conn.execute(q["analyze"])
     return {
         "claim_ms": statistics.median(stats.seconds("claim")) * 1000,
-        "commit_ms": statistics.median(stats.seconds("commit")) * 1000,
+        # A commit statement carries one step commit or, grouped, several: the median statement.
+        "commit_ms": statistics.median(stats.seconds("commit") + stats.seconds("commit_many")) * 1000,
         "empty_claim_ms": empty * 1000,
     }
