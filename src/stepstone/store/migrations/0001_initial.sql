@@ -87,8 +87,12 @@ CREATE TABLE {{schema}}.commands (
     settled_at timestamptz
 ) WITH (fillfactor = 70);
 
+-- Ready work and expired leases are found through separate indexes, so a claim
+-- takes back the commands of a dead worker before any queued backlog.
 CREATE INDEX commands_ready ON {{schema}}.commands (available_at, id)
-    WHERE state IN ('PENDING', 'DEFERRED', 'CLAIMED');
+    WHERE state IN ('PENDING', 'DEFERRED');
+CREATE INDEX commands_leased ON {{schema}}.commands (available_at, id)
+    WHERE state = 'CLAIMED';
 CREATE INDEX commands_queue ON {{schema}}.commands (instance_id, seq, id)
     WHERE state IN ('PENDING', 'DEFERRED', 'CLAIMED');
 CREATE INDEX commands_parked ON {{schema}}.commands (instance_id, seq, id)

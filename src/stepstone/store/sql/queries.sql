@@ -3,14 +3,16 @@
 
 -- name: claim
 -- Claim up to $1 heads of instance queues for worker $3 with a lease of $2
--- seconds. The instance row is the mutex (FOR UPDATE SKIP LOCKED); the command
--- update re-checks its state, so a command settled since the snapshot is not
--- claimed, and the lease is taken only for commands actually claimed.
-WITH cand AS (
+-- seconds. Commands whose lease expired (their worker died) come first, then
+-- ready work oldest first, so recovery never waits behind a backlog. The
+-- instance row is the mutex (FOR UPDATE SKIP LOCKED); the command update
+-- re-checks its state, so a command settled since the snapshot is not claimed,
+-- and the lease is taken only for commands actually claimed.
+WITH expired AS (
     SELECT c.id, c.instance_id, gen_random_uuid() AS token
     FROM {{schema}}.commands c
     JOIN {{schema}}.instances i ON i.id = c.instance_id
-    WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+    WHERE c.state = 'CLAIMED'
       AND c.available_at <= {{schema}}.db_now()
       AND (i.lease_until IS NULL OR i.lease_until <= {{schema}}.db_now())
       AND NOT EXISTS (
@@ -22,6 +24,24 @@ WITH cand AS (
     ORDER BY c.available_at, c.id
     LIMIT $1
     FOR UPDATE OF i SKIP LOCKED
+), ready AS (
+    SELECT c.id, c.instance_id, gen_random_uuid() AS token
+    FROM {{schema}}.commands c
+    JOIN {{schema}}.instances i ON i.id = c.instance_id
+    WHERE c.state IN ('PENDING', 'DEFERRED')
+      AND c.available_at <= {{schema}}.db_now()
+      AND (i.lease_until IS NULL OR i.lease_until <= {{schema}}.db_now())
+      AND NOT EXISTS (
+          SELECT 1 FROM {{schema}}.commands e
+          WHERE e.instance_id = c.instance_id
+            AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+            AND (e.seq, e.id) < (c.seq, c.id)
+            AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now()))
+    ORDER BY c.available_at, c.id
+    LIMIT $1 - (SELECT count(*) FROM expired)
+    FOR UPDATE OF i SKIP LOCKED
+), cand AS (
+    SELECT * FROM expired UNION ALL SELECT * FROM ready
 ), claimed AS (
     UPDATE {{schema}}.commands c SET
         state = 'CLAIMED',
@@ -120,12 +140,15 @@ WHERE c.instance_id = inst.id AND c.token = $2 AND c.state = 'CLAIMED'
 RETURNING c.id;
 
 -- name: next_available
--- Seconds from the database clock to the earliest future availability, or NULL.
-SELECT EXTRACT(EPOCH FROM (c.available_at - {{schema}}.db_now()))::float8
-FROM {{schema}}.commands c
-WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND c.available_at > {{schema}}.db_now()
-ORDER BY c.available_at
-LIMIT 1;
+-- Seconds from the database clock to the earliest future availability (a queued
+-- command's or a lease's expiry), or NULL.
+SELECT EXTRACT(EPOCH FROM (LEAST(
+    (SELECT c.available_at FROM {{schema}}.commands c
+     WHERE c.state IN ('PENDING', 'DEFERRED') AND c.available_at > {{schema}}.db_now()
+     ORDER BY c.available_at LIMIT 1),
+    (SELECT c.available_at FROM {{schema}}.commands c
+     WHERE c.state = 'CLAIMED' AND c.available_at > {{schema}}.db_now()
+     ORDER BY c.available_at LIMIT 1)) - {{schema}}.db_now()))::float8;
 
 -- name: register_definition
 INSERT INTO {{schema}}.definitions (scope, definition_id, version, plan_hash, plan, registered_at)
