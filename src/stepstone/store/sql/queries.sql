@@ -38,10 +38,11 @@ WITH expired AS (
             AND (e.seq, e.id) < (c.seq, c.id)
             AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now()))
     ORDER BY c.available_at, c.id
-    LIMIT $1 - (SELECT count(*) FROM expired)
+    LIMIT $1
     FOR UPDATE OF i SKIP LOCKED
 ), cand AS (
-    SELECT * FROM expired UNION ALL SELECT * FROM ready
+    -- A plain LIMIT in each branch keeps both plans index scans; the union is cut here.
+    SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready) AS both_kinds LIMIT $1
 ), claimed AS (
     UPDATE {{schema}}.commands c SET
         state = 'CLAIMED',
