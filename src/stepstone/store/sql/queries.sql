@@ -8,6 +8,9 @@
 -- instance row is the mutex (FOR UPDATE SKIP LOCKED); the command update
 -- re-checks its state, so a command settled since the snapshot is not claimed,
 -- and the lease is taken only for commands actually claimed.
+-- The two branches repeat the queue-head rule on purpose: each needs its own
+-- index scan and LIMIT, and moving the rule into a SQL function turned the
+-- anti-join into a per-row subplan (392 vs 595-633 workflows/s, measured).
 WITH expired AS (
     SELECT c.id, c.instance_id, gen_random_uuid() AS token
     FROM {{schema}}.commands c
