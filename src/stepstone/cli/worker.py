@@ -69,6 +69,7 @@ async def serve(settings: Settings, registry: Registry, config: WorkerConfig) ->
             log.info("worker %s started: concurrency %d, database %s (schema %s), workflows %s",
                      config.worker_id, config.concurrency, redact_url(store.url), store.schema, workflows)
             await stop.wait()
+            await worker.stop_claiming()
             log.info("%s received: draining %d in-flight step(s) for up to %g s (a second signal exits at once)",
                      signal.Signals(received[0]).name, worker.in_flight, config.drain_timeout)
             released_before = worker.events.released

@@ -41,6 +41,9 @@ from stepstone.store.postgres import Listener, PostgresStore
 log = logging.getLogger("stepstone.worker")
 
 
+_CLAIM_LOOP_EXIT_SECONDS = 10.0
+
+
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -138,15 +141,22 @@ class Worker:
             asyncio.create_task(self._lease_loop(), name="stepstone-lease"),
         ]
 
-    async def stop(self, drain_timeout: float | None = None) -> None:
-        """Stop claiming, let in-flight steps finish up to the drain timeout, release the rest."""
+    async def stop_claiming(self) -> None:
+        """Claim nothing more. A claim statement already sent is let finish, so the commands it
+        claimed become segments that drain (or are released) instead of waiting out their lease."""
         self._stopping = True
         self._wake.set()
         self._slot_free.set()
         claim_loop = self._loops[0] if self._loops else None
-        if claim_loop is not None:
-            claim_loop.cancel()
+        if claim_loop is not None and not claim_loop.done():
+            done, _ = await asyncio.wait({claim_loop}, timeout=_CLAIM_LOOP_EXIT_SECONDS)
+            if not done:  # stuck on an unresponsive database: its claims will expire
+                claim_loop.cancel()
             await asyncio.gather(claim_loop, return_exceptions=True)
+
+    async def stop(self, drain_timeout: float | None = None) -> None:
+        """Stop claiming, let in-flight steps finish up to the drain timeout, release the rest."""
+        await self.stop_claiming()
         timeout = self.config.drain_timeout if drain_timeout is None else drain_timeout
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
