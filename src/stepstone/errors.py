@@ -10,6 +10,7 @@
     │   └── DefinitionConflict      same id and version registered with a different structure
     ├── NotFound                    the thing named does not exist
     │   ├── InstanceNotFound        (instance_id)
+    │   ├── PositionNotFound        (instance_id, position): no such branch
     │   └── DefinitionNotFound      (definition_id, version)
     ├── Conflict                    the request contradicts what is stored
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
@@ -43,6 +44,7 @@ __all__ = [
     "NotFound",
     "PayloadTooDeep",
     "PayloadTooLarge",
+    "PositionNotFound",
     "SchemaTooNew",
     "StepstoneError",
     "UnknownSignal",
@@ -104,6 +106,13 @@ class InstanceNotFound(NotFound):
     def __init__(self, instance_id: str) -> None:
         super().__init__(f"no instance {instance_id}")
         self.instance_id = instance_id
+
+
+class PositionNotFound(NotFound):
+    def __init__(self, instance_id: str, position: str) -> None:
+        super().__init__(f"instance {instance_id} has no position {position!r}")
+        self.instance_id = instance_id
+        self.position = position
 
 
 class DefinitionNotFound(NotFound):

@@ -5,7 +5,7 @@ lease expiry (moving the database clock), commit under a stale token, cancel and
 real store. A small model predicts which token holds each instance (so which commits and renewals must
 be refused) and which dedup keys were used. After every rule the invariants are read from the database:
 
-  at most one CLAIMED command per instance, and it carries the instance's lease token
+  at most one CLAIMED command per position, and it carries the position's lease token
   tokens are never reused
   terminal statuses (COMPLETED, CANCELLED) never change
   a dedup key is recorded once and applied at most once
@@ -28,11 +28,12 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule, 
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.client import Client
+from stepstone.core.effects import MovePosition
 from stepstone.core.model import CommandView, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import IdempotencyConflict, InvalidState
 from stepstone.runtime.worker import pin_of
-from stepstone.store.port import Claim, Pin
+from stepstone.store.port import Claim, CommitRequest, Pin
 from stepstone.store.postgres import PostgresStore
 
 LEASE = 5.0
@@ -82,7 +83,7 @@ class Runner:
 
     def reset(self) -> None:
         self.run(self.store.pool.execute(
-            "TRUNCATE stepstone.instances, stepstone.commands, stepstone.dedup, stepstone.history, "
+            "TRUNCATE stepstone.instances, stepstone.positions, stepstone.commands, stepstone.dedup, stepstone.history, "
             "stepstone.outbox; UPDATE stepstone.clock SET offset_by = '0'"))
 
     def close(self) -> None:
@@ -100,7 +101,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.r = self.runner
         self.r.reset()
-        self.holder: dict[str, Any] = {}  # instance -> the token that may write it (None: nobody)
+        self.holder: dict[tuple[str, str], Any] = {}  # position -> the token that may write it (None: nobody)
         self.tokens: set[Any] = set()
         self.by_key: dict[str, str] = {}
         self.dedup: dict[tuple[str, str], tuple[int, Any]] = {}
@@ -117,7 +118,7 @@ class StoreMachine(RuleBasedStateMachine):
             return iid  # the same instance enters the bundle again
         if key is not None:
             self.by_key[key] = iid
-        self.holder[iid] = None
+        self.holder[(iid, "")] = None
         return iid
 
     @rule(iid=instances, key=st.sampled_from([None, "d1", "d2"]), payload=st.sampled_from([1, 2]))
@@ -143,15 +144,16 @@ class StoreMachine(RuleBasedStateMachine):
         for c in got:
             assert c.token not in self.tokens, "a token was issued twice"
             self.tokens.add(c.token)
-            self.holder[c.instance.id] = c.token
+            self.holder[(c.instance.id, c.instance.position)] = c.token
             out.append(Held(c.instance, c.command, c.pin, c.token, c.now))
         return out
 
     @rule(batch=claims)
     def renew(self, batch: list[Held]) -> None:
         for h in batch:
-            kept = self.r.run(self.r.store.renew({h.instance.id: h.token}, LEASE))
-            assert (h.instance.id in kept) == (self.holder.get(h.instance.id) == h.token)
+            key = (h.instance.id, h.instance.position)
+            kept = self.r.run(self.r.store.renew({key: h.token}, LEASE))
+            assert (key in kept) == (self.holder.get(key) == h.token)
 
     @rule(batch=claims, fail=st.booleans())
     def commit(self, batch: list[Held], fail: bool) -> None:
@@ -172,27 +174,30 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             decision = outcome
         claim = Claim(h.instance, h.command, h.pin, h.token, h.now)
-        committed = self.r.run(self.r.store.commit(claim, h.command.id, decision, lease_seconds=LEASE,
-                                                   worker="model", visit=visit))
-        expected = self.holder.get(iid) == h.token
+        request = CommitRequest(claim, h.command.id, decision, visit, h.instance.state_version)
+        committed = self.r.run(self.r.store.commit(request, lease_seconds=LEASE, worker="model"))
+        key = (iid, h.instance.position)
+        expected = self.holder.get(key) == h.token
         assert (committed is not None) == expected, (
             f"commit {'applied' if committed else 'refused'} but the model says the token "
             f"{'holds' if expected else 'is stale'}")
         if committed is None:
             h.spent = True
             return
+        assert not committed.conflict, "one position alone never conflicts on the shared state"
         follow = decision.continuation
-        if decision.instance is not None and decision.instance.status in ("COMPLETED", "CANCELLED"):
-            self.ended[iid] = decision.instance.status
-        if decision.instance is not None and decision.instance.status == "FAILED":
+        move = decision.first(MovePosition)
+        if decision.ended:
+            self.ended[iid] = "COMPLETED"
+        if move is not None and move.status == "FAILED":
             self.failed.add(iid)
         if follow is not None and committed.continuation is not None:
-            h.instance = advance(h.instance, decision.instance)
+            h.instance = advance(h.instance, decision, committed.state_version)
             h.command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload)
             h.now = committed.committed_at
         else:
             h.spent = True
-            self.holder[iid] = None
+            self.holder[key] = None
 
     @rule()
     def expire_leases(self) -> None:
@@ -207,7 +212,8 @@ class StoreMachine(RuleBasedStateMachine):
         assert status == "CANCELLED"
         self.ended[iid] = "CANCELLED"
         self.failed.discard(iid)
-        self.holder[iid] = None
+        for key in [k for k in self.holder if k[0] == iid]:
+            self.holder[key] = None
 
     @rule(iid=instances)
     def retry(self, iid: str) -> None:
@@ -225,11 +231,12 @@ class StoreMachine(RuleBasedStateMachine):
     def database_invariants(self) -> None:
         fetch = self.r.store.pool.fetch
         two = self.r.run(fetch(
-            "SELECT c.instance_id, count(*) AS n, bool_and(c.token = i.lease_token) AS ok "
-            "FROM stepstone.commands c JOIN stepstone.instances i ON i.id = c.instance_id "
-            "WHERE c.state = 'CLAIMED' GROUP BY c.instance_id HAVING count(*) > 1 OR NOT bool_and("
-            "c.token IS NOT DISTINCT FROM i.lease_token)"))
-        assert not two, f"live claims per instance: {[dict(r) for r in two]}"
+            "SELECT c.instance_id, c.position, count(*) AS n "
+            "FROM stepstone.commands c JOIN stepstone.positions p "
+            "  ON p.instance_id = c.instance_id AND p.path = c.position "
+            "WHERE c.state = 'CLAIMED' GROUP BY c.instance_id, c.position HAVING count(*) > 1 OR NOT bool_and("
+            "c.token IS NOT DISTINCT FROM p.lease_token)"))
+        assert not two, f"live claims per position: {[dict(r) for r in two]}"
         for iid, status in self.ended.items():
             now = self.r.run(self.r.store.status(iid))
             assert now == status, f"terminal instance {iid} went from {status} to {now}"

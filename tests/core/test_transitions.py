@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,8 +15,44 @@ from stepstone.core.model import (
     StepFailed,
     StepSucceeded,
 )
+from stepstone.core.effects import CloseTimers, Enqueue, MovePosition, RecordHistory, RequeueSignals, SetState
 from stepstone.core.plan import END, Plan, RetryPolicy, Step
-from stepstone.core.transitions import advance, apply, complete_step
+from stepstone.core.transitions import advance, apply
+from stepstone.core.transitions import complete_step as core_complete_step
+
+
+@dataclass(frozen=True)
+class Moved:
+    """A decision's position change and state change, read together."""
+
+    status: str
+    step: str | None
+    visit: int
+    wait: object
+    error: object
+    state: object
+
+
+class D:
+    """A decision read through its typed effects."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+        self.settle = decision.settle
+        self.ended = decision.ended
+        self.continuation = decision.continuation
+        self.history = tuple(decision.of(RecordHistory))
+        self.commands = tuple(decision.of(Enqueue))
+        self.close_timers = bool(decision.of(CloseTimers))
+        self.requeue_signals = tuple(n for r in decision.of(RequeueSignals) for n in r.names)
+        move, state = decision.first(MovePosition), decision.first(SetState)
+        self.instance = None if move is None else Moved(
+            move.status, move.step, move.visit, move.wait, move.error, None if state is None else state.state
+        )
+
+
+def complete_step(*args: object) -> D:
+    return D(core_complete_step(*args))  # type: ignore[arg-type]
 
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 PLAN = Plan.build(
@@ -41,13 +78,13 @@ def waiting_at(step: str, visit: int = 3) -> InstanceView:
     return inst("WAITING", step, visit, wait=wait)
 
 
-def decide(instance: InstanceView, command: CommandView, plan: Plan = PLAN, max_claims: int = 5) -> Decision:
+def decide(instance: InstanceView, command: CommandView, plan: Plan = PLAN, max_claims: int = 5) -> D:
     out = apply(instance, command, plan, NOW, max_claims)
     assert isinstance(out, Decision), out
-    return out
+    return D(out)
 
 
-def hist(d: Decision) -> list[str]:
+def hist(d: D) -> list[str]:
     return [h.kind for h in d.history]
 
 
@@ -188,7 +225,9 @@ def test_success_into_an_action_continues_on_the_same_worker() -> None:
     d = complete_step(inst(), CommandView(1, "START"), PLAN, StepSucceeded("give_up", {"n": 1}), NOW)
     cont = d.continuation
     assert cont is not None and cont.kind == "STEP" and cont.step == "give_up" and cont.visit == 2
-    assert advance(inst(), d.instance) == InstanceView("i-1", "RUNNING", "give_up", 2, {"n": 1}, None)
+    assert advance(inst(), d.decision, 0) == InstanceView(
+        "i-1", "RUNNING", "give_up", 2, {"n": 1}, None, position_status="RUNNING"
+    )
 
 
 def test_a_step_with_no_next_ends_the_instance() -> None:

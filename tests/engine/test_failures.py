@@ -7,7 +7,9 @@ import dataclasses
 import uuid
 from collections import Counter
 
-from stepstone.core.model import Decision, HistoryEntry, InstanceChange, Settle
+from stepstone.core.effects import EndInstance, MovePosition, RecordHistory, SetState
+from stepstone.core.model import Decision, Settle
+from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine
 from tests.engine.conftest import Rows, kinds
 from tests.engine.workflows import BACKOFF, FAILURES, HOLD, Hold, flaky, signals, three, timed
@@ -141,8 +143,9 @@ async def test_cancel_settles_every_open_command_and_is_idempotent(engine: Engin
     assert engine.worker.events.claims == claims
     for iid in (timer, parked, queued, claimed):
         assert (await engine.client.get(iid)).status == "CANCELLED"
-    finished = Decision(Settle("COMPLETE"), instance=InstanceChange("COMPLETED", None, 2), ended=True)
-    assert await engine.store.commit(held, held.command.id, finished, lease_seconds=30, worker="w", visit=1) is None
+    finished = Decision(Settle("COMPLETE"), (MovePosition("COMPLETED", None, 2), EndInstance("COMPLETED")))
+    request = CommitRequest(held, held.command.id, finished, 1)
+    assert await engine.store.commit(request, lease_seconds=30, worker="w") is None
 
 
 async def test_cancel_during_a_running_handler_fences_its_commit(engine: Engine, rows: Rows) -> None:
@@ -202,17 +205,21 @@ async def test_commit_with_a_stale_token_changes_nothing(engine: Engine, rows: R
     assert claim.instance.id == iid
     decision = Decision(
         Settle("COMPLETE"),
-        instance=InstanceChange("COMPLETED", None, 2, state={"order_id": "hijacked", "log": [], "data": {}}),
-        history=(HistoryEntry("INSTANCE_COMPLETED", None, 2),),
-        ended=True,
+        (
+            MovePosition("COMPLETED", None, 2),
+            SetState({"order_id": "hijacked", "log": [], "data": {}}),
+            RecordHistory("INSTANCE_COMPLETED", None, 2),
+            EndInstance("COMPLETED"),
+        ),
     )
     before = await rows.dump()
     stale = dataclasses.replace(claim, token=uuid.uuid4())
-    assert await engine.store.commit(stale, claim.command.id, decision, lease_seconds=30, worker="w", visit=1) is None
+    stale_request = CommitRequest(stale, claim.command.id, decision, 1)
+    assert await engine.store.commit(stale_request, lease_seconds=30, worker="w") is None
     assert await rows.dump() == before
 
     # The real token still works (the refusal above was the fence, not a broken decision).
-    done = await engine.store.commit(claim, claim.command.id, decision, lease_seconds=30, worker="w", visit=1)
+    done = await engine.store.commit(CommitRequest(claim, claim.command.id, decision, 1), lease_seconds=30, worker="w")
     assert done is not None
     assert (await engine.client.get(iid)).status == "COMPLETED"
 

@@ -2,7 +2,7 @@
 instances, with enough rows that the planner would seq-scan if an index were missing.
 
 Plans are captured from the real statements as they run (the claim named query and every statement
-inside `commit_segment`) with auto_explain, sent to the client as NOTICEs.
+inside `commit_decision`) with auto_explain, sent to the client as NOTICEs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from stepstone.store import postgres
 from stepstone.store.postgres import PostgresStore
 
 WAITING = 20_000
-GUARDED = {"commands", "instances"}
+GUARDED = {"commands", "instances", "positions"}
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -106,17 +106,18 @@ async def seeded(database_url: str) -> str:
 async def test_claim_and_commit_use_indexes(seeded: str) -> None:
     plans = await captured_plans(seeded)
     texts = " ".join(p.get("Query Text", "") for p in plans)
-    assert "FOR UPDATE OF i SKIP LOCKED" in texts, "the claim statement's plan was captured"
-    assert "UPDATE \"stepstone\".instances i SET" in texts, "commit_segment's statements were captured"
+    assert "FOR UPDATE OF p SKIP LOCKED" in texts, "the claim statement's plan was captured"
+    assert "UPDATE \"stepstone\".positions p SET" in texts, "commit_decision's statements were captured"
     assert seq_scans(plans) == []
 
 
 async def test_guard_fails_without_the_claim_indexes(seeded: str) -> None:
     conn = await asyncpg.connect(seeded)
     try:
-        await conn.execute('DROP INDEX "stepstone".commands_ready, "stepstone".commands_queue')
+        await conn.execute('DROP INDEX "stepstone".commands_ready, "stepstone".commands_queue, "stepstone".commands_position_queue')
         await conn.execute('ANALYZE "stepstone".commands')
     finally:
         await conn.close()
     found = seq_scans(await captured_plans(seeded))
-    assert any(s.startswith("commands:") for s in found), found
+    # Without them the claim falls back to a Seq Scan (on commands, or positions driving the join).
+    assert found and all(s.split(":")[0] in GUARDED for s in found), found

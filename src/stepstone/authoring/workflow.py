@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar, overload
 from pydantic import BaseModel, ValidationError
 
 from stepstone.core.model import Event
-from stepstone.core.plan import END, Plan, RetryPolicy, Step
+from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Plan, RetryPolicy, Step
 from stepstone.errors import DefinitionError, InvalidInput
 
 S = TypeVar("S")
@@ -59,6 +59,27 @@ class Signal:
     payload: Any
 
 
+@dataclass(frozen=True)
+class ChildResult:
+    """How the child workflow a child step waited for ended: COMPLETED (with its final state),
+    FAILED or CANCELLED (with its error)."""
+
+    instance_id: str
+    status: str
+    state: Any = None
+    error: Any = None
+
+
+@dataclass(frozen=True)
+class BranchInfo:
+    """The branch a handler runs in: its name (a static branch's name, or a map item's index),
+    its position path, and for a map fork the item it runs for."""
+
+    name: str
+    path: str
+    item: Any = None
+
+
 @dataclass
 class StepContext:
     """What a handler knows about the step it runs.
@@ -73,6 +94,8 @@ class StepContext:
     attempt: int
     idempotency_key: str
     signal: Signal | None = None
+    child: ChildResult | None = None
+    branch: BranchInfo | None = None
     events: list[Event] = field(default_factory=list)
 
     def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
@@ -165,6 +188,73 @@ class Workflow(Generic[S]):
         seconds = None if timeout is None else _seconds(timeout)
         self._add(Step(name, "wait", signals=dict(signals), timeout_seconds=seconds, on_timeout=on_timeout), start)
 
+    def fork(
+        self,
+        name: str,
+        *,
+        branches: Mapping[str, str] | None = None,
+        map_over: str | None = None,
+        branch: str | None = None,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        start: bool = False,
+    ) -> None:
+        """Declare a fork: parallel `branches` (name -> first step), or one branch per item of the
+        state list `map_over`, each starting at step `branch`. Branches end at the fork's join."""
+        self._add(Step(name, "fork", branches=dict(branches or {}), map_over=map_over, branch_step=branch,
+                       max_items=max_items), start)
+
+    def join(self, name: str, *, fork: str, next: str, need: int | str = "all") -> None:  # noqa: A002
+        """Declare the join of `fork`: when all branches (`need="all"`), any one (`"any"`) or `need`
+        of them reached it, the fork's position goes on to `next`; the branches still running are
+        cancelled. Branch steps go to this step's name to end their branch."""
+        count = 0 if need == "all" else 1 if need == "any" else need
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise DefinitionError(f"join {name!r}: need must be 'all', 'any' or a count, got {need!r}")
+        self._add(Step(name, "join", (next,), fork=fork, need=count), False)
+
+    @overload
+    def child(self, fn: F, /) -> F: ...
+    @overload
+    def child(
+        self,
+        fn: None = None,
+        /,
+        *,
+        workflow: str,
+        next: str,
+        name: str | None = None,
+        on_failure: str | None = None,
+        cancel_with_parent: bool = True,
+        start: bool = False,
+    ) -> Callable[[F], F]: ...
+    def child(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        workflow: str = "",
+        next: str = "",  # noqa: A002
+        name: str | None = None,
+        on_failure: str | None = None,
+        cancel_with_parent: bool = True,
+        start: bool = False,
+    ) -> Any:
+        """Declare a child step. The handler `(ctx, state)` returns the child's input (a dict or a
+        model of the child's state); the child starts in this step's commit, and the position
+        waits for its end. The next step's handler finds it in `ctx.child`. A failed or cancelled
+        child goes to `on_failure`, or fails this position when there is none. Cancelling the
+        parent cancels the child unless `cancel_with_parent=False` (the child is then abandoned)."""
+
+        def register(handler: Callable[..., Any]) -> Callable[..., Any]:
+            step_name = name or handler.__name__
+            step = Step(step_name, "child", (next,), workflow=workflow, on_failure=on_failure,
+                        cancel_with_parent=cancel_with_parent)
+            self._add(step, start)
+            self._actions[step_name] = _ActionSpec(handler, ())
+            return handler
+
+        return register(fn) if fn is not None else register
+
     def _add(self, step: Step, start: bool) -> None:
         if self._plan is not None:
             raise DefinitionError(f"workflow {self.id!r} v{self.version} is already in use and cannot change")
@@ -244,6 +334,16 @@ class Registry:
         workflow.plan  # noqa: B018 - validate now, not at first use
         self._by_key[key] = workflow
         return workflow
+
+    def check_children(self) -> None:
+        """Every workflow a child step starts is registered here too; DefinitionError otherwise."""
+        known = {wf.id for wf in self._by_key.values()}
+        missing = sorted(
+            f"{wf.id} v{wf.version} starts {child!r}"
+            for wf in self._by_key.values() for child in wf.plan.child_workflows if child not in known
+        )
+        if missing:
+            raise DefinitionError("child workflows not registered: " + "; ".join(missing))
 
     def __iter__(self) -> Any:
         return iter(self._by_key.values())

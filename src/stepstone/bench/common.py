@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from stepstone.config import quote_ident
+from stepstone.core.effects import MovePosition
 from stepstone.core.model import Decision
 from stepstone.store.migrate import migrate
 from stepstone.store.port import Claim, CommitRequest, Committed, Pin
@@ -191,20 +192,15 @@ class Progress:
 
 def track_commits(store: PostgresStore, progress: Progress) -> None:
     """Record in `progress` when a commit on `store` (single or grouped) ended an instance or made it wait."""
-    inner = store.commit
     inner_many = store.commit_many
 
     async def record(claim: Claim, decision: Decision, result: Committed | None) -> None:
-        if result is not None:
+        if result is not None and not result.conflict:
+            move = decision.first(MovePosition)
             if decision.ended:
                 await progress.bump(claim.instance.id)
-            elif decision.instance is not None and decision.instance.status == "WAITING":
+            elif move is not None and move.status == "WAITING":
                 await progress.bump(claim.instance.id, ended=False)
-
-    async def commit(claim: Claim, command_id: int, decision: Decision, **kwargs: Any) -> Committed | None:
-        result = await inner(claim, command_id, decision, **kwargs)
-        await record(claim, decision, result)
-        return result
 
     async def commit_many(requests: list[CommitRequest], **kwargs: Any) -> list[Committed | None]:
         results = await inner_many(requests, **kwargs)
@@ -212,7 +208,6 @@ def track_commits(store: PostgresStore, progress: Progress) -> None:
             await record(request.claim, request.decision, result)
         return results
 
-    store.commit = commit  # type: ignore[method-assign]
     store.commit_many = commit_many  # type: ignore[method-assign]
 
 
@@ -220,6 +215,7 @@ async def seed_waiting(conn: asyncpg.Connection, schema: str, pin: Pin, first: i
     """Bulk-insert waiting instances first..last as the engine writes them (see bench.sql)."""
     q = bench_queries(schema)
     await conn.execute(q["seed_waiting_instances"], first, last, pin.definition_id, pin.version, pin.plan_hash)
+    await conn.execute(q["seed_waiting_positions"], first, last)
     await conn.execute(q["seed_waiting_commands"], first, last)
     await conn.execute(q["seed_waiting_history"], first, last, pin.version, pin.plan_hash)
 

@@ -8,9 +8,18 @@ out a `Decision` in one fenced commit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+from stepstone.core.effects import Effect, EmitEvent, EndInstance, Enqueue, SetState
 
 JSON = Any
+E = TypeVar("E", bound=Effect)
+
+ROOT = ""
+"""The root position's path; a branch's path nests under its fork (`ship/2`, `ship/2/notify/a`)."""
+
+# Position statuses. A COMPLETED or CANCELLED position is closed; FAILED is retryable.
+POSITION_CLOSED = frozenset({"COMPLETED", "CANCELLED"})
 
 # Instance statuses. FAILED is not terminal: an operator may retry it.
 PENDING = "PENDING"
@@ -21,7 +30,7 @@ FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 TERMINAL = frozenset({COMPLETED, CANCELLED})
 
-CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY"]
+CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY", "BRANCH_DONE", "CHILD_COMPLETION"]
 RUNS_STEP = frozenset({"START", "STEP", "RETRY"})
 """Command kinds that execute the instance's current step."""
 
@@ -29,8 +38,29 @@ SettleState = Literal["COMPLETE", "PARKED", "REJECTED", "STALE", "DEAD", "FAILED
 
 
 @dataclass(frozen=True)
+class Parent:
+    """Where a child instance reports its end: the parent, its position and that position's visit."""
+
+    id: str
+    position: str
+    visit: int
+
+
+@dataclass(frozen=True)
+class Branch:
+    """What a branch position knows of its fork: the fork's position and visit, its own name,
+    and for a map fork the item it runs for."""
+
+    parent: str
+    visit: int
+    name: str
+    item: JSON = None
+
+
+@dataclass(frozen=True)
 class InstanceView:
-    """An instance as the core sees it: position, status and JSON state."""
+    """An instance as the core sees it from one position: that position's step, visit and wait,
+    the instance's status and shared JSON state (at `state_version`)."""
 
     id: str
     status: str
@@ -38,6 +68,11 @@ class InstanceView:
     visit: int
     state: JSON
     wait: JSON = None
+    position: str = ROOT
+    position_status: str | None = None
+    state_version: int = 0
+    parent: Parent | None = None
+    branch: Branch | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +87,7 @@ class CommandView:
     payload: JSON = None
     attempt: int = 1
     claims: int = 1
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,14 +98,30 @@ class Event:
     payload: JSON
     key: str | None = None
 
+    def to_effect(self, index: int) -> EmitEvent:
+        return EmitEvent(self.type, self.payload, self.key, index)
+
+
+@dataclass(frozen=True)
+class ChildStart:
+    """What a child step's handler asked for: the child's pinned plan, first step and input."""
+
+    definition_id: str
+    version: int
+    plan_hash: str
+    step: str
+    state: JSON
+
 
 @dataclass(frozen=True)
 class StepSucceeded:
-    """A handler returned: where it goes next, the state it left, the events it emitted."""
+    """A handler returned: where it goes next, the state it left, the events it emitted, and for a
+    child step the child to start."""
 
     next: str | None
     state: JSON
     events: tuple[Event, ...] = ()
+    child: ChildStart | None = None
 
 
 @dataclass(frozen=True)
@@ -100,55 +152,29 @@ class Settle:
 
 
 @dataclass(frozen=True)
-class NewCommand:
-    """A command the commit inserts. A continuation is inserted already claimed by this worker."""
-
-    kind: CommandKind
-    step: str | None
-    visit: int | None
-    name: str | None = None
-    payload: JSON = None
-    delay: float | None = None
-    at: str | None = None
-    continuation: bool = False
-
-
-@dataclass(frozen=True)
-class HistoryEntry:
-    kind: str
-    step: str | None = None
-    visit: int | None = None
-    data: JSON = None
-
-
-@dataclass(frozen=True)
-class InstanceChange:
-    """The instance's new position. `state` None leaves the stored state as it is."""
-
-    status: str
-    step: str | None
-    visit: int
-    wait: JSON = None
-    state: JSON = None
-    error: JSON = None
-
-
-@dataclass(frozen=True)
 class Decision:
-    """Everything one fenced commit writes, or nothing at all."""
+    """Everything one fenced commit writes, or nothing at all: the claimed command's settlement
+    and the typed effects (`core.effects`)."""
 
     settle: Settle
-    instance: InstanceChange | None = None
-    history: tuple[HistoryEntry, ...] = ()
-    commands: tuple[NewCommand, ...] = ()
-    events: tuple[Event, ...] = ()
-    close_timers: bool = False
-    """Leaving a wait or timer: its pending timer commands are superseded."""
-    requeue_signals: tuple[str, ...] = ()
-    """Entering a wait: the earliest parked signal among these names is offered again."""
-    ended: bool = False
-    """The instance reached a terminal status: parked commands are rejected."""
+    effects: tuple[Effect, ...] = ()
+
+    def of(self, kind: type[E]) -> list[E]:
+        """The effects of one type, in order."""
+        return [e for e in self.effects if isinstance(e, kind)]
+
+    def first(self, kind: type[E]) -> E | None:
+        return next((e for e in self.effects if isinstance(e, kind)), None)
 
     @property
-    def continuation(self) -> NewCommand | None:
-        return next((c for c in self.commands if c.continuation), None)
+    def continuation(self) -> Enqueue | None:
+        return next((e for e in self.effects if isinstance(e, Enqueue) and e.continuation), None)
+
+    @property
+    def ended(self) -> bool:
+        return any(isinstance(e, EndInstance) for e in self.effects)
+
+    def with_state(self, state: JSON) -> Decision:
+        """The same decision committing `state` instead (a rebase onto newer shared state)."""
+        effects = tuple(SetState(state) if isinstance(e, SetState) else e for e in self.effects)
+        return Decision(self.settle, effects)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,7 +20,10 @@ END = "$end"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
-StepKind = Literal["action", "timer", "wait"]
+StepKind = Literal["action", "timer", "wait", "fork", "join", "child"]
+
+DEFAULT_MAX_ITEMS = 10_000
+"""The most branches one map fork may start, unless the step says otherwise."""
 
 
 class PlanError(ValueError):
@@ -65,6 +68,13 @@ class Step:
     action: runs a handler, then goes to one of `next` (END ends the instance).
     timer:  waits `delay_seconds`, or until the instant in state field `until`, then goes to next[0].
     wait:   waits for one of `signals` (name -> next step); after `timeout_seconds` goes to `on_timeout`.
+    fork:   starts parallel branches: `branches` (name -> first step), or one per item of the state
+            list `map_over`, each starting at `branch_step` (at most `max_items`); waits at its join.
+    join:   the end of the branches of `fork`: when `need` of them reached it (0: all), the fork's
+            position goes on to next[0]; branches still running are cancelled.
+    child:  runs a handler that returns the input of a child instance of `workflow`, starts it in
+            the step's commit and waits for its end; then next[0], or `on_failure` when it failed
+            or was cancelled. `cancel_with_parent` False abandons the child when the parent is cancelled.
     """
 
     name: str
@@ -76,12 +86,29 @@ class Step:
     signals: Mapping[str, str] = field(default_factory=dict)
     timeout_seconds: float | None = None
     on_timeout: str | None = None
+    branches: Mapping[str, str] = field(default_factory=dict)
+    map_over: str | None = None
+    branch_step: str | None = None
+    max_items: int = DEFAULT_MAX_ITEMS
+    fork: str | None = None
+    need: int = 0
+    workflow: str | None = None
+    on_failure: str | None = None
+    cancel_with_parent: bool = True
+
+    def branch_starts(self) -> tuple[str, ...]:
+        """The first steps of a fork's branches."""
+        if self.kind != "fork":
+            return ()
+        return tuple(self.branches.values()) if self.branches else ((self.branch_step,) if self.branch_step else ())
 
     def targets(self) -> tuple[str, ...]:
         """Every step this one may go to."""
         if self.kind == "wait":
             extra = (self.on_timeout,) if self.on_timeout else ()
             return tuple(self.signals.values()) + extra
+        if self.kind == "child" and self.on_failure:
+            return (*self.next, self.on_failure)
         return self.next
 
     def describe(self) -> dict[str, Any]:
@@ -99,6 +126,14 @@ class Step:
             }
         elif self.kind == "timer":
             out.update(next=list(self.next), delay_seconds=self.delay_seconds, until=self.until)
+        elif self.kind == "fork":
+            out.update(branches=dict(sorted(self.branches.items())), map_over=self.map_over,
+                       branch_step=self.branch_step, max_items=self.max_items)
+        elif self.kind == "join":
+            out.update(fork=self.fork, need=self.need, next=list(self.next))
+        elif self.kind == "child":
+            out.update(workflow=self.workflow, next=list(self.next), on_failure=self.on_failure,
+                       cancel_with_parent=self.cancel_with_parent)
         else:
             out.update(
                 signals=dict(sorted(self.signals.items())),
@@ -117,6 +152,14 @@ class Plan:
     start: str
     steps: Mapping[str, Step]
     plan_hash: str
+
+    @property
+    def child_workflows(self) -> frozenset[str]:
+        """Every workflow some child step of this plan starts."""
+        return frozenset(s.workflow for s in self.steps.values() if s.workflow)
+
+    def join_of(self, fork: str) -> Step:
+        return next(s for s in self.steps.values() if s.kind == "join" and s.fork == fork)
 
     @property
     def signal_names(self) -> frozenset[str]:
@@ -173,9 +216,7 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
     for s in steps:
         found.extend(_step_problems(s, known))
     if start in known:
-        unreachable = sorted(known - _reachable(start, {s.name: s for s in steps}))
-        if unreachable:
-            found.append("unreachable steps: " + ", ".join(unreachable))
+        found.extend(_flow_problems(start, {s.name: s for s in steps}))
     return found
 
 
@@ -185,32 +226,128 @@ def _step_problems(s: Step, known: set[str]) -> list[str]:
         for t in s.targets()
         if t != END and t not in known
     ]
-    if s.kind == "action":
-        found.extend(s.retry.problems(f"step {s.name!r}"))
-    elif s.kind == "timer":
-        if (s.delay_seconds is None) == (s.until is None):
-            found.append(f"timer step {s.name!r} needs exactly one of delay or until")
-        if s.delay_seconds is not None and s.delay_seconds < 0:
-            found.append(f"timer step {s.name!r} has a negative delay")
-        if len(s.next) != 1:
-            found.append(f"timer step {s.name!r} needs exactly one next step")
-    else:
-        if not s.signals:
-            found.append(f"wait step {s.name!r} accepts no signal")
-        found.extend(f"wait step {s.name!r}: invalid signal name {sig!r}" for sig in s.signals if not valid_name(sig))
-        if (s.timeout_seconds is None) != (s.on_timeout is None):
-            found.append(f"wait step {s.name!r}: timeout and on_timeout go together")
-        if s.timeout_seconds is not None and s.timeout_seconds < 0:
-            found.append(f"wait step {s.name!r} has a negative timeout")
+    found.extend(_KIND_PROBLEMS[s.kind](s))
     return found
 
 
-def _reachable(start: str, steps: dict[str, Step]) -> set[str]:
-    seen = {start}
-    todo = [start]
-    while todo:
-        for t in steps[todo.pop()].targets():
-            if t in steps and t not in seen:
-                seen.add(t)
-                todo.append(t)
-    return seen
+def _timer_problems(s: Step) -> list[str]:
+    found = []
+    if (s.delay_seconds is None) == (s.until is None):
+        found.append(f"timer step {s.name!r} needs exactly one of delay or until")
+    if s.delay_seconds is not None and s.delay_seconds < 0:
+        found.append(f"timer step {s.name!r} has a negative delay")
+    if len(s.next) != 1:
+        found.append(f"timer step {s.name!r} needs exactly one next step")
+    return found
+
+
+def _wait_problems(s: Step) -> list[str]:
+    found = []
+    if not s.signals:
+        found.append(f"wait step {s.name!r} accepts no signal")
+    found.extend(f"wait step {s.name!r}: invalid signal name {sig!r}" for sig in s.signals if not valid_name(sig))
+    if (s.timeout_seconds is None) != (s.on_timeout is None):
+        found.append(f"wait step {s.name!r}: timeout and on_timeout go together")
+    if s.timeout_seconds is not None and s.timeout_seconds < 0:
+        found.append(f"wait step {s.name!r} has a negative timeout")
+    return found
+
+
+def _join_problems(s: Step) -> list[str]:
+    found = []
+    if len(s.next) != 1:
+        found.append(f"join step {s.name!r} needs exactly one next step")
+    if s.need < 0:
+        found.append(f"join step {s.name!r}: need must be 0 (all) or a positive count")
+    return found
+
+
+def _child_problems(s: Step) -> list[str]:
+    found = []
+    if not s.workflow or not valid_name(s.workflow):
+        found.append(f"child step {s.name!r} names no valid workflow")
+    if len(s.next) != 1:
+        found.append(f"child step {s.name!r} needs exactly one next step")
+    return found
+
+
+def _fork_problems(s: Step) -> list[str]:
+    found = []
+    if bool(s.branches) == bool(s.map_over):
+        found.append(f"fork step {s.name!r} needs either branches or map_over (and not both)")
+    if s.map_over is not None and not s.branch_step:
+        found.append(f"fork step {s.name!r} maps over {s.map_over!r} but names no branch step")
+    found.extend(f"fork step {s.name!r}: invalid branch name {b!r}" for b in s.branches if not valid_name(b))
+    if s.max_items < 1:
+        found.append(f"fork step {s.name!r}: max_items must be at least 1")
+    return found
+
+
+_KIND_PROBLEMS: dict[str, Callable[[Step], list[str]]] = {
+    "action": lambda s: s.retry.problems(f"step {s.name!r}"),
+    "timer": _timer_problems,
+    "wait": _wait_problems,
+    "fork": _fork_problems,
+    "join": _join_problems,
+    "child": _child_problems,
+}
+
+
+def _flow_problems(start: str, steps: dict[str, Step]) -> list[str]:  # noqa: PLR0915 - one walk, kept whole
+    """Each step belongs to exactly one chain: the main flow, or one fork's branches, which must
+    reach that fork's join and never the end. A fork's chain goes on after its join."""
+    found: list[str] = []
+    joins: dict[str, str] = {}
+    for j in steps.values():
+        if j.kind != "join":
+            continue
+        if j.fork not in steps or steps[j.fork].kind != "fork":
+            found.append(f"join step {j.name!r} names no fork (fork={j.fork!r})")
+        elif j.fork in joins:
+            found.append(f"fork {j.fork!r} has two joins: {joins[j.fork]!r} and {j.name!r}")
+        else:
+            joins[j.fork] = j.name
+    owner: dict[str, str] = {}
+
+    def walk(label: str, first: str, stop: str | None) -> None:  # noqa: PLR0912 - one case per step kind
+        todo, reached_stop = [first], False
+        while todo:
+            name = todo.pop()
+            if name == stop:
+                reached_stop = True
+                continue
+            if name == END:
+                if stop is not None:
+                    found.append(f"{label} goes to the end; a branch ends at its join {stop!r}")
+                continue
+            step = steps.get(name)
+            if step is None or owner.get(name) == label:
+                continue
+            if name in owner:
+                found.append(f"step {name!r} is in both {owner[name]} and {label}")
+                continue
+            if step.kind == "join":
+                found.append(f"{label} reaches join {name!r} outside the branches of its fork")
+                continue
+            owner[name] = label
+            if step.kind == "fork":
+                join = joins.get(name)
+                if join is None:
+                    found.append(f"fork step {name!r} has no join")
+                    continue
+                if not step.branch_starts():
+                    continue  # reported by _fork_problems
+                for branch, first_step in (step.branches or {"*": step.branch_step or ""}).items():
+                    walk(f"branch {branch!r} of fork {name!r}", first_step, join)
+                owner[join] = label
+                todo.extend(steps[join].next)
+            else:
+                todo.extend(step.targets())
+        if stop is not None and not reached_stop:
+            found.append(f"{label} can never reach its join {stop!r}")
+
+    walk("the main flow", start, None)
+    unreachable = sorted(steps.keys() - owner.keys())
+    if unreachable:
+        found.append("unreachable steps: " + ", ".join(unreachable))
+    return found

@@ -1,31 +1,38 @@
-"""The transition function: what a claimed command does to an instance.
+"""The transition function: what a claimed command does to one position of an instance.
 
 `apply(instance, command, plan, now)` answers either `RunStep` (run the current
-action step's handler, then call `complete_step`) or a `Decision` the store
-commits as is. Neither raises for a domain outcome: a late signal, a stale
-timer, a failing handler and a poison command are all decisions.
+action or child step's handler, then call `complete_step`) or a `Decision` the
+store commits as is. Neither raises for a domain outcome: a late signal, a stale
+timer, a failing handler, a callback for a cancelled branch and a poison command
+are all decisions. Arriving at a step is `core.entering.enter`.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
-from typing import Any
 
+from stepstone.core.effects import (
+    CloseTimers,
+    Effect,
+    MovePosition,
+    NotifyParent,
+    RecordHistory,
+    SetState,
+    StartChild,
+)
+from stepstone.core.entering import child_failed, enter, fail, join_branch, settled
 from stepstone.core.model import (
     CANCELLED,
     COMPLETED,
     FAILED,
-    JSON,
-    RUNNING,
+    POSITION_CLOSED,
     RUNS_STEP,
     TERMINAL,
     WAITING,
     CommandView,
     Decision,
-    HistoryEntry,
-    InstanceChange,
     InstanceView,
-    NewCommand,
     RunStep,
     Settle,
     StepFailed,
@@ -34,23 +41,38 @@ from stepstone.core.model import (
 from stepstone.core.patch import diff, same
 from stepstone.core.plan import END, Plan
 
+_CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
+
+
+def child_id(instance_id: str, position: str, step: str, visit: int) -> str:
+    """The child a step visit starts: the same id on every attempt, so it is started once."""
+    return str(uuid.uuid5(_CHILDREN, f"{instance_id}/{position}/{step}/{visit}"))
+
 
 def apply(
     instance: InstanceView, command: CommandView, plan: Plan, now: datetime, max_claims: int = 5
 ) -> RunStep | Decision:
-    """Decide what the claimed `command` does to `instance` under its pinned `plan`."""
+    """Decide what the claimed `command` does to `instance` (seen from its position) under `plan`."""
     if instance.status in TERMINAL:
         reason = "INSTANCE_CANCELLED" if instance.status == CANCELLED else "INSTANCE_ENDED"
         return Decision(Settle("STALE" if command.kind == "TIMER" else "REJECTED", reason))
+    if instance.position_status in POSITION_CLOSED:
+        return _ignored(instance, command, f"POSITION_{instance.position_status}")
     if command.claims > max_claims:
-        return _dead_letter(instance, command, max_claims)
+        return _finish(instance, _dead_letter(instance, command, max_claims))
     if command.kind in RUNS_STEP:
-        return _run_current_step(instance, command, plan, now)
-    if command.kind == "SIGNAL":
-        return _signal(instance, command, plan, now)
-    if command.kind == "TIMER":
-        return _timer(instance, command, plan, now)
-    return Decision(Settle("REJECTED", f"UNKNOWN_KIND: {command.kind}"))
+        outcome = _run_current_step(instance, command, plan, now)
+    elif command.kind == "SIGNAL":
+        outcome = _signal(instance, command, plan, now)
+    elif command.kind == "TIMER":
+        outcome = _timer(instance, command, plan, now)
+    elif command.kind == "BRANCH_DONE":
+        outcome = _branch_done(instance, command, plan, now)
+    elif command.kind == "CHILD_COMPLETION":
+        outcome = _child_done(instance, command, plan, now)
+    else:
+        return Decision(Settle("REJECTED", f"UNKNOWN_KIND: {command.kind}"))
+    return outcome if isinstance(outcome, RunStep) else _finish(instance, outcome)
 
 
 def complete_step(
@@ -61,8 +83,16 @@ def complete_step(
     now: datetime,
 ) -> Decision:
     """Turn a handler's outcome into the commit of its step."""
+    return _finish(instance, _complete(instance, command, plan, outcome, now))
+
+
+def _complete(
+    instance: InstanceView, command: CommandView, plan: Plan, outcome: StepSucceeded | StepFailed, now: datetime
+) -> Decision:
     step = plan.steps[instance.step or ""]
     visit = instance.visit
+    if isinstance(outcome, StepSucceeded) and step.kind == "child":
+        return _start_child(instance, command, plan, outcome)
     if isinstance(outcome, StepSucceeded):
         target = outcome.next
         if target is None and len(step.next) == 1:
@@ -76,33 +106,54 @@ def complete_step(
             )
         else:
             patch = diff(instance.state, outcome.state)
-            done = HistoryEntry("STEP_COMPLETED", step.name, visit, {"attempt": command.attempt, "patch": patch})
-            entered = _enter(instance, plan, target or END, outcome.state, now)
-            return Decision(
-                Settle("COMPLETE"),
-                instance=entered.instance,
-                history=(done, *entered.history),
-                commands=entered.commands,
-                events=outcome.events,
-                requeue_signals=entered.requeue_signals,
-                ended=entered.ended,
-            )
+            done = RecordHistory("STEP_COMPLETED", step.name, visit, {"attempt": command.attempt, "patch": patch})
+            events = [e.to_effect(n) for n, e in enumerate(outcome.events)]
+            entered = enter(instance, plan, target or END, outcome.state, now)
+            return Decision(settled(entered), (done, *_state_change(instance, outcome.state), *entered, *events))
     failure = {"step": step.name, "type": outcome.error_type, "message": outcome.message, "attempt": command.attempt}
     retryable = outcome.retryable and outcome.error_type not in step.retry.non_retryable
     if retryable and command.attempt < step.retry.max_attempts:
         delay = step.retry.backoff(command.attempt)
         return Decision(
             Settle("RETRY", f"{outcome.error_type}: {outcome.message}", retry_delay=delay),
-            history=(HistoryEntry("STEP_FAILED", step.name, visit, {**failure, "retry_in": delay}),),
+            (RecordHistory("STEP_FAILED", step.name, visit, {**failure, "retry_in": delay}),),
         )
     return Decision(
         Settle("FAILED", f"{outcome.error_type}: {outcome.message}"),
-        instance=InstanceChange(FAILED, step.name, visit, wait=None, error=failure),
-        history=(
-            HistoryEntry("STEP_FAILED", step.name, visit, failure),
-            HistoryEntry("INSTANCE_FAILED", step.name, visit, failure),
+        (
+            MovePosition(FAILED, step.name, visit, error=failure),
+            RecordHistory("STEP_FAILED", step.name, visit, failure),
+            RecordHistory("INSTANCE_FAILED", step.name, visit, failure),
         ),
     )
+
+
+def _start_child(instance: InstanceView, command: CommandView, plan: Plan, outcome: StepSucceeded) -> Decision:
+    step = plan.steps[instance.step or ""]
+    spec = outcome.child
+    if spec is None:
+        return _failed(instance, "InvalidChild", f"child step {step.name!r} produced no child input")
+    cid = child_id(instance.id, instance.position, step.name, instance.visit)
+    wait = {"kind": "child", "child_id": cid, "workflow": spec.definition_id}
+    started = {"child_id": cid, "workflow": spec.definition_id, "version": spec.version, "attempt": command.attempt}
+    patch = diff(instance.state, outcome.state)
+    events = [e.to_effect(n) for n, e in enumerate(outcome.events)]
+    return Decision(
+        Settle("COMPLETE"),
+        (
+            RecordHistory("STEP_COMPLETED", step.name, instance.visit, {"attempt": command.attempt, "patch": patch}),
+            *_state_change(instance, outcome.state),
+            StartChild(cid, spec.definition_id, spec.version, spec.plan_hash, spec.state, spec.step,
+                       cancel_with_parent=step.cancel_with_parent),
+            MovePosition(WAITING, step.name, instance.visit, wait=wait),
+            RecordHistory("CHILD_STARTED", step.name, instance.visit, started),
+            *events,
+        ),
+    )
+
+
+def _state_change(instance: InstanceView, state: object) -> tuple[Effect, ...]:
+    return () if same(state, instance.state) else (SetState(state),)
 
 
 def _run_current_step(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> RunStep | Decision:
@@ -110,166 +161,137 @@ def _run_current_step(instance: InstanceView, command: CommandView, plan: Plan, 
         return Decision(Settle("STALE", "STEP_SUPERSEDED"))
     step = plan.steps.get(instance.step or "")
     if step is None:
-        return _fail(instance, "UnknownStep", f"the pinned plan has no step {instance.step!r}")
-    if step.kind == "action":
+        return _failed(instance, "UnknownStep", f"the pinned plan has no step {instance.step!r}")
+    if step.kind in ("action", "child"):
         return RunStep(step.name, instance.visit, command.attempt)
-    # A start or retry that lands on a timer or wait enters it without a handler.
-    entered = _enter(instance, plan, step.name, instance.state, now, same_visit=True)
-    return Decision(
-        Settle("COMPLETE"),
-        instance=entered.instance,
-        history=entered.history,
-        commands=entered.commands,
-        requeue_signals=entered.requeue_signals,
-        ended=entered.ended,
-    )
+    # A start or retry that lands on a timer, wait or fork enters it without a handler.
+    entered = enter(instance, plan, step.name, instance.state, now, same_visit=True)
+    return Decision(settled(entered), tuple(entered))
 
 
 def _signal(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
     wait = instance.wait or {}
-    accepted: dict[str, str] = wait.get("signals", {}) if instance.status == WAITING else {}
+    accepted: dict[str, str] = wait.get("signals", {}) if _waiting(instance) else {}
     name = command.name or ""
     if name not in accepted:
         return Decision(
             Settle("PARKED", "NOT_WAITING"),
-            history=(HistoryEntry("SIGNAL_PARKED", instance.step, instance.visit, {"signal": name}),),
+            (RecordHistory("SIGNAL_PARKED", instance.step, instance.visit, {"signal": name}),),
         )
-    received = HistoryEntry("SIGNAL_APPLIED", instance.step, instance.visit, {"signal": name, "command": command.id})
+    received = RecordHistory("SIGNAL_APPLIED", instance.step, instance.visit, {"signal": name, "command": command.id})
     cause = {"signal": {"name": name, "payload": command.payload}}
-    entered = _enter(instance, plan, accepted[name], instance.state, now, cause=cause)
-    return Decision(
-        Settle("COMPLETE"),
-        instance=entered.instance,
-        history=(received, *entered.history),
-        commands=entered.commands,
-        close_timers=True,
-        requeue_signals=entered.requeue_signals,
-        ended=entered.ended,
-    )
+    entered = enter(instance, plan, accepted[name], instance.state, now, cause=cause)
+    return Decision(settled(entered), (received, CloseTimers(), *entered))
 
 
 def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
-    if instance.status != WAITING or command.visit != instance.visit:
+    if not _waiting(instance) or command.visit != instance.visit:
         return Decision(Settle("STALE", "TIMER_SUPERSEDED"))
     step = plan.steps.get(instance.step or "")
     if step is None:
-        return _fail(instance, "UnknownStep", f"the pinned plan has no step {instance.step!r}")
+        return _failed(instance, "UnknownStep", f"the pinned plan has no step {instance.step!r}")
     if command.name == "timeout" and step.on_timeout:
         kind, target = "WAIT_TIMED_OUT", step.on_timeout
     else:
         kind, target = "TIMER_FIRED", step.next[0]
-    entered = _enter(instance, plan, target, instance.state, now)
-    return Decision(
-        Settle("COMPLETE"),
-        instance=entered.instance,
-        history=(HistoryEntry(kind, step.name, instance.visit), *entered.history),
-        commands=entered.commands,
-        close_timers=True,
-        requeue_signals=entered.requeue_signals,
-        ended=entered.ended,
-    )
+    entered = enter(instance, plan, target, instance.state, now)
+    return Decision(settled(entered), (RecordHistory(kind, step.name, instance.visit), CloseTimers(), *entered))
 
 
-def _enter(
-    instance: InstanceView,
-    plan: Plan,
-    target: str,
-    state: JSON,
-    now: datetime,
-    *,
-    cause: JSON = None,
-    same_visit: bool = False,
-) -> Decision:
-    """Arrive at `target` with `state`: the instance change and what waiting there needs.
-
-    `cause` (the signal that led here) travels with the continuation, so the next
-    handler sees it as `ctx.signal`.
-    """
-    visit = instance.visit if same_visit else instance.visit + 1
-    new_state = None if same(state, instance.state) else state
-    if target == END:
-        return Decision(
-            Settle("COMPLETE"),
-            instance=InstanceChange(COMPLETED, None, visit, state=new_state),
-            history=(HistoryEntry("INSTANCE_COMPLETED", None, visit),),
-            ended=True,
-        )
-    step = plan.steps[target]
-    if step.kind == "action":
-        return Decision(
-            Settle("COMPLETE"),
-            instance=InstanceChange(RUNNING, target, visit, state=new_state),
-            commands=(NewCommand("STEP", target, visit, payload=cause, continuation=True),),
-        )
-    if step.kind == "timer":
-        at = None
-        if step.until is not None:
-            at = _instant(state, step.until, now)
-            if at is None:
-                problem = f"timer step {target!r}: state field {step.until!r} is not an ISO 8601 instant with a zone"
-                at_timer = InstanceView(instance.id, instance.status, target, visit, state)
-                return _fail(at_timer, "InvalidTimer", problem, new_state)
-        timer: dict[str, Any] = {"kind": "timer", "delay_seconds": step.delay_seconds, "until": at}
-        return Decision(
-            Settle("COMPLETE"),
-            instance=InstanceChange(WAITING, target, visit, wait=timer, state=new_state),
-            history=(HistoryEntry("WAITING", target, visit, timer),),
-            commands=(NewCommand("TIMER", target, visit, name="fire", delay=step.delay_seconds, at=at),),
-        )
-    wait = {"kind": "signal", "signals": dict(step.signals), "timeout_seconds": step.timeout_seconds}
-    timeout = () if step.timeout_seconds is None else (
-        NewCommand("TIMER", target, visit, name="timeout", delay=step.timeout_seconds),
-    )
-    return Decision(
-        Settle("COMPLETE"),
-        instance=InstanceChange(WAITING, target, visit, wait=wait, state=new_state),
-        history=(HistoryEntry("WAITING", target, visit, wait),),
-        commands=timeout,
-        requeue_signals=tuple(sorted(step.signals)),
-    )
+def _branch_done(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
+    wait = instance.wait or {}
+    payload = command.payload if isinstance(command.payload, dict) else {}
+    if wait.get("kind") != "join" or command.visit != instance.visit or payload.get("fork") != wait.get("fork"):
+        return _ignored(instance, command, "JOIN_NOT_WAITING")
+    effects = join_branch(instance, plan, wait, str(payload.get("branch")), now)
+    return Decision(settled(effects), tuple(effects))
 
 
-def _instant(state: JSON, field: str, now: datetime) -> str | None:
-    """The instant in `state[field]`; one already past counts as now."""
-    value = state.get(field) if isinstance(state, dict) else None
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        return None
-    return max(parsed, now).isoformat()
+def _child_done(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
+    wait = instance.wait or {}
+    payload = command.payload if isinstance(command.payload, dict) else {}
+    awaited = wait.get("kind") == "child" and payload.get("child_id") == wait.get("child_id")
+    if not awaited or command.visit != instance.visit:
+        return _ignored(instance, command, "CHILD_NOT_AWAITED")
+    step = plan.steps[instance.step or ""]
+    outcome = {"child_id": payload.get("child_id"), "status": payload.get("status")}
+    cause = {"child": {**outcome, "state": payload.get("state"), "error": payload.get("error")}}
+    if payload.get("status") == COMPLETED:
+        entered = enter(instance, plan, step.next[0], instance.state, now, cause=cause)
+        done = RecordHistory("CHILD_COMPLETED", step.name, instance.visit, outcome)
+        return Decision(settled(entered), (done, *entered))
+    done = RecordHistory("CHILD_FAILED", step.name, instance.visit, {**outcome, "error": payload.get("error")})
+    if step.on_failure:
+        entered = enter(instance, plan, step.on_failure, instance.state, now, cause=cause)
+        return Decision(settled(entered), (done, *entered))
+    effects = child_failed(instance, step.name, payload)
+    return Decision(settled(effects), (done, *effects))
 
 
-def _fail(instance: InstanceView, error_type: str, message: str, state: JSON = None) -> Decision:
-    error = {"step": instance.step, "type": error_type, "message": message}
-    return Decision(
-        Settle("FAILED", f"{error_type}: {message}"),
-        instance=InstanceChange(FAILED, instance.step, instance.visit, state=state, error=error),
-        history=(HistoryEntry("INSTANCE_FAILED", instance.step, instance.visit, error),),
-    )
+def _failed(instance: InstanceView, error_type: str, message: str) -> Decision:
+    effects = fail(instance, error_type, message)
+    return Decision(settled(effects), tuple(effects))
+
+
+def _waiting(instance: InstanceView) -> bool:
+    return (instance.position_status or instance.status) == WAITING
+
+
+def _ignored(instance: InstanceView, command: CommandView, reason: str) -> Decision:
+    """A late callback (a cancelled branch's signal, a superseded child's end): recorded, never applied."""
+    if command.kind == "TIMER":
+        return Decision(Settle("STALE", reason))
+    data = {"command": command.id, "kind": command.kind, "name": command.name, "reason": reason}
+    return Decision(Settle("REJECTED", reason),
+                    (RecordHistory("CALLBACK_IGNORED", instance.step, instance.visit, data),))
 
 
 def _dead_letter(instance: InstanceView, command: CommandView, max_claims: int) -> Decision:
     reason = f"ATTEMPTS_EXHAUSTED: claimed {command.claims - 1} times without a commit (limit {max_claims})"
-    dead = HistoryEntry(
+    if command.last_error:
+        reason += f"; last error: {command.last_error}"
+    dead = RecordHistory(
         "COMMAND_DEAD_LETTERED", instance.step, instance.visit, {"command": command.id, "kind": command.kind}
     )
     if command.kind == "SIGNAL":
-        return Decision(Settle("DEAD", reason), history=(dead,))
+        return Decision(Settle("DEAD", reason), (dead,))
     error = {"step": instance.step, "type": "DeadLetter", "message": reason}
     return Decision(
         Settle("DEAD", reason),
-        instance=InstanceChange(FAILED, instance.step, instance.visit, wait=instance.wait, error=error),
-        history=(dead, HistoryEntry("INSTANCE_FAILED", instance.step, instance.visit, error)),
+        (
+            MovePosition(FAILED, instance.step, instance.visit, wait=instance.wait, error=error),
+            dead,
+            RecordHistory("INSTANCE_FAILED", instance.step, instance.visit, error),
+        ),
     )
 
 
-def advance(instance: InstanceView, change: InstanceChange | None) -> InstanceView:
-    """The instance as a committed decision left it, without reading it back."""
-    if change is None:
-        return instance
-    state = instance.state if change.state is None else change.state
-    return InstanceView(instance.id, change.status, change.step, change.visit, state, change.wait)
+def _finish(instance: InstanceView, decision: Decision) -> Decision:
+    """A child that ends or fails tells its parent, in the same commit."""
+    parent = instance.parent
+    if parent is None:
+        return decision
+    if decision.ended:
+        new_state = decision.first(SetState)
+        state = instance.state if new_state is None else new_state.state
+        payload = {"child_id": instance.id, "status": COMPLETED, "state": state}
+    else:
+        failed = next((m for m in decision.of(MovePosition) if m.status == FAILED), None)
+        if failed is None:
+            return decision
+        payload = {"child_id": instance.id, "status": FAILED, "error": failed.error}
+    notify = NotifyParent(parent.id, parent.position, parent.visit, payload)
+    return Decision(decision.settle, (*decision.effects, notify))
+
+
+def advance(instance: InstanceView, decision: Decision, state_version: int) -> InstanceView:
+    """The instance as a committed decision left it, seen from the same position, without reading it back."""
+    move = decision.first(MovePosition)
+    new_state = decision.first(SetState)
+    state = instance.state if new_state is None else new_state.state
+    if move is None:
+        return InstanceView(instance.id, instance.status, instance.step, instance.visit, state, instance.wait,
+                            instance.position, instance.position_status, state_version, instance.parent,
+                            instance.branch)
+    return InstanceView(instance.id, move.status, move.step, move.visit, state, move.wait, instance.position,
+                        move.status, state_version, instance.parent, instance.branch)

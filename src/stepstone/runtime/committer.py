@@ -66,10 +66,7 @@ class GroupCommitter:
 
     async def _flush_one(self, request: CommitRequest, future: asyncio.Future[Committed | None]) -> None:
         try:
-            result = await self.store.commit(
-                request.claim, request.command_id, request.decision,
-                lease_seconds=self.lease_seconds, worker=self.worker, visit=request.visit,
-            )
+            result = await self.store.commit(request, lease_seconds=self.lease_seconds, worker=self.worker)
         except Exception as exc:  # noqa: BLE001 - handed to the waiting segment
             _fail(future, exc)
             return

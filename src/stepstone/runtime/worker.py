@@ -23,14 +23,16 @@ import socket
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
 
 from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
-from stepstone.core.model import CommandView, Decision, RunStep
+from stepstone.core.model import CommandView, Decision, InstanceView, RunStep
+from stepstone.core.patch import rebase
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.committer import GroupCommitter
@@ -42,6 +44,7 @@ log = logging.getLogger("stepstone.worker")
 
 
 _CLAIM_LOOP_EXIT_SECONDS = 10.0
+_MAX_STATE_CONFLICTS = 50
 
 
 def default_worker_id() -> str:
@@ -68,6 +71,7 @@ class WorkerEvents:
     released: int = 0
     deferred: int = 0
     crashed: int = 0
+    conflicts: int = 0
     _waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = field(default_factory=list, repr=False)
 
     async def bump(self, name: str) -> None:
@@ -91,8 +95,13 @@ class WorkerEvents:
 @dataclass
 class _Segment:
     instance_id: str
+    position: str
     token: Any
     lost: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.instance_id, self.position
 
 
 class Worker:
@@ -110,7 +119,7 @@ class Worker:
         self.config = config or WorkerConfig()
         self.limits = limits or Limits()
         self.events = WorkerEvents()
-        self._segments: dict[str, _Segment] = {}
+        self._segments: dict[tuple[str, str], _Segment] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
@@ -130,6 +139,7 @@ class Worker:
 
     async def register(self) -> None:
         """Record every plan of the registry, so pins and signal names can be checked anywhere."""
+        self.registry.check_children()
         for wf in self.registry:
             await self.store.register(pin_of(wf), wf.plan.document())
 
@@ -165,7 +175,7 @@ class Worker:
             await asyncio.gather(*pending, return_exceptions=True)
         for seg in list(self._segments.values()):
             try:
-                if await self.store.release(seg.instance_id, seg.token):
+                if await self.store.release(seg.instance_id, seg.position, seg.token):
                     await self.events.bump("released")
             except DatabaseUnavailable:
                 log.warning("could not release instance %s; its lease will expire", seg.instance_id)
@@ -230,7 +240,7 @@ class Worker:
     async def _lease_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.lease_seconds / 3)
-            held = {s.instance_id: s.token for s in self._segments.values() if not s.lost}
+            held = {s.key: s.token for s in self._segments.values() if not s.lost}
             if not held:
                 continue
             try:
@@ -238,11 +248,11 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 log.warning("lease renewal failed (%s: %s)", type(exc).__name__, exc)
                 continue
-            for instance_id in held.keys() - kept:
-                seg = self._segments.get(instance_id)
+            for key in held.keys() - kept:
+                seg = self._segments.get(key)
                 if seg is not None:
                     seg.lost = True
-                    log.warning("lost the lease on instance %s; its segment will be abandoned", instance_id)
+                    log.warning("lost the lease on instance %s position %r; its segment will be abandoned", *key)
 
     async def _open_listener(self) -> None:
         try:
@@ -263,7 +273,8 @@ class Worker:
     # -- segments -------------------------------------------------------------------------------
 
     def _spawn(self, claim: Claim) -> None:
-        self._segments[claim.instance.id] = _Segment(claim.instance.id, claim.token)
+        seg = _Segment(claim.instance.id, claim.instance.position, claim.token)
+        self._segments[seg.key] = seg
         task = asyncio.create_task(self._guarded(claim), name=f"stepstone-segment-{claim.instance.id}")
         self._tasks.add(task)
         task.add_done_callback(self._segment_done)
@@ -271,6 +282,9 @@ class Worker:
     def _segment_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._slot_free.set()
+
+    def _forget(self, claim: Claim) -> None:
+        self._segments.pop((claim.instance.id, claim.instance.position), None)
 
     async def _guarded(self, claim: Claim) -> None:
         """Run a segment; a crash stops renewing its lease, so another claim retries it (and a
@@ -281,7 +295,7 @@ class Worker:
             raise  # drain: stop() releases what is still held
         except Exception:
             log.exception("segment of instance %s crashed; its lease will expire", claim.instance.id)
-            self._segments.pop(claim.instance.id, None)
+            self._forget(claim)
             await self.events.bump("crashed")
 
     async def _segment(self, claim: Claim) -> None:
@@ -290,60 +304,86 @@ class Worker:
         if workflow is None:
             reason = (f"NOT_RUNNABLE: this node has no plan {claim.pin.definition_id} v{claim.pin.version} "
                       f"{claim.pin.plan_hash[:12]}")
-            await self.store.defer(claim.instance.id, claim.token, reason)
-            self._segments.pop(claim.instance.id, None)
+            await self.store.defer(claim.instance.id, claim.instance.position, claim.token, reason)
+            self._forget(claim)
             await self.events.bump("deferred")
             return
         instance, command, now = claim.instance, claim.command, claim.now
         while True:
-            outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
-            visit = instance.visit
-            if isinstance(outcome, RunStep):
-                signal = command.payload.get("signal") if isinstance(command.payload, dict) else None
-                result = await run_handler(
-                    workflow, instance, outcome, signal=signal, executor=self._executor, limits=self.limits
-                )
-                decision = complete_step(instance, command, workflow.plan, result, now)
-                visit = outcome.visit
-            else:
-                decision = outcome
-            committed = await self._commit(claim, command.id, decision, visit)
+            decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:
-                self._segments.pop(claim.instance.id, None)
+                self._forget(claim)
                 await self.events.bump("fenced")
                 return
             await self.events.bump("commits")
             follow = decision.continuation
             if follow is None or committed.continuation is None or self._stopping:
                 if follow is None or committed.continuation is None:
-                    self._segments.pop(claim.instance.id, None)
+                    self._forget(claim)
                 return
-            instance = advance(instance, decision.instance)
+            instance = advance(instance, decision, committed.state_version)
             command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload)
             now = committed.committed_at
 
-    async def _commit(self, claim: Claim, command_id: int, decision: Decision, visit: int) -> Committed | None:
+    async def _decide_and_commit(
+        self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any
+    ) -> tuple[Decision, Committed | None]:
+        """Decide, run the handler if the step has one, and commit. When another position changed the
+        shared state first, the change is rebased onto the current state when the two touch different
+        parts of it; otherwise the step runs again on the current state (its effects may repeat)."""
+        for _ in range(_MAX_STATE_CONFLICTS):
+            outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
+            visit = instance.visit
+            if isinstance(outcome, RunStep):
+                cause = command.payload if isinstance(command.payload, dict) else None
+                result = await run_handler(
+                    workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
+                    registry=self.registry,
+                )
+                decision = complete_step(instance, command, workflow.plan, result, now)
+                visit = outcome.visit
+            else:
+                decision = outcome
+            while True:
+                committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+                if committed is None or not committed.conflict:
+                    return decision, committed
+                await self.events.bump("conflicts")
+                change = decision.first(SetState)
+                merged = rebase(instance.state, change.state, committed.state) if change is not None else None
+                instance = replace(instance, state=committed.state, state_version=committed.state_version)
+                if merged is None:
+                    break  # the same part of the state changed: run the step again on the current state
+                decision = decision.with_state(merged)
+        raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
+
+    async def _commit(
+        self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int
+    ) -> Committed | None:
         """Commit fenced; when the outcome is unknown (connection lost), re-read instead of guessing."""
         delay = 0.05
+        position = claim.instance.position
         while True:
             try:
-                return await self._committer.commit(CommitRequest(claim, command_id, decision, visit))
+                return await self._committer.commit(CommitRequest(claim, command_id, decision, visit, state_version))
             except DatabaseUnavailable as exc:
                 log.warning("commit of instance %s interrupted (%s); re-reading", claim.instance.id, exc)
             while True:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 try:
-                    held = await self.store.held_command(claim.instance.id, claim.token)
+                    held = await self.store.held_command(claim.instance.id, position, claim.token)
                     break
                 except DatabaseUnavailable:
                     continue
             if held == command_id:
                 continue  # not committed and still ours: commit again
             if held is not None:
-                return Committed(held, await self.store.db_now())  # committed with a continuation
+                # Committed, with a continuation. The version is a lower bound: a stale one only costs a rebase.
+                bumped = state_version + (1 if decision.first(SetState) is not None else 0)
+                return Committed(held, await self.store.db_now(), bumped)
             if await self.store.settled_by(command_id, claim.token):
-                return Committed(None, await self.store.db_now())  # committed; the instance waits or ended
+                return Committed(None, await self.store.db_now())  # committed; the position waits or ended
             return None  # never committed, and the lease is gone: fenced
 
 

@@ -34,18 +34,26 @@ class Claim:
 
 @dataclass(frozen=True)
 class Committed:
+    """A commit that applied (`conflict` False), or one refused because another position changed
+    the shared state first: then nothing was written and `state` / `state_version` are current."""
+
     continuation: int | None
     committed_at: datetime
+    state_version: int = 0
+    conflict: bool = False
+    state: Any = None
 
 
 @dataclass(frozen=True)
 class CommitRequest:
-    """One segment's commit waiting to be flushed: the claim, the command it settles, the decision."""
+    """One segment's commit waiting to be flushed: the claim, the command it settles, the decision,
+    the visit that emitted its events and the state version the decision was made on."""
 
     claim: Claim
     command_id: int
     decision: Decision
     visit: int
+    state_version: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,20 +70,19 @@ class NewInstance:
 
 class Store(Protocol):
     async def claim(self, limit: int, lease_seconds: float, worker: str) -> list[Claim]: ...
-    async def commit(
-        self, claim: Claim, command_id: int, decision: Decision, *, lease_seconds: float, worker: str, visit: int
-    ) -> Committed | None: ...
+    async def commit(self, request: CommitRequest, *, lease_seconds: float, worker: str) -> Committed | None: ...
     async def commit_many(
         self, requests: list[CommitRequest], *, lease_seconds: float, worker: str
     ) -> list[Committed | None]: ...
-    async def renew(self, held: dict[str, Any], lease_seconds: float) -> set[str]: ...
-    async def release(self, instance_id: str, token: Any) -> bool: ...
-    async def defer(self, instance_id: str, token: Any, reason: str) -> bool: ...
+    async def renew(self, held: dict[tuple[str, str], Any], lease_seconds: float) -> set[tuple[str, str]]: ...
+    async def release(self, instance_id: str, position: str, token: Any) -> bool: ...
+    async def defer(self, instance_id: str, position: str, token: Any, reason: str) -> bool: ...
     async def next_available(self) -> float | None: ...
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None: ...
     async def start(self, new: NewInstance) -> tuple[str, bool]: ...
     async def signal(
-        self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None
+        self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
+        position: str = "",
     ) -> int: ...
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str: ...
     async def retry(self, instance_id: str, actor: str | None) -> None: ...

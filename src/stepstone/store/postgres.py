@@ -16,25 +16,22 @@ from typing import Any
 
 import asyncpg
 
-from stepstone.core.model import CommandView, Decision, InstanceView
+from stepstone.core.model import ROOT, Branch, CommandView, InstanceView, Parent
 from stepstone.errors import (
     BusinessKeyInUse,
     DefinitionConflict,
     IdempotencyConflict,
     InstanceNotFound,
     InvalidState,
+    PositionNotFound,
     UnknownSignal,
 )
 from stepstone.store.database import create_pool, translate_errors
+from stepstone.store.effects import commit_document, event_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
 
-_EVENTS = uuid.UUID("5f1e0b8a-3c1d-4f0e-9a57-2b8f6c1d9e40")
-
-
-def event_id(instance_id: str, visit: int, index: int) -> str:
-    """Stable id of the index-th event a visit emitted: the broker's dedup id."""
-    return str(uuid.uuid5(_EVENTS, f"{instance_id}/{visit}/{index}"))
+__all__ = ["Listener", "PostgresStore", "event_id"]
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -124,17 +121,9 @@ class PostgresStore:
         rows = await self._fetch("claim", limit, lease_seconds, worker)
         return [_claim(r) for r in rows]
 
-    async def commit(
-        self, claim: Claim, command_id: int, decision: Decision, *, lease_seconds: float, worker: str, visit: int
-    ) -> Committed | None:
-        """Carry out `decision` fenced on the claim's token; None when the token was refused."""
-        doc = decision_document(decision, claim.instance.id, visit, lease_seconds, worker)
-        row = await self._fetchrow(
-            "commit", uuid.UUID(claim.instance.id), command_id, claim.token, doc
-        )
-        if row is None:
-            return None
-        return Committed(row["continuation"], row["committed_at"])
+    async def commit(self, request: CommitRequest, *, lease_seconds: float, worker: str) -> Committed | None:
+        """Carry out one decision fenced on the claim's token; None when the token was refused."""
+        return (await self.commit_many([request], lease_seconds=lease_seconds, worker=worker))[0]
 
     async def commit_many(
         self, requests: list[CommitRequest], *, lease_seconds: float, worker: str
@@ -142,46 +131,44 @@ class PostgresStore:
         """Several segments' commits in one statement and one transaction (group commit).
 
         Results are in the order of `requests`; each is None when that commit was fenced out.
-        Items go to the database in ascending instance id order, the lock order.
+        Items go to the database in ascending (instance id, position) order, the lock order.
         """
-        order = sorted(range(len(requests)), key=lambda n: requests[n].claim.instance.id)
-        items = [
-            {
-                "instance": requests[n].claim.instance.id,
-                "command": requests[n].command_id,
-                "token": str(requests[n].claim.token),
-                "decision": decision_document(
-                    requests[n].decision, requests[n].claim.instance.id, requests[n].visit, lease_seconds, worker
-                ),
-            }
-            for n in order
-        ]
+        def key(n: int) -> tuple[str, str]:
+            return requests[n].claim.instance.id, requests[n].claim.instance.position
+
+        order = sorted(range(len(requests)), key=key)
+        items = [_document(requests[n], lease_seconds, worker) for n in order]
         results: list[Committed | None] = [None] * len(requests)
         for row in await self._fetch("commit_many", items):
-            results[order[row["idx"]]] = Committed(row["continuation"], row["committed_at"])
+            results[order[row["idx"]]] = Committed(
+                row["continuation"], row["committed_at"], row["state_version"],
+                conflict=row["outcome"] == "conflict", state=row["state"],
+            )
         return results
 
-    async def held_command(self, instance_id: str, token: Any) -> int | None:
-        """The command this token holds on the instance now: re-reads a commit of unknown outcome."""
-        value = await self._fetchval("held_command", uuid.UUID(instance_id), token)
+    async def held_command(self, instance_id: str, position: str, token: Any) -> int | None:
+        """The command this token holds on the position now: re-reads a commit of unknown outcome."""
+        value = await self._fetchval("held_command", uuid.UUID(instance_id), position, token)
         return None if value is None else int(value)
 
     async def settled_by(self, command_id: int, token: Any) -> bool:
         """Whether the claim with this token settled the command (a commit that did happen)."""
         return bool(await self._fetchval("settled_by", command_id, token))
 
-    async def renew(self, held: dict[str, Any], lease_seconds: float) -> set[str]:
+    async def renew(self, held: dict[tuple[str, str], Any], lease_seconds: float) -> set[tuple[str, str]]:
+        """Extend the leases of the held positions ((instance id, path) -> token); returns those still held."""
         if not held:
             return set()
-        ids = [uuid.UUID(i) for i in held]
-        rows = await self._fetch("renew", ids, list(held.values()), lease_seconds)
-        return {str(r["id"]) for r in rows}
+        ids = [uuid.UUID(i) for i, _ in held]
+        paths = [p for _, p in held]
+        rows = await self._fetch("renew", ids, paths, list(held.values()), lease_seconds)
+        return {(str(r["instance_id"]), r["path"]) for r in rows}
 
-    async def release(self, instance_id: str, token: Any) -> bool:
-        return bool(await self._fetch("release", uuid.UUID(instance_id), token))
+    async def release(self, instance_id: str, position: str, token: Any) -> bool:
+        return bool(await self._fetch("release", uuid.UUID(instance_id), position, token))
 
-    async def defer(self, instance_id: str, token: Any, reason: str) -> bool:
-        return bool(await self._fetch("defer", uuid.UUID(instance_id), token, reason))
+    async def defer(self, instance_id: str, position: str, token: Any, reason: str) -> bool:
+        return bool(await self._fetch("defer", uuid.UUID(instance_id), position, token, reason))
 
     async def next_available(self) -> float | None:
         value = await self._fetchval("next_available")
@@ -236,12 +223,15 @@ class PostgresStore:
         return row["target"], False
 
     async def signal(
-        self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None
+        self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
+        position: str = "",
     ) -> int:
-        row = await self._one("signal", _uuid(instance_id), name, payload, dedup_key, fingerprint, actor)
+        row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
         outcome = row["outcome"]
         if outcome == "not_found":
             raise InstanceNotFound(instance_id)
+        if outcome == "no_position":
+            raise PositionNotFound(instance_id, position)
         if outcome == "unknown_signal":
             raise UnknownSignal(name, instance_id)
         if outcome == "ended":
@@ -324,45 +314,29 @@ def _uuid(value: str) -> uuid.UUID:
 
 
 def _claim(r: asyncpg.Record) -> Claim:
-    instance = InstanceView(str(r["instance_id"]), r["status"], r["step"], r["visit"], r["state"], r["wait"])
+    parent = None
+    if r["parent_id"] is not None:
+        parent = Parent(str(r["parent_id"]), r["parent_position"] or ROOT, r["parent_visit"] or 0)
+    branch = None
+    if r["branch_parent"] is not None:
+        branch = Branch(r["branch_parent"], r["branch_visit"], r["branch_name"], r["branch_item"])
+    instance = InstanceView(
+        str(r["instance_id"]), r["status"], r["step"], r["visit"], r["state"], r["wait"],
+        position=r["position"], position_status=r["position_status"], state_version=r["state_version"],
+        parent=parent, branch=branch,
+    )
     command = CommandView(
         r["command_id"], r["kind"], r["command_step"], r["command_visit"], r["name"], r["payload"],
-        r["attempt"], r["claims"],
+        r["attempt"], r["claims"], r["last_error"],
     )
     pin = Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"])
     return Claim(instance, command, pin, r["token"], r["now"], r["business_key"])
 
 
-def decision_document(
-    decision: Decision, instance_id: str, visit: int, lease_seconds: float, worker: str
-) -> dict[str, Any]:
-    """The JSON `commit_segment` reads: the decision, flattened."""
-    change = decision.instance
-    instance: dict[str, Any] | None = None
-    if change is not None:
-        instance = {"status": change.status, "step": change.step, "visit": change.visit,
-                    "wait": change.wait, "error": change.error}
-        if change.state is not None:
-            instance["state"] = change.state
-    return {
-        "settle": {"state": decision.settle.state, "reason": decision.settle.reason,
-                   "retry_delay": decision.settle.retry_delay},
-        "instance": instance,
-        "history": [{"kind": h.kind, "step": h.step, "visit": h.visit, "data": h.data} for h in decision.history],
-        "commands": [
-            {"kind": c.kind, "step": c.step, "visit": c.visit, "name": c.name, "payload": c.payload,
-             "delay": c.delay, "at": c.at, "continuation": c.continuation}
-            for c in decision.commands
-        ],
-        "events": [
-            {"event_id": event_id(instance_id, visit, n), "type": e.type, "key": e.key, "payload": e.payload}
-            for n, e in enumerate(decision.events)
-        ],
-        "close_timers": decision.close_timers,
-        "requeue_signals": list(decision.requeue_signals),
-        "ended": decision.ended,
-        "continuation": decision.continuation is not None,
-        "lease_seconds": lease_seconds,
-        "worker": worker,
-        "actor": None,
-    }
+def _document(request: CommitRequest, lease_seconds: float, worker: str) -> dict[str, Any]:
+    instance = request.claim.instance
+    return commit_document(
+        request.decision, instance_id=instance.id, position=instance.position, command_id=request.command_id,
+        token=request.claim.token, visit=request.visit, state_version=request.state_version,
+        lease_seconds=lease_seconds, worker=worker,
+    )

@@ -63,6 +63,13 @@ SELECT md5('w' || g)::uuid, $3, $4, $5, 'WAITING',
        3, 3, now(), now()
 FROM generate_series($1::bigint, $2::bigint) AS g;
 
+-- name: seed_waiting_positions
+-- Their root positions, waiting where the instances wait.
+INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, wait, created_at, updated_at)
+SELECT i.id, '', 'WAITING', i.step, i.visit, i.wait, i.created_at, i.updated_at
+FROM {{schema}}.instances i
+WHERE i.id IN (SELECT md5('w' || g)::uuid FROM generate_series($1::bigint, $2::bigint) AS g);
+
 -- name: seed_waiting_commands
 -- Their settled START command and their pending timer (fire or timeout), for instances $1..$2.
 INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, name, claims, available_at,
@@ -92,6 +99,7 @@ FROM generate_series($1::bigint, $2::bigint) AS g,
 
 -- name: relation_bytes
 SELECT pg_total_relation_size('{{schema}}.instances'::regclass)
+     + pg_total_relation_size('{{schema}}.positions'::regclass)
      + pg_total_relation_size('{{schema}}.commands'::regclass)
      + pg_total_relation_size('{{schema}}.history'::regclass);
 

@@ -2,47 +2,48 @@
 -- is replaced by the quoted schema identifier when the file is loaded.
 
 -- name: claim
--- Claim up to $1 heads of instance queues for worker $3 with a lease of $2
+-- Claim up to $1 heads of position queues for worker $3 with a lease of $2
 -- seconds. Commands whose lease expired (their worker died) come first, then
 -- ready work oldest first, so recovery never waits behind a backlog. The
--- instance row is the mutex (FOR UPDATE SKIP LOCKED); the command update
--- re-checks its state, so a command settled since the snapshot is not claimed,
--- and the lease is taken only for commands actually claimed.
+-- position row is the mutex (FOR UPDATE SKIP LOCKED): the branches of one
+-- instance are claimed independently. The command update re-checks its state,
+-- so a command settled since the snapshot is not claimed, and the lease is
+-- taken only for commands actually claimed.
 -- The two branches repeat the queue-head rule on purpose: each needs its own
 -- index scan and LIMIT, and moving the rule into a SQL function turned the
 -- anti-join into a per-row subplan (392 vs 595-633 workflows/s, measured).
 WITH expired AS (
-    SELECT c.id, c.instance_id, gen_random_uuid() AS token
+    SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
     FROM {{schema}}.commands c
-    JOIN {{schema}}.instances i ON i.id = c.instance_id
+    JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
     WHERE c.state = 'CLAIMED'
       AND c.available_at <= {{schema}}.db_now()
-      AND (i.lease_until IS NULL OR i.lease_until <= {{schema}}.db_now())
+      AND (p.lease_until IS NULL OR p.lease_until <= {{schema}}.db_now())
       AND NOT EXISTS (
           SELECT 1 FROM {{schema}}.commands e
-          WHERE e.instance_id = c.instance_id
+          WHERE e.instance_id = c.instance_id AND e.position = c.position
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
             AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now()))
     ORDER BY c.available_at, c.id
     LIMIT $1
-    FOR UPDATE OF i SKIP LOCKED
+    FOR UPDATE OF p SKIP LOCKED
 ), ready AS (
-    SELECT c.id, c.instance_id, gen_random_uuid() AS token
+    SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
     FROM {{schema}}.commands c
-    JOIN {{schema}}.instances i ON i.id = c.instance_id
+    JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
     WHERE c.state IN ('PENDING', 'DEFERRED')
       AND c.available_at <= {{schema}}.db_now()
-      AND (i.lease_until IS NULL OR i.lease_until <= {{schema}}.db_now())
+      AND (p.lease_until IS NULL OR p.lease_until <= {{schema}}.db_now())
       AND NOT EXISTS (
           SELECT 1 FROM {{schema}}.commands e
-          WHERE e.instance_id = c.instance_id
+          WHERE e.instance_id = c.instance_id AND e.position = c.position
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
             AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now()))
     ORDER BY c.available_at, c.id
     LIMIT $1
-    FOR UPDATE OF i SKIP LOCKED
+    FOR UPDATE OF p SKIP LOCKED
 ), cand AS (
     -- A plain LIMIT in each branch keeps both plans index scans; the union is cut here.
     SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready) AS both_kinds LIMIT $1
@@ -57,90 +58,97 @@ WITH expired AS (
     WHERE c.id = cand.id
       AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
       AND c.available_at <= {{schema}}.db_now()
-    RETURNING c.id, c.instance_id, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims, c.token
+    RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
+              c.token, c.last_error
 ), leased AS (
-    UPDATE {{schema}}.instances i SET
+    UPDATE {{schema}}.positions p SET
         lease_token = claimed.token,
         lease_until = {{schema}}.db_now() + make_interval(secs => $2),
         lease_owner = $3
     FROM claimed
-    WHERE i.id = claimed.instance_id
-    RETURNING i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.step, i.visit,
-              i.state, i.wait, i.business_key
+    WHERE p.instance_id = claimed.instance_id AND p.path = claimed.position
+    RETURNING p.instance_id, p.path, p.status, p.step, p.visit, p.wait, p.parent_path, p.parent_visit, p.name,
+              p.item
 )
 SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, claimed.visit AS command_visit,
-       claimed.name, claimed.payload, claimed.attempt, claimed.claims, claimed.token,
-       leased.id AS instance_id, leased.scope, leased.definition_id, leased.version, leased.plan_hash,
-       leased.status, leased.step, leased.visit, leased.state, leased.wait, leased.business_key,
+       claimed.name, claimed.payload, claimed.attempt, claimed.claims, claimed.token, claimed.last_error,
+       i.id AS instance_id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state,
+       i.state_version, i.business_key, i.parent_id, i.parent_position, i.parent_visit,
+       leased.path AS position, leased.status AS position_status, leased.step, leased.visit, leased.wait,
+       leased.parent_path AS branch_parent, leased.parent_visit AS branch_visit, leased.name AS branch_name,
+       leased.item AS branch_item,
        {{schema}}.db_now() AS now
-FROM claimed JOIN leased ON leased.id = claimed.instance_id;
-
--- name: commit
-SELECT continuation, lease_until, committed_at FROM {{schema}}.commit_segment($1, $2, $3, $4);
+FROM claimed
+JOIN leased ON leased.instance_id = claimed.instance_id AND leased.path = claimed.position
+JOIN {{schema}}.instances i ON i.id = claimed.instance_id;
 
 -- name: commit_many
-SELECT idx, continuation, lease_until, committed_at FROM {{schema}}.commit_segments($1);
+-- One or more fenced commits in one statement and one transaction (store/effects.py builds them).
+SELECT idx, outcome, continuation, lease_until, committed_at, state_version, state
+FROM {{schema}}.commit_decisions($1);
 
 -- name: held_command
 SELECT c.id FROM {{schema}}.commands c
-JOIN {{schema}}.instances i ON i.id = c.instance_id AND i.lease_token = c.token
-WHERE c.instance_id = $1 AND c.token = $2 AND c.state = 'CLAIMED';
+JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
+WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND c.state = 'CLAIMED';
 
 -- name: settled_by
 SELECT EXISTS (SELECT 1 FROM {{schema}}.commands c WHERE c.id = $1 AND c.token = $2 AND c.state <> 'CLAIMED');
 
 -- name: renew
--- Extend the leases this worker still holds; returns the instances it holds.
--- Rows are locked in ascending id order first (the lock order), so two workers
--- that both believe they hold the same instances cannot deadlock.
+-- Extend the leases this worker still holds; returns the positions it holds.
+-- Rows are locked in ascending (instance, path) order first (the lock order), so
+-- two workers that both believe they hold the same positions cannot deadlock.
 WITH held AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS h(instance_id, token)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::uuid[]) AS h(instance_id, path, token)
 ), locked AS (
-    SELECT i.id FROM {{schema}}.instances i JOIN held ON held.instance_id = i.id AND i.lease_token = held.token
-    ORDER BY i.id
-    FOR UPDATE OF i
-), inst AS (
-    UPDATE {{schema}}.instances i SET lease_until = {{schema}}.db_now() + make_interval(secs => $3)
-    FROM locked, held
-    WHERE i.id = locked.id AND held.instance_id = i.id AND i.lease_token = held.token
-    RETURNING i.id, i.lease_token, i.lease_until
+    SELECT p.instance_id, p.path FROM {{schema}}.positions p
+    JOIN held ON held.instance_id = p.instance_id AND held.path = p.path AND p.lease_token = held.token
+    ORDER BY p.instance_id, p.path
+    FOR UPDATE OF p
+), pos AS (
+    UPDATE {{schema}}.positions p SET lease_until = {{schema}}.db_now() + make_interval(secs => $4)
+    FROM locked
+    WHERE p.instance_id = locked.instance_id AND p.path = locked.path
+    RETURNING p.instance_id, p.path, p.lease_token, p.lease_until
 ), cmd AS (
-    UPDATE {{schema}}.commands c SET available_at = inst.lease_until
-    FROM inst
-    WHERE c.instance_id = inst.id AND c.token = inst.lease_token AND c.state = 'CLAIMED'
+    UPDATE {{schema}}.commands c SET available_at = pos.lease_until
+    FROM pos
+    WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = pos.lease_token
+      AND c.state = 'CLAIMED'
     RETURNING c.instance_id
 )
-SELECT id FROM inst;
+SELECT instance_id, path FROM pos;
 
 -- name: release
 -- Give a claim back untouched (drain): the command is claimable at once and the
 -- claim it spent is restored.
-WITH inst AS (
-    UPDATE {{schema}}.instances i SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
-    WHERE i.id = $1 AND i.lease_token = $2
-    RETURNING i.id
+WITH pos AS (
+    UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+    WHERE p.instance_id = $1 AND p.path = $2 AND p.lease_token = $3
+    RETURNING p.instance_id, p.path
 )
 UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = {{schema}}.db_now(),
     claims = GREATEST(c.claims - 1, 0)
-FROM inst
-WHERE c.instance_id = inst.id AND c.token = $2 AND c.state = 'CLAIMED'
+FROM pos
+WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = $3 AND c.state = 'CLAIMED'
 RETURNING c.id;
 
 -- name: defer
 -- This node lacks the pinned plan: hand the command to a node that has it, with
 -- backoff min(5 s * 2^deferrals, 5 min). The claim it spent is restored.
-WITH inst AS (
-    UPDATE {{schema}}.instances i SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
-    WHERE i.id = $1 AND i.lease_token = $2
-    RETURNING i.id
+WITH pos AS (
+    UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+    WHERE p.instance_id = $1 AND p.path = $2 AND p.lease_token = $3
+    RETURNING p.instance_id, p.path
 )
 UPDATE {{schema}}.commands c SET state = 'DEFERRED', token = NULL,
     claims = GREATEST(c.claims - 1, 0),
     deferrals = c.deferrals + 1,
-    last_error = $3,
+    last_error = $4,
     available_at = {{schema}}.db_now() + make_interval(secs => LEAST(300, 5 * power(2, c.deferrals)))
-FROM inst
-WHERE c.instance_id = inst.id AND c.token = $2 AND c.state = 'CLAIMED'
+FROM pos
+WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = $3 AND c.state = 'CLAIMED'
 RETURNING c.id;
 
 -- name: next_available
@@ -172,7 +180,7 @@ SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namesp
 SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND business_key = $3;
 
 -- name: signal
-SELECT outcome, command_id, status FROM {{schema}}.send_signal($1, $2, $3, $4, $5, $6);
+SELECT outcome, command_id, status FROM {{schema}}.signal_position($1, $2, $3, $4, $5, $6, $7);
 
 -- name: cancel
 SELECT outcome, status FROM {{schema}}.cancel_instance($1, $2, $3);
@@ -186,7 +194,16 @@ SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state
        (SELECT min(c.available_at) FROM {{schema}}.commands c
         WHERE c.instance_id = i.id AND c.kind = 'TIMER' AND c.state IN ('PENDING', 'DEFERRED')) AS next_timer_at,
        (SELECT count(*) FROM {{schema}}.commands c
-        WHERE c.instance_id = i.id AND c.state = 'PARKED') AS parked_signals
+        WHERE c.instance_id = i.id AND c.state = 'PARKED') AS parked_signals,
+       i.parent_position,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('path', p.path, 'status', p.status, 'step', p.step,
+                                                     'visit', p.visit, 'wait', p.wait, 'error', p.error)
+                                  ORDER BY p.path), '[]'::jsonb)
+        FROM {{schema}}.positions p WHERE p.instance_id = i.id) AS positions,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('id', k.id, 'definition_id', k.definition_id,
+                                                     'status', k.status, 'position', k.parent_position)
+                                  ORDER BY k.created_at, k.id), '[]'::jsonb)
+        FROM {{schema}}.instances k WHERE k.parent_id = i.id) AS children
 FROM {{schema}}.instances i
 WHERE i.id = $1;
 
@@ -205,7 +222,7 @@ ORDER BY i.created_at DESC, i.id DESC
 LIMIT $6;
 
 -- name: history
-SELECT seq, at, kind, step, visit, command_id, actor, data
+SELECT seq, at, kind, position, step, visit, command_id, actor, data
 FROM {{schema}}.history WHERE instance_id = $1 ORDER BY seq;
 
 -- name: db_now

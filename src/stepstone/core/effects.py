@@ -1,0 +1,148 @@
+"""Typed effects: what one decision asks the commit to write.
+
+The core answers a command with `Decision(settle, effects)`. Each effect is one
+frozen dataclass; the store maps every effect type to its SQL in one place
+(`store/effects.py`) and carries them all out in one fenced commit, in lock order.
+A new feature adds an effect type, its SQL and its tests; the decision's shape
+stays the same.
+
+"This position" is the position that holds the claimed command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+JSON = Any
+
+
+class Effect:
+    """Base of every effect type."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class MovePosition(Effect):
+    """This position's new place: RUNNING at an action step, WAITING at a timer, wait, join or
+    child, COMPLETED (a branch that reached its join), or FAILED (with `error`)."""
+
+    status: str
+    step: str | None
+    visit: int
+    wait: JSON = None
+    error: JSON = None
+
+
+@dataclass(frozen=True)
+class SetState(Effect):
+    """The instance's new shared state. Committed only on the state version the decision saw;
+    otherwise the commit answers with the current state (see `core.patch.rebase`)."""
+
+    state: JSON
+
+
+@dataclass(frozen=True)
+class RecordHistory(Effect):
+    kind: str
+    step: str | None = None
+    visit: int | None = None
+    data: JSON = None
+
+
+@dataclass(frozen=True)
+class Enqueue(Effect):
+    """A command the commit inserts on this position (or on `position` of the same instance). A
+    continuation is inserted already claimed by this worker, so it goes on without a claim."""
+
+    kind: str
+    step: str | None
+    visit: int | None
+    name: str | None = None
+    payload: JSON = None
+    delay: float | None = None
+    at: str | None = None
+    continuation: bool = False
+    position: str | None = None
+
+
+@dataclass(frozen=True)
+class CloseTimers(Effect):
+    """Leaving a wait or timer: this position's pending timer commands are superseded."""
+
+
+@dataclass(frozen=True)
+class RequeueSignals(Effect):
+    """Entering a wait: this position's earliest parked signal among `names` is offered again."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BranchStart:
+    """One branch of a fork: its path, first step, and what its handlers see as `ctx.branch`."""
+
+    path: str
+    step: str
+    name: str
+    item: JSON = None
+
+
+@dataclass(frozen=True)
+class OpenBranches(Effect):
+    """A fork: one new position per branch, each with a STEP command any worker may claim.
+    `visit` is the fork position's visit, which the branches report back to."""
+
+    branches: tuple[BranchStart, ...]
+    visit: int
+
+
+@dataclass(frozen=True)
+class CloseBranches(Effect):
+    """Cancel the live branch positions under `prefix` (nested ones too): their open commands are
+    cancelled, and their children too unless abandoned by policy."""
+
+    prefix: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class EndInstance(Effect):
+    """The instance reached its end: leftover commands are rejected, positions closed."""
+
+    status: str
+
+
+@dataclass(frozen=True)
+class EmitEvent(Effect):
+    """An outbox event, written in this commit; `index` makes its id stable across retries."""
+
+    type: str
+    payload: JSON
+    key: str | None = None
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class StartChild(Effect):
+    """Start a child instance (its id derived from this position's step visit, so a re-run
+    never starts a second one) pinned to the given plan, with the parent link."""
+
+    id: str
+    definition_id: str
+    version: int
+    plan_hash: str
+    state: JSON
+    step: str
+    cancel_with_parent: bool = True
+
+
+@dataclass(frozen=True)
+class NotifyParent(Effect):
+    """This instance ended or failed: a CHILD_COMPLETION command for the parent's position."""
+
+    parent_id: str
+    position: str
+    visit: int
+    payload: JSON

@@ -1,0 +1,180 @@
+"""From a decision's typed effects to the document `commit_decision` carries out.
+
+This is the one place that maps each effect type to its SQL: every effect type
+has a writer here that fills one section of the commit document, and each
+section has one block of `commit_decision` (or a function it calls, named in
+`SECTION_SQL`), run in the lock order written at the head of that function. A
+test walks every effect type and fails when one has no writer or its section no
+SQL. The whole document goes to the database in one statement.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from stepstone.core.effects import (
+    CloseBranches,
+    CloseTimers,
+    Effect,
+    EmitEvent,
+    EndInstance,
+    Enqueue,
+    MovePosition,
+    NotifyParent,
+    OpenBranches,
+    RecordHistory,
+    RequeueSignals,
+    SetState,
+    StartChild,
+)
+from stepstone.core.model import ROOT, Decision
+
+_EVENTS = uuid.UUID("5f1e0b8a-3c1d-4f0e-9a57-2b8f6c1d9e40")
+
+
+def event_id(instance_id: str, visit: int, index: int, position: str = ROOT) -> str:
+    """Stable id of the index-th event a step visit emitted: the broker's dedup id."""
+    where = f"{instance_id}/{visit}" if position == ROOT else f"{instance_id}/{position}/{visit}"
+    return str(uuid.uuid5(_EVENTS, f"{where}/{index}"))
+
+
+class _Doc:
+    """The commit document being built for one decision."""
+
+    def __init__(self, instance_id: str, position: str, visit: int) -> None:
+        self.instance_id = instance_id
+        self.position = position
+        self.visit = visit
+        self.body: dict[str, Any] = {
+            "move": None, "history": [], "commands": [], "close_timers": False, "requeue": [],
+            "open": None, "close": [], "end": None, "events": [], "children": [], "notify": [],
+        }
+
+
+def _move(e: MovePosition, doc: _Doc) -> None:
+    doc.body["move"] = {"status": e.status, "step": e.step, "visit": e.visit, "wait": e.wait, "error": e.error}
+
+
+def _state(e: SetState, doc: _Doc) -> None:
+    doc.body["state"] = e.state
+
+
+def _history(e: RecordHistory, doc: _Doc) -> None:
+    doc.body["history"].append({"kind": e.kind, "step": e.step, "visit": e.visit, "data": e.data})
+
+
+def _enqueue(e: Enqueue, doc: _Doc) -> None:
+    doc.body["commands"].append({
+        "kind": e.kind, "step": e.step, "visit": e.visit, "name": e.name, "payload": e.payload,
+        "delay": e.delay, "at": e.at, "continuation": e.continuation, "position": e.position,
+    })
+
+
+def _close_timers(_: CloseTimers, doc: _Doc) -> None:
+    doc.body["close_timers"] = True
+
+
+def _requeue(e: RequeueSignals, doc: _Doc) -> None:
+    doc.body["requeue"].extend(e.names)
+
+
+def _open(e: OpenBranches, doc: _Doc) -> None:
+    doc.body["open"] = {
+        "visit": e.visit,
+        "branches": [{"path": b.path, "step": b.step, "name": b.name, "item": b.item} for b in e.branches],
+    }
+
+
+def _close(e: CloseBranches, doc: _Doc) -> None:
+    doc.body["close"].append({"prefix": e.prefix, "reason": e.reason})
+
+
+def _end(e: EndInstance, doc: _Doc) -> None:
+    doc.body["end"] = {"status": e.status}
+
+
+def _event(e: EmitEvent, doc: _Doc) -> None:
+    doc.body["events"].append({
+        "event_id": event_id(doc.instance_id, doc.visit, e.index, doc.position),
+        "type": e.type, "key": e.key, "payload": e.payload,
+    })
+
+
+def _child(e: StartChild, doc: _Doc) -> None:
+    doc.body["children"].append({
+        "id": e.id, "definition_id": e.definition_id, "version": e.version, "plan_hash": e.plan_hash,
+        "state": e.state, "step": e.step, "cancel_with_parent": e.cancel_with_parent,
+    })
+
+
+def _notify(e: NotifyParent, doc: _Doc) -> None:
+    doc.body["notify"].append({"parent_id": e.parent_id, "position": e.position, "visit": e.visit,
+                               "payload": e.payload})
+
+
+WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
+    MovePosition: _move,
+    SetState: _state,
+    RecordHistory: _history,
+    Enqueue: _enqueue,
+    CloseTimers: _close_timers,
+    RequeueSignals: _requeue,
+    OpenBranches: _open,
+    CloseBranches: _close,
+    EndInstance: _end,
+    EmitEvent: _event,
+    StartChild: _child,
+    NotifyParent: _notify,
+}
+"""Effect type -> the writer of its section of the commit document."""
+
+SECTION_SQL: dict[type[Effect], str] = {
+    MovePosition: "UPDATE {{schema}}.positions p SET",
+    SetState: "state = CASE WHEN v_has_state",
+    RecordHistory: "INSERT INTO {{schema}}.history",
+    Enqueue: "INSERT INTO {{schema}}.commands AS c",
+    CloseTimers: "last_error = 'WAIT_LEFT'",
+    RequeueSignals: "d->'requeue'",
+    OpenBranches: "{{schema}}.open_branches(",
+    CloseBranches: "{{schema}}.close_branches(",
+    EndInstance: "last_error = 'INSTANCE_ENDED'",
+    EmitEvent: "INSERT INTO {{schema}}.outbox",
+    StartChild: "{{schema}}.start_children(",
+    NotifyParent: "'CHILD_COMPLETION'",
+}
+"""Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
+
+
+def commit_document(
+    decision: Decision,
+    *,
+    instance_id: str,
+    position: str,
+    command_id: int,
+    token: Any,
+    visit: int,
+    state_version: int,
+    lease_seconds: float,
+    worker: str,
+    actor: str | None = None,
+) -> dict[str, Any]:
+    """The JSON one `commit_decision` call reads: the claim, the settlement, and every effect."""
+    doc = _Doc(instance_id, position, visit)
+    for effect in decision.effects:
+        WRITERS[type(effect)](effect, doc)
+    settle = decision.settle
+    return {
+        "instance": instance_id,
+        "position": position,
+        "command": command_id,
+        "token": str(token),
+        "state_version": state_version,
+        "settle": {"state": settle.state, "reason": settle.reason, "retry_delay": settle.retry_delay},
+        "continuation": decision.continuation is not None,
+        "lease_seconds": lease_seconds,
+        "worker": worker,
+        "actor": actor,
+        **doc.body,
+    }
