@@ -83,8 +83,8 @@ class Runner:
 
     def reset(self) -> None:
         self.run(self.store.pool.execute(
-            "TRUNCATE stepstone.instances, stepstone.positions, stepstone.commands, stepstone.dedup, stepstone.history, "
-            "stepstone.outbox; UPDATE stepstone.clock SET offset_by = '0'"))
+            "TRUNCATE stepstone.instances, stepstone.positions, stepstone.commands, stepstone.dedup, "
+            "stepstone.history, stepstone.outbox; UPDATE stepstone.clock SET offset_by = '0'"))
 
     def close(self) -> None:
         self.run(self.store.close())

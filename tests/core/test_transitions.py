@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from stepstone.core.effects import CloseTimers, Enqueue, MovePosition, RecordHistory, RequeueSignals, SetState
 from stepstone.core.model import (
     CommandView,
     Decision,
@@ -15,7 +16,6 @@ from stepstone.core.model import (
     StepFailed,
     StepSucceeded,
 )
-from stepstone.core.effects import CloseTimers, Enqueue, MovePosition, RecordHistory, RequeueSignals, SetState
 from stepstone.core.plan import END, Plan, RetryPolicy, Step
 from stepstone.core.transitions import advance, apply
 from stepstone.core.transitions import complete_step as core_complete_step

@@ -114,7 +114,9 @@ async def test_claim_and_commit_use_indexes(seeded: str) -> None:
 async def test_guard_fails_without_the_claim_indexes(seeded: str) -> None:
     conn = await asyncpg.connect(seeded)
     try:
-        await conn.execute('DROP INDEX "stepstone".commands_ready, "stepstone".commands_queue, "stepstone".commands_position_queue')
+        await conn.execute(
+            'DROP INDEX "stepstone".commands_ready, "stepstone".commands_queue, "stepstone".commands_position_queue'
+        )
         await conn.execute('ANALYZE "stepstone".commands')
     finally:
         await conn.close()
