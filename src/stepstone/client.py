@@ -15,7 +15,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -51,6 +51,11 @@ class InstanceInfo:
     created_at: datetime
     updated_at: datetime
     ended_at: datetime | None
+    parent_id: str | None = None
+    positions: list[dict[str, Any]] = field(default_factory=list)
+    """The root ('') and every branch position: path, status, step, visit, wait, error."""
+    children: list[dict[str, Any]] = field(default_factory=list)
+    """Child instances this one started: id, definition_id, status, position."""
 
     @property
     def completed(self) -> bool:
@@ -135,15 +140,20 @@ class Client:
         return instance_id
 
     async def signal(
-        self, instance_id: str, name: str, payload: Any = None, *, dedup_key: str | None = None
+        self, instance_id: str, name: str, payload: Any = None, *, dedup_key: str | None = None, position: str = "",
     ) -> int:
-        """Send a signal; returns its command id. A repeated dedup key applies once."""
+        """Send a signal; returns its command id. A repeated dedup key applies once. `position` addresses
+        one branch (its path, e.g. ``ship/2``); the default is the instance's root position."""
         self._check_name("signal name", name)
         if dedup_key is not None:
             self._check_name("dedup key", dedup_key)
+        if position:
+            self._check_name("position", position)
         text = self._encode("signal payload", payload)
+        fingerprint = _fingerprint(name, position, text) if position else _fingerprint(name, text)
         return await self.store.signal(
-            instance_id, name, payload, dedup_key=dedup_key, fingerprint=_fingerprint(name, text), actor=self.actor
+            instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
+            position=position,
         )
 
     async def cancel(self, instance_id: str, reason: str = "") -> str:
@@ -161,6 +171,8 @@ class Client:
             step=row["step"], state=row["state"], waiting_for=row["wait"], next_timer_at=row["next_timer_at"],
             parked_signals=row["parked_signals"], error=row["error"], business_key=row["business_key"],
             created_at=row["created_at"], updated_at=row["updated_at"], ended_at=row["ended_at"],
+            parent_id=None if row["parent_id"] is None else str(row["parent_id"]),
+            positions=row["positions"], children=row["children"],
         )
 
     async def history(self, instance_id: str) -> list[dict[str, Any]]:

@@ -141,15 +141,30 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
         rows.append(["parked signals", info.parked_signals])
     if info.error:
         rows.append(["error", describe_error(info.error)])
+    if info.parent_id:
+        rows.append(["parent", info.parent_id])
     rows += [["created", _time(info.created_at)], ["updated", _time(info.updated_at)]]
     if info.ended_at:
         rows.append(["ended", _time(info.ended_at)])
     table = render_table(
-        [[h["seq"], _time(h["at"], millis=True), h["kind"], h["step"] or "", _short(h["data"])] for h in history],
-        ["seq", "time", "kind", "step", "data"],
+        [[h["seq"], _time(h["at"], millis=True), h["kind"], h.get("position") or "", h["step"] or "", _short(h["data"])]
+         for h in history],
+        ["seq", "time", "kind", "position", "step", "data"],
     )
     state = json.dumps(info.state, indent=2, ensure_ascii=False, sort_keys=True)
-    return "\n".join([render_table(rows), "", "state", state, "", "history", table])
+    parts = [render_table(rows), "", "state", state]
+    branches = [p for p in info.positions if p["path"]]
+    if branches:
+        parts += ["", "branches", render_table(
+            [[p["path"], p["status"], p["step"] or "-", p["visit"]] for p in branches],
+            ["position", "status", "step", "visit"],
+        )]
+    if info.children:
+        parts += ["", "children", render_table(
+            [[c["id"], c["definition_id"], c["status"], c["position"] or "(root)"] for c in info.children],
+            ["instance", "workflow", "status", "from position"],
+        )]
+    return "\n".join([*parts, "", "history", table])
 
 
 # -- commands --------------------------------------------------------------------------------------
@@ -199,15 +214,19 @@ def start_command(
 @click.argument("name")
 @click.option("--payload", metavar="JSON", help="The signal's payload as JSON.")
 @click.option("--dedup-key", metavar="K", help="Sending again with the same key applies the signal once.")
+@click.option("--position", default="", metavar="PATH", help="A branch's path (see `show`); default: the root.")
 @output_option
 @with_settings
 def signal_command(
-    settings: Settings, output: str, instance_id: str, name: str, payload: str | None, dedup_key: str | None
+    settings: Settings, output: str, instance_id: str, name: str, payload: str | None, dedup_key: str | None,
+    position: str,
 ) -> None:
-    """Send signal NAME to an instance (parked until the instance waits for it)."""
+    """Send signal NAME to an instance or one of its branches (parked until it waits for it)."""
     iid = instance_id_arg(instance_id)
     data = parse_json(payload, "--payload") if payload is not None else None
-    command_id = _with_client(settings, None, lambda c: c.signal(iid, name, data, dedup_key=dedup_key))
+    command_id = _with_client(
+        settings, None, lambda c: c.signal(iid, name, data, dedup_key=dedup_key, position=position)
+    )
     result = {"instance_id": iid, "signal": name, "command_id": command_id}
     emit(result, output, lambda: f"signal {name} sent to {iid} (command {command_id})")
 
