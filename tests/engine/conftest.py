@@ -39,7 +39,8 @@ class Rows:
         """Every row of every engine table, in a stable order."""
         out: dict[str, list[tuple[Any, ...]]] = {}
         for table, order in (
-            ("instances", "id"), ("commands", "id"), ("history", "instance_id, seq"),
+            ("instances", "id"), ("positions", "instance_id, path"), ("commands", "id"),
+            ("history", "instance_id, seq"),
             ("outbox", "id"), ("dedup", "kind, namespace, key"),
         ):
             rows = await self.conn.fetch(f"SELECT * FROM stepstone.{table} ORDER BY {order}")

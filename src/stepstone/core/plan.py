@@ -271,6 +271,24 @@ def _child_problems(s: Step) -> list[str]:
     return found
 
 
+def _reaches(first: str, stop: str, steps: dict[str, Step], joins: dict[str, str]) -> bool:
+    """Whether some path from `first` arrives at `stop` (a nested fork jumps to its own join)."""
+    seen, todo = set(), [first]
+    while todo:
+        name = todo.pop()
+        if name == stop:
+            return True
+        step = steps.get(name)
+        if step is None or name in seen:
+            continue
+        seen.add(name)
+        if step.kind == "fork" and name in joins:
+            todo.extend(steps[joins[name]].next)
+        elif step.kind != "join":
+            todo.extend(step.targets())
+    return False
+
+
 def _fork_problems(s: Step) -> list[str]:
     found = []
     if bool(s.branches) == bool(s.map_over):
@@ -293,7 +311,7 @@ _KIND_PROBLEMS: dict[str, Callable[[Step], list[str]]] = {
 }
 
 
-def _flow_problems(start: str, steps: dict[str, Step]) -> list[str]:  # noqa: PLR0915 - one walk, kept whole
+def _flow_problems(start: str, steps: dict[str, Step]) -> list[str]:
     """Each step belongs to exactly one chain: the main flow, or one fork's branches, which must
     reach that fork's join and never the end. A fork's chain goes on after its join."""
     found: list[str] = []
@@ -309,16 +327,15 @@ def _flow_problems(start: str, steps: dict[str, Step]) -> list[str]:  # noqa: PL
             joins[j.fork] = j.name
     owner: dict[str, str] = {}
 
-    def walk(label: str, first: str, stop: str | None) -> None:  # noqa: PLR0912 - one case per step kind
-        todo, reached_stop = [first], False
+    def walk(label: str, firsts: list[str], stop: str | None) -> None:
+        todo = list(firsts)
         while todo:
             name = todo.pop()
             if name == stop:
-                reached_stop = True
                 continue
             if name == END:
                 if stop is not None:
-                    found.append(f"{label} goes to the end; a branch ends at its join {stop!r}")
+                    found.append(f"{label} go to the end; a branch ends at its join {stop!r}")
                 continue
             step = steps.get(name)
             if step is None or owner.get(name) == label:
@@ -327,26 +344,26 @@ def _flow_problems(start: str, steps: dict[str, Step]) -> list[str]:  # noqa: PL
                 found.append(f"step {name!r} is in both {owner[name]} and {label}")
                 continue
             if step.kind == "join":
-                found.append(f"{label} reaches join {name!r} outside the branches of its fork")
+                found.append(f"{label} reach join {name!r} outside the branches of its fork")
                 continue
             owner[name] = label
-            if step.kind == "fork":
-                join = joins.get(name)
-                if join is None:
-                    found.append(f"fork step {name!r} has no join")
-                    continue
-                if not step.branch_starts():
-                    continue  # reported by _fork_problems
-                for branch, first_step in (step.branches or {"*": step.branch_step or ""}).items():
-                    walk(f"branch {branch!r} of fork {name!r}", first_step, join)
-                owner[join] = label
-                todo.extend(steps[join].next)
-            else:
+            if step.kind != "fork":
                 todo.extend(step.targets())
-        if stop is not None and not reached_stop:
-            found.append(f"{label} can never reach its join {stop!r}")
+                continue
+            join = joins.get(name)
+            if join is None:
+                found.append(f"fork step {name!r} has no join")
+                continue
+            starts = step.branch_starts()
+            if starts:
+                walk(f"the branches of fork {name!r}", list(starts), join)
+                for branch, first_step in (step.branches or {"*": starts[0]}).items():
+                    if not _reaches(first_step, join, steps, joins):
+                        found.append(f"branch {branch!r} of fork {name!r} can never reach its join {join!r}")
+            owner[join] = label
+            todo.extend(steps[join].next)
 
-    walk("the main flow", start, None)
+    walk("the main flow", [start], None)
     unreachable = sorted(steps.keys() - owner.keys())
     if unreachable:
         found.append("unreachable steps: " + ", ".join(unreachable))

@@ -1,0 +1,217 @@
+"""Workflows with forks, joins and children for the engine tests."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from stepstone import END, Registry, Retry, StepContext, Workflow
+
+
+class Fan(BaseModel):
+    items: Any = Field(default_factory=lambda: [1, 2, 3])
+    results: dict[str, int] = Field(default_factory=dict)
+    counter: int = 0
+    log: list[str] = Field(default_factory=list)
+    child: dict[str, Any] | None = None
+
+
+# -- a static fork: two branches, one of them two steps long, joined by all ---------------------
+
+static: Workflow[Fan] = Workflow("static_fork", version=1, state=Fan)
+static.fork("split", branches={"left": "left_a", "right": "right_a"}, start=True)
+
+
+@static.step(next="left_b")
+def left_a(ctx: StepContext, state: Fan) -> None:
+    state.results["left_a"] = 1
+
+
+@static.step(next="together")
+def left_b(ctx: StepContext, state: Fan) -> None:
+    state.results["left_b"] = 2
+
+
+@static.step(next="together")
+def right_a(ctx: StepContext, state: Fan) -> None:
+    assert ctx.branch is not None
+    state.results[f"right_a:{ctx.branch.name}"] = 3
+
+
+static.join("together", fork="split", next="after")
+
+
+@static.step(next=None)
+def after(ctx: StepContext, state: Fan) -> None:
+    state.log.append(f"after:{len(state.results)}")
+
+
+# -- a map fork over state.items, results written to disjoint keys -------------------------------
+
+mapped: Workflow[Fan] = Workflow("mapped", version=1, state=Fan)
+mapped.fork("each", map_over="items", branch="square", max_items=50, start=True)
+
+
+@mapped.step(next="all_done")
+def square(ctx: StepContext, state: Fan) -> None:
+    assert ctx.branch is not None
+    state.results[ctx.branch.name] = int(ctx.branch.item) ** 2
+
+
+mapped.join("all_done", fork="each", next="sum_up")
+
+
+@mapped.step(next=None)
+def sum_up(ctx: StepContext, state: Fan) -> None:
+    state.counter = sum(state.results.values())
+
+
+# -- two branches that change the same field: both updates must land -----------------------------
+
+BARRIER: dict[str, threading.Barrier] = {}
+
+overlap: Workflow[Fan] = Workflow("overlap", version=1, state=Fan)
+overlap.fork("both", branches={"a": "bump", "b": "bump"}, start=True)
+
+
+@overlap.step(next="met")
+def bump(ctx: StepContext, state: Fan) -> None:
+    barrier = BARRIER.get("overlap")
+    if barrier is not None and ctx.attempt == 1 and barrier.n_waiting < barrier.parties:
+        # Both branches read the same state version before either commits (first run only).
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=10)
+    state.counter += 1
+    state.log.append(f"bump:{ctx.branch.name if ctx.branch else '?'}")
+
+
+overlap.join("met", fork="both", next="finish")
+
+
+@overlap.step(next=None)
+def finish(ctx: StepContext, state: Fan) -> None:
+    state.log.append("finish")
+
+
+# -- join any: the fast branch wins, the waiting one is cancelled --------------------------------
+
+race: Workflow[Fan] = Workflow("race", version=1, state=Fan)
+race.fork("contest", branches={"fast": "sprint", "slow": "hold"}, start=True)
+
+
+@race.step(next="first")
+def sprint(ctx: StepContext, state: Fan) -> None:
+    state.log.append("sprint")
+
+
+race.wait("hold", signals={"go": "crawl"})
+
+
+@race.step(next="first")
+def crawl(ctx: StepContext, state: Fan) -> None:
+    state.log.append("crawl")
+
+
+race.join("first", fork="contest", next="won", need="any")
+
+
+@race.step(next=None)
+def won(ctx: StepContext, state: Fan) -> None:
+    state.log.append("won")
+
+
+# -- a branch that waits for a signal addressed to it --------------------------------------------
+
+gated: Workflow[Fan] = Workflow("gated", version=1, state=Fan)
+gated.fork("gates", branches={"g1": "gate", "g2": "gate"}, start=True)
+gated.wait("gate", signals={"open": "passed"})
+
+
+@gated.step(next="through")
+def passed(ctx: StepContext, state: Fan) -> None:
+    assert ctx.branch is not None and ctx.signal is not None
+    state.log.append(f"{ctx.branch.name}:{ctx.signal.payload}")
+
+
+gated.join("through", fork="gates", next="closed")
+
+
+@gated.step(next=None)
+def closed(ctx: StepContext, state: Fan) -> None:
+    state.log.append("closed")
+
+
+# -- children -------------------------------------------------------------------------------------
+
+
+class Job(BaseModel):
+    n: int = 0
+    fail: bool = False
+    wait: bool = False
+    out: int | None = None
+
+
+job: Workflow[Job] = Workflow("job", version=1, state=Job)
+
+
+@job.step(start=True, next=[END, "parked"], retry=Retry(max_attempts=1))
+def work(ctx: StepContext, state: Job) -> str:
+    if state.fail:
+        raise ValueError(f"job {state.n} refused")
+    state.out = state.n * 10
+    return "parked" if state.wait else END
+
+
+job.wait("parked", signals={"done": END})
+
+
+parent: Workflow[Job] = Workflow("parent", version=1, state=Job)
+
+
+@parent.child(workflow="job", next="use", on_failure="recover", start=True)
+def spawn(ctx: StepContext, state: Job) -> Job:
+    return Job(n=state.n, fail=state.fail, wait=state.wait)
+
+
+@parent.step(next=None)
+def use(ctx: StepContext, state: Job) -> None:
+    assert ctx.child is not None and ctx.child.status == "COMPLETED"
+    state.out = ctx.child.state["out"]
+
+
+@parent.step(next=None)
+def recover(ctx: StepContext, state: Job) -> None:
+    assert ctx.child is not None
+    state.out = -1
+
+
+strict_parent: Workflow[Job] = Workflow("strict_parent", version=1, state=Job)
+
+
+@strict_parent.child(workflow="job", next="use_it", start=True)
+def spawn_strict(ctx: StepContext, state: Job) -> Job:
+    return Job(n=state.n, fail=state.fail, wait=state.wait)
+
+
+@strict_parent.step(next=None)
+def use_it(ctx: StepContext, state: Job) -> None:
+    state.out = 0
+
+
+abandoning: Workflow[Job] = Workflow("abandoning", version=1, state=Job)
+
+
+@abandoning.child(workflow="job", next="use_too", cancel_with_parent=False, start=True)
+def spawn_free(ctx: StepContext, state: Job) -> Job:
+    return Job(n=state.n, wait=True)
+
+
+@abandoning.step(next=None)
+def use_too(ctx: StepContext, state: Job) -> None:
+    state.out = 0
+
+
+registry = Registry(static, mapped, overlap, race, gated, job, parent, strict_parent, abandoning)
