@@ -45,3 +45,12 @@ def test_narration_of_other_entries() -> None:
     assert narrate({"kind": "STEP_COMPLETED", "step": "s", "data": {"attempt": 3}}) == "step s completed (attempt 3)"
     assert narrate({"kind": "INSTANCE_CANCELLED", "step": None, "data": None}) == "instance cancelled"
     assert narrate({"kind": "WAIT_TIMED_OUT", "step": "w", "data": {}}) == "wait timed out at w"
+
+
+def test_demo_fanout_runs_branches_in_parallel_then_a_child(database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["demo", "fanout", "--database-url", database_url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    last = result.stdout.splitlines()[-1]
+    match = re.fullmatch(r"fanout: 10 branches x 1\.0 s in (\d+\.\d\d) s; child ([0-9a-f-]{36}) completed", last)
+    assert match is not None, last  # how long it took is the bench's to report (stepstone bench --only fanout)
+    assert "join fired 1 time(s)" in result.stdout

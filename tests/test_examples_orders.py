@@ -102,3 +102,9 @@ def test_the_authoring_guide_shows_the_example_verbatim() -> None:
     guide = (ROOT / "docs" / "authoring.md").read_text(encoding="utf-8")
     source = (ROOT / "src" / "stepstone" / "examples" / "orders.py").read_text(encoding="utf-8")
     assert f"```python\n{source}```" in guide, "docs/authoring.md must contain examples/orders.py unchanged"
+
+
+def test_the_branches_guide_shows_the_fanout_example_verbatim() -> None:
+    guide = (ROOT / "docs" / "branches.md").read_text(encoding="utf-8")
+    source = (ROOT / "src" / "stepstone" / "examples" / "fanout.py").read_text(encoding="utf-8")
+    assert f"```python\n{source}```" in guide, "docs/branches.md must contain examples/fanout.py unchanged"
