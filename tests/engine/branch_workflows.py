@@ -144,6 +144,52 @@ def closed(ctx: StepContext, state: Fan) -> None:
     state.log.append("closed")
 
 
+# -- a fork inside a branch, a timer inside a branch, a branch that fails until told not to ------
+
+FLAKY_BRANCH: set[str] = set()
+
+nested: Workflow[Fan] = Workflow("nested", version=1, state=Fan)
+nested.fork("outer", branches={"x": "inner", "y": "nap"}, start=True)
+nested.fork("inner", branches={"p": "leaf", "q": "leaf"})
+
+
+@nested.step(next="inner_done", retry=Retry(max_attempts=1))
+def leaf(ctx: StepContext, state: Fan) -> None:
+    assert ctx.branch is not None
+    if ctx.branch.path in FLAKY_BRANCH:
+        raise RuntimeError(f"{ctx.branch.path} is down")
+    state.results[ctx.branch.path] = 1
+
+
+nested.join("inner_done", fork="inner", next="outer_done")
+nested.timer("nap", delay=60, next="outer_done")
+nested.join("outer_done", fork="outer", next="end_nested")
+
+
+@nested.step(next=None)
+def end_nested(ctx: StepContext, state: Fan) -> None:
+    state.log.append("nested done")
+
+
+looping: Workflow[Fan] = Workflow("looping", version=1, state=Fan)
+looping.fork("round", branches={"a": "tick", "b": "tick"}, start=True)
+
+
+@looping.step(next="round_done")
+def tick(ctx: StepContext, state: Fan) -> None:
+    assert ctx.branch is not None
+    state.results[f"{ctx.branch.name}{state.counter}"] = 1
+
+
+looping.join("round_done", fork="round", next="again")
+
+
+@looping.step(next=["round", END])
+def again(ctx: StepContext, state: Fan) -> str:
+    state.counter += 1
+    return "round" if state.counter < 3 else END
+
+
 # -- children -------------------------------------------------------------------------------------
 
 
@@ -214,4 +260,6 @@ def use_too(ctx: StepContext, state: Job) -> None:
     state.out = 0
 
 
-registry = Registry(static, mapped, overlap, race, gated, job, parent, strict_parent, abandoning)
+registry = Registry(
+    static, mapped, overlap, race, gated, nested, looping, job, parent, strict_parent, abandoning
+)

@@ -263,3 +263,40 @@ async def test_a_child_workflow_that_is_not_registered_is_refused_at_start(datab
     with pytest.raises(DefinitionError, match="orphan v1 starts 'missing'"):
         async with open_engine(database_url, Registry(orphan)):
             pass
+
+
+async def test_nested_forks_timers_in_branches_and_a_retried_branch(engine: Engine) -> None:
+    bw.FLAKY_BRANCH.add("outer/x/inner/q")
+    try:
+        iid = await engine.client.start(bw.nested, {})
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert info.status == "FAILED" and "outer/x/inner/q is down" in info.error["message"]
+        paths = {p["path"]: p["status"] for p in info.positions}
+        assert paths["outer/x/inner/q"] == "FAILED" and paths["outer/x/inner/p"] == "COMPLETED"
+        assert paths["outer/y"] == "WAITING"  # the timer branch waits on, unaffected
+    finally:
+        bw.FLAKY_BRANCH.clear()
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "WAITING"  # the timer branch still sleeps
+    await engine.advance(61)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED", info.error
+    assert info.state["results"] == {"outer/x/inner/p": 1, "outer/x/inner/q": 1}
+    assert info.state["log"] == ["nested done"]
+    history = await engine.client.history(iid)
+    assert [h["step"] for h in history if h["kind"] == "JOINED"] == ["inner_done", "outer_done"]
+
+
+async def test_a_fork_entered_again_starts_fresh_branches(engine: Engine, rows: Rows) -> None:
+    iid = await engine.client.start(bw.looping, {})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED", info.error
+    assert info.state["results"] == {"a0": 1, "b0": 1, "a1": 1, "b1": 1, "a2": 1, "b2": 1}
+    history = await engine.client.history(iid)
+    assert kinds(history).count("JOINED") == 3
+    visits = sorted(h["visit"] for h in history if h["kind"] == "STEP_COMPLETED" and h["position"] == "round/a")
+    assert len(set(visits)) == 3  # a new visit each round: a fresh idempotency key for each branch step
