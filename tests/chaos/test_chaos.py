@@ -46,7 +46,7 @@ async def test_zombie_writes_are_refused(pg_server: PgServer, tmp_path: Path) ->
 
 
 async def test_checker_catches_zombie_writes_when_the_fence_is_removed(pg_server: PgServer, tmp_path: Path) -> None:
-    """The mutation: commit_segment without its fence predicates, in this test's database only."""
+    """The mutation: commit_decision without its fence predicates, in this test's database only."""
     report = await zombies(Target(pg_server.admin_url),
                            Options(size=100, lease=1.0, pauses=4, workdir=tmp_path, mutate_fencing=True))
     kinds = {v.split(":", 1)[0] for v in report["violations"]}

@@ -43,8 +43,10 @@ class RigWorker(Worker):
 
     fenced_log: list[dict[str, Any]]
 
-    async def _commit(self, claim: Claim, command_id: int, decision: Decision, visit: int) -> Committed | None:
-        result = await super()._commit(claim, command_id, decision, visit)
+    async def _commit(
+        self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int
+    ) -> Committed | None:
+        result = await super()._commit(claim, command_id, decision, visit, state_version)
         if result is None:
             self.fenced_log.append({"instance": claim.instance.id, "visit": visit, "command": command_id})
             print(f"FENCED {claim.instance.id} visit={visit} command={command_id}", flush=True)  # noqa: T201

@@ -91,19 +91,23 @@ async def drop_database(admin_url: str, name: str) -> None:
 
 
 UNFENCED = (
-    ("WHERE i.id = p_instance AND i.lease_token = p_token", "WHERE i.id = p_instance"),
-    ("WHERE c.id = p_command AND c.token = p_token AND c.state = 'CLAIMED'", "WHERE c.id = p_command"),
+    ("WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token",
+     "WHERE p.instance_id = v_id AND p.path = v_pos"),
+    ("WHERE c.id = v_cmd AND c.token = v_token AND c.state = 'CLAIMED'", "WHERE c.id = v_cmd"),
 )
 
 
 def unfenced_commit_segment() -> str:
-    """commit_segment from schema.sql with its fence predicates removed: the mutation the checker must catch."""
+    """commit_decision from schema.sql with its fence predicates removed: the mutation the checker must
+    catch. Each anchor must be found exactly once, so a change to the commit cannot silently leave the
+    mutation mutating nothing."""
     text = read_text("schema.sql")
-    start = text.index("CREATE FUNCTION {{schema}}.commit_segment(")
+    start = text.index("CREATE FUNCTION {{schema}}.commit_decision(")
     end = text.index("END $$;", start) + len("END $$;")
     body = text[start:end].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
     for old, new in UNFENCED:
-        assert body.count(old) == 1, f"mutation anchor not found in commit_segment: {old}"
+        if body.count(old) != 1:
+            raise RuntimeError(f"mutation anchor not found exactly once in commit_decision: {old}")
         body = body.replace(old, new)
     return render(body, "stepstone")
 
