@@ -254,6 +254,8 @@ def _fail(instance: InstanceView, error_type: str, message: str, state: JSON = N
 
 def _dead_letter(instance: InstanceView, command: CommandView, max_claims: int) -> Decision:
     reason = f"ATTEMPTS_EXHAUSTED: claimed {command.claims - 1} times without a commit (limit {max_claims})"
+    if command.last_error:
+        reason += f"; last error: {command.last_error}"
     dead = HistoryEntry(
         "COMMAND_DEAD_LETTERED", instance.step, instance.visit, {"command": command.id, "kind": command.kind}
     )

@@ -34,7 +34,7 @@ from stepstone.core.model import CommandView, Decision, RunStep
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.committer import GroupCommitter
-from stepstone.runtime.handlers import run_handler
+from stepstone.runtime.handlers import describe_error, run_handler
 from stepstone.store.port import Claim, CommitRequest, Committed, Pin
 from stepstone.store.postgres import Listener, PostgresStore
 
@@ -279,10 +279,17 @@ class Worker:
             await self._segment(claim)
         except asyncio.CancelledError:
             raise  # drain: stop() releases what is still held
-        except Exception:
+        except BaseException as exc:  # no segment may take the worker down
             log.exception("segment of instance %s crashed; its lease will expire", claim.instance.id)
             self._segments.pop(claim.instance.id, None)
+            await self._note_crash(claim, exc)
             await self.events.bump("crashed")
+
+    async def _note_crash(self, claim: Claim, exc: BaseException) -> None:
+        try:
+            await self.store.note_error(claim.instance.id, claim.token, f"segment crashed: {describe_error(exc)}")
+        except Exception as note_exc:  # noqa: BLE001 - the lease expiring is the recovery; this is a note
+            log.debug("could not record the crash of instance %s (%s)", claim.instance.id, type(note_exc).__name__)
 
     async def _segment(self, claim: Claim) -> None:
         await self.events.bump("claims")

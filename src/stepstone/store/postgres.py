@@ -183,6 +183,10 @@ class PostgresStore:
     async def defer(self, instance_id: str, token: Any, reason: str) -> bool:
         return bool(await self._fetch("defer", uuid.UUID(instance_id), token, reason))
 
+    async def note_error(self, instance_id: str, token: Any, error: str) -> bool:
+        """Record a crashed segment's error on the command it holds (shown by its dead letter)."""
+        return bool(await self._fetch("note_error", uuid.UUID(instance_id), token, error))
+
     async def next_available(self) -> float | None:
         value = await self._fetchval("next_available")
         return None if value is None else float(value)
@@ -327,7 +331,7 @@ def _claim(r: asyncpg.Record) -> Claim:
     instance = InstanceView(str(r["instance_id"]), r["status"], r["step"], r["visit"], r["state"], r["wait"])
     command = CommandView(
         r["command_id"], r["kind"], r["command_step"], r["command_visit"], r["name"], r["payload"],
-        r["attempt"], r["claims"],
+        r["attempt"], r["claims"], r["last_error"],
     )
     pin = Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"])
     return Claim(instance, command, pin, r["token"], r["now"], r["business_key"])

@@ -57,7 +57,8 @@ WITH expired AS (
     WHERE c.id = cand.id
       AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
       AND c.available_at <= {{schema}}.db_now()
-    RETURNING c.id, c.instance_id, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims, c.token
+    RETURNING c.id, c.instance_id, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims, c.token,
+              c.last_error
 ), leased AS (
     UPDATE {{schema}}.instances i SET
         lease_token = claimed.token,
@@ -69,7 +70,7 @@ WITH expired AS (
               i.state, i.wait, i.business_key
 )
 SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, claimed.visit AS command_visit,
-       claimed.name, claimed.payload, claimed.attempt, claimed.claims, claimed.token,
+       claimed.name, claimed.payload, claimed.attempt, claimed.claims, claimed.token, claimed.last_error,
        leased.id AS instance_id, leased.scope, leased.definition_id, leased.version, leased.plan_hash,
        leased.status, leased.step, leased.visit, leased.state, leased.wait, leased.business_key,
        {{schema}}.db_now() AS now
@@ -141,6 +142,14 @@ UPDATE {{schema}}.commands c SET state = 'DEFERRED', token = NULL,
     available_at = {{schema}}.db_now() + make_interval(secs => LEAST(300, 5 * power(2, c.deferrals)))
 FROM inst
 WHERE c.instance_id = inst.id AND c.token = $2 AND c.state = 'CLAIMED'
+RETURNING c.id;
+
+-- name: note_error
+-- A segment crashed: record why on the command its token holds, so the dead
+-- letter of a command that keeps crashing names the cause. Only the command row
+-- is touched (nothing before it in the lock order is taken).
+UPDATE {{schema}}.commands c SET last_error = $3
+WHERE c.instance_id = $1 AND c.token = $2 AND c.state = 'CLAIMED'
 RETURNING c.id;
 
 -- name: next_available
