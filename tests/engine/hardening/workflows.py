@@ -8,6 +8,7 @@ sync or async step on an event the test releases.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -155,6 +156,18 @@ async def held_async_step(ctx: StepContext, state: Plain) -> None:
     ctx.emit("held.done", {"instance": ctx.instance_id}, key=ctx.instance_id)
 
 
+NEVER = threading.Event()
+"""Never set: `stuck.stuck_step` blocks on it, standing for a synchronous call that never returns."""
+
+stuck: Workflow[Plain] = Workflow("stuck", state=Plain)
+
+
+@stuck.step(next=None)
+def stuck_step(ctx: StepContext, state: Plain) -> None:
+    logging.getLogger("stepstone.tests").warning("stuck handler entered for %s", ctx.instance_id)
+    NEVER.wait(timeout=120)
+
+
 def steer_reset() -> None:
     RUNS.clear()
     RAISE.clear()
@@ -165,7 +178,7 @@ def steer_reset() -> None:
     GATE.clear()
 
 
-registry = Registry(strict_last, strict_mid, bang_sync, bang_async, emitter, held_sync, held_async)
+registry = Registry(strict_last, strict_mid, bang_sync, bang_async, emitter, held_sync, held_async, stuck)
 
 
 def payload_of(size: int) -> dict[str, Any]:

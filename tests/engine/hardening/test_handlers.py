@@ -7,29 +7,15 @@ Every test here failed before its fix (issue 9, items 1, 2 and 15).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from stepstone.authoring.workflow import StepContext
 from stepstone.errors import InvalidInput
-from stepstone.testing import Engine, open_engine
-from tests.engine import hardening_workflows as hw
+from stepstone.testing import Engine
 from tests.engine.conftest import Rows, kinds
-
-
-@pytest.fixture(autouse=True)
-def _steering() -> Iterator[None]:
-    hw.steer_reset()
-    yield
-    hw.steer_reset()
-
-
-@pytest.fixture
-async def engine(database_url: str) -> AsyncIterator[Engine]:
-    async with open_engine(database_url, hw.registry, concurrency=4, lease_seconds=30, max_claims=3) as e:
-        yield e
+from tests.engine.hardening import workflows as hw
 
 
 async def _failed_once(engine: Engine, rows: Rows, iid: str, step: str) -> dict[str, Any]:
