@@ -168,7 +168,68 @@ def stuck_step(ctx: StepContext, state: Plain) -> None:
     NEVER.wait(timeout=120)
 
 
+# -- item 18: documented behaviour ------------------------------------------------------------------------
+
+
+class Due(BaseModel):
+    due: str
+    log: list[str] = []
+
+
+until_wf: Workflow[Due] = Workflow("until_wf", state=Due)
+until_wf.timer("sleep_until", until="due", next="woke", start=True)
+
+
+@until_wf.step(next=None)
+def woke(ctx: StepContext, state: Due) -> None:
+    state.log.append("woke")
+
+
+gated: Workflow[Plain] = Workflow("gated", state=Plain)
+gated.wait("gate", signals={"go": "through"}, timeout=3600, on_timeout="through", start=True)
+
+
+@gated.step(next=None)
+def through(ctx: StepContext, state: Plain) -> None:
+    state.log.append(f"through:{ctx.signal.name if ctx.signal else 'timeout'}")
+
+
+parker: Workflow[Plain] = Workflow("parker", state=Plain)
+parker.timer("nap", delay=60, next="listen", start=True)
+parker.wait("listen", signals={"go": "through_parker"})
+
+
+@parker.step(name="through_parker", next=None)
+def through_parker(ctx: StepContext, state: Plain) -> None:
+    state.log.append("through")
+
+
+KEYS: dict[str, list[tuple[int, str]]] = {}
+"""instance id -> (attempt, idempotency key) of every run of `keyed.charge`."""
+FAIL_ONCE: set[str] = set()
+
+
+keyed: Workflow[Plain] = Workflow("keyed", state=Plain)
+
+
+@keyed.step(next=None, retry=Retry(max_attempts=3, backoff=1.0))
+async def charge(ctx: StepContext, state: Plain) -> None:
+    KEYS.setdefault(ctx.instance_id, []).append((ctx.attempt, ctx.idempotency_key))
+    ctx.emit("charged", {"key": ctx.idempotency_key}, key=ctx.instance_id)
+    if ctx.instance_id in FAIL_ONCE:
+        FAIL_ONCE.discard(ctx.instance_id)
+        raise RuntimeError("the card service timed out")
+    gate = GATE.get(ctx.instance_id)
+    if gate is not None:
+        GATE.pop(ctx.instance_id)
+        gate.async_entered.set()
+        await gate.async_opened.wait()
+    state.log.append("charged")
+
+
 def steer_reset() -> None:
+    KEYS.clear()
+    FAIL_ONCE.clear()
     RUNS.clear()
     RAISE.clear()
     EMIT.clear()
@@ -178,7 +239,10 @@ def steer_reset() -> None:
     GATE.clear()
 
 
-registry = Registry(strict_last, strict_mid, bang_sync, bang_async, emitter, held_sync, held_async, stuck)
+registry = Registry(
+    strict_last, strict_mid, bang_sync, bang_async, emitter, held_sync, held_async, stuck,
+    until_wf, gated, keyed, parker,
+)
 
 
 def payload_of(size: int) -> dict[str, Any]:
