@@ -128,12 +128,17 @@ async def test_group_commit_writes_instances_in_ascending_id_order(engine: Engin
 # -- the queue-head rule ----------------------------------------------------------------------------------------
 
 
-async def test_only_the_head_of_an_instance_queue_is_claimable(engine: Engine) -> None:
-    iid = await engine.client.start(hw.gated, {})
-    await engine.client.signal(iid, "go")  # queued behind the START, both available now
-    first = await engine.store.claim(10, 30, "w")
-    assert [(c.instance.id, c.command.kind) for c in first] == [(iid, "START")]
+async def test_a_head_waiting_out_its_retry_backoff_blocks_a_ready_signal(engine: Engine) -> None:
+    iid = await engine.client.start(hw.backoff_wf, {})
+    hw.RAISE[iid] = RuntimeError("not yet")
+    await engine.run_until_idle()  # the first step failed; its retry is due in 10 s
+    await engine.client.signal(iid, "go")  # ready now, but behind the retry
     assert await engine.store.claim(10, 30, "w") == []
+    await engine.advance(10.5)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["log"] == ["through:go"]
+    assert hw.RUNS[iid, "first_try"] == 2
 
 
 async def test_a_released_head_still_blocks_what_is_behind_it(engine: Engine) -> None:

@@ -204,6 +204,23 @@ def through_parker(ctx: StepContext, state: Plain) -> None:
     state.log.append("through")
 
 
+backoff_wf: Workflow[Plain] = Workflow("backoff_wf", state=Plain)
+
+
+@backoff_wf.step(start=True, next="hold_on", retry=Retry(max_attempts=2, backoff=10.0))
+def first_try(ctx: StepContext, state: Plain) -> None:
+    _ran(ctx)
+    _maybe_raise(ctx)
+
+
+backoff_wf.wait("hold_on", signals={"go": "through_backoff"})
+
+
+@backoff_wf.step(name="through_backoff", next=None)
+def through_backoff(ctx: StepContext, state: Plain) -> None:
+    state.log.append(f"through:{ctx.signal.name if ctx.signal else None}")
+
+
 KEYS: dict[str, list[tuple[int, str]]] = {}
 """instance id -> (attempt, idempotency key) of every run of `keyed.charge`."""
 FAIL_ONCE: set[str] = set()
@@ -241,7 +258,7 @@ def steer_reset() -> None:
 
 registry = Registry(
     strict_last, strict_mid, bang_sync, bang_async, emitter, held_sync, held_async, stuck,
-    until_wf, gated, keyed, parker,
+    until_wf, gated, keyed, parker, backoff_wf,
 )
 
 
