@@ -64,6 +64,9 @@ async def run_handler(
     if result is not None and not isinstance(result, str):
         problem = f"handler returned {type(result).__name__}, not a step name"
         return _failed("InvalidTransition", problem, retryable=False)
+    if result is not None and len(result) > limits.max_name_length:
+        problem = f"handler returned a step name of {len(result)} characters; no step has one that long"
+        return _failed("InvalidTransition", problem, retryable=False)
     return _left(workflow, run.step, result, state, ctx.events, limits)
 
 

@@ -183,6 +183,17 @@ async def test_events_within_the_limits_commit(engine: Engine, rows: Rows) -> No
     assert await rows.count("SELECT count(*) FROM stepstone.outbox") == 100
 
 
+async def test_a_returned_step_name_with_nul_or_of_any_length_fails_cleanly(engine: Engine, rows: Rows) -> None:
+    for returned in ("next\x00step\ud800", "s" * 1_000_000):
+        iid = await engine.client.start(hw.chooser, {})
+        hw.CHOOSE[iid] = returned
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert info.status == "FAILED" and info.error["type"] == "InvalidTransition"
+        assert len(info.error["message"]) < 300
+    assert engine.worker.events.crashed == 0
+
+
 async def test_error_text_with_nul_and_lone_surrogate_is_stored_escaped(engine: Engine, rows: Rows) -> None:
     def raise_bad_text(ctx: StepContext) -> None:
         raise hw.BadText("bad\x00text \ud800 end")

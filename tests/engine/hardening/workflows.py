@@ -126,6 +126,27 @@ def emit(ctx: StepContext, state: Plain) -> None:
     state.log.append("emitted")
 
 
+CHOOSE: dict[str, Any] = {}
+"""instance id -> what `chooser.choose` returns as its next step."""
+
+chooser: Workflow[Plain] = Workflow("chooser", state=Plain)
+
+
+@chooser.step(start=True, next=["left", "right"])
+def choose(ctx: StepContext, state: Plain) -> Any:
+    return CHOOSE.get(ctx.instance_id, "left")
+
+
+@chooser.step(next=None)
+def left(ctx: StepContext, state: Plain) -> None:
+    state.log.append("left")
+
+
+@chooser.step(next=None)
+def right(ctx: StepContext, state: Plain) -> None:
+    state.log.append("right")
+
+
 # -- items 7 and 20: handlers held on an event ----------------------------------------------------------------
 
 
@@ -245,6 +266,7 @@ async def charge(ctx: StepContext, state: Plain) -> None:
 
 
 def steer_reset() -> None:
+    CHOOSE.clear()
     KEYS.clear()
     FAIL_ONCE.clear()
     RUNS.clear()
@@ -258,7 +280,7 @@ def steer_reset() -> None:
 
 registry = Registry(
     strict_last, strict_mid, bang_sync, bang_async, emitter, held_sync, held_async, stuck,
-    until_wf, gated, keyed, parker, backoff_wf,
+    until_wf, gated, keyed, parker, backoff_wf, chooser,
 )
 
 
