@@ -97,18 +97,19 @@ async def test_base_exception_in_a_handler_is_a_retried_step_failure(
 
 
 async def test_a_running_worker_survives_system_exit_and_keyboard_interrupt(engine: Engine) -> None:
+    first = await engine.client.start(hw.bang_sync, {})
+    hw.RAISE[first] = SystemExit(1)
+    second = await engine.client.start(hw.bang_async, {})
+    hw.RAISE[second] = KeyboardInterrupt()
     worker = engine.new_worker(concurrency=2, lease_seconds=30, poll_interval=0.05, worker_id="survivor")
     await worker.start()
     try:
-        first = await engine.client.start(hw.bang_sync, {})
-        hw.RAISE[first] = SystemExit(1)
-        second = await engine.client.start(hw.bang_async, {})
-        hw.RAISE[second] = KeyboardInterrupt()
-        await worker.events.wait_until(lambda: worker.events.commits >= 2, timeout=10)
+        await worker.events.wait_until(lambda: worker.events.commits >= 2, timeout=10)  # both failed once
         third = await engine.client.start(hw.bang_sync, {})
-        await worker.events.wait_until(lambda: worker.events.commits >= 3, timeout=10)
+        # Both retries (after their 1 s backoff on the database clock) and the third instance.
+        await worker.events.wait_until(lambda: worker.events.commits >= 5, timeout=10)
         assert all(not loop.done() for loop in worker._loops)  # the worker is alive
-        assert (await engine.client.get(third)).status == "COMPLETED"
+        assert [(await engine.client.get(i)).status for i in (first, second, third)] == ["COMPLETED"] * 3
         for iid, raised in ((first, "SystemExit"), (second, "KeyboardInterrupt")):
             history = await engine.client.history(iid)
             assert [h["data"]["type"] for h in history if h["kind"] == "STEP_FAILED"] == [raised]
