@@ -2,12 +2,13 @@
 instances, with enough rows that the planner would seq-scan if an index were missing.
 
 Plans are captured from the real statements as they run (the claim named query and every statement
-inside `commit_decision`) with auto_explain, sent to the client as NOTICEs.
+inside `commit_segment`) with auto_explain, sent to the client as NOTICEs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -20,6 +21,7 @@ from stepstone.client import Client
 from stepstone.runtime.worker import Worker, WorkerConfig, pin_of
 from stepstone.store import postgres
 from stepstone.store.postgres import PostgresStore
+from stepstone.store.queries import queries
 
 WAITING = 20_000
 GUARDED = {"commands", "instances", "positions"}
@@ -103,11 +105,42 @@ async def seeded(database_url: str) -> str:
     return database_url
 
 
+def _norm(sql: str) -> str:
+    return " ".join(sql.split())
+
+
+async def _commit_function_bodies(database_url: str) -> list[str]:
+    """The source of the server-side functions the store's commit query calls, and of those they call
+    in turn, as the database has them."""
+    called = set(re.findall(r'"stepstone"\.(\w+)\(', queries("stepstone")["commit_many"]))
+    assert called, "the commit query calls no stepstone function"
+    conn = await asyncpg.connect(database_url)
+    bodies: dict[str, str] = {}
+    try:
+        todo = called
+        while todo:
+            rows = await conn.fetch(
+                "SELECT proname, prosrc FROM pg_proc WHERE pronamespace = 'stepstone'::regnamespace "
+                "AND proname = ANY($1)", sorted(todo),
+            )
+            found = {r["proname"]: r["prosrc"] for r in rows}
+            bodies.update(found)
+            todo = {m for body in found.values() for m in re.findall(r'"stepstone"\.(\w+)\(', body)}
+            todo -= bodies.keys() | {"db_now"}
+    finally:
+        await conn.close()
+    return [_norm(b) for b in bodies.values()]
+
+
 async def test_claim_and_commit_use_indexes(seeded: str) -> None:
+    """Which plans were captured is decided by the statements themselves (the claim named query as the
+    store sends it; statements found in the body of the commit function), not by SQL literals here."""
     plans = await captured_plans(seeded)
-    texts = " ".join(p.get("Query Text", "") for p in plans)
-    assert "FOR UPDATE OF p SKIP LOCKED" in texts, "the claim statement's plan was captured"
-    assert "UPDATE \"stepstone\".positions p SET" in texts, "commit_decision's statements were captured"
+    texts = [_norm(p.get("Query Text", "")) for p in plans]
+    assert _norm(queries("stepstone")["claim"]) in texts, "the claim statement's plan was captured"
+    bodies = await _commit_function_bodies(seeded)
+    nested = [t for t in texts if t and any(t in body for body in bodies)]
+    assert any("positions p SET" in t for t in nested), "statements inside the commit function were captured"
     assert seq_scans(plans) == []
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -286,23 +287,30 @@ class Workflow(Generic[S]):
     def never_retried(self, step: str, error: BaseException) -> bool:
         return isinstance(error, self._actions[step].non_retryable)
 
-    def state_to_json(self, value: Any) -> Any:
-        """Validate `value` (a model instance or a dict) against the state model; JSON out."""
+    def state_to_json(self, value: Any, *, what: str = "input") -> Any:
+        """Validate `value` (a model instance or a dict) against the state model; JSON out.
+
+        A model instance is validated again from its JSON: mutating a model does not re-validate
+        it, so a handler may have left it in a shape the model forbids. `what` names the value
+        in the error (the start input, or the state a step left).
+        """
         model = self.state_model
         if model is None:
             if not isinstance(value, dict):
-                raise InvalidInput(f"workflow {self.id!r} takes a JSON object as input, got {type(value).__name__}")
+                raise InvalidInput(f"workflow {self.id!r} takes a JSON object as {what}, got {type(value).__name__}")
             return value
         if isinstance(model, type) and issubclass(model, BaseModel):
             try:
-                obj = value if isinstance(value, model) else model.model_validate(value)
+                if isinstance(value, model):
+                    text = value.model_dump_json()
+                    model.model_validate_json(text)
+                    return json.loads(text)
+                return model.model_validate(value).model_dump(mode="json")
             except ValidationError as exc:
-                raise InvalidInput(f"input for workflow {self.id!r} is invalid: {_brief(exc)}") from None
-            try:
-                return obj.model_dump(mode="json")
+                raise InvalidInput(f"{what} for workflow {self.id!r} is invalid: {_brief(exc)}") from None
             except (ValueError, UnicodeError, RecursionError) as exc:  # too deep, lone surrogates
                 message = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-                raise InvalidInput(f"state of workflow {self.id!r} cannot be stored as JSON: {message}") from None
+                raise InvalidInput(f"{what} of workflow {self.id!r} cannot be stored as JSON: {message}") from None
         raise DefinitionError(f"workflow {self.id!r}: state must be a pydantic model class")
 
     def state_from_json(self, data: Any) -> Any:

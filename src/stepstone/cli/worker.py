@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 
 import click
 
@@ -73,17 +72,15 @@ async def serve(settings: Settings, registry: Registry, config: WorkerConfig) ->
             log.info("%s received: draining %d in-flight step(s) for up to %g s (a second signal exits at once)",
                      signal.Signals(received[0]).name, worker.in_flight, config.drain_timeout)
             released_before = worker.events.released
-            await worker.stop()
+            abandoned = await worker.stop()
             released = worker.events.released - released_before
+            if abandoned:
+                log.info("%d synchronous handler thread(s) abandoned; exiting without waiting for them", abandoned)
             log.info("worker %s drained: %d claim(s) released; exiting", config.worker_id, released)
             return released
     finally:
         for sig in _STOP_SIGNALS:
             loop.remove_signal_handler(sig)
-
-
-def _stuck_step_threads() -> int:
-    return sum(1 for t in threading.enumerate() if t.name.startswith("stepstone-step") and t.is_alive())
 
 
 @click.command("worker")
@@ -105,15 +102,9 @@ def worker_command(
     configure_logging()
     config = WorkerConfig(concurrency=concurrency, lease_seconds=lease_seconds, poll_interval=poll_interval,
                           drain_timeout=drain_timeout)
+    # A synchronous handler still running past the drain timeout is abandoned by `Worker.stop`
+    # (its claim released, a warning logged); its daemon thread does not hold up the exit.
     run_async(serve(settings, registry, config))
-    stuck = _stuck_step_threads()
-    if stuck:
-        # A synchronous handler still running past the drain timeout cannot be interrupted; its claim
-        # is already released, so leave without waiting for the thread.
-        log.warning("%d synchronous step handler(s) still running after the drain timeout; exiting anyway", stuck)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 commands = [worker_command]

@@ -23,6 +23,9 @@ class Limits:
     max_payload_bytes: int = 256 * 1024
     max_depth: int = 32
     max_name_length: int = 200
+    max_events_per_step: int = 100
+    max_commit_bytes: int = 1024 * 1024
+    """The state and the events one step leaves, together (each is also bound by max_payload_bytes)."""
 
     def encode(self, what: str, value: Any) -> str:
         """JSON text of `value`, or PayloadRejected when it is deep, large or not JSON."""
@@ -59,6 +62,14 @@ class Limits:
                     stack.extend((c, depth + 1) for c in item.values())
                 else:
                     stack.extend((c, depth + 1) for c in item)
+
+    def check_commit(self, what: str, size: int) -> None:
+        """One step's state and events together, in bytes, against max_commit_bytes."""
+        if size > self.max_commit_bytes:
+            raise PayloadRejected(
+                what, "too_large", f"its state and events take {size} bytes, over the limit of "
+                f"{self.max_commit_bytes} bytes per step",
+            )
 
     def check_name(self, what: str, name: str) -> None:
         if len(name) > self.max_name_length:

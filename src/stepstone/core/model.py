@@ -88,6 +88,7 @@ class CommandView:
     attempt: int = 1
     claims: int = 1
     last_error: str | None = None
+    """The error its last settle, deferral or crashed segment recorded, for the dead letter."""
 
 
 @dataclass(frozen=True)

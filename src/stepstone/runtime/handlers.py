@@ -1,21 +1,26 @@
 """Running one action step's handler outside any transaction.
 
 Async handlers run on the event loop; sync handlers in the worker's thread pool.
-Whatever happens, the result is a `StepSucceeded` or `StepFailed` for the core.
+Whatever happens, the result is a `StepSucceeded` or `StepFailed` for the core:
+any exception of the handler (`SystemExit`, `KeyboardInterrupt` and the other
+`BaseException`s included) is a step failure; only the cancellation of the
+segment itself (the worker draining) goes through. What the handler leaves (its
+state, its events, its error text) is checked here against the limits, so a step
+that cannot be stored fails cleanly instead of crashing its commit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
-
-from pydantic import ValidationError
 
 from stepstone.authoring.workflow import BranchInfo, ChildResult, Registry, Signal, StepContext, Workflow
 from stepstone.core.limits import Limits, PayloadRejected
-from stepstone.core.model import ROOT, ChildStart, InstanceView, RunStep, StepFailed, StepSucceeded
+from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.errors import StepstoneError
 
 _MAX_MESSAGE = 1000
@@ -28,7 +33,7 @@ def idempotency_key(instance_id: str, step: str, visit: int, position: str = ROO
     return f"{instance_id}/{position}/{step}/{visit}"
 
 
-async def run_handler(  # noqa: PLR0911 - each guarded outcome returns at once
+async def run_handler(
     workflow: Workflow[Any],
     instance: InstanceView,
     run: RunStep,
@@ -42,9 +47,10 @@ async def run_handler(  # noqa: PLR0911 - each guarded outcome returns at once
     `cause` is what led to this step (a signal, a child's end), shown to the handler."""
     try:
         state = workflow.state_from_json(instance.state)
-    except ValidationError as exc:
-        problem = f"stored state no longer fits the state model: {exc.error_count()} errors"
-        return StepFailed("InvalidState", problem, retryable=False)
+    except BaseException as exc:  # noqa: BLE001 - the model's own validators are user code too
+        _reraise_own_cancellation(exc)
+        problem = f"stored state no longer fits the state model: {describe_error(exc)}"
+        return _failed("InvalidState", problem, retryable=False)
     ctx = StepContext(
         instance_id=instance.id,
         workflow=workflow.id,
@@ -55,20 +61,12 @@ async def run_handler(  # noqa: PLR0911 - each guarded outcome returns at once
         child=_child(cause),
         branch=_branch(instance),
     )
-    handler = workflow.handler(run.step)
     try:
-        if workflow.is_async(run.step):
-            result = await handler(ctx, state)
-        else:
-            loop = asyncio.get_running_loop()
-            result = await loop.run_in_executor(executor, functools.partial(handler, ctx, state))
-            if asyncio.iscoroutine(result):
-                result = await result
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - every handler error becomes a StepFailed
+        result = await _call(workflow, run.step, ctx, state, executor)
+    except BaseException as exc:  # noqa: BLE001 - every handler error becomes a StepFailed
+        _reraise_own_cancellation(exc)
         retryable = not workflow.never_retried(run.step, exc)
-        return StepFailed(type(exc).__name__, _message(exc), retryable=retryable)
+        return _failed(type(exc).__name__, _message(exc), retryable=retryable)
     child: ChildStart | None = None
     if workflow.plan.steps[run.step].kind == "child":
         child, failed = _child_start(workflow, run.step, result, registry)
@@ -77,17 +75,31 @@ async def run_handler(  # noqa: PLR0911 - each guarded outcome returns at once
         result = None
     if result is not None and not isinstance(result, str):
         problem = f"handler returned {type(result).__name__}, not a step name"
-        return StepFailed("InvalidTransition", problem, retryable=False)
+        return _failed("InvalidTransition", problem, retryable=False)
+    if result is not None and len(result) > limits.max_name_length:
+        problem = f"handler returned a step name of {len(result)} characters; no step has one that long"
+        return _failed("InvalidTransition", problem, retryable=False)
+    return _left(workflow, run.step, result, state, ctx.events, limits, child)
+
+
+def _left(
+    workflow: Workflow[Any], step: str, result: str | None, state: Any, events: list[Event], limits: Limits,
+    child: ChildStart | None,
+) -> StepSucceeded | StepFailed:
+    """What the handler left, as the commit will store it, or why it cannot be stored."""
     try:
-        new_state = workflow.state_to_json(state)
-        limits.encode("state", new_state)
-        for event in ctx.events:
-            limits.encode(f"event {event.type!r}", event.payload)
+        new_state = workflow.state_to_json(state, what=f"state left by step {step!r}")
+        size = len(limits.encode("state", new_state).encode()) + check_events(limits, events)
+        limits.check_commit(f"step {step!r}", size)
     except PayloadRejected as exc:
-        return StepFailed("PayloadRejected", str(exc), retryable=False)
+        return _failed("PayloadRejected", str(exc), retryable=False)
     except StepstoneError as exc:
-        return StepFailed("InvalidState", str(exc), retryable=False)
-    return StepSucceeded(result, new_state, tuple(ctx.events), child=child)
+        return _failed("InvalidState", str(exc), retryable=False)
+    except BaseException as exc:  # noqa: BLE001 - a serializer of the model raised
+        _reraise_own_cancellation(exc)
+        return _failed("InvalidState", f"state left by step {step!r} cannot be stored: {describe_error(exc)}",
+                       retryable=False)
+    return StepSucceeded(result, new_state, tuple(events), child=child)
 
 
 def _child_start(
@@ -98,11 +110,11 @@ def _child_start(
     child_wf = registry.latest(name) if registry is not None else None
     if child_wf is None:
         problem = f"child step {step!r}: workflow {name!r} is not registered on this worker"
-        return None, StepFailed("UnknownWorkflow", problem, retryable=False)
+        return None, _failed("UnknownWorkflow", problem, retryable=False)
     try:
-        state = child_wf.state_to_json({} if value is None else value)
+        state = child_wf.state_to_json({} if value is None else value, what=f"input of child step {step!r}")
     except StepstoneError as exc:
-        return None, StepFailed("InvalidInput", f"child step {step!r}: {exc}", retryable=False)
+        return None, _failed("InvalidInput", f"child step {step!r}: {exc}", retryable=False)
     plan = child_wf.plan
     return ChildStart(plan.definition_id, plan.version, plan.plan_hash, plan.start, state), None
 
@@ -124,6 +136,82 @@ def _branch(instance: InstanceView) -> BranchInfo | None:
     return None if b is None else BranchInfo(b.name, instance.position, b.item)
 
 
+async def _call(workflow: Workflow[Any], step: str, ctx: StepContext, state: Any, executor: Executor) -> Any:
+    handler = workflow.handler(step)
+    if workflow.is_async(step):
+        return await handler(ctx, state)
+    loop = asyncio.get_running_loop()
+    outcome = await loop.run_in_executor(executor, functools.partial(_boxed, handler, ctx, state))
+    if isinstance(outcome, _Raised):
+        raise outcome.error
+    if asyncio.iscoroutine(outcome):
+        return await outcome
+    return outcome
+
+
+@dataclass(frozen=True)
+class _Raised:
+    error: BaseException
+
+
+def _boxed(handler: Callable[..., Any], ctx: StepContext, state: Any) -> Any:
+    """Run a sync handler in its thread; what it raises comes back as a value. A GeneratorExit
+    set on the future would otherwise be thrown into the awaiting coroutine and close it."""
+    try:
+        return handler(ctx, state)
+    except BaseException as exc:  # noqa: BLE001 - handed back to run_handler
+        return _Raised(exc)
+
+
+def check_events(limits: Limits, events: list[Event]) -> int:
+    """Check the events a step emitted as the commit will store them; their size in bytes."""
+    if len(events) > limits.max_events_per_step:
+        raise PayloadRejected(
+            "events", "too_large", f"{len(events)} events exceed the limit of {limits.max_events_per_step} per step"
+        )
+    size = 0
+    for n, event in enumerate(events):
+        where = f"event {n}"
+        for part, value in (("type", event.type), ("key", event.key)):
+            if value is None and part == "key":
+                continue
+            if not isinstance(value, str) or not value:
+                raise PayloadRejected(f"{where} {part}", "invalid", "must be a non-empty string")
+            limits.check_name(f"{where} {part}", value)
+            size += len(limits.encode(f"{where} {part}", value).encode())
+        size += len(limits.encode(f"{where} ({event.type}) payload", event.payload).encode())
+    return size
+
+
+def _reraise_own_cancellation(exc: BaseException) -> None:
+    """The worker cancelling this segment (drain) must go through; a handler's own
+    CancelledError (raised while nobody cancelled the segment) is an error like any other."""
+    if isinstance(exc, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise exc
+
+
+def _failed(error_type: str, message: str, *, retryable: bool) -> StepFailed:
+    return StepFailed(_storable(error_type)[:200], _storable(message), retryable=retryable)
+
+
+def _storable(text: str) -> str:
+    """Text PostgreSQL can store: no NUL, no lone surrogate (both written as escapes)."""
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Type: first line of the message`, storable in PostgreSQL."""
+    message = _message(exc)
+    return _storable(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+
+
 def _message(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not crash the segment
+        return "(the error's message could not be read)"
+    text = text.splitlines()[0] if text.strip() else ""
     return text[:_MAX_MESSAGE]

@@ -22,7 +22,6 @@ import random
 import socket
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,7 +35,8 @@ from stepstone.core.patch import rebase
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.committer import GroupCommitter
-from stepstone.runtime.handlers import run_handler
+from stepstone.runtime.handlers import describe_error, run_handler
+from stepstone.runtime.threads import HandlerThreads
 from stepstone.store.port import Claim, CommitRequest, Committed, Pin
 from stepstone.store.postgres import Listener, PostgresStore
 
@@ -126,7 +126,8 @@ class Worker:
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
         self._listener: Listener | None = None
-        self._executor = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="stepstone-step")
+        self._executor = HandlerThreads(self.config.concurrency)
+        self._stopped = False
         self._committer = GroupCommitter(
             store, lease_seconds=self.config.lease_seconds, worker=self.config.worker_id
         )
@@ -164,8 +165,21 @@ class Worker:
                 claim_loop.cancel()
             await asyncio.gather(claim_loop, return_exceptions=True)
 
-    async def stop(self, drain_timeout: float | None = None) -> None:
-        """Stop claiming, let in-flight steps finish up to the drain timeout, release the rest."""
+    @property
+    def abandoned_threads(self) -> int:
+        """After `stop`, how many synchronous handlers are still running in their threads.
+
+        A thread cannot be interrupted, so such a handler runs on until it returns; its claim was
+        released and its result is dropped. The threads are daemon threads: they never keep the
+        process from exiting, so an embedding app (or `stepstone worker`) exits normally.
+        """
+        return self._executor.busy if self._stopped else 0
+
+    async def stop(self, drain_timeout: float | None = None) -> int:
+        """Stop claiming, let in-flight steps finish up to the drain timeout, release the rest.
+
+        Returns `abandoned_threads`: the synchronous handlers still running after the drain
+        (0 when every step finished or was cancelled)."""
         await self.stop_claiming()
         timeout = self.config.drain_timeout if drain_timeout is None else drain_timeout
         if self._tasks:
@@ -185,6 +199,11 @@ class Worker:
         await asyncio.gather(*self._loops[1:], return_exceptions=True)
         await self._close_listener()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._stopped = True
+        if self.abandoned_threads:
+            log.warning("%d synchronous step handler(s) still running after the drain timeout; their claims "
+                        "were released and their threads will not keep the process alive", self.abandoned_threads)
+        return self.abandoned_threads
 
     async def run_until_idle(self) -> None:
         """Claim and run until nothing is claimable now (for tests, scripts and the demo)."""
@@ -293,10 +312,17 @@ class Worker:
             await self._segment(claim)
         except asyncio.CancelledError:
             raise  # drain: stop() releases what is still held
-        except Exception:
+        except BaseException as exc:  # no segment may take the worker down
             log.exception("segment of instance %s crashed; its lease will expire", claim.instance.id)
             self._forget(claim)
+            await self._note_crash(claim, exc)
             await self.events.bump("crashed")
+
+    async def _note_crash(self, claim: Claim, exc: BaseException) -> None:
+        try:
+            await self.store.note_error(claim.instance.id, claim.token, f"segment crashed: {describe_error(exc)}")
+        except Exception as note_exc:  # noqa: BLE001 - the lease expiring is the recovery; this is a note
+            log.debug("could not record the crash of instance %s (%s)", claim.instance.id, type(note_exc).__name__)
 
     async def _segment(self, claim: Claim) -> None:
         await self.events.bump("claims")

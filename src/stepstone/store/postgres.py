@@ -123,7 +123,7 @@ class PostgresStore:
 
     async def commit(self, request: CommitRequest, *, lease_seconds: float, worker: str) -> Committed | None:
         """Carry out one decision fenced on the claim's token; None when the token was refused."""
-        return (await self.commit_many([request], lease_seconds=lease_seconds, worker=worker))[0]
+        return (await self._commit_all([request], lease_seconds, worker))[0]
 
     async def commit_many(
         self, requests: list[CommitRequest], *, lease_seconds: float, worker: str
@@ -133,6 +133,11 @@ class PostgresStore:
         Results are in the order of `requests`; each is None when that commit was fenced out.
         Items go to the database in ascending (instance id, position) order, the lock order.
         """
+        return await self._commit_all(requests, lease_seconds, worker)
+
+    async def _commit_all(
+        self, requests: list[CommitRequest], lease_seconds: float, worker: str
+    ) -> list[Committed | None]:
         def key(n: int) -> tuple[str, str]:
             return requests[n].claim.instance.id, requests[n].claim.instance.position
 
@@ -169,6 +174,10 @@ class PostgresStore:
 
     async def defer(self, instance_id: str, position: str, token: Any, reason: str) -> bool:
         return bool(await self._fetch("defer", uuid.UUID(instance_id), position, token, reason))
+
+    async def note_error(self, instance_id: str, token: Any, error: str) -> bool:
+        """Record a crashed segment's error on the command it holds (shown by its dead letter)."""
+        return bool(await self._fetch("note_error", uuid.UUID(instance_id), token, error))
 
     async def next_available(self) -> float | None:
         value = await self._fetchval("next_available")

@@ -716,6 +716,11 @@ BEGIN
         RETURN;
     END IF;
     IF v_has_state AND v_version <> (d->>'state_version')::bigint THEN
+        -- A writer whose lease is gone learns that first: a zombie never re-runs its step.
+        IF NOT EXISTS (SELECT 1 FROM {{schema}}.positions p
+                       WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token) THEN
+            RETURN;
+        END IF;
         RETURN QUERY SELECT 'conflict'::text, NULL::bigint, NULL::timestamptz, v_now, v_version,
                             (SELECT i.state FROM {{schema}}.instances i WHERE i.id = v_id);
         RETURN;

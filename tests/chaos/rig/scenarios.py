@@ -28,11 +28,11 @@ from stepstone.client import Client
 from stepstone.runtime.worker import pin_of
 from stepstone.store.migrate import migrate
 from stepstone.store.postgres import PostgresStore
-from stepstone.store.sqlfiles import read_text, render
 from tests._pg import url_for
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
+from tests.chaos.rig.mutation import unfenced_commit_segment
 from tests.chaos.rig.proxy import Proxy
 from tests.chaos.rig.server import RigServer
 
@@ -88,28 +88,6 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
-
-
-UNFENCED = (
-    ("WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token",
-     "WHERE p.instance_id = v_id AND p.path = v_pos"),
-    ("WHERE c.id = v_cmd AND c.token = v_token AND c.state = 'CLAIMED'", "WHERE c.id = v_cmd"),
-)
-
-
-def unfenced_commit_segment() -> str:
-    """commit_decision from schema.sql with its fence predicates removed: the mutation the checker must
-    catch. Each anchor must be found exactly once, so a change to the commit cannot silently leave the
-    mutation mutating nothing."""
-    text = read_text("schema.sql")
-    start = text.index("CREATE FUNCTION {{schema}}.commit_decision(")
-    end = text.index("END $$;", start) + len("END $$;")
-    body = text[start:end].replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-    for old, new in UNFENCED:
-        if body.count(old) != 1:
-            raise RuntimeError(f"mutation anchor not found exactly once in commit_decision: {old}")
-        body = body.replace(old, new)
-    return render(body, "stepstone")
 
 
 async def start_instances(url: str, n: int, rng: random.Random) -> list[str]:

@@ -151,6 +151,14 @@ FROM pos
 WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = $3 AND c.state = 'CLAIMED'
 RETURNING c.id;
 
+-- name: note_error
+-- A segment crashed: record why on the command its token holds, so the dead
+-- letter of a command that keeps crashing names the cause. Only the command row
+-- is touched (nothing before it in the lock order is taken).
+UPDATE {{schema}}.commands c SET last_error = $3
+WHERE c.instance_id = $1 AND c.token = $2 AND c.state = 'CLAIMED'
+RETURNING c.id;
+
 -- name: next_available
 -- Seconds from the database clock to the earliest future availability (a queued
 -- command's or a lease's expiry), or NULL.
