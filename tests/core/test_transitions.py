@@ -204,6 +204,8 @@ def test_until_timer_uses_the_state_instant_and_fails_on_a_bad_one() -> None:
         assert hist(d) == ["STEP_COMPLETED", "INSTANCE_FAILED"] and d.commands == ()
         assert d.instance is not None and d.instance.status == "FAILED"
         assert d.instance.error["type"] == "InvalidTimer" and d.instance.step == "deadline"
+        # The command's settlement says what happened (issue: it was COMPLETE while the instance failed).
+        assert d.settle.state == "FAILED" and (d.settle.reason or "").startswith("InvalidTimer: ")
 
 
 # -- complete_step -------------------------------------------------------------------------------------
