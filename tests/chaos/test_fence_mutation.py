@@ -45,7 +45,7 @@ async def test_the_mutation_lets_a_stale_token_commit(database_url: str) -> None
 
 
 def test_the_mutation_fails_loudly_when_its_anchor_is_gone() -> None:
-    fenced = "CREATE FUNCTION s.f(d jsonb) AS $$ " + " ".join(old for old, _ in FENCE) + "; $$"
+    fenced = "CREATE FUNCTION s.f(d jsonb) AS $$ " + " ".join(old for old, _, n in FENCE for _ in range(n)) + "; $$"
     body = unfenced(fenced)
     assert "v_token" not in body and "CREATE OR REPLACE FUNCTION" in body
     with pytest.raises(MutationAnchorGone, match="fence moved"):

@@ -1,9 +1,10 @@
 """The mutation the zombie checker must catch: the store's commit function with its fence removed.
 
-The fence of `commit_decision` is two predicates: the position row is moved only while it holds
-the claim's token, and the command is settled only while it is CLAIMED under that token. Each is
-replaced by a predicate without the token. Each anchor must be found exactly once; when one is
-not (the commit changed), the mutation raises instead of silently mutating nothing.
+The fence of `commit_decision` is the position's token (checked before a state conflict is reported,
+and again when the position is moved) and the command's (settled only while CLAIMED under that
+token). Each predicate is replaced by one without the token. Each anchor must be found as many
+times as listed; when it is not (the commit changed), the mutation raises instead of silently
+mutating nothing or only part of the fence.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ __all__ = ["FENCE", "MutationAnchorGone", "unfenced", "unfenced_commit_segment"]
 COMMIT_FUNCTION = "commit_decision"
 
 FENCE = (
-    ("WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token",
-     "WHERE p.instance_id = v_id AND p.path = v_pos"),
-    ("WHERE c.id = v_cmd AND c.token = v_token AND c.state = 'CLAIMED'", "WHERE c.id = v_cmd"),
+    ("p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token",
+     "p.instance_id = v_id AND p.path = v_pos", 2),
+    ("WHERE c.id = v_cmd AND c.token = v_token AND c.state = 'CLAIMED'", "WHERE c.id = v_cmd", 1),
 )
 
 
@@ -28,9 +29,9 @@ class MutationAnchorGone(RuntimeError):
 def unfenced(function_sql: str) -> str:
     """`function_sql` (one CREATE FUNCTION) without its fence."""
     body = function_sql
-    for old, new in FENCE:
-        if body.count(old) != 1:
-            raise MutationAnchorGone(f"the fence moved: {old!r} is not in {COMMIT_FUNCTION} exactly once")
+    for old, new, times in FENCE:
+        if body.count(old) != times:
+            raise MutationAnchorGone(f"the fence moved: {old!r} is not in {COMMIT_FUNCTION} {times} time(s)")
         body = body.replace(old, new)
     return body.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
