@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import statistics
 import time
 import uuid
@@ -15,12 +14,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from stepstone.config import quote_ident
 from stepstone.core.model import Decision
 from stepstone.store.migrate import migrate
 from stepstone.store.port import Claim, CommitRequest, Committed, Pin
 from stepstone.store.postgres import PostgresStore
-from stepstone.store.sqlfiles import read_text, render
+from stepstone.store.queries import named_queries
+from stepstone.store.sqlfiles import render_identifier
 
 __all__ = [
     "BenchContext",
@@ -35,13 +34,9 @@ __all__ = [
     "track_commits",
 ]
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
 def bench_queries(schema: str) -> dict[str, str]:
-    """The named queries of `store/sql/bench.sql`, with the schema identifier composed in."""
-    parts = _NAME.split(render(read_text("sql", "bench.sql"), schema))
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    """The named queries of `store/sql/bench.sql`, read by the store's loader."""
+    return named_queries("bench.sql", schema)
 
 
 @dataclass(frozen=True)
@@ -117,9 +112,10 @@ def database_url(url: str, database: str) -> str:
 async def bench_database(ctx: BenchContext) -> AsyncIterator[str]:
     """A fresh, migrated database `stepstone_bench_<random>`, dropped afterwards; yields its URL."""
     name = f"stepstone_bench_{uuid.uuid4().hex[:10]}"
+    q = bench_queries(ctx.schema)
     admin = await asyncpg.connect(ctx.admin_url)
     try:
-        await admin.execute(f"CREATE DATABASE {quote_ident(name)}")
+        await admin.execute(render_identifier(q["create_database"], "database", name))
     finally:
         await admin.close()
     url = database_url(ctx.admin_url, name)
@@ -133,7 +129,7 @@ async def bench_database(ctx: BenchContext) -> AsyncIterator[str]:
     finally:
         admin = await asyncpg.connect(ctx.admin_url)
         try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+            await admin.execute(render_identifier(q["drop_database"], "database", name))
         finally:
             await admin.close()
 

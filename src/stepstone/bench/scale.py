@@ -25,8 +25,8 @@ from stepstone.bench.common import (
 from stepstone.bench.throughput import closed_loop
 from stepstone.bench.workflows import registry, waiting
 from stepstone.client import Client
-from stepstone.runtime.worker import Worker, WorkerConfig, pin_of
-from stepstone.store.port import Pin
+from stepstone.core.pin import Pin, pin_of
+from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.postgres import PostgresStore
 
 BATCH = 200_000
