@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-CONTRACTS = {"core-pure", "runtime-on-ports", "client-on-ports"}
+CONTRACTS = {"core-pure", "runtime-on-ports", "client-on-ports", "client-without-runtime"}
 
 pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the test extra")
 
@@ -52,6 +52,7 @@ def test_contracts_are_kept() -> None:
         ("runtime/committer.py", "from stepstone.store import postgres", "the runtime reaches neither"),
         ("client.py", "from stepstone.store import database", "client, testing and ops"),
         ("testing/__init__.py", "import asyncpg", "client, testing and ops"),
+        ("client.py", "from stepstone.runtime.worker import Worker", "the client needs no worker"),
     ],
 )
 def test_a_planted_violation_breaks_its_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
