@@ -16,7 +16,7 @@ import asyncpg
 
 from stepstone.core.model import Decision
 from stepstone.store.migrate import migrate
-from stepstone.store.port import Claim, CommitRequest, Committed, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, Pin, Store
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import named_queries
 from stepstone.store.sqlfiles import render_identifier
@@ -135,7 +135,11 @@ async def bench_database(ctx: BenchContext) -> AsyncIterator[str]:
 
 
 class StatementLog:
-    """Counts and times the statements a store sends, by query name (wraps `_fetch*` on one store)."""
+    """Counts and times the statements a store sends, by query name (wraps `_fetch*` on one store).
+
+    It times the PostgreSQL adapter's own statements, so it takes a `PostgresStore`, the one place
+    outside `stepstone.store` that opens the adapter by its type instead of through `open_store`.
+    """
 
     def __init__(self, store: PostgresStore) -> None:
         self.calls: list[tuple[str, float]] = []
@@ -185,7 +189,7 @@ class Progress:
             await asyncio.wait_for(self.changed.wait_for(predicate), timeout)
 
 
-def track_commits(store: PostgresStore, progress: Progress) -> None:
+def track_commits(store: Store, progress: Progress) -> None:
     """Record in `progress` when a commit on `store` (single or grouped) ended an instance or made it wait."""
     inner = store.commit
     inner_many = store.commit_many

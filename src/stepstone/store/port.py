@@ -130,4 +130,8 @@ class ClientStore(Protocol):
 class Store(WorkerStore, ClientStore, Protocol):
     """The whole port, as `open_store` returns it; `move_clock` is the test hook on the db clock."""
 
+    url: str
+    """Where the store is (may hold a password: redact it before showing it)."""
+    schema: str
+
     async def move_clock(self, seconds: float) -> datetime: ...
