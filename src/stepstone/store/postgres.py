@@ -75,9 +75,11 @@ class Listener:
         try:
             await self.conn.remove_listener(self.channel, self.callback)
             await self.conn.close()
-        except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+        except (OSError, asyncpg.InterfaceError, asyncpg.InternalClientError, asyncpg.PostgresConnectionError) as exc:
             log.debug("wake-up connection already gone (%s)", type(exc).__name__)
-            self.conn.terminate()
+        finally:
+            if not self.conn.is_closed():
+                self.conn.terminate()
 
     @property
     def alive(self) -> bool:
