@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS = {"core-pure", "runtime-on-ports", "client-on-ports", "client-without-runtime"}
 
-pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter is in the test extra")
 
 
 def lint(root: Path) -> subprocess.CompletedProcess[str]:
+    assert LINT_IMPORTS.exists(), "install the test extra: pip install -e '.[test]' (it has import-linter)"
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     return subprocess.run(
         [str(LINT_IMPORTS), "--no-logo", "--no-cache", str(root / "pyproject.toml")],
