@@ -23,11 +23,10 @@ from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.config import Settings
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
+from stepstone.core.pin import pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
-from stepstone.runtime.worker import pin_of
-from stepstone.store.database import resolve_target
-from stepstone.store.port import NewInstance
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.factory import open_store
+from stepstone.store.port import ClientStore, NewInstance
 
 SETTLED = TERMINAL | {FAILED}
 """Statuses `wait_for` returns on: the instance will not move without an operator."""
@@ -66,7 +65,7 @@ class Client:
     """Start and steer workflow instances. Open with `await Client.connect(...)`."""
 
     def __init__(
-        self, store: PostgresStore, registry: Registry | None = None, *, limits: Limits | None = None,
+        self, store: ClientStore, registry: Registry | None = None, *, limits: Limits | None = None,
         actor: str | None = None,
     ) -> None:
         self.store = store
@@ -87,11 +86,7 @@ class Client:
         actor: str | None = None,
     ) -> Client:
         """Connect to `database_url`, or to the configured / embedded database."""
-        if database_url is None:
-            settings = settings or Settings(database_url=None, schema=schema)
-            target = await asyncio.to_thread(resolve_target, settings)
-            database_url, schema = target.url, settings.schema
-        store = await PostgresStore.open(database_url, schema)
+        store = await open_store(database_url, schema, settings=settings)
         return cls(store, registry, limits=limits, actor=actor)
 
     async def close(self) -> None:

@@ -30,9 +30,9 @@ from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.client import Client
 from stepstone.core.effects import MovePosition
 from stepstone.core.model import CommandView, InstanceView, RunStep, StepFailed, StepSucceeded
+from stepstone.core.pin import pin_of
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import IdempotencyConflict, InvalidState
-from stepstone.runtime.worker import pin_of
 from stepstone.store.port import Claim, CommitRequest, Pin
 from stepstone.store.postgres import PostgresStore
 

@@ -18,7 +18,8 @@ import pytest
 from stepstone.bench.common import bench_queries, seed_waiting
 from stepstone.bench.workflows import registry, signal_wf, three, waiting
 from stepstone.client import Client
-from stepstone.runtime.worker import Worker, WorkerConfig, pin_of
+from stepstone.core.pin import pin_of
+from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store import postgres
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import queries

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import statistics
 import time
 import uuid
@@ -15,13 +14,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from stepstone.config import quote_ident
 from stepstone.core.effects import MovePosition
 from stepstone.core.model import Decision
 from stepstone.store.migrate import migrate
-from stepstone.store.port import Claim, CommitRequest, Committed, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, Pin, Store
 from stepstone.store.postgres import PostgresStore
-from stepstone.store.sqlfiles import read_text, render
+from stepstone.store.queries import named_queries
+from stepstone.store.sqlfiles import render_identifier
 
 __all__ = [
     "BenchContext",
@@ -36,13 +35,9 @@ __all__ = [
     "track_commits",
 ]
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
 def bench_queries(schema: str) -> dict[str, str]:
-    """The named queries of `store/sql/bench.sql`, with the schema identifier composed in."""
-    parts = _NAME.split(render(read_text("sql", "bench.sql"), schema))
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    """The named queries of `store/sql/bench.sql`, read by the store's loader."""
+    return named_queries("bench.sql", schema)
 
 
 @dataclass(frozen=True)
@@ -118,9 +113,10 @@ def database_url(url: str, database: str) -> str:
 async def bench_database(ctx: BenchContext) -> AsyncIterator[str]:
     """A fresh, migrated database `stepstone_bench_<random>`, dropped afterwards; yields its URL."""
     name = f"stepstone_bench_{uuid.uuid4().hex[:10]}"
+    q = bench_queries(ctx.schema)
     admin = await asyncpg.connect(ctx.admin_url)
     try:
-        await admin.execute(f"CREATE DATABASE {quote_ident(name)}")
+        await admin.execute(render_identifier(q["create_database"], "database", name))
     finally:
         await admin.close()
     url = database_url(ctx.admin_url, name)
@@ -134,13 +130,17 @@ async def bench_database(ctx: BenchContext) -> AsyncIterator[str]:
     finally:
         admin = await asyncpg.connect(ctx.admin_url)
         try:
-            await admin.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+            await admin.execute(render_identifier(q["drop_database"], "database", name))
         finally:
             await admin.close()
 
 
 class StatementLog:
-    """Counts and times the statements a store sends, by query name (wraps `_fetch*` on one store)."""
+    """Counts and times the statements a store sends, by query name (wraps `_fetch*` on one store).
+
+    It times the PostgreSQL adapter's own statements, so it takes a `PostgresStore`, the one place
+    outside `stepstone.store` that opens the adapter by its type instead of through `open_store`.
+    """
 
     def __init__(self, store: PostgresStore) -> None:
         self.calls: list[tuple[str, float]] = []
@@ -190,7 +190,7 @@ class Progress:
             await asyncio.wait_for(self.changed.wait_for(predicate), timeout)
 
 
-def track_commits(store: PostgresStore, progress: Progress) -> None:
+def track_commits(store: Store, progress: Progress) -> None:
     """Record in `progress` when a commit on `store` (single or grouped) ended an instance or made it wait."""
     inner_many = store.commit_many
 

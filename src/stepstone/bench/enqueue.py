@@ -8,13 +8,13 @@ import time
 from stepstone.bench.common import BenchContext, Metric, bench_database
 from stepstone.bench.workflows import registry, three
 from stepstone.client import Client
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.factory import open_store
 
 
 async def run(ctx: BenchContext) -> list[Metric]:
     n = ctx.sizes.enqueue
     async with bench_database(ctx) as url:
-        store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency)
+        store = await open_store(url, ctx.schema, max_size=ctx.concurrency)
         client = Client(store, registry)
         try:
             await client.start(three, {})  # registers the definition outside the timing

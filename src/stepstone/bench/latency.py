@@ -15,7 +15,7 @@ from stepstone.bench.throughput import STARTERS
 from stepstone.bench.workflows import SIGNAL_SEEN, registry, signal_wf, three
 from stepstone.client import Client
 from stepstone.runtime.worker import Worker, WorkerConfig
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.factory import open_store
 
 DEFAULT_MAX = 500.0
 """Workflows/s assumed when the throughput workload did not run first."""
@@ -25,8 +25,8 @@ async def run(ctx: BenchContext) -> list[Metric]:
     rate = 0.5 * (ctx.max_workflows_per_s or DEFAULT_MAX)
     async with bench_database(ctx) as url:
         progress = Progress()
-        worker_store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency + 4)
-        client_store = await PostgresStore.open(url, ctx.schema, max_size=16)
+        worker_store = await open_store(url, ctx.schema, max_size=ctx.concurrency + 4)
+        client_store = await open_store(url, ctx.schema, max_size=16)
         track_commits(worker_store, progress)
         client = Client(client_store, registry)
         worker = Worker(worker_store, registry, WorkerConfig(concurrency=ctx.concurrency, worker_id="bench-latency"))

@@ -8,7 +8,7 @@ from stepstone.bench.common import BenchContext, Metric, bench_database
 from stepstone.bench.procs import WorkerProcess
 from stepstone.bench.workflows import hold_wf, registry
 from stepstone.client import Client
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.factory import open_store
 
 
 async def run(ctx: BenchContext) -> list[Metric]:
@@ -16,7 +16,7 @@ async def run(ctx: BenchContext) -> list[Metric]:
     async with bench_database(ctx) as url:
         child = await WorkerProcess.spawn(url, ctx.schema, "--concurrency", str(n), "--worker-id", "bench-memory",
                                           "--hold", "--hold-target", str(n))
-        store = await PostgresStore.open(url, ctx.schema, max_size=8)
+        store = await open_store(url, ctx.schema, max_size=8)
         try:
             ready = await child.expect("ready")
             client = Client(store, registry)

@@ -14,7 +14,7 @@ from stepstone.bench.procs import WorkerProcess
 from stepstone.bench.workflows import hold_wf, registry
 from stepstone.client import Client
 from stepstone.runtime.worker import Worker, WorkerConfig
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.factory import open_store
 
 LEASE = 2.0
 
@@ -24,7 +24,7 @@ async def run(ctx: BenchContext) -> list[Metric]:
     async with bench_database(ctx) as url:
         victim = await WorkerProcess.spawn(url, ctx.schema, "--concurrency", str(n), "--lease", str(LEASE),
                                            "--worker-id", "bench-victim", "--hold", "--hold-target", str(n))
-        store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency + 4)
+        store = await open_store(url, ctx.schema, max_size=ctx.concurrency + 4)
         progress = Progress()
         track_commits(store, progress)
         survivor = Worker(store, registry, WorkerConfig(concurrency=ctx.concurrency, lease_seconds=LEASE,

@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 
 from stepstone.bench import ceiling, enqueue, latency, memory, recovery, scale, throughput
-from stepstone.bench.common import BenchContext, Metric
+from stepstone.bench.common import BenchContext, Metric, bench_queries
 
 Workload = Callable[[BenchContext], Awaitable[list[Metric]]]
 
@@ -44,7 +44,7 @@ async def run_all(ctx: BenchContext, names: list[str]) -> dict[str, Any]:
             traceback.print_exc()
     return {
         "size": ctx.sizes.name,
-        "machine": await machine(ctx.admin_url),
+        "machine": await machine(ctx.admin_url, ctx.schema),
         "concurrency": ctx.concurrency,
         "processes": ctx.processes,
         "seconds": round(time.monotonic() - started, 1),
@@ -53,14 +53,14 @@ async def run_all(ctx: BenchContext, names: list[str]) -> dict[str, Any]:
     }
 
 
-async def machine(admin_url: str) -> dict[str, Any]:
+async def machine(admin_url: str, schema: str) -> dict[str, Any]:
     conn = await asyncpg.connect(admin_url)
     try:
-        version = await conn.fetchval("SELECT version()")
-        sync = await conn.fetchval("SHOW synchronous_commit")
-        fsync = await conn.fetchval("SHOW fsync")
+        server = await conn.fetchrow(bench_queries(schema)["server_settings"])
     finally:
         await conn.close()
+    assert server is not None  # a SELECT without FROM returns one row
+    version, sync, fsync = server["version"], server["synchronous_commit"], server["fsync"]
     memory_kb = _memory_kb()
     return {
         "nproc": os.cpu_count(), "memory_gib": round(memory_kb / 1024 / 1024, 1), "python": platform.python_version(),

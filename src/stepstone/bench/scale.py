@@ -25,8 +25,9 @@ from stepstone.bench.common import (
 from stepstone.bench.throughput import closed_loop
 from stepstone.bench.workflows import registry, waiting
 from stepstone.client import Client
-from stepstone.runtime.worker import Worker, WorkerConfig, pin_of
-from stepstone.store.port import Pin
+from stepstone.core.pin import Pin, pin_of
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.factory import open_store
 from stepstone.store.postgres import PostgresStore
 
 BATCH = 200_000
@@ -78,7 +79,7 @@ async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict
     """Median claim and commit round trips over a closed loop of three-step workflows, and empty claims."""
     progress = Progress()
     store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency + 4)
-    client_store = await PostgresStore.open(url, ctx.schema, max_size=6)
+    client_store = await open_store(url, ctx.schema, max_size=6)
     client = Client(client_store, registry)
     stats = StatementLog(store)
     track_commits(store, progress)

@@ -16,7 +16,7 @@ import sys
 
 from stepstone.bench.workflows import HOLD, registry
 from stepstone.runtime.worker import Worker, WorkerConfig
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.factory import open_store
 
 
 def report(event: str, **data: object) -> None:
@@ -28,7 +28,7 @@ def report(event: str, **data: object) -> None:
 async def main(args: argparse.Namespace) -> None:
     HOLD.enabled = args.hold
     HOLD.target = args.hold_target
-    store = await PostgresStore.open(args.url, args.schema, max_size=args.pool)
+    store = await open_store(args.url, args.schema, max_size=args.pool)
     worker = Worker(store, registry, WorkerConfig(
         concurrency=args.concurrency, lease_seconds=args.lease, worker_id=args.worker_id,
     ))

@@ -5,25 +5,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, cast
 
 from stepstone.cli.common import CliError
 from stepstone.config import Settings
+from stepstone.store import factory
 from stepstone.store import migrate as migrations
-from stepstone.store.database import redact_url, resolve_target
-from stepstone.store.postgres import PostgresStore
-
-if TYPE_CHECKING:
-    import asyncpg
+from stepstone.store.database import connect, redact_url, resolve_target
+from stepstone.store.port import Store
 
 __all__ = ["check_schema", "open_store"]
 
 
-async def check_schema(store: PostgresStore) -> None:
+async def check_schema(url: str, schema: str) -> None:
     """A one-line CliError unless the schema is exactly at the shipped version (migrates nothing)."""
-    async with store.pool.acquire() as conn:
-        state = await migrations.status(cast("asyncpg.Connection", conn), store.schema)
-    where = f"schema {store.schema!r} in {redact_url(store.url)}"
+    conn = await connect(url)
+    try:
+        state = await migrations.status(conn, schema)
+    finally:
+        await conn.close()
+    where = f"schema {schema!r} in {redact_url(url)}"
     if state.current_version is None:
         raise CliError(f"{where} is not set up: run `stepstone db migrate` first")
     if state.unknown:
@@ -33,13 +33,13 @@ async def check_schema(store: PostgresStore) -> None:
 
 
 @asynccontextmanager
-async def open_store(settings: Settings, *, pool_size: int = 4, check: bool = True) -> AsyncIterator[PostgresStore]:
+async def open_store(settings: Settings, *, pool_size: int = 4, check: bool = True) -> AsyncIterator[Store]:
     """The store on the configured database (or the embedded default), closed on exit."""
     target = await asyncio.to_thread(resolve_target, settings)
-    store = await PostgresStore.open(target.url, settings.schema, max_size=pool_size)
+    if check:
+        await check_schema(target.url, settings.schema)
+    store = await factory.open_store(target.url, settings.schema, max_size=pool_size)
     try:
-        if check:
-            await check_schema(store)
         yield store
     finally:
         await store.close()

@@ -16,12 +16,12 @@ from stepstone.client import Client
 from stepstone.core.model import COMPLETED
 from stepstone.examples import fanout
 from stepstone.runtime.worker import Worker, WorkerConfig
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.port import Store
 
 _DEADLINE = 60.0
 
 
-async def run_fanout(store: PostgresStore) -> None:
+async def run_fanout(store: Store) -> None:
     branches = len(fanout.REGIONS)
     worker = Worker(store, fanout.registry, WorkerConfig(concurrency=branches, poll_interval=0.2))
     await worker.start()

@@ -1,7 +1,13 @@
-"""``stepstone doctor``: the configuration in effect and whether the database is ready for it."""
+"""``stepstone doctor``: the configuration in effect and whether the database is ready for it.
+
+Problems (exit 1): the database is unreachable or its schema is not at the shipped version.
+Warnings (exit 0): work the engine holds back, such as commands deferred because no worker that
+claimed them has their pin (a plan deployed nowhere, or retired too early).
+"""
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import click
@@ -9,6 +15,7 @@ import click
 from stepstone.cli.common import CliError, emit, output_option, render_table, run_async, with_settings
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
+from stepstone.store import health
 from stepstone.store import migrate as migrations
 from stepstone.store.database import DatabaseTarget, connect, redact_url, resolve_target
 
@@ -25,6 +32,7 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
             "schema": {"value": settings.schema, "source": settings.sources.get("schema", "default")},
         },
         "problems": [],
+        "warnings": [],
     }
     problems: list[str] = report["problems"]
     try:
@@ -47,8 +55,11 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
         return report
     try:
         database["reachable"] = True
-        database["server_version"] = await conn.fetchval("SHOW server_version")
+        database["server_version"] = await health.server_version(conn, settings.schema)
         state = await migrations.status(conn, settings.schema)
+        if state.current_version is not None and not state.pending and not state.unknown:
+            report["deferred_pins"] = [_deferred(d) for d in await health.deferred_pins(conn, settings.schema)]
+            report["warnings"] += [_deferred_warning(d) for d in report["deferred_pins"]]
     except StepstoneError as exc:
         problems.append(str(exc))
         return report
@@ -66,6 +77,21 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
     if state.pending:
         problems.append(f"{len(state.pending)} pending migration(s): run `stepstone db migrate`")
     return report
+
+
+def _deferred(found: health.DeferredPin) -> dict[str, Any]:
+    pin = found.pin
+    return {
+        "scope": pin.scope, "definition_id": pin.definition_id, "version": pin.version, "plan_hash": pin.plan_hash,
+        "commands": found.commands, "oldest": found.oldest.astimezone(UTC).isoformat(timespec="seconds"),
+        "deferrals": found.deferrals,
+    }
+
+
+def _deferred_warning(d: dict[str, Any]) -> str:
+    return (f"{d['commands']} command(s) of {d['definition_id']} v{d['version']} (plan {d['plan_hash'][:12]}, "
+            f"scope {d['scope']}) deferred: no worker that claimed them has this pin; oldest created "
+            f"{d['oldest']}, deferred up to {d['deferrals']} time(s)")
 
 
 def _table(report: dict[str, Any]) -> str:
@@ -94,6 +120,7 @@ def _table(report: dict[str, Any]) -> str:
     out.append(render_table(db_rows))
     out += ["", "status: " + ("ok" if not report["problems"] else "PROBLEMS")]
     out += [f"  - {p}" for p in report["problems"]]
+    out += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(out)
 
 

@@ -13,14 +13,13 @@ import asyncio
 import logging
 
 from stepstone.errors import DatabaseUnavailable
-from stepstone.store.port import CommitRequest, Committed
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.port import CommitRequest, Committed, WorkerStore
 
 log = logging.getLogger("stepstone.worker")
 
 
 class GroupCommitter:
-    def __init__(self, store: PostgresStore, *, lease_seconds: float, worker: str, max_batch: int = 64) -> None:
+    def __init__(self, store: WorkerStore, *, lease_seconds: float, worker: str, max_batch: int = 64) -> None:
         self.store = store
         self.lease_seconds = lease_seconds
         self.worker = worker

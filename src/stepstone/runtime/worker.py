@@ -25,20 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import asyncpg
-
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep
 from stepstone.core.patch import rebase
+from stepstone.core.pin import pin_of
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.handlers import describe_error, run_handler
 from stepstone.runtime.threads import HandlerThreads
-from stepstone.store.port import Claim, CommitRequest, Committed, Pin
-from stepstone.store.postgres import Listener, PostgresStore
+from stepstone.store.port import Claim, CommitRequest, Committed, Listener, WorkerStore
 
 log = logging.getLogger("stepstone.worker")
 
@@ -109,7 +107,7 @@ class Worker:
 
     def __init__(
         self,
-        store: PostgresStore,
+        store: WorkerStore,
         registry: Registry,
         config: WorkerConfig | None = None,
         limits: Limits | None = None,
@@ -286,7 +284,7 @@ class Worker:
         if listener is not None:
             try:
                 await listener.close()
-            except (DatabaseUnavailable, OSError, asyncpg.InterfaceError) as exc:
+            except (DatabaseUnavailable, OSError) as exc:
                 log.debug("wake-up connection already gone (%s)", type(exc).__name__)
 
     # -- segments -------------------------------------------------------------------------------
@@ -411,8 +409,3 @@ class Worker:
             if await self.store.settled_by(command_id, claim.token):
                 return Committed(None, await self.store.db_now())  # committed; the position waits or ended
             return None  # never committed, and the lease is gone: fenced
-
-
-def pin_of(workflow: Workflow[Any], scope: str = "default") -> Pin:
-    plan = workflow.plan
-    return Pin(scope, plan.definition_id, plan.version, plan.plan_hash)

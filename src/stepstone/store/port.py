@@ -1,23 +1,36 @@
 """The store port: what the runtime and the client need from persistence.
 
-`PostgresStore` is the adapter; nothing outside `stepstone.store` speaks SQL.
+    WorkerStore   what a worker needs: claim, commit, renew, release, defer, listen, next_available
+    ClientStore   what the client needs: start, signal, cancel, retry, get, list, history
+    Store         both, plus the test clock: what `stepstone.store.factory.open_store` returns
+
+`PostgresStore` (`stepstone.store.postgres`) is the adapter and `open_store` the one place it is
+built; the runtime, the client and `stepstone.testing` are typed against these protocols only, and the
+import contracts in pyproject.toml keep them off the adapter and the driver. Nothing outside
+`stepstone.store` speaks SQL.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from stepstone.core.model import CommandView, Decision, InstanceView
+from stepstone.core.pin import Pin
 
-
-@dataclass(frozen=True)
-class Pin:
-    scope: str
-    definition_id: str
-    version: int
-    plan_hash: str
+__all__ = [
+    "Claim",
+    "ClientStore",
+    "CommitRequest",
+    "Committed",
+    "Listener",
+    "NewInstance",
+    "Pin",
+    "Store",
+    "WorkerStore",
+]
 
 
 @dataclass(frozen=True)
@@ -68,17 +81,37 @@ class NewInstance:
     actor: str | None = None
 
 
-class Store(Protocol):
+class Listener(Protocol):
+    """The wake-up connection a worker holds; `close` ends it, a connection already gone included."""
+
+    @property
+    def alive(self) -> bool: ...
+    async def close(self) -> None: ...
+
+
+class WorkerStore(Protocol):
+    """What a worker needs: the hot path (claim, commit, renew), giving work back, and wake-ups."""
+
+    async def register(self, pin: Pin, plan: dict[str, Any]) -> None: ...
     async def claim(self, limit: int, lease_seconds: float, worker: str) -> list[Claim]: ...
     async def commit(self, request: CommitRequest, *, lease_seconds: float, worker: str) -> Committed | None: ...
     async def commit_many(
         self, requests: list[CommitRequest], *, lease_seconds: float, worker: str
     ) -> list[Committed | None]: ...
+    async def held_command(self, instance_id: str, position: str, token: Any) -> int | None: ...
+    async def settled_by(self, command_id: int, token: Any) -> bool: ...
     async def renew(self, held: dict[tuple[str, str], Any], lease_seconds: float) -> set[tuple[str, str]]: ...
     async def release(self, instance_id: str, position: str, token: Any) -> bool: ...
     async def defer(self, instance_id: str, position: str, token: Any, reason: str) -> bool: ...
     async def note_error(self, instance_id: str, token: Any, error: str) -> bool: ...
     async def next_available(self) -> float | None: ...
+    async def listen(self, callback: Callable[[], None]) -> Listener: ...
+    async def db_now(self) -> datetime: ...
+
+
+class ClientStore(Protocol):
+    """What the client needs: start and steer instances, and read them."""
+
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None: ...
     async def start(self, new: NewInstance) -> tuple[str, bool]: ...
     async def signal(
@@ -93,11 +126,20 @@ class Store(Protocol):
     async def list(
         self,
         *,
-        status: str | None,
-        definition: str | None,
-        business_key: str | None,
-        after: tuple[datetime, str] | None,
-        limit: int,
+        status: str | None = None,
+        definition: str | None = None,
+        business_key: str | None = None,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
     ) -> list[dict[str, Any]]: ...
-    async def db_now(self) -> datetime: ...
     async def close(self) -> None: ...
+
+
+class Store(WorkerStore, ClientStore, Protocol):
+    """The whole port, as `open_store` returns it; `move_clock` is the test hook on the db clock."""
+
+    url: str
+    """Where the store is (may hold a password: redact it before showing it)."""
+    schema: str
+
+    async def move_clock(self, seconds: float) -> datetime: ...

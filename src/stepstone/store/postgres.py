@@ -8,6 +8,7 @@ translated into the stepstone hierarchy here. The hot path is two statements:
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
+
+log = logging.getLogger("stepstone.store")
 
 __all__ = ["Listener", "PostgresStore", "event_id"]
 
@@ -58,17 +61,22 @@ def _dumps(value: Any) -> str:
 
 @dataclass
 class Listener:
-    """A dedicated LISTEN connection; `close` ends it."""
+    """A dedicated LISTEN connection (the port's `Listener`); `close` ends it."""
 
     conn: asyncpg.Connection
     channel: str
     callback: Callable[..., None]
 
     async def close(self) -> None:
+        """End the connection; one the server or the network already cut counts as closed."""
         try:
             await self.conn.remove_listener(self.channel, self.callback)
-        finally:
             await self.conn.close()
+        except (OSError, asyncpg.InterfaceError, asyncpg.InternalClientError, asyncpg.PostgresConnectionError) as exc:
+            log.debug("wake-up connection already gone (%s)", type(exc).__name__)
+        finally:
+            if not self.conn.is_closed():
+                self.conn.terminate()
 
     @property
     def alive(self) -> bool:

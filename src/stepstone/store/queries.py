@@ -1,4 +1,9 @@
-"""The engine's named queries, read once from `sql/queries.sql` per schema."""
+"""Named queries, read once per (file, schema) from the `.sql` files under `store/sql/`.
+
+Each query starts with a ``-- name: <name>`` line; ``{{schema}}`` is replaced by the quoted schema
+identifier (`sqlfiles.render`). `queries(schema)` are the engine's (`queries.sql`); the other files
+(`bench.sql`, `health.sql`) are read through `named_queries`.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,24 @@ import re
 
 from stepstone.store.sqlfiles import read_text, render
 
+__all__ = ["named_queries", "queries"]
+
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @functools.cache
-def queries(schema: str) -> dict[str, str]:
-    """Every named query with the schema identifier composed in."""
-    text = render(read_text("sql", "queries.sql"), schema)
+def named_queries(filename: str, schema: str) -> dict[str, str]:
+    """Every named query of `sql/<filename>` with the schema identifier composed in."""
+    text = render(read_text("sql", filename), schema)
     parts = _NAME.split(text)
     found: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in found:
-            raise ValueError(f"query {name!r} is defined twice in queries.sql")
+            raise ValueError(f"query {name!r} is defined twice in {filename}")
         found[name] = body.strip()
     return found
+
+
+def queries(schema: str) -> dict[str, str]:
+    """The engine's named queries (`sql/queries.sql`)."""
+    return named_queries("queries.sql", schema)

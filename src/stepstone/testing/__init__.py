@@ -20,7 +20,8 @@ from stepstone.authoring.workflow import Registry
 from stepstone.client import Client
 from stepstone.core.limits import Limits
 from stepstone.runtime.worker import Worker, WorkerConfig
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.factory import open_store
+from stepstone.store.port import Store
 
 __all__ = ["Engine", "open_engine"]
 
@@ -29,7 +30,7 @@ __all__ = ["Engine", "open_engine"]
 class Engine:
     """A store, a client and a worker on one database, for tests."""
 
-    store: PostgresStore
+    store: Store
     client: Client
     worker: Worker
 
@@ -57,7 +58,7 @@ async def open_engine(
     **config: Any,
 ) -> AsyncIterator[Engine]:
     """Open an engine on a migrated database; `config` goes to WorkerConfig."""
-    store = await PostgresStore.open(database_url, schema, max_size=config.get("concurrency", 8) + 4)
+    store = await open_store(database_url, schema, max_size=config.get("concurrency", 8) + 4)
     try:
         worker = Worker(store, registry, WorkerConfig(**config), limits)
         await worker.register()

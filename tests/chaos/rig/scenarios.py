@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from stepstone.client import Client
-from stepstone.runtime.worker import pin_of
+from stepstone.core.pin import pin_of
 from stepstone.store.migrate import migrate
 from stepstone.store.postgres import PostgresStore
 from tests._pg import url_for

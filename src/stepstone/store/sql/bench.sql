@@ -119,3 +119,15 @@ SELECT count(*) FROM {{schema}}.instances WHERE definition_id = $1 AND status <>
 -- name: hot_updates
 SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
 WHERE schemaname = $1 AND relname IN ('instances', 'commands') ORDER BY relname;
+
+-- name: create_database
+-- A fresh database for one workload; {{database}} is composed in by sqlfiles.render_identifier.
+CREATE DATABASE {{database}};
+
+-- name: drop_database
+DROP DATABASE IF EXISTS {{database}} WITH (FORCE);
+
+-- name: server_settings
+-- What the report says about the server the numbers come from.
+SELECT version() AS version, current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('fsync') AS fsync;

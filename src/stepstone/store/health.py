@@ -1,0 +1,42 @@
+"""What `stepstone doctor` reads from a database, as named queries from `sql/health.sql`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from stepstone.core.pin import Pin
+from stepstone.store.database import translate_errors
+from stepstone.store.queries import named_queries
+
+__all__ = ["DeferredPin", "deferred_pins", "server_version"]
+
+
+@dataclass(frozen=True)
+class DeferredPin:
+    """Commands deferred because no worker that claimed them has their pin (kind NOT_RUNNABLE)."""
+
+    pin: Pin
+    commands: int
+    oldest: datetime
+    """When the oldest of them was created."""
+    deferrals: int
+    """The most times one of them was deferred."""
+
+
+async def server_version(conn: asyncpg.Connection, schema: str) -> str:
+    with translate_errors():
+        return str(await conn.fetchval(named_queries("health.sql", schema)["server_version"]))
+
+
+async def deferred_pins(conn: asyncpg.Connection, schema: str) -> list[DeferredPin]:
+    """Every pin with NOT_RUNNABLE deferrals, the one waiting longest first."""
+    with translate_errors():
+        rows = await conn.fetch(named_queries("health.sql", schema)["deferred_pins"])
+    return [
+        DeferredPin(Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"]),
+                    int(r["commands"]), r["oldest"], int(r["deferrals"]))
+        for r in rows
+    ]

@@ -1,0 +1,78 @@
+"""`stepstone doctor` shows the commands deferred because no worker has their pin (issue 9, item 19)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from click.testing import CliRunner, Result
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.cli import cli
+from stepstone.core.pin import pin_of
+from stepstone.testing import open_engine
+
+kept: Workflow[Any] = Workflow("doctor_kept", version=1)
+stranded_v1: Workflow[Any] = Workflow("doctor_stranded", version=1)
+stranded_v2: Workflow[Any] = Workflow("doctor_stranded", version=2)
+
+
+@kept.step(start=True)
+def kept_step(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["ran"] = True
+
+
+@stranded_v1.step(start=True)
+def stranded_step_1(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["ran"] = True
+
+
+@stranded_v2.step(start=True)
+def stranded_step_2(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["ran"] = True
+
+
+def doctor(database_url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--database-url", database_url, "doctor", *args], catch_exceptions=False)
+
+
+async def start_and_defer(database_url: str) -> tuple[int, int]:
+    """Start 2 instances of v1 and 1 of v2 of a workflow the worker lacks, and one it has; run the worker.
+    Returns (deferrals the worker made, completed instances) and checks doctor in between."""
+    async with open_engine(database_url, Registry(kept), concurrency=4) as engine:
+        await engine.client.start(stranded_v1, {})
+        await engine.client.start(stranded_v1, {})
+        await engine.client.start(stranded_v2, {})
+        done = await engine.client.start(kept, {})
+        pending = await asyncio.to_thread(doctor, database_url)
+        assert pending.exit_code == 0, pending.output
+        assert "warning:" not in pending.stdout  # PENDING commands are not deferred ones
+        await engine.run_until_idle()
+        info = await engine.client.get(done)
+        return engine.worker.events.deferred, int(info.completed)
+
+
+def test_doctor_warns_of_commands_no_worker_can_run(database_url: str) -> None:
+    assert asyncio.run(start_and_defer(database_url)) == (3, 1)
+
+    result = doctor(database_url)
+    assert result.exit_code == 0, result.output  # a warning, not a problem
+    assert "status: ok" in result.stdout
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2, result.stdout  # one line per pin, not per command
+    v1, v2 = pin_of(stranded_v1), pin_of(stranded_v2)
+    assert warnings[0].startswith("warning: 2 command(s) of doctor_stranded v1 ")
+    assert f"plan {v1.plan_hash[:12]}" in warnings[0] and "no worker that claimed them has this pin" in warnings[0]
+    assert warnings[1].startswith("warning: 1 command(s) of doctor_stranded v2 ")
+    assert f"plan {v2.plan_hash[:12]}" in warnings[1]
+    assert "doctor_kept" not in result.stdout
+
+    data = json.loads(doctor(database_url, "-o", "json").stdout)
+    assert [(d["definition_id"], d["version"], d["plan_hash"], d["commands"], d["deferrals"])
+            for d in data["deferred_pins"]] == [
+        ("doctor_stranded", 1, v1.plan_hash, 2, 1),
+        ("doctor_stranded", 2, v2.plan_hash, 1, 1),
+    ]
+    assert data["deferred_pins"][0]["oldest"] <= data["deferred_pins"][1]["oldest"]
+    assert data["warnings"] == [w.removeprefix("warning: ") for w in warnings]
