@@ -1,4 +1,4 @@
-"""The engine's named queries, read once from `sql/queries.sql` per schema."""
+"""The store's named queries, read once per (schema, file) from `sql/*.sql`."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @functools.cache
-def queries(schema: str) -> dict[str, str]:
-    """Every named query with the schema identifier composed in."""
-    text = render(read_text("sql", "queries.sql"), schema)
+def queries(schema: str, file: str = "queries.sql") -> dict[str, str]:
+    """Every named query of `sql/<file>` with the schema identifier composed in."""
+    text = render(read_text("sql", file), schema)
     parts = _NAME.split(text)
     found: dict[str, str] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in found:
-            raise ValueError(f"query {name!r} is defined twice in queries.sql")
+            raise ValueError(f"query {name!r} is defined twice in {file}")
         found[name] = body.strip()
     return found
