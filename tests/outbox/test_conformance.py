@@ -102,6 +102,46 @@ async def test_several_relays_keep_per_key_order(kind: Kind, conn: asyncpg.Conne
     assert_keys_in_order(seen, staged)
 
 
+class Gated:
+    """Holds each publish until `release` is set, after signalling `entered`."""
+
+    def __init__(self, inner: Publisher) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        self.entered.set()
+        await self.release.wait()
+        return await self.inner.publish(batch)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def test_a_relay_never_overtakes_another_on_a_key(kind: Kind, conn: asyncpg.Connection,
+                                                       outbox: PostgresOutbox) -> None:
+    staged = await stage(conn, ["a", "b", "a", "b", None, "c", "a", None])
+    slow, fast = Gated(open_publisher(kind.url)), open_publisher(kind.url)
+    try:
+        first = asyncio.create_task(Relay(outbox, slow, RelayConfig(batch_size=3, relay_id="slow")).run_once())
+        await slow.entered.wait()  # a, b, a leased and on their way
+        other = Relay(outbox, fast, RelayConfig(relay_id="fast"))
+        await other.run_until_idle()
+        # Everything of keys a and b waits for the slow relay; the rest went.
+        assert sorted(e for e, _, _ in await kind.read()) == sorted(e for _, e, k in staged if k not in ("a", "b"))
+        slow.release.set()
+        assert await first == 3
+        await drain([other], outbox)
+    finally:
+        await slow.close()
+        await fast.close()
+    seen = await kind.read()
+    assert Counter(e for e, _, _ in seen) == Counter(e for _, e, _ in staged)
+    assert_keys_in_order(seen, staged)
+
+
 async def test_a_relay_killed_between_publish_and_mark_publishes_again(
     kind: Kind, conn: asyncpg.Connection, database_url: str, store: PostgresStore, outbox: PostgresOutbox
 ) -> None:
