@@ -123,11 +123,15 @@ async def _run_order(client: Client, worker: Worker) -> None:
                f"payment {state['payment_id']}, shipment {state['shipment_id']}")
 
 
-@click.command("demo")
+@click.group("demo", invoke_without_command=True)
 @with_settings
-def demo_command(settings: Settings) -> None:
-    """Run the example order workflow (a step, a timer, a signal) on the configured or embedded database."""
-    run_async(_demo(settings))
+@click.pass_context
+def demo_command(ctx: click.Context, settings: Settings) -> None:
+    """Run the example order workflow (a step, a timer, a signal) on the configured or embedded database.
+
+    `stepstone demo outbox` runs it with the outbox relay publishing its events (docs/outbox.md)."""
+    if ctx.invoked_subcommand is None:
+        run_async(_demo(settings))
 
 
 commands = [demo_command]

@@ -65,6 +65,11 @@ class RedisStreamsPublisher:
 
         return await publish_in_lanes(batch, send, concurrency=self.concurrency)
 
+    async def read(self, stream: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every entry of `stream` as (entry id, envelope), oldest first: reading the broker back."""
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self.client.xrange(stream)  # type: ignore[assignment]
+        return [(entry_id.decode(), decode_entry(fields)) for entry_id, fields in entries]
+
     async def close(self) -> None:
         await self.client.aclose()
 

@@ -177,6 +177,11 @@ class PostgresOutbox:
         rows = await self._fetch("outbox_publish_times")
         return [(str(r["event_id"]), r["published_at"], r["created_at"]) for r in rows]
 
+    async def staged_order(self, event_ids: Sequence[str]) -> list[tuple[int, str, str, str | None]]:
+        """(id, event id, type, key) of the given events in staged order: what per-key order is measured against."""
+        rows = await self._fetch("outbox_events_by_id", [uuid.UUID(e) for e in event_ids])
+        return [(int(r["id"]), str(r["event_id"]), r["type"], r["key"]) for r in rows]
+
     async def listen(self, callback: Callable[[], None]) -> Listener:
         """A dedicated connection LISTENing for staged events; `callback` runs on each notification."""
         return await self.store.listen(callback, self.channel)

@@ -119,3 +119,8 @@ LIMIT $2;
 -- Test and bench hook: (event id, published_at, created_at) of published events.
 SELECT o.event_id, o.published_at, o.created_at FROM {{schema}}.outbox o
 WHERE o.published_at IS NOT NULL ORDER BY o.id;
+
+-- name: outbox_events_by_id
+-- Staged order, key and publish time of the events $1 (uuid[]).
+SELECT o.id, o.event_id, o.type, o.key, o.published_at FROM {{schema}}.outbox o
+WHERE o.event_id = ANY($1::uuid[]) ORDER BY o.id;
