@@ -20,16 +20,17 @@ from stepstone.client import Client
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
 from stepstone.examples import orders
-from stepstone.outbox.publisher import (
+from stepstone.outbox import (
     InMemoryBroker,
     InMemoryPublisher,
     Outcome,
     Publisher,
     PublishResult,
+    Relay,
+    RelayConfig,
     Routing,
     open_publisher,
 )
-from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
 
