@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -19,7 +18,7 @@ from stepstone.cli import cli
 from stepstone.store.outbox import PostgresOutbox, Settlement
 from stepstone.store.postgres import PostgresStore
 from tests.outbox.brokers import Kind, open_kind
-from tests.outbox.conftest import stage
+from tests.outbox.conftest import claim, stage
 from tests.test_cli_worker import DEADLINE, ROOT, STEPSTONE, WorkerProcess, start_worker
 
 
@@ -53,8 +52,7 @@ async def run(*args: str) -> tuple[int, str, str]:
 
 async def test_status_list_and_requeue(conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str) -> None:
     staged = await stage(conn, ["a", "a", "b"])
-    token = uuid.uuid4()
-    first = [e.id for e in await outbox.claim(1, 30, "r", token)]
+    token, first = await claim(outbox, limit=1)
     await outbox.settle(token, [Settlement(first[0], "dead", "refused: no route", counted=True)])
     code, out, _ = await run("outbox", "status", "--database-url", database_url, "-o", "json")
     assert code == 0

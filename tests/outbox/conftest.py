@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 import asyncpg
 import pytest
 
+from stepstone.outbox.relay import Relay
 from stepstone.store.outbox import PostgresOutbox
 from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
@@ -31,6 +33,47 @@ async def stage(
     context = json.dumps({"traceparent": trace}) if trace else None
     rows = await conn.fetch(STAGE, instance or uuid.uuid4(), [type_] * len(keys), list(keys), context)
     return [(r["id"], r["event_id"], r["key"]) for r in rows]
+
+
+HORIZON_WAIT = 30.0
+
+
+async def publish_until(relay: Relay, expected: int) -> int:
+    """`run_until_idle` until `expected` events are published; returns the count published.
+
+    A transaction open anywhere on the server (another database too: transaction ids are per server)
+    holds the visibility horizon back while it runs, so on a shared server a claim can come back empty
+    for a moment. This waits for such a foreign transaction to end, never for the test's own work."""
+    deadline = asyncio.get_running_loop().time() + HORIZON_WAIT
+    total = await relay.run_until_idle()
+    while total < expected and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+        total += await relay.run_until_idle()
+    return total
+
+
+async def first_claim(relay: Relay) -> int:
+    """`run_once` until a claim takes something (see `publish_until`); returns the count published."""
+    deadline = asyncio.get_running_loop().time() + HORIZON_WAIT
+    published = await relay.run_once()
+    while not relay.last_claimed and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+        published = await relay.run_once()
+    return published
+
+
+async def claim(outbox: PostgresOutbox, limit: int = 500, relay: str = "r", *, some: bool = True
+                ) -> tuple[uuid.UUID, list[int]]:
+    """One claim; when `some`, repeated while it comes back empty because a transaction elsewhere on
+    the server holds the visibility horizon (see tests/outbox/conftest.py `publish_until`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HORIZON_WAIT
+    while True:
+        token = uuid.uuid4()
+        ids = [e.id for e in await outbox.claim(limit, 30, relay, token)]
+        if ids or not some or loop.time() > deadline:
+            return token, ids
+        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
 from stepstone.store.postgres import PostgresStore
 from tests.outbox.brokers import Kind, Seen, TcpProxy, with_port
-from tests.outbox.conftest import stage
+from tests.outbox.conftest import HORIZON_WAIT, first_claim, publish_until, stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,14 +55,18 @@ def assert_keys_in_order(seen: list[Seen], staged: list[tuple[int, str, str | No
             assert got.get(key) == ids, f"key {key}: broker order differs from staged order"
 
 
-async def drain(relays: Sequence[Relay], outbox: PostgresOutbox, rounds: int = 500) -> None:
-    """Run the relays side by side until nothing is pending (each round is real work, no sleep)."""
-    for _ in range(rounds):
-        await asyncio.gather(*(r.run_until_idle() for r in relays))
-        status = await outbox.status()
-        if status.pending == 0:
+async def drain(relays: Sequence[Relay], outbox: PostgresOutbox) -> None:
+    """Run the relays side by side until nothing is pending (each round is real work; a round that
+    finds nothing waits briefly for a foreign transaction holding the horizon, see `publish_until`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HORIZON_WAIT
+    while loop.time() < deadline:
+        done = await asyncio.gather(*(r.run_until_idle() for r in relays))
+        if (await outbox.status()).pending == 0:
             return
-    raise AssertionError(f"still pending after {rounds} rounds: {await outbox.status()}")
+        if not any(done):
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"still pending: {await outbox.status()}")
 
 
 async def test_every_event_arrives_with_its_id_and_trace_context(kind: Kind, conn: asyncpg.Connection,
@@ -71,7 +75,7 @@ async def test_every_event_arrives_with_its_id_and_trace_context(kind: Kind, con
     staged = await stage(conn, ["k1", "k2", "k1", None], trace=trace)
     publisher = open_publisher(kind.url)
     try:
-        published = await Relay(outbox, publisher).run_until_idle()
+        published = await publish_until(Relay(outbox, publisher), 4)
     finally:
         await publisher.close()
     assert published == 4
@@ -125,10 +129,10 @@ async def test_a_relay_never_overtakes_another_on_a_key(kind: Kind, conn: asyncp
     staged = await stage(conn, ["a", "b", "a", "b", None, "c", "a", None])
     slow, fast = Gated(open_publisher(kind.url)), open_publisher(kind.url)
     try:
-        first = asyncio.create_task(Relay(outbox, slow, RelayConfig(batch_size=3, relay_id="slow")).run_once())
+        first = asyncio.create_task(first_claim(Relay(outbox, slow, RelayConfig(batch_size=3, relay_id="slow"))))
         await slow.entered.wait()  # a, b, a leased and on their way
         other = Relay(outbox, fast, RelayConfig(relay_id="fast"))
-        await other.run_until_idle()
+        await publish_until(other, 3)
         # Everything of keys a and b waits for the slow relay; the rest went.
         assert sorted(e for e, _, _ in await kind.read()) == sorted(e for _, e, k in staged if k not in ("a", "b"))
         slow.release.set()
@@ -164,7 +168,7 @@ async def test_a_relay_killed_between_publish_and_mark_publishes_again(
     await store.move_clock(601)  # the dead relay's lease expires
     publisher = open_publisher(kind.url)
     try:
-        assert await Relay(outbox, publisher).run_until_idle() == 12
+        assert await publish_until(Relay(outbox, publisher), 12) == 12
     finally:
         await publisher.close()
     seen = await kind.read()
@@ -200,7 +204,7 @@ async def test_a_batch_the_broker_half_accepts(kind: Kind, conn: asyncpg.Connect
     inner = open_publisher(kind.url)
     try:
         relay = Relay(outbox, HalfAccepted(inner), RelayConfig(batch_size=8, retry_base=10))
-        assert await relay.run_once() == 4
+        assert await first_claim(relay) == 4
         rows = await outbox.unpublished()
         assert [r.id for r in rows] == [i for i, _, _ in staged[4:]]
         # Per key: the first unacknowledged event counts an attempt and backs off; the key's later
@@ -209,7 +213,7 @@ async def test_a_batch_the_broker_half_accepts(kind: Kind, conn: asyncpg.Connect
         assert all(r.next_attempt_at is not None for r in rows)
         assert await Relay(outbox, inner).run_until_idle() == 0, "backing off"
         await store.move_clock(11)
-        assert await Relay(outbox, inner).run_until_idle() == 4
+        assert await publish_until(Relay(outbox, inner), 4) == 4
     finally:
         await inner.close()
     seen = await kind.read()
@@ -263,7 +267,7 @@ async def test_a_refused_event_is_dead_lettered_its_key_waits_and_requeue_resume
     publisher = open_publisher(kind.url)
     try:
         relay = Relay(outbox, publisher)
-        assert await relay.run_until_idle() == 2
+        assert await publish_until(relay, 2) == 2
         dead = await outbox.unpublished(dead=True)
         assert [d.id for d in dead] == [first[0][0]]
         assert dead[0].last_error and dead[0].last_error.startswith("refused")
@@ -272,7 +276,7 @@ async def test_a_refused_event_is_dead_lettered_its_key_waits_and_requeue_resume
         assert await relay.run_until_idle() == 0, "the key waits behind its dead event"
         await kind.cure("bad")
         assert await outbox.requeue([first[0][0]]) == [first[0][0]]
-        assert await relay.run_until_idle() == 3
+        assert await publish_until(relay, 3) == 3
     finally:
         await publisher.close()
     seen = await kind.read()
@@ -299,7 +303,7 @@ async def test_an_older_insert_committing_after_a_newer_one_is_published_first(
         assert await relay.run_until_idle() == 0
         assert await kind.read() == []
         await tx.commit()
-        assert await relay.run_until_idle() == 3
+        assert await publish_until(relay, 3) == 3
     finally:
         await publisher.close()
         await slow.close()

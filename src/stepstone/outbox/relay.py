@@ -142,6 +142,11 @@ class Relay:
             with contextlib.suppress(Exception):
                 await listener.close()
 
+    @property
+    def last_claimed(self) -> int:
+        """How many events the last claim took (0: nothing claimable at that moment)."""
+        return self._claimed_last
+
     def wake(self) -> None:
         """Look for work now (and retry an unreachable broker now)."""
         self._kick.set()

@@ -111,3 +111,11 @@ SELECT count(*) FROM {{schema}}.instances WHERE definition_id = $1 AND status <>
 -- name: hot_updates
 SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
 WHERE schemaname = $1 AND relname IN ('instances', 'commands') ORDER BY relname;
+
+-- name: stage_events
+-- The outbox rows step commits stage: $1 events of type $3 for one instance, keys cycling over $2
+-- keys (as commit_segment inserts them); returns their event ids.
+INSERT INTO {{schema}}.outbox (event_id, instance_id, type, key, payload, created_at)
+SELECT gen_random_uuid(), gen_random_uuid(), $3, 'k' || (g % $2), jsonb_build_object('n', g), now()
+FROM generate_series(1, $1) AS g
+RETURNING event_id::text;
