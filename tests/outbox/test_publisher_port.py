@@ -55,3 +55,14 @@ def test_routing_fields() -> None:
 
     event = StagedEvent(1, "e", "i", "order.shipped", "o-1", {}, datetime.now(UTC))
     assert Routing("s:{category}:{type}:{key}").target(event) == "s:order:order.shipped:o-1"
+
+
+def test_broker_url_from_flag_env_or_pyproject(tmp_path: Path) -> None:
+    from stepstone.config import load_settings  # noqa: PLC0415
+
+    (tmp_path / "pyproject.toml").write_text('[tool.stepstone]\nbroker_url = "nats://from-pyproject:4222"\n')
+    assert load_settings(environ={}, cwd=tmp_path).broker_url == "nats://from-pyproject:4222"
+    env = load_settings(environ={"STEPSTONE_BROKER_URL": "redis://from-env"}, cwd=tmp_path)
+    assert (env.broker_url, env.sources["broker_url"]) == ("redis://from-env", "env STEPSTONE_BROKER_URL")
+    flag = load_settings(broker_url="memory://flag", environ={"STEPSTONE_BROKER_URL": "redis://x"}, cwd=tmp_path)
+    assert (flag.broker_url, flag.sources["broker_url"]) == ("memory://flag", "--broker-url")
