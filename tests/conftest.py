@@ -17,7 +17,7 @@ import pytest
 
 from tests._pg import PgServer, start_server
 
-_ISOLATED_ENV = ("STEPSTONE_DATABASE_URL", "DATABASE_URL", "STEPSTONE_SCHEMA")
+_ISOLATED_ENV = ("STEPSTONE_DATABASE_URL", "DATABASE_URL", "STEPSTONE_SCHEMA", "STEPSTONE_BROKER_URL")
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,8 @@
 """Settings in effect and where each value came from.
 
-Precedence, highest first: command-line flag, ``STEPSTONE_DATABASE_URL`` / ``STEPSTONE_SCHEMA``,
-``DATABASE_URL``, ``[tool.stepstone]`` in the nearest ``pyproject.toml`` (walking up from cwd), default.
+Precedence, highest first: command-line flag, ``STEPSTONE_DATABASE_URL`` / ``STEPSTONE_SCHEMA`` /
+``STEPSTONE_BROKER_URL``, ``DATABASE_URL``, ``[tool.stepstone]`` in the nearest ``pyproject.toml`` (walking up
+from cwd), default.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Settings:
     database_url: str | None = None
     schema: str = DEFAULT_SCHEMA
     sources: dict[str, str] = field(default_factory=dict)
+    broker_url: str | None = None
+    """Where the outbox relay publishes (`stepstone relay`, and `stepstone worker` when set)."""
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
@@ -91,6 +94,7 @@ def load_settings(
     *,
     database_url: str | None = None,
     schema: str | None = None,
+    broker_url: str | None = None,
     environ: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> Settings:
@@ -116,10 +120,13 @@ def load_settings(
 
     url, url_source = pick(database_url, ("STEPSTONE_DATABASE_URL", "DATABASE_URL"), "database_url")
     schema_value, schema_source = pick(schema, ("STEPSTONE_SCHEMA",), "schema")
+    broker, broker_source = pick(broker_url, ("STEPSTONE_BROKER_URL",), "broker_url")
     if url is None:
         url_source = "default (embedded PostgreSQL)"
     return Settings(
         database_url=url,
         schema=schema_value if schema_value is not None else DEFAULT_SCHEMA,
-        sources={"database_url": url_source, "schema": schema_source},
+        sources={"database_url": url_source, "schema": schema_source,
+                 **({"broker_url": broker_source} if broker is not None else {})},
+        broker_url=broker,
     )

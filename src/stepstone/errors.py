@@ -2,10 +2,12 @@
 
     StepstoneError                  root: anything stepstone raises on purpose
     ├── ConfigError                 bad configuration (flag, env var, pyproject.toml)
+    │   └── UnknownBroker           no publisher for a broker URL's scheme, or its extra is not installed
     ├── DatabaseError               a problem talking to or with PostgreSQL
     │   ├── DatabaseUnavailable     unreachable, refused, malformed URL or transient (host, port)
     │   ├── InsufficientPrivilege   the role may not do what stepstone needs
     │   └── SchemaTooNew            the schema history has versions this stepstone does not know
+    ├── BrokerUnavailable           the outbox relay cannot reach its broker (events wait, none is lost)
     ├── DefinitionError             a workflow definition that cannot become a plan
     │   └── DefinitionConflict      same id and version registered with a different structure
     ├── NotFound                    the thing named does not exist
@@ -28,6 +30,7 @@ Messages are one line and never contain a password.
 from __future__ import annotations
 
 __all__ = [
+    "BrokerUnavailable",
     "BusinessKeyInUse",
     "ConfigError",
     "Conflict",
@@ -47,6 +50,7 @@ __all__ = [
     "PositionNotFound",
     "SchemaTooNew",
     "StepstoneError",
+    "UnknownBroker",
     "UnknownSignal",
     "WaitTimeout",
 ]
@@ -58,6 +62,14 @@ class StepstoneError(Exception):
 
 class ConfigError(StepstoneError):
     """The configuration in effect is invalid (e.g. a schema name that is not a safe identifier)."""
+
+
+class UnknownBroker(ConfigError):
+    """No publisher is registered for the broker URL's scheme, or the extra that provides it is missing."""
+
+
+class BrokerUnavailable(StepstoneError):
+    """The relay's broker cannot be reached; the batch is released unpublished and no attempt is counted."""
 
 
 class DatabaseError(StepstoneError):

@@ -12,13 +12,13 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import bench, db, demo, doctor, instances, worker
+from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, doctor, instances, outbox, worker
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, demo, bench]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, demo, bench]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,6 +33,8 @@ def cli(ctx: click.Context, database_url: str | None, schema: str | None) -> Non
 for _module in _COMMAND_MODULES:
     for _command in _module.commands:
         cli.add_command(_command)
+demo.demo_command.add_command(demo_outbox.demo_outbox_command)
+demo.demo_command.add_command(demo_fanout.demo_fanout_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,6 @@ import click
 
 from stepstone.cli.common import CliError, run_async, with_settings
 from stepstone.cli.connection import open_store
-from stepstone.cli.demo_fanout import run_fanout
 from stepstone.client import SETTLED, Client
 from stepstone.config import Settings
 from stepstone.core.model import COMPLETED, WAITING
@@ -76,12 +75,9 @@ async def _migrate(settings: Settings) -> str:
     return f"database {redact_url(target.url)}, {schema}"
 
 
-async def _demo(settings: Settings, name: str) -> None:
+async def _demo(settings: Settings) -> None:
     click.echo(await _migrate(settings))
     async with open_store(settings) as store:
-        if name == "fanout":
-            await run_fanout(store)
-            return
         worker = Worker(store, orders.registry, WorkerConfig(concurrency=4, poll_interval=0.5))
         await worker.start()
         try:
@@ -127,18 +123,16 @@ async def _run_order(client: Client, worker: Worker) -> None:
                f"payment {state['payment_id']}, shipment {state['shipment_id']}")
 
 
-DEMOS = {
-    "orders": "the order workflow: a step, a timer and a signal",
-    "fanout": "a fork of 10 branches that each take 1 s, then a child workflow",
-}
-
-
-@click.command("demo")
-@click.argument("name", required=False, default="orders", type=click.Choice(sorted(DEMOS)))
+@click.group("demo", invoke_without_command=True)
 @with_settings
-def demo_command(settings: Settings, name: str) -> None:
-    """Run an example workflow end to end on the configured or embedded database (default: orders)."""
-    run_async(_demo(settings, name))
+@click.pass_context
+def demo_command(ctx: click.Context, settings: Settings) -> None:
+    """Run the example order workflow (a step, a timer, a signal) on the configured or embedded database.
+
+    `stepstone demo fanout` runs a fork of ten branches and a child workflow (docs/branches.md);
+    `stepstone demo outbox` runs the orders with the outbox relay publishing their events (docs/outbox.md)."""
+    if ctx.invoked_subcommand is None:
+        run_async(_demo(settings))
 
 
 commands = [demo_command]

@@ -11,8 +11,10 @@ import time
 
 import click
 
-from stepstone.cli.common import CliError
+from stepstone.cli.common import CliError, run_async, with_settings
+from stepstone.cli.connection import open_store
 from stepstone.client import Client
+from stepstone.config import Settings
 from stepstone.core.model import COMPLETED
 from stepstone.examples import fanout
 from stepstone.runtime.worker import Worker, WorkerConfig
@@ -44,3 +46,18 @@ async def run_fanout(store: Store) -> None:
                f"invoice {info.state['invoice_number']}")
     click.echo(f"fanout: {branches} branches x {fanout.SHIP_SECONDS:.1f} s in {elapsed:.2f} s; "
                f"child {child.id} {child.status.lower()}")
+
+
+async def _demo_fanout(settings: Settings) -> None:
+    from stepstone.cli.demo import _migrate  # noqa: PLC0415 - demo imports this module's command
+
+    click.echo(await _migrate(settings))
+    async with open_store(settings) as store:
+        await run_fanout(store)
+
+
+@click.command("fanout")
+@with_settings
+def demo_fanout_command(settings: Settings) -> None:
+    """A fork of 10 branches that each take 1 s (about 1 s in all with 10 slots), then a child workflow."""
+    run_async(_demo_fanout(settings))

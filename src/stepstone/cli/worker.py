@@ -3,11 +3,14 @@
 The first signal drains: the worker stops claiming, lets in-flight steps finish up to the drain
 timeout, gives back the claims it still holds (another worker picks them up at once) and exits 0.
 A second signal exits at once with 128 + the signal number; leases then expire on their own.
+With a broker configured (``--broker``, ``STEPSTONE_BROKER_URL``, ``broker_url``) the outbox relay runs
+beside the worker and stops after it (docs/outbox.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -19,7 +22,9 @@ from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
 from stepstone.cli.common import run_async, with_settings
 from stepstone.cli.connection import open_store
+from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
 from stepstone.config import Settings
+from stepstone.outbox.relay import RelayConfig
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.database import redact_url
 
@@ -46,8 +51,11 @@ def _force_exit(signum: int) -> None:
     os._exit(128 + signum)
 
 
-async def serve(settings: Settings, registry: Registry, config: WorkerConfig) -> int:
-    """Run a worker until the first stop signal, then drain; returns the number of claims released."""
+async def serve(
+    settings: Settings, registry: Registry, config: WorkerConfig, relay: tuple[str, RelayConfig] | None = None
+) -> int:
+    """Run a worker (and the relay to `relay`'s broker) until the first stop signal, then drain; returns the
+    number of claims released."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     received: list[int] = []
@@ -61,7 +69,10 @@ async def serve(settings: Settings, registry: Registry, config: WorkerConfig) ->
     for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        async with open_store(settings, pool_size=config.concurrency + 2) as store:
+        async with (open_store(settings, pool_size=config.concurrency + 2 + (2 if relay else 0)) as store,
+                    contextlib.AsyncExitStack() as beside):
+            if relay is not None:
+                await beside.enter_async_context(relay_beside(store, *relay))
             worker = Worker(store, registry, config)
             await worker.start()
             workflows = ", ".join(f"{wf.id} v{wf.version}" for wf in registry)
@@ -93,18 +104,25 @@ async def serve(settings: Settings, registry: Registry, config: WorkerConfig) ->
               help="Longest pause between looks for work when no notification arrives.")
 @click.option("--drain-timeout", type=click.FloatRange(min=0.0), default=10.0, show_default=True,
               help="On SIGTERM/SIGINT, how long in-flight steps may take to finish.")
+@broker_option
+@click.option("--no-relay", is_flag=True, help="Do not run the outbox relay here even when a broker is configured.")
+@relay_options
 @with_settings
 def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
-    drain_timeout: float,
+    drain_timeout: float, broker: str | None, no_relay: bool, batch_size: int, max_attempts: int,
 ) -> None:
-    """Run the workflows of --app until SIGTERM/SIGINT (migrates nothing: see `stepstone db migrate`)."""
+    """Run the workflows of --app until SIGTERM/SIGINT (migrates nothing: see `stepstone db migrate`).
+
+    With a broker configured, the outbox relay runs beside the worker (--no-relay turns it off)."""
     configure_logging()
     config = WorkerConfig(concurrency=concurrency, lease_seconds=lease_seconds, poll_interval=poll_interval,
                           drain_timeout=drain_timeout)
     # A synchronous handler still running past the drain timeout is abandoned by `Worker.stop`
     # (its claim released, a warning logged); its daemon thread does not hold up the exit.
-    run_async(serve(settings, registry, config))
+    url = None if no_relay else broker_of(settings, broker)
+    relay = (url, RelayConfig(batch_size=batch_size, max_attempts=max_attempts)) if url else None
+    run_async(serve(settings, registry, config, relay))
 
 
 commands = [worker_command]

@@ -191,16 +191,17 @@ class PostgresStore:
         value = await self._fetchval("next_available")
         return None if value is None else float(value)
 
-    async def listen(self, callback: Callable[[], None]) -> Listener:
-        """Open the dedicated wake-up connection; `callback` runs on every notification."""
+    async def listen(self, callback: Callable[[], None], channel: str | None = None) -> Listener:
+        """Open a dedicated wake-up connection on `channel` (default: commands); `callback` runs on every
+        notification."""
         with translate_errors(self.url):
             conn = await asyncpg.connect(self.url)
 
         def on_notify(*_: Any) -> None:
             callback()
 
-        await conn.add_listener(self.channel, on_notify)
-        return Listener(conn, self.channel, on_notify)
+        await conn.add_listener(channel or self.channel, on_notify)
+        return Listener(conn, channel or self.channel, on_notify)
 
     # -- definitions and instances ------------------------------------------------------------
 

@@ -131,9 +131,37 @@ CREATE TABLE {{schema}}.outbox (
     key text,
     payload jsonb NOT NULL,
     created_at timestamptz NOT NULL,
-    published_at timestamptz
+    published_at timestamptz,
+    -- The relay (migration 0003). xid: the inserting transaction; the relay takes
+    -- only rows below the visibility horizon, so what it sees of a key is a
+    -- gapless prefix. NULL (rows staged before 0003) reads as long committed.
+    xid xid8 DEFAULT pg_current_xact_id(),
+    trace_context jsonb,
+    attempts integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz,
+    last_error text,
+    dead_at timestamptz,
+    -- The relay's lease on a row it is publishing (kept out of every index).
+    claim_token uuid,
+    claimed_until timestamptz,
+    claimed_by text
 );
 CREATE INDEX outbox_pending ON {{schema}}.outbox (id) WHERE published_at IS NULL;
+CREATE INDEX outbox_pending_key ON {{schema}}.outbox (key, id) WHERE published_at IS NULL AND key IS NOT NULL;
+CREATE INDEX outbox_dead ON {{schema}}.outbox (id) WHERE dead_at IS NOT NULL AND published_at IS NULL;
+CREATE INDEX outbox_unsent_instance ON {{schema}}.outbox (instance_id) WHERE published_at IS NULL;
+
+-- One notification per inserting statement (deduplicated per transaction), a hint only.
+CREATE FUNCTION {{schema}}.notify_outbox() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(left('stepstone_outbox_' || TG_TABLE_SCHEMA, 63), '');
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER outbox_notify
+    AFTER INSERT ON {{schema}}.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.notify_outbox();
 
 -- Wake-up: a command that becomes PENDING or DEFERRED notifies one channel per
 -- schema; the payload is its available time in epoch milliseconds, a hint only.

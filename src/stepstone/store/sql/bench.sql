@@ -131,3 +131,11 @@ DROP DATABASE IF EXISTS {{database}} WITH (FORCE);
 -- What the report says about the server the numbers come from.
 SELECT version() AS version, current_setting('synchronous_commit') AS synchronous_commit,
        current_setting('fsync') AS fsync;
+
+-- name: stage_events
+-- The outbox rows step commits stage: $1 events of type $3 for one instance, keys cycling over $2
+-- keys (as commit_segment inserts them); returns their event ids.
+INSERT INTO {{schema}}.outbox (event_id, instance_id, type, key, payload, created_at)
+SELECT gen_random_uuid(), gen_random_uuid(), $3, 'k' || (g % $2), jsonb_build_object('n', g), now()
+FROM generate_series(1, $1) AS g
+RETURNING event_id::text;

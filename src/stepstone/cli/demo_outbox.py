@@ -1,0 +1,176 @@
+"""``stepstone demo outbox``: the order example with the relay publishing its events, read back from the broker.
+
+Redis Streams at 127.0.0.1:6379 when it answers (and the ``redis`` extra is installed), else the
+in-memory broker; ``--broker URL`` picks another. The last line states what was verified by reading
+the broker back: how many events arrived, that each key's events are in staged order, and that
+nothing is left pending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import click
+
+from stepstone.cli.common import CliError, run_async, with_settings
+from stepstone.cli.connection import open_store
+from stepstone.cli.demo import _migrate, _run_order
+from stepstone.client import Client
+from stepstone.config import Settings
+from stepstone.errors import StepstoneError
+from stepstone.examples import orders
+from stepstone.outbox import (
+    InMemoryBroker,
+    InMemoryPublisher,
+    Outcome,
+    Publisher,
+    PublishResult,
+    Relay,
+    RelayConfig,
+    Routing,
+    open_publisher,
+)
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.outbox import PostgresOutbox, StagedEvent
+
+__all__ = ["demo_outbox_command"]
+
+LOCAL_REDIS = "redis://127.0.0.1:6379"
+_PENDING_ROUNDS = 60
+
+
+async def _redis_answers(url: str) -> bool:
+    try:
+        import redis.asyncio as aioredis  # noqa: PLC0415 - optional extra
+    except ImportError:
+        return False
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    try:
+        return bool(await client.ping())
+    except Exception:  # noqa: BLE001 - any failure means: use the in-memory broker
+        return False
+    finally:
+        await client.aclose()
+
+
+async def _choose(broker: str | None) -> Publisher:
+    if broker is None and await _redis_answers(LOCAL_REDIS):
+        broker = LOCAL_REDIS
+    if broker is None:
+        return InMemoryPublisher(InMemoryBroker.named("demo"))
+    try:
+        return open_publisher(broker)
+    except StepstoneError as exc:
+        raise CliError(str(exc)) from exc
+
+
+class _Recording:
+    """The demo's publisher: remembers which events the broker acknowledged."""
+
+    def __init__(self, inner: Publisher) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.acknowledged: list[str] = []
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        results = await self.inner.publish(batch)
+        self.acknowledged += [e.event_id for e, r in zip(batch, results, strict=True) if r.outcome is Outcome.OK]
+        return results
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+async def _read_back(publisher: Publisher, targets: set[str]) -> list[str]:
+    """Event ids as the broker holds them, in its order (stream by stream, for Redis)."""
+    if isinstance(publisher, InMemoryPublisher):
+        return [m.event_id for m in publisher.broker.messages]
+    read = getattr(publisher, "read", None)
+    if read is None:
+        raise CliError(f"the demo cannot read {publisher.name} back; use Redis or the in-memory broker")
+    held: list[str] = []
+    for stream in sorted(targets):
+        held += [entry["id"] for _, entry in await read(stream)]
+    return held
+
+
+def _in_key_order(staged: list[tuple[int, str, str, str | None]], held: list[str]) -> bool:
+    """Each key's events appear in the broker in staged order (first appearance of each)."""
+    position: dict[str, int] = {}
+    for n, event_id in enumerate(held):
+        position.setdefault(event_id, n)
+    by_key: dict[str, list[int]] = {}
+    for _, event_id, _, key in staged:
+        if key is not None:
+            by_key.setdefault(key, []).append(position[event_id])
+    return all(seq == sorted(seq) for seq in by_key.values())
+
+
+async def _demo_outbox(settings: Settings, broker: str | None) -> None:
+    click.echo(await _migrate(settings))
+    recording = _Recording(await _choose(broker))
+    try:
+        async with open_store(settings, pool_size=8) as store:
+            outbox = PostgresOutbox(store)
+            relay = Relay(outbox, recording, RelayConfig(poll_interval=0.2))
+            worker = Worker(store, orders.registry, WorkerConfig(concurrency=4, poll_interval=0.5))
+            await relay.start()
+            await worker.start()
+            try:
+                click.echo(f"relay publishing to {recording.name}")
+                await _run_order(Client(store, orders.registry), worker)
+                await _until_nothing_pending(outbox, relay)
+            finally:
+                await worker.stop(drain_timeout=5.0)
+                await relay.stop()
+            await _report(outbox, recording, relay)
+    finally:
+        await recording.close()
+
+
+async def _until_nothing_pending(outbox: PostgresOutbox, relay: Relay) -> None:
+    """The order's last events were staged by its last commits: wait for the relay's next batches."""
+    relay.wake()
+    for _ in range(_PENDING_ROUNDS):
+        status = await outbox.status()
+        if status.dead:
+            raise CliError(f"{status.dead} event(s) dead-lettered: see `stepstone outbox list --dead`")
+        if not status.pending:
+            return
+        rounds = relay.events.batches + relay.events.idle
+        with contextlib.suppress(TimeoutError):
+            await relay.events.wait_until(lambda: relay.events.batches + relay.events.idle > rounds,  # noqa: B023
+                                          timeout=1.0)
+    raise CliError(f"{(await outbox.status()).pending} event(s) still pending; is the broker answering?")
+
+
+async def _report(outbox: PostgresOutbox, recording: _Recording, relay: Relay) -> None:
+    staged = await outbox.staged_order(recording.acknowledged)
+    routing: Routing | None = getattr(recording.inner, "routing", None)
+
+    def target(event_type: str, key: str | None) -> str:
+        if routing is None:
+            return recording.name
+        return routing.template.format(type=event_type, category=event_type.partition(".")[0], key=key or "")
+
+    held = await _read_back(recording.inner, {target(t, k) for _, _, t, k in staged})
+    missing = set(recording.acknowledged) - set(held)
+    if missing:
+        raise CliError(f"{len(missing)} acknowledged event(s) are not in {recording.name}")
+    if not _in_key_order(staged, held):
+        raise CliError(f"{recording.name} holds a key's events out of staged order")
+    for _, event_id, event_type, key in staged:
+        click.echo(f"published {event_type} (key {key}) to {target(event_type, key)}: event {event_id}")
+    pending = (await outbox.status()).pending
+    click.echo(f"outbox: {relay.events.published} events published to {recording.name} in per-key order; "
+               f"{pending} pending")
+
+
+@click.command("outbox")
+@click.option("--broker", default=None, metavar="URL",
+              help=f"Publish here instead of {LOCAL_REDIS} (or the in-memory broker when Redis does not answer).")
+@with_settings
+def demo_outbox_command(settings: Settings, broker: str | None) -> None:
+    """Run the order example with the outbox relay, read the events back from the broker, check their order."""
+    run_async(_demo_outbox(settings, broker))

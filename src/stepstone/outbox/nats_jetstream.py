@@ -1,0 +1,124 @@
+"""NATS JetStream publisher (extra ``stepstone[nats]``): an acknowledged publish per event.
+
+    nats://host:4222?subject=stepstone.{type}&stream=STEPSTONE&concurrency=64
+
+Every message carries the header ``Nats-Msg-Id: <event id>``, so JetStream drops a republished
+event inside the stream's duplicate window (2 minutes by default) and acknowledges it as a
+duplicate. An event counts as published when JetStream's PubAck arrives (the stream stored it).
+With ``stream=NAME`` the publisher creates that stream, capturing the subject template's fixed
+prefix (``stepstone.>``), when it does not exist; otherwise a stream must already capture the
+subjects, and an event no stream captures is refused (dead-lettered until requeued).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import nats
+from nats import errors as nats_errors
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
+from nats.js import errors as js_errors
+
+from stepstone.errors import BrokerUnavailable
+from stepstone.outbox.publisher import PublishResult, Routing, body_of, headers_of, publish_in_lanes, url_options
+from stepstone.store.database import redact_url
+from stepstone.store.outbox import StagedEvent
+
+__all__ = ["NatsJetStreamPublisher", "nats_publisher", "stream_subjects"]
+
+DEFAULT_SUBJECT = "stepstone.{type}"
+_UNREACHABLE = (nats_errors.ConnectionClosedError, nats_errors.ConnectionReconnectingError,
+                nats_errors.ConnectionDrainingError, nats_errors.NoServersError, nats_errors.StaleConnectionError,
+                nats_errors.OutboundBufferLimitError, OSError)
+
+
+async def _ignore(_error: Exception) -> None:
+    """Connection errors surface as BrokerUnavailable or per-event results; the client's own log is noise."""
+
+
+def stream_subjects(template: str) -> list[str]:
+    """The subjects a stream needs to capture everything the template routes: its fixed prefix + ``>``."""
+    prefix = template.split("{", 1)[0]
+    if prefix == template:
+        return [template]
+    head = prefix.rsplit(".", 1)[0] if "." in prefix else ""
+    return [f"{head}.>" if head else ">"]
+
+
+class NatsJetStreamPublisher:
+    def __init__(self, url: str, *, routing: Routing | None = None, stream: str | None = None,
+                 concurrency: int = 64, timeout: float = 5.0) -> None:
+        self.url = url.split("?", 1)[0]
+        self.name = redact_url(self.url)
+        self.routing = routing or Routing(DEFAULT_SUBJECT)
+        self.stream = stream
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self._nc: NatsClient | None = None
+        self._js: JetStreamContext | None = None
+
+    async def _connect(self) -> JetStreamContext:
+        if self._js is not None and self._nc is not None and self._nc.is_connected:
+            return self._js
+        await self._drop()
+        try:
+            # One try per server (0 would mean for ever); the relay backs off and reconnects itself.
+            nc = await nats.connect(self.url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1,
+                                    reconnect_time_wait=0.1, error_cb=_ignore)
+        except (*_UNREACHABLE, nats_errors.TimeoutError, TimeoutError) as exc:
+            raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        js = nc.jetstream(timeout=self.timeout)
+        if self.stream:
+            try:
+                await js.stream_info(self.stream)
+            except js_errors.NotFoundError:
+                await js.add_stream(name=self.stream, subjects=stream_subjects(self.routing.template))
+        self._nc, self._js = nc, js
+        return js
+
+    async def _drop(self) -> None:
+        nc, self._nc, self._js = self._nc, None, None
+        if nc is not None and not nc.is_closed:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail in many ways
+                return
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        js = await self._connect()
+
+        async def send(event: StagedEvent) -> PublishResult:  # noqa: PLR0911 - one return per broker answer
+            headers = {"Nats-Msg-Id": event.event_id, **headers_of(event)}
+            try:
+                await js.publish(self.routing.target(event), body_of(event), timeout=self.timeout, headers=headers)
+            except (nats_errors.NoRespondersError, js_errors.NoStreamResponseError):
+                return PublishResult.refused(f"no JetStream stream captures subject {self.routing.target(event)!r}")
+            except nats_errors.MaxPayloadError as exc:
+                return PublishResult.refused(f"message too large: {exc}")
+            except js_errors.ServiceUnavailableError as exc:
+                return PublishResult.transient(f"JetStream unavailable: {exc}")
+            except js_errors.APIError as exc:
+                return PublishResult.refused(f"JetStream refused it: {exc}")
+            except (nats_errors.TimeoutError, TimeoutError):
+                return PublishResult.transient("no PubAck within the timeout")
+            except _UNREACHABLE as exc:
+                return PublishResult.transient(f"{self.name}: {type(exc).__name__}", attempted=False)
+            return PublishResult.OK
+
+        results = await publish_in_lanes(batch, send, concurrency=self.concurrency)
+        if self._nc is None or not self._nc.is_connected:
+            await self._drop()  # reconnect on the next batch
+        return results
+
+    async def close(self) -> None:
+        await self._drop()
+
+
+def nats_publisher(url: str, **options: Any) -> NatsJetStreamPublisher:
+    """Entry point for ``nats://``."""
+    query = url_options(url)
+    template = options.get("routing") or query.get("subject") or DEFAULT_SUBJECT
+    return NatsJetStreamPublisher(url, routing=Routing(template), stream=query.get("stream"),
+                                  concurrency=int(query.get("concurrency", 64)))

@@ -1,0 +1,296 @@
+"""The publisher port: how the relay hands a batch of events to a broker, and the in-memory broker.
+
+    publish(batch) -> one PublishResult per event, in batch order:
+        ok          the broker acknowledged the event (it is durable there)
+        transient   not acknowledged, try again later (counted towards max attempts when attempted)
+        refused     the broker refused this event for good (unroutable, too large, wrong type, 4xx)
+    A broker that cannot be reached at all raises BrokerUnavailable: nothing was acknowledged and no
+    attempt is counted.
+
+Contract every publisher keeps (the conformance suite holds each one to it): events of one key are
+sent in batch order, each only after the previous one of its key was acknowledged, and after an
+event of a key is not acknowledged no later event of that key in the batch is sent. Events with no
+key, and different keys, may go in parallel. `publish_in_lanes` implements exactly that.
+
+Brokers are found by URL scheme through the `stepstone.publishers` entry points, so the core never
+imports a broker client; each adapter is an optional extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import string
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, ClassVar, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from stepstone.errors import BrokerUnavailable, ConfigError, UnknownBroker
+from stepstone.store.database import redact_url
+from stepstone.store.outbox import StagedEvent
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "InMemoryBroker",
+    "InMemoryPublisher",
+    "Message",
+    "Outcome",
+    "PublishResult",
+    "Publisher",
+    "Routing",
+    "envelope",
+    "headers_of",
+    "open_publisher",
+    "publish_in_lanes",
+    "url_options",
+]
+
+ENTRY_POINT_GROUP = "stepstone.publishers"
+EXTRAS = {"redis": "redis", "nats": "nats", "amqp": "rabbitmq", "amqps": "rabbitmq", "http": "webhook",
+          "https": "webhook"}
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    TRANSIENT = "transient"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    outcome: Outcome
+    error: str | None = None
+    attempted: bool = True
+    """False when the event was never offered to a reachable broker: no attempt is counted."""
+
+    OK: ClassVar[PublishResult]
+
+    @classmethod
+    def transient(cls, error: str, *, attempted: bool = True) -> PublishResult:
+        return cls(Outcome.TRANSIENT, error, attempted)
+
+    @classmethod
+    def refused(cls, error: str) -> PublishResult:
+        return cls(Outcome.REFUSED, error)
+
+
+PublishResult.OK = PublishResult(Outcome.OK)
+
+
+class Publisher(Protocol):
+    """A broker adapter. `name` is the redacted broker URL, for messages."""
+
+    name: str
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]: ...
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where an event goes (stream, subject, routing key), from a template over the event.
+
+    Fields: ``{type}`` (e.g. ``order.shipped``), ``{category}`` (the type up to its first dot, ``order``)
+    and ``{key}`` (the partition key, empty when none).
+    """
+
+    template: str
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"type", "category", "key"})
+
+    def __post_init__(self) -> None:
+        try:
+            names = {name for _, name, _, _ in string.Formatter().parse(self.template) if name is not None}
+        except ValueError as exc:
+            raise ConfigError(f"routing template {self.template!r}: {exc}") from exc
+        unknown = names - self.FIELDS
+        if unknown:
+            raise ConfigError(f"routing template {self.template!r} uses unknown field(s) {sorted(unknown)}; "
+                              f"use {{type}}, {{category}} or {{key}}")
+
+    def target(self, event: StagedEvent) -> str:
+        return self.template.format(type=event.type, category=event.type.partition(".")[0], key=event.key or "")
+
+
+def envelope(event: StagedEvent) -> dict[str, Any]:
+    """The message body every broker carries: the event id (the consumer's dedup id) and trace context."""
+    return {
+        "id": event.event_id,
+        "type": event.type,
+        "key": event.key,
+        "instance_id": event.instance_id,
+        "occurred_at": event.created_at.isoformat(),
+        "payload": event.payload,
+        "trace_context": event.trace_context,
+    }
+
+
+def body_of(event: StagedEvent) -> bytes:
+    return json.dumps(envelope(event), separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def headers_of(event: StagedEvent) -> dict[str, str]:
+    """Broker-native headers: the event id, type, key and W3C trace context when the event has one."""
+    headers = {"stepstone-event-id": event.event_id, "stepstone-event-type": event.type,
+               "stepstone-instance-id": event.instance_id}
+    if event.key is not None:
+        headers["stepstone-key"] = event.key
+    for name in ("traceparent", "tracestate"):
+        value = (event.trace_context or {}).get(name)
+        if isinstance(value, str):
+            headers[name] = value
+    return headers
+
+
+def url_options(url: str) -> dict[str, str]:
+    """The last value of each query parameter of a broker URL."""
+    return {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+
+
+Send = Callable[[StagedEvent], Awaitable[PublishResult]]
+
+
+async def publish_in_lanes(batch: Sequence[StagedEvent], send: Send, *, concurrency: int = 64) -> list[PublishResult]:
+    """Send each key's events one after another, keys (and unkeyed events) in parallel, and stop a key at
+    its first event not acknowledged: its later events come back transient and not attempted."""
+    results: list[PublishResult | None] = [None] * len(batch)
+    lanes: dict[object, list[int]] = {}
+    for i, event in enumerate(batch):
+        lanes.setdefault(event.key if event.key is not None else ("", i), []).append(i)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def run(lane: list[int]) -> None:
+        async with gate:
+            for pos, i in enumerate(lane):
+                result = await send(batch[i])
+                results[i] = result
+                if result.outcome is not Outcome.OK:
+                    skipped = PublishResult.transient(
+                        f"not sent: event {batch[i].event_id} of the same key was not acknowledged", attempted=False)
+                    for j in lane[pos + 1:]:
+                        results[j] = skipped
+                    return
+
+    await asyncio.gather(*(run(lane) for lane in lanes.values()))
+    return [r if r is not None else PublishResult.transient("not sent", attempted=False) for r in results]
+
+
+def open_publisher(url: str, **options: Any) -> Publisher:
+    """The publisher registered for the URL's scheme (`stepstone.publishers` entry points)."""
+    scheme = urlsplit(url).scheme.lower()
+    found = entry_points(group=ENTRY_POINT_GROUP, name=scheme)
+    if not found:
+        known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+        raise UnknownBroker(f"no publisher for broker URL {redact_url(url)!r}: known schemes {', '.join(known)}")
+    entry = next(iter(found))
+    try:
+        factory = entry.load()
+    except ImportError as exc:
+        extra = EXTRAS.get(scheme, scheme)
+        raise UnknownBroker(f"the {scheme}:// publisher needs its client library ({exc.name}): "
+                            f"pip install 'stepstone[{extra}]'") from exc
+    publisher: Publisher = factory(url, **options)
+    return publisher
+
+
+# -- the in-memory broker ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """What a broker holds: the event id, the target it was routed to, the body and headers."""
+
+    event_id: str
+    type: str
+    key: str | None
+    target: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+@dataclass
+class InMemoryBroker:
+    """A broker in this process, shared by every `memory://NAME` publisher of the same name.
+
+    Faults for tests: `down` makes publishes raise BrokerUnavailable; `refuse(event)` returning a
+    reason refuses that event for good; `accept_only(n)` acknowledges the next n events and then
+    answers transient failures until `accept_only(None)`.
+    """
+
+    name: str = "default"
+    messages: list[Message] = field(default_factory=list)
+    down: bool = False
+    refuse: Callable[[StagedEvent], str | None] | None = None
+    _budget: int | None = None
+    _changed: asyncio.Event | None = field(default=None, repr=False)
+    _named: ClassVar[dict[str, InMemoryBroker]] = {}
+
+    @classmethod
+    def named(cls, name: str) -> InMemoryBroker:
+        broker = cls._named.get(name)
+        if broker is None:
+            broker = cls._named[name] = cls(name)
+        return broker
+
+    @classmethod
+    def forget(cls, name: str) -> None:
+        cls._named.pop(name, None)
+
+    def accept_only(self, count: int | None) -> None:
+        self._budget = count
+
+    def offer(self, event: StagedEvent, target: str) -> PublishResult:
+        if self.down:
+            return PublishResult.transient(f"memory broker {self.name!r} is down", attempted=False)
+        reason = self.refuse(event) if self.refuse is not None else None
+        if reason is not None:
+            return PublishResult.refused(reason)
+        if self._budget is not None:
+            if self._budget <= 0:
+                return PublishResult.transient("memory broker: no acknowledgement (injected)")
+            self._budget -= 1
+        self.messages.append(Message(event.event_id, event.type, event.key, target, envelope(event),
+                                     headers_of(event)))
+        if self._changed is not None:
+            self._changed.set()
+        return PublishResult.OK
+
+    async def wait_for(self, predicate: Callable[[list[Message]], bool], timeout: float = 30.0) -> None:
+        """Wait until `predicate(messages)` holds (tests wait on this, never on a sleep)."""
+        async with asyncio.timeout(timeout):
+            while not predicate(self.messages):
+                self._changed = self._changed or asyncio.Event()
+                self._changed.clear()
+                await self._changed.wait()
+
+
+class InMemoryPublisher:
+    """Publishes into an `InMemoryBroker`; `memory://NAME?target=TEMPLATE` (default name `default`)."""
+
+    def __init__(self, broker: InMemoryBroker, routing: Routing | None = None) -> None:
+        self.broker = broker
+        self.routing = routing or Routing("{type}")
+        self.name = f"memory://{broker.name}"
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        if self.broker.down:
+            raise BrokerUnavailable(f"memory broker {self.broker.name!r} is down")
+
+        async def send(event: StagedEvent) -> PublishResult:
+            await asyncio.sleep(0)  # lanes interleave, as they do against a real broker
+            return self.broker.offer(event, self.routing.target(event))
+
+        return await publish_in_lanes(batch, send)
+
+    async def close(self) -> None:
+        return None
+
+
+def memory_publisher(url: str, **options: Any) -> InMemoryPublisher:
+    """Entry point for ``memory://NAME``."""
+    parts = urlsplit(url)
+    name = (parts.netloc + parts.path).strip("/") or "default"
+    template = options.get("routing") or url_options(url).get("target") or "{type}"
+    return InMemoryPublisher(InMemoryBroker.named(name), Routing(template))

@@ -1,0 +1,110 @@
+"""RabbitMQ publisher (extra ``stepstone[rabbitmq]``): publisher confirms, mandatory, persistent.
+
+    amqp://guest:guest@host:5672/vhost?exchange=stepstone&routing_key={type}&concurrency=64
+
+The exchange (a durable topic exchange, declared if missing) receives every event with the routing
+key from the template. Messages are persistent (delivery mode 2) with ``message_id`` = the event id
+(the consumer's dedup id: RabbitMQ does not deduplicate) and the event id, type, key and trace
+context as headers. An event counts as published when the broker confirms it (Basic.Ack); a
+message no queue is bound for comes back (mandatory) and is refused, a nack is a transient failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+
+from stepstone.errors import BrokerUnavailable
+from stepstone.outbox.publisher import PublishResult, Routing, body_of, headers_of, publish_in_lanes
+from stepstone.store.database import redact_url
+from stepstone.store.outbox import StagedEvent
+
+__all__ = ["RabbitMqPublisher", "amqp_publisher"]
+
+DEFAULT_EXCHANGE = "stepstone"
+DEFAULT_ROUTING_KEY = "{type}"
+_OURS = ("exchange", "routing_key", "concurrency")
+_UNREACHABLE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError,
+                OSError)
+
+
+class RabbitMqPublisher:
+    def __init__(self, url: str, *, exchange: str = DEFAULT_EXCHANGE, routing: Routing | None = None,
+                 concurrency: int = 64, timeout: float = 5.0) -> None:
+        self.url = url
+        self.name = redact_url(url.split("?", 1)[0])
+        self.exchange_name = exchange
+        self.routing = routing or Routing(DEFAULT_ROUTING_KEY)
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self._conn: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+
+    async def _connect(self) -> AbstractExchange:
+        if self._exchange is not None and self._channel is not None and not self._channel.is_closed:
+            return self._exchange
+        await self._drop()
+        try:
+            conn = await aio_pika.connect(self.url, timeout=2.0)
+            channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
+            exchange = await channel.declare_exchange(self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True)
+        except (*_UNREACHABLE, TimeoutError) as exc:
+            raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        self._conn, self._channel, self._exchange = conn, channel, exchange
+        return exchange
+
+    async def _drop(self) -> None:
+        conn, self._conn, self._channel, self._exchange = self._conn, None, None, None
+        if conn is not None and not conn.is_closed:
+            try:
+                await conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail in many ways
+                return
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        exchange = await self._connect()
+
+        async def send(event: StagedEvent) -> PublishResult:
+            headers: dict[str, Any] = dict(headers_of(event))
+            message = aio_pika.Message(
+                body_of(event), headers=headers, message_id=event.event_id, type=event.type,
+                content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+            try:
+                await exchange.publish(message, routing_key=self.routing.target(event), mandatory=True,
+                                       timeout=self.timeout)
+            except aiormq.exceptions.PublishError as exc:
+                return PublishResult.refused(f"returned unroutable: {exc}")
+            except aiormq.exceptions.DeliveryError as exc:
+                return PublishResult.transient(f"nacked: {exc}")
+            except TimeoutError:
+                return PublishResult.transient("no publisher confirm within the timeout")
+            except _UNREACHABLE as exc:
+                return PublishResult.transient(f"{self.name}: {type(exc).__name__}", attempted=False)
+            return PublishResult.OK
+
+        results = await publish_in_lanes(batch, send, concurrency=self.concurrency)
+        if self._channel is None or self._channel.is_closed:
+            await self._drop()
+        return results
+
+    async def close(self) -> None:
+        await self._drop()
+
+
+def amqp_publisher(url: str, **options: Any) -> RabbitMqPublisher:
+    """Entry point for ``amqp://`` and ``amqps://``; the publisher's own query parameters are removed
+    from the URL the client connects with."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query)
+    ours = {k: v for k, v in pairs if k in _OURS}
+    rest = urlencode([(k, v) for k, v in pairs if k not in _OURS])
+    connect_url = urlunsplit((parts.scheme, parts.netloc, parts.path or "/", rest, parts.fragment))
+    template = options.get("routing") or ours.get("routing_key") or DEFAULT_ROUTING_KEY
+    return RabbitMqPublisher(connect_url, exchange=ours.get("exchange", DEFAULT_EXCHANGE), routing=Routing(template),
+                             concurrency=int(ours.get("concurrency", 64)))

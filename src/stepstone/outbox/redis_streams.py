@@ -1,0 +1,91 @@
+"""Redis Streams publisher (extra ``stepstone[redis]``): one XADD per event, trimmed by MAXLEN.
+
+    redis://[:password@]host:6379[/db]?stream=stepstone:{category}&maxlen=1000000&concurrency=32
+
+Each entry has the fields ``event_id`` (the consumer's dedup id: Redis 7 has no server-side
+deduplication of XADD), ``type``, ``key`` (empty when none) and ``body`` (the JSON envelope, with
+the trace context). ``maxlen`` trims approximately (``MAXLEN ~``); 0 keeps everything. An XADD is
+acknowledged when Redis answers it, so durability is whatever the server's persistence gives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis import exceptions as redis_errors
+
+from stepstone.errors import BrokerUnavailable
+from stepstone.outbox.publisher import PublishResult, Routing, body_of, publish_in_lanes, url_options
+from stepstone.store.database import redact_url
+from stepstone.store.outbox import StagedEvent
+
+__all__ = ["RedisStreamsPublisher", "redis_publisher"]
+
+DEFAULT_STREAM = "stepstone:{category}"
+DEFAULT_MAXLEN = 1_000_000
+_TRANSIENT_REPLIES = ("OOM", "BUSY", "LOADING", "READONLY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
+
+
+class RedisStreamsPublisher:
+    def __init__(self, url: str, *, routing: Routing | None = None, maxlen: int = DEFAULT_MAXLEN,
+                 concurrency: int = 32) -> None:
+        self.name = redact_url(url.split("?", 1)[0])
+        self.routing = routing or Routing(DEFAULT_STREAM)
+        self.maxlen = maxlen
+        self.concurrency = concurrency
+        self.client: aioredis.Redis = aioredis.Redis.from_url(
+            url.split("?", 1)[0], max_connections=concurrency, socket_connect_timeout=2.0, socket_timeout=10.0)
+
+    @staticmethod
+    def fields(event: StagedEvent) -> dict[str, str]:
+        return {"event_id": event.event_id, "type": event.type, "key": event.key or "",
+                "body": body_of(event).decode()}
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        try:
+            await self.client.ping()
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+            raise BrokerUnavailable(f"{self.name}: {exc}") from exc
+
+        async def send(event: StagedEvent) -> PublishResult:
+            try:
+                await self.client.xadd(self.routing.target(event), self.fields(event),  # type: ignore[arg-type]
+                                       maxlen=self.maxlen or None, approximate=True)
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+                return PublishResult.transient(f"{self.name}: {exc}", attempted=False)
+            except redis_errors.ResponseError as exc:
+                text = str(exc)
+                if text.startswith(_TRANSIENT_REPLIES):
+                    return PublishResult.transient(text)
+                return PublishResult.refused(text)
+            return PublishResult.OK
+
+        return await publish_in_lanes(batch, send, concurrency=self.concurrency)
+
+    async def read(self, stream: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every entry of `stream` as (entry id, envelope), oldest first: reading the broker back."""
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = await self.client.xrange(stream)  # type: ignore[assignment]
+        return [(entry_id.decode(), decode_entry(fields)) for entry_id, fields in entries]
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def redis_publisher(url: str, **options: Any) -> RedisStreamsPublisher:
+    """Entry point for ``redis://`` and ``rediss://``."""
+    query = url_options(url)
+    template = options.get("routing") or query.get("stream") or DEFAULT_STREAM
+    return RedisStreamsPublisher(
+        url, routing=Routing(template), maxlen=int(query.get("maxlen", DEFAULT_MAXLEN)),
+        concurrency=int(query.get("concurrency", 32)))
+
+
+def decode_entry(fields: dict[Any, Any]) -> dict[str, Any]:
+    """A stream entry as a consumer reads it back: the envelope, from the ``body`` field."""
+    text = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in fields.items()}
+    body: dict[str, Any] = json.loads(text["body"])
+    return body

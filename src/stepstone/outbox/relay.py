@@ -1,0 +1,243 @@
+"""The relay service: leases staged events, publishes them, records what the broker acknowledged.
+
+    claim     one statement: up to `batch_size` pending events in staged order, below the visibility
+              horizon, SKIP LOCKED, minus any whose key has an older unpublished event not taken with
+              it (outbox.sql); leased to this relay for `lease_seconds` on the db clock
+    publish   the batch in claim order through the publisher, bounded by half the lease so a
+              publish never outlives its lease (which would let another relay overtake it)
+    settle    one statement fenced on the lease token: per key, the acknowledged prefix is marked
+              published; the first event of a key that failed is retried with backoff or, refused or
+              failed `max_attempts` times, dead-lettered; the key's later events are released
+    wait      for a notification of a staged event, or the poll interval
+
+A crash anywhere leaves the batch leased and unpublished in the database; the lease expires and any
+relay publishes it again: at least once. Tests wait on `RelayEvents`, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from stepstone.errors import BrokerUnavailable
+from stepstone.outbox.publisher import Outcome, Publisher, PublishResult
+from stepstone.store.outbox import OutboxStore, Settlement, StagedEvent
+from stepstone.store.postgres import Listener
+
+__all__ = ["Relay", "RelayConfig", "RelayEvents", "settlements"]
+
+log = logging.getLogger("stepstone.relay")
+
+
+def default_relay_id() -> str:
+    return f"relay:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    batch_size: int = 500
+    max_attempts: int = 10
+    lease_seconds: float = 30.0
+    poll_interval: float = 1.0
+    retry_base: float = 1.0
+    """Backoff of an event's n-th failed attempt: retry_base * 2**(n-1), capped at retry_max."""
+    retry_max: float = 300.0
+    relay_id: str = field(default_factory=default_relay_id)
+
+
+@dataclass
+class RelayEvents:
+    """Counters tests wait on (`wait_until`) instead of sleeping."""
+
+    batches: int = 0
+    published: int = 0
+    failed: int = 0
+    dead: int = 0
+    unavailable: int = 0
+    idle: int = 0
+    _waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = field(default_factory=list, repr=False)
+
+    def bump(self, name: str, by: int = 1) -> None:
+        setattr(self, name, getattr(self, name) + by)
+        for predicate, future in self._waiters:
+            if not future.done() and predicate():
+                future.set_result(None)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+        if predicate():
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = (predicate, future)
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiters.remove(waiter)
+
+
+def settlements(
+    batch: Sequence[StagedEvent], results: Sequence[PublishResult], config: RelayConfig
+) -> list[Settlement]:
+    """What to record for a published batch: per key, the acknowledged prefix is published; the key's
+    first failure is retried or dead-lettered; what follows it in the key is released untouched."""
+    out: list[Settlement] = []
+    stopped: set[str] = set()
+    for event, result in zip(batch, results, strict=True):
+        if event.key is not None and event.key in stopped:
+            out.append(Settlement(event.id, "release"))
+            continue
+        if result.outcome is Outcome.OK:
+            out.append(Settlement(event.id, "published"))
+            continue
+        if event.key is not None:
+            stopped.add(event.key)
+        if not result.attempted:
+            out.append(Settlement(event.id, "release", result.error))
+            continue
+        attempts = event.attempts + 1
+        if result.outcome is Outcome.REFUSED or attempts >= config.max_attempts:
+            why = "refused" if result.outcome is Outcome.REFUSED else f"failed {attempts} times"
+            out.append(Settlement(event.id, "dead", f"{why}: {result.error}", counted=True))
+            continue
+        delay = min(config.retry_max, config.retry_base * 2 ** (attempts - 1))
+        out.append(Settlement(event.id, "retry", result.error, delay, counted=True))
+    return out
+
+
+class Relay:
+    """Publishes the outbox through `publisher` until stopped; several may run at once."""
+
+    def __init__(self, outbox: OutboxStore, publisher: Publisher, config: RelayConfig | None = None) -> None:
+        self.outbox = outbox
+        self.publisher = publisher
+        self.config = config or RelayConfig()
+        self.events = RelayEvents()
+        self._wake = asyncio.Event()  # a staged event was notified, or wake()/stop()
+        self._kick = asyncio.Event()  # wake()/stop() only: also cuts a broker backoff short
+        self._stopping = False
+        self._loop: asyncio.Task[None] | None = None
+        self._listener: Listener | None = None
+        self._claimed_last = 0
+
+    async def start(self) -> None:
+        await self._open_listener()
+        self._loop = asyncio.create_task(self._run(), name=f"stepstone-relay-{self.config.relay_id}")
+
+    async def stop(self) -> None:
+        """Finish the batch in hand (claim, publish, settle), then stop."""
+        self._stopping = True
+        self.wake()
+        if self._loop is not None:
+            await asyncio.gather(self._loop, return_exceptions=True)
+            self._loop = None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                await listener.close()
+
+    @property
+    def last_claimed(self) -> int:
+        """How many events the last claim took (0: nothing claimable at that moment)."""
+        return self._claimed_last
+
+    def wake(self) -> None:
+        """Look for work now (and retry an unreachable broker now)."""
+        self._kick.set()
+        self._wake.set()
+
+    async def run_once(self) -> int:
+        """Claim, publish and settle one batch; returns how many events were published."""
+        token = uuid.uuid4()
+        batch = await self.outbox.claim(self.config.batch_size, self.config.lease_seconds,
+                                        self.config.relay_id, token)
+        self._claimed_last = len(batch)
+        if not batch:
+            self.events.bump("idle")
+            return 0
+        results = await self._publish(batch)
+        plan = settlements(batch, results, self.config)
+        await self.outbox.settle(token, plan)
+        published = sum(1 for s in plan if s.action == "published")
+        self.events.bump("published", published)
+        self.events.bump("failed", sum(1 for s in plan if s.action == "retry"))
+        dead = [s for s in plan if s.action == "dead"]
+        for s in dead:
+            log.warning("outbox event %s dead-lettered (%s); its key waits until `stepstone outbox requeue`",
+                        s.id, s.error)
+        self.events.bump("dead", len(dead))
+        if all(not r.attempted for r in results):
+            self.events.bump("unavailable")
+            raise BrokerUnavailable(next(r.error for r in results if not r.attempted) or "broker unavailable")
+        self.events.bump("batches")
+        return published
+
+    async def run_until_idle(self) -> int:
+        """Publish batches until a claim finds nothing (tests, the demo); returns the count published.
+
+        Events backing off, leased elsewhere or above the visibility horizon are left for later."""
+        total = 0
+        while True:
+            idle_before = self.events.idle
+            total += await self.run_once()
+            if self.events.idle > idle_before:
+                return total
+
+    async def _publish(self, batch: list[StagedEvent]) -> list[PublishResult]:
+        try:
+            async with asyncio.timeout(self.config.lease_seconds / 2):
+                results = await self.publisher.publish(batch)
+        except BrokerUnavailable as exc:
+            return [PublishResult.transient(str(exc), attempted=False)] * len(batch)
+        except TimeoutError:
+            return [PublishResult.transient("publish timed out (half the lease)")] * len(batch)
+        if len(results) != len(batch):
+            raise RuntimeError(f"{self.publisher.name} answered {len(results)} results for {len(batch)} events")
+        return results
+
+    async def _run(self) -> None:
+        failures = 0
+        quick = False
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                if self._listener is None or not self._listener.alive:
+                    await self._open_listener()
+                await self.run_once()
+                if failures:
+                    log.info("relay %s: %s answers again", self.config.relay_id, self.publisher.name)
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
+                failures += 1
+                delay = min(5.0, 0.05 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("relay %s: %s: %s; events wait, retrying in %.2f s", self.config.relay_id,
+                                type(exc).__name__, exc, delay)
+                if not self._stopping:
+                    self._kick.clear()
+                    with contextlib.suppress(TimeoutError):  # notifications do not: the broker is the problem
+                        await asyncio.wait_for(self._kick.wait(), timeout=delay)
+                continue
+            if self._claimed_last:
+                quick = False
+                continue
+            # Nothing claimable. A notification may have named an event whose transaction is not yet
+            # below the horizon: look again soon once, then wait for the next one or the poll interval.
+            timeout = min(self.config.poll_interval, 0.02) if quick else self.config.poll_interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            quick = self._wake.is_set()
+
+    async def _open_listener(self) -> None:
+        try:
+            self._listener = await self.outbox.listen(self._wake.set)
+        except Exception as exc:  # noqa: BLE001 - polling covers its absence
+            self._listener = None
+            log.warning("relay wake-up connection unavailable (%s); polling every %.1f s",
+                        type(exc).__name__, self.config.poll_interval)

@@ -1,0 +1,65 @@
+"""Webhook publisher (extra ``stepstone[webhook]``): one HTTP POST per event, for systems without a broker.
+
+    https://hooks.example.com/events          every event to one URL
+    https://hooks.example.com/events/{type}   routed by event type ({type}, {category}, {key})
+
+The body is the JSON envelope; the headers carry ``Idempotency-Key: <event id>`` (the receiver's dedup
+id), the event type, key and instance, and ``traceparent`` / ``tracestate`` when the event has them.
+A 2xx answer acknowledges the event; 408, 425, 429 and 5xx are transient; any other status refuses it
+for good (dead-lettered until requeued); a connection that fails counts no attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from stepstone.errors import BrokerUnavailable
+from stepstone.outbox.publisher import PublishResult, Routing, body_of, headers_of, publish_in_lanes
+from stepstone.store.database import redact_url
+from stepstone.store.outbox import StagedEvent
+
+__all__ = ["WebhookPublisher", "webhook_publisher"]
+
+_TRANSIENT_STATUS = frozenset({408, 425, 429})
+
+
+class WebhookPublisher:
+    def __init__(self, url: str, *, concurrency: int = 32, timeout: float = 10.0,
+                 headers: dict[str, str] | None = None) -> None:
+        self.routing = Routing(url)
+        self.name = redact_url(url)
+        self.concurrency = concurrency
+        self.client = httpx.AsyncClient(timeout=timeout, headers=headers or {},
+                                        limits=httpx.Limits(max_connections=concurrency))
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        async def send(event: StagedEvent) -> PublishResult:
+            headers = {"content-type": "application/json", "idempotency-key": event.event_id, **headers_of(event)}
+            try:
+                answer = await self.client.post(self.routing.target(event), content=body_of(event), headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                return PublishResult.transient(f"{self.name}: {type(exc).__name__}", attempted=False)
+            except httpx.HTTPError as exc:
+                return PublishResult.transient(f"{self.name}: {type(exc).__name__}: {exc}")
+            if answer.is_success:
+                return PublishResult.OK
+            reason = f"HTTP {answer.status_code} {answer.reason_phrase}"
+            if answer.status_code in _TRANSIENT_STATUS or answer.status_code >= 500:
+                return PublishResult.transient(reason)
+            return PublishResult.refused(reason)
+
+        results = await publish_in_lanes(batch, send, concurrency=self.concurrency)
+        if results and all(not r.attempted for r in results):
+            raise BrokerUnavailable(results[0].error or f"{self.name} unreachable")
+        return results
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def webhook_publisher(url: str, **options: Any) -> WebhookPublisher:
+    """Entry point for ``http://`` and ``https://``."""
+    return WebhookPublisher(url, concurrency=int(options.get("concurrency", 32)))

@@ -1,0 +1,126 @@
+-- Named queries of the outbox relay. Each starts with "-- name: <name>";
+-- {{schema}} is replaced by the quoted schema identifier when the file is loaded.
+--
+-- An event is pending while published_at and dead_at are both NULL; dead while
+-- dead_at is set (kept unpublished until requeued); published once
+-- published_at is set. A relay leases the rows it publishes (claim_token,
+-- claimed_until on the db clock); a crashed relay's rows come back when the
+-- lease expires, so delivery is at least once.
+
+-- name: outbox_claim
+-- Lease up to $1 pending events for relay $3 for $2 seconds, in staged (id)
+-- order. Only rows whose inserting transaction is older than every running one
+-- (xid below the snapshot's xmin): no row of a lower xid can still appear, so
+-- what the relay sees below the horizon is final. A candidate is dropped when
+-- its key has an older unpublished event (pending under another lease, backing
+-- off, above the horizon, beyond the limit, or dead) that this claim did not
+-- take; null keys ask for no order and are exempt.
+WITH cand AS (
+    SELECT o.id, o.key
+    FROM {{schema}}.outbox o
+    WHERE o.published_at IS NULL
+      AND o.dead_at IS NULL
+      AND (o.xid IS NULL OR o.xid < pg_snapshot_xmin(pg_current_snapshot()))
+      AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {{schema}}.db_now())
+      AND (o.claimed_until IS NULL OR o.claimed_until <= {{schema}}.db_now())
+    ORDER BY o.id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), keep AS (
+    SELECT c.id FROM cand c
+    WHERE c.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM {{schema}}.outbox e
+        WHERE e.key = c.key AND e.id < c.id AND e.published_at IS NULL
+          AND e.id NOT IN (SELECT x.id FROM cand x))
+), leased AS (
+    UPDATE {{schema}}.outbox o SET
+        claim_token = $4,
+        claimed_until = {{schema}}.db_now() + make_interval(secs => $2),
+        claimed_by = $3
+    FROM keep
+    WHERE o.id = keep.id
+    RETURNING o.id, o.event_id, o.instance_id, o.type, o.key, o.payload, o.trace_context,
+              o.created_at, o.attempts
+)
+SELECT * FROM leased ORDER BY id;
+
+-- name: outbox_settle
+-- What became of a leased batch, fenced on the lease token $1: per id $2 an
+-- action $3 ('published', 'retry', 'dead' or 'release'), an error $4 and a
+-- retry delay in seconds $5; $6 counts the attempt (a broker that could not be
+-- reached counts none). Returns the ids settled.
+UPDATE {{schema}}.outbox o SET
+    published_at = CASE WHEN x.action = 'published' THEN {{schema}}.db_now() END,
+    attempts = o.attempts + CASE WHEN x.counted THEN 1 ELSE 0 END,
+    last_error = CASE WHEN x.action = 'published' THEN o.last_error ELSE COALESCE(x.error, o.last_error) END,
+    next_attempt_at = CASE WHEN x.action = 'retry'
+                           THEN {{schema}}.db_now() + make_interval(secs => x.delay) END,
+    dead_at = CASE WHEN x.action = 'dead' THEN {{schema}}.db_now() END,
+    claim_token = NULL,
+    claimed_until = NULL,
+    claimed_by = NULL
+FROM unnest($2::bigint[], $3::text[], $4::text[], $5::float8[], $6::boolean[])
+     AS x(id, action, error, delay, counted)
+WHERE o.id = x.id AND o.claim_token = $1
+RETURNING o.id;
+
+-- name: outbox_status
+-- Counts and lag: pending (not published, not dead), of them leased now and
+-- above the visibility horizon, dead letters, and the age of the oldest
+-- pending event on the db clock (seconds).
+SELECT
+    count(*) FILTER (WHERE o.dead_at IS NULL) AS pending,
+    count(*) FILTER (WHERE o.dead_at IS NULL AND o.claimed_until > {{schema}}.db_now()) AS in_flight,
+    count(*) FILTER (WHERE o.dead_at IS NULL AND o.next_attempt_at > {{schema}}.db_now()) AS backing_off,
+    count(*) FILTER (WHERE o.dead_at IS NULL AND o.xid >= pg_snapshot_xmin(pg_current_snapshot()))
+        AS above_horizon,
+    count(*) FILTER (WHERE o.dead_at IS NOT NULL) AS dead,
+    extract(epoch FROM {{schema}}.db_now() - min(o.created_at) FILTER (WHERE o.dead_at IS NULL))::float8
+        AS lag_seconds,
+    {{schema}}.db_now() AS now
+FROM {{schema}}.outbox o
+WHERE o.published_at IS NULL;
+
+-- name: outbox_published_count
+SELECT count(*) FROM {{schema}}.outbox o WHERE o.published_at IS NOT NULL;
+
+-- name: outbox_list
+-- Unpublished events oldest first, dead letters only when $1; at most $2, ids above $3.
+SELECT o.id, o.event_id, o.instance_id, o.type, o.key, o.attempts, o.last_error, o.created_at,
+       o.dead_at, o.next_attempt_at, o.claimed_by, o.claimed_until,
+       (o.dead_at IS NULL AND EXISTS (
+           SELECT 1 FROM {{schema}}.outbox d
+           WHERE d.key = o.key AND d.id < o.id AND d.published_at IS NULL AND d.dead_at IS NOT NULL))
+           AS behind_dead
+FROM {{schema}}.outbox o
+WHERE o.published_at IS NULL
+  AND (NOT $1 OR o.dead_at IS NOT NULL)
+  AND o.id > $3
+ORDER BY o.id
+LIMIT $2;
+
+-- name: outbox_requeue
+-- Dead events $1 (or every dead event when $2) back to pending, attempts reset.
+UPDATE {{schema}}.outbox o SET dead_at = NULL, attempts = 0, next_attempt_at = NULL
+WHERE o.published_at IS NULL AND o.dead_at IS NOT NULL
+  AND ($2 OR o.id = ANY($1::bigint[]))
+RETURNING o.id;
+
+-- name: outbox_unsent_instances
+-- The retention guard: of the instances $1 (every instance when NULL), those
+-- holding an event that is not published (pending or dead), at most $2.
+SELECT DISTINCT o.instance_id
+FROM {{schema}}.outbox o
+WHERE o.published_at IS NULL
+  AND ($1::uuid[] IS NULL OR o.instance_id = ANY($1::uuid[]))
+LIMIT $2;
+
+-- name: outbox_publish_times
+-- Test and bench hook: (event id, published_at, created_at) of published events.
+SELECT o.event_id, o.published_at, o.created_at FROM {{schema}}.outbox o
+WHERE o.published_at IS NOT NULL ORDER BY o.id;
+
+-- name: outbox_events_by_id
+-- Staged order, key and publish time of the events $1 (uuid[]).
+SELECT o.id, o.event_id, o.type, o.key, o.published_at FROM {{schema}}.outbox o
+WHERE o.event_id = ANY($1::uuid[]) ORDER BY o.id;

@@ -1,0 +1,68 @@
+"""The publisher port: brokers come in through entry points, and only their adapter imports a client."""
+
+from __future__ import annotations
+
+import ast
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+from stepstone.errors import ConfigError, UnknownBroker
+from stepstone.outbox.publisher import ENTRY_POINT_GROUP, InMemoryPublisher, Routing, open_publisher
+from stepstone.store.outbox import StagedEvent
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "stepstone"
+CLIENTS = ("redis", "nats", "aio_pika", "aiormq", "httpx")
+ADAPTERS = {"outbox/redis_streams.py", "outbox/nats_jetstream.py", "outbox/rabbitmq.py", "outbox/webhook.py"}
+
+
+def top_level_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+def test_only_the_adapters_import_a_broker_client() -> None:
+    offenders = [
+        f"{path.relative_to(SRC)} imports {name}"
+        for path in sorted(SRC.rglob("*.py")) if str(path.relative_to(SRC)) not in ADAPTERS
+        for name in top_level_imports(path) if name.split(".")[0] in CLIENTS
+    ]
+    assert offenders == []
+
+
+def test_every_scheme_is_an_entry_point() -> None:
+    names = {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    assert names >= {"memory", "redis", "rediss", "nats", "amqp", "amqps", "http", "https"}
+
+
+def test_unknown_scheme_and_routing_errors() -> None:
+    with pytest.raises(UnknownBroker, match="no publisher for broker URL 'kafka://h:1'"):
+        open_publisher("kafka://h:1")
+    with pytest.raises(ConfigError, match="unknown field"):
+        Routing("stepstone.{topic}")
+    assert isinstance(open_publisher("memory://x?target=t.{category}"), InMemoryPublisher)
+
+
+def test_routing_fields() -> None:
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    event = StagedEvent(1, "e", "i", "order.shipped", "o-1", {}, datetime.now(UTC))
+    assert Routing("s:{category}:{type}:{key}").target(event) == "s:order:order.shipped:o-1"
+
+
+def test_broker_url_from_flag_env_or_pyproject(tmp_path: Path) -> None:
+    from stepstone.config import load_settings  # noqa: PLC0415
+
+    (tmp_path / "pyproject.toml").write_text('[tool.stepstone]\nbroker_url = "nats://from-pyproject:4222"\n')
+    assert load_settings(environ={}, cwd=tmp_path).broker_url == "nats://from-pyproject:4222"
+    env = load_settings(environ={"STEPSTONE_BROKER_URL": "redis://from-env"}, cwd=tmp_path)
+    assert (env.broker_url, env.sources["broker_url"]) == ("redis://from-env", "env STEPSTONE_BROKER_URL")
+    flag = load_settings(broker_url="memory://flag", environ={"STEPSTONE_BROKER_URL": "redis://x"}, cwd=tmp_path)
+    assert (flag.broker_url, flag.sources["broker_url"]) == ("memory://flag", "--broker-url")

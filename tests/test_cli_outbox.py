@@ -1,0 +1,155 @@
+"""``stepstone outbox status | list | requeue``, ``stepstone relay`` as a process, the relay inside
+``stepstone worker``, and ``stepstone demo outbox``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from click.testing import CliRunner
+
+from stepstone.cli import cli
+from stepstone.store.outbox import PostgresOutbox, Settlement
+from stepstone.store.postgres import PostgresStore
+from tests.outbox.brokers import Kind, open_kind
+from tests.outbox.conftest import claim, stage
+from tests.test_cli_worker import DEADLINE, ROOT, STEPSTONE, WorkerProcess, start_worker
+
+
+@pytest.fixture
+async def outbox(database_url: str) -> AsyncIterator[PostgresOutbox]:
+    store = await PostgresStore.open(database_url, max_size=4)
+    try:
+        yield PostgresOutbox(store)
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+async def webhook() -> AsyncIterator[Kind]:
+    kind = await open_kind("webhook")
+    try:
+        yield kind
+    finally:
+        await kind.cleanup()
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+async def run(*args: str) -> tuple[int, str, str]:
+    """The CLI runs its own event loop: call it from a thread."""
+    return await asyncio.to_thread(invoke, *args)
+
+
+async def test_status_list_and_requeue(conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str) -> None:
+    staged = await stage(conn, ["a", "a", "b"])
+    token, first = await claim(outbox, limit=1)
+    await outbox.settle(token, [Settlement(first[0], "dead", "refused: no route", counted=True)])
+    code, out, _ = await run("outbox", "status", "--database-url", database_url, "-o", "json")
+    assert code == 0
+    status = json.loads(out)
+    assert (status["pending"], status["dead"], status["published"]) == (2, 1, 0)
+    code, out, _ = await run("outbox", "list", "--database-url", database_url)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["id", "type", "key", "attempts", "state", "last", "error"]
+    assert "dead" in lines[1] and "refused: no route" in lines[1]
+    assert "behind a dead event of its key" in lines[2]
+    assert lines[3].split()[-1] == "pending"
+    code, out, _ = await run("outbox", "list", "--dead", "--database-url", database_url, "-o", "json")
+    assert [r["id"] for r in json.loads(out)] == [staged[0][0]]
+    code, _, err = await run("outbox", "requeue", "--database-url", database_url)
+    assert code == 1 and "give event ids or --all-dead" in err
+    dead, alive = str(staged[0][0]), str(staged[2][0])
+    code, out, err = await run("outbox", "requeue", dead, alive, "--database-url", database_url)
+    assert code == 1
+    assert out.strip() == f"requeued 1 event(s): {staged[0][0]}"
+    assert f"not dead-lettered (or unknown): {staged[2][0]}" in err
+    code, out, _ = await run("outbox", "requeue", "--all-dead", "--database-url", database_url)
+    assert (code, out.strip()) == (0, "requeued 0 event(s)")
+    assert (await outbox.status()).dead == 0
+
+
+def test_relay_needs_a_broker(database_url: str) -> None:
+    code, _, err = invoke("relay", "--database-url", database_url)
+    assert code == 1 and "no broker configured" in err
+    code, _, err = invoke("relay", "--database-url", database_url, "--broker", "kafka://127.0.0.1:9092")
+    assert code == 1 and "no publisher for broker URL 'kafka://127.0.0.1:9092'" in err
+
+
+async def wait_published(outbox: PostgresOutbox, count: int) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE
+    while await outbox.published_count() < count:
+        assert loop.time() < deadline, f"not published: {await outbox.status()}"
+        await asyncio.sleep(0.02)
+
+
+async def test_relay_process_publishes_then_stops_on_sigterm(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str, webhook: Kind
+) -> None:
+    staged = await stage(conn, ["a", None, "a"])
+    proc = WorkerProcess(await asyncio.create_subprocess_exec(
+        *STEPSTONE, "relay", "--database-url", database_url, "--broker", webhook.url,
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    await proc.line_containing("started: publishing to http://")
+    await wait_published(outbox, 3)
+    proc.proc.send_signal(signal.SIGTERM)
+    assert await proc.exit_code(DEADLINE) == 0
+    assert "stopped: 3 event(s) published" in "".join(proc.lines)
+    assert sorted(e for e, _, _ in await webhook.read()) == sorted(e for _, e, _ in staged)
+
+
+async def test_the_worker_runs_the_relay_when_a_broker_is_configured(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str, webhook: Kind,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STEPSTONE_BROKER_URL", webhook.url)
+    await stage(conn, ["a", "b"])
+    worker = await start_worker(database_url)
+    await worker.line_containing("relay relay:")
+    await wait_published(outbox, 2)
+    worker.proc.send_signal(signal.SIGTERM)
+    assert await worker.exit_code(DEADLINE) == 0
+    log = "".join(worker.lines)
+    assert log.index("drained") < log.index("stopped: 2 event(s) published"), "the relay stops after the worker"
+
+    off = await start_worker(database_url, "--no-relay")
+    await off.line_containing("worker ")
+    off.proc.send_signal(signal.SIGTERM)
+    assert await off.exit_code(DEADLINE) == 0
+    assert "relay" not in "".join(off.lines)
+
+
+LAST = re.compile(r"^outbox: (\d+) events published to (\S+) in per-key order; 0 pending$")
+
+
+def test_demo_outbox(empty_database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["demo", "outbox", "--database-url", empty_database_url],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    last = LAST.match(lines[-1])
+    assert last is not None, lines[-1]
+    assert last.group(1) == "3", "the order emits reserved, shipped and receipt"
+    assert last.group(2) in ("redis://127.0.0.1:6379", "memory://demo")
+    assert [line.split()[1] for line in lines[-4:-1]] == ["order.reserved", "order.shipped", "order.receipt"]
+    assert "instance completed" in result.stdout
+
+
+def test_demo_outbox_to_the_in_memory_broker(database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["demo", "outbox", "--broker", "memory://elsewhere",
+                                      "--database-url", database_url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    want = "outbox: 3 events published to memory://elsewhere in per-key order; 0 pending"
+    assert result.stdout.splitlines()[-1] == want
