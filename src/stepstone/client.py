@@ -67,7 +67,7 @@ class Client:
         self.store = store
         self.registry = registry or Registry()
         self.limits = limits or Limits()
-        self.actor = actor
+        self.actor = None if actor is None else self._text("actor", actor)
         self._registered: set[tuple[str, int]] = set()
 
     @classmethod
@@ -111,9 +111,7 @@ class Client:
         """Start an instance; returns its id. The same key with the same input returns the
         same instance; the same key with other input raises IdempotencyConflict."""
         wf = self._workflow(workflow)
-        for what, name in (("idempotency key", idempotency_key), ("business key", business_key)):
-            if name is not None:
-                self._check_name(what, name)
+        self._texts(idempotency_key=idempotency_key, business_key=business_key)
         try:  # before the state model sees it: validating a 10,000-deep document is costly
             self.limits.check_depth("input", input)
         except PayloadRejected as exc:
@@ -138,9 +136,8 @@ class Client:
         self, instance_id: str, name: str, payload: Any = None, *, dedup_key: str | None = None
     ) -> int:
         """Send a signal; returns its command id. A repeated dedup key applies once."""
-        self._check_name("signal name", name)
-        if dedup_key is not None:
-            self._check_name("dedup key", dedup_key)
+        self._texts(empty=True, instance_id=instance_id)
+        self._texts(signal_name=name, dedup_key=dedup_key)
         text = self._encode("signal payload", payload)
         return await self.store.signal(
             instance_id, name, payload, dedup_key=dedup_key, fingerprint=_fingerprint(name, text), actor=self.actor
@@ -148,13 +145,18 @@ class Client:
 
     async def cancel(self, instance_id: str, reason: str = "") -> str:
         """Cancel an instance (idempotent); returns its status afterwards."""
-        return await self.store.cancel(instance_id, reason[:500], self.actor)
+        self._texts(empty=True, instance_id=instance_id)
+        self._text("cancel reason", reason, free=True, empty=True)
+        return await self.store.cancel(instance_id, reason, self.actor)
 
     async def retry(self, instance_id: str) -> None:
         """Re-drive the failed step of a FAILED instance."""
+        self._texts(empty=True, instance_id=instance_id)
         await self.store.retry(instance_id, self.actor)
 
     async def get(self, instance_id: str) -> InstanceInfo:
+        """Where the instance is, what it holds and what it waits for."""
+        self._texts(empty=True, instance_id=instance_id)
         row = await self.store.get(instance_id)
         return InstanceInfo(
             id=row["id"], definition_id=row["definition_id"], version=row["version"], status=row["status"],
@@ -164,6 +166,8 @@ class Client:
         )
 
     async def history(self, instance_id: str) -> list[dict[str, Any]]:
+        """Every recorded event of the instance, oldest first."""
+        self._texts(empty=True, instance_id=instance_id)
         return await self.store.history(instance_id)
 
     async def list(
@@ -176,12 +180,15 @@ class Client:
         limit: int = 50,
     ) -> list[dict[str, Any]]:
         """Instances newest first; pass the last row's (created_at, id) as `after` for the next page."""
+        self._texts(empty=True, status=status, workflow=definition, business_key=business_key,
+                    after_id=after[1] if after else None)
         return await self.store.list(
             status=status, definition=definition, business_key=business_key, after=after, limit=limit
         )
 
     async def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:
         """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise."""
+        self._texts(empty=True, instance_id=instance_id)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         pause = 0.005
@@ -199,6 +206,7 @@ class Client:
     def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
         if isinstance(workflow, Workflow):
             return workflow
+        self._text("workflow", workflow)
         found = self.registry.latest(workflow)
         if found is None:
             raise DefinitionNotFound(workflow)
@@ -216,22 +224,27 @@ class Client:
         except PayloadRejected as exc:
             raise _typed(exc) from None
 
-    def _check_name(self, what: str, name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise InvalidInput(f"{what} must be a non-empty string")
+    def _text(self, what: str, value: Any, *, free: bool = False, empty: bool = False) -> str:
+        """The one check of a text argument (see `Limits.check_text`), as a typed InvalidInput."""
         try:
-            self.limits.check_name(what, name)
-            self.limits.encode(what, name)
+            return self.limits.check_text(what, value, free=free, empty=empty)
         except PayloadRejected as exc:
             raise _typed(exc) from None
+
+    def _texts(self, *, empty: bool = False, **arguments: str | None) -> None:
+        """Check each argument given (None means not given); the keyword names the argument.
+        An empty id or filter is let through: it matches nothing, which the store then says."""
+        for name, value in arguments.items():
+            if value is not None:
+                self._text(name.replace("_", " "), value, empty=empty)
 
 
 def _typed(exc: PayloadRejected) -> InvalidInput:
     if exc.reason == "too_large":
-        return PayloadTooLarge(str(exc))
+        return PayloadTooLarge(str(exc), what=exc.what, reason=exc.reason)
     if exc.reason == "too_deep":
-        return PayloadTooDeep(str(exc))
-    return InvalidInput(str(exc))
+        return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
+    return InvalidInput(str(exc), what=exc.what)
 
 
 def _fingerprint(*parts: str | None) -> str:

@@ -18,7 +18,7 @@ from importlib import resources
 import asyncpg
 
 from stepstone.config import quote_ident, validate_schema_name
-from stepstone.errors import SchemaTooNew
+from stepstone.errors import InternalError, SchemaTooNew
 from stepstone.store.database import translate_errors
 from stepstone.store.sqlfiles import render
 
@@ -93,7 +93,7 @@ def shipped_migrations() -> tuple[Migration, ...]:
         match = _FILE_NAME.match(entry.name)
         if match is None:
             if entry.name.endswith(".sql"):
-                raise RuntimeError(f"migration file {entry.name!r} does not match NNNN_name.sql")
+                raise InternalError(f"migration file {entry.name!r} does not match NNNN_name.sql")
             continue
         text = entry.read_text(encoding="utf-8")
         found.append(
@@ -107,7 +107,7 @@ def shipped_migrations() -> tuple[Migration, ...]:
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
-        raise RuntimeError(f"duplicate migration versions in {versions}")
+        raise InternalError(f"duplicate migration versions in {versions}")
     return tuple(found)
 
 

@@ -22,6 +22,7 @@ from stepstone.errors import (
     DefinitionConflict,
     IdempotencyConflict,
     InstanceNotFound,
+    InternalError,
     InvalidState,
     UnknownSignal,
 )
@@ -111,7 +112,7 @@ class PostgresStore:
         """A statement that returns exactly one row (the store's functions do)."""
         row = await self._fetchrow(name, *args)
         if row is None:
-            raise RuntimeError(f"query {name!r} returned no row")
+            raise InternalError(f"query {name!r} returned no row; the store's functions always return one")
         return row
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
