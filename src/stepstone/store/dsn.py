@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-__all__ = ["MASK", "SCHEMES", "endpoint", "malformed_reason", "redact_url", "secrets_in"]
+__all__ = ["MASK", "SCHEMES", "endpoint", "malformed_reason", "redact_url", "secrets_in", "without_password"]
 
 MASK = "***"
 SCHEMES = ("postgresql", "postgres")
@@ -29,11 +29,12 @@ def _split_netloc(netloc: str) -> tuple[str | None, str | None, str]:
 
 
 def _mask_query(query: str) -> str:
+    # A stray second "?" is split on too, so "?host=/x?password=..." cannot hide a password.
     parts = []
-    for item in query.split("&"):
+    for item in re.split(r"([&?])", query):
         key, eq, _value = item.partition("=")
         parts.append(f"{key}={MASK}" if eq and _SECRET_KEY.search(unquote(key)) else item)
-    return "&".join(parts)
+    return "".join(parts)
 
 
 def redact_url(url: str) -> str:
@@ -62,7 +63,7 @@ def secrets_in(url: str) -> list[str]:
     _user, password, _hostport = _split_netloc(parts.netloc)
     if password:
         found |= {password, unquote(password)}
-    for item in parts.query.split("&"):
+    for item in re.split(r"[&?]", parts.query):
         key, eq, value = item.partition("=")
         if eq and value and _SECRET_KEY.search(unquote(key)):
             found |= {value, unquote(value)}
@@ -95,3 +96,20 @@ def endpoint(url: str) -> tuple[str, int | None]:
     except ValueError:
         return "?", None
     return host, port
+
+
+def without_password(url: str) -> tuple[str, str | None]:
+    """(the URL without its password, the password), so a child process gets the password in
+    PGPASSWORD and only the rest on its command line (which any local user can read with `ps`)."""
+    parts = urlsplit(url)
+    user, password, hostport = _split_netloc(parts.netloc)
+    netloc = parts.netloc if password is None else f"{user}@{hostport}"
+    kept = []
+    for item in parts.query.split("&") if parts.query else []:
+        key, eq, value = item.partition("=")
+        if eq and unquote(key) == "password":
+            password = value
+        else:
+            kept.append(item)
+    bare = urlunsplit((parts.scheme, netloc, parts.path, "&".join(kept), parts.fragment))
+    return bare, None if password is None else unquote(password)
