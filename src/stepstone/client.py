@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
-from stepstone.config import Settings
+from stepstone.config import DEFAULT_SCHEMA, Settings, load_settings
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
@@ -28,6 +28,7 @@ from stepstone.runtime.worker import pin_of
 from stepstone.store.database import resolve_target
 from stepstone.store.port import NewInstance
 from stepstone.store.postgres import PostgresStore
+from stepstone.store.readiness import ensure_ready
 
 SETTLED = TERMINAL | {FAILED}
 """Statuses `wait_for` returns on: the instance will not move without an operator."""
@@ -75,19 +76,29 @@ class Client:
         cls,
         database_url: str | None = None,
         *,
-        schema: str = "stepstone",
+        schema: str | None = None,
         registry: Registry | None = None,
         settings: Settings | None = None,
         limits: Limits | None = None,
         actor: str | None = None,
     ) -> Client:
-        """Connect to `database_url`, or to the configured / embedded database."""
+        """Connect to `database_url`, or to the configured (flags, environment, pyproject.toml) or
+        embedded database. The schema must be migrated (`SchemaNotReady` otherwise), except on the
+        embedded default, which is migrated here, saying so in one line on the log."""
+        embedded = False
         if database_url is None:
-            settings = settings or Settings(database_url=None, schema=schema)
+            if settings is None:
+                settings = await asyncio.to_thread(functools.partial(load_settings, schema=schema))
             target = await asyncio.to_thread(resolve_target, settings)
-            database_url, schema = target.url, settings.schema
-        store = await PostgresStore.open(database_url, schema)
-        return cls(store, registry, limits=limits, actor=actor)
+            database_url, schema, embedded = target.url, settings.schema, target.embedded
+        store = await PostgresStore.open(database_url, schema or DEFAULT_SCHEMA)
+        try:
+            client = cls(store, registry, limits=limits, actor=actor)
+            await ensure_ready(store, embedded=embedded)
+        except BaseException:
+            await store.close()
+            raise
+        return client
 
     async def close(self) -> None:
         await self.store.close()

@@ -5,31 +5,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, cast
 
-from stepstone.cli.common import CliError
+import click
+
 from stepstone.config import Settings
-from stepstone.store import migrate as migrations
-from stepstone.store.database import redact_url, resolve_target
+from stepstone.store.database import resolve_target
 from stepstone.store.postgres import PostgresStore
-
-if TYPE_CHECKING:
-    import asyncpg
+from stepstone.store.readiness import ensure_ready
 
 __all__ = ["check_schema", "open_store"]
 
 
-async def check_schema(store: PostgresStore) -> None:
-    """A one-line CliError unless the schema is exactly at the shipped version (migrates nothing)."""
-    async with store.pool.acquire() as conn:
-        state = await migrations.status(cast("asyncpg.Connection", conn), store.schema)
-    where = f"schema {store.schema!r} in {redact_url(store.url)}"
-    if state.current_version is None:
-        raise CliError(f"{where} is not set up: run `stepstone db migrate` first")
-    if state.unknown:
-        raise CliError(f"{where} is newer than this stepstone (versions {state.unknown}): upgrade stepstone")
-    if state.pending:
-        raise CliError(f"{where} has {len(state.pending)} pending migration(s): run `stepstone db migrate`")
+async def check_schema(store: PostgresStore, *, embedded: bool = False) -> None:
+    """SchemaNotReady (one line: run `stepstone db migrate`) unless the schema is at the shipped
+    version; the embedded default is migrated instead, saying so on stderr."""
+    await ensure_ready(store, embedded=embedded, announce=lambda line: click.echo(f"stepstone: {line}", err=True))
 
 
 @asynccontextmanager
@@ -39,7 +29,7 @@ async def open_store(settings: Settings, *, pool_size: int = 4, check: bool = Tr
     store = await PostgresStore.open(target.url, settings.schema, max_size=pool_size)
     try:
         if check:
-            await check_schema(store)
+            await check_schema(store, embedded=target.embedded)
         yield store
     finally:
         await store.close()
