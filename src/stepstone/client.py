@@ -91,7 +91,7 @@ class Client:
                 settings = await asyncio.to_thread(functools.partial(load_settings, schema=schema))
             target = await asyncio.to_thread(resolve_target, settings)
             database_url, schema, embedded = target.url, settings.schema, target.embedded
-        store = await PostgresStore.open(database_url, schema or DEFAULT_SCHEMA)
+        store = await PostgresStore.open(database_url, DEFAULT_SCHEMA if schema is None else schema)
         try:
             client = cls(store, registry, limits=limits, actor=actor)
             await ensure_ready(store, embedded=embedded)
