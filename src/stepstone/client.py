@@ -1,8 +1,7 @@
 """Public operations on workflow instances: start, signal, cancel, retry, inspect, wait.
 
-`Client` is async; `SyncClient` is generated from it (every public coroutine
-method of `Client`, run on a private event loop), never kept by hand. The CLI
-and the HTTP API call these same methods.
+`Client` is async; `SyncClient` (`stepstone/_sync_client.py`) is generated from it by
+`python -m stepstone._gen_sync`, never kept by hand. The CLI and the HTTP API call these same methods.
 """
 
 from __future__ import annotations
@@ -10,11 +9,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import inspect
 import json
-import threading
 import uuid
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -260,47 +256,3 @@ def _typed(exc: PayloadRejected) -> InvalidInput:
 
 def _fingerprint(*parts: str | None) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
-
-
-class SyncClient:
-    """The blocking face of `Client`: the same methods, run on a private event loop thread.
-
-    Built from `Client` at import: every public coroutine method of `Client` appears
-    here with its signature and docstring, so the two cannot drift apart.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="stepstone-client", daemon=True)
-        self._thread.start()
-        self._client: Client = self._run(Client.connect(*args, **kwargs))
-
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def close(self) -> None:
-        self._run(self._client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:  # only reached for names not generated below
-        raise AttributeError(name)
-
-
-def _blocking(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def call(self: SyncClient, *args: Any, **kwargs: Any) -> Any:
-        return self._run(getattr(self._client, name)(*args, **kwargs))
-
-    return call
-
-
-for _name, _method in inspect.getmembers(Client, inspect.iscoroutinefunction):
-    if not _name.startswith("_") and _name not in ("connect", "close"):
-        setattr(SyncClient, _name, _blocking(_name, _method))
