@@ -150,7 +150,7 @@ def _docstring(doc: str | None) -> str:
         return ""
     if '"""' in text or "\\" in text:
         raise SystemExit("gen_sync: a docstring with triple quotes or backslashes is not supported")
-    body = text.replace("\n", "\n        ")
+    body = "\n".join(f"        {line}" if line else "" for line in text.splitlines()).lstrip()
     return f'        """{body}"""\n'
 
 

@@ -138,5 +138,8 @@ class SyncClient:
         ))
 
     def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:
-        """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise."""
+        """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise.
+
+        Wakes on the notification the instance sends when it settles (one LISTEN connection per
+        client, shared by every wait), with a slow re-read in case a notification is lost."""
         return self._run(self._client.wait_for(instance_id, timeout))

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -25,6 +26,7 @@ from stepstone.store.database import resolve_target
 from stepstone.store.port import NewInstance
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.readiness import ensure_ready
+from stepstone.store.settled import SettledWatch
 
 SETTLED = TERMINAL | {FAILED}
 """Statuses `wait_for` returns on: the instance will not move without an operator."""
@@ -66,6 +68,7 @@ class Client:
         self.limits = limits or Limits()
         self.actor = None if actor is None else self._text("actor", actor)
         self._registered: set[tuple[str, int]] = set()
+        self._settled = SettledWatch(store)
 
     @classmethod
     async def connect(
@@ -97,6 +100,7 @@ class Client:
         return client
 
     async def close(self) -> None:
+        await self._settled.close()
         await self.store.close()
 
     async def __aenter__(self) -> Client:
@@ -194,19 +198,31 @@ class Client:
         )
 
     async def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:
-        """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise."""
+        """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise.
+
+        Wakes on the notification the instance sends when it settles (one LISTEN connection per
+        client, shared by every wait), with a slow re-read in case a notification is lost."""
         self._texts(empty=True, instance_id=instance_id)
+        status = await self.store.status(instance_id)  # InstanceNotFound before anything listens
+        if status in SETTLED:
+            return await self.get(instance_id)
+        key = str(uuid.UUID(instance_id))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        pause = 0.005
-        while True:
-            status = await self.store.status(instance_id)
-            if status in SETTLED:
-                return await self.get(instance_id)
-            if loop.time() >= deadline:
-                raise WaitTimeout(instance_id, status, timeout)
-            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-            pause = min(pause * 2, 0.25)
+        settled = await self._settled.watch(key)
+        try:
+            while True:
+                settled.clear()  # before the read: a notification from here on is not lost
+                status = await self.store.status(instance_id)
+                if status in SETTLED:
+                    return await self.get(instance_id)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise WaitTimeout(instance_id, status, timeout)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(settled.wait(), min(remaining, self._settled.fallback_seconds))
+        finally:
+            self._settled.unwatch(key, settled)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -199,6 +199,24 @@ class PostgresStore:
         await conn.add_listener(self.channel, on_notify)
         return Listener(conn, self.channel, on_notify)
 
+    async def listen_settled(self, callback: Callable[[str], None]) -> Listener:
+        """A LISTEN connection on the channel an instance notifies when it completes, fails or is
+        cancelled; `callback` gets the instance id."""
+        channel = f"stepstone.settled.{self.schema}"[:63]
+        with translate_errors(self.url):
+            conn = await asyncpg.connect(self.url)
+
+        def on_notify(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
+            callback(str(payload))
+
+        try:
+            with translate_errors(self.url):
+                await conn.add_listener(channel, on_notify)
+        except BaseException:
+            await conn.close()
+            raise
+        return Listener(conn, channel, on_notify)
+
     # -- definitions and instances ------------------------------------------------------------
 
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None:
