@@ -82,6 +82,7 @@ class RootOptions:
 
     database_url: str | None = None
     schema: str | None = None
+    app: str | None = None
 
 
 def settings_options(func: F) -> F:

@@ -101,7 +101,11 @@ def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float,
 ) -> None:
-    """Run the workflows of --app until SIGTERM/SIGINT (migrates nothing: see `stepstone db migrate`)."""
+    """Run the workflows of --app until SIGTERM/SIGINT.
+
+    A configured database must be migrated first (`stepstone db migrate`); the embedded default is
+    migrated on start, in one line on stderr.
+    """
     configure_logging()
     config = WorkerConfig(concurrency=concurrency, lease_seconds=lease_seconds, poll_interval=poll_interval,
                           drain_timeout=drain_timeout)
