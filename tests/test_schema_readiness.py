@@ -13,7 +13,10 @@ from click.testing import CliRunner
 from stepstone.cli import cli
 from stepstone.client import Client
 from stepstone.errors import ConfigError, DatabaseError, SchemaNotReady
+from stepstone.runtime.worker import Worker
 from stepstone.store.database import DatabaseTarget
+from stepstone.store.postgres import PostgresStore
+from tests import cli_apps
 
 
 async def tables(url: str) -> int:
@@ -87,3 +90,15 @@ def test_cli_on_an_unmigrated_configured_database_says_to_migrate(empty_database
     assert result.stderr.strip().splitlines() == [
         result.stderr.strip()] and "run `stepstone db migrate` first" in result.stderr
     assert asyncio.run(tables(empty_database_url)) == 0
+
+
+async def test_a_worker_on_an_unmigrated_schema_is_schema_not_ready(empty_database_url: str) -> None:
+    store = await PostgresStore.open(empty_database_url)
+    try:
+        with pytest.raises(SchemaNotReady, match=r"run `stepstone db migrate` first"):
+            await Worker(store, cli_apps.registry).start()
+        with pytest.raises(SchemaNotReady):
+            await Client(store, cli_apps.registry).list()
+    finally:
+        await store.close()
+    assert await tables(empty_database_url) == 0

@@ -98,7 +98,7 @@ class InsufficientPrivilege(DatabaseError, ConfigError):
 class SchemaNotReady(DatabaseError, ConfigError):
     """The schema is not set up, or has pending migrations; nothing was migrated implicitly."""
 
-    def __init__(self, message: str, *, schema: str, pending: tuple[int, ...] = ()) -> None:
+    def __init__(self, message: str, *, schema: str | None, pending: tuple[int, ...] = ()) -> None:
         super().__init__(message)
         self.schema = schema
         self.pending = pending

@@ -17,7 +17,13 @@ from typing import Any
 import asyncpg
 
 from stepstone.config import Settings
-from stepstone.errors import DatabaseUnavailable, InsufficientPrivilege, InvalidDatabaseUrl, StepstoneError
+from stepstone.errors import (
+    DatabaseUnavailable,
+    InsufficientPrivilege,
+    InvalidDatabaseUrl,
+    SchemaNotReady,
+    StepstoneError,
+)
 from stepstone.store import embedded
 from stepstone.store.dsn import MASK, endpoint, malformed_reason, redact_url, secrets_in
 
@@ -95,6 +101,10 @@ def translate_errors(url: str = "") -> Iterator[None]:
         raise
     except asyncpg.InsufficientPrivilegeError as exc:
         raise InsufficientPrivilege(f"insufficient privilege: {_scrub(str(exc), url)}") from exc
+    except (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.InvalidSchemaNameError) as exc:
+        # A store statement on a schema that was never migrated (or is missing a table).
+        raise SchemaNotReady(f"the stepstone schema is not set up ({_scrub(str(exc), url)}): "
+                             "run `stepstone db migrate` first", schema=None) from exc
     except (
         asyncpg.PostgresConnectionError,  # SQLSTATE class 08
         asyncpg.exceptions.OperatorInterventionError,  # class 57: shutdown, cannot connect now
