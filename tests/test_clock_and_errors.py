@@ -11,6 +11,7 @@ from stepstone import errors
 from stepstone.client import _typed
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.examples import orders
+from stepstone.store.database import connect
 from stepstone.store.postgres import PostgresStore
 from stepstone.testing import open_engine
 
@@ -103,3 +104,19 @@ async def test_a_store_function_without_a_row_is_a_bug(database_url: str) -> Non
             await store._one("instance_status", __import__("uuid").uuid4())
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("url", ["not a url", "postgresql://bob:pw@h:port/db", "postgresql://bob:p@w@h/db",
+                                 "postgresql://postgres@127.0.0.1:5432/postgres?no_such_setting=1"])
+async def test_a_malformed_url_is_a_configuration_error_not_a_transient_one(url: str) -> None:
+    with pytest.raises(errors.InvalidDatabaseUrl) as caught:
+        await connect(url, timeout=5)
+    assert not isinstance(caught.value, errors.DatabaseUnavailable)
+    assert "malformed database URL" in str(caught.value)
+    assert "pw" not in caught.value.url and "p@w" not in str(caught.value)
+
+
+async def test_an_unreachable_server_is_transient() -> None:
+    with pytest.raises(errors.DatabaseUnavailable) as caught:
+        await connect("postgresql://bob@127.0.0.1:1/db", timeout=5)
+    assert (caught.value.host, caught.value.port) == ("127.0.0.1", 1)
