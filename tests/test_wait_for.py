@@ -45,13 +45,25 @@ def count_status_reads(engine: Engine, monkeypatch: pytest.MonkeyPatch, waiting_
     return reads, waiting
 
 
+async def until_waiting(waiting: asyncio.Event, waiter: asyncio.Task[Any]) -> None:
+    """Until the waiter has read twice (so it listens and waits); its own error if it died first."""
+    reached = asyncio.ensure_future(waiting.wait())
+    try:
+        done, _ = await asyncio.wait({reached, waiter}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        reached.cancel()
+    if waiter in done:
+        waiter.result()
+    assert waiting.is_set(), "the waiter never read the status a second time"
+
+
 async def test_a_wait_ends_on_the_settle_notification(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     client = engine.client
     instance_id = await client.start("approval")
     await engine.run_until_idle()
     reads, waiting = count_status_reads(engine, monkeypatch, waiting_after=2)
     waiter = asyncio.create_task(client.wait_for(instance_id, timeout=30))
-    await waiting.wait()  # read once, listening, and read again: now it waits
+    await until_waiting(waiting, waiter)  # read once, listening, and read again: now it waits
     others = [await client.start("hello", {"name": str(n)}) for n in range(3)]
     await engine.run_until_idle()  # three other instances settle and notify: not this waiter's business
     assert [(await client.get(o)).status for o in others] == ["COMPLETED"] * 3
@@ -68,7 +80,7 @@ async def test_cancel_and_failure_wake_a_waiter(engine: Engine, monkeypatch: pyt
     instance_id = await client.start("approval")
     _, waiting = count_status_reads(engine, monkeypatch, waiting_after=2)
     waiter = asyncio.create_task(client.wait_for(instance_id, timeout=30))
-    await waiting.wait()
+    await until_waiting(waiting, waiter)
     assert await client.cancel(instance_id, "not needed") == "CANCELLED"
     assert (await asyncio.wait_for(waiter, timeout=20)).status == "CANCELLED"
 
