@@ -17,3 +17,14 @@ def test_every_error_descends_from_the_root() -> None:
     for name in stepstone.errors.__all__:
         cls = getattr(stepstone.errors, name)
         assert issubclass(cls, stepstone.errors.StepstoneError), name
+
+
+def test_error_exports() -> None:
+    assert sorted(stepstone.errors.__all__) == sorted([
+        "BrokerUnavailable", "BusinessKeyInUse", "ConfigError", "Conflict", "DatabaseError", "DatabaseUnavailable",
+        "DefinitionConflict",
+        "DefinitionError", "DefinitionNotFound", "IdempotencyConflict", "InstanceNotFound", "InsufficientPrivilege",
+        "InternalError", "InvalidDatabaseUrl", "InvalidInput", "InvalidState", "NotFound", "PayloadTooDeep",
+        "PayloadTooLarge", "PositionNotFound", "SchemaNotReady", "SchemaTooNew", "StepstoneError", "UnknownBroker",
+        "Unavailable", "UnknownSignal", "WaitTimeout",
+    ])

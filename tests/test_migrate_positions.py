@@ -47,7 +47,7 @@ async def test_instances_of_the_previous_release_run_on(
             "INSERT INTO stepstone.history (instance_id, seq, at, kind, step, visit) VALUES ($1, 2, now(), 'WAITING', "
             "'parked', 1)", uuid.UUID(waiting))
         monkeypatch.undo()
-        assert [x.version for x in await m.migrate(conn, "stepstone")][0] == 2
+        assert next(x.version for x in await m.migrate(conn, "stepstone")) == 2
         positions = {str(r["instance_id"]): r["status"] for r in await conn.fetch("SELECT * FROM stepstone.positions")}
         assert positions == {fresh: "RUNNING", waiting: "WAITING"}
         # The old columns stay readable.

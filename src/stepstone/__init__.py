@@ -3,8 +3,9 @@
     from stepstone import Workflow, Registry, StepContext, Retry, Client, Worker
 """
 
+from stepstone._sync_client import SyncClient
 from stepstone.authoring.workflow import Registry, Retry, Signal, StepContext, Workflow
-from stepstone.client import Client, InstanceInfo, SyncClient
+from stepstone.client import Client, InstanceInfo
 from stepstone.core.limits import Limits
 from stepstone.core.plan import END
 from stepstone.runtime.worker import Worker, WorkerConfig

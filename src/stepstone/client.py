@@ -1,20 +1,16 @@
 """Public operations on workflow instances: start, signal, cancel, retry, inspect, wait.
 
-`Client` is async; `SyncClient` is generated from it (every public coroutine
-method of `Client`, run on a private event loop), never kept by hand. The CLI
-and the HTTP API call these same methods.
+`Client` is async; `SyncClient` (`stepstone/_sync_client.py`) is generated from it by
+`python -m stepstone._gen_sync`, never kept by hand. The CLI and the HTTP API call these same methods.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import hashlib
-import inspect
 import json
-import threading
 import uuid
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,8 +21,9 @@ from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
-from stepstone.store.factory import open_store
+from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
+from stepstone.store.settled import SettledWatch
 
 SETTLED = TERMINAL | {FAILED}
 """Statuses `wait_for` returns on: the instance will not move without an operator."""
@@ -71,25 +68,29 @@ class Client:
         self.store = store
         self.registry = registry or Registry()
         self.limits = limits or Limits()
-        self.actor = actor
+        self.actor = None if actor is None else self._text("actor", actor)
         self._registered: set[tuple[str, int]] = set()
+        self._settled = SettledWatch(store)
 
     @classmethod
     async def connect(
         cls,
         database_url: str | None = None,
         *,
-        schema: str = "stepstone",
+        schema: str | None = None,
         registry: Registry | None = None,
         settings: Settings | None = None,
         limits: Limits | None = None,
         actor: str | None = None,
     ) -> Client:
-        """Connect to `database_url`, or to the configured / embedded database."""
-        store = await open_store(database_url, schema, settings=settings)
+        """Connect to `database_url`, or to the configured (flags, environment, pyproject.toml) or
+        embedded database. The schema must be migrated (`SchemaNotReady` otherwise), except on the
+        embedded default, which is migrated here, saying so in one line on the log."""
+        store = await open_ready_store(database_url, schema, settings=settings)
         return cls(store, registry, limits=limits, actor=actor)
 
     async def close(self) -> None:
+        await self._settled.close()
         await self.store.close()
 
     async def __aenter__(self) -> Client:
@@ -111,9 +112,7 @@ class Client:
         """Start an instance; returns its id. The same key with the same input returns the
         same instance; the same key with other input raises IdempotencyConflict."""
         wf = self._workflow(workflow)
-        for what, name in (("idempotency key", idempotency_key), ("business key", business_key)):
-            if name is not None:
-                self._check_name(what, name)
+        self._texts(idempotency_key=idempotency_key, business_key=business_key)
         try:  # before the state model sees it: validating a 10,000-deep document is costly
             self.limits.check_depth("input", input)
         except PayloadRejected as exc:
@@ -139,11 +138,8 @@ class Client:
     ) -> int:
         """Send a signal; returns its command id. A repeated dedup key applies once. `position` addresses
         one branch (its path, e.g. ``ship/2``); the default is the instance's root position."""
-        self._check_name("signal name", name)
-        if dedup_key is not None:
-            self._check_name("dedup key", dedup_key)
-        if position:
-            self._check_name("position", position)
+        self._texts(empty=True, instance_id=instance_id)
+        self._texts(signal_name=name, dedup_key=dedup_key, position=position or None)
         text = self._encode("signal payload", payload)
         fingerprint = _fingerprint(name, position, text) if position else _fingerprint(name, text)
         return await self.store.signal(
@@ -153,13 +149,18 @@ class Client:
 
     async def cancel(self, instance_id: str, reason: str = "") -> str:
         """Cancel an instance (idempotent); returns its status afterwards."""
-        return await self.store.cancel(instance_id, reason[:500], self.actor)
+        self._texts(empty=True, instance_id=instance_id)
+        self._text("cancel reason", reason, free=True, empty=True)
+        return await self.store.cancel(instance_id, reason, self.actor)
 
     async def retry(self, instance_id: str) -> None:
         """Re-drive the failed step of a FAILED instance."""
+        self._texts(empty=True, instance_id=instance_id)
         await self.store.retry(instance_id, self.actor)
 
     async def get(self, instance_id: str) -> InstanceInfo:
+        """Where the instance is, what it holds and what it waits for."""
+        self._texts(empty=True, instance_id=instance_id)
         row = await self.store.get(instance_id)
         return InstanceInfo(
             id=row["id"], definition_id=row["definition_id"], version=row["version"], status=row["status"],
@@ -171,6 +172,8 @@ class Client:
         )
 
     async def history(self, instance_id: str) -> list[dict[str, Any]]:
+        """Every recorded event of the instance, oldest first."""
+        self._texts(empty=True, instance_id=instance_id)
         return await self.store.history(instance_id)
 
     async def list(
@@ -183,29 +186,45 @@ class Client:
         limit: int = 50,
     ) -> list[dict[str, Any]]:
         """Instances newest first; pass the last row's (created_at, id) as `after` for the next page."""
+        self._texts(empty=True, status=status, workflow=definition, business_key=business_key,
+                    after_id=after[1] if after else None)
         return await self.store.list(
             status=status, definition=definition, business_key=business_key, after=after, limit=limit
         )
 
     async def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:
-        """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise."""
+        """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise.
+
+        Wakes on the notification the instance sends when it settles (one LISTEN connection per
+        client, shared by every wait), with a slow re-read in case a notification is lost."""
+        self._texts(empty=True, instance_id=instance_id)
+        status = await self.store.status(instance_id)  # InstanceNotFound before anything listens
+        if status in SETTLED:
+            return await self.get(instance_id)
+        key = str(uuid.UUID(instance_id))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        pause = 0.005
-        while True:
-            status = await self.store.status(instance_id)
-            if status in SETTLED:
-                return await self.get(instance_id)
-            if loop.time() >= deadline:
-                raise WaitTimeout(instance_id, status, timeout)
-            await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
-            pause = min(pause * 2, 0.25)
+        settled = await self._settled.watch(key)
+        try:
+            while True:
+                settled.clear()  # before the read: a notification from here on is not lost
+                status = await self.store.status(instance_id)
+                if status in SETTLED:
+                    return await self.get(instance_id)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise WaitTimeout(instance_id, status, timeout)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(settled.wait(), min(remaining, self._settled.fallback_seconds))
+        finally:
+            self._settled.unwatch(key, settled)
 
     # -- helpers --------------------------------------------------------------------------------
 
     def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
         if isinstance(workflow, Workflow):
             return workflow
+        self._text("workflow", workflow)
         found = self.registry.latest(workflow)
         if found is None:
             raise DefinitionNotFound(workflow)
@@ -223,67 +242,28 @@ class Client:
         except PayloadRejected as exc:
             raise _typed(exc) from None
 
-    def _check_name(self, what: str, name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise InvalidInput(f"{what} must be a non-empty string")
+    def _text(self, what: str, value: Any, *, free: bool = False, empty: bool = False) -> str:
+        """The one check of a text argument (see `Limits.check_text`), as a typed InvalidInput."""
         try:
-            self.limits.check_name(what, name)
-            self.limits.encode(what, name)
+            return self.limits.check_text(what, value, free=free, empty=empty)
         except PayloadRejected as exc:
             raise _typed(exc) from None
+
+    def _texts(self, *, empty: bool = False, **arguments: str | None) -> None:
+        """Check each argument given (None means not given); the keyword names the argument.
+        An empty id or filter is let through: it matches nothing, which the store then says."""
+        for name, value in arguments.items():
+            if value is not None:
+                self._text(name.replace("_", " "), value, empty=empty)
 
 
 def _typed(exc: PayloadRejected) -> InvalidInput:
     if exc.reason == "too_large":
-        return PayloadTooLarge(str(exc))
+        return PayloadTooLarge(str(exc), what=exc.what, reason=exc.reason)
     if exc.reason == "too_deep":
-        return PayloadTooDeep(str(exc))
-    return InvalidInput(str(exc))
+        return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
+    return InvalidInput(str(exc), what=exc.what)
 
 
 def _fingerprint(*parts: str | None) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
-
-
-class SyncClient:
-    """The blocking face of `Client`: the same methods, run on a private event loop thread.
-
-    Built from `Client` at import: every public coroutine method of `Client` appears
-    here with its signature and docstring, so the two cannot drift apart.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="stepstone-client", daemon=True)
-        self._thread.start()
-        self._client: Client = self._run(Client.connect(*args, **kwargs))
-
-    def _run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def close(self) -> None:
-        self._run(self._client.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:  # only reached for names not generated below
-        raise AttributeError(name)
-
-
-def _blocking(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def call(self: SyncClient, *args: Any, **kwargs: Any) -> Any:
-        return self._run(getattr(self._client, name)(*args, **kwargs))
-
-    return call
-
-
-for _name, _method in inspect.getmembers(Client, inspect.iscoroutinefunction):
-    if not _name.startswith("_") and _name not in ("connect", "close"):
-        setattr(SyncClient, _name, _blocking(_name, _method))

@@ -1,30 +1,36 @@
 """The one exception hierarchy of stepstone; driver errors are translated into it at the store boundary.
 
     StepstoneError                  root: anything stepstone raises on purpose
-    ├── ConfigError                 bad configuration (flag, env var, pyproject.toml)
-    │   └── UnknownBroker           no publisher for a broker URL's scheme, or its extra is not installed
-    ├── DatabaseError               a problem talking to or with PostgreSQL
-    │   ├── DatabaseUnavailable     unreachable, refused, malformed URL or transient (host, port)
-    │   ├── InsufficientPrivilege   the role may not do what stepstone needs
-    │   └── SchemaTooNew            the schema history has versions this stepstone does not know
-    ├── BrokerUnavailable           the outbox relay cannot reach its broker (events wait, none is lost)
-    ├── DefinitionError             a workflow definition that cannot become a plan
-    │   └── DefinitionConflict      same id and version registered with a different structure
+    ├── ConfigError                 permanent until the configuration, the setup or the code changes
+    │   ├── InvalidDatabaseUrl      the database URL cannot be parsed (url, redacted)
+    │   ├── UnknownBroker           no publisher for a broker URL's scheme, or its extra is not installed
+    │   ├── DefinitionError         a workflow definition that cannot become a plan
+    │   ├── InsufficientPrivilege * the role may not do what stepstone needs
+    │   ├── SchemaNotReady        * the schema is missing or behind: run `stepstone db migrate` (schema)
+    │   └── SchemaTooNew          * the schema history has versions this stepstone does not know
+    ├── DatabaseError               a problem talking to or with PostgreSQL (and the * classes above)
+    │   └── DatabaseUnavailable   + transient: unreachable, refused, connection lost (host, port)
+    ├── Unavailable                 transient: a dependency cannot be reached now (and the + class)
+    │   └── BrokerUnavailable       the outbox relay cannot reach its broker (events wait)
     ├── NotFound                    the thing named does not exist
     │   ├── InstanceNotFound        (instance_id)
     │   ├── PositionNotFound        (instance_id, position): no such branch
     │   └── DefinitionNotFound      (definition_id, version)
     ├── Conflict                    the request contradicts what is stored
+    │   ├── DefinitionConflict      same id and version registered with a different structure
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
     │   ├── BusinessKeyInUse        (instance_id of the holder)
     │   └── InvalidState            the instance's status does not allow it (instance_id, status)
-    ├── InvalidInput                rejected before anything is stored
-    │   ├── PayloadTooLarge / PayloadTooDeep
+    ├── InvalidInput                refused before anything is stored (what)
+    │   ├── PayloadTooLarge / PayloadTooDeep  (what, reason)
     │   └── UnknownSignal           (name): the pinned definition declares no such signal
-    └── WaitTimeout                 wait_for gave up before the instance ended (instance_id, status)
+    ├── WaitTimeout                 wait_for gave up before the instance ended (instance_id, status)
+    └── InternalError               a bug in stepstone: an invariant did not hold (please report it)
 
-A caller can tell configuration problems, transient database failures and refusals apart by class.
-Messages are one line and never contain a password.
+The type alone says what a caller can do: fix the configuration (ConfigError), retry later
+(Unavailable), look the thing up again (NotFound), reconcile (Conflict), change the request
+(InvalidInput), wait longer (WaitTimeout) or report a bug (InternalError). The classes marked * are
+both a ConfigError and a DatabaseError. Messages are one line and never contain a password.
 """
 
 from __future__ import annotations
@@ -42,14 +48,18 @@ __all__ = [
     "IdempotencyConflict",
     "InstanceNotFound",
     "InsufficientPrivilege",
+    "InternalError",
+    "InvalidDatabaseUrl",
     "InvalidInput",
     "InvalidState",
     "NotFound",
     "PayloadTooDeep",
     "PayloadTooLarge",
     "PositionNotFound",
+    "SchemaNotReady",
     "SchemaTooNew",
     "StepstoneError",
+    "Unavailable",
     "UnknownBroker",
     "UnknownSignal",
     "WaitTimeout",
@@ -61,14 +71,30 @@ class StepstoneError(Exception):
 
 
 class ConfigError(StepstoneError):
-    """The configuration in effect is invalid (e.g. a schema name that is not a safe identifier)."""
+    """The configuration in effect is invalid (e.g. a schema name that is not a safe identifier).
+
+    Permanent: retrying gives the same error until the configuration, the database setup or the
+    workflow code changes.
+    """
+
+
+class InvalidDatabaseUrl(ConfigError):
+    """The database URL cannot be parsed; `url` is the URL with any secret masked."""
+
+    def __init__(self, message: str, *, url: str) -> None:
+        super().__init__(message)
+        self.url = url
 
 
 class UnknownBroker(ConfigError):
     """No publisher is registered for the broker URL's scheme, or the extra that provides it is missing."""
 
 
-class BrokerUnavailable(StepstoneError):
+class Unavailable(StepstoneError):
+    """Transient: something stepstone depends on cannot be reached now; the same call may pass later."""
+
+
+class BrokerUnavailable(Unavailable):
     """The relay's broker cannot be reached; the batch is released unpublished and no attempt is counted."""
 
 
@@ -76,8 +102,8 @@ class DatabaseError(StepstoneError):
     """Base for problems talking to or with PostgreSQL."""
 
 
-class DatabaseUnavailable(DatabaseError):
-    """The database cannot be reached (refused, unknown host, malformed URL, connection lost)."""
+class DatabaseUnavailable(DatabaseError, Unavailable):
+    """The database cannot be reached now (refused, unknown host, connection lost): may pass on retry."""
 
     def __init__(self, message: str, *, host: str | None = None, port: int | None = None) -> None:
         super().__init__(message)
@@ -85,11 +111,20 @@ class DatabaseUnavailable(DatabaseError):
         self.port = port
 
 
-class InsufficientPrivilege(DatabaseError):
+class InsufficientPrivilege(DatabaseError, ConfigError):
     """The database role lacks a privilege stepstone needs (e.g. CREATE on the database)."""
 
 
-class SchemaTooNew(DatabaseError):
+class SchemaNotReady(DatabaseError, ConfigError):
+    """The schema is not set up, or has pending migrations; nothing was migrated implicitly."""
+
+    def __init__(self, message: str, *, schema: str | None, pending: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.schema = schema
+        self.pending = pending
+
+
+class SchemaTooNew(DatabaseError, ConfigError):
     """The schema history records migrations newer than this stepstone ships; nothing was applied."""
 
     def __init__(self, message: str, *, unknown_versions: tuple[int, ...] = ()) -> None:
@@ -97,17 +132,8 @@ class SchemaTooNew(DatabaseError):
         self.unknown_versions = unknown_versions
 
 
-class DefinitionError(StepstoneError):
+class DefinitionError(ConfigError):
     """A workflow definition that cannot become a plan; the message names every problem."""
-
-
-class DefinitionConflict(DefinitionError):
-    """The same definition id and version is already registered with a different plan hash."""
-
-    def __init__(self, message: str, *, definition_id: str, version: int) -> None:
-        super().__init__(message)
-        self.definition_id = definition_id
-        self.version = version
 
 
 class NotFound(StepstoneError):
@@ -139,6 +165,15 @@ class Conflict(StepstoneError):
     """The request contradicts what is already stored."""
 
 
+class DefinitionConflict(Conflict):
+    """The same definition id and version is already registered with a different plan hash."""
+
+    def __init__(self, message: str, *, definition_id: str, version: int) -> None:
+        super().__init__(message)
+        self.definition_id = definition_id
+        self.version = version
+
+
 class IdempotencyConflict(Conflict):
     """A start idempotency key or signal dedup key was reused with different input."""
 
@@ -165,20 +200,32 @@ class InvalidState(Conflict):
 
 
 class InvalidInput(StepstoneError):
-    """Input rejected before anything was stored."""
+    """Input refused before anything was stored; `what` names the argument when known."""
+
+    def __init__(self, message: str, *, what: str | None = None) -> None:
+        super().__init__(message)
+        self.what = what
 
 
 class PayloadTooLarge(InvalidInput):
-    pass
+    """A payload, key or text longer than its limit; `reason` is the limit's kind ("too_large")."""
+
+    def __init__(self, message: str, *, what: str | None = None, reason: str = "too_large") -> None:
+        super().__init__(message, what=what)
+        self.reason = reason
 
 
 class PayloadTooDeep(InvalidInput):
-    pass
+    """A document nested deeper than the limit; `reason` is "too_deep"."""
+
+    def __init__(self, message: str, *, what: str | None = None, reason: str = "too_deep") -> None:
+        super().__init__(message, what=what)
+        self.reason = reason
 
 
 class UnknownSignal(InvalidInput):
     def __init__(self, name: str, instance_id: str) -> None:
-        super().__init__(f"instance {instance_id} has no signal named {name!r} in its definition")
+        super().__init__(f"instance {instance_id} has no signal named {name!r} in its definition", what="signal name")
         self.name = name
         self.instance_id = instance_id
 
@@ -190,3 +237,7 @@ class WaitTimeout(StepstoneError):
         super().__init__(f"instance {instance_id} is still {status} after {timeout:g} s")
         self.instance_id = instance_id
         self.status = status
+
+
+class InternalError(StepstoneError):
+    """A bug in stepstone: an invariant of the store or the engine did not hold. Please report it."""

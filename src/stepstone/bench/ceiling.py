@@ -8,6 +8,7 @@ tables and indexes, at the engine's concurrency. Every throughput is reported as
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import asyncpg
 
 from stepstone.bench.common import BenchContext, Metric, bench_database, bench_queries
+from stepstone.store.dsn import without_password
 
 _TPS = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 
@@ -38,15 +40,25 @@ async def run(ctx: BenchContext) -> list[Metric]:
                    note=f"pgbench -c {ctx.concurrency} -j 2 -M prepared; {output}")]
 
 
-async def pgbench(ctx: BenchContext, url: str, script: Path) -> tuple[float, str]:
-    """Run the script for the sized duration; (tps, pgbench's latency line)."""
+def pgbench_command(ctx: BenchContext, url: str, script: Path) -> tuple[list[str], dict[str, str]]:
+    """pgbench's arguments and environment: the password goes in PGPASSWORD, never on the command line."""
+    bare, password = without_password(url)
     args = [
         str(Path(ctx.bin_dir) / "pgbench"), "-n", "-f", str(script), "-c", str(ctx.concurrency), "-j", "2",
         "-T", str(int(ctx.sizes.ceiling_seconds)), "-M", "prepared",
-        "-D", f"instances={ctx.sizes.ceiling_instances}", url,
+        "-D", f"instances={ctx.sizes.ceiling_instances}", bare,
     ]
+    env = dict(os.environ)
+    if password is not None:
+        env["PGPASSWORD"] = password
+    return args, env
+
+
+async def pgbench(ctx: BenchContext, url: str, script: Path) -> tuple[float, str]:
+    """Run the script for the sized duration; (tps, pgbench's latency line)."""
+    args, env = pgbench_command(ctx, url, script)
     proc = await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
     )
     out, err = await proc.communicate()
     text = out.decode()

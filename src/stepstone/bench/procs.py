@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from typing import Any
+
+URL_ENV = "STEPSTONE_BENCH_DATABASE_URL"
+"""The child's database URL travels in its environment (private to the user), not on its command line."""
+
+
+def worker_command(url: str, schema: str, *options: str) -> tuple[list[str], dict[str, str]]:
+    """The child's arguments and environment; the URL, with any password, is only in the environment."""
+    args = [sys.executable, "-m", "stepstone.bench.worker_proc", "--schema", schema, *options]
+    return args, {**os.environ, URL_ENV: url}
 
 
 class WorkerProcess:
@@ -17,10 +27,8 @@ class WorkerProcess:
 
     @classmethod
     async def spawn(cls, url: str, schema: str, *options: str) -> WorkerProcess:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "stepstone.bench.worker_proc", url, "--schema", schema, *options,
-            stdout=asyncio.subprocess.PIPE,
-        )
+        args, env = worker_command(url, schema, *options)
+        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, env=env)
         return cls(proc)
 
     async def expect(self, event: str, timeout: float = 60.0) -> dict[str, Any]:

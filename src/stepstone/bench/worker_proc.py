@@ -1,4 +1,6 @@
-"""A worker process for the benchmarks: `python -m stepstone.bench.worker_proc URL [options]`.
+"""A worker process for the benchmarks: `python -m stepstone.bench.worker_proc [options]`.
+
+The database URL comes from the environment (`STEPSTONE_BENCH_DATABASE_URL`), never the command line.
 
 Runs a `Worker` on the bench workflows until SIGTERM (drains, then exits) or SIGKILL. Reports JSON
 lines on stdout: `ready`, `holding` (with --hold, once --hold-target handlers wait on their event),
@@ -10,10 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import resource
 import signal
 import sys
 
+from stepstone.bench.procs import URL_ENV
 from stepstone.bench.workflows import HOLD, registry
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.factory import open_store
@@ -53,7 +57,6 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m stepstone.bench.worker_proc")
-    parser.add_argument("url")
     parser.add_argument("--schema", default="stepstone")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--pool", type=int, default=12)
@@ -61,7 +64,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker-id", default="bench-worker")
     parser.add_argument("--hold", action="store_true", help="bench_hold handlers wait until SIGTERM")
     parser.add_argument("--hold-target", type=int, default=1)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.url = os.environ.get(URL_ENV)
+    if not args.url:
+        parser.error(f"set {URL_ENV} to the database URL")
+    return args
 
 
 if __name__ == "__main__":

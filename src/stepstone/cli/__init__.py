@@ -6,6 +6,7 @@ groups) and append it to ``_COMMAND_MODULES``.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -23,15 +24,29 @@ _COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, demo, benc
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @settings_options
+@click.option("--app", default=None, metavar="MODULE:ATTR",
+              help="The Registry (or Workflow) commands work with, e.g. myapp.flows:registry [env STEPSTONE_APP].")
 @click.version_option(__version__, prog_name="stepstone")
 @click.pass_context
-def cli(ctx: click.Context, database_url: str | None, schema: str | None) -> None:
+def cli(ctx: click.Context, database_url: str | None, schema: str | None, app: str | None) -> None:
     """stepstone: durable workflows on PostgreSQL."""
-    ctx.obj = RootOptions(database_url=database_url, schema=schema)
+    ctx.obj = RootOptions(database_url=database_url, schema=schema, app=app)
+
+
+def _summarize(command: click.Command) -> None:
+    """List a command by its whole first sentence (wrapped), never by one click cut at 45 characters."""
+    if command.short_help is None and command.help:
+        paragraph = inspect.cleandoc(command.help).split("\n\n")[0].replace("\n", " ")
+        end = paragraph.find(". ")
+        command.short_help = paragraph if end < 0 else paragraph[: end + 1]
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _summarize(sub)
 
 
 for _module in _COMMAND_MODULES:
     for _command in _module.commands:
+        _summarize(_command)
         cli.add_command(_command)
 demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from stepstone.authoring.workflow import Registry, Workflow
-from stepstone.cli.common import CliError
+from stepstone.cli.common import CliError, RootOptions
 from stepstone.errors import StepstoneError
 
 __all__ = ["APP_ENV", "app_option", "load_app"]
@@ -65,13 +66,15 @@ def app_option(*, required: bool) -> Callable[[F], F]:
     def decorate(func: F) -> F:
         @functools.wraps(func)
         def wrapper(*args: Any, app: str | None, **kwargs: Any) -> Any:
+            if app is None:  # `stepstone --app X start ...`: the root group's flag, then the environment
+                root = click.get_current_context().find_object(RootOptions)
+                app = (root.app if root is not None else None) or os.environ.get(APP_ENV) or None
             if app is None and required:
                 raise CliError(f"no workflows to work with: pass --app module:attribute or set {APP_ENV}")
             return func(*args, registry=load_app(app) if app else None, **kwargs)
 
         return click.option(
             "--app",
-            envvar=APP_ENV,
             default=None,
             metavar="MODULE:ATTR",
             help=f"The Registry (or Workflow) to use, e.g. myapp.flows:registry [env {APP_ENV}].",

@@ -17,7 +17,7 @@ __all__ = ["commands"]
 
 
 @click.command("bench")
-@click.option("--quick", is_flag=True, help="CI size (about a minute) instead of the full size.")
+@click.option("--quick", is_flag=True, help="CI size (about 30 s) instead of the full size.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the JSON report here.")
 @click.option("--only", default=None, metavar="A,B",

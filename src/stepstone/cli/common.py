@@ -7,16 +7,20 @@ import functools
 import json
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from stepstone.config import load_settings
+from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.errors import StepstoneError
 
 __all__ = [
+    "FREE_TEXT",
+    "TEXT",
     "CliError",
     "RootOptions",
+    "Text",
     "emit",
     "output_option",
     "render_table",
@@ -38,12 +42,47 @@ class CliError(click.ClickException):
         click.echo(f"error: {self.format_message()}", file=file, err=True)
 
 
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[str, Any]
+else:  # click before 8.2 has no type parameters at run time
+    _ParamType = click.ParamType
+
+
+class Text(_ParamType):
+    """A text argument checked before anything connects, by the same `Limits.check_text` the client
+    uses: no NUL, no undecodable bytes (they arrive as lone surrogates), within its length limit."""
+
+    name = "text"
+
+    def __init__(self, *, free: bool = False, empty: bool = False) -> None:
+        self.free = free
+        self.empty = empty
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None,  # noqa: ARG002 - click's signature
+    ) -> str:
+        what = "value"
+        if isinstance(param, click.Option) and param.opts:
+            what = max(param.opts, key=len)
+        elif param is not None:
+            what = param.human_readable_name
+        try:
+            return Limits().check_text(what, value, free=self.free, empty=self.empty)
+        except PayloadRejected as exc:
+            raise CliError(str(exc)) from None
+
+
+TEXT = Text()
+FREE_TEXT = Text(free=True, empty=True)  # a reason, a URL: the longer limit, empty allowed
+
+
 @dataclass
 class RootOptions:
     """Options given to the root group, kept in ``ctx.obj``."""
 
     database_url: str | None = None
     schema: str | None = None
+    app: str | None = None
 
 
 def settings_options(func: F) -> F:
@@ -57,6 +96,7 @@ def settings_options(func: F) -> F:
     return click.option(
         "--database-url",
         default=None,
+        type=FREE_TEXT,
         metavar="URL",
         help="postgresql://user:password@host:port/dbname [env STEPSTONE_DATABASE_URL, DATABASE_URL; "
         "default: embedded PostgreSQL in .stepstone/pg].",

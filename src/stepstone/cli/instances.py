@@ -21,7 +21,16 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.common import (
+    FREE_TEXT,
+    TEXT,
+    CliError,
+    emit,
+    output_option,
+    render_table,
+    run_async,
+    with_settings,
+)
 from stepstone.cli.connection import open_store
 from stepstone.client import Client, InstanceInfo
 from stepstone.config import Settings
@@ -171,15 +180,17 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
 
 
 @click.command("start")
-@click.argument("workflow")
+@click.argument("workflow", type=TEXT)
 @click.option("--input", "input_text", metavar="JSON", help="The instance's input as a JSON object.")
 @click.option(
     "--input-file", type=click.Path(dir_okay=False, allow_dash=True), help="Read the input from a file ('-': stdin)."
 )
 @click.option(
-    "--idempotency-key", metavar="K", help="Starting again with the same key and input returns the same instance."
+    "--idempotency-key", type=TEXT, metavar="K",
+    help="Starting again with the same key and input returns the same instance.",
 )
-@click.option("--business-key", metavar="K", help="Unique per workflow while set (e.g. an order number).")
+@click.option("--business-key", type=TEXT, metavar="K",
+              help="Unique per workflow while set (e.g. an order number).")
 @app_option(required=True)
 @output_option
 @with_settings
@@ -211,21 +222,22 @@ def start_command(
 
 @click.command("signal")
 @click.argument("instance_id")
-@click.argument("name")
+@click.argument("name", type=TEXT)
 @click.option("--payload", metavar="JSON", help="The signal's payload as JSON.")
-@click.option("--dedup-key", metavar="K", help="Sending again with the same key applies the signal once.")
-@click.option("--position", default="", metavar="PATH", help="A branch's path (see `show`); default: the root.")
+@click.option("--dedup-key", type=TEXT, metavar="K", help="Sending again with the same key applies the signal once.")
+@click.option("--position", type=TEXT, metavar="PATH",
+              help="A branch's path (see `show`); default: the root.")
 @output_option
 @with_settings
 def signal_command(
     settings: Settings, output: str, instance_id: str, name: str, payload: str | None, dedup_key: str | None,
-    position: str,
+    position: str | None,
 ) -> None:
     """Send signal NAME to an instance or one of its branches (parked until it waits for it)."""
     iid = instance_id_arg(instance_id)
     data = parse_json(payload, "--payload") if payload is not None else None
     command_id = _with_client(
-        settings, None, lambda c: c.signal(iid, name, data, dedup_key=dedup_key, position=position)
+        settings, None, lambda c: c.signal(iid, name, data, dedup_key=dedup_key, position=position or "")
     )
     result = {"instance_id": iid, "signal": name, "command_id": command_id}
     emit(result, output, lambda: f"signal {name} sent to {iid} (command {command_id})")
@@ -233,7 +245,7 @@ def signal_command(
 
 @click.command("cancel")
 @click.argument("instance_id")
-@click.option("--reason", default="", help="Recorded in the history.")
+@click.option("--reason", default="", type=FREE_TEXT, help="Recorded in the history.")
 @output_option
 @with_settings
 def cancel_command(settings: Settings, output: str, instance_id: str, reason: str) -> None:
@@ -278,8 +290,8 @@ def show_command(settings: Settings, output: str, instance_id: str) -> None:
 
 @click.command("list")
 @click.option("--status", type=click.Choice(STATUSES, case_sensitive=False), help="Only instances in this status.")
-@click.option("--workflow", metavar="W", help="Only instances of this workflow.")
-@click.option("--business-key", metavar="K", help="Only the instance with this business key.")
+@click.option("--workflow", type=TEXT, metavar="W", help="Only instances of this workflow.")
+@click.option("--business-key", type=TEXT, metavar="K", help="Only the instance with this business key.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Rows per page.")
 @click.option("--after", metavar="CURSOR", help="Continue after the page that printed this cursor.")
 @output_option

@@ -112,9 +112,11 @@ def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float, broker: str | None, no_relay: bool, batch_size: int, max_attempts: int,
 ) -> None:
-    """Run the workflows of --app until SIGTERM/SIGINT (migrates nothing: see `stepstone db migrate`).
+    """Run the workflows of --app until SIGTERM/SIGINT.
 
-    With a broker configured, the outbox relay runs beside the worker (--no-relay turns it off)."""
+    A configured database must be migrated first (`stepstone db migrate`); the embedded default is
+    migrated on start, in one line on stderr. With a broker configured, the outbox relay runs beside
+    the worker (--no-relay turns it off)."""
     configure_logging()
     config = WorkerConfig(concurrency=concurrency, lease_seconds=lease_seconds, poll_interval=poll_interval,
                           drain_timeout=drain_timeout)

@@ -26,6 +26,7 @@ class Limits:
     max_events_per_step: int = 100
     max_commit_bytes: int = 1024 * 1024
     """The state and the events one step leaves, together (each is also bound by max_payload_bytes)."""
+    max_text_length: int = 2000  # free text such as a cancel reason
 
     def encode(self, what: str, value: Any) -> str:
         """JSON text of `value`, or PayloadRejected when it is deep, large or not JSON."""
@@ -76,3 +77,24 @@ class Limits:
             raise PayloadRejected(
                 what, "too_large", f"{len(name)} characters exceeds the limit of {self.max_name_length}"
             )
+
+    def check_text(self, what: str, value: object, *, free: bool = False, empty: bool = False) -> str:
+        """`value` if PostgreSQL can store it as text: a string, no NUL, no lone surrogate (which is
+        also how undecodable bytes of a command line arrive), within the name limit or, when
+        `free`, the free-text limit. The one check every text argument of every operation passes."""
+        if not isinstance(value, str):
+            raise PayloadRejected(what, "invalid", f"must be a string, got {type(value).__name__}")
+        if not value and not empty:
+            raise PayloadRejected(what, "invalid", "must not be empty")
+        if "\x00" in value:
+            raise PayloadRejected(what, "invalid", "contains a NUL character (\\x00), which PostgreSQL cannot store")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PayloadRejected(
+                what, "invalid", "contains undecodable bytes or a lone surrogate, which are not valid UTF-8"
+            ) from None
+        limit = self.max_text_length if free else self.max_name_length
+        if len(value) > limit:
+            raise PayloadRejected(what, "too_large", f"{len(value)} characters exceeds the limit of {limit}")
+        return value

@@ -7,20 +7,25 @@ inside :func:`translate_errors` or goes through :func:`connect` / :func:`create_
 from __future__ import annotations
 
 import asyncio
-import re
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 
 from stepstone.config import Settings
-from stepstone.errors import DatabaseError, DatabaseUnavailable, InsufficientPrivilege
+from stepstone.errors import (
+    DatabaseUnavailable,
+    InsufficientPrivilege,
+    InvalidDatabaseUrl,
+    SchemaNotReady,
+    StepstoneError,
+)
 from stepstone.store import embedded
+from stepstone.store.dsn import MASK, endpoint, malformed_reason, redact_url, secrets_in
 
 __all__ = [
     "DatabaseTarget",
@@ -33,7 +38,6 @@ __all__ = [
 ]
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@?#]*:)([^@/?#]+)@")
 
 
 @dataclass(frozen=True)
@@ -53,34 +57,13 @@ def resolve_target(settings: Settings, *, announce: bool = True) -> DatabaseTarg
     return DatabaseTarget(url=server.uri, embedded=True, pgdata=server.pgdata)
 
 
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***``."""
-    return _PASSWORD_IN_URL.sub(r"\1***@", url)
-
-
-def endpoint(url: str) -> tuple[str, int | None]:
-    """(host, port) named by a URL for messages; a socket directory counts as the host."""
-    try:
-        parts = urlsplit(url)
-        query = parse_qs(parts.query)
-        host = parts.hostname or (query.get("host") or ["localhost"])[0]
-        port = parts.port or int((query.get("port") or ["5432"])[0])
-    except ValueError:
-        return "?", None
-    return host, port
-
-
 def _scrub(text: str, url: str) -> str:
     """Remove the URL's password (and the URL itself) from a driver message; keep the first line."""
     first = text.splitlines()[0] if text else ""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    first = first.replace(url, redact_url(url))
-    if password:
-        first = first.replace(password, "***")
-    return _PASSWORD_IN_URL.sub(r"\1***@", first)
+    first = first.replace(url, redact_url(url)) if url else first
+    for secret in secrets_in(url):
+        first = first.replace(secret, MASK)
+    return first
 
 
 def _unavailable(url: str, reason: str) -> DatabaseUnavailable:
@@ -90,14 +73,23 @@ def _unavailable(url: str, reason: str) -> DatabaseUnavailable:
     return DatabaseUnavailable(message, host=host, port=port)
 
 
+def _malformed(url: str, reason: str) -> InvalidDatabaseUrl:
+    safe = redact_url(url)
+    return InvalidDatabaseUrl(f"malformed database URL {safe!r}: {_scrub(reason, url)}", url=safe)
+
+
+# The server refuses a URL query parameter it does not know (asyncpg sends them as settings).
+_REFUSED_PARAMETER = (
+    asyncpg.exceptions.UndefinedObjectError,
+    asyncpg.exceptions.InvalidParameterValueError,
+    asyncpg.exceptions.CantChangeRuntimeParamError,
+)
+
+
 def _check_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise _unavailable(url, "malformed database URL (expected postgresql://user@host:port/dbname)")
-    try:
-        _ = parts.port
-    except ValueError as exc:
-        raise _unavailable(url, f"malformed database URL ({exc})") from exc
+    reason = malformed_reason(url)
+    if reason is not None:
+        raise _malformed(url, reason)
 
 
 @contextmanager
@@ -105,10 +97,14 @@ def translate_errors(url: str = "") -> Iterator[None]:
     """Map asyncpg and socket errors raised inside the block onto the stepstone hierarchy."""
     try:
         yield
-    except DatabaseError:
+    except StepstoneError:
         raise
     except asyncpg.InsufficientPrivilegeError as exc:
         raise InsufficientPrivilege(f"insufficient privilege: {_scrub(str(exc), url)}") from exc
+    except (asyncpg.exceptions.UndefinedTableError, asyncpg.exceptions.InvalidSchemaNameError) as exc:
+        # A store statement on a schema that was never migrated (or is missing a table).
+        raise SchemaNotReady(f"the stepstone schema is not set up ({_scrub(str(exc), url)}): "
+                             "run `stepstone db migrate` first", schema=None) from exc
     except (
         asyncpg.PostgresConnectionError,  # SQLSTATE class 08
         asyncpg.exceptions.OperatorInterventionError,  # class 57: shutdown, cannot connect now
@@ -138,7 +134,9 @@ async def connect(
         try:
             return await asyncpg.connect(url, timeout=timeout, **kwargs)
         except ValueError as exc:  # asyncpg's DSN parser rejects malformed parts with ValueError
-            raise _unavailable(url, f"malformed database URL ({exc})") from exc
+            raise _malformed(url, str(exc)) from exc
+        except _REFUSED_PARAMETER as exc:
+            raise _malformed(url, f"the server refused a parameter: {exc}") from exc
         except socket.gaierror as exc:
             raise _unavailable(url, f"unknown host ({exc.strerror})") from exc
 
@@ -160,7 +158,9 @@ async def create_pool(
                 url, min_size=min_size, max_size=max_size, timeout=timeout, **kwargs
             )
         except ValueError as exc:
-            raise _unavailable(url, f"malformed database URL ({exc})") from exc
+            raise _malformed(url, str(exc)) from exc
+        except _REFUSED_PARAMETER as exc:
+            raise _malformed(url, f"the server refused a parameter: {exc}") from exc
     assert pool is not None  # create_pool only returns None when not awaited
     return pool
 

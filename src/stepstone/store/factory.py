@@ -7,13 +7,15 @@ contracts (pyproject.toml, `lint-imports`) allow the adapter and the driver behi
 from __future__ import annotations
 
 import asyncio
+import functools
 
-from stepstone.config import DEFAULT_SCHEMA, Settings
+from stepstone.config import DEFAULT_SCHEMA, Settings, load_settings
 from stepstone.store.database import resolve_target
 from stepstone.store.port import Store
 from stepstone.store.postgres import PostgresStore
+from stepstone.store.readiness import ensure_ready
 
-__all__ = ["open_store"]
+__all__ = ["open_ready_store", "open_store"]
 
 
 async def open_store(
@@ -32,3 +34,28 @@ async def open_store(
         target = await asyncio.to_thread(resolve_target, settings)
         database_url, schema = target.url, settings.schema
     return await PostgresStore.open(database_url, schema, max_size=max_size)
+
+
+async def open_ready_store(
+    database_url: str | None = None,
+    schema: str | None = None,
+    *,
+    settings: Settings | None = None,
+    max_size: int = 10,
+) -> Store:
+    """The store on `database_url`, or on the configured (flags, environment, pyproject.toml) or
+    embedded database, with its schema checked: `SchemaNotReady` unless it is migrated, except on
+    the embedded default, which is migrated here, saying so in one line on the log."""
+    embedded = False
+    if database_url is None:
+        if settings is None:
+            settings = await asyncio.to_thread(functools.partial(load_settings, schema=schema))
+        target = await asyncio.to_thread(resolve_target, settings)
+        database_url, schema, embedded = target.url, settings.schema, target.embedded
+    store = await PostgresStore.open(database_url, DEFAULT_SCHEMA if schema is None else schema, max_size=max_size)
+    try:
+        await ensure_ready(store, embedded=embedded)
+    except BaseException:
+        await store.close()
+        raise
+    return store

@@ -18,7 +18,7 @@ from importlib import resources
 import asyncpg
 
 from stepstone.config import quote_ident, validate_schema_name
-from stepstone.errors import SchemaTooNew
+from stepstone.errors import InternalError, SchemaTooNew
 from stepstone.store.database import translate_errors
 from stepstone.store.sqlfiles import render
 
@@ -31,6 +31,7 @@ __all__ = [
     "pending_sql",
     "shipped_migrations",
     "status",
+    "too_new",
 ]
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -93,7 +94,7 @@ def shipped_migrations() -> tuple[Migration, ...]:
         match = _FILE_NAME.match(entry.name)
         if match is None:
             if entry.name.endswith(".sql"):
-                raise RuntimeError(f"migration file {entry.name!r} does not match NNNN_name.sql")
+                raise InternalError(f"migration file {entry.name!r} does not match NNNN_name.sql")
             continue
         text = entry.read_text(encoding="utf-8")
         found.append(
@@ -107,7 +108,7 @@ def shipped_migrations() -> tuple[Migration, ...]:
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
-        raise RuntimeError(f"duplicate migration versions in {versions}")
+        raise InternalError(f"duplicate migration versions in {versions}")
     return tuple(found)
 
 
@@ -164,7 +165,7 @@ async def status(conn: asyncpg.Connection, schema: str) -> MigrationStatus:
     return _status_from(history or [])
 
 
-def _too_new(schema: str, unknown: list[int]) -> SchemaTooNew:
+def too_new(schema: str, unknown: list[int]) -> SchemaTooNew:
     latest = max((m.version for m in shipped_migrations()), default=0)
     return SchemaTooNew(
         f"schema {schema!r} has migration(s) {', '.join(map(str, unknown))} but this stepstone only "
@@ -188,7 +189,7 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
         if history is not None:
             current = _status_from(history)
             if current.unknown:
-                raise _too_new(schema, current.unknown)
+                raise too_new(schema, current.unknown)
             if not current.pending:
                 return applied_now
         # A session lock, so that every transaction below starts after the lock is held and so sees
@@ -203,7 +204,7 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
                         history = []
                     current = _status_from(history)
                     if current.unknown:
-                        raise _too_new(schema, current.unknown)
+                        raise too_new(schema, current.unknown)
                     if not current.pending:
                         return applied_now
                     migration = current.pending[0]

@@ -23,6 +23,7 @@ from stepstone.errors import (
     DefinitionConflict,
     IdempotencyConflict,
     InstanceNotFound,
+    InternalError,
     InvalidState,
     PositionNotFound,
     UnknownSignal,
@@ -116,7 +117,7 @@ class PostgresStore:
         """A statement that returns exactly one row (the store's functions do)."""
         row = await self._fetchrow(name, *args)
         if row is None:
-            raise RuntimeError(f"query {name!r} returned no row")
+            raise InternalError(f"query {name!r} returned no row; the store's functions always return one")
         return row
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
@@ -202,6 +203,24 @@ class PostgresStore:
 
         await conn.add_listener(channel or self.channel, on_notify)
         return Listener(conn, channel or self.channel, on_notify)
+
+    async def listen_settled(self, callback: Callable[[str], None]) -> Listener:
+        """A LISTEN connection on the channel an instance notifies when it completes, fails or is
+        cancelled; `callback` gets the instance id."""
+        channel = f"stepstone.settled.{self.schema}"[:63]
+        with translate_errors(self.url):
+            conn = await asyncpg.connect(self.url)
+
+        def on_notify(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
+            callback(str(payload))
+
+        try:
+            with translate_errors(self.url):
+                await conn.add_listener(channel, on_notify)
+        except BaseException:
+            await conn.close()
+            raise
+        return Listener(conn, channel, on_notify)
 
     # -- definitions and instances ------------------------------------------------------------
 

@@ -237,5 +237,6 @@ FROM {{schema}}.history WHERE instance_id = $1 ORDER BY seq;
 SELECT {{schema}}.db_now();
 
 -- name: move_clock
--- Test hook: shift the database clock every session sees.
-UPDATE {{schema}}.clock SET offset_by = offset_by + make_interval(secs => $1) RETURNING {{schema}}.db_now();
+-- Test hook: shift the database clock every session sees; returns the new time. RETURNING reads the
+-- updated row, while db_now() would still read the offset from before this statement.
+UPDATE {{schema}}.clock SET offset_by = offset_by + make_interval(secs => $1) RETURNING now() + offset_by;

@@ -1,0 +1,233 @@
+"""Generate `stepstone/_sync_client.py`, the blocking `SyncClient`, from `Client`.
+
+    python -m stepstone._gen_sync            # rewrite the module
+    python -m stepstone._gen_sync --check    # exit 1 when the checked-in module is stale
+
+Every public coroutine method of `Client` (in source order) becomes a method of `SyncClient` with the
+same signature and docstring; `Client.connect`'s parameters become the constructor's. The module is
+checked in, so type checkers see every method; `tests/test_sync_client.py` fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from stepstone.client import Client
+
+__all__ = ["TARGET", "generate", "main"]
+
+TARGET = Path(__file__).resolve().parent / "_sync_client.py"
+_LINE = 120
+_SKIP = {"connect", "close"}
+
+# Names an annotation of Client may use, and where they come from: an unknown name stops the generator.
+_IMPORTS = {
+    "Any": "typing",
+    "datetime": "datetime",
+    "Workflow": "stepstone.authoring.workflow",
+    "Registry": "stepstone.authoring.workflow",
+    "Settings": "stepstone.config",
+    "Limits": "stepstone.core.limits",
+    "InstanceInfo": "stepstone.client",
+}
+_BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
+
+_HEADER = '''\
+# Generated from stepstone.client.Client by `python -m stepstone._gen_sync`: do not edit by hand.
+# tests/test_sync_client.py fails when this file no longer matches Client.
+"""The blocking face of `Client`: the same methods, run on a private event loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from stepstone.client import Client
+
+if TYPE_CHECKING:
+{type_imports}
+
+__all__ = ["SyncClient"]
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """`Client`'s operations as blocking calls; open it like `Client.connect`, close it (or use `with`)."""
+
+{init}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stepstone-client", daemon=True)
+        self._thread.start()
+        try:
+{init_call}
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    @property
+    def client(self) -> Client:
+        """The async `Client` underneath (its coroutines run on this object's loop thread only)."""
+        return self._client
+
+    def close(self) -> None:
+        """Close the connection pool and stop the loop thread."""
+        try:
+            self._run(self._client.close())
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+'''
+
+
+def _default(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else repr(value)
+
+
+def _parameters(sig: inspect.Signature) -> tuple[list[str], list[str]]:
+    """(the parameter declarations after self, the arguments that pass them on)."""
+    declared: list[str] = []
+    passed: list[str] = []
+    star = False
+    for param in list(sig.parameters.values())[1:]:
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise SystemExit(f"gen_sync: parameter {param} is not supported")
+        if param.kind is param.KEYWORD_ONLY and not star:
+            declared.append("*")
+            star = True
+        text = f"{param.name}: {param.annotation}" if param.annotation is not param.empty else param.name
+        if param.default is not param.empty:
+            text += f" = {_default(param.default)}"
+        declared.append(text)
+        passed.append(param.name if param.kind is param.POSITIONAL_OR_KEYWORD else f"{param.name}={param.name}")
+    return declared, passed
+
+
+def _def(name: str, declared: list[str], returns: str, *, noqa: dict[str, str]) -> str:
+    one = f"    def {name}(self, {', '.join(declared)}) -> {returns}:"
+    if len(one) <= _LINE and not noqa:
+        return one
+    lines = [f"    def {name}("]
+    for item in ["self", *declared]:
+        key = item.split(":")[0]
+        lines.append(f"        {item},{noqa.get(key, '')}")
+    lines.append(f"    ) -> {returns}:")
+    return "\n".join(lines)
+
+
+def _call(lead: str, function: str, passed: list[str], close: str, *, indent: int = 12) -> str:
+    """`lead + function(args) + close` on one line, or with one argument a line when too long."""
+    one = f"{lead}{function}({', '.join(passed)}){close}"
+    if len(one) <= _LINE:
+        return one
+    pad = " " * indent
+    return "\n".join([f"{lead}{function}(", *(f"{pad}{arg}," for arg in passed), f"{pad[:-4]}){close}"])
+
+
+def _docstring(doc: str | None) -> str:
+    text = inspect.cleandoc(doc or "")
+    if not text:
+        return ""
+    if '"""' in text or "\\" in text:
+        raise SystemExit("gen_sync: a docstring with triple quotes or backslashes is not supported")
+    body = "\n".join(f"        {line}" if line else "" for line in text.splitlines()).lstrip()
+    return f'        """{body}"""\n'
+
+
+def _names(annotations: list[str]) -> set[str]:
+    found = set()
+    for text in annotations:
+        found |= set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    unknown = found - set(_IMPORTS) - _BUILTINS
+    if unknown:
+        raise SystemExit(f"gen_sync: add {sorted(unknown)} to _IMPORTS in stepstone/_gen_sync.py")
+    return found & set(_IMPORTS)
+
+
+def _noqa(sig: inspect.Signature) -> dict[str, str]:
+    # A parameter named like a builtin (Client.start's `input`) carries Client's reason along.
+    return {p: "  # noqa: A002 - the same name as Client's parameter" for p in sig.parameters if p in {"input", "id"}}
+
+
+def generate() -> str:
+    """The text of `_sync_client.py` for the `Client` imported now."""
+    annotations: list[str] = []
+    methods: list[str] = []
+    for name, member in vars(Client).items():
+        if name.startswith("_") or name in _SKIP or not inspect.iscoroutinefunction(member):
+            continue
+        sig = inspect.signature(member)
+        declared, passed = _parameters(sig)
+        annotations += [str(p.annotation) for p in sig.parameters.values() if p.annotation is not p.empty]
+        annotations.append(str(sig.return_annotation))
+        returns = str(sig.return_annotation)
+        lead = "        return self._run(" if returns != "None" else "        self._run("
+        body = _call(lead, f"self._client.{name}", passed, ")")
+        methods.append(f"{_def(name, declared, returns, noqa=_noqa(sig))}\n{_docstring(member.__doc__)}{body}\n")
+    connect = inspect.signature(inspect.unwrap(Client.connect))
+    declared, passed = _parameters(connect.replace(parameters=[
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *connect.parameters.values()
+    ]))
+    annotations += [str(p.annotation) for p in connect.parameters.values() if p.annotation is not p.empty]
+    init = _def("__init__", declared, "None", noqa={})
+    init += "\n" + _docstring(Client.connect.__doc__).rstrip("\n")
+    modules: dict[str, list[str]] = {}
+    for imported in sorted(_names(annotations) - {"Any"}):
+        modules.setdefault(_IMPORTS[imported], []).append(imported)
+    type_imports = "\n".join(
+        f"    from {module} import {', '.join(sorted(names))}" for module, names in sorted(
+            modules.items(), key=lambda item: (not item[0].startswith("stepstone"), item[0])
+        )
+    )
+    lines = sorted(type_imports.splitlines(), key=_import_order)
+    first_party = next((n for n, line in enumerate(lines) if _import_order(line)[0]), len(lines))
+    if 0 < first_party < len(lines):
+        lines.insert(first_party, "")  # stdlib, then stepstone, as isort groups them
+    type_imports = "\n".join(lines)
+    init_call = _call("            self._client: Client = self._run(", "Client.connect", passed, ")", indent=16)
+    header = _HEADER.format(type_imports=type_imports, init=init, init_call=init_call)
+    return header + "".join(f"\n{m}" for m in methods)
+
+
+def _import_order(line: str) -> tuple[int, str]:
+    module = line.split()[1]
+    return (1 if module.startswith("stepstone") else 0, module)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    text = generate()
+    if args == ["--check"]:
+        if not TARGET.exists() or TARGET.read_text(encoding="utf-8") != text:
+            sys.stderr.write(f"{TARGET} is stale: run `python -m stepstone._gen_sync`\n")
+            return 1
+        return 0
+    if args:
+        sys.stderr.write("usage: python -m stepstone._gen_sync [--check]\n")
+        return 2
+    TARGET.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""What a newcomer meets first: `python -m stepstone`, `--app` before the command, a malformed URL
+named as such, whole command summaries in `--help`, and the docs' snippets running as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from stepstone.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "tests.cli_apps:registry"
+
+
+def test_python_dash_m_stepstone_is_the_cli() -> None:
+    result = subprocess.run([sys.executable, "-m", "stepstone", "--version"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("stepstone, version ")
+
+
+def test_app_works_before_the_command(database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["--app", APP, "--database-url", database_url, "start", "hello",
+                                      "--input", '{"name": "ada"}'])
+    assert result.exit_code == 0, result.output
+    assert re.fullmatch(r"[0-9a-f-]{36}\n", result.stdout)
+
+
+def test_the_command_flag_beats_the_root_flag_and_the_environment(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STEPSTONE_APP", "no.such.module:registry")
+    result = CliRunner().invoke(cli, ["--app", APP, "start", "hello", "--input", '{"name": "a"}',
+                                      "--database-url", database_url])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(cli, ["--app", "no.such:app", "start", "hello", "--app", APP,
+                                      "--input", '{"name": "a"}', "--database-url", database_url])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("url", ["not a url", "postgresql://u:pw@h:port/db", "mysql://u@h/db",
+                                 "postgresql://u:p@ss@127.0.0.1/db"])
+def test_a_malformed_url_is_called_malformed(url: str) -> None:
+    result = CliRunner().invoke(cli, ["list", "--database-url", url])
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "malformed database URL" in lines[0], result.stderr
+    assert "localhost:5432" not in lines[0] and "cannot reach" not in lines[0]
+
+
+def _summaries(args: list[str]) -> dict[str, str]:
+    text = CliRunner().invoke(cli, args, terminal_width=80).stdout
+    listing = text.split("Commands:\n", 1)[1]
+    found: dict[str, str] = {}
+    name = ""
+    for line in listing.splitlines():
+        match = re.match(r"  (\S+)\s+(.*)", line)
+        if match and not line.startswith("    "):
+            name = match.group(1)
+            found[name] = match.group(2)
+        elif name:
+            found[name] += " " + line.strip()
+    return found
+
+
+@pytest.mark.parametrize("args", [["--help"], ["db", "--help"]])
+def test_help_lists_whole_summaries(args: list[str]) -> None:
+    summaries = _summaries(args)
+    assert "worker" in summaries or "migrate" in summaries
+    for name, summary in summaries.items():
+        assert not summary.endswith("..."), f"{name}: {summary!r} is cut"
+        assert summary.endswith((".", ")")), f"{name}: {summary!r}"
+    if "worker" in summaries:
+        assert summaries["worker"] == "Run the workflows of --app until SIGTERM/SIGINT."
+
+
+def test_the_docs_agree_on_how_long_a_quick_bench_takes() -> None:
+    performance = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    helped = CliRunner().invoke(cli, ["bench", "--help"], terminal_width=200).stdout
+    said = re.search(r"CI size \(about ([^)]+)\)", helped)
+    assert said is not None, helped
+    assert f"`--quick` is the CI size (about {said.group(1)})" in performance
+
+
+def test_the_readme_says_start_prints_the_id() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`start` prints the new instance's id" in readme
+
+
+def _block_after(heading: str, language: str) -> str:
+    guide = (ROOT / "docs" / "authoring.md").read_text(encoding="utf-8")
+    section = guide.split(heading, 1)[1]
+    return section.split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def test_running_it_says_what_a_script_sees() -> None:
+    block = _block_after("Or with a separate worker", "sh")
+    shows = [line for line in block.splitlines() if line.startswith('stepstone show "$id"')]
+    assert [line.split("#", 1)[1].split()[0].strip(",") for line in shows] == ["WAITING", "WAITING", "COMPLETED"]
+    assert block.index("sleep") < block.index("await_payment") < block.index("stepstone signal")
+
+
+async def test_the_testing_snippet_runs_as_written(database_url: str) -> None:
+    code = _block_after("## Testing a workflow", "python")
+    assert "open_engine" in code
+    namespace: dict[str, Any] = {"__name__": "authoring_snippet"}
+    exec(compile(code, "docs/authoring.md#testing-a-workflow", "exec"), namespace)  # noqa: S102 - our own doc
+    tests = [value for name, value in namespace.items() if name.startswith("test_")]
+    assert len(tests) == 1
+    await tests[0](database_url)

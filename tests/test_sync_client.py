@@ -1,0 +1,72 @@
+"""`SyncClient` is generated from `Client` into a checked-in module: type checkers see every method,
+and this test fails when the module is stale."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mypy import api as mypy_api
+
+from stepstone import SyncClient, _gen_sync, _sync_client
+from stepstone.client import Client
+from tests import cli_apps
+
+
+def public_coroutines() -> list[str]:
+    return [name for name, member in vars(Client).items()
+            if not name.startswith("_") and name not in ("connect", "close") and inspect.iscoroutinefunction(member)]
+
+
+def test_the_generated_module_is_current() -> None:
+    assert Path(_sync_client.__file__).read_text(encoding="utf-8") == _gen_sync.generate(), (
+        "src/stepstone/_sync_client.py is stale: run `python -m stepstone._gen_sync`")
+    assert _gen_sync.main(["--check"]) == 0
+
+
+def test_a_change_to_client_makes_it_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def archive(self: Client, instance_id: str) -> None:
+        """A new operation."""
+
+    monkeypatch.setattr(Client, "archive", archive, raising=False)
+    assert "def archive(self, instance_id: str) -> None:" in _gen_sync.generate()
+    assert _gen_sync.main(["--check"]) == 1
+
+
+def test_every_operation_is_a_real_method_with_the_same_signature() -> None:
+    assert "__getattr__" not in vars(SyncClient)
+    for name in public_coroutines():
+        method = vars(SyncClient).get(name)
+        assert method is not None and not inspect.iscoroutinefunction(method), name
+        assert inspect.signature(method) == inspect.signature(getattr(Client, name)), name
+        assert inspect.getdoc(method) == inspect.getdoc(getattr(Client, name)), name
+    connect = inspect.signature(Client.connect)
+    assert list(inspect.signature(SyncClient.__init__).parameters)[1:] == list(connect.parameters)
+
+
+def test_type_checkers_see_the_methods(tmp_path: Path) -> None:
+    snippet = tmp_path / "uses_sync_client.py"
+    snippet.write_text(
+        "from stepstone import SyncClient\n"
+        "def use(client: SyncClient) -> str:\n"
+        "    client.strat('order')\n"
+        "    return client.start('order', {}, business_key=1)\n"
+    )
+    out, err, status = mypy_api.run(["--strict", "--no-error-summary", "--config-file", "", "--cache-dir",
+                                     str(tmp_path / "cache"), str(snippet)])
+    assert status == 1, out + err
+    assert '"SyncClient" has no attribute "strat"' in out
+    assert 'Argument "business_key" to "start" of "SyncClient"' in out
+
+
+def test_it_runs_the_operations(database_url: str) -> None:
+    with SyncClient(database_url, registry=cli_apps.registry) as client:
+        instance_id = client.start("approval", business_key="b-1")
+        assert client.get(instance_id).status == "PENDING"
+        rows: list[dict[str, Any]] = client.list(business_key="b-1")
+        assert [r["id"] for r in rows] == [instance_id]
+        assert client.cancel(instance_id, "no longer wanted") == "CANCELLED"
+        assert client.wait_for(instance_id, timeout=1).status == "CANCELLED"
+    assert not client._thread.is_alive()

@@ -1,0 +1,122 @@
+"""Every text argument of every operation gets the same check (NUL, lone surrogates, undecodable bytes,
+length) before anything reaches the driver: a typed InvalidInput from `Client`, one line from the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from stepstone.cli import cli
+from stepstone.client import Client
+from stepstone.errors import InvalidInput, PayloadTooLarge
+from stepstone.store.postgres import PostgresStore
+from tests import cli_apps
+
+APP = "tests.cli_apps:registry"
+BAD = {"nul": "a\x00b", "surrogate": "a\ud800b", "undecodable": "r\udcffr"}  # the last: b"r\xffr" on argv
+
+
+@pytest.fixture
+async def client(database_url: str) -> AsyncIterator[Client]:
+    store = await PostgresStore.open(database_url)
+    client = Client(store, cli_apps.registry)
+    try:
+        yield client
+    finally:
+        await store.close()
+
+
+async def started(client: Client) -> str:
+    return await client.start("approval")
+
+
+OPERATIONS: dict[str, Callable[[Client, str, str], Awaitable[Any]]] = {
+    "cancel reason": lambda c, iid, bad: c.cancel(iid, bad),
+    "list business key": lambda c, _, bad: c.list(business_key=bad),
+    "list workflow": lambda c, _, bad: c.list(definition=bad),
+    "list status": lambda c, _, bad: c.list(status=bad),
+    "signal name": lambda c, iid, bad: c.signal(iid, bad),
+    "dedup key": lambda c, iid, bad: c.signal(iid, "approve", dedup_key=bad),
+    "start business key": lambda c, _, bad: c.start("approval", business_key=bad),
+    "start idempotency key": lambda c, _, bad: c.start("approval", idempotency_key=bad),
+    "start workflow name": lambda c, _, bad: c.start(bad),
+    "get": lambda c, _, bad: c.get(bad),
+    "history": lambda c, _, bad: c.history(bad),
+    "retry": lambda c, _, bad: c.retry(bad),
+    "wait_for": lambda c, _, bad: c.wait_for(bad, timeout=0.01),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+@pytest.mark.parametrize("operation", list(OPERATIONS))
+async def test_client_refuses_bad_text_with_a_typed_error(client: Client, operation: str, kind: str) -> None:
+    instance_id = await started(client)
+    with pytest.raises(InvalidInput) as caught:
+        await OPERATIONS[operation](client, instance_id, BAD[kind])
+    assert "\n" not in str(caught.value)
+    assert caught.value.what is not None
+    assert (await client.get(instance_id)).status == "PENDING"  # nothing was done to it
+
+
+async def test_length_is_bounded_for_free_text_too(client: Client) -> None:
+    instance_id = await started(client)
+    with pytest.raises(PayloadTooLarge, match="cancel reason"):
+        await client.cancel(instance_id, "x" * (client.limits.max_text_length + 1))
+    with pytest.raises(PayloadTooLarge, match="business key"):
+        await client.list(business_key="k" * (client.limits.max_name_length + 1))
+    assert await client.cancel(instance_id, "a fine reason, ünïcode included") == "CANCELLED"
+
+
+def test_client_refuses_a_bad_actor(client: Client) -> None:
+    with pytest.raises(InvalidInput, match="actor"):
+        Client(client.store, actor="ops\x00")
+
+
+CLI_CASES = [
+    ("cancel", "{id}", "--reason", "{bad}"),
+    ("list", "--business-key", "{bad}"),
+    ("list", "--workflow", "{bad}"),
+    ("signal", "{id}", "{bad}"),
+    ("signal", "{id}", "approve", "--dedup-key", "{bad}"),
+    ("start", "{bad}", "--app", APP),
+    ("start", "approval", "--business-key", "{bad}", "--app", APP),
+    ("start", "approval", "--idempotency-key", "{bad}", "--app", APP),
+]
+
+
+@pytest.fixture
+def instance_id(database_url: str) -> str:
+    result = CliRunner().invoke(cli, ["start", "approval", "--app", APP, "--database-url", database_url])
+    assert result.exit_code == 0, result.output
+    return result.stdout.strip()
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+@pytest.mark.parametrize("case", CLI_CASES, ids=lambda c: "-".join(a for a in c if "{" not in a))
+def test_cli_prints_one_line_for_bad_text(database_url: str, instance_id: str, case: tuple[str, ...],
+                                          kind: str) -> None:
+    args = [a.format(id=instance_id, bad=BAD[kind]) for a in case]
+    result = CliRunner().invoke(cli, [*args, "--database-url", database_url])
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_undecodable_bytes_on_a_real_command_line(database_url: str, instance_id: str) -> None:
+    """The bytes as a shell passes them (`--reason $'r\\xffr'`), through `python -m stepstone`."""
+    env = {**os.environ, "PYTHONUTF8": "0", "LC_ALL": "C.UTF-8"}
+    for argv in ([b"cancel", instance_id.encode(), b"--reason", b"r\xffr"], [b"list", b"--business-key", b"b\xff"],
+                 [b"list", b"--workflow", b"w\xff"]):
+        result = subprocess.run([sys.executable.encode(), b"-m", b"stepstone", *argv,
+                                 b"--database-url", database_url.encode()],
+                                capture_output=True, env=env, timeout=60, check=False)
+        err = result.stderr.decode("utf-8", "replace").strip().splitlines()
+        assert result.returncode == 1, err
+        assert len(err) == 1 and "not valid UTF-8" in err[0], err

@@ -1,0 +1,116 @@
+"""`Client.wait_for` wakes on the notification an instance sends when it settles, not on a poll."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from stepstone.errors import InstanceNotFound, WaitTimeout
+from stepstone.store.settled import SettledWatch
+from stepstone.testing import Engine, open_engine
+from tests import cli_apps
+
+
+@pytest.fixture
+async def engine(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Engine]:
+    # No re-read for a minute and no sleeping at all: only the notification can end a wait in time.
+    monkeypatch.setattr(SettledWatch, "fallback_seconds", 60.0)
+
+    async def no_sleep(*_: Any) -> None:
+        raise AssertionError("wait_for must not poll with asyncio.sleep")
+
+    monkeypatch.setattr("stepstone.client.asyncio.sleep", no_sleep)
+    async with open_engine(database_url, cli_apps.registry) as engine:
+        yield engine
+        await engine.client.close()
+
+
+def count_status_reads(engine: Engine, monkeypatch: pytest.MonkeyPatch, waiting_after: int) -> tuple[
+        list[str], asyncio.Event]:
+    reads: list[str] = []
+    waiting = asyncio.Event()
+    real = engine.store.status
+
+    async def status(instance_id: str) -> str:
+        value = await real(instance_id)
+        reads.append(value)
+        if len(reads) == waiting_after:
+            waiting.set()
+        return value
+
+    monkeypatch.setattr(engine.store, "status", status)
+    return reads, waiting
+
+
+async def until_waiting(waiting: asyncio.Event, waiter: asyncio.Task[Any]) -> None:
+    """Until the waiter has read twice (so it listens and waits); its own error if it died first."""
+    reached = asyncio.ensure_future(waiting.wait())
+    try:
+        done, _ = await asyncio.wait({reached, waiter}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        reached.cancel()
+    if waiter in done:
+        waiter.result()
+    assert waiting.is_set(), "the waiter never read the status a second time"
+
+
+async def test_a_wait_ends_on_the_settle_notification(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = engine.client
+    instance_id = await client.start("approval")
+    await engine.run_until_idle()
+    reads, waiting = count_status_reads(engine, monkeypatch, waiting_after=2)
+    waiter = asyncio.create_task(client.wait_for(instance_id, timeout=30))
+    await until_waiting(waiting, waiter)  # read once, listening, and read again: now it waits
+    others = [await client.start("hello", {"name": str(n)}) for n in range(3)]
+    await engine.run_until_idle()  # three other instances settle and notify: not this waiter's business
+    assert [(await client.get(o)).status for o in others] == ["COMPLETED"] * 3
+    assert reads == ["WAITING", "WAITING"]
+    await client.signal(instance_id, "approve", {"by": "eve"})
+    await engine.run_until_idle()
+    info = await asyncio.wait_for(waiter, timeout=20)
+    assert info.status == "COMPLETED"
+    assert reads == ["WAITING", "WAITING", "COMPLETED"]
+
+
+async def test_cancel_and_failure_wake_a_waiter(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = engine.client
+    instance_id = await client.start("approval")
+    _, waiting = count_status_reads(engine, monkeypatch, waiting_after=2)
+    waiter = asyncio.create_task(client.wait_for(instance_id, timeout=30))
+    await until_waiting(waiting, waiter)
+    assert await client.cancel(instance_id, "not needed") == "CANCELLED"
+    assert (await asyncio.wait_for(waiter, timeout=20)).status == "CANCELLED"
+
+
+async def test_several_waiters_share_one_listener(engine: Engine) -> None:
+    client = engine.client
+    ids = [await client.start("hello", {"name": str(n)}) for n in range(3)]
+    waiters = [asyncio.create_task(client.wait_for(i, timeout=30)) for i in ids * 2]
+    await engine.run_until_idle()
+    infos = await asyncio.wait_for(asyncio.gather(*waiters), timeout=20)
+    assert {i.status for i in infos} == {"COMPLETED"}
+    assert client._settled.waiters == {}
+    listener = client._settled.listener
+    assert listener is not None and listener.alive
+
+
+async def test_settled_and_missing_instances_need_no_wait(engine: Engine) -> None:
+    client = engine.client
+    instance_id = await client.start("hello", {"name": "ada"})
+    await engine.run_until_idle()
+    assert (await client.wait_for(instance_id, timeout=0)).status == "COMPLETED"
+    assert client._settled.listener is None  # settled already: nothing was opened
+    with pytest.raises(InstanceNotFound):
+        await client.wait_for("00000000-0000-0000-0000-000000000000")
+
+
+async def test_a_wait_times_out_with_the_status(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SettledWatch, "fallback_seconds", 0.01)
+    instance_id = await engine.client.start("approval")
+    await engine.run_until_idle()
+    with pytest.raises(WaitTimeout) as caught:
+        await engine.client.wait_for(instance_id, timeout=0.05)
+    assert caught.value.status == "WAITING"
