@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from stepstone.bench import ceiling, enqueue, latency, memory, recovery, scale, throughput
+from stepstone.bench import ceiling, enqueue, fanout, latency, memory, recovery, scale, throughput
 from stepstone.bench.common import BenchContext, Metric
 
 Workload = Callable[[BenchContext], Awaitable[list[Metric]]]
@@ -27,6 +27,7 @@ WORKLOADS: dict[str, Workload] = {
     "scale": scale.run,
     "recovery": recovery.run,
     "memory": memory.run,
+    "fanout": fanout.run,
 }
 """In run order: latency needs the throughput maximum, ratios need the ceiling."""
 

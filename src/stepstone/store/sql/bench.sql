@@ -119,3 +119,19 @@ SELECT count(*) FROM {{schema}}.instances WHERE definition_id = $1 AND status <>
 -- name: hot_updates
 SELECT relname, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables
 WHERE schemaname = $1 AND relname IN ('instances', 'commands') ORDER BY relname;
+
+-- name: instance_span
+-- Status of instance $1 and, once it ended, seconds from its start to its end on the server's clock.
+SELECT status, extract(epoch FROM ended_at - created_at)::float8 AS seconds
+FROM {{schema}}.instances WHERE id = $1::uuid;
+
+-- name: branch_share
+-- Who ran the branch steps of instance $1 (step $2, settled): claimed_by, and how many.
+SELECT coalesce(claimed_by, '?') AS worker, count(*) AS steps
+FROM {{schema}}.commands
+WHERE instance_id = $1::uuid AND position <> '' AND step = $2 AND state = 'COMPLETE'
+GROUP BY 1 ORDER BY 1;
+
+-- name: branch_attempts
+-- STEP_COMPLETED history rows of step $2 in instance $1 (one per committed branch step).
+SELECT count(*) FROM {{schema}}.history WHERE instance_id = $1::uuid AND kind = 'STEP_COMPLETED' AND step = $2;
