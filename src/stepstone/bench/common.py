@@ -56,10 +56,15 @@ class Sizes:
     scale_workflows: int
     recovery_instances: int
     memory_in_flight: int
+    fanout_branches: int = 10
+    fanout_seconds: float = 1.0
+    fanout_repeats: int = 3
+    map_items: int = 1_000
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls("quick", 5, 2_000, 600, 5, 30, 500, 1_000, 50_000, 300, 20, 1_000)
+        return cls("quick", 5, 2_000, 600, 5, 30, 500, 1_000, 50_000, 300, 20, 1_000,
+                   fanout_repeats=1, map_items=200)
 
     @classmethod
     def full(cls) -> Sizes:

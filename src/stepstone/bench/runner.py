@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from stepstone.bench import ceiling, enqueue, latency, memory, recovery, relay, scale, throughput
+from stepstone.bench import ceiling, enqueue, fanout, latency, memory, recovery, relay, scale, throughput
 from stepstone.bench.common import BenchContext, Metric, bench_queries
 
 Workload = Callable[[BenchContext], Awaitable[list[Metric]]]
@@ -28,6 +28,7 @@ WORKLOADS: dict[str, Workload] = {
     "recovery": recovery.run,
     "memory": memory.run,
     "relay": relay.run,
+    "fanout": fanout.run,
 }
 """In run order: latency needs the throughput maximum, ratios need the ceiling."""
 

@@ -52,7 +52,7 @@ async def main(args: argparse.Namespace) -> None:
         watcher.cancel()
     await worker.stop()
     await store.close()
-    report("exit", commits=worker.events.commits)
+    report("exit", commits=worker.events.commits, conflicts=worker.events.conflicts)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,6 +4,8 @@
     bench_signal    an action step, a wait for signal "go", then a step that records when it started
     bench_hold      one step that, in a holding process, waits on an event (memory, recovery)
     bench_waiting   the pin of the rows `scale` bulk-inserts as waiting instances
+    bench_fanout    a map fork over the state list `items`: each branch sleeps its item's seconds
+                    (0: returns at once) and writes its own key of `done`; a join, then one step
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 
-__all__ = ["HOLD", "SIGNAL_SEEN", "BenchState", "registry", "signal_wf", "three", "waiting"]
+__all__ = ["HOLD", "SIGNAL_SEEN", "BenchState", "FanState", "fanout", "registry", "signal_wf", "three", "waiting"]
 
 PAD = "x" * 80
 
@@ -108,4 +110,31 @@ async def waiting_last(_ctx: StepContext, state: BenchState) -> None:
     state.n += 1
 
 
-registry = Registry(three, signal_wf, hold_wf, waiting)
+class FanState(BaseModel):
+    items: list[float] = Field(default_factory=list)
+    done: dict[str, int] = Field(default_factory=dict)
+    count: int = 0
+
+
+fanout: Workflow[FanState] = Workflow("bench_fanout", version=1, state=FanState)
+fanout.fork("spread", map_over="items", branch="item", start=True)
+
+
+@fanout.step(next="gather")
+async def item(ctx: StepContext, state: FanState) -> None:
+    assert ctx.branch is not None  # a map branch always knows its item
+    seconds = float(ctx.branch.item)
+    if seconds > 0:
+        await asyncio.sleep(seconds)
+    state.done[ctx.branch.name] = 1
+
+
+fanout.join("gather", fork="spread", next="tally")
+
+
+@fanout.step(next=None)
+async def tally(_ctx: StepContext, state: FanState) -> None:
+    state.count = len(state.done)
+
+
+registry = Registry(three, signal_wf, hold_wf, waiting, fanout)

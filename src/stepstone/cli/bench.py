@@ -21,7 +21,8 @@ __all__ = ["commands"]
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the JSON report here.")
 @click.option("--only", default=None, metavar="A,B",
-              help="Run only these workloads (ceiling, throughput, latency, enqueue, scale, recovery, memory, relay).")
+              help="Run only these workloads (ceiling, throughput, latency, enqueue, scale, recovery, memory, relay, "
+                   "fanout).")
 @click.option("--concurrency", type=int, default=8, show_default=True,
               help="Worker slots, and pgbench clients for the ceiling.")
 @click.option("--processes", type=int, default=0, show_default=True,
@@ -30,7 +31,7 @@ __all__ = ["commands"]
 def bench_command(
     settings: Settings, quick: bool, out: Path | None, only: str | None, concurrency: int, processes: int
 ) -> None:
-    """Measure throughput, latency, enqueue, scale, recovery and memory against a same-run pgbench ceiling.
+    """Measure throughput, latency, enqueue, scale, recovery, memory and fan-out against a same-run pgbench ceiling.
 
     Each workload gets a fresh database stepstone_bench_<random>, created on the configured server (or
     the embedded default) and dropped afterwards.

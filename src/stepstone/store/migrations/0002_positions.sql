@@ -277,19 +277,24 @@ BEGIN
     IF d->'open' IS NOT NULL AND d->'open' <> 'null'::jsonb THEN
         v_branches := v_branches + {{schema}}.open_branches(v_id, v_pos, d->'open', v_now);
     END IF;
-    FOR x IN SELECT jsonb_array_elements(d->'close') LOOP
-        v_branches := v_branches - {{schema}}.close_branches(v_id, x->>'prefix', x->>'reason', v_now, v_actor);
-    END LOOP;
+    IF jsonb_array_length(d->'close') > 0 THEN
+        FOR x IN SELECT jsonb_array_elements(d->'close') LOOP
+            v_branches := v_branches - {{schema}}.close_branches(v_id, x->>'prefix', x->>'reason', v_now, v_actor);
+        END LOOP;
+    END IF;
 
     -- 4. The instance: shared state, status (the root's alone, or all live positions'), history count.
-    v_status := CASE
-        WHEN v_end IS NOT NULL THEN v_end
-        WHEN v_branches = 0 AND v_pos = '' THEN v_pstatus
-        ELSE (SELECT CASE WHEN bool_or(p.status = 'FAILED') THEN 'FAILED'
-                          WHEN bool_or(p.status = 'RUNNING') THEN 'RUNNING' ELSE 'WAITING' END
-              FROM {{schema}}.positions p
-              WHERE p.instance_id = v_id AND p.status IN ('RUNNING', 'WAITING', 'FAILED'))
-    END;
+    -- (IF, not one CASE: a CASE holding a subquery runs as a query on every commit.)
+    IF v_end IS NOT NULL THEN
+        v_status := v_end;
+    ELSIF v_branches = 0 AND v_pos = '' THEN
+        v_status := v_pstatus;
+    ELSE
+        v_status := (SELECT CASE WHEN bool_or(p.status = 'FAILED') THEN 'FAILED'
+                                 WHEN bool_or(p.status = 'RUNNING') THEN 'RUNNING' ELSE 'WAITING' END
+                     FROM {{schema}}.positions p
+                     WHERE p.instance_id = v_id AND p.status IN ('RUNNING', 'WAITING', 'FAILED'));
+    END IF;
     UPDATE {{schema}}.instances i SET
         status = COALESCE(v_status, i.status),
         state = CASE WHEN v_has_state THEN d->'state' ELSE i.state END,
@@ -398,16 +403,26 @@ BEGIN
         FROM jsonb_array_elements(d->'events') AS e;
     END IF;
 
-    -- Work this segment was blocking (a signal queued behind it) is runnable now.
-    IF NOT v_cont AND v_end IS NULL AND EXISTS (SELECT 1 FROM {{schema}}.commands x
-                              WHERE x.instance_id = v_id AND x.position = v_pos
-                                AND x.state IN ('PENDING', 'DEFERRED') AND x.available_at <= v_now) THEN
-        PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
-                                           WHERE c.oid = '{{schema}}.commands'::regclass),
-                          (extract(epoch FROM v_now) * 1000)::bigint::text);
+    -- Work this segment was blocking (a signal queued behind it) is runnable now. (Two IFs: a
+    -- condition holding a subquery runs as a query even when its first operand is false.)
+    IF NOT v_cont AND v_end IS NULL THEN
+        IF EXISTS (SELECT 1 FROM {{schema}}.commands x
+                   WHERE x.instance_id = v_id AND x.position = v_pos
+                     AND x.state IN ('PENDING', 'DEFERRED') AND x.available_at <= v_now) THEN
+            PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
+                                               WHERE c.oid = '{{schema}}.commands'::regclass),
+                              (extract(epoch FROM v_now) * 1000)::bigint::text);
+        END IF;
     END IF;
 
-    RETURN QUERY SELECT 'ok'::text, v_next, v_lease, v_now, v_version, NULL::jsonb;
+    -- (OUT parameters and RETURN NEXT, not RETURN QUERY: no query to run for the one row.)
+    outcome := 'ok';
+    continuation := v_next;
+    lease_until := v_lease;
+    committed_at := v_now;
+    state_version := v_version;
+    state := NULL;
+    RETURN NEXT;
 END $$;
 
 -- Commits of several segments in one statement and one transaction (group commit: one WAL flush).

@@ -139,3 +139,19 @@ INSERT INTO {{schema}}.outbox (event_id, instance_id, type, key, payload, create
 SELECT gen_random_uuid(), gen_random_uuid(), $3, 'k' || (g % $2), jsonb_build_object('n', g), now()
 FROM generate_series(1, $1) AS g
 RETURNING event_id::text;
+
+-- name: instance_span
+-- Status of instance $1 and, once it ended, seconds from its start to its end on the server's clock.
+SELECT status, extract(epoch FROM ended_at - created_at)::float8 AS seconds
+FROM {{schema}}.instances WHERE id = $1::uuid;
+
+-- name: branch_share
+-- Who ran the branch steps of instance $1 (step $2, settled): claimed_by, and how many.
+SELECT coalesce(claimed_by, '?') AS worker, count(*) AS steps
+FROM {{schema}}.commands
+WHERE instance_id = $1::uuid AND position <> '' AND step = $2 AND state = 'COMPLETE'
+GROUP BY 1 ORDER BY 1;
+
+-- name: branch_attempts
+-- STEP_COMPLETED history rows of step $2 in instance $1 (one per committed branch step).
+SELECT count(*) FROM {{schema}}.history WHERE instance_id = $1::uuid AND kind = 'STEP_COMPLETED' AND step = $2;
