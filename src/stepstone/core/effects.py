@@ -37,10 +37,13 @@ class MovePosition(Effect):
 
 @dataclass(frozen=True)
 class SetState(Effect):
-    """The instance's new shared state. Committed only on the state version the decision saw;
-    otherwise the commit answers with the current state (see `core.patch.rebase`)."""
+    """The instance's new shared state, and what the step changed to get there (`core.patch.changes`).
+    On the state version the decision saw, the state is written as is; on a newer one (another
+    position committed meanwhile), the changes are carried onto it when they touch other parts of
+    it, and the commit is refused as a conflict when they touch the same parts."""
 
     state: JSON
+    changes: tuple[JSON, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from stepstone.core.effects import Effect, EmitEvent, EndInstance, Enqueue, SetState
+from stepstone.core.effects import Effect, EmitEvent, EndInstance, Enqueue
 
 JSON = Any
 E = TypeVar("E", bound=Effect)
@@ -174,8 +174,3 @@ class Decision:
     @property
     def ended(self) -> bool:
         return any(isinstance(e, EndInstance) for e in self.effects)
-
-    def with_state(self, state: JSON) -> Decision:
-        """The same decision committing `state` instead (a rebase onto newer shared state)."""
-        effects = tuple(SetState(state) if isinstance(e, SetState) else e for e in self.effects)
-        return Decision(self.settle, effects)

@@ -44,34 +44,26 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-_MISSING = object()
+def changes(base: Any, new: Any) -> list[dict[str, Any]]:
+    """What a step changed, as the commit can carry it onto a newer state: each operation of
+    `diff(base, new)` with its object path as a list of keys, the value it found there (`old`,
+    absent when there was none) and what it made of it (`value`, absent for a remove)."""
+    out: list[dict[str, Any]] = []
+    for op in diff(base, new):
+        path = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        change: dict[str, Any] = {"path": path}
+        if op["op"] != "add":
+            change["old"] = _at(base, path)
+        if op["op"] != "remove":
+            change["value"] = op["value"]
+        out.append(change)
+    return out
 
 
-def _at(doc: Any, pointer: str) -> Any:
-    """The value at a JSON pointer, or _MISSING."""
-    for part in (p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]):
-        if isinstance(doc, dict) and part in doc:
-            doc = doc[part]
-        elif isinstance(doc, list) and part.isdigit() and int(part) < len(doc):
-            doc = doc[int(part)]
-        else:
-            return _MISSING
+def _at(doc: Any, path: list[str]) -> Any:
+    for part in path:
+        doc = doc[part]
     return doc
-
-
-def rebase(base: Any, mine: Any, current: Any) -> Any | None:
-    """`mine` (a change made on `base`) carried onto `current` (base changed by someone else), or
-    None when both changed the same part. Disjoint changes both land; overlapping ones conflict,
-    so no update is ever lost: the caller then redoes its change on `current`."""
-    ops = diff(base, mine)
-    for op in ops:
-        before, now = _at(base, op["path"]), _at(current, op["path"])
-        if (before is _MISSING) != (now is _MISSING) or (before is not _MISSING and not same(before, now)):
-            return None
-        parent = op["path"].rsplit("/", 1)[0]
-        if op["path"] and not isinstance(_at(current, parent), dict):
-            return None
-    return apply_patch(current, ops)
 
 
 def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:

@@ -38,7 +38,7 @@ from stepstone.core.model import (
     StepFailed,
     StepSucceeded,
 )
-from stepstone.core.patch import diff, same
+from stepstone.core.patch import changes, diff, same
 from stepstone.core.plan import END, Plan
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
@@ -153,7 +153,7 @@ def _start_child(instance: InstanceView, command: CommandView, plan: Plan, outco
 
 
 def _state_change(instance: InstanceView, state: object) -> tuple[Effect, ...]:
-    return () if same(state, instance.state) else (SetState(state),)
+    return () if same(state, instance.state) else (SetState(state, tuple(changes(instance.state, state))),)
 
 
 def _run_current_step(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> RunStep | Decision:

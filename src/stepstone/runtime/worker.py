@@ -29,7 +29,6 @@ from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep
-from stepstone.core.patch import rebase
 from stepstone.core.pin import pin_of
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
@@ -346,6 +345,8 @@ class Worker:
                     self._forget(claim)
                 return
             instance = advance(instance, decision, committed.state_version)
+            if committed.state is not None:  # the change was carried onto a newer state: go on from that
+                instance = replace(instance, state=committed.state)
             command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload)
             now = committed.committed_at
 
@@ -353,8 +354,9 @@ class Worker:
         self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any
     ) -> tuple[Decision, Committed | None]:
         """Decide, run the handler if the step has one, and commit. When another position changed the
-        shared state first, the change is rebased onto the current state when the two touch different
-        parts of it; otherwise the step runs again on the current state (its effects may repeat)."""
+        shared state first, the commit carries this change onto the current state when the two touch
+        different parts of it; when they touch the same part, the step runs again on the current state
+        (its effects may repeat, as after any retry)."""
         for _ in range(_MAX_STATE_CONFLICTS):
             outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
             visit = instance.visit
@@ -368,17 +370,11 @@ class Worker:
                 visit = outcome.visit
             else:
                 decision = outcome
-            while True:
-                committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
-                if committed is None or not committed.conflict:
-                    return decision, committed
-                await self.events.bump("conflicts")
-                change = decision.first(SetState)
-                merged = rebase(instance.state, change.state, committed.state) if change is not None else None
-                instance = replace(instance, state=committed.state, state_version=committed.state_version)
-                if merged is None:
-                    break  # the same part of the state changed: run the step again on the current state
-                decision = decision.with_state(merged)
+            committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+            if committed is None or not committed.conflict:
+                return decision, committed
+            await self.events.bump("conflicts")
+            instance = replace(instance, state=committed.state, state_version=committed.state_version)
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
 
     async def _commit(

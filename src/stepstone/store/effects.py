@@ -59,6 +59,7 @@ def _move(e: MovePosition, doc: _Doc) -> None:
 
 def _state(e: SetState, doc: _Doc) -> None:
     doc.body["state"] = e.state
+    doc.body["changes"] = list(e.changes)
 
 
 def _history(e: RecordHistory, doc: _Doc) -> None:
@@ -132,7 +133,7 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
 
 SECTION_SQL: dict[type[Effect], str] = {
     MovePosition: "UPDATE {{schema}}.positions p SET",
-    SetState: "state = CASE WHEN v_has_state",
+    SetState: "WHEN v_has_state THEN d->'state'",
     RecordHistory: "INSERT INTO {{schema}}.history",
     Enqueue: "INSERT INTO {{schema}}.commands AS c",
     CloseTimers: "last_error = 'WAIT_LEFT'",

@@ -47,8 +47,10 @@ class Claim:
 
 @dataclass(frozen=True)
 class Committed:
-    """A commit that applied (`conflict` False), or one refused because another position changed
-    the shared state first: then nothing was written and `state` / `state_version` are current."""
+    """A commit that applied (`conflict` False; `state` set when the change was carried onto a state
+    another position changed meanwhile: the state it left), or one refused because another position
+    changed the same part of the shared state first: then nothing was written and `state` /
+    `state_version` are current."""
 
     continuation: int | None
     committed_at: datetime

@@ -204,10 +204,42 @@ BEGIN
     END LOOP;
 END $$;
 
+-- A step's change to the shared state, carried onto a state another position changed since the
+-- step read it. `p_changes` are the step's operations (core/patch.py `changes`): each names an
+-- object path, the value there when the step read it (`old`, absent when there was none) and what
+-- the step made of it (`value`, or remove). When every path still holds what the step read, the
+-- operations are applied to the current state and it is returned; NULL when another position
+-- changed one of them too (the step then runs again on the current state), so no update is lost.
+CREATE FUNCTION {{schema}}.rebase_state(p_current jsonb, p_changes jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_state jsonb := p_current;
+    v_path text[];
+    c jsonb;
+BEGIN
+    IF p_changes IS NULL OR jsonb_typeof(p_changes) <> 'array' THEN
+        RETURN NULL;
+    END IF;
+    FOR c IN SELECT jsonb_array_elements(p_changes) LOOP
+        v_path := ARRAY(SELECT jsonb_array_elements_text(c->'path'));
+        IF cardinality(v_path) = 0
+           OR jsonb_typeof(COALESCE(v_state #> v_path[1:cardinality(v_path) - 1], 'null'::jsonb)) <> 'object'
+           OR (c ? 'old' AND (v_state #> v_path) IS DISTINCT FROM c->'old')
+           OR (NOT c ? 'old' AND (v_state #> v_path) IS NOT NULL) THEN
+            RETURN NULL;
+        END IF;
+        v_state := CASE WHEN c ? 'value' THEN jsonb_set(v_state, v_path, c->'value', true)
+                        ELSE v_state #- v_path END;
+    END LOOP;
+    RETURN v_state;
+END $$;
+
 -- One fenced commit of one decision (see store/effects.py for the document). Returns one row:
--- outcome 'ok' (with the continuation's id and lease, and the new state version) or 'conflict'
--- (another position changed the shared state since this one read it; nothing was written, and the
--- current state comes back), and no row when the position's token no longer holds it (fenced).
+-- outcome 'ok' (with the continuation's id and lease, and the new state version), 'merged' (the
+-- same, the change carried onto a state another position changed meanwhile: the merged state
+-- comes back), or 'conflict' (both changed the same part; nothing was written, and the current
+-- state comes back), and no row when the position's token no longer holds it (fenced).
 CREATE FUNCTION {{schema}}.commit_decision(d jsonb)
 RETURNS TABLE (outcome text, continuation bigint, lease_until timestamptz, committed_at timestamptz,
                state_version bigint, state jsonb)
@@ -234,6 +266,7 @@ DECLARE
     v_status text;
     v_cur_seq bigint;
     v_next bigint;
+    v_state jsonb;
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
@@ -248,9 +281,15 @@ BEGIN
                        WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token) THEN
             RETURN;
         END IF;
-        RETURN QUERY SELECT 'conflict'::text, NULL::bigint, NULL::timestamptz, v_now, v_version,
-                            (SELECT i.state FROM {{schema}}.instances i WHERE i.id = v_id);
-        RETURN;
+        -- Another position changed the shared state since this decision read it: carry this
+        -- change onto the current state when the two touch different parts of it.
+        v_state := {{schema}}.rebase_state((SELECT i.state FROM {{schema}}.instances i WHERE i.id = v_id),
+                                           d->'changes');
+        IF v_state IS NULL THEN
+            RETURN QUERY SELECT 'conflict'::text, NULL::bigint, NULL::timestamptz, v_now, v_version,
+                                (SELECT i.state FROM {{schema}}.instances i WHERE i.id = v_id);
+            RETURN;
+        END IF;
     END IF;
 
     -- 2. The fence: this position's lease, moved to its new place.
@@ -297,7 +336,7 @@ BEGIN
     END IF;
     UPDATE {{schema}}.instances i SET
         status = COALESCE(v_status, i.status),
-        state = CASE WHEN v_has_state THEN d->'state' ELSE i.state END,
+        state = CASE WHEN v_state IS NOT NULL THEN v_state WHEN v_has_state THEN d->'state' ELSE i.state END,
         state_version = i.state_version + CASE WHEN v_has_state THEN 1 ELSE 0 END,
         error = CASE WHEN v_pstatus = 'FAILED' THEN v_move->'error' ELSE i.error END,
         step = CASE WHEN v_pos = '' AND v_move IS NOT NULL THEN v_move->>'step' ELSE i.step END,
@@ -416,12 +455,12 @@ BEGIN
     END IF;
 
     -- (OUT parameters and RETURN NEXT, not RETURN QUERY: no query to run for the one row.)
-    outcome := 'ok';
+    outcome := CASE WHEN v_state IS NULL THEN 'ok' ELSE 'merged' END;
     continuation := v_next;
     lease_until := v_lease;
     committed_at := v_now;
     state_version := v_version;
-    state := NULL;
+    state := v_state;  -- the merged state, when this change was carried onto a newer one
     RETURN NEXT;
 END $$;
 
