@@ -47,10 +47,10 @@ class _Doc:
         self.instance_id = instance_id
         self.position = position
         self.visit = visit
-        self.body: dict[str, Any] = {
-            "move": None, "history": [], "commands": [], "close_timers": False, "requeue": [],
-            "open": None, "close": [], "end": None, "events": [], "children": [], "notify": [],
-        }
+        self.body: dict[str, Any] = {}  # only the sections the decision uses: less to encode and parse
+
+    def append(self, section: str, item: Any) -> None:
+        self.body.setdefault(section, []).append(item)
 
 
 def _move(e: MovePosition, doc: _Doc) -> None:
@@ -63,11 +63,11 @@ def _state(e: SetState, doc: _Doc) -> None:
 
 
 def _history(e: RecordHistory, doc: _Doc) -> None:
-    doc.body["history"].append({"kind": e.kind, "step": e.step, "visit": e.visit, "data": e.data})
+    doc.append("history", {"kind": e.kind, "step": e.step, "visit": e.visit, "data": e.data})
 
 
 def _enqueue(e: Enqueue, doc: _Doc) -> None:
-    doc.body["commands"].append({
+    doc.append("commands", {
         "kind": e.kind, "step": e.step, "visit": e.visit, "name": e.name, "payload": e.payload,
         "delay": e.delay, "at": e.at, "continuation": e.continuation, "position": e.position,
     })
@@ -78,7 +78,7 @@ def _close_timers(_: CloseTimers, doc: _Doc) -> None:
 
 
 def _requeue(e: RequeueSignals, doc: _Doc) -> None:
-    doc.body["requeue"].extend(e.names)
+    doc.body.setdefault("requeue", []).extend(e.names)
 
 
 def _open(e: OpenBranches, doc: _Doc) -> None:
@@ -89,7 +89,7 @@ def _open(e: OpenBranches, doc: _Doc) -> None:
 
 
 def _close(e: CloseBranches, doc: _Doc) -> None:
-    doc.body["close"].append({"prefix": e.prefix, "reason": e.reason})
+    doc.append("close", {"prefix": e.prefix, "reason": e.reason})
 
 
 def _end(e: EndInstance, doc: _Doc) -> None:
@@ -97,21 +97,21 @@ def _end(e: EndInstance, doc: _Doc) -> None:
 
 
 def _event(e: EmitEvent, doc: _Doc) -> None:
-    doc.body["events"].append({
+    doc.append("events", {
         "event_id": event_id(doc.instance_id, doc.visit, e.index, doc.position),
         "type": e.type, "key": e.key, "payload": e.payload,
     })
 
 
 def _child(e: StartChild, doc: _Doc) -> None:
-    doc.body["children"].append({
+    doc.append("children", {
         "id": e.id, "definition_id": e.definition_id, "version": e.version, "plan_hash": e.plan_hash,
         "state": e.state, "step": e.step, "cancel_with_parent": e.cancel_with_parent,
     })
 
 
 def _notify(e: NotifyParent, doc: _Doc) -> None:
-    doc.body["notify"].append({"parent_id": e.parent_id, "position": e.position, "visit": e.visit,
+    doc.append("notify", {"parent_id": e.parent_id, "position": e.position, "visit": e.visit,
                                "payload": e.payload})
 
 

@@ -736,7 +736,8 @@ BEGIN
     RETURN v_state;
 END $$;
 
--- One fenced commit of one decision (see store/effects.py for the document). Returns one row:
+-- One fenced commit of one decision (see store/effects.py for the document; a section the decision
+-- does not use is left out of it). Returns one row:
 -- outcome 'ok' (with the continuation's id and lease, and the new state version), 'merged' (the
 -- same, the change carried onto a state another position changed meanwhile: the merged state
 -- comes back), or 'conflict' (both changed the same part; nothing was written, and the current
@@ -755,7 +756,7 @@ DECLARE
     v_move jsonb := NULLIF(d->'move', 'null'::jsonb);
     v_has_state boolean := d ? 'state';
     v_settle text := d->'settle'->>'state';
-    v_nhist integer := jsonb_array_length(d->'history');
+    v_nhist integer := COALESCE(jsonb_array_length(d->'history'), 0);
     v_cont boolean := (d->>'continuation')::boolean;
     v_end text := d->'end'->>'status';
     v_actor text := d->>'actor';

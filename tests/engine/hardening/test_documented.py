@@ -118,7 +118,7 @@ def _spy_commits(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
             state_version=request.state_version, lease_seconds=kw["lease_seconds"], worker=kw["worker"],
         )
         result = await real(request, **kw)
-        sent.append((kw["worker"], [e["event_id"] for e in doc["events"]], result is not None))
+        sent.append((kw["worker"], [e["event_id"] for e in doc.get("events", [])], result is not None))
         return result
 
     monkeypatch.setattr(engine.store, "commit", commit)
