@@ -197,7 +197,7 @@ class Progress:
 
 def track_commits(store: Store, progress: Progress) -> None:
     """Record in `progress` when a commit on `store` (single or grouped) ended an instance or made it wait."""
-    inner_many = store.commit_many
+    inner_one, inner_many = store.commit, store.commit_many
 
     async def record(claim: Claim, decision: Decision, result: Committed | None) -> None:
         if result is not None and not result.conflict:
@@ -213,6 +213,12 @@ def track_commits(store: Store, progress: Progress) -> None:
             await record(request.claim, request.decision, result)
         return results
 
+    async def commit(request: CommitRequest, **kwargs: Any) -> Committed | None:
+        result = await inner_one(request, **kwargs)
+        await record(request.claim, request.decision, result)
+        return result
+
+    store.commit = commit  # type: ignore[method-assign]
     store.commit_many = commit_many  # type: ignore[method-assign]
 
 
