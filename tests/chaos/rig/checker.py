@@ -8,7 +8,8 @@ Violations (each a string in ``report["violations"]``; an empty list means the r
   outbox          outbox events != committed emits (one per STEP_COMPLETED of an odd step, same key)
   lost_write      a committed step with no ledger row (its effect never happened)
   unexplained_dup a step visit with more than one effect not explained by a kill inside its effect ->
-                  commit window (see ``explain``), a pause around it, a fenced commit of that visit by that process, or a failed attempt (STEP_FAILED) retried
+                  commit window (see ``explain``), a pause around it, a fenced commit of that visit by that
+                  process, or a failed attempt (STEP_FAILED) retried
 """
 
 from __future__ import annotations
