@@ -55,7 +55,8 @@ class WorkerConfig:
     poll_interval: float = 1.0
     max_claims: int = 5
     drain_timeout: float = 10.0
-    # Any role that can connect may NOTIFY the wake-up channel: claim at most once per this interval.
+    # Any role that can connect may NOTIFY the wake-up channel: after a claim that found nothing, claim
+    # again at most once per this interval however many notifications arrive.
     min_wake_interval: float = 0.005
     worker_id: str = field(default_factory=default_worker_id)
 
@@ -230,8 +231,8 @@ class Worker:
                     delay = min(delay, max(upcoming, 0.001))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
-            # Coalesce a flood of wake-ups: the notifications that arrive meanwhile make one claim.
-            await asyncio.sleep(last_claim + self.config.min_wake_interval - asyncio.get_running_loop().time())
+            if not claims:  # coalesce a flood of wake-ups after an empty claim: one claim per interval
+                await asyncio.sleep(last_claim + self.config.min_wake_interval - asyncio.get_running_loop().time())
 
     async def _lease_loop(self) -> None:
         while True:
