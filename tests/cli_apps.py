@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -66,5 +68,21 @@ async def nap(ctx: StepContext, state: Nap) -> None:
     state.napped = True
 
 
-registry = Registry(hello, approval, flaky, slow)
+class Held(BaseModel):
+    release: str  # a file the test creates to let the step finish
+    done: bool = False
+
+
+held: Workflow[Held] = Workflow("held", state=Held)
+
+
+@held.step(next=None)
+def hold(ctx: StepContext, state: Held) -> None:
+    # In flight until the test says so: a drain is tested on a step that is certainly still running.
+    while not Path(state.release).exists():
+        time.sleep(0.01)
+    state.done = True
+
+
+registry = Registry(hello, approval, flaky, slow, held)
 not_a_registry = 42

@@ -111,16 +111,19 @@ async def test_runs_work_and_exits_0_on_sigterm(database_url: str, client: Clien
             await worker.proc.wait()
 
 
-async def test_drain_finishes_in_flight_steps(database_url: str, client: Client) -> None:
+async def test_drain_finishes_in_flight_steps(database_url: str, client: Client, tmp_path: Path) -> None:
     worker = await start_worker(database_url, "--drain-timeout", "20")
+    release = tmp_path / "release"
     try:
         await worker.line_containing("started")
-        instance_id = await client.start("slow", {"seconds": 0.5})
+        instance_id = await client.start("held", {"release": str(release)})
         await wait_for_claim(client, instance_id)
         worker.proc.send_signal(signal.SIGTERM)
-        await worker.line_containing("draining 1 in-flight step(s)")
+        await worker.line_containing("draining 1 in-flight step(s)")  # the step is held: still in flight
+        release.touch()  # let it finish inside the drain
         assert await worker.exit_code(timeout=20 + 5) == 0
         assert await client.store.status(instance_id) == "COMPLETED"
+        assert (await client.get(instance_id)).state["done"] is True  # finished by the draining worker
     finally:
         if worker.proc.returncode is None:
             worker.proc.kill()

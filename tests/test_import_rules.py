@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,82 @@ def test_rule_detects(tmp_path: Path, source: str, bad: bool, monkeypatch: pytes
 def test_only_store_holds_sql_files() -> None:
     outside = [p.relative_to(SRC) for p in SRC.rglob("*.sql") if p.relative_to(SRC).parts[0] != "store"]
     assert outside == []
+
+
+# A string that reads as a SQL statement: a statement keyword followed by the clause that makes it one.
+_SQL = re.compile(
+    r"^\s*(?:"
+    r"SELECT\b.*\bFROM\b|SELECT\s+[\w(*]|INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM|WITH\s+\w+\s+AS\s*\("
+    r"|(?:CREATE|ALTER|DROP)\s+(?:OR\s+REPLACE\s+)?(?:UNIQUE\s+)?(?:TABLE|INDEX|SCHEMA|FUNCTION|DATABASE|ROLE|VIEW"
+    r"|TYPE|EXTENSION|SEQUENCE|TRIGGER)|TRUNCATE\b|GRANT\s|REVOKE\s|LISTEN\s|NOTIFY\s|VACUUM\b|ANALYZE\b"
+    r"|COPY\s|SET\s+(?:LOCAL\s+)?\w+\s*(?:=|TO)|SHOW\s+\w+)",
+    re.DOTALL,
+)
+
+# Each entry: a path under src/stepstone (a file, or a directory ending in "/") that may still hold SQL
+# strings outside the store, and why.
+SQL_OUTSIDE_STORE_ALLOWED: dict[str, str] = {}  # none: doctor and bench read theirs from store/sql/*.sql
+
+
+def _strings(tree: ast.AST) -> list[tuple[int, str]]:
+    """String constants and f-string texts of a module, docstrings excluded."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "x" for v in node.values)
+            found.append((node.lineno, str(text)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found.append((node.lineno, node.value))
+    return found
+
+
+def sql_outside_store(allowed: dict[str, str] = SQL_OUTSIDE_STORE_ALLOWED) -> list[str]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("store/") or any(rel == a or (a.endswith("/") and rel.startswith(a)) for a in allowed):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        found += [f"{rel}:{line}: {text.strip()[:60]!r}" for line, text in _strings(tree) if _SQL.match(text)]
+    return found
+
+
+def test_sql_strings_stay_in_the_store() -> None:
+    """SQL lives in the store (named queries in .sql files, or its own modules), never in runtime code."""
+    assert sql_outside_store() == []
+
+
+def test_the_sql_allow_list_names_only_paths_that_still_hold_sql() -> None:
+    for entry in SQL_OUTSIDE_STORE_ALLOWED:
+        others = {k: v for k, v in SQL_OUTSIDE_STORE_ALLOWED.items() if k != entry}
+        assert sql_outside_store(others), f"{entry} holds no SQL any more: remove it from the allow-list"
+
+
+@pytest.mark.parametrize(
+    ("source", "bad"),
+    [
+        ('Q = "SELECT id FROM stepstone.instances"', True),
+        ('q = f"UPDATE {schema}.commands SET state = $1"', True),
+        ('conn.execute("CREATE TABLE t (id int)")', True),
+        ('x = """\n  WITH w AS (SELECT 1) SELECT * FROM w"""', True),
+        ('conn.execute("SELECT pg_notify($1, $2)")', True),
+        ('msg = "select a workflow from the list"', False),
+        ('msg = "Update the settings"', False),
+        ('def f():\n    """SELECT nothing FROM here: a docstring."""', False),
+        ('label = "DELETE"', False),
+    ],
+)
+def test_sql_rule_detects(tmp_path: Path, source: str, bad: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_src = tmp_path / "stepstone"
+    (fake_src / "runtime").mkdir(parents=True)
+    (fake_src / "runtime" / "m.py").write_text(source + "\n")
+    (fake_src / "store").mkdir()
+    (fake_src / "store" / "s.py").write_text('Q = "SELECT 1 FROM t"\n')  # the store may
+    monkeypatch.setitem(globals(), "SRC", fake_src)
+    assert bool(sql_outside_store({})) is bad

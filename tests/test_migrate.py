@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import uuid
 
 import asyncpg
 import pytest
 
-from stepstone.errors import SchemaTooNew
+from stepstone.errors import InsufficientPrivilege, SchemaTooNew
 from stepstone.store import migrate as m
 from stepstone.store.sqlfiles import render
 
@@ -127,3 +128,22 @@ async def test_pending_sql_runs_as_is(empty_database_url: str) -> None:
 def test_lock_key_is_stable_and_per_schema() -> None:
     assert m.advisory_lock_key("a") == m.advisory_lock_key("a") != m.advisory_lock_key("b")
     assert -(2**63) <= m.advisory_lock_key("a") < 2**63
+
+
+async def test_schema_owned_by_another_role_is_refused(empty_database_url: str) -> None:
+    """The schema's owner could later replace commit_segment: migrating into it is refused, untouched."""
+    conn = await asyncpg.connect(empty_database_url)
+    role = f"intruder_{uuid.uuid4().hex[:8]}"
+    try:
+        await conn.execute(f'CREATE ROLE "{role}"')
+        await conn.execute(f'CREATE SCHEMA wf AUTHORIZATION "{role}"')
+        with pytest.raises(InsufficientPrivilege, match=f"owned by role {role}") as info:
+            await m.migrate(conn, "wf")
+        assert len(str(info.value).splitlines()) == 1
+        assert await conn.fetchval("SELECT to_regclass('wf.schema_migrations')") is None  # nothing created
+        await conn.execute(f'ALTER SCHEMA wf OWNER TO "{await conn.fetchval("SELECT current_user")}"')
+        assert [x.version for x in await m.migrate(conn, "wf")] == [x.version for x in m.shipped_migrations()]
+    finally:
+        await conn.execute("DROP SCHEMA IF EXISTS wf CASCADE")
+        await conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+        await conn.close()

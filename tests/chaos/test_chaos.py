@@ -65,15 +65,20 @@ async def test_postgres_restarts_lose_nothing(rig_pg: RigServer, tmp_path: Path)
     report = await restarts(Target(rig_pg.url(), rig_pg), Options(size=600, workdir=tmp_path))
     _ok(report)
     assert [r["mode"] for r in report["restarts"]] == ["fast", "immediate"]
-    assert report["unknown_outcome_commits"] >= 0  # reported; settled by re-reading (no violation above)
+    assert all(r["resumed"] for r in report["restarts"]), report["restarts"]  # steps committed after each
+    # Commits whose outcome the restart hid are settled by re-reading (no violation above); how many is a figure.
+    print(f"restarts: {report['restarts']}, unknown-outcome commits: {report['unknown_outcome_commits']}")  # noqa: T201
 
 
 async def test_cut_connections_lose_nothing(rig_pg: RigServer, tmp_path: Path) -> None:
     report = await cuts(Target(rig_pg.url(), rig_pg), Options(size=400, workdir=tmp_path))
     _ok(report)
     assert report["connections_reset"] > 0
-    assert report["blackhole_s"] == 6.0
+    assert report["blackhole_s"] >= 6.0  # measured around the blackhole, not the value asked for
+    assert report["commits_during_blackhole"] == 0, report  # the cut really cut every worker off
     assert any(x["listen_killed"] for x in report["after_listen_killed"])
+    # New work found after the LISTEN connections die: a wall-clock figure, reported, never asserted.
+    print(f"found after LISTEN killed: {[x['found_s'] for x in report['after_listen_killed']]} s")  # noqa: T201
 
 
 @pytest.mark.parametrize("mode", ["fast"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from stepstone.store.postgres import PostgresStore
 from tests.chaos.rig.scenarios import create_database, drop_database
 from tests.chaos.rig.server import RigServer
 
+_WAITING = re.compile(r"process (\d+) still waiting for (.+?) after")
+_ACQUIRED = re.compile(r"process (\d+) acquired (.+?) after")
 INSTANCES = 16
 ROUNDS = 25
 
@@ -136,5 +139,10 @@ async def test_no_deadlocks_under_opposite_orders(rig_pg: RigServer, tmp_path: P
     assert handler.seen == [], handler.seen[:10]
     assert deadlocks_in_log == [], deadlocks_in_log[:10]
     assert counts["signals"] > INSTANCES * ROUNDS and counts["cancels"] > 0 and counts["retries"] > 0, counts
-    waits = sum("still waiting for" in line for line in server_log.splitlines())
-    print(f"lock order: {counts}, lock waits logged: {waits}")  # noqa: T201 - the figure docs/guarantees.md quotes
+    # log_lock_waits logs every wait longer than deadlock_timeout (20 ms on the rig) and, once the lock is
+    # granted, its acquisition. A wait is contention (its length depends on the machine's load, so it is
+    # reported, not asserted); a wait that never ended in an acquisition is a lock-order problem.
+    waited = {m.groups() for m in _WAITING.finditer(server_log)}
+    acquired = {m.groups() for m in _ACQUIRED.finditer(server_log)}
+    print(f"lock order: {counts}, lock waits over 20 ms: {len(waited)}")  # noqa: T201 - docs/guarantees.md
+    assert waited <= acquired, [line for line in server_log.splitlines() if "waiting for" in line][:10]

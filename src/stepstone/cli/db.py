@@ -1,4 +1,4 @@
-"""``stepstone db``: migrate, status and the SQL a migration would run."""
+"""``stepstone db``: migrate, status, the SQL a migration would run, and the embedded server."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import click
 
 from stepstone.cli.common import CliError, emit, output_option, run_async, with_settings
 from stepstone.config import Settings
+from stepstone.errors import StepstoneError
+from stepstone.store import embedded
 from stepstone.store import migrate as migrations
 from stepstone.store.database import connect
 
@@ -85,6 +87,64 @@ def sql_command(settings: Settings, since: int) -> None:
     """Print the SQL that `db migrate` would run on a database at version --since (offline)."""
     applied = frozenset(m.version for m in migrations.shipped_migrations() if m.version <= since)
     click.echo(migrations.pending_sql(settings.schema, applied), nl=False)
+
+
+@db_group.group("server")
+def server_group() -> None:
+    """The embedded PostgreSQL server (the default database when none is configured).
+
+    Its data lives in <project root>/.stepstone/pg: the project root is the directory of the nearest
+    pyproject.toml above the current directory, else the current directory itself.
+    """
+
+
+@server_group.command("status")
+@output_option
+def server_status_command(output: str) -> None:
+    """Show whether this project's embedded server runs, with its pid and socket."""
+    try:
+        state = embedded.server_state()
+    except StepstoneError as exc:
+        raise CliError(str(exc)) from exc
+    data = {
+        "data_dir": str(state.pgdata),
+        "initialized": state.initialized,
+        "running": state.running and state.foreign is None,
+        "pid": state.pid if state.running else None,
+        "socket_dir": str(state.socket_dir) if state.running and state.socket_dir else None,
+        "copied_from": str(state.foreign) if state.foreign else None,
+    }
+
+    def table() -> str:
+        if state.foreign is not None and state.running:
+            return (f"{state.pgdata}: not usable, its postmaster.pid belongs to the server (pid {state.pid}) "
+                    f"of {state.foreign}")
+        if state.running:
+            return f"{state.pgdata}: running (pid {state.pid}, socket in {state.socket_dir})"
+        return f"{state.pgdata}: {'stopped' if state.initialized else 'not created yet'}"
+
+    emit(data, output, table)
+
+
+@server_group.command("start")
+def server_start_command() -> None:
+    """Start this project's embedded server (creating it if needed); print its URL."""
+    try:
+        server = embedded.ensure_server()
+    except StepstoneError as exc:
+        raise CliError(str(exc)) from exc
+    click.echo(server.uri)
+
+
+@server_group.command("stop")
+def server_stop_command() -> None:
+    """Stop this project's embedded server (commands that need it start it again)."""
+    data_dir = embedded.default_data_dir()
+    try:
+        stopped = embedded.stop_server(data_dir)
+    except StepstoneError as exc:
+        raise CliError(str(exc)) from exc
+    click.echo(f"{data_dir.resolve()}: {'stopped' if stopped else 'was not running'}")
 
 
 commands = [db_group]

@@ -55,6 +55,9 @@ class WorkerConfig:
     poll_interval: float = 1.0
     max_claims: int = 5
     drain_timeout: float = 10.0
+    # Any role that can connect may NOTIFY the wake-up channel: after a claim that found nothing, claim
+    # again at most once per this interval however many notifications arrive.
+    min_wake_interval: float = 0.005
     worker_id: str = field(default_factory=default_worker_id)
 
 
@@ -220,6 +223,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         failures = 0
+        last_claim = 0.0
         while not self._stopping:
             free = self.config.concurrency - len(self._tasks)
             if free <= 0:
@@ -230,6 +234,7 @@ class Worker:
             try:
                 if self._listener is None or not self._listener.alive:
                     await self._open_listener()
+                last_claim = asyncio.get_running_loop().time()
                 claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id)
                 failures = 0
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
@@ -252,6 +257,8 @@ class Worker:
                     delay = min(delay, max(upcoming, 0.001))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            if not claims:  # coalesce a flood of wake-ups after an empty claim: one claim per interval
+                await asyncio.sleep(last_claim + self.config.min_wake_interval - asyncio.get_running_loop().time())
 
     async def _lease_loop(self) -> None:
         while True:

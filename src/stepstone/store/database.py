@@ -7,6 +7,7 @@ inside :func:`translate_errors` or goes through :func:`connect` / :func:`create_
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ __all__ = [
     "connect",
     "create_pool",
     "endpoint",
+    "install_one_line_driver_logs",
     "redact_url",
     "resolve_target",
     "translate_errors",
@@ -150,6 +152,7 @@ async def create_pool(
     **kwargs: Any,
 ) -> asyncpg.Pool:
     """Open an asyncpg pool; failures become DatabaseUnavailable naming host and port."""
+    install_one_line_driver_logs()
     url = await _url_of(target)
     _check_url(url)
     with translate_errors(url):
@@ -173,3 +176,29 @@ async def _url_of(target: DatabaseTarget | Settings | str) -> str:
     # Starting the embedded server blocks on pg_ctl; keep the event loop free meanwhile.
     resolved = await asyncio.to_thread(resolve_target, target)
     return resolved.url
+
+
+class _OneLineRecords(logging.Filter):
+    """Fold a record's traceback into one line: its message, the exception's type and first line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            record.msg = f"{record.getMessage()} ({type(exc).__name__}{': ' + text if text else ''})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_ONE_LINE = _OneLineRecords()
+
+
+def install_one_line_driver_logs() -> None:
+    """asyncpg's pool logs a full traceback each time it fails to reconnect (a PostgreSQL restart
+    prints dozens of lines per attempt on a worker's or even a plain client's stderr); make each one
+    line, like stepstone's own warnings. Idempotent."""
+    pool_log = logging.getLogger("asyncpg.pool")
+    if _ONE_LINE not in pool_log.filters:
+        pool_log.addFilter(_ONE_LINE)

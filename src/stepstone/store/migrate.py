@@ -18,7 +18,7 @@ from importlib import resources
 import asyncpg
 
 from stepstone.config import quote_ident, validate_schema_name
-from stepstone.errors import InternalError, SchemaTooNew
+from stepstone.errors import InsufficientPrivilege, InternalError, SchemaTooNew
 from stepstone.store.database import translate_errors
 from stepstone.store.sqlfiles import render
 
@@ -145,6 +145,26 @@ async def _read_history(conn: asyncpg.Connection, schema: str) -> list[AppliedMi
     return [AppliedMigration(r["version"], r["name"], r["applied_at"], r["checksum"]) for r in rows]
 
 
+# The schema's owner can drop and recreate any object in it (commit_segment included), so migrating
+# into a schema another role owns would hand that role the engine's functions.
+_SCHEMA_OWNER = (
+    "SELECT nspowner::regrole::text AS owner, current_user::text AS me, "
+    "nspowner = (SELECT oid FROM pg_roles WHERE rolname = current_user) AS mine "
+    "FROM pg_namespace WHERE nspname = $1"
+)
+
+
+async def _check_owner(conn: asyncpg.Connection, schema: str) -> None:
+    """Refuse an existing schema that the migrating role does not own."""
+    row = await conn.fetchrow(_SCHEMA_OWNER, schema)
+    if row is not None and not row["mine"]:
+        raise InsufficientPrivilege(
+            f"schema {schema!r} is owned by role {row['owner']}, not by {row['me']} (the migrating role): "
+            f"refusing to migrate, since its owner could replace stepstone's functions; migrate as its "
+            f"owner, or drop it and let {row['me']} create it"
+        )
+
+
 def _status_from(history: list[AppliedMigration]) -> MigrationStatus:
     shipped = {m.version: m for m in shipped_migrations()}
     applied_versions = {m.version for m in history}
@@ -198,6 +218,7 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
         try:
             while True:
                 async with conn.transaction():
+                    await _check_owner(conn, schema)
                     history = await _read_history(conn, schema)
                     if history is None:
                         await conn.execute(render(_BOOTSTRAP, schema))

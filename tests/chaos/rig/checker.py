@@ -7,8 +7,9 @@ Violations (each a string in ``report["violations"]``; an empty list means the r
   history_gap     history seq not exactly 1..n, or n != instances.history_seq
   outbox          outbox events != committed emits (one per STEP_COMPLETED of an odd step, same key)
   lost_write      a committed step with no ledger row (its effect never happened)
-  unexplained_dup a step visit with more than one effect not explained by a kill after it, a pause around
-                  it, a fenced commit of that visit by that process, or a failed attempt (STEP_FAILED) retried
+  unexplained_dup a step visit with more than one effect not explained by a kill inside its effect ->
+                  commit window (see ``explain``), a pause around it, a fenced commit of that visit by that
+                  process, or a failed attempt (STEP_FAILED) retried
 """
 
 from __future__ import annotations
@@ -19,6 +20,40 @@ from typing import Any
 import asyncpg
 
 LEDGER_SQL = "SELECT key, pid, attempt, extract(epoch FROM at)::float8 AS at FROM chaos.ledger ORDER BY key, at"
+
+
+SLACK_S = 0.5  # the ledger's clock (the database's) against the rig's, and the row's own commit
+
+
+def explain(
+    key: str,
+    rows: list[tuple[int, float, int]],
+    *,
+    retried: set[tuple[str, int]],
+    kill_at: dict[int, float],
+    fenced_on: set[tuple[int, str, int]],
+    paused: dict[int, list[tuple[float, float]]],
+) -> list[str]:
+    """Why each effect of one step visit (rows ordered by time) may have been repeated; "" when nothing
+    explains it. A kill explains an effect only when it fell inside that effect's effect -> commit window:
+    after the effect, and before the visit's next effect (the re-run another worker made once the
+    killed process's lease expired). A kill at any other time says nothing about this effect."""
+    instance, _, visit = key.split("/")
+    reasons = []
+    for n, (pid, at, attempt) in enumerate(rows):
+        next_at = rows[n + 1][1] if n + 1 < len(rows) else None
+        killed = kill_at.get(pid)
+        if (key, attempt) in retried:
+            reasons.append("handler_failed")  # the attempt raised; the step's retry policy ran it again
+        elif killed is not None and next_at is not None and at - SLACK_S <= killed <= next_at + SLACK_S:
+            reasons.append("killed")
+        elif (pid, instance, int(visit)) in fenced_on:
+            reasons.append("fenced")
+        elif any(lo - SLACK_S <= at <= hi + SLACK_S for lo, hi in paused.get(pid, ())):
+            reasons.append("paused")
+        else:
+            reasons.append("")
+    return reasons
 
 
 async def check(  # noqa: PLR0912 - one flat list of independent checks reads best
@@ -109,19 +144,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         if len(rows) < 2:
             continue
         duplicates += len(rows) - 1
-        instance, _, visit = key.split("/")
-        reasons = []
-        for pid, at, attempt in rows:
-            if (key, attempt) in retried:
-                reasons.append("handler_failed")  # the attempt raised; the step's retry policy ran it again
-            elif pid in kill_at and kill_at[pid] >= at - 0.5:
-                reasons.append("killed")
-            elif (pid, instance, int(visit)) in fenced_on:
-                reasons.append("fenced")
-            elif any(lo - 0.5 <= at <= hi + 0.5 for lo, hi in paused.get(pid, ())):
-                reasons.append("paused")
-            else:
-                reasons.append("")
+        reasons = explain(key, rows, retried=retried, kill_at=kill_at, fenced_on=fenced_on, paused=paused)
         if reasons.count("") > 1:
             unexplained.append({"key": key, "rows": rows, "reasons": reasons})
         # Attribute the n-1 duplicates to the explained rows (the committer is one of the rest).

@@ -6,7 +6,7 @@ while doing violence, then hands the tables to the checker and returns a JSON-ab
     partitions the same, but the worker runs on while its own proxy to PostgreSQL forwards nothing
     restarts   pg_ctl restart -m fast / -m immediate mid-run (a server the rig owns only)
     cuts       a proxy resets every connection every ~2 s, blackholes all traffic once for 6 s, and the
-               LISTEN connections are terminated; new work must still be found within the poll interval
+               LISTEN connections are terminated; new work must still be found (how fast is reported)
 """
 
 from __future__ import annotations
@@ -325,9 +325,12 @@ async def restarts(target: Target, opts: Options) -> dict[str, Any]:
                 t0 = time.monotonic()
                 await asyncio.to_thread(server.restart, mode)
                 up = time.monotonic()
-                await wait_for(lambda before=before: _committed_since(probe, before), deadline, every=0.02)
+                resumed = await wait_for(lambda before=before: _committed_since(probe, before), deadline,
+                                         every=0.02)
                 first = time.monotonic()
-                events.append({"mode": mode, "restart_s": round(up - t0, 3),
+                if not resumed:
+                    raise AssertionError(f"no step committed after the {mode} restart before the deadline")
+                events.append({"mode": mode, "resumed": resumed, "restart_s": round(up - t0, 3),
                                "first_commit_after_up_s": round(first - up, 3),
                                "first_commit_after_restart_began_s": round(first - t0, 3)})
             await wait_for(lambda: _all_done(probe, opts.size), deadline)
@@ -365,6 +368,7 @@ async def cuts(target: Target, opts: Options) -> dict[str, Any]:
         probe = Probe(url)  # direct, not through the proxy
         deadline = time.monotonic() + (opts.timeout or 180 + opts.size * 0.1)
         blackholed = False
+        hole = (0.0, 0.0)
         reset_conns = 0
         try:
             await wait_for(lambda: _progress(probe, 1), deadline)
@@ -373,10 +377,10 @@ async def cuts(target: Target, opts: Options) -> dict[str, Any]:
                 reset_conns += proxy.reset_all()
                 if not blackholed and await probe.completed() >= opts.size // 3:
                     blackholed = True
-                    await proxy.blackhole(6.0)
+                    hole = await _blackhole(proxy, 6.0)
             await wait_for(lambda: _all_done(probe, opts.size), deadline)
             if not blackholed:  # a run too short to reach a third before the first reset
-                await proxy.blackhole(6.0)
+                hole = await _blackhole(proxy, 6.0)
                 blackholed = True
             # The LISTEN connections die; new work must still be found within the poll interval.
             latencies = []
@@ -394,15 +398,30 @@ async def cuts(target: Target, opts: Options) -> dict[str, Any]:
         finally:
             await probe.close()
             await proxy.close()
+        # Every worker talks through the proxy: while it forwards nothing, nothing may commit. The edges
+        # are left out (a commit sent just before the cut carries its transaction's start time).
+        conn = await asyncpg.connect(url)
+        try:
+            during = await conn.fetchval(
+                "SELECT count(*) FROM stepstone.history WHERE kind = 'STEP_COMPLETED' "
+                "AND at BETWEEN to_timestamp($1) AND to_timestamp($2)", hole[0] + 0.5, hole[1] - 0.5)
+        finally:
+            await conn.close()
         report = await _finish(url, fleet, opts, expected=opts.size + extra, pauses=[], started=started,
                                extra={"resets": proxy.resets, "connections_reset": reset_conns,
-                                      "blackhole_s": 6.0 if blackholed else 0, "after_listen_killed": latencies})
-        slow = [x for x in latencies if x["found_s"] > opts.poll + 1.0]
-        if slow:
-            report["violations"].append(f"slow_wakeup: new work found later than the poll interval: {slow}")
+                                      "blackhole_s": round(hole[1] - hole[0], 3),
+                                      "commits_during_blackhole": during, "after_listen_killed": latencies})
+        # How fast new work is found once the LISTEN connections die is a figure (found_s), not a check.
         if not any(x["listen_killed"] for x in latencies):
             report["violations"].append("listen_not_found: no LISTEN connection was terminated")
         return report
+
+
+async def _blackhole(proxy: Proxy, seconds: float) -> tuple[float, float]:
+    """Blackhole the proxy; return the wall-clock window it forwarded nothing (epoch seconds)."""
+    began = time.time()
+    await proxy.blackhole(seconds)
+    return began, time.time()
 
 
 class Skip(Exception):

