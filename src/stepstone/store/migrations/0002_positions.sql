@@ -242,6 +242,11 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    -- The fence before the state version: a writer that lost its lease is refused, not sent to rebase.
+    IF NOT EXISTS (SELECT 1 FROM {{schema}}.positions p
+                   WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token) THEN
+        RETURN;
+    END IF;
     IF v_has_state AND v_version <> (d->>'state_version')::bigint THEN
         RETURN QUERY SELECT 'conflict'::text, NULL::bigint, NULL::timestamptz, v_now, v_version,
                             (SELECT i.state FROM {{schema}}.instances i WHERE i.id = v_id);
