@@ -19,7 +19,7 @@ from tests.chaos.rig.scenarios import Options, Target, cuts, kills, partitions, 
 from tests.chaos.rig.server import RigServer
 
 
-def _mix(size: int, each: int = 8) -> dict[str, float]:
+def _mix(size: int, each: int = 5) -> dict[str, float]:
     """Fan-outs and parents in the workload: `each` of both, whatever the size (CI time stays low)."""
     return {"fans": each / size, "parents": each / size}
 
@@ -38,7 +38,7 @@ async def test_kills_lose_nothing_and_commit_each_step_once(pg_server: PgServer,
 
 
 async def test_kills_at_concurrency_one_repeat_at_most_one_effect_each(pg_server: PgServer, tmp_path: Path) -> None:
-    opts = Options(size=600, concurrency=1, workdir=tmp_path, **_mix(600))
+    opts = Options(size=600, concurrency=1, workdir=tmp_path, **_mix(600, each=2))
     report = await kills(Target(pg_server.admin_url), opts)
     _ok(report)
     assert report["kills"] >= 5

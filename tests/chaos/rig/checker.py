@@ -20,8 +20,8 @@ Violations (each a string in ``report["violations"]``; an empty list means the r
   unexplained_dup a step visit with more than one effect not explained by a kill after it, a pause around
                   it, a fenced commit of that position's visit by that process, or a failed attempt
                   (STEP_FAILED) retried
-  fenced_repeats  one process ran a step visit more times than its commits of that visit were fenced
-                  (each fenced commit explains the one run it came from)
+  fenced_repeats  a step visit's runs explained by fenced commits outnumber those commits by more than
+                  the one run that committed (each fenced commit explains the one run it came from)
 
 A step visit's key is the handler's idempotency key: `instance/step/visit` at the root and
 `instance/position/step/visit` in a branch (the position is a path such as `fan/3`).
@@ -164,12 +164,17 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
                 reasons.append("")
         if reasons.count("") > 1:
             unexplained.append({"key": key, "rows": rows, "reasons": reasons})
-        # A fenced commit explains the one handler run it came from, not more.
-        for pid in {pid for r, (pid, _, _) in zip(reasons, rows, strict=True) if r == "fenced"}:
-            runs = sum(1 for r, row in zip(reasons, rows, strict=True) if r == "fenced" and row[0] == pid)
-            if runs > fenced_on[(pid, instance, position, visit)]:
-                over_fenced.append({"key": key, "pid": pid, "runs": runs,
-                                    "fenced": fenced_on[(pid, instance, position, visit)]})
+        # A fenced commit explains the one handler run it came from, not more. A process's runs beyond
+        # its fenced commits of that visit can only be the one run that committed (the process may
+        # have claimed the visit again after losing its lease), and only when no unexplained run is.
+        runs: dict[int, int] = defaultdict(int)
+        for r, (pid, _, _) in zip(reasons, rows, strict=True):
+            if r == "fenced":
+                runs[pid] += 1
+        excess = sum(max(0, n - fenced_on[(pid, instance, position, visit)]) for pid, n in runs.items())
+        if excess + reasons.count("") > 1:
+            over_fenced.append({"key": key, "rows": rows, "reasons": reasons,
+                                "fenced": {pid: fenced_on[(pid, instance, position, visit)] for pid in runs}})
         # Attribute the n-1 duplicates to the explained rows (the committer is one of the rest).
         explained = [(r, pid) for r, (pid, _, _) in zip(reasons, rows, strict=True) if r]
         for r, pid in explained[: len(rows) - 1]:
@@ -181,15 +186,20 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
     if over_fenced:
         bad("fenced_repeats", f"{len(over_fenced)} step visits, e.g. {over_fenced[:3]}")
 
-    # Stalls: the longest gap between consecutive history entries of an instance after its first step
-    # (the gap before the first step is queueing behind the initial backlog, not recovery).
-    stall = await conn.fetchrow(
-        "WITH g AS (SELECT instance_id, kind, extract(epoch FROM at - lag(at) OVER w)::float8 AS gap, "
-        "                  row_number() OVER w AS rn FROM stepstone.history "
-        "           WINDOW w AS (PARTITION BY instance_id ORDER BY seq)) "
+    # Stalls: the longest gap between consecutive history entries of a chain after its first step
+    # (the gap before the first step is queueing behind the initial backlog, not recovery). Fan-outs
+    # and parents are left out: their branches' and children's first commands join the back of that
+    # backlog too, so their gaps measure queueing (reported apart as the longest such wait).
+    stall_sql = (
+        "WITH g AS (SELECT h.instance_id, extract(epoch FROM h.at - lag(h.at) OVER w)::float8 AS gap, "
+        "                  row_number() OVER w AS rn FROM stepstone.history h "
+        "           JOIN stepstone.instances i ON i.id = h.instance_id AND i.definition_id {} '^chaos-[0-9]+$' "
+        "           WINDOW w AS (PARTITION BY h.instance_id ORDER BY h.seq)) "
         "SELECT max(gap) AS worst, percentile_cont(0.99) WITHIN GROUP (ORDER BY gap) AS p99, "
         "       count(*) FILTER (WHERE gap > $1) AS over_lease "
-        "FROM g WHERE rn > 2", lease)
+        "FROM g WHERE rn > 2")
+    stall = await conn.fetchrow(stall_sql.format("~"), lease)
+    queued = await conn.fetchrow(stall_sql.format("!~"), lease)
     kills_n = len(kills)
     return {
         "instances": total,
@@ -215,6 +225,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         "longest_stall_s": round(stall["worst"] or 0.0, 3),
         "p99_step_gap_s": round(stall["p99"] or 0.0, 3),
         "step_gaps_over_lease": stall["over_lease"],
+        "longest_gap_fanouts_and_parents_s": round(queued["worst"] or 0.0, 3),
         "lease_s": lease,
         "violations": violations,
     }

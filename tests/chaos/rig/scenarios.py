@@ -320,7 +320,7 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
                 await asyncio.sleep(0.5)  # let the zombie try its writes before the next pause
             # The mutant leaves instances stuck (a join counted twice waits forever): the checker needs
             # the tables, not the full deadline.
-            settle = min(deadline, time.monotonic() + 20) if opts.mutate_fencing else deadline
+            settle = min(deadline, time.monotonic() + 5) if opts.mutate_fencing else deadline
             await wait_for(lambda: _all_done(probe, total), settle)
             await asyncio.to_thread(fleet.stop)  # while the proxies still forward their goodbyes
         finally:
