@@ -19,19 +19,27 @@ from tests.chaos.rig.scenarios import Options, Target, cuts, kills, partitions, 
 from tests.chaos.rig.server import RigServer
 
 
+def _mix(size: int, each: int = 5) -> dict[str, float]:
+    """Fan-outs and parents in the workload: `each` of both, whatever the size (CI time stays low)."""
+    return {"fans": each / size, "parents": each / size}
+
+
 def _ok(report: dict[str, Any]) -> None:
     assert report["violations"] == [], report
+    assert report["fan_outs"] > 0 and report["joins"] == report["fan_outs"], report  # forks ran and joined
+    assert report["children"] > 0 and report["branch_steps"] > 0, report
 
 
 async def test_kills_lose_nothing_and_commit_each_step_once(pg_server: PgServer, tmp_path: Path) -> None:
-    report = await kills(Target(pg_server.admin_url), Options(size=1000, workdir=tmp_path))
+    report = await kills(Target(pg_server.admin_url), Options(size=1000, workdir=tmp_path, **_mix(1000)))
     _ok(report)
     assert report["kills"] >= 5
     assert report["duplicate_effects"] == report["duplicates_explained_by"].get("killed", 0)
 
 
 async def test_kills_at_concurrency_one_repeat_at_most_one_effect_each(pg_server: PgServer, tmp_path: Path) -> None:
-    report = await kills(Target(pg_server.admin_url), Options(size=600, concurrency=1, workdir=tmp_path))
+    opts = Options(size=600, concurrency=1, workdir=tmp_path, **_mix(600, each=2))
+    report = await kills(Target(pg_server.admin_url), opts)
     _ok(report)
     assert report["kills"] >= 5
     assert report["duplicate_effects"] <= report["kills"]
@@ -39,7 +47,7 @@ async def test_kills_at_concurrency_one_repeat_at_most_one_effect_each(pg_server
 
 
 async def test_zombie_writes_are_refused(pg_server: PgServer, tmp_path: Path) -> None:
-    report = await zombies(Target(pg_server.admin_url), Options(size=100, lease=1.0, workdir=tmp_path))
+    report = await zombies(Target(pg_server.admin_url), Options(size=100, lease=1.0, workdir=tmp_path, **_mix(100)))
     _ok(report)
     assert report["pauses"] == 10
     assert report["fenced_commits"] > 0
@@ -48,21 +56,24 @@ async def test_zombie_writes_are_refused(pg_server: PgServer, tmp_path: Path) ->
 async def test_checker_catches_zombie_writes_when_the_fence_is_removed(pg_server: PgServer, tmp_path: Path) -> None:
     """The mutation: commit_decision without its fence predicates, in this test's database only."""
     report = await zombies(Target(pg_server.admin_url),
-                           Options(size=100, lease=1.0, pauses=4, workdir=tmp_path, mutate_fencing=True))
+                           Options(size=100, lease=1.0, pauses=4, workdir=tmp_path, mutate_fencing=True,
+                                   **_mix(100)))
     kinds = {v.split(":", 1)[0] for v in report["violations"]}
-    assert kinds & {"step_twice", "steps_missing", "outbox", "history_gap", "lost", "lost_write"}, report
+    assert kinds & {"step_twice", "steps_missing", "outbox", "history_gap", "lost", "lost_write", "join_twice",
+                    "branch_joined", "child_twice", "parent_resumed"}, report
 
 
 async def test_partitioned_worker_writes_are_refused(rig_pg: RigServer, tmp_path: Path) -> None:
     """The worker keeps running; its own proxy forwards nothing for longer than the lease, then heals."""
-    report = await partitions(Target(rig_pg.url(), rig_pg), Options(size=100, lease=1.0, workdir=tmp_path))
+    opts = Options(size=100, lease=1.0, workdir=tmp_path, **_mix(100))
+    report = await partitions(Target(rig_pg.url(), rig_pg), opts)
     _ok(report)
     assert report["pauses"] == 10
     assert report["fenced_commits"] > 0
 
 
 async def test_postgres_restarts_lose_nothing(rig_pg: RigServer, tmp_path: Path) -> None:
-    report = await restarts(Target(rig_pg.url(), rig_pg), Options(size=600, workdir=tmp_path))
+    report = await restarts(Target(rig_pg.url(), rig_pg), Options(size=600, workdir=tmp_path, **_mix(600)))
     _ok(report)
     assert [r["mode"] for r in report["restarts"]] == ["fast", "immediate"]
     assert all(r["resumed"] for r in report["restarts"]), report["restarts"]  # steps committed after each
@@ -71,7 +82,7 @@ async def test_postgres_restarts_lose_nothing(rig_pg: RigServer, tmp_path: Path)
 
 
 async def test_cut_connections_lose_nothing(rig_pg: RigServer, tmp_path: Path) -> None:
-    report = await cuts(Target(rig_pg.url(), rig_pg), Options(size=400, workdir=tmp_path))
+    report = await cuts(Target(rig_pg.url(), rig_pg), Options(size=400, workdir=tmp_path, **_mix(400)))
     _ok(report)
     assert report["connections_reset"] > 0
     assert report["blackhole_s"] >= 6.0  # measured around the blackhole, not the value asked for

@@ -8,7 +8,7 @@ KEY = "00000000-0000-0000-0000-000000000001/s1/1"
 
 
 def _explain(rows: list[tuple[int, float, int]], kills: dict[int, float]) -> list[str]:
-    return explain(KEY, rows, retried=set(), kill_at=kills, fenced_on=set(), paused={})
+    return explain(KEY, rows, retried=set(), kill_at=kills, fenced_on={}, paused={})
 
 
 def test_a_kill_between_the_effect_and_its_rerun_explains_the_duplicate() -> None:

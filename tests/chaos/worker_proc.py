@@ -2,7 +2,8 @@
 
 Opens a PostgresStore, runs ``Worker.start()`` until SIGTERM, then stops (drain) and exits. Every 0.5 s and
 at exit it writes its counters to ``--stats`` (JSON): claims, commits, fenced, released, commits whose
-outcome was unknown (re-read), and the instances whose commit was fenced. A SIGKILLed process leaves its
+outcome was unknown (re-read), the positions whose commit was fenced, and the commits refused because the
+shared state had moved on (state conflicts). A SIGKILLed process leaves its
 last periodic file.
 """
 
@@ -42,14 +43,19 @@ class RigWorker(Worker):
     """The engine's worker, noting which commits were fenced (test code only; no production switch)."""
 
     fenced_log: list[dict[str, Any]]
+    conflict_log: list[dict[str, Any]]
 
     async def _commit(
         self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int
     ) -> Committed | None:
         result = await super()._commit(claim, command_id, decision, visit, state_version)
+        where = {"instance": claim.instance.id, "position": claim.instance.position, "visit": visit,
+                 "command": command_id}
         if result is None:
-            self.fenced_log.append({"instance": claim.instance.id, "visit": visit, "command": command_id})
-            print(f"FENCED {claim.instance.id} visit={visit} command={command_id}", flush=True)  # noqa: T201
+            self.fenced_log.append(where)
+            print(f"FENCED {where}", flush=True)  # noqa: T201
+        elif result.conflict:
+            self.conflict_log.append(where)  # the shared state moved on; the worker rebases or runs again
         return result
 
 
@@ -65,6 +71,7 @@ async def main(args: argparse.Namespace) -> None:
                           worker_id=worker_id, drain_timeout=args.drain)
     worker = RigWorker(store, workflows.registry, config)
     worker.fenced_log = []
+    worker.conflict_log = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -78,7 +85,8 @@ async def main(args: argparse.Namespace) -> None:
         doc = {"pid": os.getpid(), "worker": worker_id, "final": final, "claims": ev.claims, "commits": ev.commits,
                "fenced": ev.fenced, "released": ev.released, "crashed": getattr(ev, "crashed", 0),
                "unknown_outcome": counting.unknown,
-               "warnings": counting.warnings, "fenced_log": worker.fenced_log}
+               "warnings": counting.warnings, "fenced_log": worker.fenced_log,
+               "conflicts": len(worker.conflict_log), "conflict_log": worker.conflict_log[-200:]}
         tmp = stats.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(stats)

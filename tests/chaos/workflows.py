@@ -1,4 +1,10 @@
-"""The rig's workflows: chains of 1-5 action steps whose every handler records its effect in a ledger.
+"""The rig's workflows, every handler recording its effect in a ledger:
+
+  chaos-N        a chain of N (1-5) action steps s1..sN
+  chaosfan-K     a fork mapping over K (4-8) items, each branch running s1 -> s2 to the join, then s3 on
+                 the root; each branch writes only its own key of the shared `done`, so concurrent branch
+                 commits rebase and none is lost (the checker reads `done` back)
+  chaosparent-1  s1, then the child step s2 starting a `chaos-2` child and waiting for it, then s3
 
 The ledger lives in schema ``chaos`` of the engine's database and is written on the handler's own
 connection (a small pool per process, not the store's), committed before the handler returns. One row per
@@ -15,7 +21,7 @@ import uuid
 from typing import Any
 
 import asyncpg
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
 
@@ -41,6 +47,21 @@ PAUSE_ENV = "CHAOS_HANDLER_PAUSE"
 
 class Chain(BaseModel):
     n: int = 0
+
+
+class Fan(BaseModel):
+    items: list[int] = Field(default_factory=list)
+    done: dict[str, int] = Field(default_factory=dict)
+
+
+class Parent(BaseModel):
+    n: int = 0
+    child_id: str | None = None
+
+
+FAN_ITEMS = (4, 8)  # a fan-out maps over this many items (inclusive range)
+FAN_BRANCH_STEPS = 2  # s1, s2 in every branch; s3 after the join
+PARENT_CHILD = "chaos-2"
 
 
 class _Ledger:
@@ -105,17 +126,73 @@ def _chain(length: int) -> Workflow[Chain]:
         nxt = f"s{i + 1}" if i < length else None
 
         async def handler(ctx: StepContext, state: Chain) -> None:
-            await record_effect(ctx)
-            pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
-            if pause > 0:
-                await asyncio.sleep(pause)  # simulated work after the effect
+            await _effect(ctx)
             state.n += 1
-            if emits(ctx.step):
-                ctx.emit("chaos.step", {"key": ctx.idempotency_key}, key=ctx.instance_id)
 
-        wf.step(handler, name=f"s{i}", start=i == 1, next=nxt, retry=Retry(max_attempts=10, backoff=0.2))
+        wf.step(handler, name=f"s{i}", start=i == 1, next=nxt, retry=_RETRY)
+    return wf
+
+
+async def _effect(ctx: StepContext) -> None:
+    """The rig's step body: the effect, the linger a kill or pause hits, the odd steps' event."""
+    await record_effect(ctx)
+    pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+    if pause > 0:
+        await asyncio.sleep(pause)  # simulated work after the effect
+    if emits(ctx.step):
+        ctx.emit("chaos.step", {"key": ctx.idempotency_key}, key=ctx.instance_id)
+
+
+_RETRY = Retry(max_attempts=10, backoff=0.2)
+
+
+def _fan(items: int) -> Workflow[Fan]:
+    wf: Workflow[Fan] = Workflow(f"chaosfan-{items}", version=1, state=Fan)
+    wf.fork("fan", map_over="items", branch="s1", start=True)
+
+    async def s1(ctx: StepContext, state: Fan) -> None:
+        await _effect(ctx)
+        assert ctx.branch is not None
+        state.done[ctx.branch.name] = 1  # only this branch's key: disjoint from every other branch's change
+
+    async def s2(ctx: StepContext, state: Fan) -> None:
+        await _effect(ctx)
+        assert ctx.branch is not None
+        state.done[ctx.branch.name] += 1
+
+    async def s3(ctx: StepContext, state: Fan) -> None:
+        await _effect(ctx)
+
+    wf.step(s1, name="s1", next="s2", retry=_RETRY)
+    wf.step(s2, name="s2", next="joined", retry=_RETRY)
+    wf.join("joined", fork="fan", next="s3")
+    wf.step(s3, name="s3", next=None, retry=_RETRY)
+    return wf
+
+
+def _parent() -> Workflow[Parent]:
+    wf: Workflow[Parent] = Workflow("chaosparent-1", version=1, state=Parent)
+
+    async def s1(ctx: StepContext, state: Parent) -> None:
+        await _effect(ctx)
+        state.n += 1
+
+    async def s2(ctx: StepContext, state: Parent) -> dict[str, Any]:
+        await _effect(ctx)
+        return {}
+
+    async def s3(ctx: StepContext, state: Parent) -> None:
+        await _effect(ctx)
+        assert ctx.child is not None and ctx.child.status == "COMPLETED", ctx.child
+        state.child_id = ctx.child.instance_id
+
+    wf.step(s1, name="s1", start=True, next="s2", retry=_RETRY)
+    wf.child(s2, name="s2", workflow=PARENT_CHILD, next="s3")
+    wf.step(s3, name="s3", next=None, retry=_RETRY)
     return wf
 
 
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
-registry = Registry(*CHAINS.values())
+FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
+PARENT: Workflow[Any] = _parent()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT)

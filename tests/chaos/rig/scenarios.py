@@ -57,7 +57,9 @@ class Options:
     seed: int = 1
     workdir: Path = field(default_factory=lambda: Path("results"))
     timeout: float | None = None
-    mutate_fencing: bool = False  # zombies only: run with commit_segment's fence removed (checker must fail)
+    mutate_fencing: bool = False  # zombies only: run with commit_decision's fence removed (checker must fail)
+    fans: float = 0.05  # share of the workflows that are fan-outs (chaosfan-K)
+    parents: float = 0.05  # share that are parents starting a child (chaosparent-1)
     pauses: int = 10  # zombies
     restarts: tuple[str, ...] = ("fast", "immediate")  # restarts
     keep_database: bool = False  # leave the scenario's database behind for inspection
@@ -90,17 +92,31 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.close()
 
 
-async def start_instances(url: str, n: int, rng: random.Random) -> list[str]:
+def workload(n: int, rng: random.Random, fans: float, parents: float) -> list[tuple[Any, dict[str, Any]]]:
+    """`n` top-level workflows in a shuffled mix: chains of 1-5 steps, fan-outs over 4-8 items (`fans` of
+    them, at least one when the share is not 0), parents of one child each (`parents`, likewise)."""
+    n_fans = max(1, round(n * fans)) if fans > 0 and n >= 3 else 0
+    n_parents = max(1, round(n * parents)) if parents > 0 and n >= 3 else 0
+    mix: list[tuple[Any, dict[str, Any]]] = [(workflows.PARENT, {}) for _ in range(n_parents)]
+    for _ in range(n_fans):
+        k = rng.randint(*workflows.FAN_ITEMS)
+        mix.append((workflows.FANS[k], {"items": list(range(k))}))
+    mix += [(workflows.CHAINS[rng.randint(1, workflows.MAX_STEPS)], {}) for _ in range(n - len(mix))]
+    rng.shuffle(mix)
+    return mix
+
+
+async def start_instances(url: str, n: int, rng: random.Random, fans: float = 0.0, parents: float = 0.0) -> list[str]:
     store = await PostgresStore.open(url, max_size=8)
     try:
         client = Client(store, workflows.registry)
         for wf in workflows.registry:
             await store.register(pin_of(wf), wf.plan.document())
         ids: list[str] = []
-        lengths = [rng.randint(1, workflows.MAX_STEPS) for _ in range(n)]
+        mix = workload(n, rng, fans, parents)
         for lo in range(0, n, 64):
-            batch = lengths[lo:lo + 64]
-            ids += await asyncio.gather(*(client.start(workflows.CHAINS[k], {}) for k in batch))
+            batch = mix[lo:lo + 64]
+            ids += await asyncio.gather(*(client.start(wf, state) for wf, state in batch))
         return ids
     finally:
         await store.close()
@@ -125,7 +141,9 @@ class Probe:
                 await asyncio.sleep(0.1)  # the server is coming back; retry the probe
 
     async def completed(self) -> int:
-        return int(await self.fetchval("SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'"))
+        """Top-level instances completed (a child is counted with its parent)."""
+        return int(await self.fetchval(
+            "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED' AND parent_id IS NULL"))
 
     async def commits(self) -> int:
         return int(await self.fetchval("SELECT count(*) FROM stepstone.history WHERE kind = 'STEP_COMPLETED'"))
@@ -179,8 +197,8 @@ async def _finish(url: str, fleet: Fleet, opts: Options, *, expected: int, pause
         "fenced_commits": sum(s["fenced"] for s in stats),
         "unknown_outcome_commits": sum(s["unknown_outcome"] for s in stats),
         "worker_claims": sum(s["claims"] for s in stats),
-        "config": {"size": opts.size, "workers": opts.workers, "lease_s": opts.lease,
-                   "concurrency": opts.concurrency, "poll_s": opts.poll, "seed": opts.seed},
+        "config": {"size": opts.size, "fans": opts.fans, "parents": opts.parents, "workers": opts.workers,
+                   "lease_s": opts.lease, "concurrency": opts.concurrency, "poll_s": opts.poll, "seed": opts.seed},
         **extra,
     })
     return report
@@ -193,7 +211,7 @@ async def kills(target: Target, opts: Options) -> dict[str, Any]:
     rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
     started = time.monotonic()
     async with scenario_database(target, "kills", opts.keep_database) as url:
-        await start_instances(url, opts.size, rng)
+        await start_instances(url, opts.size, rng, opts.fans, opts.parents)
         fleet = Fleet(url, opts.workdir / "kills", opts.workers, opts.lease, opts.concurrency, opts.poll,
                       env={workflows.PAUSE_ENV: "0.005"})
         fleet.start()
@@ -213,7 +231,8 @@ async def _all_done(probe: Probe, n: int) -> bool:
     """Every instance has settled: COMPLETED, or FAILED/CANCELLED (which the checker reports as lost)."""
     moving = await probe.fetchval(
         "SELECT count(*) FROM stepstone.instances WHERE status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED')")
-    return moving == 0 and await probe.fetchval("SELECT count(*) FROM stepstone.instances") >= n
+    top = await probe.fetchval("SELECT count(*) FROM stepstone.instances WHERE parent_id IS NULL")
+    return moving == 0 and top >= n
 
 
 # -- zombies ----------------------------------------------------------------------------------------
@@ -243,7 +262,7 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
             finally:
                 await conn.close()
         total = min(opts.size, 1000)  # handlers linger 0.3 s here; more adds time, not coverage
-        await start_instances(url, total, rng)
+        await start_instances(url, total, rng, opts.fans, opts.parents)
         fleet = Fleet(url, opts.workdir / (f"{name}-mutant" if opts.mutate_fencing else name), opts.workers,
                       opts.lease, opts.concurrency, opts.poll, env={workflows.PAUSE_ENV: "0.3"})
         proxies: list[Proxy] = []
@@ -263,7 +282,7 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
         try:
             while len(pauses) < opts.pauses and time.monotonic() < deadline:
                 if await probe.completed() >= total - 10:  # keep work flowing for every pause
-                    await start_instances(url, 50, rng)
+                    await start_instances(url, 50, rng, opts.fans, opts.parents)
                     total += 50
                 slot = rng.randrange(opts.workers)
                 pid = fleet.procs[slot].pid
@@ -280,7 +299,10 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
                     fleet.resume(slot)
                 pauses.append({"pid": pid, "from": t0, "to": time.time()})
                 await asyncio.sleep(0.5)  # let the zombie try its writes before the next pause
-            await wait_for(lambda: _all_done(probe, total), deadline)
+            # The mutant leaves instances stuck (a join counted twice waits forever): the checker needs
+            # the tables, not the full deadline.
+            settle = min(deadline, time.monotonic() + 5) if opts.mutate_fencing else deadline
+            await wait_for(lambda: _all_done(probe, total), settle)
             await asyncio.to_thread(fleet.stop)  # while the proxies still forward their goodbyes
         finally:
             await probe.close()
@@ -310,7 +332,7 @@ async def restarts(target: Target, opts: Options) -> dict[str, Any]:
     rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
     started = time.monotonic()
     async with scenario_database(target, "restarts", opts.keep_database) as url:
-        await start_instances(url, opts.size, rng)
+        await start_instances(url, opts.size, rng, opts.fans, opts.parents)
         fleet = Fleet(url, opts.workdir / "restarts", opts.workers, opts.lease, opts.concurrency, opts.poll,
                       env={workflows.PAUSE_ENV: "0.005"})
         fleet.start()
@@ -358,7 +380,7 @@ async def cuts(target: Target, opts: Options) -> dict[str, Any]:
     rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
     started = time.monotonic()
     async with scenario_database(target, "cuts", opts.keep_database) as url:
-        await start_instances(url, opts.size, rng)
+        await start_instances(url, opts.size, rng, opts.fans, opts.parents)
         proxy = Proxy("127.0.0.1", server.port)
         await proxy.start()
         db = urlsplit(url).path.lstrip("/")
