@@ -90,8 +90,13 @@ class Client:
         return cls(store, registry, limits=limits, actor=actor)
 
     async def close(self) -> None:
-        await self._settled.close()
+        await self.detach()
         await self.store.close()
+
+    async def detach(self) -> None:
+        """Close what this client opened beside its store (the listener `wait_for` uses), leaving the
+        store open: for a client made on a store its caller owns and closes."""
+        await self._settled.close()
 
     async def __aenter__(self) -> Client:
         return self

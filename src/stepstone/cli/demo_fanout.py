@@ -33,7 +33,10 @@ async def run_fanout(store: Store) -> None:
         started = time.perf_counter()
         instance_id = await client.start(fanout.shipping, fanout.Shipment(order_id=order_id))
         click.echo(f"[shipping {order_id}] instance {instance_id}: fork of {branches} branches")
-        info = await client.wait_for(instance_id, timeout=_DEADLINE)
+        try:
+            info = await client.wait_for(instance_id, timeout=_DEADLINE)
+        finally:
+            await client.detach()
         elapsed = time.perf_counter() - started
     finally:
         await worker.stop(drain_timeout=5.0)

@@ -81,7 +81,11 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 def _with_client(settings: Settings, registry: Registry | None, work: Callable[[Client], Awaitable[T]]) -> T:
     async def go() -> T:
         async with open_store(settings) as store:
-            return await work(Client(store, registry))
+            client = Client(store, registry)
+            try:
+                return await work(client)
+            finally:
+                await client.detach()
 
     return run_async(go())
 

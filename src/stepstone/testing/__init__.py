@@ -59,9 +59,11 @@ async def open_engine(
 ) -> AsyncIterator[Engine]:
     """Open an engine on a migrated database; `config` goes to WorkerConfig."""
     store = await open_store(database_url, schema, max_size=config.get("concurrency", 8) + 4)
+    client = Client(store, registry, limits=limits)
     try:
         worker = Worker(store, registry, WorkerConfig(**config), limits)
         await worker.register()
-        yield Engine(store, Client(store, registry, limits=limits), worker)
+        yield Engine(store, client, worker)
     finally:
+        await client.detach()
         await store.close()

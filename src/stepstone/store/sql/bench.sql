@@ -104,7 +104,7 @@ SELECT pg_total_relation_size('{{schema}}.instances'::regclass)
      + pg_total_relation_size('{{schema}}.history'::regclass);
 
 -- name: analyze
-ANALYZE {{schema}}.instances, {{schema}}.commands, {{schema}}.history;
+ANALYZE {{schema}}.instances, {{schema}}.positions, {{schema}}.commands, {{schema}}.history;
 
 -- name: completed_count
 SELECT count(*) FROM {{schema}}.instances WHERE status = 'COMPLETED' AND definition_id = $1;
