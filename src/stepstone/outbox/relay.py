@@ -23,11 +23,12 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stepstone.errors import BrokerUnavailable
 from stepstone.outbox.publisher import Outcome, Publisher, PublishResult
+from stepstone.runtime.counters import Counters
 from stepstone.store.outbox import OutboxStore, Settlement, StagedEvent
 from stepstone.store.postgres import Listener
 
@@ -53,7 +54,7 @@ class RelayConfig:
 
 
 @dataclass
-class RelayEvents:
+class RelayEvents(Counters):
     """Counters tests wait on (`wait_until`) instead of sleeping."""
 
     batches: int = 0
@@ -62,24 +63,9 @@ class RelayEvents:
     dead: int = 0
     unavailable: int = 0
     idle: int = 0
-    _waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = field(default_factory=list, repr=False)
 
     def bump(self, name: str, by: int = 1) -> None:
-        setattr(self, name, getattr(self, name) + by)
-        for predicate, future in self._waiters:
-            if not future.done() and predicate():
-                future.set_result(None)
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-        if predicate():
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiter = (predicate, future)
-        self._waiters.append(waiter)
-        try:
-            await asyncio.wait_for(future, timeout)
-        finally:
-            self._waiters.remove(waiter)
+        self.count(name, by)
 
 
 def settlements(

@@ -21,7 +21,6 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,6 +32,7 @@ from stepstone.core.pin import pin_of
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.committer import GroupCommitter
+from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
 from stepstone.runtime.threads import HandlerThreads
 from stepstone.store.port import Claim, CommitRequest, Committed, Listener, WorkerStore
@@ -62,7 +62,7 @@ class WorkerConfig:
 
 
 @dataclass
-class WorkerEvents:
+class WorkerEvents(Counters):
     """Counters tests can wait on (`wait_until`), instead of sleeping."""
 
     claims: int = 0
@@ -72,24 +72,9 @@ class WorkerEvents:
     deferred: int = 0
     crashed: int = 0
     conflicts: int = 0
-    _waiters: list[tuple[Callable[[], bool], asyncio.Future[None]]] = field(default_factory=list, repr=False)
 
     async def bump(self, name: str) -> None:
-        setattr(self, name, getattr(self, name) + 1)
-        for predicate, future in self._waiters:
-            if not future.done() and predicate():
-                future.set_result(None)
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-        if predicate():
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiter = (predicate, future)
-        self._waiters.append(waiter)
-        try:
-            await asyncio.wait_for(future, timeout)
-        finally:
-            self._waiters.remove(waiter)
+        self.count(name)
 
 
 @dataclass
