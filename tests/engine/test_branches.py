@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -300,3 +301,23 @@ async def test_a_fork_entered_again_starts_fresh_branches(engine: Engine, rows: 
     assert kinds(history).count("JOINED") == 3
     visits = sorted(h["visit"] for h in history if h["kind"] == "STEP_COMPLETED" and h["position"] == "round/a")
     assert len(set(visits)) == 3  # a new visit each round: a fresh idempotency key for each branch step
+
+
+async def test_run_until_idle_does_not_stop_when_a_segment_ends_during_an_empty_claim(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim whose snapshot predates the commit of a segment that ends while the claim runs finds
+    nothing, though that commit queued work (here: the fork's branches). The run must look again."""
+    real_claim = engine.store.claim
+    worker = engine.worker
+
+    async def stale_claim(*args: object, **kwargs: object) -> list[object]:
+        if worker._tasks:
+            await asyncio.wait(set(worker._tasks))
+            return []  # what a snapshot taken before their commits saw
+        return await real_claim(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine.store, "claim", stale_claim)
+    iid = await engine.client.start(bw.static, {})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"

@@ -106,6 +106,7 @@ class Worker:
         self.events = WorkerEvents()
         self._segments: dict[tuple[str, str], _Segment] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._finished = 0  # segments ended, so run_until_idle can tell a claim raced one
         self._wake = asyncio.Event()
         self._slot_free = asyncio.Event()
         self._stopping = False
@@ -194,10 +195,13 @@ class Worker:
         """Claim and run until nothing is claimable now (for tests, scripts and the demo)."""
         while True:
             free = self.config.concurrency - len(self._tasks)
+            finished = self._finished
             claims = []
             if free > 0:
                 claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id)
             if not claims and not self._tasks:
+                if self._finished != finished:
+                    continue  # a segment ended during the claim: its commit may have queued work it missed
                 return
             for claim in claims:
                 self._spawn(claim)
@@ -289,6 +293,7 @@ class Worker:
 
     def _segment_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._finished += 1
         self._slot_free.set()
 
     def _forget(self, claim: Claim) -> None:
