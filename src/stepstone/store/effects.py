@@ -6,6 +6,11 @@ section has one block of `commit_decision` (or a function it calls, named in
 `SECTION_SQL`), run in the lock order written at the head of that function. A
 test walks every effect type and fails when one has no writer or its section no
 SQL. The whole document goes to the database in one statement.
+
+A feature added after the core does not edit `commit_decision`: its writer calls
+`doc.extend(section, item)`, its migration creates one function for the section
+and registers it in `effect_sections` (migration 0005 says how), and its
+`SECTION_SQL` entry is `feature_section(section)`.
 """
 
 from __future__ import annotations
@@ -51,6 +56,18 @@ class _Doc:
 
     def append(self, section: str, item: Any) -> None:
         self.body.setdefault(section, []).append(item)
+
+    def extend(self, section: str, item: Any) -> None:
+        """An item of a feature's section, carried out by the function `effect_sections` names."""
+        self.body.setdefault("ext", {}).setdefault(section, []).append(item)
+
+
+FEATURE_SECTION = "effect_sections:"
+
+
+def feature_section(section: str) -> str:
+    """The `SECTION_SQL` entry of an effect whose section a registered function carries out."""
+    return FEATURE_SECTION + section
 
 
 def _move(e: MovePosition, doc: _Doc) -> None:
