@@ -17,6 +17,26 @@ import pytest
 
 from tests._pg import PgServer, start_server
 
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--server-tests-only", action="store_true",
+        help="run only the tests that use the test database server (pg_server), for a second pass against "
+             "another PostgreSQL: the others (the chaos rig's own server, the embedded default, pure code) "
+             "would only run again unchanged",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--server-tests-only"):
+        return
+    kept = [item for item in items if "pg_server" in getattr(item, "fixturenames", ())]
+    dropped = [item for item in items if item not in kept]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
 _ISOLATED_ENV = ("STEPSTONE_DATABASE_URL", "DATABASE_URL", "STEPSTONE_SCHEMA", "STEPSTONE_BROKER_URL")
 
 

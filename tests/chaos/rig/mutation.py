@@ -33,14 +33,19 @@ def unfenced(function_sql: str) -> str:
         if body.count(old) != times:
             raise MutationAnchorGone(f"the fence moved: {old!r} is not in {COMMIT_FUNCTION} {times} time(s)")
         body = body.replace(old, new)
-    return body.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    if not body.startswith("CREATE OR REPLACE FUNCTION"):
+        body = body.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    return body
 
 
 def unfenced_commit_segment(schema: str = "stepstone") -> str:
-    """The commit function from schema.sql with its fence predicates removed, rendered for `schema`."""
+    """The commit function from schema.sql (its last definition: a later version replaces it) with its
+    fence predicates removed, rendered for `schema`."""
     text = read_text("schema.sql")
-    start = text.find(f"CREATE FUNCTION {SCHEMA_PLACEHOLDER}.{COMMIT_FUNCTION}(")
-    if start < 0:
+    name = f"FUNCTION {SCHEMA_PLACEHOLDER}.{COMMIT_FUNCTION}("
+    found = text.rfind(name)
+    if found < 0:
         raise MutationAnchorGone(f"schema.sql defines no function {COMMIT_FUNCTION}")
+    start = text.rindex("CREATE", 0, found)
     end = text.index("END $$;", start) + len("END $$;")
     return render(unfenced(text[start:end]), schema)
