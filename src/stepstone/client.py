@@ -17,6 +17,7 @@ from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.config import Settings
+from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import pin_of
@@ -63,8 +64,12 @@ class Client:
 
     def __init__(
         self, store: ClientStore, registry: Registry | None = None, *, limits: Limits | None = None,
-        actor: str | None = None,
+        actor: str | Actor | None = None,
     ) -> None:
+        """`actor` is who this client acts as, recorded on every command and history entry it writes
+        (a name, or an `Actor` with a kind, a reason and on whose behalf)."""
+        if isinstance(actor, Actor):
+            actor = actor.encode()
         self.store = store
         self.registry = registry or Registry()
         self.limits = limits or Limits()
@@ -81,7 +86,7 @@ class Client:
         registry: Registry | None = None,
         settings: Settings | None = None,
         limits: Limits | None = None,
-        actor: str | None = None,
+        actor: str | Actor | None = None,
     ) -> Client:
         """Connect to `database_url`, or to the configured (flags, environment, pyproject.toml) or
         embedded database. The schema must be migrated (`SchemaNotReady` otherwise), except on the
@@ -238,7 +243,7 @@ class Client:
     async def _ensure_registered(self, wf: Workflow[Any]) -> None:
         key = (wf.id, wf.version)
         if key not in self._registered:
-            await self.store.register(pin_of(wf), wf.plan.document())
+            await self.store.register(pin_of(wf), wf.registration_document())
             self._registered.add(key)
 
     def _encode(self, what: str, value: Any) -> str:
