@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,8 @@ from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.ops import InstanceFilter, Operations
+from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
 from stepstone.store.settled import SettledWatch
@@ -76,6 +79,7 @@ class Client:
         self.actor = None if actor is None else self._text("actor", actor)
         self._registered: set[tuple[str, int]] = set()
         self._settled = SettledWatch(store)
+        self._ops: Operations | None = None
 
     @classmethod
     async def connect(
@@ -228,6 +232,46 @@ class Client:
                     await asyncio.wait_for(settled.wait(), min(remaining, self._settled.fallback_seconds))
         finally:
             self._settled.unwatch(key, settled)
+
+    # -- operations (stepstone.ops: the same calls the CLI and the HTTP API make) ---------------
+
+    @property
+    def operations(self) -> Operations:
+        """The operator's toolbox on this client's store, acting as this client's actor."""
+        if self._ops is None:
+            self._ops = Operations.on(self.store, actor=self.actor)
+        return self._ops
+
+    async def find(
+        self, where: InstanceFilter | None = None, *, after: tuple[datetime, str] | None = None, limit: int = 50
+    ) -> InstancePage:
+        """Instances matching a filter, newest first, keyset-paginated (`page.next_after`)."""
+        return await self.operations.find(where, after=after, limit=limit)
+
+    async def detail(self, instance_id: str) -> InstanceDetail:
+        """One instance with positions, open commands, timers, children, outbox events, retries;
+        sensitive values redacted."""
+        self._texts(empty=True, instance_id=instance_id)
+        return await self.operations.detail(instance_id)
+
+    async def history_page(
+        self, instance_id: str, *, after: int = 0, limit: int = 100, failed_only: bool = False
+    ) -> HistoryPage:
+        """History entries with actor, outcome and patch, oldest first, `limit` at a time."""
+        self._texts(empty=True, instance_id=instance_id)
+        return await self.operations.history(instance_id, after=after, limit=limit, failed_only=failed_only)
+
+    async def retry_many(
+        self, ids: Sequence[str] | None = None, *, where: InstanceFilter | None = None, dry_run: bool = False
+    ) -> BulkReport:
+        """Retry the given instances or every one matching `where`; a result per instance."""
+        return await self.operations.retry(ids, where=where, dry_run=dry_run)
+
+    async def replay(self, instance_id: str, step: str) -> ReplayResult:
+        """Run `step` again on the state the instance had when it reached it; history keeps the old path."""
+        self._texts(empty=True, instance_id=instance_id)
+        self._text("step", step)
+        return await self.operations.replay(instance_id, step)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -29,7 +29,6 @@ from stepstone.ops.model import (
 )
 from stepstone.store.factory import operations_store
 from stepstone.store.operations_port import InstanceFilter, OperationsStore
-from stepstone.store.port import Store
 
 __all__ = ["Actor", "InstanceFilter", "Operations"]
 
@@ -42,7 +41,8 @@ class Operations:
         self.actor = actor.encode() if isinstance(actor, Actor) else actor
 
     @classmethod
-    def on(cls, store: Store, *, actor: str | Actor | None = None) -> Operations:
+    def on(cls, store: object, *, actor: str | Actor | None = None) -> Operations:
+        """On any store `open_store` built (the client's included)."""
         return cls(operations_store(store), actor=actor)
 
     # -- reading ------------------------------------------------------------------------------

@@ -63,6 +63,6 @@ async def open_ready_store(
     return store
 
 
-def operations_store(store: Store) -> OperationsStore:
+def operations_store(store: object) -> OperationsStore:
     """The operations' port (queries, retention, repair) on a store `open_store` built."""
     return PostgresOperations(store)
