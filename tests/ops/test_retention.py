@@ -99,8 +99,8 @@ async def test_an_instance_with_an_active_command_is_left_alone(
     report = await ops.retention_run()
     assert (report.archived, report.skipped_active) == (0, 0)  # RUNNING: no status class, not a candidate
     # Failed long ago as far as its row says, with the RETRY still queued: the command guard holds it.
-    await conn.execute("UPDATE stepstone.instances SET status = 'FAILED', updated_at = updated_at - interval '200 days' "
-                       "WHERE id = $1", iid)
+    await conn.execute("UPDATE stepstone.instances SET status = 'FAILED', "
+                       "updated_at = updated_at - interval '200 days' WHERE id = $1", iid)
     report = await ops.retention_run()
     assert (report.archived, report.skipped_active) == (0, 1)
 
@@ -117,25 +117,54 @@ async def test_one_sweep_at_a_time(engine: Engine, ops: Operations) -> None:
 async def test_retention_beside_a_running_worker_purges_nothing_active(
     engine: Engine, ops: Operations, conn: asyncpg.Connection
 ) -> None:
-    """Sweeps race a worker driving fresh instances while old ones are purged: nothing active is touched,
-    no statement waits for another (no deadlock), and every young instance completes."""
-    await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))
-    old = await _completed(engine, 40)
+    """Sweeps race a worker and an operator retrying old failed instances: a retried instance is either
+    run to completion with its whole history, or was purged before its retry (which then finds
+    nothing); never half. No statement waits on another (no deadlock); old completed ones all go."""
+    for status_class in ("completed", "failed"):
+        await ops.set_retention_policy("*", status_class, timedelta(days=1), timedelta(0))
+    old = await _completed(engine, 30)
+    failed = [await engine.client.start(workflows.flaky, {}) for _ in range(20)]
+    for iid in failed:
+        workflows.FAILURES[iid] = -1
+    await engine.run_until_idle()
+    for _ in range(6):
+        await engine.advance(1000)
+        await engine.run_until_idle()
+    workflows.FAILURES.clear()
     await engine.advance(2 * DAY)
-    fresh = [await engine.client.start(workflows.forky, {}) for _ in range(30)]
-    sweeps: list[int] = []
+    purged: list[int] = []
+    retried: dict[str, bool] = {}
 
     async def sweep() -> None:
-        for _ in range(5):
-            report = await ops.retention_run(batch_size=7)
+        for _ in range(6):
+            report = await ops.retention_run(batch_size=4)
             if report.ran:
-                sweeps.append(report.purged)
+                purged.append(report.purged)
             await asyncio.sleep(0)
 
-    await asyncio.gather(engine.run_until_idle(), sweep(), sweep())
+    async def operator() -> None:
+        for iid in failed:
+            report = await ops.retry([iid])
+            retried[iid] = report.items[0].ok
+            await asyncio.sleep(0)
+
+    async def drive() -> None:
+        for _ in range(10):
+            await engine.run_until_idle()
+            await asyncio.sleep(0)
+
+    await asyncio.gather(drive(), sweep(), sweep(), operator())
     await engine.run_until_idle()
-    assert sum(sweeps) == 40
-    statuses = {str(r["id"]): r["status"] for r in await conn.fetch("SELECT id, status FROM stepstone.instances")}
-    assert set(statuses) == set(fresh)
-    assert set(statuses.values()) == {"COMPLETED"}
-    assert not set(old) & set(statuses)
+    rows = {str(r["id"]): r for r in await conn.fetch("SELECT id, status, history_seq FROM stepstone.instances")}
+    assert not set(old) & set(rows)
+    for iid in failed:
+        if retried[iid]:
+            assert rows[iid]["status"] == "COMPLETED", iid
+            seqs = [r["seq"] for r in await conn.fetch(
+                "SELECT seq FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", iid)]
+            assert seqs == list(range(1, rows[iid]["history_seq"] + 1))
+        else:
+            assert iid not in rows
+            for table in ("positions", "commands", "history"):
+                assert await conn.fetchval(f"SELECT count(*) FROM stepstone.{table} WHERE instance_id = $1", iid) == 0
+    assert sum(purged) == 30 + sum(1 for ok in retried.values() if not ok)

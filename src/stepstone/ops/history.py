@@ -102,7 +102,7 @@ def state_at(history: list[HistoryEntry], before_seq: int) -> Any:
 def replay_point(history: list[HistoryEntry], step: str) -> HistoryEntry:
     """The first entry of the latest visit of `step` at the root position: replay starts there."""
     visits = [e for e in history if e.position == "" and e.step == step and e.visit is not None
-              and e.kind not in ("INSTANCE_REPLAYED", "INSTANCE_RETRIED", "INSTANCE_CANCELLED")]
+              and e.kind not in ("INSTANCE_STARTED", "INSTANCE_REPLAYED", "INSTANCE_RETRIED", "INSTANCE_CANCELLED")]
     if not visits:
         ran = sorted({e.step for e in history if e.position == "" and e.step})
         raise InvalidInput(f"step {step!r} never ran at the root position of this instance"
