@@ -13,13 +13,24 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, doctor, instances, outbox, worker
+from stepstone.cli import (
+    bench,
+    db,
+    demo,
+    demo_fanout,
+    demo_outbox,
+    doctor,
+    instances,
+    operations,
+    outbox,
+    worker,
+)
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, demo, bench]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, operations, worker, outbox, demo, bench]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -50,6 +61,7 @@ for _module in _COMMAND_MODULES:
         cli.add_command(_command)
 demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)
+db.db_group.add_command(operations.grant_command)
 
 
 def main(argv: list[str] | None = None) -> None:
