@@ -55,13 +55,13 @@ def _summarize(command: click.Command) -> None:
             _summarize(sub)
 
 
+db.db_group.add_command(operations.grant_command)
 for _module in _COMMAND_MODULES:
     for _command in _module.commands:
         _summarize(_command)
         cli.add_command(_command)
 demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)
-db.db_group.add_command(operations.grant_command)
 
 
 def main(argv: list[str] | None = None) -> None:

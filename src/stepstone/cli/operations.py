@@ -188,7 +188,7 @@ def inspect_command(settings: Settings, output: str, instance_id: str) -> None:
                                      ["status", d.status + (f", archived {_t(d.archived_at)}" if d.archived_at
                                                             else "")],
                                      ["business key", d.business_key or ""], ["created", _t(d.created_at)],
-                                     ["updated", _t(d.updated_at)]])]
+                                     ["updated", _t(d.updated_at)]], header=False)]
         out += [r.describe() for r in d.retrying]
         out.append(rich_table(["position", "status", "step", "visit", "waits for"], [
             [p["path"] or "(root)", p["status"], p["step"] or "-", p["visit"],
@@ -300,7 +300,9 @@ def _window(value: timedelta | None) -> str:
     if value is None:
         return "never"
     days = value.total_seconds() / 86_400
-    return f"{days:g} days" if days >= 1 else f"{value.total_seconds():g} s"
+    if days >= 1:
+        return f"{days:g} day" + ("" if days == 1 else "s")
+    return f"{value.total_seconds():g} s"
 
 
 @retention_group.command("policies")
@@ -311,7 +313,8 @@ def policies_command(settings: Settings, output: str) -> None:
     rows = _run(settings, lambda ops: ops.retention_policies())
     emit(_json(rows), output, lambda: rich_table(["workflow", "status class", "archive after", "purge after"], [
         [r["workflow"], r["status_class"], _window(r["retain_for"]),
-         "" if r["retain_for"] is None else _window(r["purge_after"]) + " more"] for r in rows]))
+         "" if r["retain_for"] is None or r["status_class"] == "outbox_published"
+         else _window(r["purge_after"]) + " later"] for r in rows]))
 
 
 @retention_group.command("set")
@@ -339,7 +342,7 @@ def _retention_text(r: RetentionReport) -> str:
         rich_table(["", "instances"], [
             [f"{verb}archive", r.archived], [f"{verb}purge", r.purged], ["held back: unsent event", r.held_unsent],
             ["held back: dead-lettered event", r.held_dead], ["skipped: busy (locked or leased)", r.skipped_busy],
-            ["skipped: active command", r.skipped_active]]),
+            ["skipped: active command", r.skipped_active]], header=False),
         f"{verb}drop {r.outbox_purged} published outbox row(s); {r.batches} batch(es) in {r.seconds:.2f} s",
     ])
 

@@ -16,9 +16,12 @@ from rich.table import Table
 __all__ = ["progress_bar", "rich_table"]
 
 
-def rich_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None) -> str:
+def rich_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None, header: bool = True
+) -> str:
     """The rows as a rich table, rendered to text (no colour codes: it is piped as often as shown)."""
-    table = Table(*headers, title=title, box=SIMPLE_HEAD, title_justify="left", pad_edge=False)
+    table = Table(*headers, title=title, box=SIMPLE_HEAD if header else None, title_justify="left",
+                  pad_edge=False, show_header=header)
     for row in rows:
         table.add_row(*("" if cell is None else str(cell) for cell in row))
     out = io.StringIO()
