@@ -168,3 +168,21 @@ async def test_retention_beside_a_running_worker_purges_nothing_active(
             for table in ("positions", "commands", "history"):
                 assert await conn.fetchval(f"SELECT count(*) FROM stepstone.{table} WHERE instance_id = $1", iid) == 0
     assert sum(purged) == 30 + sum(1 for ok in retried.values() if not ok)
+
+
+async def test_the_worker_loop_sweeps_and_replicas_take_turns(engine: Engine, ops: Operations) -> None:
+    from stepstone.ops.retention import RetentionLoop  # noqa: PLC0415 - the unit under test
+
+    await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))
+    await _completed(engine, 5)
+    await engine.advance(2 * DAY)
+    loops = [RetentionLoop(ops.store, 3600), RetentionLoop(ops.store, 3600)]
+    for loop in loops:
+        await loop.start()
+    try:
+        await asyncio.wait_for(asyncio.gather(*(loop.swept.wait() for loop in loops)), 30)
+    finally:
+        for loop in loops:
+            await loop.stop()
+    reports = [loop.last for loop in loops if loop.last is not None]
+    assert sum(r.purged for r in reports if r.ran) == 5
