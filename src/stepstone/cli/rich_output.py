@@ -8,11 +8,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from rich.box import SIMPLE_HEAD
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
 __all__ = ["progress_bar", "rich_table"]
 
 
@@ -20,6 +15,10 @@ def rich_table(
     headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str | None = None, header: bool = True
 ) -> str:
     """The rows as a rich table, rendered to text (no colour codes: it is piped as often as shown)."""
+    from rich.box import SIMPLE_HEAD  # noqa: PLC0415 - rich loads only for the commands that print with it
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
     table = Table(*headers, title=title, box=SIMPLE_HEAD if header else None, title_justify="left",
                   pad_edge=False, show_header=header)
     for row in rows:
@@ -33,6 +32,9 @@ def rich_table(
 @contextmanager
 def progress_bar(description: str, total: int | None, *, enabled: bool = True) -> Iterator[Any]:
     """A progress bar on stderr; yields `advance(done)` to report how far it got."""
+    from rich.console import Console  # noqa: PLC0415 - rich loads only when a bar may be shown
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415
+
     console = Console(stderr=True)
     if not enabled or not console.is_terminal:
         yield lambda _done: None
