@@ -21,6 +21,8 @@ CREATE INDEX instances_scope_newest ON {{schema}}.instances (scope, created_at D
 CREATE INDEX instances_ended ON {{schema}}.instances (ended_at) WHERE ended_at IS NOT NULL AND archived_at IS NULL;
 CREATE INDEX instances_archived ON {{schema}}.instances (archived_at) WHERE archived_at IS NOT NULL;
 CREATE INDEX outbox_published ON {{schema}}.outbox (published_at) WHERE published_at IS NOT NULL;
+-- A purged instance's start key (dedup rows of kind START name their instance in `target`).
+CREATE INDEX dedup_target ON {{schema}}.dedup (target) WHERE kind = 'START';
 
 -- Retention windows as data, per workflow with a '*' default. A NULL window means "never on a timer"
 -- (now() - NULL is NULL, so no comparison holds): waiting instances are kept until they end. An
@@ -63,7 +65,9 @@ $$;
 -- instance busy, never a wait. A candidate is then left alone when a position is locked or leased
 -- (busy), when it has a PENDING, DEFERRED or CLAIMED command (active), and, for a purge, when it holds
 -- an outbox event not published yet (unsent) or dead-lettered (dead): there is no age at which
--- dropping an unsent event is right. A dry run decides the same and writes nothing.
+-- dropping an unsent event is right. A dry run decides the same and writes nothing. A purge takes the
+-- instance's positions, commands, dedup keys and history; its published events are left to their own
+-- window (`outbox_published`), which the sweep applies after the instances.
 -- Lock order: instance rows (ascending id, SKIP LOCKED) -> their positions (SKIP LOCKED) -> commands
 -- -> history -> outbox; nothing here waits for a row a worker holds (lock_timeout is the net).
 CREATE FUNCTION {{schema}}.retention_batch(p_phase text, p_limit integer, p_after uuid, p_dry_run boolean)
@@ -117,18 +121,23 @@ BEGIN
         SELECT i.id FROM {{schema}}.instances i WHERE i.id = ANY (v_cands) ORDER BY i.id
         FOR UPDATE SKIP LOCKED) i;
     v_locked := COALESCE(v_locked, '{}');
-    -- Busy: a position locked by a claim in progress, or under a live lease.
-    WITH pos AS (
+    -- Busy: a position locked by a claim in progress (not all of them could be taken), or under a
+    -- live lease. Set-based: one pass over the batch's positions.
+    WITH taken AS (
         SELECT p.instance_id, p.lease_until FROM {{schema}}.positions p
         WHERE p.instance_id = ANY (v_locked) ORDER BY p.instance_id, p.path FOR UPDATE SKIP LOCKED
-    ), counted AS (
+    ), got AS (
+        SELECT t.instance_id, count(*) AS n, bool_or(t.lease_until > v_now) AS leased FROM taken t
+        GROUP BY t.instance_id
+    ), total AS (
         SELECT p.instance_id, count(*) AS n FROM {{schema}}.positions p
         WHERE p.instance_id = ANY (v_locked) GROUP BY p.instance_id
     )
-    SELECT array_agg(l.id ORDER BY l.id) INTO v_free FROM unnest(v_locked) AS l(id)
-    WHERE COALESCE((SELECT c.n FROM counted c WHERE c.instance_id = l.id), 0)
-          = (SELECT count(*) FROM pos WHERE pos.instance_id = l.id)
-      AND NOT EXISTS (SELECT 1 FROM pos WHERE pos.instance_id = l.id AND pos.lease_until > v_now);
+    SELECT array_agg(l.id ORDER BY l.id) INTO v_free
+    FROM unnest(v_locked) AS l(id)
+    LEFT JOIN total ON total.instance_id = l.id
+    LEFT JOIN got ON got.instance_id = l.id
+    WHERE COALESCE(total.n, 0) = COALESCE(got.n, 0) AND NOT COALESCE(got.leased, false);
     v_free := COALESCE(v_free, '{}');
     -- Active commands, then (purge) events a consumer has not had.
     SELECT array_agg(f.id ORDER BY f.id) INTO v_ok FROM unnest(v_free) AS f(id)
@@ -166,7 +175,6 @@ BEGIN
             WHERE (d.kind = 'START' AND d.target = ANY (v_ok::text[]))
                OR (d.kind = 'SIGNAL' AND d.namespace = ANY (v_ok::text[]));
             DELETE FROM {{schema}}.history h WHERE h.instance_id = ANY (v_ok);
-            DELETE FROM {{schema}}.outbox o WHERE o.instance_id = ANY (v_ok);
             DELETE FROM {{schema}}.instances i WHERE i.id = ANY (v_ok);
         END IF;
     END IF;
