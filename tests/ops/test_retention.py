@@ -186,3 +186,29 @@ async def test_the_worker_loop_sweeps_and_replicas_take_turns(engine: Engine, op
             await loop.stop()
     reports = [loop.last for loop in loops if loop.last is not None]
     assert sum(r.purged for r in reports if r.ran) == 5
+
+
+async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    iid = await engine.client.start(workflows.flaky, {})
+    workflows.FAILURES[iid] = -1
+    await engine.run_until_idle()
+    for _ in range(6):
+        await engine.advance(1000)
+        await engine.run_until_idle()
+    await engine.advance(181 * DAY)
+    assert (await ops.retention_run()).archived == 1
+    assert (await ops.find()).items == []
+    workflows.FAILURES.pop(iid)
+    await ops.retry([iid])
+    await engine.run_until_idle()
+    assert [i.id for i in (await ops.find()).items] == [iid]  # it ran again: no longer archived
+    await engine.advance(2 * DAY)
+    report = await ops.retention_run()
+    assert (report.archived, report.purged) == (0, 0)  # completed two days ago: inside its 30 days
+    await engine.advance(31 * DAY)
+    assert (await ops.retention_run()).archived == 1  # archived afresh
+    await engine.advance(DAY + 60)
+    assert (await ops.retention_run()).purged == 1
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == 0

@@ -1447,7 +1447,9 @@ END $$;
 -- trigger: evaluated per inserted row at no cost to the hot path, NULL where nothing set it.
 ALTER TABLE {{schema}}.commands ADD COLUMN actor text DEFAULT NULLIF(current_setting('stepstone.actor', true), '');
 
--- Retention: archived instances are hidden from lists by default and purged after `purge_after`.
+-- Retention: archived instances are hidden from lists by default and purged after `purge_after`. An
+-- archived instance that changed since (a retry, a replay) counts as not archived: it shows again,
+-- is not purged, and is archived afresh once its new end is past its window.
 ALTER TABLE {{schema}}.instances ADD COLUMN archived_at timestamptz;
 
 -- Queries: the filters `stepstone instances find` offers, on columns an instance never changes after
@@ -1535,7 +1537,8 @@ BEGIN
         SELECT array_agg(x.id ORDER BY x.id) INTO v_cands FROM (
             SELECT i.id FROM {{schema}}.instances i
             CROSS JOIN LATERAL {{schema}}.retention_window(i.definition_id, {{schema}}.retention_class(i.status)) w
-            WHERE (p_after IS NULL OR i.id > p_after) AND i.archived_at IS NULL
+            WHERE (p_after IS NULL OR i.id > p_after)
+              AND (i.archived_at IS NULL OR i.archived_at < COALESCE(i.ended_at, i.updated_at))
               AND COALESCE(i.ended_at, i.updated_at) < v_now - v_min
               AND COALESCE(i.ended_at, i.updated_at) < v_now - w.retain_for
             ORDER BY i.id LIMIT p_limit) x;
@@ -1544,6 +1547,7 @@ BEGIN
             SELECT i.id FROM {{schema}}.instances i
             CROSS JOIN LATERAL {{schema}}.retention_window(i.definition_id, {{schema}}.retention_class(i.status)) w
             WHERE (p_after IS NULL OR i.id > p_after) AND i.archived_at IS NOT NULL
+              AND i.archived_at >= COALESCE(i.ended_at, i.updated_at)
               AND i.archived_at < v_now - v_min
               AND i.archived_at < v_now - w.purge_after
               AND COALESCE(i.ended_at, i.updated_at) < v_now - w.retain_for

@@ -6,7 +6,7 @@
 -- name: instance_filter
 -- $1 statuses, $2 workflow, $3 version, $4 scope, $5 business key, $6 business key contains (a LIKE
 -- pattern, escaped by the caller), $7 parent, $8/$9 created since/until, $10/$11 updated since/until,
--- $12 include archived (a retried archived instance shows again: it is running).
+-- $12 include archived (an archived instance that changed since, by a retry or a replay, shows again).
     ($1::text[] IS NULL OR i.status = ANY ($1))
 AND ($2::text IS NULL OR i.definition_id = $2)
 AND ($3::integer IS NULL OR i.version = $3)
@@ -18,7 +18,7 @@ AND ($8::timestamptz IS NULL OR i.created_at >= $8)
 AND ($9::timestamptz IS NULL OR i.created_at < $9)
 AND ($10::timestamptz IS NULL OR i.updated_at >= $10)
 AND ($11::timestamptz IS NULL OR i.updated_at < $11)
-AND ($12::boolean OR i.archived_at IS NULL OR i.status IN ('PENDING', 'RUNNING', 'WAITING'))
+AND ($12::boolean OR i.archived_at IS NULL OR i.archived_at < COALESCE(i.ended_at, i.updated_at))
 
 -- name: find_instances
 -- Newest first, keyset-paginated on (created_at, id) after ($13, $14); at most $15 rows.
