@@ -30,12 +30,7 @@ async def as_json(database_url: str, *args: str) -> Any:
 async def _failed(engine: Engine, n: int) -> list[str]:
     ids = [await engine.client.start(workflows.flaky, {"name": f"order-{k}"}, business_key=f"order-{k}")
            for k in range(n)]
-    for iid in ids:
-        workflows.FAILURES[iid] = -1
-    await engine.run_until_idle()
-    for _ in range(6):
-        await engine.advance(1000)
-        await engine.run_until_idle()
+    await workflows.failed_for_good(engine, *ids)
     return ids
 
 
@@ -68,8 +63,6 @@ async def test_repair_retention_and_replay_from_the_cli(engine: Engine, database
     failed = await _failed(engine, 2)
     dry = await as_json(database_url, "repair", "retry", "--status", "FAILED", "--dry-run")
     assert (dry["dry_run"], dry["matched"], dry["items"]) == (True, 2, [])
-    for iid in failed:
-        workflows.FAILURES.pop(iid)
     report = await as_json(database_url, "repair", "retry", "--status", "FAILED", "--actor", "pat")
     assert (report["matched"], report["succeeded"]) == (2, 2)
     again = await run(database_url, "repair", "retry", *failed)

@@ -13,14 +13,6 @@ from stepstone.testing import Engine
 from tests.ops import workflows
 
 
-async def exhaust(engine: Engine, rounds: int = 6) -> None:
-    """Run until every retry backoff has passed (each round moves the clock past the longest)."""
-    await engine.run_until_idle()
-    for _ in range(rounds):
-        await engine.advance(1000)
-        await engine.run_until_idle()
-
-
 async def test_entries_name_actor_command_position_step_outcome_and_patch(engine: Engine, ops: Operations) -> None:
     client = Client(engine.store, workflows.registry, actor=Actor("alice", "user", reason="ticket 7"))
     try:
@@ -86,10 +78,8 @@ async def test_an_oversized_change_is_logged_as_a_baseline(engine: Engine, ops: 
 
 async def test_signals_and_retries_carry_their_actor(engine: Engine, ops: Operations) -> None:
     iid = await engine.client.start(workflows.flaky, {})
-    workflows.FAILURES[iid] = -1
-    await exhaust(engine)
+    await workflows.failed_for_good(engine, iid)
     assert (await engine.client.get(iid)).status == "FAILED"
-    workflows.FAILURES.pop(iid)
     report = await ops.retry([iid])
     assert report.succeeded == 1
     await engine.run_until_idle()

@@ -88,13 +88,10 @@ async def test_an_instance_with_an_active_command_is_left_alone(
     engine: Engine, ops: Operations, conn: asyncpg.Connection
 ) -> None:
     iid = await engine.client.start(workflows.flaky, {})
-    workflows.FAILURES[iid] = -1
-    await engine.run_until_idle()
-    for _ in range(6):
-        await engine.advance(1000)
-        await engine.run_until_idle()
+    await workflows.failed_for_good(engine, iid)
     assert (await engine.client.get(iid)).status == "FAILED"
     await engine.advance(181 * DAY)
+    workflows.FAILURES[iid] = -1  # it would fail again: nothing runs it in this test anyway
     await engine.client.retry(iid)  # a RETRY now waits: the instance is active again
     report = await ops.retention_run()
     assert (report.archived, report.skipped_active) == (0, 0)  # RUNNING: no status class, not a candidate
@@ -124,13 +121,7 @@ async def test_retention_beside_a_running_worker_purges_nothing_active(
         await ops.set_retention_policy("*", status_class, timedelta(days=1), timedelta(0))
     old = await _completed(engine, 30)
     failed = [await engine.client.start(workflows.flaky, {}) for _ in range(20)]
-    for iid in failed:
-        workflows.FAILURES[iid] = -1
-    await engine.run_until_idle()
-    for _ in range(6):
-        await engine.advance(1000)
-        await engine.run_until_idle()
-    workflows.FAILURES.clear()
+    await workflows.failed_for_good(engine, *failed)
     await engine.advance(2 * DAY)
     purged: list[int] = []
     retried: dict[str, bool] = {}
@@ -192,15 +183,10 @@ async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
     engine: Engine, ops: Operations, conn: asyncpg.Connection
 ) -> None:
     iid = await engine.client.start(workflows.flaky, {})
-    workflows.FAILURES[iid] = -1
-    await engine.run_until_idle()
-    for _ in range(6):
-        await engine.advance(1000)
-        await engine.run_until_idle()
+    await workflows.failed_for_good(engine, iid)
     await engine.advance(181 * DAY)
     assert (await ops.retention_run()).archived == 1
     assert (await ops.find()).items == []
-    workflows.FAILURES.pop(iid)
     await ops.retry([iid])
     await engine.run_until_idle()
     assert [i.id for i in (await ops.find()).items] == [iid]  # it ran again: no longer archived

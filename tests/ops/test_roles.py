@@ -71,13 +71,8 @@ async def test_the_runtime_role_runs_everything_and_cannot_alter_the_schema(
         assert await ops.role_can_alter_schema() == (runtime, False)
         iid = await engine.client.start(workflows.flaky, {})
         failing = await engine.client.start(workflows.flaky, {})
-        workflows.FAILURES[failing] = -1
-        await engine.run_until_idle()
-        for _ in range(6):
-            await engine.advance(1000)
-            await engine.run_until_idle()
+        await workflows.failed_for_good(engine, failing)
         assert (await engine.client.get(iid)).status == "COMPLETED"
-        workflows.FAILURES.pop(failing)
         assert (await ops.retry([failing])).succeeded == 1
         await engine.run_until_idle()
         await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from stepstone import Registry, Retry, StepContext, Workflow
 from stepstone.authoring.sensitive import Sensitive
+from stepstone.testing import Engine
 
 FAILURES: dict[str, int] = {}
 """instance id -> how many more times `flaky.work` raises."""
@@ -118,3 +119,20 @@ def settle(ctx: StepContext, state: Payment) -> None:
 
 
 registry = Registry(flaky, forky, payment)
+
+
+async def failed_for_good(engine: Engine, *ids: str) -> None:
+    """Make `flaky` fail every attempt of these instances and run until their retries ran out."""
+    for iid in ids:
+        FAILURES[iid] = -1
+    await run_out_backoffs(engine)
+    for iid in ids:
+        FAILURES.pop(iid, None)
+
+
+async def run_out_backoffs(engine: Engine, rounds: int = 6) -> None:
+    """Run until every retry backoff has passed (each round moves the clock past the longest)."""
+    await engine.run_until_idle()
+    for _ in range(rounds):
+        await engine.advance(1000)
+        await engine.run_until_idle()
