@@ -28,12 +28,21 @@ _SKIP = {"connect", "close"}
 # Names an annotation of Client may use, and where they come from: an unknown name stops the generator.
 _IMPORTS = {
     "Any": "typing",
+    "Sequence": "collections.abc",
     "datetime": "datetime",
     "Workflow": "stepstone.authoring.workflow",
     "Registry": "stepstone.authoring.workflow",
     "Settings": "stepstone.config",
     "Limits": "stepstone.core.limits",
     "InstanceInfo": "stepstone.client",
+    "Actor": "stepstone.core.attribution",
+    "Operations": "stepstone.ops",
+    "InstanceFilter": "stepstone.ops",
+    "InstancePage": "stepstone.ops.model",
+    "InstanceDetail": "stepstone.ops.model",
+    "HistoryPage": "stepstone.ops.model",
+    "BulkReport": "stepstone.ops.model",
+    "ReplayResult": "stepstone.ops.model",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 

@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stepstone.client import Client
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from datetime import datetime
 
     from stepstone.authoring.workflow import Registry, Workflow
     from stepstone.client import InstanceInfo
     from stepstone.config import Settings
+    from stepstone.core.attribution import Actor
     from stepstone.core.limits import Limits
+    from stepstone.ops import InstanceFilter
+    from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 
 __all__ = ["SyncClient"]
 
@@ -35,7 +39,7 @@ class SyncClient:
         registry: Registry | None = None,
         settings: Settings | None = None,
         limits: Limits | None = None,
-        actor: str | None = None,
+        actor: str | Actor | None = None,
     ) -> None:
         """Connect to `database_url`, or to the configured (flags, environment, pyproject.toml) or
         embedded database. The schema must be migrated (`SchemaNotReady` otherwise), except on the
@@ -157,3 +161,43 @@ class SyncClient:
         Wakes on the notification the instance sends when it settles (one LISTEN connection per
         client, shared by every wait), with a slow re-read in case a notification is lost."""
         return self._run(self._client.wait_for(instance_id, timeout))
+
+    def find(
+        self,
+        where: InstanceFilter | None = None,
+        *,
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> InstancePage:
+        """Instances matching a filter, newest first, keyset-paginated (`page.next_after`)."""
+        return self._run(self._client.find(where, after=after, limit=limit))
+
+    def detail(self, instance_id: str) -> InstanceDetail:
+        """One instance with positions, open commands, timers, children, outbox events, retries;
+        sensitive values redacted."""
+        return self._run(self._client.detail(instance_id))
+
+    def history_page(
+        self,
+        instance_id: str,
+        *,
+        after: int = 0,
+        limit: int = 100,
+        failed_only: bool = False,
+    ) -> HistoryPage:
+        """History entries with actor, outcome and patch, oldest first, `limit` at a time."""
+        return self._run(self._client.history_page(instance_id, after=after, limit=limit, failed_only=failed_only))
+
+    def retry_many(
+        self,
+        ids: Sequence[str] | None = None,
+        *,
+        where: InstanceFilter | None = None,
+        dry_run: bool = False,
+    ) -> BulkReport:
+        """Retry the given instances or every one matching `where`; a result per instance."""
+        return self._run(self._client.retry_many(ids, where=where, dry_run=dry_run))
+
+    def replay(self, instance_id: str, step: str) -> ReplayResult:
+        """Run `step` again on the state the instance had when it reached it; history keeps the old path."""
+        return self._run(self._client.replay(instance_id, step))

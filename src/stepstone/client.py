@@ -11,16 +11,20 @@ import contextlib
 import hashlib
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.config import Settings
+from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.ops import InstanceFilter, Operations
+from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
 from stepstone.store.settled import SettledWatch
@@ -63,14 +67,19 @@ class Client:
 
     def __init__(
         self, store: ClientStore, registry: Registry | None = None, *, limits: Limits | None = None,
-        actor: str | None = None,
+        actor: str | Actor | None = None,
     ) -> None:
+        """`actor` is who this client acts as, recorded on every command and history entry it writes
+        (a name, or an `Actor` with a kind, a reason and on whose behalf)."""
+        if isinstance(actor, Actor):
+            actor = actor.encode()
         self.store = store
         self.registry = registry or Registry()
         self.limits = limits or Limits()
         self.actor = None if actor is None else self._text("actor", actor)
         self._registered: set[tuple[str, int]] = set()
         self._settled = SettledWatch(store)
+        self._ops: Operations | None = None
 
     @classmethod
     async def connect(
@@ -81,7 +90,7 @@ class Client:
         registry: Registry | None = None,
         settings: Settings | None = None,
         limits: Limits | None = None,
-        actor: str | None = None,
+        actor: str | Actor | None = None,
     ) -> Client:
         """Connect to `database_url`, or to the configured (flags, environment, pyproject.toml) or
         embedded database. The schema must be migrated (`SchemaNotReady` otherwise), except on the
@@ -224,6 +233,46 @@ class Client:
         finally:
             self._settled.unwatch(key, settled)
 
+    # -- operations (stepstone.ops: the same calls the CLI and the HTTP API make) ---------------
+
+    @property
+    def operations(self) -> Operations:
+        """The operator's toolbox on this client's store, acting as this client's actor."""
+        if self._ops is None:
+            self._ops = Operations.on(self.store, actor=self.actor)
+        return self._ops
+
+    async def find(
+        self, where: InstanceFilter | None = None, *, after: tuple[datetime, str] | None = None, limit: int = 50
+    ) -> InstancePage:
+        """Instances matching a filter, newest first, keyset-paginated (`page.next_after`)."""
+        return await self.operations.find(where, after=after, limit=limit)
+
+    async def detail(self, instance_id: str) -> InstanceDetail:
+        """One instance with positions, open commands, timers, children, outbox events, retries;
+        sensitive values redacted."""
+        self._texts(empty=True, instance_id=instance_id)
+        return await self.operations.detail(instance_id)
+
+    async def history_page(
+        self, instance_id: str, *, after: int = 0, limit: int = 100, failed_only: bool = False
+    ) -> HistoryPage:
+        """History entries with actor, outcome and patch, oldest first, `limit` at a time."""
+        self._texts(empty=True, instance_id=instance_id)
+        return await self.operations.history(instance_id, after=after, limit=limit, failed_only=failed_only)
+
+    async def retry_many(
+        self, ids: Sequence[str] | None = None, *, where: InstanceFilter | None = None, dry_run: bool = False
+    ) -> BulkReport:
+        """Retry the given instances or every one matching `where`; a result per instance."""
+        return await self.operations.retry(ids, where=where, dry_run=dry_run)
+
+    async def replay(self, instance_id: str, step: str) -> ReplayResult:
+        """Run `step` again on the state the instance had when it reached it; history keeps the old path."""
+        self._texts(empty=True, instance_id=instance_id)
+        self._text("step", step)
+        return await self.operations.replay(instance_id, step)
+
     # -- helpers --------------------------------------------------------------------------------
 
     def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
@@ -238,7 +287,7 @@ class Client:
     async def _ensure_registered(self, wf: Workflow[Any]) -> None:
         key = (wf.id, wf.version)
         if key not in self._registered:
-            await self.store.register(pin_of(wf), wf.plan.document())
+            await self.store.register(pin_of(wf), wf.registration_document())
             self._registered.add(key)
 
     def _encode(self, what: str, value: Any) -> str:

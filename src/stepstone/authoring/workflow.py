@@ -23,8 +23,10 @@ from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
+from stepstone.authoring.sensitive import sensitive_paths
 from stepstone.core.model import Event
 from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Plan, RetryPolicy, Step
+from stepstone.core.redaction import Redaction
 from stepstone.errors import DefinitionError, InvalidInput
 
 S = TypeVar("S")
@@ -113,10 +115,16 @@ class _ActionSpec:
 class Workflow(Generic[S]):
     """A named, versioned graph of steps over a state model."""
 
-    def __init__(self, id: str, *, version: int = 1, state: type[S] | None = None) -> None:  # noqa: A002
+    def __init__(
+        self, id: str, *, version: int = 1, state: type[S] | None = None,  # noqa: A002
+        redact: Callable[[str], str] | None = None,
+    ) -> None:
+        """`redact` is the redaction hook: every text bound for history or an error goes through it
+        (after the fields the state model marks `Sensitive` are taken out; docs/operations.md)."""
         self.id = id
         self.version = version
         self.state_model = state
+        self.redaction = Redaction(sensitive_paths(state), redact)  # type: ignore[arg-type]
         self._steps: list[Step] = []
         self._actions: dict[str, _ActionSpec] = {}
         self._start: str | None = None
@@ -325,6 +333,13 @@ class Workflow(Generic[S]):
     def end(self) -> str:
         """The step name that ends the instance, for handlers that choose to stop."""
         return END
+
+    def registration_document(self) -> dict[str, Any]:
+        """The plan document the store keeps, with the sensitive paths the database redacts by."""
+        document = self.plan.document()
+        if self.redaction.paths:
+            document["sensitive"] = [list(p) for p in self.redaction.paths]
+        return document
 
 
 class Registry:

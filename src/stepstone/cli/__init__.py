@@ -13,13 +13,24 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, doctor, instances, outbox, worker
+from stepstone.cli import (
+    bench,
+    db,
+    demo,
+    demo_fanout,
+    demo_outbox,
+    doctor,
+    instances,
+    operations,
+    outbox,
+    worker,
+)
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, demo, bench]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, operations, worker, outbox, demo, bench]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,6 +55,7 @@ def _summarize(command: click.Command) -> None:
             _summarize(sub)
 
 
+db.db_group.add_command(operations.grant_command)
 for _module in _COMMAND_MODULES:
     for _command in _module.commands:
         _summarize(_command)

@@ -60,6 +60,12 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
         if state.current_version is not None and not state.pending and not state.unknown:
             report["deferred_pins"] = [_deferred(d) for d in await health.deferred_pins(conn, settings.schema)]
             report["warnings"] += [_deferred_warning(d) for d in report["deferred_pins"]]
+            role, can_alter = await health.role_can_alter_schema(conn, settings.schema)
+            database["role"] = {"name": role, "can_alter_schema": can_alter}
+            if can_alter:
+                report["warnings"].append(
+                    f"role {role} can alter schema {settings.schema} (owner, CREATE or superuser): run workers "
+                    f"and clients as a runtime role without DDL (`stepstone db grant ROLE`, docs/operations.md)")
     except StepstoneError as exc:
         problems.append(str(exc))
         return report

@@ -12,7 +12,7 @@ import json
 import sys
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -284,7 +284,9 @@ def show_command(settings: Settings, output: str, instance_id: str) -> None:
     iid = instance_id_arg(instance_id)
 
     async def work(client: Client) -> tuple[InstanceInfo, list[dict[str, Any]]]:
-        return await client.get(iid), await client.history(iid)
+        info = await client.get(iid)
+        shown = (await client.detail(iid)).state  # sensitive values redacted (docs/operations.md)
+        return replace(info, state=shown), await client.history(iid)
 
     info, history = _with_client(settings, None, work)
     data = {"instance": _jsonable(asdict(info)), "waiting_for": describe_wait(info) or None,

@@ -22,8 +22,11 @@ from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
 from stepstone.cli.common import run_async, with_settings
 from stepstone.cli.connection import open_store
+from stepstone.cli.operations import parse_duration
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
 from stepstone.config import Settings
+from stepstone.ops import Operations
+from stepstone.ops.retention import RetentionLoop
 from stepstone.outbox.relay import RelayConfig
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.database import redact_url
@@ -52,7 +55,8 @@ def _force_exit(signum: int) -> None:
 
 
 async def serve(
-    settings: Settings, registry: Registry, config: WorkerConfig, relay: tuple[str, RelayConfig] | None = None
+    settings: Settings, registry: Registry, config: WorkerConfig, relay: tuple[str, RelayConfig] | None = None,
+    retention_every: float | None = None,
 ) -> int:
     """Run a worker (and the relay to `relay`'s broker) until the first stop signal, then drain; returns the
     number of claims released."""
@@ -73,6 +77,10 @@ async def serve(
                     contextlib.AsyncExitStack() as beside):
             if relay is not None:
                 await beside.enter_async_context(relay_beside(store, *relay))
+            if retention_every is not None:  # opt-in; the advisory lock lets one replica's sweep through
+                sweeper = RetentionLoop(Operations.on(store).store, retention_every)
+                await sweeper.start()
+                beside.push_async_callback(sweeper.stop)
             worker = Worker(store, registry, config)
             await worker.start()
             workflows = ", ".join(f"{wf.id} v{wf.version}" for wf in registry)
@@ -107,10 +115,13 @@ async def serve(
 @broker_option
 @click.option("--no-relay", is_flag=True, help="Do not run the outbox relay here even when a broker is configured.")
 @relay_options
+@click.option("--retention-every", metavar="DURATION", default=None,
+              help="Also run retention this often, e.g. 1h (one replica at a time; docs/operations.md).")
 @with_settings
 def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float, broker: str | None, no_relay: bool, batch_size: int, max_attempts: int,
+    retention_every: str | None,
 ) -> None:
     """Run the workflows of --app until SIGTERM/SIGINT.
 
@@ -124,7 +135,8 @@ def worker_command(
     # (its claim released, a warning logged); its daemon thread does not hold up the exit.
     url = None if no_relay else broker_of(settings, broker)
     relay = (url, RelayConfig(batch_size=batch_size, max_attempts=max_attempts)) if url else None
-    run_async(serve(settings, registry, config, relay))
+    every = None if retention_every is None else parse_duration(retention_every, "--retention-every").total_seconds()
+    run_async(serve(settings, registry, config, relay, every))
 
 
 commands = [worker_command]

@@ -89,6 +89,8 @@ class CommandView:
     claims: int = 1
     last_error: str | None = None
     """The error its last settle, deferral or crashed segment recorded, for the dead letter."""
+    actor: str | None = None
+    """Who recorded it (`core.attribution`): the worker's history entries name it as on whose behalf."""
 
 
 @dataclass(frozen=True)

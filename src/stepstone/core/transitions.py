@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
+from stepstone.core.baselines import step_completed
 from stepstone.core.effects import (
     CloseTimers,
     Effect,
@@ -38,7 +39,7 @@ from stepstone.core.model import (
     StepFailed,
     StepSucceeded,
 )
-from stepstone.core.patch import changes, diff, same
+from stepstone.core.patch import changes, same
 from stepstone.core.plan import END, Plan
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
@@ -105,18 +106,18 @@ def _complete(
                 "InvalidTransition", f"step {step.name!r} returned {target!r}; it may go to {allowed}", retryable=False
             )
         else:
-            patch = diff(instance.state, outcome.state)
-            done = RecordHistory("STEP_COMPLETED", step.name, visit, {"attempt": command.attempt, "patch": patch})
+            done = step_completed(step.name, visit, command.attempt, instance.state, outcome.state)
             events = [e.to_effect(n) for n, e in enumerate(outcome.events)]
             entered = enter(instance, plan, target or END, outcome.state, now)
-            return Decision(settled(entered), (done, *_state_change(instance, outcome.state), *entered, *events))
+            return Decision(settled(entered), (*done, *_state_change(instance, outcome.state), *entered, *events))
     failure = {"step": step.name, "type": outcome.error_type, "message": outcome.message, "attempt": command.attempt}
     retryable = outcome.retryable and outcome.error_type not in step.retry.non_retryable
     if retryable and command.attempt < step.retry.max_attempts:
         delay = step.retry.backoff(command.attempt)
         return Decision(
             Settle("RETRY", f"{outcome.error_type}: {outcome.message}", retry_delay=delay),
-            (RecordHistory("STEP_FAILED", step.name, visit, {**failure, "retry_in": delay}),),
+            (RecordHistory("STEP_FAILED", step.name, visit,
+                           {**failure, "retry_in": delay, "max_attempts": step.retry.max_attempts}),),
         )
     return Decision(
         Settle("FAILED", f"{outcome.error_type}: {outcome.message}"),
@@ -136,12 +137,11 @@ def _start_child(instance: InstanceView, command: CommandView, plan: Plan, outco
     cid = child_id(instance.id, instance.position, step.name, instance.visit)
     wait = {"kind": "child", "child_id": cid, "workflow": spec.definition_id}
     started = {"child_id": cid, "workflow": spec.definition_id, "version": spec.version, "attempt": command.attempt}
-    patch = diff(instance.state, outcome.state)
     events = [e.to_effect(n) for n, e in enumerate(outcome.events)]
     return Decision(
         Settle("COMPLETE"),
         (
-            RecordHistory("STEP_COMPLETED", step.name, instance.visit, {"attempt": command.attempt, "patch": patch}),
+            *step_completed(step.name, instance.visit, command.attempt, instance.state, outcome.state),
             *_state_change(instance, outcome.state),
             StartChild(cid, spec.definition_id, spec.version, spec.plan_hash, spec.state, spec.step,
                        cancel_with_parent=step.cancel_with_parent),

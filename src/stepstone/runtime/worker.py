@@ -128,7 +128,7 @@ class Worker:
         """Record every plan of the registry, so pins and signal names can be checked anywhere."""
         self.registry.check_children()
         for wf in self.registry:
-            await self.store.register(pin_of(wf), wf.plan.document())
+            await self.store.register(pin_of(wf), wf.registration_document())
 
     async def start(self) -> None:
         await self.register()
@@ -344,7 +344,8 @@ class Worker:
             instance = advance(instance, decision, committed.state_version)
             if committed.state is not None:  # the change was carried onto a newer state: go on from that
                 instance = replace(instance, state=committed.state)
-            command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload)
+            command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload,
+                                  actor=command.actor)
             now = committed.committed_at
 
     async def _decide_and_commit(
@@ -367,6 +368,7 @@ class Worker:
                 visit = outcome.visit
             else:
                 decision = outcome
+            decision = workflow.redaction.decision(decision, instance.state)  # history and errors only
             committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
             if committed is None or not committed.conflict:
                 return decision, committed

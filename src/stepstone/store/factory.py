@@ -11,11 +11,13 @@ import functools
 
 from stepstone.config import DEFAULT_SCHEMA, Settings, load_settings
 from stepstone.store.database import resolve_target
+from stepstone.store.operations_pg import PostgresOperations
+from stepstone.store.operations_port import OperationsStore
 from stepstone.store.port import Store
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.readiness import ensure_ready
 
-__all__ = ["open_ready_store", "open_store"]
+__all__ = ["open_ready_store", "open_store", "operations_store"]
 
 
 async def open_store(
@@ -59,3 +61,8 @@ async def open_ready_store(
         await store.close()
         raise
     return store
+
+
+def operations_store(store: object) -> OperationsStore:
+    """The operations' port (queries, retention, repair) on a store `open_store` built."""
+    return PostgresOperations(store)

@@ -11,7 +11,7 @@ from stepstone.core.pin import Pin
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
 
-__all__ = ["DeferredPin", "deferred_pins", "server_version"]
+__all__ = ["DeferredPin", "deferred_pins", "role_can_alter_schema", "server_version"]
 
 
 @dataclass(frozen=True)
@@ -40,3 +40,12 @@ async def deferred_pins(conn: asyncpg.Connection, schema: str) -> list[DeferredP
                     int(r["commands"]), r["oldest"], int(r["deferrals"]))
         for r in rows
     ]
+
+
+async def role_can_alter_schema(conn: asyncpg.Connection, schema: str) -> tuple[str, bool]:
+    """(this connection's role, whether it can change the schema: owns it, has CREATE, or is superuser)."""
+    with translate_errors():
+        row = await conn.fetchrow(named_queries("operations.sql", schema)["role_privileges"], schema)
+    if row is None:
+        return "", False
+    return str(row["role"]), bool(row["superuser"] or row["owns_schema"] or row["can_create"])

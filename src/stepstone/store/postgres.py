@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 
+from stepstone.core.attribution import worker_actor
 from stepstone.core.model import ROOT, Branch, CommandView, InstanceView, Parent
 from stepstone.errors import (
     BusinessKeyInUse,
@@ -364,7 +365,7 @@ def _claim(r: asyncpg.Record) -> Claim:
     )
     command = CommandView(
         r["command_id"], r["kind"], r["command_step"], r["command_visit"], r["name"], r["payload"],
-        r["attempt"], r["claims"], r["last_error"],
+        r["attempt"], r["claims"], r["last_error"], r["actor"],
     )
     pin = Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"])
     return Claim(instance, command, pin, r["token"], r["now"], r["business_key"])
@@ -375,5 +376,5 @@ def _document(request: CommitRequest, lease_seconds: float, worker: str) -> dict
     return commit_document(
         request.decision, instance_id=instance.id, position=instance.position, command_id=request.command_id,
         token=request.claim.token, visit=request.visit, state_version=request.state_version,
-        lease_seconds=lease_seconds, worker=worker,
+        lease_seconds=lease_seconds, worker=worker, actor=worker_actor(worker, request.claim.command.actor),
     )

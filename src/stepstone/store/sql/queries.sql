@@ -59,7 +59,7 @@ WITH expired AS (
       AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
       AND c.available_at <= {{schema}}.db_now()
     RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
-              c.token, c.last_error
+              c.token, c.last_error, c.actor
 ), leased AS (
     UPDATE {{schema}}.positions p SET
         lease_token = claimed.token,
@@ -72,6 +72,7 @@ WITH expired AS (
 )
 SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, claimed.visit AS command_visit,
        claimed.name, claimed.payload, claimed.attempt, claimed.claims, claimed.token, claimed.last_error,
+       claimed.actor,
        i.id AS instance_id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state,
        i.state_version, i.business_key, i.parent_id, i.parent_position, i.parent_visit,
        leased.path AS position, leased.status AS position_status, leased.step, leased.visit, leased.wait,
@@ -179,7 +180,9 @@ ON CONFLICT (scope, definition_id, version) DO NOTHING;
 SELECT plan_hash FROM {{schema}}.definitions WHERE scope = $1 AND definition_id = $2 AND version = $3;
 
 -- name: start
-SELECT {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+-- The actor goes to the commands it records too (commands.actor's default reads the setting).
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($12::text, ''), true))
+SELECT {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) FROM who;
 
 -- name: start_key
 SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namespace = $1 AND key = $2;
@@ -188,13 +191,16 @@ SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namesp
 SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND business_key = $3;
 
 -- name: signal
-SELECT outcome, command_id, status FROM {{schema}}.signal_position($1, $2, $3, $4, $5, $6, $7);
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($7::text, ''), true))
+SELECT (s.r).outcome, (s.r).command_id, (s.r).status
+FROM (SELECT {{schema}}.signal_position($1, $2, $3, $4, $5, $6, $7) AS r FROM who OFFSET 0) AS s;
 
 -- name: cancel
 SELECT outcome, status FROM {{schema}}.cancel_instance($1, $2, $3);
 
 -- name: retry
-SELECT outcome, status FROM {{schema}}.retry_instance($1, $2);
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($2::text, ''), true))
+SELECT (s.r).outcome, (s.r).status FROM (SELECT {{schema}}.retry_instance($1, $2) AS r FROM who OFFSET 0) AS s;
 
 -- name: get_instance
 SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state, i.step, i.visit, i.wait,

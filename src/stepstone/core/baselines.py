@@ -1,0 +1,31 @@
+"""The state change a STEP_COMPLETED entry records: an RFC 6902 patch, or a full baseline.
+
+A patch larger than `PATCH_LIMIT` bytes of JSON is not worth replaying: the entry records
+`patch: None` and a STATE_BASELINE entry after it holds the whole new state, so the state at any
+point of the history is the last baseline (the start, a replay, an oversized change) plus the
+patches after it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stepstone.core.effects import RecordHistory
+from stepstone.core.patch import diff
+
+__all__ = ["PATCH_LIMIT", "step_completed"]
+
+PATCH_LIMIT = 64 * 1024
+"""Bytes of JSON above which a state change is logged as a baseline instead of a patch."""
+
+
+def step_completed(step: str, visit: int, attempt: int, before: Any, after: Any) -> tuple[RecordHistory, ...]:
+    """The STEP_COMPLETED entry of a step that turned `before` into `after` (and a baseline when needed)."""
+    patch = diff(before, after)
+    if len(json.dumps(patch, separators=(",", ":"), ensure_ascii=False)) <= PATCH_LIMIT:
+        return (RecordHistory("STEP_COMPLETED", step, visit, {"attempt": attempt, "patch": patch}),)
+    return (
+        RecordHistory("STEP_COMPLETED", step, visit, {"attempt": attempt, "patch": None, "oversized": True}),
+        RecordHistory("STATE_BASELINE", step, visit, {"state": after, "reason": "oversized change"}),
+    )

@@ -1,0 +1,160 @@
+"""Keeping sensitive values out of everything but the live state.
+
+A workflow names sensitive paths in its state (key paths; `*` stands for any list item) and may
+give a hook that rewrites any text bound for history or an error. `Redaction.decision` rewrites a
+decision before it is committed: the state copies and patches in its history entries have the
+values at those paths replaced by `REDACTED`, and every text (error messages, reasons) has each
+sensitive value the state holds, before or after the step, replaced too; the hook runs last on
+every text. The new state itself is left alone: the next handler needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from stepstone.core.effects import Effect, MovePosition, RecordHistory, SetState
+from stepstone.core.model import Decision, Settle
+
+__all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "Redaction", "redact_state"]
+
+REDACTED = "[redacted]"
+MIN_SCRUBBED = 4
+"""Sensitive values shorter than this are redacted at their paths but not searched for in free text."""
+
+Path = tuple[str, ...]
+Hook = Callable[[str], str]
+
+
+def _redact_at(doc: Any, path: Path) -> Any:
+    if not path or doc is None:
+        return doc
+    head, rest = path[0], path[1:]
+    if head == "*":
+        if not isinstance(doc, list):
+            return doc
+        return [(REDACTED if item is not None else None) if not rest else _redact_at(item, rest) for item in doc]
+    if not isinstance(doc, dict) or head not in doc or doc[head] is None:
+        return doc
+    return {**doc, head: REDACTED if not rest else _redact_at(doc[head], rest)}
+
+
+def redact_state(doc: Any, paths: Iterable[Path]) -> Any:
+    """`doc` with the value at every path replaced by `REDACTED` (a copy where anything changed)."""
+    for path in paths:
+        doc = _redact_at(doc, path)
+    return doc
+
+
+def _values_at(doc: Any, path: Path, out: set[str]) -> None:
+    if doc is None:
+        return
+    if not path:
+        if isinstance(doc, (str, int, float)) and not isinstance(doc, bool):
+            text = str(doc)
+            if len(text) >= MIN_SCRUBBED and text != REDACTED:
+                out.add(text)
+        elif isinstance(doc, (dict, list)):
+            for leaf in (doc.values() if isinstance(doc, dict) else doc):
+                _values_at(leaf, (), out)
+        return
+    head, rest = path[0], path[1:]
+    if head == "*" and isinstance(doc, list):
+        for item in doc:
+            _values_at(item, rest, out)
+    elif isinstance(doc, dict) and head in doc:
+        _values_at(doc[head], rest, out)
+
+
+def _pointer_parts(pointer: str) -> list[str]:
+    return [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+
+
+def _matches(prefix: list[str], path: Path) -> bool:
+    """Whether the concrete `prefix` (pointer parts) lies along `path` (`*` matches any list index)."""
+    if len(prefix) > len(path):
+        return False
+    return all(p == s or (s == "*" and p.isdigit()) for p, s in zip(prefix, path, strict=False))
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """Sensitive paths of a state and an optional hook on text; empty means nothing to do."""
+
+    paths: tuple[Path, ...] = ()
+    hook: Hook | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.paths and self.hook is None
+
+    def secrets(self, *states: Any) -> frozenset[str]:
+        """The sensitive values the states hold, as text, for scrubbing free text."""
+        found: set[str] = set()
+        for state in states:
+            for path in self.paths:
+                _values_at(state, path, found)
+        return frozenset(found)
+
+    def text(self, value: str, secrets: Iterable[str] = ()) -> str:
+        for secret in sorted(secrets, key=len, reverse=True):
+            value = value.replace(secret, REDACTED)
+        return self.hook(value) if self.hook is not None else value
+
+    def scrub(self, value: Any, secrets: Iterable[str] = ()) -> Any:
+        """Every text inside `value` (keys left alone) through `text`."""
+        secrets = tuple(secrets)
+        if isinstance(value, str):
+            return self.text(value, secrets)
+        if isinstance(value, dict):
+            return {k: self.scrub(v, secrets) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.scrub(v, secrets) for v in value]
+        return value
+
+    def patch(self, ops: list[Any]) -> list[Any]:
+        """An RFC 6902 patch with the values it writes at sensitive paths redacted."""
+        out = []
+        for op in ops:
+            if not isinstance(op, dict) or "value" not in op or not isinstance(op.get("path"), str):
+                out.append(op)
+                continue
+            parts = _pointer_parts(op["path"])
+            value = op["value"]
+            for path in self.paths:
+                if _matches(parts, path):
+                    rest = path[len(parts):]
+                    value = (REDACTED if value is not None else None) if not rest else _redact_at(value, rest)
+                elif len(parts) > len(path) and _matches(parts[: len(path)], path):
+                    value = REDACTED  # inside a sensitive value
+            out.append({**op, "value": value})
+        return out
+
+    def history_data(self, data: Any, secrets: Iterable[str] = ()) -> Any:
+        """A history entry's data: state copies and patches redacted at the paths, texts scrubbed."""
+        if isinstance(data, dict):
+            if "state" in data:
+                data = {**data, "state": redact_state(data["state"], self.paths)}
+            if isinstance(data.get("patch"), list):
+                data = {**data, "patch": self.patch(data["patch"])}
+        return self.scrub(data, secrets)
+
+    def decision(self, decision: Decision, before: Any) -> Decision:
+        """The decision as it may be stored: history and errors redacted; the live state untouched."""
+        if self.empty:
+            return decision
+        new_state = decision.first(SetState)
+        secrets = self.secrets(before, None if new_state is None else new_state.state)
+        effects: list[Effect] = []
+        for effect in decision.effects:
+            if isinstance(effect, RecordHistory):
+                effects.append(replace(effect, data=self.history_data(effect.data, secrets)))
+            elif isinstance(effect, MovePosition) and effect.error is not None:
+                effects.append(replace(effect, error=self.scrub(effect.error, secrets)))
+            else:
+                effects.append(effect)
+        settle = decision.settle
+        if settle.reason is not None:
+            settle = Settle(settle.state, self.text(settle.reason, secrets), settle.retry_delay)
+        return Decision(settle, tuple(effects))

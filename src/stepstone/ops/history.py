@@ -1,0 +1,132 @@
+"""Reading history: entries with their actor and outcome, and the state at any point of it.
+
+The state at a point is the last baseline before it (the start, a replay, an oversized change)
+plus every patch after it, in commit order: the instance row is locked by every commit, so history
+order is commit order, and the patches of concurrent branches touch disjoint parts of the state
+(the commit refuses the rest as conflicts).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from stepstone.core.attribution import Actor
+from stepstone.core.redaction import REDACTED, Path
+from stepstone.errors import InvalidInput
+from stepstone.ops.model import HistoryEntry
+
+__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "entry", "outcome_of", "replay_point", "state_at"]
+
+BASELINE_KINDS = frozenset({"INSTANCE_STARTED", "STATE_BASELINE", "INSTANCE_REPLAYED"})
+FAILURE_KINDS = frozenset({"STEP_FAILED", "INSTANCE_FAILED", "COMMAND_DEAD_LETTERED", "CHILD_FAILED",
+                           "COMPENSATION_FAILED"})
+
+_OUTCOMES = {
+    "INSTANCE_STARTED": "started",
+    "STEP_COMPLETED": "completed",
+    "STATE_BASELINE": "baseline",
+    "WAITING": "waiting",
+    "SIGNAL_APPLIED": "applied",
+    "SIGNAL_PARKED": "parked",
+    "TIMER_FIRED": "fired",
+    "WAIT_TIMED_OUT": "timed out",
+    "FORK_STARTED": "forked",
+    "BRANCH_COMPLETED": "completed",
+    "BRANCH_JOINED": "joined",
+    "JOINED": "joined",
+    "CHILD_STARTED": "started child",
+    "CHILD_COMPLETED": "completed",
+    "CHILD_FAILED": "failed",
+    "CALLBACK_IGNORED": "ignored",
+    "COMMAND_DEAD_LETTERED": "dead-lettered",
+    "INSTANCE_FAILED": "failed",
+    "INSTANCE_COMPLETED": "completed",
+    "INSTANCE_CANCELLED": "cancelled",
+    "INSTANCE_RETRIED": "retried",
+    "INSTANCE_REPLAYED": "replayed",
+}
+
+
+def outcome_of(kind: str, data: Any) -> str:
+    """What came of the decision an entry records, in a word or two."""
+    if kind == "STEP_FAILED":
+        return "retrying" if isinstance(data, dict) and "retry_in" in data else "failed"
+    return _OUTCOMES.get(kind, kind.lower().replace("_", " "))
+
+
+def entry(row: dict[str, Any]) -> HistoryEntry:
+    data = row["data"]
+    patch = data.get("patch") if isinstance(data, dict) and isinstance(data.get("patch"), list) else None
+    return HistoryEntry(
+        seq=row["seq"], at=row["at"], kind=row["kind"], position=row["position"] or "", step=row["step"],
+        visit=row["visit"], command_id=row["command_id"], command_kind=row.get("command_kind"),
+        actor=Actor.parse(row["actor"]), outcome=outcome_of(row["kind"], data), patch=patch, data=data,
+    )
+
+
+def _apply(doc: Any, ops: list[Any]) -> Any:
+    """Apply an RFC 6902 patch of add/remove/replace operations; a path that is gone is skipped."""
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in str(op.get("path", "")).split("/")[1:]]
+        if not parts:
+            doc = copy.deepcopy(op.get("value"))
+            continue
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent.get(p) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict):
+            continue
+        if op.get("op") == "remove":
+            parent.pop(parts[-1], None)
+        else:
+            parent[parts[-1]] = copy.deepcopy(op.get("value"))
+    return doc
+
+
+def state_at(history: list[HistoryEntry], before_seq: int) -> Any:
+    """The state as it was just before entry `before_seq`: the last baseline before it, patched on."""
+    base = None
+    for e in history:
+        if e.seq < before_seq and e.kind in BASELINE_KINDS and isinstance(e.data, dict) and "state" in e.data:
+            base = e
+    if base is None:
+        raise InvalidInput("the history holds no baseline of the state before that point", what="history")
+    state = copy.deepcopy(base.data["state"])
+    for e in history:
+        if base.seq < e.seq < before_seq and e.patch:
+            state = _apply(state, e.patch)
+    return state
+
+
+def replay_point(history: list[HistoryEntry], step: str) -> HistoryEntry:
+    """The first entry of the latest visit of `step` at the root position: replay starts there."""
+    visits = [e for e in history if e.position == "" and e.step == step and e.visit is not None
+              and e.kind not in ("INSTANCE_STARTED", "INSTANCE_REPLAYED", "INSTANCE_RETRIED", "INSTANCE_CANCELLED")]
+    if not visits:
+        ran = sorted({e.step for e in history if e.position == "" and e.step})
+        raise InvalidInput(f"step {step!r} never ran at the root position of this instance"
+                           + (f"; it ran: {', '.join(ran)}" if ran else ""), what="step")
+    latest = max(e.visit or 0 for e in visits)
+    return min((e for e in visits if e.visit == latest), key=lambda e: e.seq)
+
+
+def restore_sensitive(state: Any, live: Any, paths: tuple[Path, ...]) -> Any:
+    """Put the live state's values back where history holds `[redacted]` (history never had them)."""
+    for path in paths:
+        state = _restore(state, live, path)
+    return state
+
+
+def _restore(state: Any, live: Any, path: Path) -> Any:
+    if not path:
+        return copy.deepcopy(live) if state == REDACTED else state
+    head, rest = path[0], path[1:]
+    if head == "*":
+        if isinstance(state, list) and isinstance(live, list):
+            return [_restore(s, live[n] if n < len(live) else None, rest) for n, s in enumerate(state)]
+        return state
+    if isinstance(state, dict) and head in state:
+        inner = live.get(head) if isinstance(live, dict) else None
+        return {**state, head: _restore(state[head], inner, rest)}
+    return state

@@ -1,0 +1,114 @@
+"""Repair: retry or cancel one instance, a selection or every instance matching a filter (with a dry
+run and a result per instance), and replay an instance from a step of its history."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from stepstone.core.redaction import redact_state
+from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState
+from stepstone.ops.history import entry, replay_point, restore_sensitive, state_at
+from stepstone.ops.model import BulkItem, BulkReport, ReplayResult
+from stepstone.ops.queries import sensitive_paths_of
+from stepstone.store.operations_port import InstanceFilter, OperationsStore
+
+__all__ = ["cancel", "matching_ids", "replay", "retry"]
+
+Progress = Callable[[int, int], None]
+"""progress(done, total) after each batch."""
+
+_PAGE = 1000
+
+
+async def matching_ids(store: OperationsStore, where: InstanceFilter) -> list[str]:
+    """Every instance id `where` matches, newest first (read in keyset pages)."""
+    ids: list[str] = []
+    after: tuple[datetime, str] | None = None
+    while True:
+        rows = await store.find_instances(where, after, _PAGE)
+        ids.extend(r["id"] for r in rows)
+        if len(rows) < _PAGE:
+            return ids
+        after = (rows[-1]["created_at"], rows[-1]["id"])
+
+
+async def _bulk(
+    action: str, store: OperationsStore, ids: Sequence[str] | None, where: InstanceFilter | None, *,
+    dry_run: bool, batch_size: int, progress: Progress | None,
+    apply: Callable[[list[str]], Awaitable[list[dict[str, Any]]]],
+) -> BulkReport:
+    if (ids is None) == (where is None):
+        raise InvalidInput("give instance ids or a filter (not both)", what="selection")
+    targets = list(dict.fromkeys(ids)) if ids is not None else await matching_ids(store, where or InstanceFilter())
+    report = BulkReport(action, dry_run, matched=len(targets))
+    if dry_run:
+        return report
+    for start in range(0, len(targets), batch_size):
+        chunk = targets[start:start + batch_size]
+        rows = await apply(chunk)
+        for r in rows:
+            ok = r["outcome"] in ("retried", "cancelled")
+            reason = None if ok else _why(action, r["outcome"], r["status"])
+            report.items.append(BulkItem(r["id"], ok, r["outcome"], r["status"], reason))
+            report.succeeded += ok
+            report.failed += not ok
+        if progress is not None:
+            progress(min(start + batch_size, len(targets)), len(targets))
+    return report
+
+
+def _why(action: str, outcome: str, status: str | None) -> str:
+    if outcome == "not_found":
+        return "no such instance"
+    if outcome == "not_failed":
+        return f"it is {status}; only a FAILED instance can be retried"
+    if outcome == "unchanged":
+        return f"it had already ended ({status})"
+    return f"{action}: {outcome}"
+
+
+async def retry(
+    store: OperationsStore, *, ids: Sequence[str] | None = None, where: InstanceFilter | None = None,
+    dry_run: bool = False, actor: str | None = None, batch_size: int = 500, progress: Progress | None = None,
+) -> BulkReport:
+    """Retry the failed step of each instance (ids, or every one `where` matches); one result each."""
+    return await _bulk("retry", store, ids, where, dry_run=dry_run, batch_size=batch_size, progress=progress,
+                       apply=lambda chunk: store.retry_many(chunk, actor))
+
+
+async def cancel(
+    store: OperationsStore, *, ids: Sequence[str] | None = None, where: InstanceFilter | None = None,
+    reason: str = "", dry_run: bool = False, actor: str | None = None, batch_size: int = 500,
+    progress: Progress | None = None,
+) -> BulkReport:
+    """Cancel each instance (ids, or every one `where` matches); one result each."""
+    return await _bulk("cancel", store, ids, where, dry_run=dry_run, batch_size=batch_size, progress=progress,
+                       apply=lambda chunk: store.cancel_many(chunk, reason, actor))
+
+
+async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: str | None = None) -> ReplayResult:
+    """Run `step` again with the state the instance had when it last reached it (the latest visit at the
+    root position), as a new attempt; everything since stays in history. Sensitive values, which
+    history never held, come from the live state."""
+    rows = await store.full_history(instance_id)
+    if not rows:
+        raise InstanceNotFound(instance_id)
+    history = [entry(r) for r in rows]
+    point = replay_point(history, step)
+    extra = await store.instance_extra(instance_id)
+    paths = sensitive_paths_of(extra)
+    live = (await store.instance(instance_id))["state"]
+    state = restore_sensitive(state_at(history, point.seq), live, paths)
+    baseline = redact_state(state, paths)
+    row = await store.replay(instance_id, step, state, baseline, history[-1].seq, point.seq, actor)
+    if row["outcome"] == "not_found":
+        raise InstanceNotFound(instance_id)
+    if row["outcome"] == "active":
+        raise InvalidState(f"instance {instance_id} is {row['status']}; cancel it (or let it fail) before a replay",
+                           instance_id=instance_id, status=row["status"])
+    if row["outcome"] == "changed":
+        raise InvalidState(f"instance {instance_id} changed while the replay was prepared; try again",
+                           instance_id=instance_id, status=row["status"])
+    return ReplayResult(instance_id, step, point.seq, row["visit"], row["status"], baseline)

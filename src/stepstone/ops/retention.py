@@ -1,0 +1,133 @@
+"""Retention: archive instances past their policy's window, purge archived ones, drop old published
+outbox rows, in bounded batches that never wait for a row a worker holds.
+
+Policies are data (`retention_policies`, per workflow with a '*' default, seeded with 30 days for
+completed, 180 days for failed, never for waiting, 7 days for published outbox rows). One sweep
+runs at a time (an advisory lock): `run` returns a report with `ran=False` when another holds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from stepstone.ops.model import RetentionReport
+from stepstone.store.operations_port import OperationsStore
+
+__all__ = ["STATUS_CLASSES", "RetentionLoop", "policies", "run", "set_policy"]
+
+log = logging.getLogger("stepstone.retention")
+
+STATUS_CLASSES = ("completed", "failed", "waiting", "outbox_published")
+Progress = Callable[[str, RetentionReport], None]
+
+
+async def policies(store: OperationsStore) -> list[dict[str, Any]]:
+    """Every policy row: workflow ('*' = the default), status class, retain_for, purge_after."""
+    return await store.retention_policies()
+
+
+async def set_policy(
+    store: OperationsStore, workflow: str, status_class: str, retain_for: timedelta | None,
+    purge_after: timedelta | None = None,
+) -> dict[str, Any]:
+    """Set one window (None = never on a timer) for a workflow or the '*' default."""
+    return await store.set_retention_policy(workflow, status_class, retain_for, purge_after)
+
+
+async def run(
+    store: OperationsStore, *, dry_run: bool = False, batch_size: int = 500, progress: Progress | None = None,
+) -> RetentionReport:
+    """One sweep: archive, then purge, then old published outbox rows; each batch its own transaction."""
+    report = RetentionReport(dry_run=dry_run)
+    started = time.perf_counter()
+    holder = await store.try_retention_lock()
+    if holder is None:
+        report.ran = False
+        return report
+    try:
+        for phase in ("archive", "purge"):
+            after: str | None = None
+            while True:
+                batch = await store.retention_batch(phase, batch_size, after, dry_run)
+                if not batch["scanned"]:
+                    break
+                report.batches += 1
+                if phase == "archive":
+                    report.archived += batch["done"]
+                else:
+                    report.purged += batch["done"]
+                    report.held_unsent += batch["unsent"]
+                    report.held_dead += batch["dead"]
+                report.skipped_busy += batch["busy"]
+                report.skipped_active += batch["active"]
+                after = batch["last_id"]
+                if progress is not None:
+                    progress(phase, report)
+        await _outbox(store, report, dry_run, batch_size, progress)
+    finally:
+        await store.release_retention_lock(holder)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+async def _outbox(
+    store: OperationsStore, report: RetentionReport, dry_run: bool, batch_size: int, progress: Progress | None
+) -> None:
+    """Published outbox rows past their window, batch by batch (counted at once in a dry run)."""
+    if dry_run:
+        report.outbox_purged = await store.retention_outbox(2**31 - 1, True)
+        return
+    while True:
+        n = await store.retention_outbox(batch_size, False)
+        report.outbox_purged += n
+        report.batches += 1
+        if progress is not None:
+            progress("outbox", report)
+        if n < batch_size:
+            return
+
+
+class RetentionLoop:
+    """Retention every `interval` seconds beside a worker (opt-in). Every replica may run one: the
+    advisory lock lets one sweep at a time through, the others skip that round."""
+
+    def __init__(self, store: OperationsStore, interval: float, *, batch_size: int = 500) -> None:
+        self.store = store
+        self.interval = interval
+        self.batch_size = batch_size
+        self.runs = 0
+        self.last: RetentionReport | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.swept = asyncio.Event()
+        """Set after each round (test signal)."""
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="stepstone-retention")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                self.last = await run(self.store, batch_size=self.batch_size)
+                self.runs += 1
+                if self.last.ran:
+                    log.info("retention: %d archived, %d purged, %d outbox rows; held back %d (unsent) and "
+                             "%d (dead-lettered events), skipped %d busy and %d active",
+                             self.last.archived, self.last.purged, self.last.outbox_purged, self.last.held_unsent,
+                             self.last.held_dead, self.last.skipped_busy, self.last.skipped_active)
+            except Exception as exc:  # noqa: BLE001 - a failed round is retried next round
+                log.warning("retention round failed (%s: %s)", type(exc).__name__, exc)
+            self.swept.set()
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,187 @@
+"""The PostgreSQL adapter of the operations port (`store/operations_port.py`), on a `PostgresStore`'s pool.
+
+Every statement is a named query of `sql/operations.sql` (grants: `sql/grants.sql`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+from stepstone.errors import InstanceNotFound, InvalidInput
+from stepstone.store.database import translate_errors
+from stepstone.store.operations_port import InstanceFilter
+from stepstone.store.postgres import PostgresStore
+from stepstone.store.queries import named_queries
+from stepstone.store.sqlfiles import read_text, render, render_identifier
+
+__all__ = ["PostgresOperations"]
+
+
+def _id(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InstanceNotFound(str(value)) from None
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _filter_args(f: InstanceFilter) -> list[Any]:
+    return [
+        list(f.status) or None, f.workflow, f.version, f.scope, f.business_key,
+        None if f.business_key_contains is None else _like(f.business_key_contains),
+        None if f.parent is None else _id(f.parent), f.since, f.until, f.updated_since, f.updated_until,
+        f.include_archived,
+    ]
+
+
+def _row(r: asyncpg.Record) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in r.items()}
+
+
+class PostgresOperations:
+    """The operations' queries on a `PostgresStore`'s pool and schema."""
+
+    def __init__(self, store: object) -> None:
+        if not isinstance(store, PostgresStore):
+            raise TypeError(f"the operations need the PostgreSQL store, not {type(store).__name__}")
+        self.store = store
+        self.pool = store.pool
+        self.url = store.url
+        self.schema = store.schema
+        raw = named_queries("operations.sql", store.schema)
+        self.q = {name: sql.replace("/*filter*/", raw["instance_filter"]) for name, sql in raw.items()}
+
+    async def _fetch(self, name: str, *args: Any) -> list[dict[str, Any]]:
+        with translate_errors(self.url):
+            return [_row(r) for r in await self.pool.fetch(self.q[name], *args)]
+
+    async def _one(self, name: str, *args: Any) -> dict[str, Any]:
+        rows = await self._fetch(name, *args)
+        if not rows:
+            raise InstanceNotFound(str(args[0]) if args else "")
+        return rows[0]
+
+    async def find_instances(
+        self, where: InstanceFilter, after: tuple[datetime, str] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        at, after_id = after if after else (None, None)
+        return await self._fetch("find_instances", *_filter_args(where), at,
+                                 None if after_id is None else _id(after_id), limit)
+
+    async def count_instances(self, where: InstanceFilter) -> dict[str, int]:
+        return {r["status"]: int(r["n"]) for r in await self._fetch("count_instances", *_filter_args(where))}
+
+    async def instance(self, instance_id: str) -> dict[str, Any]:
+        return await self.store.get(instance_id)
+
+    async def instance_commands(self, instance_id: str) -> list[dict[str, Any]]:
+        return await self._fetch("instance_commands", _id(instance_id))
+
+    async def instance_outbox(self, instance_id: str) -> list[dict[str, Any]]:
+        return await self._fetch("instance_outbox", _id(instance_id))
+
+    async def instance_extra(self, instance_id: str) -> dict[str, Any]:
+        return await self._one("instance_extra", _id(instance_id))
+
+    async def retrying(self, instance_id: str) -> list[dict[str, Any]]:
+        return await self._fetch("retrying", _id(instance_id))
+
+    async def history_page(self, instance_id: str, after: int, limit: int, failed_only: bool) -> list[dict[str, Any]]:
+        return await self._fetch("history_page", _id(instance_id), after, limit, failed_only)
+
+    async def full_history(self, instance_id: str) -> list[dict[str, Any]]:
+        return await self._fetch("full_history", _id(instance_id))
+
+    async def open_commands(self, instance_id: str | None, limit: int) -> list[dict[str, Any]]:
+        return await self._fetch("open_commands", None if instance_id is None else _id(instance_id), limit)
+
+    async def stuck(self, older_than: timedelta, limit: int) -> list[dict[str, Any]]:
+        return await self._fetch("stuck", older_than.total_seconds(), limit)
+
+    async def retention_batch(self, phase: str, limit: int, after: str | None, dry_run: bool) -> dict[str, Any]:
+        rows = await self._fetch("retention_batch", phase, limit, None if after is None else _id(after), dry_run)
+        row = rows[0]
+        row["done_ids"] = [str(i) for i in row["done_ids"] or []]
+        return row
+
+    async def retention_outbox(self, limit: int, dry_run: bool) -> int:
+        rows = await self._fetch("retention_outbox", limit, dry_run)
+        return int(next(iter(rows[0].values())))
+
+    async def retention_policies(self) -> list[dict[str, Any]]:
+        return await self._fetch("retention_policies")
+
+    async def set_retention_policy(
+        self, workflow: str, status_class: str, retain_for: timedelta | None, purge_after: timedelta | None
+    ) -> dict[str, Any]:
+        try:
+            return (await self._fetch("set_retention_policy", workflow, status_class, retain_for, purge_after))[0]
+        except asyncpg.CheckViolationError:
+            raise InvalidInput(f"unknown status class {status_class!r}; one of completed, failed, waiting, "
+                               "outbox_published", what="status class") from None
+
+    async def try_retention_lock(self) -> Any:
+        """A connection holding the retention lock, or None when another sweep holds it."""
+        with translate_errors(self.url):
+            conn = await self.pool.acquire()
+            try:
+                if await conn.fetchval(self.q["retention_lock"], self.schema):
+                    return conn
+            except BaseException:
+                await self.pool.release(conn)
+                raise
+            await self.pool.release(conn)
+            return None
+
+    async def release_retention_lock(self, holder: Any) -> None:
+        try:
+            with translate_errors(self.url):
+                await holder.fetchval(self.q["retention_unlock"], self.schema)
+        finally:
+            await self.pool.release(holder)
+
+    async def retry_many(self, ids: list[str], actor: str | None) -> list[dict[str, Any]]:
+        return await self._fetch("retry_many", [_id(i) for i in ids], actor)
+
+    async def cancel_many(self, ids: list[str], reason: str, actor: str | None) -> list[dict[str, Any]]:
+        return await self._fetch("cancel_many", [_id(i) for i in ids], reason, actor)
+
+    async def replay(
+        self, instance_id: str, step: str, state: Any, baseline: Any, expected_seq: int, from_seq: int,
+        actor: str | None,
+    ) -> dict[str, Any]:
+        return (await self._fetch("replay", _id(instance_id), step, state, baseline, expected_seq, from_seq,
+                                  actor))[0]
+
+    async def role_privileges(self) -> dict[str, Any]:
+        rows = await self._fetch("role_privileges", self.schema)
+        return rows[0] if rows else {}
+
+    async def grants(self, role: str, *, read_only: bool) -> list[str]:
+        return grant_statements(self.schema, role, read_only=read_only)
+
+    async def apply_grants(self, statements: list[str]) -> None:
+        with translate_errors(self.url):
+            async with self.pool.acquire() as conn, conn.transaction():
+                for statement in statements:
+                    await conn.execute(statement)
+
+    async def db_now(self) -> datetime:
+        return await self.store.db_now()
+
+
+def grant_statements(schema: str, role: str, *, read_only: bool = False) -> list[str]:
+    """The GRANT statements of the runtime (or read-only) role, identifiers quoted."""
+    text = render(read_text("sql", "grants.sql"), schema)
+    block = text.split("-- name: read_only" if read_only else "-- name: runtime", 1)[1]
+    block = block.split("-- name:", 1)[0]
+    body = render_identifier(block, "role", role)
+    return [line.strip() for line in body.splitlines() if line.strip() and not line.lstrip().startswith("--")]

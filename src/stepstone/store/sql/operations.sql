@@ -1,0 +1,177 @@
+-- Named queries of the operations (stepstone.ops): queries, detail, history pages, the probe and the
+-- stuck report, retention, repair. {{schema}} is the quoted schema identifier. /*filter*/ in a
+-- query is replaced by the `instance_filter` fragment when the file is loaded (one definition of
+-- what the filters mean, for the page and for the counts).
+
+-- name: instance_filter
+-- $1 statuses, $2 workflow, $3 version, $4 scope, $5 business key, $6 business key contains (a LIKE
+-- pattern, escaped by the caller), $7 parent, $8/$9 created since/until, $10/$11 updated since/until,
+-- $12 include archived (an archived instance that changed since, by a retry or a replay, shows again).
+    ($1::text[] IS NULL OR i.status = ANY ($1))
+AND ($2::text IS NULL OR i.definition_id = $2)
+AND ($3::integer IS NULL OR i.version = $3)
+AND ($4::text IS NULL OR i.scope = $4)
+AND ($5::text IS NULL OR i.business_key = $5)
+AND ($6::text IS NULL OR i.business_key ILIKE $6)
+AND ($7::uuid IS NULL OR i.parent_id = $7)
+AND ($8::timestamptz IS NULL OR i.created_at >= $8)
+AND ($9::timestamptz IS NULL OR i.created_at < $9)
+AND ($10::timestamptz IS NULL OR i.updated_at >= $10)
+AND ($11::timestamptz IS NULL OR i.updated_at < $11)
+AND ($12::boolean OR i.archived_at IS NULL OR i.archived_at < COALESCE(i.ended_at, i.updated_at))
+
+-- name: find_instances
+-- Newest first, keyset-paginated on (created_at, id) after ($13, $14); at most $15 rows.
+SELECT i.id, i.scope, i.definition_id, i.version, i.status, i.step, i.business_key, i.parent_id,
+       i.created_at, i.updated_at, i.ended_at, i.archived_at
+FROM {{schema}}.instances i
+WHERE /*filter*/
+  AND ($13::timestamptz IS NULL OR (i.created_at, i.id) < ($13, $14::uuid))
+ORDER BY i.created_at DESC, i.id DESC
+LIMIT $15;
+
+-- name: count_instances
+SELECT i.status, count(*) AS n
+FROM {{schema}}.instances i
+WHERE /*filter*/
+GROUP BY i.status ORDER BY i.status;
+
+-- name: instance_commands
+-- Every command of the instance still open or dead, with who recorded it.
+SELECT c.id, c.position, c.kind, c.state, c.step, c.visit, c.name, c.attempt, c.claims, c.available_at,
+       c.claimed_by, c.last_error, c.actor, c.created_at
+FROM {{schema}}.commands c
+WHERE c.instance_id = $1 AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
+ORDER BY c.id;
+
+-- name: instance_outbox
+SELECT o.id, o.event_id, o.type, o.key, o.created_at, o.published_at, o.dead_at, o.attempts, o.last_error
+FROM {{schema}}.outbox o WHERE o.instance_id = $1 ORDER BY o.id LIMIT 1000;
+
+-- name: instance_extra
+SELECT i.archived_at, i.scope, d.plan -> 'sensitive' AS sensitive,
+       (SELECT jsonb_object_agg(s ->> 'name', (s -> 'retry' ->> 'max_attempts')::integer)
+        FROM jsonb_array_elements(d.plan -> 'steps') s WHERE s ? 'retry') AS max_attempts
+FROM {{schema}}.instances i
+LEFT JOIN {{schema}}.definitions d
+       ON d.scope = i.scope AND d.definition_id = i.definition_id AND d.version = i.version
+WHERE i.id = $1;
+
+-- name: history_page
+-- Entries after seq $2, at most $3; $4: only failures. The command's kind comes along.
+SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, h.data, c.kind AS command_kind
+FROM {{schema}}.history h
+LEFT JOIN {{schema}}.commands c ON c.id = h.command_id
+WHERE h.instance_id = $1 AND h.seq > $2
+  AND (NOT $4::boolean OR h.kind IN ('STEP_FAILED', 'INSTANCE_FAILED', 'COMMAND_DEAD_LETTERED', 'CHILD_FAILED',
+                                     'COMPENSATION_FAILED'))
+ORDER BY h.seq
+LIMIT $3;
+
+-- name: full_history
+SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, h.data
+FROM {{schema}}.history h WHERE h.instance_id = $1 ORDER BY h.seq;
+
+-- name: open_commands
+-- The execution probe's view of the command log (one instance, $1, or all): every open command with
+-- whether an executor could claim it now (the claim's rule: head of its position's queue, available,
+-- PENDING, DEFERRED, or CLAIMED under an expired lease) and whether it is in flight (CLAIMED under a
+-- live lease). Plain reads: no lock, no transaction held. At most $2 rows.
+SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
+       c.last_error, c.claimed_by,
+       c.state = 'CLAIMED' AND c.available_at > {{schema}}.db_now() AS in_flight,
+       c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND c.available_at <= {{schema}}.db_now()
+       AND NOT EXISTS (
+           SELECT 1 FROM {{schema}}.commands e
+           WHERE e.instance_id = c.instance_id AND e.position = c.position
+             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+             AND (e.seq, e.id) < (c.seq, c.id)
+             AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now())) AS claimable
+FROM {{schema}}.commands c
+WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
+  AND ($1::uuid IS NULL OR c.instance_id = $1)
+ORDER BY c.instance_id, c.seq, c.id
+LIMIT $2;
+
+-- name: stuck
+-- Commands older than $1 seconds that are still open (a timer counts from its fire time), every dead
+-- letter, and every step waiting out a retry backoff; at most $2 rows.
+SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
+       c.last_error, i.definition_id, i.status AS instance_status,
+       CASE WHEN c.state = 'DEAD' THEN 'dead letter'
+            WHEN c.state = 'PENDING' AND c.kind IN ('START', 'STEP', 'RETRY') AND c.attempt > 1
+                 AND c.available_at > {{schema}}.db_now() THEN 'retrying'
+            ELSE 'old' END AS reason
+FROM {{schema}}.commands c
+JOIN {{schema}}.instances i ON i.id = c.instance_id
+WHERE c.state = 'DEAD'
+   OR (c.state = 'PENDING' AND c.kind IN ('START', 'STEP', 'RETRY') AND c.attempt > 1
+       AND c.available_at > {{schema}}.db_now())
+   OR (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
+       AND CASE WHEN c.kind = 'TIMER' THEN c.available_at ELSE c.created_at END
+           < {{schema}}.db_now() - make_interval(secs => $1))
+ORDER BY c.instance_id, c.id
+LIMIT $2;
+
+-- name: retrying
+-- Steps of the instance waiting out a retry backoff: which step, which attempt comes next, when.
+SELECT c.position, c.step, c.attempt, c.available_at, c.last_error
+FROM {{schema}}.commands c
+WHERE c.instance_id = $1 AND c.state = 'PENDING' AND c.kind IN ('START', 'STEP', 'RETRY') AND c.attempt > 1
+  AND c.available_at > {{schema}}.db_now()
+ORDER BY c.position;
+
+-- name: retention_batch
+SELECT last_id, scanned, done, busy, active, unsent, dead, done_ids
+FROM {{schema}}.retention_batch($1, $2, $3, $4);
+
+-- name: retention_outbox
+SELECT {{schema}}.retention_outbox($1, $2);
+
+-- name: retention_policies
+SELECT workflow, status_class, retain_for, purge_after FROM {{schema}}.retention_policies
+ORDER BY workflow = '*' DESC, workflow, status_class;
+
+-- name: set_retention_policy
+INSERT INTO {{schema}}.retention_policies (workflow, status_class, retain_for, purge_after)
+VALUES ($1, $2, $3, COALESCE($4, interval '1 day'))
+ON CONFLICT (workflow, status_class) DO UPDATE
+SET retain_for = EXCLUDED.retain_for, purge_after = COALESCE($4, {{schema}}.retention_policies.purge_after)
+RETURNING workflow, status_class, retain_for, purge_after;
+
+-- name: retention_lock
+-- One retention sweep at a time (the worker's loop and the CLI): a session lock on the caller's own
+-- connection, taken without waiting. The key is the schema's, offset from the migration lock's.
+SELECT pg_try_advisory_lock(hashtextextended('stepstone.retention.' || $1::text, 0));
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock(hashtextextended('stepstone.retention.' || $1::text, 0));
+
+-- name: retry_many
+-- Retry each FAILED instance of $1 (ascending id: the lock order) as actor $2; one row per id.
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($2::text, ''), true)),
+ids AS (SELECT DISTINCT x.id FROM unnest($1::uuid[]) AS x(id))
+SELECT ids.id, (s.r).outcome, (s.r).status
+FROM ids, LATERAL (SELECT {{schema}}.retry_instance(ids.id, $2) AS r FROM who OFFSET 0) AS s
+ORDER BY ids.id;
+
+-- name: cancel_many
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($3::text, ''), true)),
+ids AS (SELECT DISTINCT x.id FROM unnest($1::uuid[]) AS x(id))
+SELECT ids.id, (s.r).outcome, (s.r).status
+FROM ids, LATERAL (SELECT {{schema}}.cancel_instance(ids.id, $2, $3) AS r FROM who OFFSET 0) AS s
+ORDER BY ids.id;
+
+-- name: replay
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($7::text, ''), true))
+SELECT (s.r).outcome, (s.r).status, (s.r).visit
+FROM (SELECT {{schema}}.replay_instance($1, $2, $3, $4, $5, $6, $7) AS r FROM who OFFSET 0) AS s;
+
+-- name: role_privileges
+-- Who this connection is and whether it can change the schema (owner, CREATE, superuser).
+SELECT current_user AS role,
+       r.rolsuper AS superuser,
+       pg_has_role(current_user, n.nspowner, 'USAGE') AS owns_schema,
+       has_schema_privilege(current_user, n.oid, 'CREATE') AS can_create
+FROM pg_namespace n, pg_roles r
+WHERE n.nspname = $1 AND r.rolname = current_user;

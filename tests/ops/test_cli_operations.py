@@ -1,0 +1,92 @@
+"""The operator CLI: tables and -o json on every command, the same filters everywhere, one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from click.testing import CliRunner, Result
+
+from stepstone.cli import cli
+from stepstone.testing import Engine
+from tests.ops import workflows
+
+
+def _cli(database_url: str, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["--database-url", database_url, *args])
+
+
+async def run(database_url: str, *args: str) -> Result:
+    return await asyncio.to_thread(_cli, database_url, *args)
+
+
+async def as_json(database_url: str, *args: str) -> Any:
+    result = await run(database_url, *args, "-o", "json")
+    assert result.exit_code in (0, 3, 4), result.output
+    return json.loads(result.stdout)
+
+
+async def _failed(engine: Engine, n: int) -> list[str]:
+    ids = [await engine.client.start(workflows.flaky, {"name": f"order-{k}"}, business_key=f"order-{k}")
+           for k in range(n)]
+    await workflows.failed_for_good(engine, *ids)
+    return ids
+
+
+async def test_find_inspect_history_and_stuck(engine: Engine, database_url: str) -> None:
+    failed = await _failed(engine, 3)
+    ok = await engine.client.start(workflows.flaky, {}, business_key="invoice-9")
+    await engine.run_until_idle()
+    table = await run(database_url, "find", "--status", "FAILED", "--count")
+    assert table.exit_code == 0, table.output
+    assert all(i in table.stdout for i in failed) and ok not in table.stdout
+    assert "3 FAILED (3 in all)" in table.stdout
+    data = await as_json(database_url, "find", "--key-contains", "ORDER-1")
+    assert [i["id"] for i in data["instances"]] == [failed[1]]
+    page = await as_json(database_url, "find", "--workflow", "ops_flaky", "--limit", "2")
+    rest = await as_json(database_url, "find", "--workflow", "ops_flaky", "--limit", "2",
+                         "--after", page["next_cursor"])
+    assert len(page["instances"]) == 2 and len(rest["instances"]) == 2 and rest["next_cursor"] is None
+    assert (await as_json(database_url, "find", "--since", "1h", "--updated-until", "2h"))["instances"] == []
+    detail = await as_json(database_url, "inspect", failed[0])
+    assert detail["status"] == "FAILED" and detail["positions"][0]["status"] == "FAILED"
+    history = await run(database_url, "history", failed[0], "--failed")
+    assert history.exit_code == 0 and "STEP_FAILED" in history.stdout and "worker" in history.stdout
+    stuck = await as_json(database_url, "stuck", "--older-than", "1m")
+    assert {i["reason"] for i in stuck["items"]} <= {"old", "dead letter", "retrying"}
+    probe = await run(database_url, "probe")
+    assert probe.exit_code == 0 and probe.stdout.startswith("idle")
+
+
+async def test_repair_retention_and_replay_from_the_cli(engine: Engine, database_url: str) -> None:
+    failed = await _failed(engine, 2)
+    dry = await as_json(database_url, "repair", "retry", "--status", "FAILED", "--dry-run")
+    assert (dry["dry_run"], dry["matched"], dry["items"]) == (True, 2, [])
+    report = await as_json(database_url, "repair", "retry", "--status", "FAILED", "--actor", "pat")
+    assert (report["matched"], report["succeeded"]) == (2, 2)
+    again = await run(database_url, "repair", "retry", *failed)
+    assert again.exit_code == 4 and "only a FAILED instance can be retried" in again.stdout
+    await engine.run_until_idle()
+    policies = await as_json(database_url, "retention", "policies")
+    assert {(p["workflow"], p["status_class"]) for p in policies} >= {("*", "completed"), ("*", "failed")}
+    dry_run = await run(database_url, "retention", "run", "--dry-run")
+    assert dry_run.exit_code == 0 and "would archive" in dry_run.stdout
+    set_policy = await run(database_url, "retention", "set", "ops_flaky", "completed", "never")
+    assert set_policy.exit_code == 0 and "archive after never" in set_policy.stdout
+    replayed = await as_json(database_url, "replay", "--instance", failed[0], "--from", "work")
+    assert replayed["from_step"] == "work" and replayed["status"] == "RUNNING"
+
+
+async def test_bad_arguments_are_one_line_errors(database_url: str) -> None:
+    for args, message in (
+        (["stuck", "--older-than", "soon"], "is not a duration"),
+        (["repair", "retry"], "give instance ids or at least one filter"),
+        (["find", "--since", "yesterday"], "neither an ISO 8601 time nor a duration"),
+        (["inspect", "nope"], "is not a UUID"),
+        (["replay", "--instance", "00000000-0000-0000-0000-000000000000", "--from", "work"], "no instance"),
+    ):
+        result = await run(database_url, *args)
+        assert result.exit_code == 1, (args, result.output)
+        assert result.stderr.strip().startswith("error: ") and message in result.stderr
+        assert "Traceback" not in result.output

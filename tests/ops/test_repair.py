@@ -1,0 +1,123 @@
+"""Repair: bulk retry and cancel with a dry run and a result per instance; replay from a step."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from stepstone.errors import InvalidInput, InvalidState
+from stepstone.ops import InstanceFilter, Operations
+from stepstone.testing import Engine
+from tests.ops import workflows
+
+
+async def _failed_rows(conn: asyncpg.Connection, n: int) -> None:
+    """`n` FAILED instances of ops_flaky at step work, written straight into the tables (fast)."""
+    plan = workflows.flaky.plan
+    await conn.execute(
+        """
+        WITH ins AS (
+            INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, visit,
+                                             error, history_seq, created_at, updated_at)
+            SELECT gen_random_uuid(), $1, 1, $2, 'FAILED', '{}'::jsonb, 'work', 1,
+                   '{"type": "Busy", "message": "down"}'::jsonb, 0, now() - make_interval(secs => g), now()
+            FROM generate_series(1, $3) AS g
+            RETURNING id
+        )
+        INSERT INTO stepstone.positions (instance_id, path, status, step, visit, created_at, updated_at)
+        SELECT id, '', 'FAILED', 'work', 1, now(), now() FROM ins
+        """,
+        plan.definition_id, plan.plan_hash, n,
+    )
+
+
+async def test_bulk_retry_of_ten_thousand_failed_instances(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    await _failed_rows(conn, 10_000)
+    done = await _completed_ids(engine, 3)
+    where = InstanceFilter(status=("FAILED",), workflow="ops_flaky")
+    dry = await ops.retry(where=where, dry_run=True)
+    assert (dry.matched, dry.succeeded, dry.items) == (10_000, 0, [])
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE kind = 'RETRY'") == 0
+    seen: list[tuple[int, int]] = []
+    report = await ops.retry(where=where, progress=lambda n, total: seen.append((n, total)))
+    assert (report.matched, report.succeeded, report.failed) == (10_000, 10_000, 0)
+    assert len(seen) == 20 and seen[-1] == (10_000, 10_000)  # 500 a batch
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE kind = 'RETRY' AND state = 'PENDING' "
+                               "AND actor = 'oncall'") == 10_000
+    # A selection with instances that cannot be retried says which and why.
+    mixed = await ops.retry([*done, "00000000-0000-0000-0000-000000000000"])
+    assert (mixed.matched, mixed.succeeded, mixed.failed) == (4, 0, 4)
+    reasons = {i.id: i.reason for i in mixed.items}
+    assert reasons["00000000-0000-0000-0000-000000000000"] == "no such instance"
+    assert all(reasons[i] == "it is COMPLETED; only a FAILED instance can be retried" for i in done)
+
+
+async def _completed_ids(engine: Engine, n: int) -> list[str]:
+    ids = [await engine.client.start(workflows.flaky, {}) for _ in range(n)]
+    await engine.run_until_idle()
+    return ids
+
+
+async def test_cancel_by_filter(engine: Engine, ops: Operations) -> None:
+    waiting = [await engine.client.start(workflows.flaky, {"name": f"w{n}"}) for n in range(3)]
+    for iid in waiting:
+        workflows.FAILURES[iid] = 1  # waiting out a retry backoff when the cancel comes
+    done = await _completed_ids(engine, 2)
+    report = await ops.cancel(where=InstanceFilter(workflow="ops_flaky"), reason="cleanup")
+    assert report.matched == 5
+    outcome = {i.id: (i.ok, i.outcome) for i in report.items}
+    assert all(outcome[i] == (False, "unchanged") for i in done)
+    assert all(outcome[i] == (True, "cancelled") for i in waiting)
+
+
+async def test_replay_from_a_step_before_a_fork(engine: Engine, ops: Operations) -> None:
+    iid = await engine.client.start(workflows.forky, {})
+    workflows.FAILURES[iid] = 1
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.state["results"] == {"left": 1, "right": 1}
+    with pytest.raises(InvalidInput, match="never ran at the root"):
+        await ops.replay(iid, "left")
+    result = await ops.replay(iid, "prepare")
+    # The state it had when it reached `prepare`: before prepare and both branches ran.
+    assert result.state == {"name": "job", "log": [], "results": {}, "counter": 0}
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED"
+    assert info.state["log"] == ["prepare:1", "finish"] and info.state["results"] == {"left": 1, "right": 1}
+    history = (await ops.history(iid, limit=1000)).entries
+    kinds = [e.kind for e in history]
+    replayed = kinds.index("INSTANCE_REPLAYED")
+    # The old path stays: the failure before the replay, the fresh branches after it.
+    assert "INSTANCE_FAILED" in kinds[:replayed]
+    assert kinds[replayed:].count("BRANCH_COMPLETED") == 2
+    entry = history[replayed]
+    assert entry.actor is not None and entry.actor.id == "oncall" and entry.data["from_step"] == "prepare"
+    positions = {p["path"]: p["status"] for p in info.positions}
+    assert positions == {"": "COMPLETED", "split/left": "COMPLETED", "split/right": "COMPLETED"}
+
+
+async def test_replay_from_the_fork_step_and_after_the_join(engine: Engine, ops: Operations) -> None:
+    iid = await engine.client.start(workflows.forky, {})
+    workflows.FAILURES[iid] = 2
+    await engine.run_until_idle()
+    # From the join's next step: the branches' results are part of the state it had there.
+    result = await ops.replay(iid, "finish")
+    assert result.state["results"] == {"left": 1, "right": 1} and result.state["counter"] == 1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "FAILED"  # finish failed once more
+    result = await ops.replay(iid, "split")
+    assert result.state["results"] == {} and result.state["counter"] == 1
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["results"] == {"left": 1, "right": 1}
+
+
+async def test_replay_refuses_an_active_instance(engine: Engine, ops: Operations) -> None:
+    iid = await engine.client.start(workflows.flaky, {})
+    workflows.FAILURES[iid] = 1
+    await engine.run_until_idle()  # waiting out a retry backoff: RUNNING
+    with pytest.raises(InvalidState, match="cancel it"):
+        await ops.replay(iid, "work")

@@ -1,0 +1,200 @@
+"""Retention: seeded windows, archive then purge in bounded batches, never an active instance, never one
+holding an unsent or dead-lettered event, one sweep at a time, and no deadlock beside a running worker."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+
+from stepstone.ops import InstanceFilter, Operations
+from stepstone.testing import Engine
+from tests.ops import workflows
+
+DAY = 86_400.0
+
+
+async def _completed(engine: Engine, n: int) -> list[str]:
+    ids = [await engine.client.start(workflows.flaky, {"name": f"j{k}"}) for k in range(n)]
+    await engine.run_until_idle()
+    return ids
+
+
+async def test_the_documented_windows_are_seeded(ops: Operations) -> None:
+    rows = {(r["workflow"], r["status_class"]): r["retain_for"] for r in await ops.retention_policies()}
+    assert rows == {
+        ("*", "completed"): timedelta(days=30),
+        ("*", "failed"): timedelta(days=180),
+        ("*", "waiting"): None,
+        ("*", "outbox_published"): timedelta(days=7),
+    }
+
+
+async def test_archive_then_purge_in_batches(engine: Engine, ops: Operations, conn: asyncpg.Connection) -> None:
+    old = await _completed(engine, 7)
+    await engine.advance(31 * DAY)
+    young = await _completed(engine, 2)
+    dry = await ops.retention_run(dry_run=True, batch_size=3)
+    assert (dry.archived, dry.purged) == (7, 0)
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances WHERE archived_at IS NOT NULL") == 0
+    report = await ops.retention_run(batch_size=3)
+    assert (report.archived, report.purged, report.skipped_active) == (7, 0, 0)
+    assert report.batches >= 3  # 7 candidates, 3 a batch
+    # Archived instances leave the default lists, and show when asked for.
+    assert {i.id for i in (await ops.find()).items} == set(young)
+    assert len((await ops.find(InstanceFilter(include_archived=True))).items) == 9
+    await engine.advance(DAY + 60)
+    report = await ops.retention_run(batch_size=3)
+    assert report.purged == 7
+    for table in ("instances", "positions", "commands", "history"):
+        column = "id" if table == "instances" else "instance_id"
+        left = await conn.fetchval(f"SELECT count(*) FROM stepstone.{table} WHERE {column} = ANY($1::uuid[])", old)
+        assert left == 0, table
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == 2
+
+
+async def test_a_policy_per_workflow_and_never_for_waiting(engine: Engine, ops: Operations) -> None:
+    await ops.set_retention_policy("ops_flaky", "completed", timedelta(days=1), timedelta(0))
+    await _completed(engine, 2)
+    await engine.advance(2 * DAY)
+    report = await ops.retention_run()
+    assert (report.archived, report.purged) == (2, 2)  # purge_after 0: the same sweep purges
+
+
+async def test_a_purge_is_held_back_by_an_unsent_or_dead_event(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    ids = await _completed(engine, 3)
+    await conn.execute("INSERT INTO stepstone.outbox (event_id, instance_id, type, payload, created_at) "
+                       "VALUES (gen_random_uuid(), $1, 'x', '{}', now())", ids[0])
+    await conn.execute("INSERT INTO stepstone.outbox (event_id, instance_id, type, payload, created_at, dead_at) "
+                       "VALUES (gen_random_uuid(), $1, 'x', '{}', now(), now())", ids[1])
+    await engine.advance(32 * DAY)
+    assert (await ops.retention_run()).archived == 3  # archiving hides; only a purge needs the guard
+    await engine.advance(DAY + 60)
+    dry = await ops.retention_run(dry_run=True)
+    assert (dry.purged, dry.held_unsent, dry.held_dead) == (1, 1, 1)
+    report = await ops.retention_run()
+    assert (report.purged, report.held_unsent, report.held_dead) == (1, 1, 1)
+    left = {str(r["id"]) for r in await conn.fetch("SELECT id FROM stepstone.instances")}
+    assert left == {ids[0], ids[1]}
+    # Published at last: the next sweep takes the instance (the event row is left to its own window).
+    await conn.execute("UPDATE stepstone.outbox SET published_at = now() WHERE instance_id = $1", ids[0])
+    assert (await ops.retention_run()).purged == 1
+
+
+async def test_an_instance_with_an_active_command_is_left_alone(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    iid = await engine.client.start(workflows.flaky, {})
+    await workflows.failed_for_good(engine, iid)
+    assert (await engine.client.get(iid)).status == "FAILED"
+    await engine.advance(181 * DAY)
+    workflows.FAILURES[iid] = -1  # it would fail again: nothing runs it in this test anyway
+    await engine.client.retry(iid)  # a RETRY now waits: the instance is active again
+    report = await ops.retention_run()
+    assert (report.archived, report.skipped_active) == (0, 0)  # RUNNING: no status class, not a candidate
+    # Failed long ago as far as its row says, with the RETRY still queued: the command guard holds it.
+    await conn.execute("UPDATE stepstone.instances SET status = 'FAILED', "
+                       "updated_at = updated_at - interval '200 days' WHERE id = $1", iid)
+    report = await ops.retention_run()
+    assert (report.archived, report.skipped_active) == (0, 1)
+
+
+async def test_one_sweep_at_a_time(engine: Engine, ops: Operations) -> None:
+    holder = await ops.store.try_retention_lock()
+    try:
+        assert not (await ops.retention_run()).ran
+    finally:
+        await ops.store.release_retention_lock(holder)
+    assert (await ops.retention_run()).ran
+
+
+async def test_retention_beside_a_running_worker_purges_nothing_active(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    """Sweeps race a worker and an operator retrying old failed instances: a retried instance is either
+    run to completion with its whole history, or was purged before its retry (which then finds
+    nothing); never half. No statement waits on another (no deadlock); old completed ones all go."""
+    for status_class in ("completed", "failed"):
+        await ops.set_retention_policy("*", status_class, timedelta(days=1), timedelta(0))
+    old = await _completed(engine, 30)
+    failed = [await engine.client.start(workflows.flaky, {}) for _ in range(20)]
+    await workflows.failed_for_good(engine, *failed)
+    await engine.advance(2 * DAY)
+    purged: list[int] = []
+    retried: dict[str, bool] = {}
+
+    async def sweep() -> None:
+        for _ in range(6):
+            report = await ops.retention_run(batch_size=4)
+            if report.ran:
+                purged.append(report.purged)
+            await asyncio.sleep(0)
+
+    async def operator() -> None:
+        for iid in failed:
+            report = await ops.retry([iid])
+            retried[iid] = report.items[0].ok
+            await asyncio.sleep(0)
+
+    async def drive() -> None:
+        for _ in range(10):
+            await engine.run_until_idle()
+            await asyncio.sleep(0)
+
+    await asyncio.gather(drive(), sweep(), sweep(), operator())
+    await engine.run_until_idle()
+    rows = {str(r["id"]): r for r in await conn.fetch("SELECT id, status, history_seq FROM stepstone.instances")}
+    assert not set(old) & set(rows)
+    for iid in failed:
+        if retried[iid]:
+            assert rows[iid]["status"] == "COMPLETED", iid
+            seqs = [r["seq"] for r in await conn.fetch(
+                "SELECT seq FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", iid)]
+            assert seqs == list(range(1, rows[iid]["history_seq"] + 1))
+        else:
+            assert iid not in rows
+            for table in ("positions", "commands", "history"):
+                assert await conn.fetchval(f"SELECT count(*) FROM stepstone.{table} WHERE instance_id = $1", iid) == 0
+    assert sum(purged) == 30 + sum(1 for ok in retried.values() if not ok)
+
+
+async def test_the_worker_loop_sweeps_and_replicas_take_turns(engine: Engine, ops: Operations) -> None:
+    from stepstone.ops.retention import RetentionLoop  # noqa: PLC0415 - the unit under test
+
+    await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))
+    await _completed(engine, 5)
+    await engine.advance(2 * DAY)
+    loops = [RetentionLoop(ops.store, 3600), RetentionLoop(ops.store, 3600)]
+    for loop in loops:
+        await loop.start()
+    try:
+        await asyncio.wait_for(asyncio.gather(*(loop.swept.wait() for loop in loops)), 30)
+    finally:
+        for loop in loops:
+            await loop.stop()
+    reports = [loop.last for loop in loops if loop.last is not None]
+    assert sum(r.purged for r in reports if r.ran) == 5
+
+
+async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    iid = await engine.client.start(workflows.flaky, {})
+    await workflows.failed_for_good(engine, iid)
+    await engine.advance(181 * DAY)
+    assert (await ops.retention_run()).archived == 1
+    assert (await ops.find()).items == []
+    await ops.retry([iid])
+    await engine.run_until_idle()
+    assert [i.id for i in (await ops.find()).items] == [iid]  # it ran again: no longer archived
+    await engine.advance(2 * DAY)
+    report = await ops.retention_run()
+    assert (report.archived, report.purged) == (0, 0)  # completed two days ago: inside its 30 days
+    await engine.advance(31 * DAY)
+    assert (await ops.retention_run()).archived == 1  # archived afresh
+    await engine.advance(DAY + 60)
+    assert (await ops.retention_run()).purged == 1
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == 0

@@ -1,0 +1,103 @@
+"""Least privilege: a runtime role with exactly the grants `stepstone db grant` gives runs the worker,
+the client and retention, and cannot alter the schema; a read-only role reads and changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+from click.testing import CliRunner
+
+from stepstone.cli import cli
+from stepstone.ops import Operations
+from stepstone.store.factory import open_store
+from stepstone.testing import open_engine
+from tests._pg import PgServer
+from tests.ops import workflows
+
+
+@pytest.fixture
+def roles(pg_server: PgServer, database_url: str) -> Iterator[tuple[str, str]]:
+    """A runtime role and a read-only role (LOGIN, no other rights), dropped afterwards."""
+    suffix = uuid.uuid4().hex[:8]
+    runtime, reader = f"rt_{suffix}", f"ro_{suffix}"
+    for role in (runtime, reader):
+        pg_server.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        yield runtime, reader
+    finally:
+        async def drop() -> None:
+            conn = await asyncpg.connect(database_url)
+            try:
+                for role in (runtime, reader):
+                    await conn.execute(f"DROP OWNED BY {role}")
+            finally:
+                await conn.close()
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # off any loop the test left running
+            pool.submit(asyncio.run, drop()).result()
+        for role in (runtime, reader):
+            pg_server.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_db_grant_prints_the_statements(database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["--database-url", database_url, "db", "grant", "app_rt"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert 'GRANT USAGE ON SCHEMA "stepstone" TO "app_rt";' in lines
+    assert 'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA "stepstone" TO "app_rt";' in lines
+    assert not any("CREATE" in line or "ALL PRIVILEGES" in line for line in lines)
+    ro = CliRunner().invoke(cli, ["--database-url", database_url, "db", "grant", "dash", "--read-only"])
+    assert "GRANT SELECT ON ALL TABLES IN SCHEMA" in ro.stdout and "INSERT" not in ro.stdout
+
+
+async def test_the_runtime_role_runs_everything_and_cannot_alter_the_schema(
+    pg_server: PgServer, database_url: str, roles: tuple[str, str]
+) -> None:
+    runtime, reader = roles
+    for role, extra in ((runtime, []), (reader, ["--read-only"])):
+        args = ["--database-url", database_url, "db", "grant", role, *extra, "--apply"]
+        result = await asyncio.to_thread(CliRunner().invoke, cli, args)
+        assert result.exit_code == 0, result.output
+    url = pg_server.url_for(database_url.rsplit("/", 1)[1], user=runtime)
+
+    async with open_engine(url, workflows.registry, concurrency=2) as engine:
+        ops = Operations.on(engine.store, actor="rt")
+        assert await ops.role_can_alter_schema() == (runtime, False)
+        iid = await engine.client.start(workflows.flaky, {})
+        failing = await engine.client.start(workflows.flaky, {})
+        await workflows.failed_for_good(engine, failing)
+        assert (await engine.client.get(iid)).status == "COMPLETED"
+        assert (await ops.retry([failing])).succeeded == 1
+        await engine.run_until_idle()
+        await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))
+        await engine.advance(2 * 86_400)
+        report = await ops.retention_run()
+        assert report.purged == 2
+        conn = await asyncpg.connect(url)
+        try:
+            for ddl in ("ALTER TABLE stepstone.instances ADD COLUMN evil integer",
+                        "CREATE TABLE stepstone.evil (id integer)",
+                        "DROP TABLE stepstone.history",
+                        ("CREATE OR REPLACE FUNCTION stepstone.db_now() RETURNS timestamptz LANGUAGE sql "
+                         "AS 'SELECT now()'")):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await conn.execute(ddl)
+        finally:
+            await conn.close()
+
+    reader_url = pg_server.url_for(database_url.rsplit("/", 1)[1], user=reader)
+    store = await open_store(reader_url)
+    try:
+        ops = Operations.on(store)
+        assert (await ops.find()).items == []  # it reads
+        assert (await ops.retention_policies())
+        with pytest.raises(Exception, match="permission denied"):
+            await ops.set_retention_policy("*", "completed", timedelta(days=2))
+    finally:
+        await store.close()

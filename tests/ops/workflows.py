@@ -1,0 +1,138 @@
+"""Workflows of the operations tests: retries, branches, and a state with sensitive fields."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from stepstone import Registry, Retry, StepContext, Workflow
+from stepstone.authoring.sensitive import Sensitive
+from stepstone.testing import Engine
+
+FAILURES: dict[str, int] = {}
+"""instance id -> how many more times `flaky.work` raises."""
+
+SECRET = "4111-1111-1111-1111-canary"  # noqa: S105 - the canary value, not a credential
+
+
+class Job(BaseModel):
+    name: str = "job"
+    log: list[str] = Field(default_factory=list)
+    results: dict[str, int] = Field(default_factory=dict)
+    counter: int = 0
+
+
+class Busy(Exception):
+    pass
+
+
+flaky: Workflow[Job] = Workflow("ops_flaky", version=1, state=Job)
+
+
+@flaky.step(start=True, next="done", retry=Retry(max_attempts=5, backoff=30))
+def work(ctx: StepContext, state: Job) -> None:
+    left = FAILURES.get(ctx.instance_id, 0)
+    if left == -1:
+        raise Busy("down for good")
+    if left > 0:
+        FAILURES[ctx.instance_id] = left - 1
+        raise Busy(f"upstream busy (attempt {ctx.attempt})")
+    state.log.append(f"work@{ctx.attempt}")
+
+
+@flaky.step(next=None)
+def done(ctx: StepContext, state: Job) -> None:
+    state.log.append("done")
+
+
+# -- prepare -> fork(left, right) -> join -> finish (finish can fail) ------------------------------
+
+forky: Workflow[Job] = Workflow("ops_forky", version=1, state=Job)
+
+
+@forky.step(start=True, next="split")
+def prepare(ctx: StepContext, state: Job) -> None:
+    state.counter += 1
+    state.log.append(f"prepare:{state.counter}")
+
+
+forky.fork("split", branches={"left": "left", "right": "right"})
+
+
+@forky.step(next="together")
+def left(ctx: StepContext, state: Job) -> None:
+    state.results["left"] = state.results.get("left", 0) + 1
+
+
+@forky.step(next="together")
+def right(ctx: StepContext, state: Job) -> None:
+    state.results["right"] = state.results.get("right", 0) + 1
+
+
+forky.join("together", fork="split", next="finish")
+
+
+@forky.step(next=None, retry=Retry(max_attempts=1))
+def finish(ctx: StepContext, state: Job) -> None:
+    if FAILURES.get(ctx.instance_id, 0):
+        FAILURES[ctx.instance_id] -= 1
+        raise Busy("downstream refused")
+    state.log.append("finish")
+
+
+# -- sensitive fields ------------------------------------------------------------------------------
+
+class Holder(BaseModel):
+    name: str
+    pin: str = Field(default="", json_schema_extra={"sensitive": True})
+
+
+class Payment(BaseModel):
+    order: str
+    card: Annotated[str, Sensitive]
+    holder: Holder
+    note: str = ""
+    log: list[str] = Field(default_factory=list)
+
+
+def mask_tokens(text: str) -> str:
+    """The redaction hook of `payment`: anything that looks like an API token."""
+    return text.replace("tok_live_", "tok_[redacted]_")
+
+
+payment: Workflow[Payment] = Workflow("ops_payment", version=1, state=Payment, redact=mask_tokens)
+
+
+@payment.step(start=True, next="settle", retry=Retry(max_attempts=3, backoff=5))
+def charge(ctx: StepContext, state: Payment) -> None:
+    if ctx.attempt == 1:
+        raise Busy(f"card {state.card} declined for {state.holder.name} (pin {state.holder.pin}) tok_live_abc")
+    state.card = state.card + "-v2"
+    state.holder.pin = state.holder.pin + "9"
+    state.log.append("charged")
+
+
+@payment.step(next=None)
+def settle(ctx: StepContext, state: Payment) -> None:
+    state.note = "settled"
+
+
+registry = Registry(flaky, forky, payment)
+
+
+async def failed_for_good(engine: Engine, *ids: str) -> None:
+    """Make `flaky` fail every attempt of these instances and run until their retries ran out."""
+    for iid in ids:
+        FAILURES[iid] = -1
+    await run_out_backoffs(engine)
+    for iid in ids:
+        FAILURES.pop(iid, None)
+
+
+async def run_out_backoffs(engine: Engine, rounds: int = 6) -> None:
+    """Run until every retry backoff has passed (each round moves the clock past the longest)."""
+    await engine.run_until_idle()
+    for _ in range(rounds):
+        await engine.advance(1000)
+        await engine.run_until_idle()
