@@ -256,6 +256,27 @@ class Workflow(Generic[S]):
 
         return register(fn) if fn is not None else register
 
+    def external(
+        self,
+        name: str,
+        *,
+        topic: str,
+        next: str,  # noqa: A002
+        inputs: Sequence[str] | None = None,
+        errors: Mapping[str, str] | None = None,
+        retry: Retry | None = None,
+        start: bool = False,
+    ) -> None:
+        """Declare an external step: a task on `topic` that outside workers, in any language, fetch
+        and lock, then complete, fail or answer with a business error (`stepstone.external`, or
+        HTTP through `stepstone external serve`). Workers receive the state, or only the fields
+        `inputs`; the variables they complete with are merged into the state. `errors` maps a
+        business error code to the step it leads to; `retry` sets how many failures are allowed
+        (max_attempts) and the delay before the task is offered again, then the position fails."""
+        policy = (retry or Retry()).policy()
+        self._add(Step(name, "external", (next,), retry=policy, topic=topic,
+                       inputs=None if inputs is None else tuple(inputs), errors=dict(errors or {})), start)
+
     def _add(self, step: Step, start: bool) -> None:
         if self._plan is not None:
             raise DefinitionError(f"workflow {self.id!r} v{self.version} is already in use and cannot change")
