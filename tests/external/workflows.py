@@ -8,21 +8,12 @@ from pydantic import BaseModel, Field
 
 from stepstone import Registry, Retry, StepContext, Workflow
 
-
-class Payment(BaseModel):
-    order_id: str
-    amount: int
-    charge_id: str | None = None
-    receipt: str | None = None
-    declined: bool = False
-
-
-payment: Workflow[Payment] = Workflow("payment", version=1, state=Payment)
+payment: Workflow[dict[str, Any]] = Workflow("payment", version=1)  # a plain JSON object as state
 
 
 @payment.step(start=True, next="charge")
-def begin(ctx: StepContext, state: Payment) -> None:
-    pass
+def begin(ctx: StepContext, state: dict[str, Any]) -> None:
+    state.setdefault("declined", False)
 
 
 payment.external("charge", topic="payments", next="receipt", inputs=["order_id", "amount"],
@@ -30,13 +21,13 @@ payment.external("charge", topic="payments", next="receipt", inputs=["order_id",
 
 
 @payment.step
-def receipt(ctx: StepContext, state: Payment) -> None:
-    state.receipt = f"{state.order_id} paid with {state.charge_id}"
+def receipt(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["receipt"] = f"{state['order_id']} paid with {state['charge_id']}"
 
 
 @payment.step
-def declined(ctx: StepContext, state: Payment) -> None:
-    state.declined = True
+def declined(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["declined"] = True
 
 
 class Parcels(BaseModel):
