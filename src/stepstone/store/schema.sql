@@ -1598,3 +1598,8 @@ BEGIN
     WHERE x.id = p_task;
     RETURN QUERY SELECT 'recorded', v_id, v_end, t.available_at, t.retries;
 END $$;
+
+-- Outbox: an operator may discard a dead-lettered event (`stepstone outbox discard`) instead of
+-- requeueing it. It leaves the unpublished set (published_at is set, so its key resumes and the
+-- retention guard no longer holds its instance) and stays visible as discarded, never as published.
+ALTER TABLE {{schema}}.outbox ADD COLUMN discarded_at timestamptz;
