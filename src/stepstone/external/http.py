@@ -18,6 +18,8 @@ to do: 400 bad input, 401 no or wrong bearer token, 404 no such task, 409 the lo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -25,19 +27,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from stepstone.errors import InvalidInput, NotFound, StepstoneError, TaskLockRefused, Unavailable
-from stepstone.external.tasks import ExternalTasks
+from stepstone.external.tasks import ExternalTasks, LockedTask
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("stepstone.external.http")
 MAX_BODY_BYTES = 1024 * 1024
+_DISCONNECT_CHECK = 0.5  # seconds between looks at whether a long-polling client is still there
 
 Handler = Callable[[Request], Awaitable[Any]]
 
@@ -61,14 +62,39 @@ def _translated(exc: StepstoneError) -> JSONResponse:
     return _error(500, "internal", f"{type(exc).__name__}: {exc}")
 
 
-def _endpoint(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+def _endpoint(handler: Handler, token: str | None) -> Callable[[Request], Awaitable[Response]]:
+    expected = f"Bearer {token}".encode() if token else None
+
     async def run(request: Request) -> Response:
+        if expected is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
         try:
             return JSONResponse(await handler(request))
         except StepstoneError as exc:
             return _translated(exc)
 
     return run
+
+
+async def _unless_gone(request: Request, work: Awaitable[list[LockedTask]]) -> list[LockedTask]:
+    """Run a long poll, and give it up when the client goes away: tasks locked for a worker that
+    left would wait out their lock."""
+    job = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({job}, timeout=_DISCONNECT_CHECK)
+            if done:
+                return job.result()
+            if await request.is_disconnected():
+                job.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job
+                return []
+    finally:
+        if not job.done():
+            job.cancel()
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -98,10 +124,10 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
     async def fetch_and_lock(request: Request) -> Any:
         data = await _body(request)
         topics = data.get("topics", data.get("topic"))
-        locked = await tasks.fetch_and_lock(
+        locked = await _unless_gone(request, tasks.fetch_and_lock(
             _required(data, "worker_id"), _required({"topics": topics}, "topics"),
             max_tasks=data.get("max_tasks", 1), lock_duration=data.get("lock_duration", 30.0),
-            timeout=data.get("timeout", 0.0))
+            timeout=data.get("timeout", 0.0)))
         return {"tasks": [t.as_dict() for t in locked]}
 
     async def extend_lock(request: Request) -> Any:
@@ -147,27 +173,12 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
         return {"status": "ok"}
 
     routes = [
-        Route("/health", _endpoint(health), methods=["GET"]),
-        Route("/external-tasks", _endpoint(listing), methods=["GET"]),
-        Route("/external-tasks/fetch-and-lock", _endpoint(fetch_and_lock), methods=["POST"]),
-        Route("/external-tasks/{task_id}/extend-lock", _endpoint(extend_lock), methods=["POST"]),
-        Route("/external-tasks/{task_id}/complete", _endpoint(complete), methods=["POST"]),
-        Route("/external-tasks/{task_id}/business-error", _endpoint(business_error), methods=["POST"]),
-        Route("/external-tasks/{task_id}/failure", _endpoint(failure), methods=["POST"]),
+        Route("/health", _endpoint(health, None), methods=["GET"]),
+        Route("/external-tasks", _endpoint(listing, token), methods=["GET"]),
+        Route("/external-tasks/fetch-and-lock", _endpoint(fetch_and_lock, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/extend-lock", _endpoint(extend_lock, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/complete", _endpoint(complete, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/business-error", _endpoint(business_error, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/failure", _endpoint(failure, token), methods=["POST"]),
     ]
-    middleware = [Middleware(BaseHTTPMiddleware, dispatch=_bearer(token))] if token else []
-    return Starlette(routes=routes, middleware=middleware)
-
-
-def _bearer(token: str) -> Callable[[Request, RequestResponseEndpoint], Awaitable[Response]]:
-    expected = f"Bearer {token}".encode()
-
-    async def check(request: Request, call_next: RequestResponseEndpoint) -> Response:
-        if request.url.path.endswith("/health"):
-            return await call_next(request)
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            return _error(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
-        return await call_next(request)
-
-    return check
+    return Starlette(routes=routes)

@@ -150,7 +150,8 @@ BEGIN
                                      created_at)
     VALUES (t.instance_id, t.position, nextval('{{schema}}.command_seq'), 'EXTERNAL_COMPLETION', 'PENDING', t.step,
             t.visit, jsonb_build_object('task_id', t.id, 'outcome', p_outcome, 'variables', p_variables,
-                                        'error', p_error, 'worker', p_worker, 'attempts', t.attempts + 1),
+                                        'error', p_error, 'worker', COALESCE(p_worker, t.lock_owner),
+                                        'attempts', t.attempts + 1),
             v_now, v_now)
     RETURNING id INTO v_id;
     UPDATE {{schema}}.external_tasks x SET status = v_end, command_id = v_id, updated_at = v_now, ended_at = v_now,
