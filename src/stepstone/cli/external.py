@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
 
 import click
@@ -36,18 +37,30 @@ async def _serve(settings: Settings, host: str, port: int, token: str | None) ->
     except ImportError as exc:
         raise CliError(f"stepstone external serve needs {exc.name}: pip install 'stepstone[external]'") from exc
     async with open_store(settings, pool_size=10) as store:
+        sock = _listen(host, port)
         tasks = ExternalTasks(store)
         try:
-            config = uvicorn.Config(create_app(tasks, token=token), host=host, port=port, log_level="warning",
-                                    lifespan="off")
+            config = uvicorn.Config(create_app(tasks, token=token), log_level="warning", lifespan="off")
             server = uvicorn.Server(config)
-            log.info("external tasks on http://%s:%d (%s)", host, port,
+            bound_host, bound_port = sock.getsockname()[:2]
+            log.info("external tasks on http://%s:%d (%s)", bound_host, bound_port,
                      "bearer token required" if token else "no token: bind to a trusted network only")
-            await server.serve()
-            if not server.started:
-                raise CliError(f"cannot serve on {host}:{port} (is the port in use?)")
+            await server.serve(sockets=[sock])
         finally:
+            sock.close()
             await tasks.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a port in use is one clear line (and --port 0 picks one)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
 
 
 @external_group.command("serve")
