@@ -212,3 +212,23 @@ async def test_tasks_inside_branches(engine: Engine, tasks: ExternalTasks) -> No
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["done"] is True
+
+
+async def test_variables_that_do_not_fit_the_state_model_fail_the_position(
+    engine: Engine, tasks: ExternalTasks
+) -> None:
+    iid = await engine.client.start(shipping, {"parcels": ["p1"]})
+    await engine.run_until_idle()
+    [task] = await tasks.fetch_and_lock("w1", ["labels"])
+    await tasks.complete(task.id, task.lock_token, {"done": "not a boolean"})  # Parcels.done is a bool
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.error["type"] == "InvalidVariables"
+    assert info.state["done"] is False  # nothing of them was stored
+    await engine.client.retry(iid)  # the operator: the task is open again
+    await engine.run_until_idle()
+    [task] = await tasks.fetch_and_lock("w1", ["labels"])
+    await tasks.complete(task.id, task.lock_token, {"labels": {"p1": "L-1"}})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["labels"] == {"p1": "L-1"}

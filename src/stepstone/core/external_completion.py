@@ -79,3 +79,20 @@ def _merged(state: JSON, variables: JSON) -> JSON:
 
 def _state_change(instance: InstanceView, state: JSON) -> tuple[Effect, ...]:
     return () if same(state, instance.state) else (SetState(state, tuple(changes(instance.state, state))),)
+
+
+def variables_rejected(instance: InstanceView, command: CommandView, problem: str) -> Decision:
+    """The task's variables do not fit the workflow's state model (the runtime checks): nothing of
+    them is stored and the position fails; an operator's retry opens the task again."""
+    payload = command.payload if isinstance(command.payload, dict) else {}
+    task = payload.get("task_id")
+    rejected = RecordHistory("EXTERNAL_TASK_REJECTED", instance.step, instance.visit,
+                             {"task_id": task, "worker": payload.get("worker"), "problem": problem})
+    effects = fail(instance, "InvalidVariables", f"external task {task}: {problem}")
+    return Decision(settled(effects), (rejected, *effects))
+
+
+def with_state(instance: InstanceView, decision: Decision, state: JSON) -> Decision:
+    """The same decision with the state the model normalised (defaults filled, values coerced)."""
+    effects = tuple(e for e in decision.effects if not isinstance(e, SetState))
+    return Decision(decision.settle, (*_state_change(instance, state), *effects))
