@@ -67,6 +67,7 @@ async def test_a_business_error_takes_its_route(engine: Engine, tasks: ExternalT
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["declined"] is True
+    assert info.state["why"] == {"code": "card_declined", "message": "insufficient funds", "details": None}
 
 
 async def test_an_unknown_business_error_is_an_incident(engine: Engine, tasks: ExternalTasks) -> None:

@@ -28,6 +28,8 @@ def receipt(ctx: StepContext, state: dict[str, Any]) -> None:
 @payment.step
 def declined(ctx: StepContext, state: dict[str, Any]) -> None:
     state["declined"] = True
+    assert ctx.external is not None and ctx.external.outcome == "error"
+    state["why"] = ctx.external.error
 
 
 class Parcels(BaseModel):

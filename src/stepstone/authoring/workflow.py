@@ -72,6 +72,16 @@ class ChildResult:
 
 
 @dataclass(frozen=True)
+class ExternalResult:
+    """How the external task the last step waited for was answered: `outcome` completed or error
+    (a business error, with its `error`: code, message, details)."""
+
+    task_id: str
+    outcome: str
+    error: Any = None
+
+
+@dataclass(frozen=True)
 class BranchInfo:
     """The branch a handler runs in: its name (a static branch's name, or a map item's index),
     its position path, and for a map fork the item it runs for."""
@@ -97,6 +107,7 @@ class StepContext:
     signal: Signal | None = None
     child: ChildResult | None = None
     branch: BranchInfo | None = None
+    external: ExternalResult | None = None
     events: list[Event] = field(default_factory=list)
 
     def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type

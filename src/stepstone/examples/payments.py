@@ -41,8 +41,9 @@ def receipt(_ctx: StepContext, state: Payment) -> None:
 
 
 @payment.step
-def declined(_ctx: StepContext, state: Payment) -> None:
+def declined(ctx: StepContext, state: Payment) -> None:
     state.declined = True
+    state.receipt = f"order {state.order_id} declined: {ctx.external.error['message'] if ctx.external else ''}"
 
 
 registry = Registry(payment)
