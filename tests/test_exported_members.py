@@ -36,6 +36,7 @@ def test_external_exports() -> None:
     import stepstone.external  # noqa: PLC0415 - the module under test
 
     assert sorted(stepstone.external.__all__) == sorted([
-        "ExternalTaskNotFound", "ExternalTasks", "LockExpired", "LockLost", "LockedTask", "TaskAnswer", "TaskEnded",
+        "BusinessError", "ExternalTaskNotFound", "ExternalTasks", "ExternalWorker", "LockExpired", "LockLost",
+        "LockedTask", "TaskAnswer", "TaskEnded",
         "TaskLockRefused",
     ])
