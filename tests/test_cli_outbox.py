@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -153,3 +154,30 @@ def test_demo_outbox_to_the_in_memory_broker(database_url: str) -> None:
     assert result.exit_code == 0, result.output
     want = "outbox: 3 events published to memory://elsewhere in per-key order; 0 pending"
     assert result.stdout.splitlines()[-1] == want
+
+
+async def test_discard_dead_letters(conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str) -> None:
+    held = uuid.uuid4()
+    staged = await stage(conn, ["a"], instance=held) + await stage(conn, ["a", "b"])
+    token, first = await claim(outbox, limit=1)
+    await outbox.settle(token, [Settlement(first[0], "dead", "refused: no route", counted=True)])
+    dead, behind, other = (str(s[0]) for s in staged)
+    assert await outbox.unsent_instances([str(held)]) == {str(held)}  # retention keeps it while dead
+    code, _, err = await run("outbox", "discard", dead, "--database-url", database_url)
+    assert code == 2 and "--reason" in err  # the reason is required
+    code, out, err = await run("outbox", "discard", dead, other, "--reason", "replayed by hand",
+                               "--database-url", database_url)
+    assert code == 1
+    assert out.strip() == f"discarded 1 event(s): {dead}"
+    assert f"not dead-lettered (or unknown): {other}" in err  # a pending event is never discarded
+    code, out, _ = await run("outbox", "status", "--database-url", database_url, "-o", "json")
+    status = json.loads(out)
+    assert (status["pending"], status["dead"], status["published"], status["discarded"]) == (2, 0, 0, 1)
+    row = await conn.fetchrow("SELECT * FROM stepstone.outbox WHERE id = $1", staged[0][0])
+    assert row["discarded_at"] is not None and row["last_error"].startswith("discarded: replayed by hand")
+    # its key resumes: the event behind it is claimed now, and the instance is no longer held by it
+    _, claimed = await claim(outbox, limit=10)
+    assert int(behind) in claimed
+    assert await outbox.unsent_instances([str(held)]) == set()  # and retention may purge its instance
+    code, out, _ = await run("outbox", "discard", "--all-dead", "--reason", "x", "--database-url", database_url)
+    assert (code, out.strip()) == (0, "discarded 0 event(s)")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import socket
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
@@ -79,3 +83,40 @@ def test_doctor_warns_of_commands_no_worker_can_run(database_url: str) -> None:
     assert data["deferred_pins"][0]["oldest"] <= data["deferred_pins"][1]["oldest"]
     assert [w for w in data["warnings"] if "can alter schema" not in w] == [w.removeprefix("warning: ")
                                                                             for w in warnings]
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_doctor_shows_the_broker_masked_and_whether_it_answers(database_url: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPSTONE_BROKER_URL", f"redis://:hunter2@127.0.0.1:{_closed_port()}/0")
+    down = doctor(database_url, "-o", "json")
+    assert down.exit_code == 0, down.output  # a broker that is down is a warning: events wait
+    report = json.loads(down.stdout)
+    assert "hunter2" not in down.stdout
+    assert report["config"]["broker_url"]["source"] == "env STEPSTONE_BROKER_URL"
+    assert report["broker"]["answers"] is False
+    assert any("does not answer" in w for w in report["warnings"])
+    text = doctor(database_url).stdout
+    assert "broker_url" in text and "redis://:***@" in text and "hunter2" not in text
+    assert re.search(r"^answers +no$", text, re.MULTILINE), text
+
+    monkeypatch.setenv("STEPSTONE_BROKER_URL", "kafka://127.0.0.1:9092")
+    unknown = doctor(database_url)
+    assert unknown.exit_code == 1 and "no publisher for broker URL" in unknown.output
+
+
+@pytest.mark.parametrize("env", ["STEPSTONE_TEST_REDIS_URL", "STEPSTONE_TEST_NATS_URL", "STEPSTONE_TEST_AMQP_URL"])
+def test_doctor_sees_a_real_broker_answer(database_url: str, monkeypatch: pytest.MonkeyPatch, env: str) -> None:
+    url = os.environ.get(env)
+    if not url:
+        pytest.skip(f"{env} is not set (no broker of that kind on this machine)")
+    monkeypatch.setenv("STEPSTONE_BROKER_URL", url)
+    result = doctor(database_url, "-o", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["broker"]["answers"] is True, report["broker"]
+    assert [w for w in report["warnings"] if "can alter schema" not in w] == []

@@ -27,4 +27,16 @@ def test_error_exports() -> None:
         "InternalError", "InvalidDatabaseUrl", "InvalidInput", "InvalidState", "NotFound", "PayloadTooDeep",
         "PayloadTooLarge", "PositionNotFound", "SchemaNotReady", "SchemaTooNew", "StepstoneError", "UnknownBroker",
         "Unavailable", "UnknownSignal", "WaitTimeout",
+        # external tasks (issue 13)
+        "ExternalTaskNotFound", "LockExpired", "LockLost", "TaskEnded", "TaskLockRefused",
+    ])
+
+
+def test_external_exports() -> None:
+    import stepstone.external  # noqa: PLC0415 - the module under test
+
+    assert sorted(stepstone.external.__all__) == sorted([
+        "BusinessError", "ExternalTaskNotFound", "ExternalTasks", "ExternalWorker", "LockExpired", "LockLost",
+        "LockedTask", "TaskAnswer", "TaskEnded",
+        "TaskLockRefused",
     ])

@@ -15,12 +15,17 @@
     ├── NotFound                    the thing named does not exist
     │   ├── InstanceNotFound        (instance_id)
     │   ├── PositionNotFound        (instance_id, position): no such branch
-    │   └── DefinitionNotFound      (definition_id, version)
+    │   ├── DefinitionNotFound      (definition_id, version)
+    │   └── ExternalTaskNotFound    (task_id)
     ├── Conflict                    the request contradicts what is stored
     │   ├── DefinitionConflict      same id and version registered with a different structure
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
     │   ├── BusinessKeyInUse        (instance_id of the holder)
-    │   └── InvalidState            the instance's status does not allow it (instance_id, status)
+    │   ├── InvalidState            the instance's status does not allow it (instance_id, status)
+    │   └── TaskLockRefused         an external task's answer fenced out (task_id, reason, status):
+    │       ├── LockLost                the token does not hold the task (another worker has it)
+    │       ├── LockExpired             the lock ran out before the answer
+    │       └── TaskEnded               the task was answered already or its position moved on
     ├── InvalidInput                refused before anything is stored (what)
     │   ├── PayloadTooLarge / PayloadTooDeep  (what, reason)
     │   └── UnknownSignal           (name): the pinned definition declares no such signal
@@ -45,6 +50,7 @@ __all__ = [
     "DefinitionConflict",
     "DefinitionError",
     "DefinitionNotFound",
+    "ExternalTaskNotFound",
     "IdempotencyConflict",
     "InstanceNotFound",
     "InsufficientPrivilege",
@@ -52,6 +58,8 @@ __all__ = [
     "InvalidDatabaseUrl",
     "InvalidInput",
     "InvalidState",
+    "LockExpired",
+    "LockLost",
     "NotFound",
     "PayloadTooDeep",
     "PayloadTooLarge",
@@ -59,6 +67,8 @@ __all__ = [
     "SchemaNotReady",
     "SchemaTooNew",
     "StepstoneError",
+    "TaskEnded",
+    "TaskLockRefused",
     "Unavailable",
     "UnknownBroker",
     "UnknownSignal",
@@ -161,6 +171,12 @@ class DefinitionNotFound(NotFound):
         self.version = version
 
 
+class ExternalTaskNotFound(NotFound):
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no external task {task_id}")
+        self.task_id = task_id
+
+
 class Conflict(StepstoneError):
     """The request contradicts what is already stored."""
 
@@ -197,6 +213,29 @@ class InvalidState(Conflict):
         super().__init__(message)
         self.instance_id = instance_id
         self.status = status
+
+
+class TaskLockRefused(Conflict):
+    """An answer to an external task (extend, complete, fail, business error) was refused: the lock
+    token given no longer holds the task. `reason` is lock_lost, lock_expired, not_open or not_awaited."""
+
+    def __init__(self, message: str, *, task_id: str, reason: str, status: str | None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.reason = reason
+        self.status = status
+
+
+class LockLost(TaskLockRefused):
+    """The token does not hold the task: it was never locked with it, or the lock moved to another worker."""
+
+
+class LockExpired(TaskLockRefused):
+    """The lock ran out before the answer arrived; fetch the task again."""
+
+
+class TaskEnded(TaskLockRefused):
+    """The task was answered already, or its position no longer waits for it (cancelled, moved on)."""
 
 
 class InvalidInput(StepstoneError):

@@ -74,6 +74,16 @@ class ChildResult:
 
 
 @dataclass(frozen=True)
+class ExternalResult:
+    """How the external task the last step waited for was answered: `outcome` completed or error
+    (a business error, with its `error`: code, message, details)."""
+
+    task_id: str
+    outcome: str
+    error: Any = None
+
+
+@dataclass(frozen=True)
 class BranchInfo:
     """The branch a handler runs in: its name (a static branch's name, or a map item's index),
     its position path, and for a map fork the item it runs for."""
@@ -99,6 +109,7 @@ class StepContext:
     signal: Signal | None = None
     child: ChildResult | None = None
     branch: BranchInfo | None = None
+    external: ExternalResult | None = None
     events: list[Event] = field(default_factory=list)
 
     def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
@@ -263,6 +274,27 @@ class Workflow(Generic[S]):
             return handler
 
         return register(fn) if fn is not None else register
+
+    def external(
+        self,
+        name: str,
+        *,
+        topic: str,
+        next: str,  # noqa: A002
+        inputs: Sequence[str] | None = None,
+        errors: Mapping[str, str] | None = None,
+        retry: Retry | None = None,
+        start: bool = False,
+    ) -> None:
+        """Declare an external step: a task on `topic` that outside workers, in any language, fetch
+        and lock, then complete, fail or answer with a business error (`stepstone.external`, or
+        HTTP through `stepstone external serve`). Workers receive the state, or only the fields
+        `inputs`; the variables they complete with are merged into the state. `errors` maps a
+        business error code to the step it leads to; `retry` sets how many failures are allowed
+        (max_attempts) and the delay before the task is offered again, then the position fails."""
+        policy = (retry or Retry()).policy()
+        self._add(Step(name, "external", (next,), retry=policy, topic=topic,
+                       inputs=None if inputs is None else tuple(inputs), errors=dict(errors or {})), start)
 
     def _add(self, step: Step, start: bool) -> None:
         if self._plan is not None:

@@ -20,6 +20,7 @@ from stepstone.cli import (
     demo_fanout,
     demo_outbox,
     doctor,
+    external,
     instances,
     operations,
     outbox,
@@ -30,7 +31,7 @@ from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, operations, worker, outbox, demo, bench]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, operations, worker, outbox, demo, bench, external]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

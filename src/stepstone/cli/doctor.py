@@ -1,8 +1,10 @@
 """``stepstone doctor``: the configuration in effect and whether the database is ready for it.
 
-Problems (exit 1): the database is unreachable or its schema is not at the shipped version.
+Problems (exit 1): the database is unreachable or its schema is not at the shipped version, or the
+configured broker has no publisher installed.
 Warnings (exit 0): work the engine holds back, such as commands deferred because no worker that
-claimed them has their pin (a plan deployed nowhere, or retired too early).
+claimed them has their pin (a plan deployed nowhere, or retired too early), or a configured broker
+that does not answer (events wait in the outbox). The broker's URL is shown with its password masked.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import click
 from stepstone.cli.common import CliError, emit, output_option, render_table, run_async, with_settings
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
+from stepstone.outbox.probe import probe_broker
+from stepstone.outbox.publisher import open_publisher
 from stepstone.store import health
 from stepstone.store import migrate as migrations
 from stepstone.store.database import DatabaseTarget, connect, redact_url, resolve_target
@@ -35,6 +39,10 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
         "warnings": [],
     }
     problems: list[str] = report["problems"]
+    if settings.broker_url:
+        report["config"]["broker_url"] = {"value": redact_url(settings.broker_url),
+                                          "source": settings.sources.get("broker_url", "default")}
+        report["broker"] = await _check_broker(settings.broker_url, report)
     try:
         target: DatabaseTarget = resolve_target(settings)
     except StepstoneError as exc:
@@ -85,6 +93,22 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
     return report
 
 
+async def _check_broker(url: str, report: dict[str, Any]) -> dict[str, Any]:
+    """The outbox's broker: its publisher is installed (a problem otherwise: the relay cannot start)
+    and it answers (a warning otherwise: events wait in the outbox until it does)."""
+    try:
+        publisher = open_publisher(url)
+    except StepstoneError as exc:
+        report["problems"].append(str(exc))
+        return {"url": redact_url(url), "publisher": False, "answers": None, "detail": str(exc)}
+    await publisher.close()
+    probe = await probe_broker(url)
+    if probe.answers is False:
+        report["warnings"].append(f"the broker {probe.url} does not answer ({probe.detail}); events wait in the "
+                                  "outbox until it does")
+    return {"url": probe.url, "publisher": True, "answers": probe.answers, "detail": probe.detail}
+
+
 def _deferred(found: health.DeferredPin) -> dict[str, Any]:
     pin = found.pin
     return {
@@ -106,7 +130,15 @@ def _table(report: dict[str, Any]) -> str:
         ["database_url", config["database_url"]["value"] or "(none)", config["database_url"]["source"]],
         ["schema", config["schema"]["value"], config["schema"]["source"]],
     ]
-    out = ["configuration", render_table(rows, ["setting", "value", "source"]), "", "database"]
+    if "broker_url" in config:
+        rows.append(["broker_url", config["broker_url"]["value"], config["broker_url"]["source"]])
+    out = ["configuration", render_table(rows, ["setting", "value", "source"]), ""]
+    broker = report.get("broker")
+    if broker is not None:
+        answers = {True: "yes", False: "no", None: "-"}[broker["answers"]]
+        out += ["broker", render_table([["url", broker["url"]], ["answers", answers], ["detail", broker["detail"]]]),
+                ""]
+    out.append("database")
     database = report.get("database", {})
     db_rows: list[list[Any]] = [["mode", database.get("mode", "?")]]
     if database.get("data_dir"):

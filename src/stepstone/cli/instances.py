@@ -129,6 +129,8 @@ def describe_wait(info: InstanceInfo) -> str:
         names = ", ".join(sorted(wait.get("signals") or {}))
         text = f"signal {names}" if names else "a signal"
         return f"{text} (timeout at {at})" if at else text
+    if wait.get("kind") == "external":
+        return f"external task {wait.get('task_id')} on topic {wait.get('topic')}"
     return _short(wait)
 
 

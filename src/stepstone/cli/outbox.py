@@ -1,4 +1,4 @@
-"""``stepstone relay`` and ``stepstone outbox status | list | requeue``: getting staged events out.
+"""``stepstone relay`` and ``stepstone outbox status | list | requeue | discard``: getting staged events out.
 
 ``stepstone relay --broker URL`` publishes until SIGTERM/SIGINT (it finishes the batch in hand, then
 exits 0). ``stepstone worker`` runs the same relay beside the worker when a broker is configured
@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from stepstone.cli.common import CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.common import FREE_TEXT, CliError, emit, output_option, render_table, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
@@ -117,6 +117,7 @@ def status_command(settings: Settings, output: str) -> None:
     async def read(outbox: PostgresOutbox) -> dict[str, Any]:
         status = (await outbox.status()).as_dict()
         status["published"] = await outbox.published_count()
+        status["discarded"] = await outbox.discarded_count()
         return status
 
     status = run_async(_with_outbox(settings, read))
@@ -124,7 +125,7 @@ def status_command(settings: Settings, output: str) -> None:
     def table() -> str:
         lag = status["lag_seconds"]
         rows = [[name, status[name]] for name in ("pending", "in_flight", "backing_off", "above_horizon", "dead",
-                                                  "published")]
+                                                  "published", "discarded")]
         rows.append(["lag", "-" if lag is None else f"{lag:.3f} s"])
         return render_table(rows)
 
@@ -167,6 +168,25 @@ def requeue_command(settings: Settings, ids: tuple[int, ...], all_dead: bool) ->
     done = run_async(_with_outbox(settings, lambda o: o.requeue(ids, all_dead=all_dead)))
     missing = sorted(set(ids) - set(done))
     click.echo(f"requeued {len(done)} event(s)" + (f": {', '.join(map(str, done))}" if done else ""))
+    if missing:
+        raise CliError(f"not dead-lettered (or unknown): {', '.join(map(str, missing))}")
+
+
+@outbox_group.command("discard")
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--all-dead", is_flag=True, help="Discard every dead-lettered event.")
+@click.option("--reason", type=FREE_TEXT, required=True, help="Why (kept on each event).")
+@with_settings
+def discard_command(settings: Settings, ids: tuple[int, ...], all_dead: bool, reason: str) -> None:
+    """Give up on dead-lettered events for good: never published, out of the outbox, their keys resume.
+    Use requeue instead to publish them after all."""
+    if bool(ids) == all_dead:
+        raise CliError("give event ids or --all-dead (not both)")
+    if not reason.strip():
+        raise CliError("--reason must not be empty")
+    done = run_async(_with_outbox(settings, lambda o: o.discard(ids, all_dead=all_dead, reason=reason)))
+    missing = sorted(set(ids) - set(done))
+    click.echo(f"discarded {len(done)} event(s)" + (f": {', '.join(map(str, done))}" if done else ""))
     if missing:
         raise CliError(f"not dead-lettered (or unknown): {', '.join(map(str, missing))}")
 

@@ -149,3 +149,19 @@ class NotifyParent(Effect):
     position: str
     visit: int
     payload: JSON
+
+
+@dataclass(frozen=True)
+class OpenExternalTask(Effect):
+    """An external task for outside workers on `topic`, opened at this position's step visit (its id
+    derived from them, so entering the step again at the same visit, a retry, re-opens the same task
+    with fresh retries and any old lock fenced out). `retries` failures are allowed before an incident;
+    `backoff` is the retry policy's delays (initial_backoff, multiplier, max_backoff)."""
+
+    task_id: str
+    topic: str
+    step: str
+    visit: int
+    payload: JSON
+    retries: int
+    backoff: JSON

@@ -1,7 +1,7 @@
 """Arriving at a step: the effects of moving one position to `target`.
 
-An action or child step queues its continuation; a timer, wait or fork makes the
-position wait; a join ends a branch and tells the fork's position; the end
+An action or child step queues its continuation; a timer, wait, fork or external
+task makes the position wait; a join ends a branch and tells the fork's position; the end
 completes the instance. Forks and joins keep their count on the fork position's
 wait, which only that position's ordered commands change, so a join fires once.
 """
@@ -23,6 +23,7 @@ from stepstone.core.effects import (
     RecordHistory,
     RequeueSignals,
 )
+from stepstone.core.external_tasks import open_task
 from stepstone.core.model import COMPLETED, FAILED, JSON, RUNNING, WAITING, InstanceView, Settle
 from stepstone.core.plan import END, Plan, Step
 
@@ -69,6 +70,8 @@ def enter(  # noqa: PLR0911 - one return per step kind
         ]
     if step.kind == "fork":
         return _fork(instance, plan, step, visit, state, now)
+    if step.kind == "external":
+        return open_task(instance, step, visit, state)
     return _reach_join(instance, step, visit)
 
 

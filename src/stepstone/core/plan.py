@@ -20,7 +20,7 @@ END = "$end"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
-StepKind = Literal["action", "timer", "wait", "fork", "join", "child"]
+StepKind = Literal["action", "timer", "wait", "fork", "join", "child", "external"]
 
 DEFAULT_MAX_ITEMS = 10_000
 """The most branches one map fork may start, unless the step says otherwise."""
@@ -75,6 +75,10 @@ class Step:
     child:  runs a handler that returns the input of a child instance of `workflow`, starts it in
             the step's commit and waits for its end; then next[0], or `on_failure` when it failed
             or was cancelled. `cancel_with_parent` False abandons the child when the parent is cancelled.
+    external: opens a task on `topic` for outside workers (its payload the state, or only the state
+            fields `inputs`) and waits for its completion, whose variables are merged into the
+            state; then next[0]. A business error goes to `errors[code]` (an incident when the
+            code is not there); a failure retries per `retry` (attempts, backoff), then an incident.
     """
 
     name: str
@@ -95,6 +99,9 @@ class Step:
     workflow: str | None = None
     on_failure: str | None = None
     cancel_with_parent: bool = True
+    topic: str | None = None
+    inputs: tuple[str, ...] | None = None
+    errors: Mapping[str, str] = field(default_factory=dict)
 
     def branch_starts(self) -> tuple[str, ...]:
         """The first steps of a fork's branches."""
@@ -109,13 +116,18 @@ class Step:
             return tuple(self.signals.values()) + extra
         if self.kind == "child" and self.on_failure:
             return (*self.next, self.on_failure)
+        if self.kind == "external":
+            return (*self.next, *self.errors.values())
         return self.next
 
     def describe(self) -> dict[str, Any]:
         """The structure that enters the plan hash and the stored plan document."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
-        if self.kind == "action":
+        if self.kind in ("action", "external"):
             out["next"] = list(self.next)
+            if self.kind == "external":
+                out.update(topic=self.topic, inputs=None if self.inputs is None else list(self.inputs),
+                           errors=dict(sorted(self.errors.items())))
             r = self.retry
             out["retry"] = {
                 "max_attempts": r.max_attempts,
@@ -271,6 +283,17 @@ def _child_problems(s: Step) -> list[str]:
     return found
 
 
+def _external_problems(s: Step) -> list[str]:
+    found = s.retry.problems(f"step {s.name!r}")
+    if not s.topic or not valid_name(s.topic):
+        found.append(f"external step {s.name!r} needs a topic (letters, digits, _ . -; at most 128)")
+    if len(s.next) != 1:
+        found.append(f"external step {s.name!r} needs exactly one next step")
+    found.extend(f"external step {s.name!r}: invalid error code {c!r}" for c in s.errors if not valid_name(c))
+    found.extend(f"external step {s.name!r}: invalid input field {f!r}" for f in s.inputs or () if not f)
+    return found
+
+
 def _reaches(first: str, stop: str, steps: dict[str, Step], joins: dict[str, str]) -> bool:
     """Whether some path from `first` arrives at `stop` (a nested fork jumps to its own join)."""
     seen, todo = set(), [first]
@@ -308,6 +331,7 @@ _KIND_PROBLEMS: dict[str, Callable[[Step], list[str]]] = {
     "fork": _fork_problems,
     "join": _join_problems,
     "child": _child_problems,
+    "external": _external_problems,
 }
 
 

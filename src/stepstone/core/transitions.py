@@ -23,6 +23,7 @@ from stepstone.core.effects import (
     StartChild,
 )
 from stepstone.core.entering import child_failed, enter, fail, join_branch, settled
+from stepstone.core.external_completion import awaited, external_done
 from stepstone.core.model import (
     CANCELLED,
     COMPLETED,
@@ -71,6 +72,10 @@ def apply(
         outcome = _branch_done(instance, command, plan, now)
     elif command.kind == "CHILD_COMPLETION":
         outcome = _child_done(instance, command, plan, now)
+    elif command.kind == "EXTERNAL_COMPLETION":
+        if not awaited(instance, command):
+            return _finish(instance, _ignored(instance, command, "EXTERNAL_TASK_NOT_AWAITED"))
+        outcome = external_done(instance, command, plan, now)
     else:
         return Decision(Settle("REJECTED", f"UNKNOWN_KIND: {command.kind}"))
     return outcome if isinstance(outcome, RunStep) else _finish(instance, outcome)

@@ -18,7 +18,15 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from stepstone.authoring.workflow import BranchInfo, ChildResult, Registry, Signal, StepContext, Workflow
+from stepstone.authoring.workflow import (
+    BranchInfo,
+    ChildResult,
+    ExternalResult,
+    Registry,
+    Signal,
+    StepContext,
+    Workflow,
+)
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.errors import StepstoneError
@@ -60,6 +68,7 @@ async def run_handler(
         signal=_signal(cause),
         child=_child(cause),
         branch=_branch(instance),
+        external=_external(cause),
     )
     try:
         result = await _call(workflow, run.step, ctx, state, executor)
@@ -129,6 +138,13 @@ def _child(cause: dict[str, Any] | None) -> ChildResult | None:
     if not isinstance(child, dict):
         return None
     return ChildResult(str(child.get("child_id")), str(child.get("status")), child.get("state"), child.get("error"))
+
+
+def _external(cause: dict[str, Any] | None) -> ExternalResult | None:
+    answer = cause.get("external") if cause else None
+    if not isinstance(answer, dict):
+        return None
+    return ExternalResult(str(answer.get("task_id")), str(answer.get("outcome")), answer.get("error"))
 
 
 def _branch(instance: InstanceView) -> BranchInfo | None:

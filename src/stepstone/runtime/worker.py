@@ -31,6 +31,7 @@ from stepstone.core.model import CommandView, Decision, InstanceView, RunStep
 from stepstone.core.pin import pin_of
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
+from stepstone.runtime import external_state
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
@@ -367,7 +368,7 @@ class Worker:
                 decision = complete_step(instance, command, workflow.plan, result, now)
                 visit = outcome.visit
             else:
-                decision = outcome
+                decision = external_state.checked(workflow, instance, command, outcome)
             decision = workflow.redaction.decision(decision, instance.state)  # history and errors only
             committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
             if committed is None or not committed.conflict:

@@ -29,6 +29,7 @@ from stepstone.core.effects import (
     MovePosition,
     NotifyParent,
     OpenBranches,
+    OpenExternalTask,
     RecordHistory,
     RequeueSignals,
     SetState,
@@ -132,6 +133,11 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
                                "payload": e.payload})
 
 
+def _external_task(e: OpenExternalTask, doc: _Doc) -> None:
+    doc.extend("external_tasks", {"task_id": e.task_id, "topic": e.topic, "step": e.step, "visit": e.visit,
+                                  "payload": e.payload, "retries": e.retries, "backoff": e.backoff})
+
+
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     MovePosition: _move,
     SetState: _state,
@@ -145,6 +151,7 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     EmitEvent: _event,
     StartChild: _child,
     NotifyParent: _notify,
+    OpenExternalTask: _external_task,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -161,6 +168,7 @@ SECTION_SQL: dict[type[Effect], str] = {
     EmitEvent: "INSERT INTO {{schema}}.outbox",
     StartChild: "{{schema}}.start_children(",
     NotifyParent: "'CHILD_COMPLETION'",
+    OpenExternalTask: feature_section("external_tasks"),
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 

@@ -167,6 +167,15 @@ class PostgresOutbox:
         rows = await self._fetch("outbox_requeue", list(ids), all_dead)
         return sorted(int(r["id"]) for r in rows)
 
+    async def discard(self, ids: Sequence[int] = (), *, all_dead: bool = False, reason: str) -> list[int]:
+        """Dead events out of the outbox for good (never published; their keys resume); returns the ids."""
+        rows = await self._fetch("outbox_discard", list(ids), all_dead, reason)
+        return sorted(int(r["id"]) for r in rows)
+
+    async def discarded_count(self) -> int:
+        with translate_errors(self.url):
+            return int(await self.pool.fetchval(self.q["outbox_discarded_count"]))
+
     async def unsent_instances(self, candidates: Sequence[str] | None = None, *, limit: int = 10_000) -> set[str]:
         """The retention guard: of `candidates` (all instances when None), those holding an event that is
         not published yet, pending or dead. Retention must never purge one of these."""

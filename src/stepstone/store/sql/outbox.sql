@@ -82,7 +82,20 @@ FROM {{schema}}.outbox o
 WHERE o.published_at IS NULL;
 
 -- name: outbox_published_count
-SELECT count(*) FROM {{schema}}.outbox o WHERE o.published_at IS NOT NULL;
+SELECT count(*) FROM {{schema}}.outbox o WHERE o.published_at IS NOT NULL AND o.discarded_at IS NULL;
+
+-- name: outbox_discarded_count
+SELECT count(*) FROM {{schema}}.outbox o WHERE o.discarded_at IS NOT NULL;
+
+-- name: outbox_discard
+-- Dead events $1 (or every dead event when $2) discarded by an operator: out of the unpublished
+-- set for good (their keys resume), marked discarded with the reason $3; returns the ids.
+UPDATE {{schema}}.outbox o SET published_at = {{schema}}.db_now(), discarded_at = {{schema}}.db_now(),
+    last_error = 'discarded: ' || $3 || COALESCE(' (last error: ' || o.last_error || ')', ''),
+    claim_token = NULL, claimed_until = NULL, claimed_by = NULL
+WHERE o.published_at IS NULL AND o.dead_at IS NOT NULL
+  AND ($2 OR o.id = ANY($1::bigint[]))
+RETURNING o.id;
 
 -- name: outbox_list
 -- Unpublished events oldest first, dead letters only when $1; at most $2, ids above $3.
@@ -118,7 +131,7 @@ LIMIT $2;
 -- name: outbox_publish_times
 -- Test and bench hook: (event id, published_at, created_at) of published events.
 SELECT o.event_id, o.published_at, o.created_at FROM {{schema}}.outbox o
-WHERE o.published_at IS NOT NULL ORDER BY o.id;
+WHERE o.published_at IS NOT NULL AND o.discarded_at IS NULL ORDER BY o.id;
 
 -- name: outbox_events_by_id
 -- Staged order, key and publish time of the events $1 (uuid[]).

@@ -1,0 +1,103 @@
+"""``stepstone external serve | list``: external tasks for workers in any language.
+
+``stepstone external serve`` runs the HTTP endpoint (`stepstone.external.http`, extra
+``stepstone[external]``) until SIGTERM/SIGINT; ``stepstone external list`` shows tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import click
+
+from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.connection import open_store
+from stepstone.config import Settings
+from stepstone.external.tasks import ExternalTasks
+
+__all__ = ["commands"]
+
+TOKEN_ENV = "STEPSTONE_EXTERNAL_TOKEN"  # noqa: S105 - the name of the variable, not a secret
+log = logging.getLogger("stepstone.cli.external")
+
+
+@click.group("external")
+def external_group() -> None:
+    """External tasks: serve them over HTTP to workers in any language, list them."""
+
+
+async def _serve(settings: Settings, host: str, port: int, token: str | None) -> None:
+    try:
+        import uvicorn  # noqa: PLC0415 - an optional extra
+
+        from stepstone.external.http import create_app  # noqa: PLC0415 - needs the same extra
+    except ImportError as exc:
+        raise CliError(f"stepstone external serve needs {exc.name}: pip install 'stepstone[external]'") from exc
+    async with open_store(settings, pool_size=10) as store:
+        sock = _listen(host, port)
+        tasks = ExternalTasks(store)
+        try:
+            config = uvicorn.Config(create_app(tasks, token=token), log_level="warning", lifespan="off")
+            server = uvicorn.Server(config)
+            bound_host, bound_port = sock.getsockname()[:2]
+            log.info("external tasks on http://%s:%d (%s)", bound_host, bound_port,
+                     "bearer token required" if token else "no token: bind to a trusted network only")
+            await server.serve(sockets=[sock])
+        finally:
+            sock.close()
+            await tasks.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a port in use is one clear line (and --port 0 picks one)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+@external_group.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True)
+@click.option("--token", default=None, metavar="SECRET",
+              help=f"Require 'Authorization: Bearer SECRET' on every request [env {TOKEN_ENV}].")
+@with_settings
+def serve_command(settings: Settings, host: str, port: int, token: str | None) -> None:
+    """Serve fetch-and-lock, extend, complete, failure and business error over HTTP until SIGTERM/SIGINT."""
+    from stepstone.cli.worker import configure_logging  # noqa: PLC0415 - avoid an import cycle at load
+
+    configure_logging()
+    run_async(_serve(settings, host, port, token or os.environ.get(TOKEN_ENV) or None))
+
+
+@external_group.command("list")
+@click.option("--topic", type=TEXT, default=None)
+@click.option("--status", type=click.Choice(["OPEN", "COMPLETED", "ERROR", "FAILED", "CANCELLED"],
+                                            case_sensitive=False), default=None)
+@click.option("--instance", "instance_id", type=TEXT, default=None, metavar="ID")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@with_settings
+@output_option
+def list_command(settings: Settings, topic: str | None, status: str | None, instance_id: str | None, limit: int,
+                 output: str) -> None:
+    """External tasks oldest first: topic, status, who holds the lock, retries left, last error."""
+
+    async def read() -> list[dict[str, Any]]:
+        async with open_store(settings, pool_size=2) as store:
+            return await ExternalTasks(store).list(topic=topic, status=status, instance_id=instance_id, limit=limit)
+
+    found = run_async(read())
+    emit(found, output, lambda: render_table(
+        [[t["id"], t["topic"], t["status"], t["instance_id"], t["position"] or "-", t["lock_owner"] or "",
+          t["retries"], t["last_error"] or ""] for t in found],
+        ["id", "topic", "status", "instance", "position", "locked by", "retries", "last error"]))
+
+
+commands = [external_group]

@@ -1,0 +1,184 @@
+"""External tasks over HTTP: a small ASGI app (Starlette, extra ``stepstone[external]``) so a worker in
+any language takes part with an HTTP client. `stepstone external serve` runs it; a host app may
+mount `create_app(tasks)` under a prefix.
+
+    POST /external-tasks/fetch-and-lock      {"worker_id", "topics": [...], "max_tasks", "lock_duration",
+                                              "timeout"}                     -> {"tasks": [...]}
+    POST /external-tasks/{id}/extend-lock    {"lock_token", "lock_duration"}  -> {"lock_until"}
+    POST /external-tasks/{id}/complete       {"lock_token", "variables", "worker_id"}
+    POST /external-tasks/{id}/business-error {"lock_token", "code", "message", "variables", "details"}
+    POST /external-tasks/{id}/failure        {"lock_token", "message", "details", "retries", "retry_delay"}
+    GET  /external-tasks?topic=&status=&instance_id=&limit=
+    GET  /health
+
+Errors are one JSON object `{"error": <kind>, "message": <one line>}` with a status that says what
+to do: 400 bad input, 401 no or wrong bearer token, 404 no such task, 409 the lock token was refused
+(`error` is lock_lost, lock_expired, not_open or not_awaited), 503 the database cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from stepstone.errors import InvalidInput, NotFound, StepstoneError, TaskLockRefused, Unavailable
+from stepstone.external.tasks import ExternalTasks, LockedTask
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("stepstone.external.http")
+MAX_BODY_BYTES = 1024 * 1024
+_DISCONNECT_CHECK = 0.5  # seconds between looks at whether a long-polling client is still there
+
+Handler = Callable[[Request], Awaitable[Any]]
+
+
+def _error(status: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"error": kind, "message": message}, status_code=status)
+
+
+def _translated(exc: StepstoneError) -> JSONResponse:
+    """The one mapping of the error tree to HTTP statuses."""
+    if isinstance(exc, TaskLockRefused):
+        return JSONResponse({"error": exc.reason, "message": str(exc), "task_id": exc.task_id, "status": exc.status},
+                            status_code=409)
+    if isinstance(exc, NotFound):
+        return _error(404, "not_found", str(exc))
+    if isinstance(exc, InvalidInput):
+        return _error(400, "invalid_input", str(exc))
+    if isinstance(exc, Unavailable):
+        return _error(503, "unavailable", str(exc))
+    log.error("external task request failed: %s: %s", type(exc).__name__, exc)
+    return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+
+
+def _endpoint(handler: Handler, token: str | None) -> Callable[[Request], Awaitable[Response]]:
+    expected = f"Bearer {token}".encode() if token else None
+
+    async def run(request: Request) -> Response:
+        if expected is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error(401, "unauthorized", "a valid 'Authorization: Bearer <token>' header is required")
+        try:
+            return JSONResponse(await handler(request))
+        except StepstoneError as exc:
+            return _translated(exc)
+
+    return run
+
+
+async def _unless_gone(request: Request, work: Awaitable[list[LockedTask]]) -> list[LockedTask]:
+    """Run a long poll, and give it up when the client goes away: tasks locked for a worker that
+    left would wait out their lock."""
+    job = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({job}, timeout=_DISCONNECT_CHECK)
+            if done:
+                return job.result()
+            if await request.is_disconnected():
+                job.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job
+                return []
+    finally:
+        if not job.done():
+            job.cancel()
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise InvalidInput(f"request body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}", what="body")
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"request body is not JSON: {exc}", what="body") from None
+    if not isinstance(data, dict):
+        raise InvalidInput("request body must be a JSON object", what="body")
+    return data
+
+
+def _required(data: dict[str, Any], name: str) -> Any:
+    if name not in data or data[name] is None:
+        raise InvalidInput(f"{name} is required", what=name)
+    return data[name]
+
+
+def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
+    """The ASGI app over `tasks`. With `token`, every request but /health needs `Authorization: Bearer <token>`."""
+
+    async def fetch_and_lock(request: Request) -> Any:
+        data = await _body(request)
+        topics = data.get("topics", data.get("topic"))
+        locked = await _unless_gone(request, tasks.fetch_and_lock(
+            _required(data, "worker_id"), _required({"topics": topics}, "topics"),
+            max_tasks=data.get("max_tasks", 1), lock_duration=data.get("lock_duration", 30.0),
+            timeout=data.get("timeout", 0.0)))
+        return {"tasks": [t.as_dict() for t in locked]}
+
+    async def extend_lock(request: Request) -> Any:
+        data = await _body(request)
+        until = await tasks.extend_lock(request.path_params["task_id"], _required(data, "lock_token"),
+                                        _required(data, "lock_duration"))
+        return {"task_id": request.path_params["task_id"], "lock_until": until.isoformat()}
+
+    async def complete(request: Request) -> Any:
+        data = await _body(request)
+        answer = await tasks.complete(request.path_params["task_id"], _required(data, "lock_token"),
+                                      data.get("variables"), worker_id=data.get("worker_id"))
+        return answer.as_dict()
+
+    async def business_error(request: Request) -> Any:
+        data = await _body(request)
+        answer = await tasks.raise_error(
+            request.path_params["task_id"], _required(data, "lock_token"), _required(data, "code"),
+            data.get("message", ""), variables=data.get("variables"), details=data.get("details"),
+            worker_id=data.get("worker_id"))
+        return answer.as_dict()
+
+    async def failure(request: Request) -> Any:
+        data = await _body(request)
+        answer = await tasks.fail(
+            request.path_params["task_id"], _required(data, "lock_token"), data.get("message", ""),
+            details=data.get("details"), retries=data.get("retries"), retry_delay=data.get("retry_delay"),
+            worker_id=data.get("worker_id"))
+        return answer.as_dict()
+
+    async def listing(request: Request) -> Any:
+        q = request.query_params
+        try:
+            limit = int(q.get("limit", "50"))
+        except ValueError:
+            raise InvalidInput(f"limit must be an integer, got {q.get('limit')!r}", what="limit") from None
+        found = await tasks.list(topic=q.get("topic"), status=q.get("status"), instance_id=q.get("instance_id"),
+                                 limit=limit)
+        return {"tasks": [{k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in t.items()}
+                          for t in found]}
+
+    async def health(_: Request) -> Any:
+        return {"status": "ok"}
+
+    routes = [
+        Route("/health", _endpoint(health, None), methods=["GET"]),
+        Route("/external-tasks", _endpoint(listing, token), methods=["GET"]),
+        Route("/external-tasks/fetch-and-lock", _endpoint(fetch_and_lock, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/extend-lock", _endpoint(extend_lock, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/complete", _endpoint(complete, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/business-error", _endpoint(business_error, token), methods=["POST"]),
+        Route("/external-tasks/{task_id}/failure", _endpoint(failure, token), methods=["POST"]),
+    ]
+    return Starlette(routes=routes)

@@ -1,0 +1,158 @@
+"""A Python external-task worker: handlers per topic, locks kept while they run, answers sent for them.
+
+    worker = ExternalWorker(tasks, "billing-1")
+
+    @worker.subscribe("payments")
+    async def charge(task: LockedTask) -> dict[str, Any]:
+        if declined(task.payload):
+            raise BusinessError("card_declined", "insufficient funds")
+        return {"charge_id": await gateway.charge(task.id, task.payload["amount"])}   # keyed on task.id
+
+    await worker.run(stop)          # until `stop` is set; or `await worker.run_once()` for one round
+
+What a handler returns (a dict or None) completes the task with those variables; `BusinessError`
+answers a business error; any other exception reports a failure (retried per the step's policy). The
+lock is extended every third of its duration while the handler runs; a handler whose lock was lost
+(it ran past an expiry another worker took over) has its answer dropped, never sent on a stale token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from stepstone.errors import InvalidInput, StepstoneError, TaskLockRefused
+from stepstone.external.tasks import ExternalTasks, LockedTask
+
+__all__ = ["BusinessError", "ExternalWorker"]
+
+log = logging.getLogger("stepstone.external.worker")
+
+TaskHandler = Callable[[LockedTask], "Awaitable[dict[str, Any] | None] | dict[str, Any] | None"]
+
+
+class BusinessError(Exception):
+    """Raise from a handler to answer a business error: the step's `errors[code]` is taken."""
+
+    def __init__(self, code: str, message: str = "", *, variables: dict[str, Any] | None = None,
+                 details: Any = None) -> None:
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+        self.variables = variables
+        self.details = details
+
+
+class ExternalWorker:
+    """Runs the handlers of its topics on the tasks it fetches, at most `max_tasks` at a time."""
+
+    def __init__(self, tasks: ExternalTasks, worker_id: str, *, lock_duration: float = 30.0, max_tasks: int = 10,
+                 long_poll: float = 20.0) -> None:
+        self.tasks = tasks
+        self.worker_id = worker_id
+        self.lock_duration = lock_duration
+        self.max_tasks = max_tasks
+        self.long_poll = long_poll
+        self.handlers: dict[str, TaskHandler] = {}
+        self.answered = 0
+        self.dropped = 0
+
+    def subscribe(self, topic: str) -> Callable[[TaskHandler], TaskHandler]:
+        def register(handler: TaskHandler) -> TaskHandler:
+            self.handlers[topic] = handler
+            return handler
+
+        return register
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch (long polling) and handle until `stop` is set; the round in hand is finished."""
+        while not stop.is_set():
+            try:
+                await self.run_once(timeout=self.long_poll, stop=stop)
+            except StepstoneError as exc:  # the database is away: try again shortly
+                log.warning("external worker %s: %s; retrying in 1 s", self.worker_id, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
+
+    async def run_once(self, *, timeout: float = 0.0, stop: asyncio.Event | None = None) -> int:
+        """One fetch and the handling of what it locked; returns how many tasks were answered."""
+        if not self.handlers:
+            raise ValueError("subscribe a handler to at least one topic first")
+        fetch = asyncio.ensure_future(self.tasks.fetch_and_lock(
+            self.worker_id, list(self.handlers), max_tasks=self.max_tasks, lock_duration=self.lock_duration,
+            timeout=timeout))
+        if stop is not None:
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not fetch.done():
+                fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await fetch
+                return 0
+        locked = await fetch
+        before = self.answered
+        await asyncio.gather(*(self._handle(task) for task in locked))
+        return self.answered - before
+
+    async def _handle(self, task: LockedTask) -> None:
+        lost = asyncio.Event()
+        keeper = asyncio.create_task(self._keep(task, lost))
+        try:
+            outcome: Any = await self._call(task)
+        except BusinessError as exc:
+            outcome = exc
+        except Exception as exc:  # noqa: BLE001 - every handler error is reported as the task's failure
+            outcome = exc
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
+        if lost.is_set():
+            self.dropped += 1
+            log.warning("external task %s: the lock was lost while its handler ran; its answer is dropped", task.id)
+            return
+        try:
+            try:
+                await self._answer(task, outcome)
+            except InvalidInput as exc:  # what the handler returned cannot be stored: a failure instead
+                await self._answer(task, ValueError(f"the handler's result was refused: {exc}"))
+        except TaskLockRefused as exc:
+            self.dropped += 1
+            log.warning("external task %s: answer refused (%s)", task.id, exc.reason)
+            return
+        self.answered += 1
+
+    async def _call(self, task: LockedTask) -> Any:
+        handler = self.handlers[task.topic]
+        if inspect.iscoroutinefunction(handler):
+            return await handler(task)
+        result = await asyncio.to_thread(handler, task)
+        return await result if inspect.isawaitable(result) else result
+
+    async def _answer(self, task: LockedTask, outcome: Any) -> None:
+        if isinstance(outcome, BusinessError):
+            await self.tasks.raise_error(task.id, task.lock_token, outcome.code, outcome.message,
+                                         variables=outcome.variables, details=outcome.details,
+                                         worker_id=self.worker_id)
+        elif isinstance(outcome, Exception):
+            await self.tasks.fail(task.id, task.lock_token, f"{type(outcome).__name__}: {outcome}"[:2000],
+                                  worker_id=self.worker_id)
+        else:
+            await self.tasks.complete(task.id, task.lock_token, outcome, worker_id=self.worker_id)
+
+    async def _keep(self, task: LockedTask, lost: asyncio.Event) -> None:
+        """Extend the lock every third of its duration while the handler runs."""
+        while True:
+            await asyncio.sleep(self.lock_duration / 3)
+            try:
+                await self.tasks.extend_lock(task.id, task.lock_token, self.lock_duration)
+            except TaskLockRefused:
+                lost.set()
+                return
+            except StepstoneError as exc:  # transient: the next round tries again before the lock runs out
+                log.warning("external task %s: cannot extend its lock now (%s)", task.id, exc)

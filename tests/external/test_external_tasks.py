@@ -1,0 +1,235 @@
+"""External tasks against a real PostgreSQL: fetch and lock, complete with variables, business
+errors, failures with retries and backoff, incidents and their retry, fencing by lock token and
+lock expiry, concurrent fetches that never hand one task to two workers, tasks inside branches."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from stepstone.external import ExternalTasks, LockedTask, LockExpired, LockLost, TaskEnded
+from stepstone.testing import Engine, open_engine
+from tests.external import workflows
+from tests.external.workflows import payment, shipping
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    async with open_engine(database_url, workflows.registry, concurrency=4, lease_seconds=30) as e:
+        yield e
+
+
+@pytest.fixture
+async def tasks(engine: Engine) -> ExternalTasks:
+    return ExternalTasks(engine.store, poll_interval=0.05)
+
+
+async def _started(engine: Engine, order: str = "A-1", amount: int = 42) -> str:
+    iid = await engine.client.start(payment, {"order_id": order, "amount": amount})
+    await engine.run_until_idle()
+    return iid
+
+
+async def _one(tasks: ExternalTasks, worker: str = "w1", topic: str = "payments", **kw: float) -> LockedTask:
+    [task] = await tasks.fetch_and_lock(worker, [topic], max_tasks=5, **kw)
+    return task
+
+
+async def test_complete_merges_variables_and_the_instance_goes_on(engine: Engine, tasks: ExternalTasks) -> None:
+    iid = await _started(engine)
+    info = await engine.client.get(iid)
+    assert info.status == "WAITING" and info.waiting_for["kind"] == "external"
+    task = await _one(tasks)
+    assert task.instance_id == iid and task.topic == "payments" and task.step == "charge"
+    assert task.payload == {"order_id": "A-1", "amount": 42}  # only the step's inputs
+    assert task.definition_id == "payment" and task.retries == 3
+    assert await tasks.fetch_and_lock("w2", ["payments"]) == []  # locked: nobody else gets it
+
+    answer = await tasks.complete(task.id, task.lock_token, {"charge_id": "ch-1"}, worker_id="w1")
+    assert answer.status == "COMPLETED" and answer.command_id is not None and not answer.duplicate
+    again = await tasks.complete(task.id, task.lock_token, {"charge_id": "ch-1"})
+    assert again.duplicate and again.command_id == answer.command_id  # a retried reply, not a second answer
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED"
+    assert info.state["receipt"] == "A-1 paid with ch-1"
+    kinds = [h["kind"] for h in await engine.client.history(iid)]
+    assert "EXTERNAL_TASK_OPENED" in kinds and "EXTERNAL_TASK_COMPLETED" in kinds
+
+
+async def test_a_business_error_takes_its_route(engine: Engine, tasks: ExternalTasks) -> None:
+    iid = await _started(engine)
+    task = await _one(tasks)
+    answer = await tasks.raise_error(task.id, task.lock_token, "card_declined", "insufficient funds")
+    assert answer.status == "ERROR"
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["declined"] is True
+    assert info.state["why"] == {"code": "card_declined", "message": "insufficient funds", "details": None}
+
+
+async def test_an_unknown_business_error_is_an_incident(engine: Engine, tasks: ExternalTasks) -> None:
+    iid = await _started(engine)
+    task = await _one(tasks)
+    await tasks.raise_error(task.id, task.lock_token, "fraud", "flagged")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.error["type"] == "ExternalTaskError"
+
+
+async def test_failures_retry_with_backoff_then_an_incident_an_operator_retries(
+    engine: Engine, tasks: ExternalTasks
+) -> None:
+    iid = await _started(engine)
+    task = await _one(tasks)
+    first = await tasks.fail(task.id, task.lock_token, "gateway timeout")
+    assert first.status == "OPEN" and first.retries == 2
+    assert await tasks.fetch_and_lock("w1", ["payments"]) == []  # backing off: 10 s (the step's backoff)
+    await engine.advance(9)
+    assert await tasks.fetch_and_lock("w1", ["payments"]) == []
+    await engine.advance(1.5)
+    task = await _one(tasks)
+    assert task.attempts == 1 and task.last_error == "gateway timeout"
+    second = await tasks.fail(task.id, task.lock_token, "gateway timeout")
+    assert second.retries == 1
+    await engine.advance(19)  # backoff doubles: 20 s
+    assert await tasks.fetch_and_lock("w1", ["payments"]) == []
+    await engine.advance(2)
+    task = await _one(tasks)
+    last = await tasks.fail(task.id, task.lock_token, "gateway gone", details={"http": 502})
+    assert last.status == "FAILED" and last.command_id is not None
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.error["type"] == "ExternalTaskFailed"
+    assert "gateway gone" in info.error["message"]
+
+    await engine.client.retry(iid)  # the operator: the task is offered again with fresh retries
+    await engine.run_until_idle()
+    task = await _one(tasks)
+    assert task.retries == 3 and task.attempts == 0
+    await tasks.complete(task.id, task.lock_token, {"charge_id": "ch-9"})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+
+
+async def test_a_worker_may_set_retries_and_delay(engine: Engine, tasks: ExternalTasks) -> None:
+    iid = await _started(engine)
+    task = await _one(tasks)
+    answer = await tasks.fail(task.id, task.lock_token, "try later", retries=5, retry_delay=0)
+    assert answer.retries == 5
+    task = await _one(tasks)
+    answer = await tasks.fail(task.id, task.lock_token, "give up", retries=0)
+    assert answer.status == "FAILED"
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "FAILED"
+
+
+async def test_an_expired_lock_cannot_complete_and_the_task_goes_to_another_worker(
+    engine: Engine, tasks: ExternalTasks
+) -> None:
+    iid = await _started(engine)
+    slow = await _one(tasks, "slow", lock_duration=30)
+    await engine.advance(20)
+    await tasks.extend_lock(slow.id, slow.lock_token, 30)  # held until 50 s from the start
+    await engine.advance(25)
+    assert await tasks.fetch_and_lock("fast", ["payments"]) == []  # still held after the extension
+    await engine.advance(10)
+    with pytest.raises(LockExpired):
+        await tasks.complete(slow.id, slow.lock_token, {"charge_id": "late"})
+    with pytest.raises(LockExpired):
+        await tasks.extend_lock(slow.id, slow.lock_token, 30)
+
+    fast = await _one(tasks, "fast")  # the expired lock made it fetchable again
+    assert fast.id == slow.id and fast.lock_token != slow.lock_token
+    with pytest.raises(LockLost) as refused:  # the lock moved to another worker: typed refusal
+        await tasks.complete(slow.id, slow.lock_token, {"charge_id": "late"})
+    assert refused.value.reason == "lock_lost" and refused.value.task_id == slow.id
+    with pytest.raises(LockLost):
+        await tasks.fail(slow.id, slow.lock_token, "late")
+    await tasks.complete(fast.id, fast.lock_token, {"charge_id": "ch-fast"})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["charge_id"] == "ch-fast"
+
+
+async def test_a_cancelled_instance_task_is_not_handed_out_nor_completed(engine: Engine, tasks: ExternalTasks) -> None:
+    held_iid = await _started(engine, "A-1")
+    other_iid = await _started(engine, "A-2")
+    [held] = await tasks.fetch_and_lock("w1", ["payments"], max_tasks=1)
+    assert held.instance_id == held_iid
+    await engine.client.cancel(held_iid, "customer left")
+    await engine.client.cancel(other_iid, "customer left")
+    with pytest.raises(TaskEnded) as refused:
+        await tasks.complete(held.id, held.lock_token, {})
+    assert refused.value.reason == "not_awaited"
+    assert await tasks.fetch_and_lock("w1", ["payments"]) == []  # the other one is closed, not handed out
+    assert {t["status"] for t in await tasks.list()} == {"CANCELLED"}
+
+
+async def test_concurrent_fetches_never_hand_one_task_to_two_workers(engine: Engine, tasks: ExternalTasks) -> None:
+    ids = [await engine.client.start(payment, {"order_id": f"o-{n}", "amount": n}) for n in range(60)]
+    await engine.run_until_idle()
+    fetchers = [ExternalTasks(engine.store, poll_interval=0.05) for _ in range(6)]
+
+    async def drain(n: int) -> list[str]:
+        got: list[str] = []
+        while batch := await fetchers[n].fetch_and_lock(f"w{n}", ["payments"], max_tasks=4):
+            got += [t.id for t in batch]
+            await asyncio.sleep(0)
+        return got
+
+    results = await asyncio.gather(*(drain(n) for n in range(6)))
+    handed = [t for r in results for t in r]
+    assert len(handed) == len(set(handed)) == len(ids)
+    assert sum(1 for r in results if r) > 1  # the fetches did overlap
+
+
+async def test_long_polling_wakes_when_a_task_opens(engine: Engine, tasks: ExternalTasks) -> None:
+    poll = asyncio.create_task(tasks.fetch_and_lock("w1", ["payments"], timeout=20))
+    await asyncio.sleep(0.2)
+    assert not poll.done()
+    iid = await _started(engine)
+    [task] = await asyncio.wait_for(poll, 10)
+    assert task.instance_id == iid
+    started = asyncio.get_running_loop().time()
+    assert await tasks.fetch_and_lock("w1", ["payments"], timeout=0.3) == []
+    assert asyncio.get_running_loop().time() - started >= 0.3
+    await tasks.close()
+
+
+async def test_tasks_inside_branches(engine: Engine, tasks: ExternalTasks) -> None:
+    iid = await engine.client.start(shipping, {})
+    await engine.run_until_idle()
+    locked = await tasks.fetch_and_lock("w1", ["labels"], max_tasks=10)
+    assert sorted(t.position for t in locked) == ["each/0", "each/1", "each/2"]
+    for t in locked[:2]:
+        await tasks.complete(t.id, t.lock_token, {"labels": {t.position.replace("/", "_"): f"L-{t.position}"}})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "WAITING"
+    last = locked[2]
+    await tasks.complete(last.id, last.lock_token, {"labels_last": "L-last"})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["done"] is True
+
+
+async def test_variables_that_do_not_fit_the_state_model_fail_the_position(
+    engine: Engine, tasks: ExternalTasks
+) -> None:
+    iid = await engine.client.start(shipping, {"parcels": ["p1"]})
+    await engine.run_until_idle()
+    [task] = await tasks.fetch_and_lock("w1", ["labels"])
+    await tasks.complete(task.id, task.lock_token, {"done": "not a boolean"})  # Parcels.done is a bool
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.error["type"] == "InvalidVariables"
+    assert info.state["done"] is False  # nothing of them was stored
+    await engine.client.retry(iid)  # the operator: the task is open again
+    await engine.run_until_idle()
+    [task] = await tasks.fetch_and_lock("w1", ["labels"])
+    await tasks.complete(task.id, task.lock_token, {"labels": {"p1": "L-1"}})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["labels"] == {"p1": "L-1"}

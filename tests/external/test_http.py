@@ -1,0 +1,93 @@
+"""The HTTP endpoint of external tasks, in process (httpx on the ASGI app), on a real PostgreSQL:
+the same operations as the Python client, errors as JSON with a status that says what to do."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from stepstone.external import ExternalTasks
+from stepstone.external.http import create_app
+from stepstone.testing import Engine, open_engine
+from tests.external import workflows
+from tests.external.workflows import payment
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    async with open_engine(database_url, workflows.registry, concurrency=2, lease_seconds=30) as e:
+        yield e
+
+
+@pytest.fixture
+async def http(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    tasks = ExternalTasks(engine.store, poll_interval=0.05)
+    transport = httpx.ASGITransport(app=create_app(tasks, token="s3cret"))  # noqa: S106 - a test token
+    async with httpx.AsyncClient(transport=transport, base_url="http://test",
+                                 headers={"authorization": "Bearer s3cret"}) as client:
+        yield client
+    await tasks.close()
+
+
+async def test_fetch_complete_over_http(engine: Engine, http: httpx.AsyncClient) -> None:
+    iid = await engine.client.start(payment, {"order_id": "H-1", "amount": 7})
+    await engine.run_until_idle()
+    got = await http.post("/external-tasks/fetch-and-lock",
+                          json={"worker_id": "curl", "topics": ["payments"], "max_tasks": 2, "lock_duration": 60})
+    assert got.status_code == 200
+    [task] = got.json()["tasks"]
+    assert task["payload"] == {"order_id": "H-1", "amount": 7} and task["instance_id"] == iid
+
+    extended = await http.post(f"/external-tasks/{task['id']}/extend-lock",
+                               json={"lock_token": task["lock_token"], "lock_duration": 120})
+    assert extended.status_code == 200 and extended.json()["lock_until"] > task["lock_until"]
+
+    wrong = await http.post(f"/external-tasks/{task['id']}/complete",
+                            json={"lock_token": "00000000-0000-0000-0000-000000000000"})
+    assert wrong.status_code == 409 and wrong.json()["error"] == "lock_lost"
+
+    done = await http.post(f"/external-tasks/{task['id']}/complete",
+                           json={"lock_token": task["lock_token"], "variables": {"charge_id": "ch-h"}})
+    assert done.status_code == 200 and done.json()["status"] == "COMPLETED"
+    again = await http.post(f"/external-tasks/{task['id']}/failure",
+                            json={"lock_token": task["lock_token"], "message": "too late"})
+    assert again.status_code == 409 and again.json()["error"] == "not_open"
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["receipt"] == "H-1 paid with ch-h"
+    listed = await http.get("/external-tasks", params={"status": "completed"})
+    assert [t["id"] for t in listed.json()["tasks"]] == [task["id"]]
+
+
+async def test_failure_and_business_error_over_http(engine: Engine, http: httpx.AsyncClient) -> None:
+    iid = await engine.client.start(payment, {"order_id": "H-2", "amount": 9})
+    await engine.run_until_idle()
+    body = {"worker_id": "curl", "topic": "payments"}
+    [task] = (await http.post("/external-tasks/fetch-and-lock", json=body)).json()["tasks"]
+    failed = await http.post(f"/external-tasks/{task['id']}/failure",
+                             json={"lock_token": task["lock_token"], "message": "busy", "retry_delay": 0})
+    assert failed.status_code == 200 and failed.json()["status"] == "OPEN" and failed.json()["retries"] == 2
+    [task] = (await http.post("/external-tasks/fetch-and-lock", json=body)).json()["tasks"]
+    raised = await http.post(f"/external-tasks/{task['id']}/business-error",
+                             json={"lock_token": task["lock_token"], "code": "card_declined"})
+    assert raised.status_code == 200 and raised.json()["status"] == "ERROR"
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["declined"] is True
+
+
+async def test_errors_are_json_with_a_status(http: httpx.AsyncClient) -> None:
+    unauthorized = await http.post("/external-tasks/fetch-and-lock", json={}, headers={"authorization": "Bearer x"})
+    assert unauthorized.status_code == 401 and unauthorized.json()["error"] == "unauthorized"
+    assert (await http.get("/health", headers={"authorization": ""})).status_code == 200
+    missing = await http.post("/external-tasks/fetch-and-lock", json={"topics": ["payments"]})
+    assert missing.status_code == 400 and "worker_id" in missing.json()["message"]
+    bad = await http.post("/external-tasks/fetch-and-lock", content=b"{not json")
+    assert bad.status_code == 400
+    wide = await http.post("/external-tasks/fetch-and-lock", json={"worker_id": "w", "topics": ["x"], "max_tasks": 0})
+    assert wide.status_code == 400 and "max_tasks" in wide.json()["message"]
+    unknown = await http.post("/external-tasks/6b1c8a1e-0000-4000-8000-000000000000/complete",
+                              json={"lock_token": "6b1c8a1e-0000-4000-8000-000000000000"})
+    assert unknown.status_code == 404
+    no_route = await http.get("/nothing")
+    assert no_route.status_code == 404

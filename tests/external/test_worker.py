@@ -1,0 +1,83 @@
+"""`ExternalWorker`: handlers per topic complete, raise business errors and fail tasks; a handler whose
+lock was lost while it ran has its answer dropped, never sent on a stale token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from stepstone.external import BusinessError, ExternalTasks, ExternalWorker, LockedTask
+from stepstone.testing import Engine, open_engine
+from tests.external import workflows
+from tests.external.workflows import payment
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    async with open_engine(database_url, workflows.registry, concurrency=2, lease_seconds=30) as e:
+        yield e
+
+
+async def _start(engine: Engine, *amounts: int) -> list[str]:
+    ids = [await engine.client.start(payment, {"order_id": f"o-{a}", "amount": a}) for a in amounts]
+    await engine.run_until_idle()
+    return ids
+
+
+async def test_handlers_complete_raise_and_fail(engine: Engine) -> None:
+    ok, declined, broken = await _start(engine, 1, 2, 3)
+    worker = ExternalWorker(ExternalTasks(engine.store), "py-1")
+
+    @worker.subscribe("payments")
+    def charge(task: LockedTask) -> dict[str, Any]:  # a sync handler runs in a thread
+        amount = task.payload["amount"]
+        if amount == 2:
+            raise BusinessError("card_declined", "no funds", details={"limit": 1})
+        if amount == 3:
+            raise ConnectionError("gateway down")
+        return {"charge_id": f"ch-{amount}"}
+
+    assert await worker.run_once() == 3
+    await engine.run_until_idle()
+    assert (await engine.client.get(ok)).state["receipt"] == "o-1 paid with ch-1"
+    assert (await engine.client.get(declined)).state["why"]["details"] == {"limit": 1}
+    [task] = await worker.tasks.list(status="open")
+    assert task["instance_id"] == broken and task["retries"] == 2 and "gateway down" in task["last_error"]
+
+
+async def test_a_handler_whose_lock_was_lost_sends_nothing(engine: Engine) -> None:
+    [iid] = await _start(engine, 5)
+    release = asyncio.Event()
+    entered = asyncio.Event()
+    worker = ExternalWorker(ExternalTasks(engine.store), "slow", lock_duration=3)
+
+    @worker.subscribe("payments")
+    async def charge(task: LockedTask) -> dict[str, Any]:
+        entered.set()
+        await release.wait()
+        return {"charge_id": "slow"}
+
+    round_ = asyncio.create_task(worker.run_once())
+    await entered.wait()
+    await engine.advance(10)  # the lock expired (db clock); another worker takes the task
+    other = ExternalTasks(engine.store)
+    [taken] = await other.fetch_and_lock("fast", ["payments"])
+    release.set()
+    assert await round_ == 0 and worker.dropped == 1
+    await other.complete(taken.id, taken.lock_token, {"charge_id": "fast"})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["charge_id"] == "fast"
+
+
+async def test_run_stops_when_asked(engine: Engine) -> None:
+    worker = ExternalWorker(ExternalTasks(engine.store, poll_interval=0.05), "idle", long_poll=20)
+    worker.subscribe("payments")(lambda _task: None)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(running, 5)  # the long poll is given up at once
+    await worker.tasks.close()
