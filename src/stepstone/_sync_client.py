@@ -94,14 +94,21 @@ class SyncClient:
         *,
         idempotency_key: str | None = None,
         business_key: str | None = None,
+        scope: str = "default",
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict."""
+        same instance; the same key with other input raises IdempotencyConflict.
+
+        A workflow named by id runs the version the scope's activation selects (the default scope's when
+        the scope has none; the highest AVAILABLE version when nothing was activated); a `Workflow`
+        runs its own version. Either way the instance is pinned to that version, and a version that is
+        not AVAILABLE is refused (VersionNotAdmitted)."""
         return self._run(self._client.start(
             workflow,
             input,
             idempotency_key=idempotency_key,
             business_key=business_key,
+            scope=scope,
         ))
 
     def signal(
@@ -141,14 +148,17 @@ class SyncClient:
         business_key: str | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Instances newest first; pass the last row's (created_at, id) as `after` for the next page."""
+        """Instances newest first; pass the last row's (created_at, id) as `after` for the next page.
+        `scope` keeps the instances of one scope key (tenant)."""
         return self._run(self._client.list(
             status=status,
             definition=definition,
             business_key=business_key,
             after=after,
             limit=limit,
+            scope=scope,
         ))
 
     def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:

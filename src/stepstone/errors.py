@@ -166,9 +166,10 @@ class PositionNotFound(NotFound):
 
 
 class DefinitionNotFound(NotFound):
-    def __init__(self, definition_id: str, version: int | None = None) -> None:
+    def __init__(self, definition_id: str, version: int | None = None, *, reason: str = "is registered here") -> None:
         which = f"{definition_id!r}" + (f" v{version}" if version is not None else "")
-        super().__init__(f"no workflow definition {which} is registered here")
+        super().__init__(f"no workflow definition {which} {reason}" if reason == "is registered here"
+                         else f"workflow definition {which} {reason}")
         self.definition_id = definition_id
         self.version = version
 

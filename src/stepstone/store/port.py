@@ -140,6 +140,7 @@ class ClientStore(Protocol):
         business_key: str | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]: ...
     async def close(self) -> None: ...
 

@@ -325,10 +325,12 @@ class PostgresStore:
         business_key: str | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]:
         at, after_id = after if after else (None, None)
         rows = await self._fetch(
-            "list_instances", status, definition, business_key, at, _uuid(after_id) if after_id else None, limit
+            "list_instances", status, definition, business_key, at, _uuid(after_id) if after_id else None, limit,
+            scope,
         )
         return [{**dict(r), "id": str(r["id"])} for r in rows]
 
