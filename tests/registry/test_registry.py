@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -105,7 +106,7 @@ async def test_pin_admission_refuses_a_deprecated_or_retired_version(engine: Eng
 async def test_pin_admission_refuses_a_drifted_pin(engine: Engine) -> None:
     drifted = flow(2, second="z")
     client = type(engine.client)(engine.store, Registry(drifted))
-    client._registered.add(("orders", 2))  # noqa: SLF001 - skip the client's own registration, as another node would
+    client._registered.add(("orders", 2))  # skip the registration, as another node would
     with pytest.raises(DefinitionDrift, match="structure changed without a version bump"):
         await client.start(drifted, {})
 
@@ -164,3 +165,33 @@ async def test_heartbeat_and_stranded_report(engine: Engine) -> None:
     assert [(s.pin.version, s.instances) for s in await d.stranded(60)] == [(1, 2)]
     await d.forget_worker("w1")
     assert await d.served(3600) == []
+
+
+async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fails_it(engine: Engine) -> None:
+    only_v1 = Worker(engine.store, Registry(V1))
+    iid = await engine.client.start(V2, {})
+    rows = []
+    for _ in range(3):
+        await only_v1.run_until_idle()
+        row = await _command(engine, iid)
+        rows.append(row)
+        await engine.advance(row["wait"] + 1)
+    assert [r["state"] for r in rows] == ["DEFERRED"] * 3
+    assert [round(r["wait"]) for r in rows] == [5, 10, 20]  # 5 s * 2^n
+    assert rows[0]["last_error"].startswith("NOT_RUNNABLE: this node has no plan orders v2")
+    assert (await engine.client.get(iid)).status == "PENDING"
+    with_v2 = Worker(engine.store, Registry(V2))
+    await with_v2.start()  # a worker with the plan comes up: the deferred command is claimable at once
+    try:
+        info = await engine.client.wait_for(iid, timeout=20)
+    finally:
+        await with_v2.stop()
+    assert info.status == "COMPLETED"
+
+
+async def _command(engine: Engine, iid: str) -> dict[str, Any]:
+    pool = engine.store.pool  # type: ignore[attr-defined]
+    row = await pool.fetchrow(
+        "SELECT state, last_error, deferrals, EXTRACT(EPOCH FROM available_at - stepstone.db_now())::float8 AS wait "
+        "FROM stepstone.commands WHERE instance_id = $1 AND kind = 'START'", uuid.UUID(iid))
+    return dict(row)
