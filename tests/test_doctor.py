@@ -47,7 +47,7 @@ async def start_and_defer(database_url: str) -> tuple[int, int]:
         done = await engine.client.start(kept, {})
         pending = await asyncio.to_thread(doctor, database_url)
         assert pending.exit_code == 0, pending.output
-        assert "warning:" not in pending.stdout  # PENDING commands are not deferred ones
+        assert "command(s) of" not in pending.stdout  # PENDING commands are not deferred ones
         await engine.run_until_idle()
         info = await engine.client.get(done)
         return engine.worker.events.deferred, int(info.completed)
@@ -59,8 +59,11 @@ def test_doctor_warns_of_commands_no_worker_can_run(database_url: str) -> None:
     result = doctor(database_url)
     assert result.exit_code == 0, result.output  # a warning, not a problem
     assert "status: ok" in result.stdout
-    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning: ") and "command(s)" in line]
     assert len(warnings) == 2, result.stdout  # one line per pin, not per command
+    stranded = [line for line in result.stdout.splitlines() if "are stranded" in line]
+    assert [line.split(" (plan")[0] for line in stranded] == [  # no worker ever heartbeated here
+        "warning: 2 instance(s) of doctor_stranded v1", "warning: 1 instance(s) of doctor_stranded v2"]
     v1, v2 = pin_of(stranded_v1), pin_of(stranded_v2)
     assert warnings[0].startswith("warning: 2 command(s) of doctor_stranded v1 ")
     assert f"plan {v1.plan_hash[:12]}" in warnings[0] and "no worker that claimed them has this pin" in warnings[0]
@@ -75,4 +78,4 @@ def test_doctor_warns_of_commands_no_worker_can_run(database_url: str) -> None:
         ("doctor_stranded", 2, v2.plan_hash, 1, 1),
     ]
     assert data["deferred_pins"][0]["oldest"] <= data["deferred_pins"][1]["oldest"]
-    assert data["warnings"] == [w.removeprefix("warning: ") for w in warnings]
+    assert data["warnings"] == [w.removeprefix("warning: ") for w in warnings + stranded]

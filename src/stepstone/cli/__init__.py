@@ -16,6 +16,7 @@ from stepstone import __version__
 from stepstone.cli import (
     bench,
     db,
+    definitions,
     demo,
     demo_fanout,
     demo_outbox,
@@ -30,7 +31,7 @@ from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, demo, bench]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, definitions, demo, bench]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,6 +18,7 @@ from stepstone.errors import StepstoneError
 from stepstone.store import health
 from stepstone.store import migrate as migrations
 from stepstone.store.database import DatabaseTarget, connect, redact_url, resolve_target
+from stepstone.store.health_registry import stranded_pins
 
 __all__ = ["commands"]
 
@@ -60,6 +61,8 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
         if state.current_version is not None and not state.pending and not state.unknown:
             report["deferred_pins"] = [_deferred(d) for d in await health.deferred_pins(conn, settings.schema)]
             report["warnings"] += [_deferred_warning(d) for d in report["deferred_pins"]]
+            report["stranded"] = await stranded_pins(conn, settings.schema)
+            report["warnings"] += [_stranded_warning(s) for s in report["stranded"]]
     except StepstoneError as exc:
         problems.append(str(exc))
         return report
@@ -92,6 +95,12 @@ def _deferred_warning(d: dict[str, Any]) -> str:
     return (f"{d['commands']} command(s) of {d['definition_id']} v{d['version']} (plan {d['plan_hash'][:12]}, "
             f"scope {d['scope']}) deferred: no worker that claimed them has this pin; oldest created "
             f"{d['oldest']}, deferred up to {d['deferrals']} time(s)")
+
+
+def _stranded_warning(s: dict[str, Any]) -> str:
+    return (f"{s['instances']} instance(s) of {s['definition_id']} v{s['version']} (plan {s['plan_hash'][:12]}) "
+            f"are stranded: no live worker served this version in the last {s['within_minutes']:g} minutes "
+            "(`stepstone definitions stranded`)")
 
 
 def _table(report: dict[str, Any]) -> str:

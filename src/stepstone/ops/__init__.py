@@ -1,0 +1,1 @@
+"""Operations shared by the CLI, the HTTP API and the client (one place each)."""
