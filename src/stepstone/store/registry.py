@@ -179,6 +179,8 @@ class PostgresRegistry:
                 await conn.execute(self.q["lock_definition"], pin.definition_id)
                 done = await conn.fetchval(self.q["complete_publication"], pin.scope, pin.definition_id,
                                            pin.version, token)
+                if done is not None and pin.scope == DEFAULT_SCOPE:
+                    await conn.execute(self.q["activate_first"], pin.definition_id, pin.version)
         if done is None:
             raise InvalidTransition(
                 f"publication of {pin.definition_id!r} v{pin.version} was taken over by another publisher",
