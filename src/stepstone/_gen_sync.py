@@ -34,6 +34,9 @@ _IMPORTS = {
     "Settings": "stepstone.config",
     "Limits": "stepstone.core.limits",
     "InstanceInfo": "stepstone.client",
+    "Callable": "collections.abc",
+    "Sequence": "collections.abc",
+    "MigrationReport": "stepstone.ops.migration",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stepstone.client import Client
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
     from datetime import datetime
 
     from stepstone.authoring.workflow import Registry, Workflow
     from stepstone.client import InstanceInfo
     from stepstone.config import Settings
     from stepstone.core.limits import Limits
+    from stepstone.ops.migration import MigrationReport
 
 __all__ = ["SyncClient"]
 
@@ -159,6 +161,33 @@ class SyncClient:
             after=after,
             limit=limit,
             scope=scope,
+        ))
+
+    def migrate(
+        self,
+        instances: str | Sequence[str] | None = None,
+        *,
+        to: Workflow[Any],
+        definition: str | None = None,
+        from_version: int | None = None,
+        scope: str | None = None,
+        step_map: dict[str, str] | None = None,
+        state_transform: Callable[[Any], Any] | None = None,
+        dry_run: bool = False,
+    ) -> MigrationReport:
+        """Move instances (one id, a list, or every instance of `definition` v`from_version` that may still
+        run) to the version of `to`; see docs/versions.md. Each is checked against the target plan
+        before anything is written and answered migrated, refused (with why) or skipped. A single
+        instance that is refused raises MigrationRefused; nothing of it changed."""
+        return self._run(self._client.migrate(
+            instances,
+            to=to,
+            definition=definition,
+            from_version=from_version,
+            scope=scope,
+            step_map=step_map,
+            state_transform=state_transform,
+            dry_run=dry_run,
         ))
 
     def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:

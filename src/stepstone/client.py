@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -21,6 +22,8 @@ from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.ops import migration
+from stepstone.ops.migration import MigrationReport
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
 from stepstone.store.settled import SettledWatch
@@ -205,6 +208,32 @@ class Client:
         return await self.store.list(
             status=status, definition=definition, business_key=business_key, after=after, limit=limit, scope=scope,
         )
+
+    async def migrate(
+        self,
+        instances: str | Sequence[str] | None = None,
+        *,
+        to: Workflow[Any],
+        definition: str | None = None,
+        from_version: int | None = None,
+        scope: str | None = None,
+        step_map: dict[str, str] | None = None,
+        state_transform: Callable[[Any], Any] | None = None,
+        dry_run: bool = False,
+    ) -> MigrationReport:
+        """Move instances (one id, a list, or every instance of `definition` v`from_version` that may still
+        run) to the version of `to`; see docs/versions.md. Each is checked against the target plan
+        before anything is written and answered migrated, refused (with why) or skipped. A single
+        instance that is refused raises MigrationRefused; nothing of it changed."""
+        await self._ensure_registered(to)
+        chosen = instances if instances is None or isinstance(instances, str) else [*instances]
+        report = await migration.migrate(
+            self.store.definitions, chosen, to=to, definition=definition, from_version=from_version, scope=scope,
+            step_map=step_map, state_transform=state_transform, dry_run=dry_run, actor=self.actor,
+        )
+        if isinstance(instances, str):
+            report.raise_for_refusals()
+        return report
 
     async def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:
         """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise.

@@ -194,6 +194,8 @@ GROUP BY definition_id, version, plan_hash ORDER BY definition_id, version;
 -- What an in-flight migration plans from: the instance's pin, state and every position.
 SELECT i.id, i.scope, i.definition_scope, i.definition_id, i.version, i.plan_hash, i.status, i.state,
        i.state_version,
+       (SELECT d.plan FROM {{schema}}.definitions d WHERE d.scope = i.definition_scope
+          AND d.definition_id = i.definition_id AND d.version = i.version) AS plan,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('path', p.path, 'status', p.status, 'step', p.step,
                                                      'visit', p.visit, 'wait', p.wait) ORDER BY p.path),
                         '[]'::jsonb)
