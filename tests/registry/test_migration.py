@@ -108,7 +108,7 @@ async def test_a_waiting_instance_moves_to_v2_and_finishes_there(engine: Engine)
     ({}, add_currency, "maps to 'w': v2 has no such step"),
     ({"w": "a"}, add_currency, "is a wait step, 'a' in v2 a action"),
     (STEP_MAP, None, "does not fit v2's state model"),
-    (STEP_MAP, lambda s: 1 / 0, "state_transform raised ZeroDivisionError"),
+    (STEP_MAP, lambda _s: 1 / 0, "state_transform raised ZeroDivisionError"),
 ])
 async def test_a_migration_that_cannot_fit_is_refused_and_changes_nothing(
     engine: Engine, step_map: dict[str, str], transform: Any, reason: str

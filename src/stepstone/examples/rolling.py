@@ -14,7 +14,7 @@ from typing import Any
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 
-__all__ = ["v1", "v1_registry", "v2", "v2_registry"]
+__all__ = ["registry", "v1", "v1_registry", "v2", "v2_registry"]
 
 DEFINITION = "rollout"
 
@@ -49,3 +49,5 @@ v1 = _build(1)
 v2 = _build(2)
 v1_registry = Registry(v1)
 v2_registry = Registry(v2)
+registry = Registry(v1, v2)
+"""Both versions: what a client (or a migration) that knows both uses."""
