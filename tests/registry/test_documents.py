@@ -13,7 +13,14 @@ from click.testing import CliRunner
 from stepstone.authoring.documents import Catalog, load_document, schema
 from stepstone.authoring.workflow import Registry, StepContext
 from stepstone.cli import cli
-from stepstone.errors import DefinitionDrift, DocumentInvalid, DocumentTampered, VersionNotAdmitted
+from stepstone.core.pin import pin_of
+from stepstone.errors import (
+    DefinitionDrift,
+    DocumentInvalid,
+    DocumentTampered,
+    InvalidTransition,
+    VersionNotAdmitted,
+)
 from stepstone.ops.definitions import load_published, publish_document
 from stepstone.runtime.worker import Worker
 from stepstone.testing import open_engine
@@ -121,7 +128,7 @@ async def test_publish_run_and_digest_check(database_url: str) -> None:
         info = await client.get(iid)
         assert info.status == "COMPLETED" and info.state == {"reviewed": "approval", "shipped": True}
 
-        pool = engine.store.pool  # type: ignore[attr-defined]
+        pool = engine.store.pool
         await pool.execute("UPDATE stepstone.definitions SET document = document || '# edited' "
                            "WHERE definition_id = 'approval'")
         with pytest.raises(DocumentTampered, match="no longer matches its SHA-256 digest"):
@@ -134,8 +141,6 @@ async def test_publish_run_and_digest_check(database_url: str) -> None:
 async def test_an_unpublished_candidate_takes_no_instances(database_url: str) -> None:
     async with open_engine(database_url, Registry()) as engine:
         wf = load_document(APPROVAL, catalog)
-        from stepstone.core.pin import pin_of  # noqa: PLC0415
-
         await engine.store.definitions.record(pin_of(wf), wf.plan.document(), kind="DOCUMENT", status="CANDIDATE",
                                               document=APPROVAL, document_format="yaml")
         client = type(engine.client)(engine.store, Registry(wf))
@@ -169,3 +174,21 @@ def test_cli_validate_and_publish(database_url: str, tmp_path: Path) -> None:
     not_available = runner.invoke(cli, ["definitions", "activate", "approval", "2", "--database-url", database_url])
     assert not_available.exit_code == 1
     assert "only an AVAILABLE version can be activated" in not_available.stderr
+
+
+async def test_publication_is_claimed_with_a_token_and_an_obsolete_completion_fails(database_url: str) -> None:
+    async with open_engine(database_url, Registry()) as engine:
+        defs = engine.store.definitions
+        wf = load_document(APPROVAL, catalog)
+        pin = pin_of(wf)
+        await defs.record(pin, wf.plan.document(), kind="DOCUMENT", status="CANDIDATE", document=APPROVAL,
+                          document_format="yaml")
+        first = await defs.claim_publication(pin)
+        with pytest.raises(InvalidTransition, match="is PUBLISHING"):
+            await defs.claim_publication(pin)
+        await engine.advance(61)  # the first publisher went quiet: its claim is stale
+        second = await defs.claim_publication(pin)
+        with pytest.raises(InvalidTransition, match="taken over"):
+            await defs.complete_publication(pin, first)
+        await defs.complete_publication(pin, second)
+        assert (await defs.find("default", "approval", 1))["status"] == "AVAILABLE"

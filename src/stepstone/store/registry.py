@@ -161,20 +161,35 @@ class PostgresRegistry:
 
     async def publish(self, pin: Pin) -> str:
         """CANDIDATE -> PUBLISHING -> AVAILABLE; returns the status after. An AVAILABLE row is left as is."""
+        token = await self.claim_publication(pin)
+        if token is None:
+            return str((await self.find(pin.scope, pin.definition_id, pin.version))["status"])
+        await self.complete_publication(pin, token)
+        return "AVAILABLE"
+
+    async def claim_publication(self, pin: Pin) -> uuid.UUID | None:
+        """CANDIDATE (or a PUBLISHING claim at least PUBLICATION_CLAIM_SECONDS old) -> PUBLISHING with a fresh
+        token; None when the row is already AVAILABLE or DEPRECATED; InvalidTransition otherwise."""
         token = uuid.uuid4()
         with translate_errors(self.url):
             async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 await conn.execute(self.q["lock_definition"], pin.definition_id)
                 claimed = await conn.fetchval(self.q["claim_publication"], pin.scope, pin.definition_id,
                                               pin.version, token, PUBLICATION_CLAIM_SECONDS)
-            if claimed is None:
-                row = await self.find(pin.scope, pin.definition_id, pin.version)
-                if row["status"] in ("AVAILABLE", "DEPRECATED"):
-                    return str(row["status"])
-                raise InvalidTransition(
-                    f"workflow {pin.definition_id!r} v{pin.version} (scope {pin.scope}) is {row['status']}; "
-                    "only a CANDIDATE can be published", definition_id=pin.definition_id, version=pin.version,
-                )
+        if claimed is not None:
+            return token
+        row = await self.find(pin.scope, pin.definition_id, pin.version)
+        if row["status"] in ("AVAILABLE", "DEPRECATED"):
+            return None
+        raise InvalidTransition(
+            f"workflow {pin.definition_id!r} v{pin.version} (scope {pin.scope}) is {row['status']}; only a "
+            "CANDIDATE (or a stale publication) can be published", definition_id=pin.definition_id,
+            version=pin.version,
+        )
+
+    async def complete_publication(self, pin: Pin, token: uuid.UUID) -> None:
+        """PUBLISHING -> AVAILABLE for the claim holding `token`; an obsolete claim raises InvalidTransition."""
+        with translate_errors(self.url):
             async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 await conn.execute(self.q["lock_definition"], pin.definition_id)
                 done = await conn.fetchval(self.q["complete_publication"], pin.scope, pin.definition_id,
@@ -186,7 +201,6 @@ class PostgresRegistry:
                 f"publication of {pin.definition_id!r} v{pin.version} was taken over by another publisher",
                 definition_id=pin.definition_id, version=pin.version,
             )
-        return "AVAILABLE"
 
     async def activate(
         self, scope: str, definition_id: str, version: int, *, target_scope: str | None = None,

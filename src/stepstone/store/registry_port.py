@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -54,6 +55,8 @@ class DefinitionsPort(Protocol):
         self, scope: str, definition_id: str, version: int, to: str, *, plan_hash: str | None = None
     ) -> str: ...
     async def publish(self, pin: Pin) -> str: ...
+    async def claim_publication(self, pin: Pin) -> uuid.UUID | None: ...
+    async def complete_publication(self, pin: Pin, token: uuid.UUID) -> None: ...
     async def activate(
         self, scope: str, definition_id: str, version: int, *, target_scope: str | None = None,
         actor: str | None = None,

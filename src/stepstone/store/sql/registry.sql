@@ -135,7 +135,8 @@ SELECT d.kind, d.document, d.document_format, d.document_digest, octet_length(d.
 FROM {{schema}}.definitions d WHERE d.scope = $1 AND d.definition_id = $2 AND d.version = $3;
 
 -- name: heartbeat
--- What worker $1 serves now (its pins); the rows of pins it no longer serves go.
+-- What worker $1 serves now (its pins), with the time it said so. A worker that stops deletes its rows
+-- (forget_worker); the rows of one that died age out of the stranded report's window.
 WITH served AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::integer[], $5::text[]) AS s(scope, definition_id, version,
                                                                                  plan_hash)
