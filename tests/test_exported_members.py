@@ -27,4 +27,7 @@ def test_error_exports() -> None:
         "InternalError", "InvalidDatabaseUrl", "InvalidInput", "InvalidState", "NotFound", "PayloadTooDeep",
         "PayloadTooLarge", "PositionNotFound", "SchemaNotReady", "SchemaTooNew", "StepstoneError", "UnknownBroker",
         "Unavailable", "UnknownSignal", "WaitTimeout",
+        # the definitions registry (issue 12)
+        "DefinitionDrift", "DocumentInvalid", "DocumentTampered", "InvalidTransition", "MigrationRefused",
+        "VersionNotAdmitted",
     ])
