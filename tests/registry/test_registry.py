@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.cli import cli
 from stepstone.core.pin import pin_of
 from stepstone.errors import (
     DefinitionConflict,
@@ -195,3 +198,24 @@ async def _command(engine: Engine, iid: str) -> dict[str, Any]:
         "SELECT state, last_error, deferrals, EXTRACT(EPOCH FROM available_at - stepstone.db_now())::float8 AS wait "
         "FROM stepstone.commands WHERE instance_id = $1 AND kind = 'START'", uuid.UUID(iid))
     return dict(row)
+
+
+DRIFTED = Registry(flow(1, second="c"))
+
+
+def test_the_worker_command_refuses_drift_in_one_line(database_url: str) -> None:
+    runner = CliRunner()
+    first = runner.invoke(cli, ["definitions", "list", "--database-url", database_url])
+    assert first.exit_code == 0 and "no definitions recorded" in first.stdout
+    asyncio.run(_record_v1(database_url))
+    result = runner.invoke(cli, ["worker", "--app", "tests.registry.test_registry:DRIFTED",
+                                 "--database-url", database_url])
+    assert result.exit_code == 1
+    [line] = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith("error: drift: workflow 'orders' v1 (scope default) is registered with plan ")
+    assert "give it a new version (nothing was re-pinned)" in line
+
+
+async def _record_v1(database_url: str) -> None:
+    async with open_engine(database_url, Registry(V1)):
+        pass

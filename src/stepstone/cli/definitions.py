@@ -84,7 +84,7 @@ def list_command(settings: Settings, scope: str | None, definition_id: str | Non
     emit(rows, output, lambda: render_table(
         [[r["workflow"], r["version"], r["scope"], r["kind"], r["status"], "yes" if r["active"] else "",
           r["plan_hash"][:12]] for r in rows],
-        ["workflow", "version", "scope", "kind", "status", "current", "plan"]) or "no definitions recorded")
+        ["workflow", "version", "scope", "kind", "status", "current", "plan"]) if rows else "no definitions recorded")
 
 
 @definitions_group.command("show")
