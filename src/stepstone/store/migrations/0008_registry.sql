@@ -7,9 +7,11 @@
 -- Every lifecycle change takes the definition id's advisory lock (define_lock below) exclusively;
 -- pin admission takes it shared, so starts never serialize each other but a deprecation waits for
 -- the starts already admitting.
--- Lock order (adds to the one in the version 2 section): definition id advisory lock -> definition
--- rows -> activations; an instance's rows after those (migration: instance -> positions -> commands ->
--- history), never the other way round.
+-- Lock order (adds to the one in the version 2 section): a lifecycle change takes the definition id's
+-- advisory lock, then the id's definition rows, then activations, and never an instance row. Pin
+-- admission takes the advisory lock shared from inside a statement that may already hold instance rows
+-- (a migration: instance -> positions -> commands -> history); no lifecycle transaction waits for an
+-- instance row, so the two cannot deadlock.
 ALTER TABLE {{schema}}.definitions
     ADD COLUMN kind text NOT NULL DEFAULT 'CODE',
     ADD COLUMN status text NOT NULL DEFAULT 'AVAILABLE',
