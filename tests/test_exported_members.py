@@ -29,6 +29,9 @@ def test_error_exports() -> None:
         "Unavailable", "UnknownSignal", "WaitTimeout",
         # external tasks (issue 13)
         "ExternalTaskNotFound", "LockExpired", "LockLost", "TaskEnded", "TaskLockRefused",
+        # the definitions registry (issue 12)
+        "DefinitionDrift", "DocumentInvalid", "DocumentTampered", "InvalidTransition", "MigrationRefused",
+        "VersionNotAdmitted",
     ])
 
 

@@ -43,6 +43,8 @@ _IMPORTS = {
     "HistoryPage": "stepstone.ops.model",
     "BulkReport": "stepstone.ops.model",
     "ReplayResult": "stepstone.ops.model",
+    "Callable": "collections.abc",
+    "MigrationReport": "stepstone.ops.migration",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stepstone.client import Client
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from datetime import datetime
 
     from stepstone.authoring.workflow import Registry, Workflow
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from stepstone.core.attribution import Actor
     from stepstone.core.limits import Limits
     from stepstone.ops import InstanceFilter
+    from stepstone.ops.migration import MigrationReport
     from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 
 __all__ = ["SyncClient"]
@@ -98,14 +99,21 @@ class SyncClient:
         *,
         idempotency_key: str | None = None,
         business_key: str | None = None,
+        scope: str = "default",
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict."""
+        same instance; the same key with other input raises IdempotencyConflict.
+
+        A workflow named by id runs the version the scope's activation selects (the default scope's when
+        the scope has none; the highest AVAILABLE version when nothing was activated); a `Workflow`
+        runs its own version. Either way the instance is pinned to that version, and a version that is
+        not AVAILABLE is refused (VersionNotAdmitted)."""
         return self._run(self._client.start(
             workflow,
             input,
             idempotency_key=idempotency_key,
             business_key=business_key,
+            scope=scope,
         ))
 
     def signal(
@@ -145,14 +153,44 @@ class SyncClient:
         business_key: str | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Instances newest first; pass the last row's (created_at, id) as `after` for the next page."""
+        """Instances newest first; pass the last row's (created_at, id) as `after` for the next page.
+        `scope` keeps the instances of one scope key (tenant)."""
         return self._run(self._client.list(
             status=status,
             definition=definition,
             business_key=business_key,
             after=after,
             limit=limit,
+            scope=scope,
+        ))
+
+    def migrate(
+        self,
+        instances: str | Sequence[str] | None = None,
+        *,
+        to: Workflow[Any],
+        definition: str | None = None,
+        from_version: int | None = None,
+        scope: str | None = None,
+        step_map: dict[str, str] | None = None,
+        state_transform: Callable[[Any], Any] | None = None,
+        dry_run: bool = False,
+    ) -> MigrationReport:
+        """Move instances (one id, a list, or every instance of `definition` v`from_version` that may still
+        run) to the version of `to`; see docs/versions.md. Each is checked against the target plan
+        before anything is written and answered migrated, refused (with why) or skipped. A single
+        instance that is refused raises MigrationRefused; nothing of it changed."""
+        return self._run(self._client.migrate(
+            instances,
+            to=to,
+            definition=definition,
+            from_version=from_version,
+            scope=scope,
+            step_map=step_map,
+            state_transform=state_transform,
+            dry_run=dry_run,
         ))
 
     def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:

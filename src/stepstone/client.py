@@ -11,8 +11,8 @@ import contextlib
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -21,9 +21,10 @@ from stepstone.config import Settings
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
-from stepstone.core.pin import pin_of
+from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
-from stepstone.ops import InstanceFilter, Operations
+from stepstone.ops import InstanceFilter, Operations, migration
+from stepstone.ops.migration import MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
@@ -122,10 +123,17 @@ class Client:
         *,
         idempotency_key: str | None = None,
         business_key: str | None = None,
+        scope: str = DEFAULT_SCOPE,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict."""
-        wf = self._workflow(workflow)
+        same instance; the same key with other input raises IdempotencyConflict.
+
+        A workflow named by id runs the version the scope's activation selects (the default scope's when
+        the scope has none; the highest AVAILABLE version when nothing was activated); a `Workflow`
+        runs its own version. Either way the instance is pinned to that version, and a version that is
+        not AVAILABLE is refused (VersionNotAdmitted)."""
+        self._texts(scope=scope)
+        wf = await self._selected(workflow, scope)
         self._texts(idempotency_key=idempotency_key, business_key=business_key)
         try:  # before the state model sees it: validating a 10,000-deep document is costly
             self.limits.check_depth("input", input)
@@ -136,7 +144,7 @@ class Client:
         await self._ensure_registered(wf)
         new = NewInstance(
             id=str(uuid.uuid4()),
-            pin=pin_of(wf),
+            pin=replace(pin_of(wf), scope=scope),
             state=state,
             start_step=wf.plan.start,
             business_key=business_key,
@@ -198,13 +206,41 @@ class Client:
         business_key: str | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Instances newest first; pass the last row's (created_at, id) as `after` for the next page."""
+        """Instances newest first; pass the last row's (created_at, id) as `after` for the next page.
+        `scope` keeps the instances of one scope key (tenant)."""
         self._texts(empty=True, status=status, workflow=definition, business_key=business_key,
-                    after_id=after[1] if after else None)
+                    after_id=after[1] if after else None, scope=scope)
         return await self.store.list(
-            status=status, definition=definition, business_key=business_key, after=after, limit=limit
+            status=status, definition=definition, business_key=business_key, after=after, limit=limit, scope=scope,
         )
+
+    async def migrate(
+        self,
+        instances: str | Sequence[str] | None = None,
+        *,
+        to: Workflow[Any],
+        definition: str | None = None,
+        from_version: int | None = None,
+        scope: str | None = None,
+        step_map: dict[str, str] | None = None,
+        state_transform: Callable[[Any], Any] | None = None,
+        dry_run: bool = False,
+    ) -> MigrationReport:
+        """Move instances (one id, a list, or every instance of `definition` v`from_version` that may still
+        run) to the version of `to`; see docs/versions.md. Each is checked against the target plan
+        before anything is written and answered migrated, refused (with why) or skipped. A single
+        instance that is refused raises MigrationRefused; nothing of it changed."""
+        await self._ensure_registered(to)
+        chosen = instances if instances is None or isinstance(instances, str) else [*instances]
+        report = await migration.migrate(
+            self.store.definitions, chosen, to=to, definition=definition, from_version=from_version, scope=scope,
+            step_map=step_map, state_transform=state_transform, dry_run=dry_run, actor=self.actor,
+        )
+        if isinstance(instances, str):
+            report.raise_for_refusals()
+        return report
 
     async def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:
         """Wait until the instance completes, fails or is cancelled; WaitTimeout otherwise.
@@ -275,6 +311,21 @@ class Client:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    async def _selected(self, workflow: Workflow[Any] | str, scope: str) -> Workflow[Any]:
+        """The workflow a start runs: a `Workflow` as given, an id through the registry's selection."""
+        if isinstance(workflow, Workflow):
+            return workflow
+        self._text("workflow", workflow)
+        chosen = await self.store.definitions.select_version(scope, workflow)
+        if chosen is None:
+            return self._workflow(workflow)
+        _, version, plan_hash = chosen
+        found = self.registry.find(workflow, version, plan_hash)
+        if found is None:
+            raise DefinitionNotFound(workflow, version, reason=f"is the version scope {scope} selects, and this "
+                                     "client's registry lacks it (or holds another structure under that version)")
+        return found
+
     def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
         if isinstance(workflow, Workflow):
             return workflow
@@ -287,7 +338,7 @@ class Client:
     async def _ensure_registered(self, wf: Workflow[Any]) -> None:
         key = (wf.id, wf.version)
         if key not in self._registered:
-            await self.store.register(pin_of(wf), wf.registration_document())
+            await self.store.register(pin_of(wf, getattr(wf, "scope", DEFAULT_SCOPE)), wf.registration_document())
             self._registered.add(key)
 
     def _encode(self, what: str, value: Any) -> str:

@@ -19,6 +19,11 @@
     │   └── ExternalTaskNotFound    (task_id)
     ├── Conflict                    the request contradicts what is stored
     │   ├── DefinitionConflict      same id and version registered with a different structure
+    │   │   └── DefinitionDrift     a plan hash changed without a version bump (refused, never re-pinned)
+    │   ├── VersionNotAdmitted      pin admission: the version is not AVAILABLE (deprecated, retired, ...)
+    │   ├── InvalidTransition       a registry lifecycle change the rules forbid (definition_id, version)
+    │   ├── DocumentTampered        a stored document's text no longer matches its SHA-256 digest
+    │   ├── MigrationRefused        an in-flight migration that would leave the instance unreachable
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
     │   ├── BusinessKeyInUse        (instance_id of the holder)
     │   ├── InvalidState            the instance's status does not allow it (instance_id, status)
@@ -28,7 +33,8 @@
     │       └── TaskEnded               the task was answered already or its position moved on
     ├── InvalidInput                refused before anything is stored (what)
     │   ├── PayloadTooLarge / PayloadTooDeep  (what, reason)
-    │   └── UnknownSignal           (name): the pinned definition declares no such signal
+    │   ├── UnknownSignal           (name): the pinned definition declares no such signal
+    │   └── DocumentInvalid         a workflow document that fails its schema or names an unknown handler
     ├── WaitTimeout                 wait_for gave up before the instance ended (instance_id, status)
     └── InternalError               a bug in stepstone: an invariant did not hold (please report it)
 
@@ -48,8 +54,11 @@ __all__ = [
     "DatabaseError",
     "DatabaseUnavailable",
     "DefinitionConflict",
+    "DefinitionDrift",
     "DefinitionError",
     "DefinitionNotFound",
+    "DocumentInvalid",
+    "DocumentTampered",
     "ExternalTaskNotFound",
     "IdempotencyConflict",
     "InstanceNotFound",
@@ -58,8 +67,10 @@ __all__ = [
     "InvalidDatabaseUrl",
     "InvalidInput",
     "InvalidState",
+    "InvalidTransition",
     "LockExpired",
     "LockLost",
+    "MigrationRefused",
     "NotFound",
     "PayloadTooDeep",
     "PayloadTooLarge",
@@ -72,6 +83,7 @@ __all__ = [
     "Unavailable",
     "UnknownBroker",
     "UnknownSignal",
+    "VersionNotAdmitted",
     "WaitTimeout",
 ]
 
@@ -164,9 +176,10 @@ class PositionNotFound(NotFound):
 
 
 class DefinitionNotFound(NotFound):
-    def __init__(self, definition_id: str, version: int | None = None) -> None:
+    def __init__(self, definition_id: str, version: int | None = None, *, reason: str = "is registered here") -> None:
         which = f"{definition_id!r}" + (f" v{version}" if version is not None else "")
-        super().__init__(f"no workflow definition {which} is registered here")
+        super().__init__(f"no workflow definition {which} {reason}" if reason == "is registered here"
+                         else f"workflow definition {which} {reason}")
         self.definition_id = definition_id
         self.version = version
 
@@ -280,3 +293,48 @@ class WaitTimeout(StepstoneError):
 
 class InternalError(StepstoneError):
     """A bug in stepstone: an invariant of the store or the engine did not hold. Please report it."""
+
+
+class DefinitionDrift(DefinitionConflict):
+    """A definition version whose plan hash changed without a version bump: refused, never re-pinned."""
+
+
+class VersionNotAdmitted(Conflict):
+    """Pin admission refused: the version is deprecated, retired, not yet published or not registered."""
+
+    def __init__(self, message: str, *, definition_id: str = "", version: int | None = None) -> None:
+        super().__init__(message)
+        self.definition_id = definition_id
+        self.version = version
+
+
+class InvalidTransition(Conflict):
+    """A registry lifecycle change the rules forbid (e.g. retiring a version that live instances pin)."""
+
+    def __init__(self, message: str, *, definition_id: str = "", version: int | None = None) -> None:
+        super().__init__(message)
+        self.definition_id = definition_id
+        self.version = version
+
+
+class DocumentTampered(Conflict):
+    """A stored document's text no longer matches the SHA-256 digest recorded with it."""
+
+
+class MigrationRefused(Conflict):
+    """An in-flight migration that would leave an instance unreachable or its state invalid."""
+
+    def __init__(self, message: str, *, instance_id: str = "") -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+
+
+class DocumentInvalid(InvalidInput):
+    """A workflow document that fails its JSON Schema, its size limit, or names an unknown handler;
+    `path` is the document path (e.g. ``steps[2].handler``), `line` and `column` 1-based when known."""
+
+    def __init__(self, message: str, *, path: str = "", line: int | None = None, column: int | None = None) -> None:
+        super().__init__(message, what="document")
+        self.path = path
+        self.line = line
+        self.column = column

@@ -16,9 +16,11 @@ from stepstone import __version__
 from stepstone.cli import (
     bench,
     db,
+    definitions,
     demo,
     demo_fanout,
     demo_outbox,
+    demo_rolling,
     doctor,
     external,
     instances,
@@ -31,7 +33,7 @@ from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, operations, worker, outbox, demo, bench, external]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, operations, worker, outbox, definitions, demo, bench, external]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,6 +65,7 @@ for _module in _COMMAND_MODULES:
         cli.add_command(_command)
 demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)
+demo.demo_command.add_command(demo_rolling.demo_rolling_command)
 
 
 def main(argv: list[str] | None = None) -> None:

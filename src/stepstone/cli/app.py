@@ -21,7 +21,7 @@ from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.cli.common import CliError, RootOptions
 from stepstone.errors import StepstoneError
 
-__all__ = ["APP_ENV", "app_option", "load_app"]
+__all__ = ["APP_ENV", "app_option", "import_attribute", "load_app"]
 
 APP_ENV = "STEPSTONE_APP"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -29,9 +29,22 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def load_app(spec: str) -> Registry:
     """Import ``module:attribute`` and return it as a Registry; CliError with one line otherwise."""
+    value = import_attribute(spec, "--app", "myapp.flows:registry")
+    if isinstance(value, Registry):
+        return value
+    if isinstance(value, Workflow):
+        try:
+            return Registry(value)
+        except StepstoneError as exc:
+            raise CliError(f"{spec}: {_one_line(exc)}") from exc
+    raise CliError(f"{spec} is a {type(value).__name__}, not a stepstone Registry or Workflow")
+
+
+def import_attribute(spec: str, option: str, example: str) -> Any:
+    """Import ``module:attribute`` (the current directory first on the path); CliError with one line."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise CliError(f"--app must look like module:attribute (e.g. myapp.flows:registry), got {spec!r}")
+        raise CliError(f"{option} must look like module:attribute (e.g. {example}), got {spec!r}")
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -50,14 +63,7 @@ def load_app(spec: str) -> Registry:
             value = getattr(value, part)
         except AttributeError:
             raise CliError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if isinstance(value, Registry):
-        return value
-    if isinstance(value, Workflow):
-        try:
-            return Registry(value)
-        except StepstoneError as exc:
-            raise CliError(f"{spec}: {_one_line(exc)}") from exc
-    raise CliError(f"{spec} is a {type(value).__name__}, not a stepstone Registry or Workflow")
+    return value
 
 
 def app_option(*, required: bool) -> Callable[[F], F]:

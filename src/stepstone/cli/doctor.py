@@ -22,6 +22,7 @@ from stepstone.outbox.publisher import open_publisher
 from stepstone.store import health
 from stepstone.store import migrate as migrations
 from stepstone.store.database import DatabaseTarget, connect, redact_url, resolve_target
+from stepstone.store.health_registry import stranded_pins
 
 __all__ = ["commands"]
 
@@ -74,6 +75,8 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
                 report["warnings"].append(
                     f"role {role} can alter schema {settings.schema} (owner, CREATE or superuser): run workers "
                     f"and clients as a runtime role without DDL (`stepstone db grant ROLE`, docs/operations.md)")
+            report["stranded"] = await stranded_pins(conn, settings.schema)
+            report["warnings"] += [_stranded_warning(s) for s in report["stranded"]]
     except StepstoneError as exc:
         problems.append(str(exc))
         return report
@@ -122,6 +125,12 @@ def _deferred_warning(d: dict[str, Any]) -> str:
     return (f"{d['commands']} command(s) of {d['definition_id']} v{d['version']} (plan {d['plan_hash'][:12]}, "
             f"scope {d['scope']}) deferred: no worker that claimed them has this pin; oldest created "
             f"{d['oldest']}, deferred up to {d['deferrals']} time(s)")
+
+
+def _stranded_warning(s: dict[str, Any]) -> str:
+    return (f"{s['instances']} instance(s) of {s['definition_id']} v{s['version']} (plan {s['plan_hash'][:12]}) "
+            f"are stranded: no live worker served this version in the last {s['within_minutes']:g} minutes "
+            "(`stepstone definitions stranded`)")
 
 
 def _table(report: dict[str, Any]) -> str:

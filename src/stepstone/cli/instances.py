@@ -197,14 +197,17 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
 )
 @click.option("--business-key", type=TEXT, metavar="K",
               help="Unique per workflow while set (e.g. an order number).")
+@click.option("--scope", type=TEXT, default="default", show_default=True,
+              help="The scope (tenant key) of the instance; its activation picks the version.")
 @app_option(required=True)
 @output_option
 @with_settings
 def start_command(
     settings: Settings, registry: Registry, output: str, workflow: str, input_text: str | None,
-    input_file: str | None, idempotency_key: str | None, business_key: str | None,
+    input_file: str | None, idempotency_key: str | None, business_key: str | None, scope: str,
 ) -> None:
-    """Start an instance of WORKFLOW (its latest version in --app) and print its id."""
+    """Start an instance of WORKFLOW (the version the scope's activation selects, docs/versions.md) and print
+    its id."""
     if input_text is not None and input_file is not None:
         raise CliError("give --input or --input-file, not both")
     if input_file is not None:
@@ -220,7 +223,8 @@ def start_command(
         raise CliError(f"{DefinitionNotFound(workflow)} (workflows here: {known})")
 
     async def work(client: Client) -> str:
-        return await client.start(workflow, data, idempotency_key=idempotency_key, business_key=business_key)
+        return await client.start(workflow, data, idempotency_key=idempotency_key, business_key=business_key,
+                                  scope=scope)
 
     instance_id = _with_client(settings, registry, work)
     emit({"instance_id": instance_id}, output, lambda: instance_id)

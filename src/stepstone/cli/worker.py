@@ -112,6 +112,8 @@ async def serve(
               help="Longest pause between looks for work when no notification arrives.")
 @click.option("--drain-timeout", type=click.FloatRange(min=0.0), default=10.0, show_default=True,
               help="On SIGTERM/SIGINT, how long in-flight steps may take to finish.")
+@click.option("--heartbeat-seconds", type=click.FloatRange(min=0.05), default=10.0, show_default=True,
+              help="How often the worker records which pins it serves (the stranded report reads it).")
 @broker_option
 @click.option("--no-relay", is_flag=True, help="Do not run the outbox relay here even when a broker is configured.")
 @relay_options
@@ -120,8 +122,8 @@ async def serve(
 @with_settings
 def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
-    drain_timeout: float, broker: str | None, no_relay: bool, batch_size: int, max_attempts: int,
-    retention_every: str | None,
+    drain_timeout: float, heartbeat_seconds: float, broker: str | None, no_relay: bool, batch_size: int,
+    max_attempts: int, retention_every: str | None,
 ) -> None:
     """Run the workflows of --app until SIGTERM/SIGINT.
 
@@ -130,7 +132,7 @@ def worker_command(
     the worker (--no-relay turns it off)."""
     configure_logging()
     config = WorkerConfig(concurrency=concurrency, lease_seconds=lease_seconds, poll_interval=poll_interval,
-                          drain_timeout=drain_timeout)
+                          drain_timeout=drain_timeout, heartbeat_seconds=heartbeat_seconds)
     # A synchronous handler still running past the drain timeout is abandoned by `Worker.stop`
     # (its claim released, a warning logged); its daemon thread does not hold up the exit.
     url = None if no_relay else broker_of(settings, broker)

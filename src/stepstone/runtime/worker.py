@@ -28,10 +28,10 @@ from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep
-from stepstone.core.pin import pin_of
+from stepstone.core.pin import pin_of  # noqa: F401 - kept importable from here for callers and tests
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
-from stepstone.runtime import external_state
+from stepstone.runtime import external_state, serving
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
@@ -59,6 +59,8 @@ class WorkerConfig:
     # Any role that can connect may NOTIFY the wake-up channel: after a claim that found nothing, claim
     # again at most once per this interval however many notifications arrive.
     min_wake_interval: float = 0.005
+    # How often the worker says which pins it serves (the stranded report reads it; see runtime/serving.py).
+    heartbeat_seconds: float = 10.0
     worker_id: str = field(default_factory=default_worker_id)
 
 
@@ -126,17 +128,21 @@ class Worker:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def register(self) -> None:
-        """Record every plan of the registry, so pins and signal names can be checked anywhere."""
+        """Record every plan of the registry, so pins and signal names can be checked anywhere; a version
+        whose structure changed without a version bump raises DefinitionDrift."""
         self.registry.check_children()
-        for wf in self.registry:
-            await self.store.register(pin_of(wf), wf.registration_document())
+        await serving.record_definitions(self.store.definitions, self.registry)
 
     async def start(self) -> None:
         await self.register()
+        pins = serving.served_pins(self.registry)
+        await serving.announce(self.store.definitions, self.config.worker_id, pins)
         await self._open_listener()
         self._loops = [
             asyncio.create_task(self._claim_loop(), name="stepstone-claim"),
             asyncio.create_task(self._lease_loop(), name="stepstone-lease"),
+            asyncio.create_task(serving.heartbeat_loop(self.store.definitions, self.config.worker_id, pins,
+                                                       self.config.heartbeat_seconds), name="stepstone-heartbeat"),
         ]
 
     async def stop_claiming(self) -> None:
@@ -185,6 +191,9 @@ class Worker:
             loop.cancel()
         await asyncio.gather(*self._loops[1:], return_exceptions=True)
         await self._close_listener()
+        if self._loops:  # started: it no longer serves its pins
+            with contextlib.suppress(DatabaseUnavailable):
+                await self.store.definitions.forget_worker(self.config.worker_id)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._stopped = True
         if self.abandoned_threads:

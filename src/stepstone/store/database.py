@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +20,12 @@ import asyncpg
 from stepstone.config import Settings
 from stepstone.errors import (
     DatabaseUnavailable,
+    DefinitionDrift,
     InsufficientPrivilege,
     InvalidDatabaseUrl,
     SchemaNotReady,
     StepstoneError,
+    VersionNotAdmitted,
 )
 from stepstone.store import embedded
 from stepstone.store.dsn import MASK, endpoint, malformed_reason, redact_url, secrets_in
@@ -94,6 +96,12 @@ def _check_url(url: str) -> None:
         raise _malformed(url, reason)
 
 
+_REGISTRY_REFUSALS: dict[str, Callable[[str], StepstoneError]] = {
+    "SSR01": VersionNotAdmitted,
+    "SSR02": lambda message: DefinitionDrift(message, definition_id="", version=0),
+}
+
+
 @contextmanager
 def translate_errors(url: str = "") -> Iterator[None]:
     """Map asyncpg and socket errors raised inside the block onto the stepstone hierarchy."""
@@ -124,6 +132,11 @@ def translate_errors(url: str = "") -> Iterator[None]:
         if "closed" in str(exc) or "connection" in str(exc):
             raise _unavailable(url, str(exc)) from exc
         raise
+    except asyncpg.PostgresError as exc:  # the registry's refusals (migration 0008) carry their own SQLSTATE
+        refusal = _REGISTRY_REFUSALS.get(str(getattr(exc, "sqlstate", "")))
+        if refusal is None:
+            raise
+        raise refusal(str(exc).splitlines()[0] if str(exc) else refusal.__name__) from None
 
 
 async def connect(

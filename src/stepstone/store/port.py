@@ -19,12 +19,14 @@ from typing import Any, Protocol
 
 from stepstone.core.model import CommandView, Decision, InstanceView
 from stepstone.core.pin import Pin
+from stepstone.store.registry_port import DefinitionsPort
 
 __all__ = [
     "Claim",
     "ClientStore",
     "CommitRequest",
     "Committed",
+    "DefinitionsPort",
     "Listener",
     "NewInstance",
     "Pin",
@@ -94,6 +96,8 @@ class Listener(Protocol):
 class WorkerStore(Protocol):
     """What a worker needs: the hot path (claim, commit, renew), giving work back, and wake-ups."""
 
+    @property
+    def definitions(self) -> DefinitionsPort: ...
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None: ...
     async def claim(self, limit: int, lease_seconds: float, worker: str) -> list[Claim]: ...
     async def commit(self, request: CommitRequest, *, lease_seconds: float, worker: str) -> Committed | None: ...
@@ -114,6 +118,8 @@ class WorkerStore(Protocol):
 class ClientStore(Protocol):
     """What the client needs: start and steer instances, and read them."""
 
+    @property
+    def definitions(self) -> DefinitionsPort: ...
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None: ...
     async def start(self, new: NewInstance) -> tuple[str, bool]: ...
     async def signal(
@@ -134,6 +140,7 @@ class ClientStore(Protocol):
         business_key: str | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]: ...
     async def close(self) -> None: ...
 

@@ -21,7 +21,6 @@ from stepstone.core.attribution import worker_actor
 from stepstone.core.model import ROOT, Branch, CommandView, InstanceView, Parent
 from stepstone.errors import (
     BusinessKeyInUse,
-    DefinitionConflict,
     IdempotencyConflict,
     InstanceNotFound,
     InternalError,
@@ -33,6 +32,7 @@ from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
+from stepstone.store.registry import PostgresRegistry
 
 log = logging.getLogger("stepstone.store")
 
@@ -94,6 +94,12 @@ class PostgresStore:
         self.schema = schema
         self.q = queries(schema)
         self.channel = f"stepstone_{schema}"
+        self._definitions = PostgresRegistry(pool, url, schema)
+
+    @property
+    def definitions(self) -> PostgresRegistry:
+        """The definitions registry (versions, lifecycle, activations, serving, migration)."""
+        return self._definitions
 
     @classmethod
     async def open(cls, url: str, schema: str = "stepstone", *, max_size: int = 10) -> PostgresStore:
@@ -226,16 +232,9 @@ class PostgresStore:
     # -- definitions and instances ------------------------------------------------------------
 
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None:
-        args = (pin.scope, pin.definition_id, pin.version)
-        await self._fetch("register_definition", *args, pin.plan_hash, plan)
-        stored = await self._fetchval("definition_hash", *args)
-        if stored != pin.plan_hash:
-            raise DefinitionConflict(
-                f"workflow {pin.definition_id!r} v{pin.version} is already registered with a different "
-                "structure; give the changed workflow a new version",
-                definition_id=pin.definition_id,
-                version=pin.version,
-            )
+        """Record a code definition (see `PostgresRegistry.record`); DefinitionDrift when the version
+        is registered with another structure."""
+        await self._definitions.record(pin, plan)
 
     async def start(self, new: NewInstance) -> tuple[str, bool]:
         """Insert the instance; (id, True) when created, (existing id, False) for a repeated key."""
@@ -327,10 +326,12 @@ class PostgresStore:
         business_key: str | None = None,
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]:
         at, after_id = after if after else (None, None)
         rows = await self._fetch(
-            "list_instances", status, definition, business_key, at, _uuid(after_id) if after_id else None, limit
+            "list_instances", status, definition, business_key, at, _uuid(after_id) if after_id else None, limit,
+            scope,
         )
         return [{**dict(r), "id": str(r["id"])} for r in rows]
 

@@ -226,12 +226,13 @@ SELECT status FROM {{schema}}.instances WHERE id = $1;
 
 -- name: list_instances
 -- Newest first, keyset-paginated on (created_at, id); every filter optional.
-SELECT i.id, i.definition_id, i.version, i.status, i.step, i.business_key, i.created_at, i.updated_at
+SELECT i.id, i.definition_id, i.version, i.status, i.step, i.business_key, i.created_at, i.updated_at, i.scope
 FROM {{schema}}.instances i
 WHERE ($1::text IS NULL OR i.status = $1)
   AND ($2::text IS NULL OR i.definition_id = $2)
   AND ($3::text IS NULL OR i.business_key = $3)
   AND ($4::timestamptz IS NULL OR (i.created_at, i.id) < ($4, $5::uuid))
+  AND ($7::text IS NULL OR i.scope = $7)
 ORDER BY i.created_at DESC, i.id DESC
 LIMIT $6;
 

@@ -1,0 +1,243 @@
+"""Workflows described as YAML or JSON documents, bound to Python handlers registered in a catalog.
+
+    catalog = Catalog()
+
+    @catalog.handler("review")
+    async def review(ctx, state): ...
+
+    wf = load_document(Path("approval.yaml").read_text(), catalog)   # a Workflow, like a Python one
+
+A document is checked in this order, and the first problem is raised as `DocumentInvalid` naming the
+document path (``steps[2].next``) with its line and column: the size limit (default 256 KiB of UTF-8),
+the YAML/JSON syntax, the published JSON Schema (`SCHEMA`, shipped as
+``workflow-document.schema.json`` beside this module and in docs/), handler and state-model names
+against the catalog, then the graph rules every plan obeys. The plan hash covers structure only, so
+the same document bound to other handler bodies keeps its version.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import cache
+from importlib import resources
+from typing import Any, TypeVar
+
+import jsonschema
+import yaml
+
+from stepstone.authoring.workflow import Retry, Workflow
+from stepstone.errors import DefinitionError, DocumentInvalid
+
+__all__ = ["DEFAULT_MAX_BYTES", "Catalog", "DocumentWorkflow", "load_document", "schema"]
+
+DEFAULT_MAX_BYTES = 256 * 1024
+F = TypeVar("F", bound=Callable[..., Any])
+_Mark = tuple[int, int]
+
+
+class Catalog:
+    """The handlers (and state models) documents may name, by registered name."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Callable[..., Any]] = {}
+        self.models: dict[str, type[Any]] = {}
+
+    def handler(self, name: str) -> Callable[[F], F]:
+        """Register a handler under `name` (a decorator)."""
+
+        def register(fn: F) -> F:
+            self.add(name, fn)
+            return fn
+
+        return register
+
+    def add(self, name: str, fn: Callable[..., Any]) -> None:
+        if name in self.handlers and self.handlers[name] is not fn:
+            raise DefinitionError(f"catalog: handler {name!r} is registered twice")
+        self.handlers[name] = fn
+
+    def model(self, name: str, model: type[Any]) -> None:
+        """Register a state model (a pydantic model class) under `name`."""
+        self.models[name] = model
+
+
+class DocumentWorkflow(Workflow[Any]):
+    """A workflow loaded from a document: it keeps the text it came from, its format and its scope."""
+
+    def __init__(self, id: str, *, version: int, state: type[Any] | None, scope: str,  # noqa: A002
+                 document_text: str, document_format: str) -> None:
+        super().__init__(id, version=version, state=state)
+        self.scope = scope
+        self.document_text = document_text
+        self.document_format = document_format
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The published JSON Schema of workflow documents."""
+    text = resources.files("stepstone.authoring").joinpath("workflow-document.schema.json").read_text("utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def load_document(
+    text: str, catalog: Catalog | None, *, fmt: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES,
+) -> DocumentWorkflow:
+    """Validate a document and build its workflow. `catalog` None checks structure only (handlers are
+    not bound: the result can be hashed and inspected, not run). `fmt` is "yaml" or "json" (default:
+    guessed from the first character)."""
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > max_bytes:
+        raise DocumentInvalid(f"the document is {size} bytes, over the limit of {max_bytes} bytes")
+    fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
+    if fmt not in ("yaml", "json"):
+        raise DocumentInvalid(f"unknown document format {fmt!r} (yaml or json)")
+    data, marks = _parse(text, fmt)
+    _check_schema(data, marks)
+    return _build(data, marks, catalog, text, fmt)
+
+
+# -- parsing, with the line and column of every node ----------------------------------------------
+
+
+def _parse(text: str, fmt: str) -> tuple[Any, dict[tuple[Any, ...], _Mark]]:
+    if fmt == "json":
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DocumentInvalid(f"line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}",
+                                  line=exc.lineno, column=exc.colno) from None
+        except RecursionError:
+            raise DocumentInvalid("the document is nested too deeply") from None
+    try:  # JSON is YAML: one parser gives the marks of both
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+        raise DocumentInvalid(f"line {line}, column {column}: not valid YAML: {exc.problem}",
+                              line=line, column=column) from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise DocumentInvalid(f"not valid YAML: {type(exc).__name__}") from None
+    marks: dict[tuple[Any, ...], _Mark] = {}
+    if node is not None:
+        _walk(node, (), marks)
+    return data, marks
+
+
+def _walk(node: yaml.Node, path: tuple[Any, ...], marks: dict[tuple[Any, ...], _Mark]) -> None:
+    marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            name = key.value
+            marks[(*path, name, "<key>")] = (key.start_mark.line + 1, key.start_mark.column + 1)
+            _walk(value, (*path, name), marks)
+    elif isinstance(node, yaml.SequenceNode):
+        for n, item in enumerate(node.value):
+            _walk(item, (*path, n), marks)
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    out = ""
+    for part in path:
+        if part == "<key>":
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(document)"
+
+
+def _invalid(message: str, path: tuple[Any, ...], marks: dict[tuple[Any, ...], _Mark]) -> DocumentInvalid:
+    probe = path
+    while probe not in marks and probe:
+        probe = probe[:-1]
+    line, column = marks.get(probe, (None, None))
+    at = f"line {line}, column {column} " if line is not None else ""
+    return DocumentInvalid(f"{at}({_where(path)}): {message}", path=_where(path), line=line, column=column)
+
+
+def _check_schema(data: Any, marks: dict[tuple[Any, ...], _Mark]) -> None:
+    validator = jsonschema.Draft202012Validator(schema())
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is None:
+        return
+    path = tuple(error.absolute_path)
+    message = error.message
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = error.schema.get("properties", {})
+        extra = sorted(k for k in error.instance if k not in allowed)
+        if extra:
+            path = (*path, extra[0], "<key>")
+            message = f"unknown field {extra[0]!r}"
+    if len(message) > 300:
+        message = message[:297] + "..."
+    raise _invalid(message, path, marks)
+
+
+# -- building the workflow ----------------------------------------------------------------------
+
+
+def _unbound(*_: Any) -> None:
+    raise DefinitionError("this workflow was loaded without a catalog: its handlers are not bound")
+
+
+def _handler(step: dict[str, Any], n: int, catalog: Catalog | None, marks: dict[tuple[Any, ...], _Mark]) -> Any:
+    name = step["handler"]
+    if catalog is None:
+        return _unbound
+    found = catalog.handlers.get(name)
+    if found is None:
+        known = ", ".join(sorted(catalog.handlers)) or "none"
+        raise _invalid(f"unknown handler {name!r} (the catalog has: {known})", ("steps", n, "handler"), marks)
+    return found
+
+
+def _build(
+    data: dict[str, Any], marks: dict[tuple[Any, ...], _Mark], catalog: Catalog | None, text: str, fmt: str
+) -> DocumentWorkflow:
+    model = None
+    if "state" in data:
+        model = None if catalog is None else catalog.models.get(data["state"])
+        if catalog is not None and model is None:
+            known = ", ".join(sorted(catalog.models)) or "none"
+            raise _invalid(f"unknown state model {data['state']!r} (the catalog has: {known})", ("state",), marks)
+    wf = DocumentWorkflow(data["id"], version=data["version"], state=model, scope=data.get("scope", "default"),
+                          document_text=text, document_format=fmt)
+    for n, step in enumerate(data["steps"]):
+        _add_step(wf, step, n, catalog, marks)
+    try:
+        wf.plan  # noqa: B018 - validate the graph now
+    except DefinitionError as exc:
+        raise DocumentInvalid(f"the steps do not form a valid workflow: {exc}", path="steps") from None
+    return wf
+
+
+def _add_step(
+    wf: DocumentWorkflow, step: dict[str, Any], n: int, catalog: Catalog | None,
+    marks: dict[tuple[Any, ...], _Mark],
+) -> None:
+    name, kind, start = step["name"], step["kind"], bool(step.get("start", False))
+    try:
+        if kind == "action":
+            r = step.get("retry", {})
+            retry = Retry(max_attempts=r.get("max_attempts", 3), backoff=r.get("backoff", 1.0),
+                          multiplier=r.get("multiplier", 2.0), max_backoff=r.get("max_backoff", 60.0))
+            nxt = step.get("next")
+            wf.step(name=name, next=nxt, start=start, retry=retry)(_handler(step, n, catalog, marks))
+        elif kind == "timer":
+            wf.timer(name, next=step["next"], delay=step.get("delay"), until=step.get("until"), start=start)
+        elif kind == "wait":
+            wf.wait(name, signals=step["signals"], timeout=step.get("timeout"), on_timeout=step.get("on_timeout"),
+                    start=start)
+        elif kind == "fork":
+            wf.fork(name, branches=step.get("branches"), map_over=step.get("map_over"), branch=step.get("branch"),
+                    max_items=step.get("max_items", 10_000), start=start)
+        elif kind == "join":
+            wf.join(name, fork=step["fork"], next=step["next"], need=step.get("need", "all"))
+        else:
+            wf.child(workflow=step["workflow"], next=step["next"], name=name, on_failure=step.get("on_failure"),
+                     cancel_with_parent=step.get("cancel_with_parent", True),
+                     start=start)(_handler(step, n, catalog, marks))
+    except DefinitionError as exc:
+        raise _invalid(str(exc), ("steps", n), marks) from None
+

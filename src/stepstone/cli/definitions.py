@@ -1,0 +1,286 @@
+"""``stepstone definitions``: the registry of workflow versions.
+
+    list        versions with kind, status and which scopes they are current in
+    show        one version (and a document's text, its digest checked)
+    validate    check a YAML/JSON document against the schema (and a catalog's handler names)
+    publish     validate, record and publish a document (CANDIDATE -> PUBLISHING -> AVAILABLE)
+    activate    make a version the scope's current one
+    deprecate / retire / reinstate   the lifecycle (docs/versions.md)
+    stranded    instances whose pinned version no live worker serves
+    migrate     move instances to another version (docs/versions.md)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, load_document
+from stepstone.cli.app import app_option, import_attribute
+from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.connection import open_store
+from stepstone.config import Settings
+from stepstone.core.pin import DEFAULT_SCOPE
+from stepstone.errors import StepstoneError
+from stepstone.ops import definitions as ops
+
+__all__ = ["commands", "load_catalog"]
+
+_scope_option = click.option("--scope", default=DEFAULT_SCOPE, show_default=True, type=TEXT,
+                             help="The scope (tenant key) of the definition.")
+_max_bytes_option = click.option("--max-bytes", type=click.IntRange(1), default=DEFAULT_MAX_BYTES,
+                                 show_default=True, help="Largest document accepted, in bytes of UTF-8.")
+
+
+def load_catalog(spec: str) -> Catalog:
+    value = import_attribute(spec, "--catalog", "myapp.handlers:catalog")
+    if not isinstance(value, Catalog):
+        raise CliError(f"{spec} is a {type(value).__name__}, not a stepstone Catalog")
+    return value
+
+
+def _read(path: str) -> tuple[str, str]:
+    file = Path(path)
+    try:
+        text = file.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {path}: {exc}") from None
+    return text, "json" if file.suffix.lower() == ".json" else "yaml"
+
+
+def _checked(func: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return func(*args, **kwargs)
+    except StepstoneError as exc:
+        raise CliError(str(exc).splitlines()[0]) from None
+
+
+@click.group("definitions")
+def definitions_group() -> None:
+    """Workflow versions: list, show, validate and publish documents, activate, deprecate, retire, migrate."""
+
+
+@definitions_group.command("list")
+@click.option("--scope", default=None, type=TEXT, help="Only this scope.")
+@click.option("--workflow", "definition_id", default=None, type=TEXT, help="Only this definition id.")
+@click.option("--status", default=None, type=click.Choice(["CANDIDATE", "PUBLISHING", "AVAILABLE", "DEPRECATED",
+                                                           "RETIRED"]))
+@output_option
+@with_settings
+def list_command(settings: Settings, scope: str | None, definition_id: str | None, status: str | None,
+                 output: str) -> None:
+    """List recorded versions (never the document text)."""
+
+    async def go() -> list[dict[str, Any]]:
+        async with open_store(settings) as store:
+            records = await store.definitions.records(scope=scope, definition_id=definition_id, status=status)
+            return [{"scope": r.scope, "workflow": r.definition_id, "version": r.version, "kind": r.kind,
+                     "status": r.status, "active": r.active, "plan_hash": r.plan_hash} for r in records]
+
+    rows = run_async(go())
+    emit(rows, output, lambda: render_table(
+        [[r["workflow"], r["version"], r["scope"], r["kind"], r["status"], "yes" if r["active"] else "",
+          r["plan_hash"][:12]] for r in rows],
+        ["workflow", "version", "scope", "kind", "status", "current", "plan"]) if rows else "no definitions recorded")
+
+
+@definitions_group.command("show")
+@click.argument("definition_id", type=TEXT)
+@click.argument("version", type=click.IntRange(1))
+@_scope_option
+@_max_bytes_option
+@output_option
+@with_settings
+def show_command(settings: Settings, definition_id: str, version: int, scope: str, max_bytes: int,
+                 output: str) -> None:
+    """Show one version; a document's text is printed only when it still matches its SHA-256 digest."""
+
+    async def go() -> dict[str, Any]:
+        async with open_store(settings) as store:
+            row = await store.definitions.find(scope, definition_id, version)
+            shown = {k: row[k] for k in ("scope", "definition_id", "version", "kind", "status", "plan_hash",
+                                         "state_model", "signal_names", "document_digest")}
+            if row["kind"] == "DOCUMENT":
+                shown["document"], _ = await store.definitions.document(scope, definition_id, version,
+                                                                        max_bytes=max_bytes)
+            return shown
+
+    shown = run_async(go())
+
+    def table() -> str:
+        rows = [[k, json.dumps(v) if isinstance(v, list) else v] for k, v in shown.items() if k != "document"]
+        text = render_table(rows)
+        return text + ("\n\n" + shown["document"].rstrip() if "document" in shown else "")
+
+    emit(shown, output, table)
+
+
+@definitions_group.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--catalog", default=None, metavar="MODULE:ATTR",
+              help="The Catalog whose handler and model names the document may use (without it: structure only).")
+@_max_bytes_option
+def validate_command(file: str, catalog: str | None, max_bytes: int) -> None:
+    """Check a YAML or JSON workflow document; prints where the first problem is (line and column)."""
+    text, fmt = _read(file)
+    found = load_catalog(catalog) if catalog else None
+    wf = _checked(load_document, text, found, fmt=fmt, max_bytes=max_bytes)
+    checked = ("schema, handlers and graph" if found is not None
+               else "schema and graph (no --catalog: handlers unchecked)")
+    click.echo(f"valid: {wf.id} v{wf.version} (scope {wf.scope}), {len(wf.plan.steps)} steps, "
+               f"plan {wf.plan.plan_hash[:12]}; checked {checked}")
+
+
+@definitions_group.command("publish")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--catalog", required=True, metavar="MODULE:ATTR",
+              help="The Catalog whose handlers the document binds (every node that runs it needs the same).")
+@_max_bytes_option
+@with_settings
+def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int) -> None:
+    """Validate, record and publish a document; nothing is written when it is invalid."""
+    text, fmt = _read(file)
+    found = load_catalog(catalog)
+
+    async def go() -> ops.Published:
+        async with open_store(settings) as store:
+            return await ops.publish_document(store.definitions, text, found, fmt=fmt, max_bytes=max_bytes)
+
+    done = run_async(go())
+    pin = done.pin
+    note = "" if done.recorded == "inserted" else " (already recorded with this text)"
+    click.echo(f"published {pin.definition_id} v{pin.version} (scope {pin.scope}, plan {pin.plan_hash[:12]}): "
+               f"{done.status}{note}")
+
+
+@definitions_group.command("activate")
+@click.argument("definition_id", type=TEXT)
+@click.argument("version", type=click.IntRange(1))
+@_scope_option
+@click.option("--from-default", is_flag=True, help="Follow this version of the default scope (for a tenant scope).")
+@with_settings
+def activate_command(settings: Settings, definition_id: str, version: int, scope: str, from_default: bool) -> None:
+    """Make VERSION the current version of the scope: starts by id select it from now on."""
+    target = DEFAULT_SCOPE if from_default else scope
+
+    async def go() -> None:
+        async with open_store(settings) as store:
+            await store.definitions.activate(scope, definition_id, version, target_scope=target, actor="cli")
+
+    run_async(go())
+    click.echo(f"scope {scope}: {definition_id} v{version}" + (" (of scope default)" if target != scope else "")
+               + " is current")
+
+
+def _lifecycle(name: str, to: str, help_text: str) -> None:
+    @definitions_group.command(name, help=help_text)
+    @click.argument("definition_id", type=TEXT)
+    @click.argument("version", type=click.IntRange(1))
+    @_scope_option
+    @app_option(required=False)
+    @with_settings
+    def command(settings: Settings, definition_id: str, version: int, scope: str, registry: Any) -> None:
+        plan_hash = None
+        if to == "AVAILABLE" and registry is not None:
+            wf = registry.find(definition_id, version)
+            plan_hash = None if wf is None else wf.plan.plan_hash
+
+        async def go() -> str:
+            async with open_store(settings) as store:
+                return await store.definitions.transition(scope, definition_id, version, to, plan_hash=plan_hash)
+
+        before = run_async(go())
+        click.echo(f"{definition_id} v{version} (scope {scope}): {before} -> {to}")
+
+
+_lifecycle("deprecate", "DEPRECATED", "Take new instances off VERSION (running ones go on); it must not be current.")
+_lifecycle("retire", "RETIRED", "Retire a deprecated VERSION; refused while instances that may still run pin it.")
+_lifecycle("reinstate", "AVAILABLE",
+           "Make a deprecated or retired VERSION available again (with --app, its plan hash must match the code).")
+
+
+@definitions_group.command("stranded")
+@click.option("--within-minutes", type=click.FloatRange(min=0.01), default=ops.DEFAULT_STRANDED_WITHIN / 60,
+              show_default=True, help="A pin no worker served within this long counts as served by none.")
+@click.option("--scope", default=None, type=TEXT, help="Only instances of this scope.")
+@output_option
+@with_settings
+def stranded_command(settings: Settings, within_minutes: float, scope: str | None, output: str) -> None:
+    """Instances whose pinned version no live worker has registered: they wait (deferred), never fail."""
+
+    async def go() -> list[dict[str, Any]]:
+        async with open_store(settings) as store:
+            found = await ops.stranded_report(store.definitions, within_minutes * 60, scope)
+            return [{"scope": s.pin.scope, "workflow": s.pin.definition_id, "version": s.pin.version,
+                     "plan_hash": s.pin.plan_hash, "instances": s.instances,
+                     "deferred_commands": s.deferred_commands,
+                     "last_served": s.last_served.isoformat() if s.last_served else None} for s in found]
+
+    rows = run_async(go())
+    emit(rows, output, lambda: render_table(
+        [[r["workflow"], r["version"], r["plan_hash"][:12], r["instances"], r["deferred_commands"],
+          r["last_served"] or "never"] for r in rows],
+        ["workflow", "version", "plan", "instances", "deferred", "last served"])
+        if rows else "no stranded instances: every pinned version is served by a live worker")
+
+
+def _step_map(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        old, sep, new = pair.partition("=")
+        if not sep or not old or not new:
+            raise CliError(f"--step-map takes OLD=NEW, got {pair!r}")
+        out[old] = new
+    return out
+
+
+@definitions_group.command("migrate")
+@click.argument("instance_ids", nargs=-1, type=TEXT)
+@app_option(required=True)
+@click.option("--workflow", "definition_id", required=True, type=TEXT, help="The definition id.")
+@click.option("--to-version", required=True, type=click.IntRange(1), help="The version to move to (in --app).")
+@click.option("--from-version", type=click.IntRange(1), default=None,
+              help="Without INSTANCE_IDS: every instance of this version that may still run.")
+@click.option("--scope", default=None, type=TEXT, help="Only instances of this scope.")
+@click.option("--step-map", multiple=True, metavar="OLD=NEW", help="Where a step of the old version goes.")
+@click.option("--transform", default=None, metavar="MODULE:FUNC", help="A function old state -> new state.")
+@click.option("--dry-run", is_flag=True, help="Check every instance and report; change nothing.")
+@output_option
+@with_settings
+def migrate_command(settings: Settings, instance_ids: tuple[str, ...], registry: Any, definition_id: str,
+                    to_version: int, from_version: int | None, scope: str | None, step_map: tuple[str, ...],
+                    transform: str | None, dry_run: bool, output: str) -> None:
+    """Move running instances to another version; each is checked first and answered migrated, refused
+    (and why) or skipped."""
+    from stepstone.client import Client  # noqa: PLC0415 - the CLI's other commands need no client
+
+    target = registry.find(definition_id, to_version)
+    if target is None:
+        raise CliError(f"--app has no {definition_id} v{to_version}")
+    if not instance_ids and from_version is None:
+        raise CliError("name INSTANCE_IDS, or --from-version for every instance of that version")
+    mapping = _step_map(step_map)
+    func = import_attribute(transform, "--transform", "myapp.migrations:add_currency") if transform else None
+
+    async def go() -> Any:
+        async with open_store(settings) as store:
+            client = Client(store, registry, actor="cli")
+            try:
+                return await client.migrate(list(instance_ids) or None, to=target, definition=definition_id,
+                                            from_version=from_version, scope=scope, step_map=mapping,
+                                            state_transform=func, dry_run=dry_run)
+            finally:
+                await client.detach()
+
+    report = run_async(go())
+    rows = [{"instance": o.instance_id, "outcome": o.outcome, "reason": o.reason} for o in report.outcomes]
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(report.counts.items())) or "no instances"
+    emit({"dry_run": dry_run, "counts": report.counts, "instances": rows}, output, lambda: "\n".join(
+        [render_table([[r["instance"], r["outcome"], r["reason"]] for r in rows], ["instance", "outcome", "why"]),
+         ("dry run: " if dry_run else "") + summary]))
+
+
+commands = [definitions_group]

@@ -1,0 +1,67 @@
+"""Definition operations: validate and publish documents, read them back, the lifecycle, the stranded report.
+
+The CLI (`stepstone definitions ...`) and programs call these; the rules live in the registry
+(`stepstone.store.registry`) and the document loader (`stepstone.authoring.documents`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, DocumentWorkflow, load_document
+from stepstone.core.pin import Pin, pin_of
+from stepstone.runtime.serving import state_model_name
+from stepstone.store.registry_port import DefinitionsPort, StrandedPin
+
+__all__ = ["Published", "load_published", "publish_document", "stranded_report"]
+
+DEFAULT_STRANDED_WITHIN = 300.0
+"""Seconds without a heartbeat after which a pin counts as served by no live worker (5 minutes)."""
+
+
+@dataclass(frozen=True)
+class Published:
+    pin: Pin
+    status: str
+    recorded: str
+    """'inserted' for a new version, 'unchanged' when the same text was published before."""
+
+
+async def publish_document(
+    definitions: DefinitionsPort, text: str, catalog: Catalog, *, fmt: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> Published:
+    """Validate `text` against the schema and `catalog`, record it as a CANDIDATE, publish it (PUBLISHING,
+    then AVAILABLE). Nothing is written when the document is invalid; the same version with other
+    structure or text is drift (DefinitionDrift)."""
+    wf = load_document(text, catalog, fmt=fmt, max_bytes=max_bytes)
+    pin = pin_of(wf, wf.scope)
+    recorded = await definitions.record(
+        pin, wf.plan.document(), kind="DOCUMENT", status="CANDIDATE", state_model=state_model_name(wf),
+        document=wf.document_text, document_format=wf.document_format,
+    )
+    status = await definitions.publish(pin)
+    return Published(pin, status, recorded)
+
+
+async def load_published(
+    definitions: DefinitionsPort, catalog: Catalog, *, scope: str | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> list[DocumentWorkflow]:
+    """Every AVAILABLE or DEPRECATED document (of `scope`, or all), its text's digest checked and bound to
+    `catalog`: what a worker adds to its registry to run published documents."""
+    found = []
+    for status in ("AVAILABLE", "DEPRECATED"):
+        for rec in await definitions.records(scope=scope, status=status):
+            if rec.kind != "DOCUMENT":
+                continue
+            text, fmt = await definitions.document(rec.scope, rec.definition_id, rec.version, max_bytes=max_bytes)
+            found.append(load_document(text, catalog, fmt=fmt, max_bytes=max_bytes))
+    return found
+
+
+async def stranded_report(
+    definitions: DefinitionsPort, within_seconds: float = DEFAULT_STRANDED_WITHIN, scope: str | None = None
+) -> list[StrandedPin]:
+    """Instances that may still run whose pinned plan no worker served in the last `within_seconds`."""
+    return await definitions.stranded(within_seconds, scope)

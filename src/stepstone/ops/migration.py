@@ -1,0 +1,217 @@
+"""In-flight migration: move running instances to another version of their definition, in the open.
+
+    report = await migrate(store.definitions, to=orders_v2, definition="orders", from_version=1,
+                           step_map={"ship": "ship_parcel"}, state_transform=add_currency, dry_run=True)
+
+Before anything is written, each instance is checked against the target plan: every live position's
+step maps (through `step_map`, else by the same name) to a step of the target of the same kind; a wait
+maps to a wait that accepts every signal the old one accepted and has a timeout exactly when the old
+one had; every open command's step and every queued signal still exists in the target; the instance
+has no live branches; and the state `state_transform` returns fits the target's state model. Each
+instance is answered: migrated, refused (with why) or skipped (already on the target, or ended).
+
+An accepted migration is one fenced transaction between two segments (`migrate_instance`, migration
+0008): it is refused while a step of the instance runs, or when the instance moved since it was
+checked, and is then checked again from scratch, so it applies once, on the state it was checked on.
+It records a settled MIGRATION command in the instance's command order and an INSTANCE_MIGRATED
+history entry with the full new state (a baseline). Pin admission refuses a target that is not
+AVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepstone.authoring.workflow import Workflow
+from stepstone.core.pin import Pin
+from stepstone.core.plan import Plan
+from stepstone.errors import InvalidInput, MigrationRefused, StepstoneError
+from stepstone.store.registry_port import DefinitionsPort
+
+__all__ = ["MigrationOutcome", "MigrationReport", "migrate", "migrate_one"]
+
+_LIVE = ("RUNNING", "WAITING", "FAILED")
+_ENDED = ("COMPLETED", "CANCELLED")
+_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class MigrationOutcome:
+    instance_id: str
+    outcome: str
+    """migrated, would migrate (dry run), refused or skipped."""
+    reason: str = ""
+
+
+@dataclass
+class MigrationReport:
+    dry_run: bool
+    outcomes: list[MigrationOutcome] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(o.outcome for o in self.outcomes))
+
+    def raise_for_refusals(self) -> None:
+        """MigrationRefused naming the first refused instance and why, if any was refused."""
+        for o in self.outcomes:
+            if o.outcome == "refused":
+                raise MigrationRefused(f"migration of instance {o.instance_id} refused: {o.reason}",
+                                       instance_id=o.instance_id)
+
+
+class _Refused(Exception):
+    pass
+
+
+async def migrate(
+    definitions: DefinitionsPort,
+    instances: str | list[str] | None = None,
+    *,
+    to: Workflow[Any],
+    definition: str | None = None,
+    from_version: int | None = None,
+    scope: str | None = None,
+    step_map: Mapping[str, str] | None = None,
+    state_transform: Callable[[Any], Any] | None = None,
+    dry_run: bool = False,
+    limit: int = 10_000,
+    actor: str | None = None,
+) -> MigrationReport:
+    """Migrate one instance, a list, or every instance of (`definition`, `from_version`[, `scope`]) that may
+    still run, to the version of `to`. Returns the per-instance report; `dry_run` checks and writes nothing."""
+    if instances is None:
+        if definition is None or from_version is None:
+            raise InvalidInput("name the instances, or a definition and a from_version to migrate", what="filter")
+        ids = await definitions.migration_candidates(definition, from_version, scope, limit)
+    else:
+        ids = [instances] if isinstance(instances, str) else list(instances)
+    report = MigrationReport(dry_run)
+    for instance_id in ids:
+        report.outcomes.append(await migrate_one(
+            definitions, instance_id, to=to, step_map=step_map or {}, state_transform=state_transform,
+            dry_run=dry_run, actor=actor))
+    return report
+
+
+async def migrate_one(
+    definitions: DefinitionsPort, instance_id: str, *, to: Workflow[Any], step_map: Mapping[str, str],
+    state_transform: Callable[[Any], Any] | None, dry_run: bool = False, actor: str | None = None,
+) -> MigrationOutcome:
+    """Check and (unless `dry_run`) migrate one instance; see the module docstring."""
+    target = to.plan
+    delay = 0.01
+    for _ in range(_ATTEMPTS):
+        view = await definitions.migration_view(instance_id)
+        early = _settled_already(instance_id, view, target)
+        if early is not None:
+            return early
+        try:
+            positions, commands_map, state = _plan(view, to, target, step_map, state_transform)
+        except _Refused as exc:
+            return MigrationOutcome(instance_id, "refused", str(exc))
+        if dry_run:
+            return MigrationOutcome(instance_id, "would migrate")
+        try:
+            outcome, _ = await definitions.migrate_instance(
+                instance_id, from_pin=_pin(view), state_version=int(view["state_version"]),
+                to_pin=_pin({**view, "version": target.version, "plan_hash": target.plan_hash}),
+                step_map=commands_map, positions=positions, state=state, actor=actor,
+            )
+        except StepstoneError as exc:  # pin admission: the target is not AVAILABLE
+            return MigrationOutcome(instance_id, "refused", str(exc).splitlines()[0])
+        if outcome in _ANSWERS:
+            answer, reason = _ANSWERS[outcome]
+            return MigrationOutcome(instance_id, answer, reason.format(version=target.version))
+        await asyncio.sleep(delay)  # busy (a step runs) or changed since read: check again
+        delay = min(delay * 2, 0.5)
+    return MigrationOutcome(instance_id, "refused", "the instance kept moving; nothing was changed, try again")
+
+
+_ANSWERS = {
+    "migrated": ("migrated", ""),
+    "already": ("skipped", "already on v{version}"),
+    "ended": ("skipped", "instance ended"),
+    "not_found": ("refused", "no such instance"),
+}
+
+
+def _settled_already(instance_id: str, view: Mapping[str, Any], target: Plan) -> MigrationOutcome | None:
+    if view["version"] == target.version and view["plan_hash"] == target.plan_hash:
+        return MigrationOutcome(instance_id, "skipped", f"already on v{target.version}")
+    if view["status"] in _ENDED:
+        return MigrationOutcome(instance_id, "skipped", f"instance is {view['status']}")
+    return None
+
+
+def _pin(view: Mapping[str, Any]) -> Pin:
+    return Pin(str(view["definition_scope"]), str(view["definition_id"]), int(view["version"]),
+               str(view["plan_hash"]))
+
+
+def _plan(
+    view: Mapping[str, Any], to: Workflow[Any], target: Plan, step_map: Mapping[str, str],
+    state_transform: Callable[[Any], Any] | None,
+) -> tuple[list[dict[str, Any]], dict[str, str], Any]:
+    if view["definition_id"] != target.definition_id:
+        raise _Refused(f"instance runs {view['definition_id']!r}, not {target.definition_id!r}")
+    source = {s["name"]: s for s in (view["plan"] or {}).get("steps", [])}
+    positions = []
+    for p in view["positions"]:
+        row = {k: p[k] for k in ("path", "step", "visit", "status")}
+        if p["status"] in _LIVE:
+            if p["path"] != "":
+                raise _Refused(f"live branch {p['path']!r}: migrate after its join")
+            row.update(_position_target(p, source, target, step_map))
+        positions.append(row)
+    commands_map = {}
+    for step in view["command_steps"]:
+        mapped = step_map.get(step, step)
+        if mapped not in target.steps:
+            raise _Refused(f"a queued command is for step {step!r}, which maps to {mapped!r}: "
+                           f"v{target.version} has no such step")
+        commands_map[step] = mapped
+    missing = sorted(set(view["open_signals"]) - target.signal_names)
+    if missing:
+        raise _Refused(f"queued signal(s) {', '.join(missing)} would be unknown to v{target.version}")
+    state = copy.deepcopy(view["state"])
+    if state_transform is not None:
+        try:
+            state = state_transform(state)
+        except Exception as exc:  # noqa: BLE001 - the author's transform: its failure refuses this instance
+            raise _Refused(f"state_transform raised {type(exc).__name__}: {exc}") from None
+    try:
+        state = to.state_to_json(state, what="migrated state")
+    except InvalidInput as exc:
+        raise _Refused(f"the transformed state does not fit v{target.version}'s state model: {exc}") from None
+    return positions, commands_map, state
+
+
+def _position_target(
+    p: Mapping[str, Any], source: Mapping[str, Any], target: Plan, step_map: Mapping[str, str]
+) -> dict[str, Any]:
+    step = p["step"]
+    mapped = step_map.get(step, step)
+    goal = target.steps.get(mapped)
+    if goal is None:
+        raise _Refused(f"position at step {step!r} maps to {mapped!r}: v{target.version} has no such step "
+                       "(pass step_map)")
+    was = source.get(step, {})
+    if was and was.get("kind") != goal.kind:
+        raise _Refused(f"step {step!r} is a {was.get('kind')} step, {mapped!r} in v{target.version} a {goal.kind}")
+    to_wait: Any = None
+    if goal.kind == "wait" and p["status"] == "WAITING":
+        old = set((was.get("signals") or {}).keys())
+        if not old <= set(goal.signals):
+            lost = ", ".join(sorted(old - set(goal.signals)))
+            raise _Refused(f"wait {step!r} accepts {lost}, which {mapped!r} in v{target.version} does not")
+        if (was.get("timeout_seconds") is None) != (goal.timeout_seconds is None):
+            raise _Refused(f"wait {step!r} and {mapped!r} differ in having a timeout")
+        to_wait = {"kind": "signal", "signals": dict(goal.signals), "timeout_seconds": goal.timeout_seconds}
+    return {"to_step": mapped, "to_wait": to_wait}
+

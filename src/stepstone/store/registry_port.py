@@ -1,0 +1,87 @@
+"""The registry port: what the runtime, the client and the operations need from the definitions registry.
+
+`PostgresStore.definitions` is the adapter (`stepstone.store.registry.PostgresRegistry`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from stepstone.core.pin import Pin
+
+__all__ = ["DefinitionRecord", "DefinitionsPort", "StrandedPin"]
+
+
+@dataclass(frozen=True)
+class DefinitionRecord:
+    """One registry row, without document text."""
+
+    scope: str
+    definition_id: str
+    version: int
+    kind: str
+    status: str
+    plan_hash: str
+    state_model: str | None
+    signal_names: list[str]
+    registered_at: datetime
+    active: bool = False
+    document_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class StrandedPin:
+    """Instances that may still run whose pinned plan no live worker serves."""
+
+    pin: Pin
+    instances: int
+    deferred_commands: int
+    last_served: datetime | None
+
+
+class DefinitionsPort(Protocol):
+    """The registry's operations (see `stepstone.store.registry` for the rules)."""
+
+    async def record(
+        self, pin: Pin, plan: dict[str, Any], *, kind: str = "CODE", status: str = "AVAILABLE",
+        state_model: str | None = None, input_schema: Any = None, document: str | None = None,
+        document_format: str | None = None,
+    ) -> str: ...
+    async def find(self, scope: str, definition_id: str, version: int) -> dict[str, Any]: ...
+    async def transition(
+        self, scope: str, definition_id: str, version: int, to: str, *, plan_hash: str | None = None
+    ) -> str: ...
+    async def publish(self, pin: Pin) -> str: ...
+    async def claim_publication(self, pin: Pin) -> uuid.UUID | None: ...
+    async def complete_publication(self, pin: Pin, token: uuid.UUID) -> None: ...
+    async def activate(
+        self, scope: str, definition_id: str, version: int, *, target_scope: str | None = None,
+        actor: str | None = None,
+    ) -> None: ...
+    async def deactivate(self, scope: str, definition_id: str) -> None: ...
+    async def activations(
+        self, scope: str | None = None, definition_id: str | None = None
+    ) -> list[dict[str, Any]]: ...
+    async def select_version(self, scope: str, definition_id: str) -> tuple[str, int, str] | None: ...
+    async def records(
+        self, *, scope: str | None = None, definition_id: str | None = None, status: str | None = None
+    ) -> list[DefinitionRecord]: ...
+    async def document(
+        self, scope: str, definition_id: str, version: int, *, max_bytes: int
+    ) -> tuple[str, str]: ...
+    async def heartbeat(self, worker_id: str, pins: list[Pin]) -> None: ...
+    async def resume_deferred(self, pins: list[Pin]) -> int: ...
+    async def forget_worker(self, worker_id: str) -> None: ...
+    async def stranded(self, within_seconds: float, scope: str | None = None) -> list[StrandedPin]: ...
+    async def served(self, within_seconds: float) -> list[dict[str, Any]]: ...
+    async def migration_view(self, instance_id: str) -> dict[str, Any]: ...
+    async def migration_candidates(
+        self, definition_id: str, version: int, scope: str | None, limit: int
+    ) -> list[str]: ...
+    async def migrate_instance(
+        self, instance_id: str, *, from_pin: Pin, state_version: int, to_pin: Pin, step_map: dict[str, str],
+        positions: list[dict[str, Any]], state: Any, actor: str | None,
+    ) -> tuple[str, int | None]: ...

@@ -1,0 +1,221 @@
+-- Named queries of the definitions registry (store/registry.py). Each starts with
+-- "-- name: <name>"; {{schema}} is replaced by the quoted schema identifier.
+-- Every lifecycle change runs in one transaction that first takes the definition id's advisory lock
+-- exclusively (lock_definition), then its rows in (scope, version) order.
+
+-- name: lock_definition
+SELECT pg_advisory_xact_lock(1936028530, {{schema}}.define_lock_key($1));
+
+-- name: lock_rows
+SELECT scope, version, status FROM {{schema}}.definitions
+WHERE definition_id = $1 ORDER BY scope, version FOR UPDATE;
+
+-- name: insert_definition
+-- A version not recorded yet; returns nothing when the (scope, id, version) row exists.
+INSERT INTO {{schema}}.definitions (scope, definition_id, version, plan_hash, plan, registered_at, kind, status,
+                                    state_model, signal_names, message_names, input_schema, document,
+                                    document_format, document_digest, status_changed_at)
+VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now(), $6, $7, $8, $9, $10, $11, $12, $13, $14, {{schema}}.db_now())
+ON CONFLICT (scope, definition_id, version) DO NOTHING
+RETURNING version;
+
+-- name: definition_row
+SELECT scope, definition_id, version, plan_hash, kind, status, state_model, signal_names, message_names,
+       input_schema, document_format, document_digest, registered_at, status_changed_at, publish_token
+FROM {{schema}}.definitions WHERE scope = $1 AND definition_id = $2 AND version = $3;
+
+-- name: fill_code_metadata
+-- A code row recorded before the registry (or by a client) gets its metadata from the worker.
+UPDATE {{schema}}.definitions SET state_model = COALESCE(state_model, $4),
+    signal_names = CASE WHEN signal_names = '[]'::jsonb THEN $5 ELSE signal_names END,
+    input_schema = COALESCE(input_schema, $6)
+WHERE scope = $1 AND definition_id = $2 AND version = $3 AND kind = 'CODE';
+
+-- name: activate_first
+-- The first version of an id recorded in the default scope becomes its current version there;
+-- later versions wait for an explicit activation (deploy first, activate once every node has them).
+INSERT INTO {{schema}}.definition_activations (scope, definition_id, target_scope, version, activated_at,
+                                               activated_by)
+SELECT 'default', $1, 'default', $2, {{schema}}.db_now(), 'first registration'
+WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.definition_activations a
+                  WHERE a.scope = 'default' AND a.definition_id = $1)
+ON CONFLICT DO NOTHING;
+
+-- name: set_status
+UPDATE {{schema}}.definitions SET status = $4, status_changed_at = {{schema}}.db_now(),
+    publish_token = CASE WHEN $4 = 'PUBLISHING' THEN $5::uuid END,
+    publish_claimed_at = CASE WHEN $4 = 'PUBLISHING' THEN {{schema}}.db_now() END
+WHERE scope = $1 AND definition_id = $2 AND version = $3
+RETURNING status;
+
+-- name: claim_publication
+-- CANDIDATE -> PUBLISHING with a fresh token; a PUBLISHING claim at least $5 seconds old is stale
+-- and is taken over.
+UPDATE {{schema}}.definitions SET status = 'PUBLISHING', publish_token = $4,
+    publish_claimed_at = {{schema}}.db_now(), status_changed_at = {{schema}}.db_now()
+WHERE scope = $1 AND definition_id = $2 AND version = $3
+  AND (status = 'CANDIDATE'
+       OR (status = 'PUBLISHING' AND publish_claimed_at <= {{schema}}.db_now() - make_interval(secs => $5)))
+RETURNING publish_token;
+
+-- name: complete_publication
+-- PUBLISHING -> AVAILABLE, only for the claim that holds the token (an obsolete completion fails).
+UPDATE {{schema}}.definitions SET status = 'AVAILABLE', publish_token = NULL, publish_claimed_at = NULL,
+    status_changed_at = {{schema}}.db_now()
+WHERE scope = $1 AND definition_id = $2 AND version = $3 AND status = 'PUBLISHING' AND publish_token = $4
+RETURNING status;
+
+-- name: live_pins
+-- Instances pinned to exactly this scope's row of the version that may still run.
+SELECT count(*) FROM {{schema}}.instances
+WHERE definition_scope = $1 AND definition_id = $2 AND version = $3
+  AND status IN ('PENDING', 'RUNNING', 'WAITING');
+
+-- name: activation_of
+SELECT scope, definition_id, target_scope, version, activated_at, activated_by
+FROM {{schema}}.definition_activations WHERE scope = $1 AND definition_id = $2;
+
+-- name: put_activation
+INSERT INTO {{schema}}.definition_activations (scope, definition_id, target_scope, version, activated_at,
+                                               activated_by)
+VALUES ($1, $2, $3, $4, {{schema}}.db_now(), $5)
+ON CONFLICT (scope, definition_id) DO UPDATE SET target_scope = EXCLUDED.target_scope,
+    version = EXCLUDED.version, activated_at = EXCLUDED.activated_at, activated_by = EXCLUDED.activated_by;
+
+-- name: remove_activation
+DELETE FROM {{schema}}.definition_activations WHERE scope = $1 AND definition_id = $2;
+
+-- name: activations
+SELECT scope, definition_id, target_scope, version, activated_at, activated_by
+FROM {{schema}}.definition_activations
+WHERE ($1::text IS NULL OR scope = $1) AND ($2::text IS NULL OR definition_id = $2)
+ORDER BY definition_id, scope;
+
+-- name: select_version
+-- The version a start in scope $1 selects: the scope's activation, else the default scope's, else the
+-- highest AVAILABLE version of the scope, else of the default scope. One statement, no lock: the pin
+-- admission of the insert is the fence for status.
+SELECT target_scope, version, plan_hash, source FROM (
+    SELECT a.target_scope, a.version, d.plan_hash, 'activation' AS source, 1 AS rank
+    FROM {{schema}}.definition_activations a
+    JOIN {{schema}}.definitions d ON d.scope = a.target_scope AND d.definition_id = a.definition_id
+                                  AND d.version = a.version
+    WHERE a.scope = $1 AND a.definition_id = $2
+    UNION ALL
+    SELECT a.target_scope, a.version, d.plan_hash, 'default activation', 2
+    FROM {{schema}}.definition_activations a
+    JOIN {{schema}}.definitions d ON d.scope = a.target_scope AND d.definition_id = a.definition_id
+                                  AND d.version = a.version
+    WHERE a.scope = 'default' AND a.definition_id = $2
+    UNION ALL
+    (SELECT d.scope, d.version, d.plan_hash, 'latest available', 3 + (d.scope <> $1)::integer
+     FROM {{schema}}.definitions d
+     WHERE d.definition_id = $2 AND d.status = 'AVAILABLE' AND d.scope IN ($1, 'default')
+     ORDER BY (d.scope <> $1), d.version DESC LIMIT 1)
+) AS choices
+ORDER BY rank
+LIMIT 1;
+
+-- name: list_definitions
+-- Metadata only: never the document text.
+SELECT d.scope, d.definition_id, d.version, d.kind, d.status, d.plan_hash, d.state_model, d.signal_names,
+       d.document_format, d.document_digest, d.registered_at, d.status_changed_at,
+       EXISTS (SELECT 1 FROM {{schema}}.definition_activations a
+               WHERE a.target_scope = d.scope AND a.definition_id = d.definition_id AND a.version = d.version)
+           AS active
+FROM {{schema}}.definitions d
+WHERE ($1::text IS NULL OR d.scope = $1) AND ($2::text IS NULL OR d.definition_id = $2)
+  AND ($3::text IS NULL OR d.status = $3)
+ORDER BY d.definition_id, d.scope, d.version;
+
+-- name: document_text
+-- The stored text with its digest and size, checked by the caller on every read.
+SELECT d.kind, d.document, d.document_format, d.document_digest, octet_length(d.document) AS size, d.plan,
+       d.plan_hash
+FROM {{schema}}.definitions d WHERE d.scope = $1 AND d.definition_id = $2 AND d.version = $3;
+
+-- name: heartbeat
+-- What worker $1 serves now (its pins), with the time it said so. A worker that stops deletes its rows
+-- (forget_worker); the rows of one that died age out of the stranded report's window.
+WITH served AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::integer[], $5::text[]) AS s(scope, definition_id, version,
+                                                                                 plan_hash)
+), up AS (
+    INSERT INTO {{schema}}.worker_plans (worker_id, scope, definition_id, version, plan_hash, started_at, seen_at)
+    SELECT $1, s.scope, s.definition_id, s.version, s.plan_hash, {{schema}}.db_now(), {{schema}}.db_now()
+    FROM served s
+    ORDER BY s.definition_id, s.version, s.scope
+    ON CONFLICT (worker_id, definition_id, version, scope) DO UPDATE
+        SET seen_at = EXCLUDED.seen_at, plan_hash = EXCLUDED.plan_hash
+    RETURNING definition_id
+)
+SELECT count(*) FROM up;
+
+-- name: forget_worker
+DELETE FROM {{schema}}.worker_plans WHERE worker_id = $1;
+
+-- name: resume_deferred
+-- A worker that serves these pins came up (or is alive): commands deferred because the workers that
+-- claimed them lacked the plan become claimable now instead of after their backoff.
+UPDATE {{schema}}.commands c SET available_at = {{schema}}.db_now()
+FROM {{schema}}.instances i,
+     unnest($1::text[], $2::integer[], $3::text[]) AS s(definition_id, version, plan_hash)
+WHERE c.state = 'DEFERRED' AND c.available_at > {{schema}}.db_now() AND c.last_error LIKE 'NOT\_RUNNABLE%'
+  AND i.id = c.instance_id AND i.definition_id = s.definition_id AND i.version = s.version
+  AND i.plan_hash = s.plan_hash
+RETURNING c.id;
+
+-- name: stranded
+-- Instances that may still run whose pinned plan no worker has served within the last $1 seconds,
+-- per pin: how many, how many commands wait deferred, and when the plan was last served.
+SELECT i.definition_scope AS scope, i.definition_id, i.version, i.plan_hash, count(*) AS instances,
+       (SELECT count(*) FROM {{schema}}.commands c JOIN {{schema}}.instances j ON j.id = c.instance_id
+        WHERE c.state = 'DEFERRED' AND j.definition_id = i.definition_id AND j.version = i.version
+          AND j.plan_hash = i.plan_hash) AS deferred_commands,
+       (SELECT max(w.seen_at) FROM {{schema}}.worker_plans w
+        WHERE w.definition_id = i.definition_id AND w.version = i.version AND w.plan_hash = i.plan_hash)
+           AS last_served
+FROM {{schema}}.instances i
+WHERE i.status IN ('PENDING', 'RUNNING', 'WAITING')
+  AND NOT EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
+                  WHERE w.definition_id = i.definition_id AND w.version = i.version
+                    AND w.plan_hash = i.plan_hash
+                    AND w.seen_at > {{schema}}.db_now() - make_interval(secs => $1))
+  AND ($2::text IS NULL OR i.scope = $2)
+GROUP BY i.definition_scope, i.definition_id, i.version, i.plan_hash
+ORDER BY i.definition_id, i.version;
+
+-- name: served
+-- Which live workers serve which pins (seen within the last $1 seconds).
+SELECT definition_id, version, plan_hash, count(*) AS workers, max(seen_at) AS last_seen
+FROM {{schema}}.worker_plans WHERE seen_at > {{schema}}.db_now() - make_interval(secs => $1)
+GROUP BY definition_id, version, plan_hash ORDER BY definition_id, version;
+
+-- name: migration_view
+-- What an in-flight migration plans from: the instance's pin, state and every position.
+SELECT i.id, i.scope, i.definition_scope, i.definition_id, i.version, i.plan_hash, i.status, i.state,
+       i.state_version,
+       (SELECT d.plan FROM {{schema}}.definitions d WHERE d.scope = i.definition_scope
+          AND d.definition_id = i.definition_id AND d.version = i.version) AS plan,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('path', p.path, 'status', p.status, 'step', p.step,
+                                                     'visit', p.visit, 'wait', p.wait) ORDER BY p.path),
+                        '[]'::jsonb)
+        FROM {{schema}}.positions p WHERE p.instance_id = i.id) AS positions,
+       (SELECT coalesce(jsonb_agg(DISTINCT c.step), '[]'::jsonb) FROM {{schema}}.commands c
+        WHERE c.instance_id = i.id AND c.step IS NOT NULL
+          AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')) AS command_steps,
+       (SELECT coalesce(jsonb_agg(c.name), '[]'::jsonb) FROM {{schema}}.commands c
+        WHERE c.instance_id = i.id AND c.kind = 'SIGNAL' AND c.state IN ('PENDING', 'DEFERRED', 'PARKED'))
+           AS open_signals
+FROM {{schema}}.instances i WHERE i.id = $1;
+
+-- name: migration_candidates
+-- Instances of a definition version a batch migration considers (oldest first).
+SELECT i.id FROM {{schema}}.instances i
+WHERE i.definition_id = $1 AND i.version = $2 AND ($3::text IS NULL OR i.scope = $3)
+  AND i.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED')
+ORDER BY i.created_at, i.id
+LIMIT $4;
+
+-- name: migrate_instance
+SELECT outcome, command_id FROM {{schema}}.migrate_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);

@@ -1,0 +1,194 @@
+"""Document-defined workflows: the schema, the catalog, the size limit, the digest, publishing and running."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from stepstone.authoring.documents import Catalog, load_document, schema
+from stepstone.authoring.workflow import Registry, StepContext
+from stepstone.cli import cli
+from stepstone.core.pin import pin_of
+from stepstone.errors import (
+    DefinitionDrift,
+    DocumentInvalid,
+    DocumentTampered,
+    InvalidTransition,
+    VersionNotAdmitted,
+)
+from stepstone.ops.definitions import load_published, publish_document
+from stepstone.runtime.worker import Worker
+from stepstone.testing import open_engine
+
+catalog = Catalog()
+
+
+@catalog.handler("review")
+async def review(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["reviewed"] = ctx.workflow
+
+
+@catalog.handler("ship")
+def ship(_ctx: StepContext, state: dict[str, Any]) -> None:
+    state["shipped"] = True
+
+
+APPROVAL = """\
+id: approval
+version: 1
+steps:
+  - name: review
+    kind: action
+    handler: review
+    start: true
+    next: await_decision
+  - name: await_decision
+    kind: wait
+    signals: {approved: ship, rejected: $end}
+    timeout: 3600
+    on_timeout: ship
+  - name: ship
+    kind: action
+    handler: ship
+"""
+
+
+def test_a_document_becomes_a_workflow_with_a_structural_hash() -> None:
+    wf = load_document(APPROVAL, catalog)
+    assert (wf.id, wf.version, wf.scope, list(wf.plan.steps)) == ("approval", 1, "default",
+                                                                  ["review", "await_decision", "ship"])
+    assert wf.plan.signal_names == {"approved", "rejected"}
+    as_json = json.dumps({"id": "approval", "version": 1, "steps": [
+        {"name": "review", "kind": "action", "handler": "review", "start": True, "next": "await_decision"},
+        {"name": "await_decision", "kind": "wait", "signals": {"approved": "ship", "rejected": "$end"},
+         "timeout": 3600, "on_timeout": "ship"},
+        {"name": "ship", "kind": "action", "handler": "ship"}]})
+    assert load_document(as_json, catalog, fmt="json").plan.plan_hash == wf.plan.plan_hash
+    assert load_document(APPROVAL, None).plan.plan_hash == wf.plan.plan_hash  # handlers are not structure
+
+
+@pytest.mark.parametrize(("text", "line", "column", "path", "words"), [
+    (APPROVAL.replace("kind: wait", "kind: sleep"), 10, 11, "steps[1].kind", "'sleep' is not one of"),
+    (APPROVAL.replace("    on_timeout: ship\n", "    on_timeout: ship\n    colour: red\n"), 14, 5,
+     "steps[1].colour", "unknown field 'colour'"),
+    (APPROVAL.replace("version: 1", "version: 0"), 2, 10, "version", "less than the minimum"),
+    (APPROVAL.replace("handler: ship", "handler: shipp"), 16, 14, "steps[2].handler", "unknown handler 'shipp'"),
+    (APPROVAL.replace("signals: {approved: ship,", "signals: {approved: ship:"), 11, 29, "", "not valid YAML"),
+])
+def test_invalid_documents_name_the_line_column_and_path(
+    text: str, line: int, column: int, path: str, words: str
+) -> None:
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(text, catalog)
+    err = raised.value
+    assert (err.line, err.column) == (line, column), str(err)
+    assert err.path == path and words in str(err)
+    assert str(err).startswith(f"line {line}, column {column}")
+
+
+def test_graph_problems_and_the_size_limit() -> None:
+    with pytest.raises(DocumentInvalid, match="goes to unknown step 'nowhere'"):
+        load_document(APPROVAL.replace("next: await_decision", "next: nowhere"), catalog)
+    with pytest.raises(DocumentInvalid, match="over the limit of 100 bytes"):
+        load_document(APPROVAL, catalog, max_bytes=100)
+    with pytest.raises(DocumentInvalid, match="line 1, column 10: not valid JSON"):
+        load_document('{"id": 1,}', catalog, fmt="json")
+
+
+def test_the_published_schema_is_shipped_in_the_package_and_the_docs() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "workflow-document.schema.json"
+    assert json.loads(docs.read_text()) == schema()
+
+
+async def test_publish_run_and_digest_check(database_url: str) -> None:
+    async with open_engine(database_url, Registry()) as engine:
+        defs = engine.store.definitions
+        published = await publish_document(defs, APPROVAL, catalog)
+        assert (published.status, published.recorded) == ("AVAILABLE", "inserted")
+        again = await publish_document(defs, APPROVAL, catalog)
+        assert (again.status, again.recorded) == ("AVAILABLE", "unchanged")
+        with pytest.raises(DefinitionDrift):
+            await publish_document(defs, APPROVAL.replace("timeout: 3600", "timeout: 60"), catalog)
+        [record] = await defs.records(definition_id="approval")
+        assert (record.kind, record.status, record.active) == ("DOCUMENT", "AVAILABLE", True)
+
+        loaded = await load_published(defs, catalog)
+        registry = Registry(*loaded)
+        client = type(engine.client)(engine.store, registry)
+        iid = await client.start("approval", {})
+        worker = Worker(engine.store, registry)
+        await worker.run_until_idle()
+        await client.signal(iid, "approved")
+        await worker.run_until_idle()
+        info = await client.get(iid)
+        assert info.status == "COMPLETED" and info.state == {"reviewed": "approval", "shipped": True}
+
+        pool = engine.store.pool
+        await pool.execute("UPDATE stepstone.definitions SET document = document || '# edited' "
+                           "WHERE definition_id = 'approval'")
+        with pytest.raises(DocumentTampered, match="no longer matches its SHA-256 digest"):
+            await defs.document("default", "approval", 1, max_bytes=1 << 20)
+        with pytest.raises(DocumentTampered, match="over the limit"):
+            await defs.document("default", "approval", 1, max_bytes=10)
+        assert uuid.UUID(iid)
+
+
+async def test_an_unpublished_candidate_takes_no_instances(database_url: str) -> None:
+    async with open_engine(database_url, Registry()) as engine:
+        wf = load_document(APPROVAL, catalog)
+        await engine.store.definitions.record(pin_of(wf), wf.plan.document(), kind="DOCUMENT", status="CANDIDATE",
+                                              document=APPROVAL, document_format="yaml")
+        client = type(engine.client)(engine.store, Registry(wf))
+        client._registered.add(("approval", 1))
+        with pytest.raises(VersionNotAdmitted, match="is CANDIDATE"):
+            await client.start(wf, {})
+
+
+def test_cli_validate_and_publish(database_url: str, tmp_path: Path) -> None:
+    good = tmp_path / "approval.yaml"
+    good.write_text(APPROVAL)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(APPROVAL.replace("handler: ship", "handler: shipp"))
+    runner = CliRunner()
+    cat = "tests.registry.test_documents:catalog"
+    ok = runner.invoke(cli, ["definitions", "validate", str(good), "--catalog", cat])
+    assert ok.exit_code == 0 and ok.stdout.startswith("valid: approval v1 (scope default), 3 steps"), ok.output
+    refused = runner.invoke(cli, ["definitions", "validate", str(bad), "--catalog", cat])
+    assert refused.exit_code == 1
+    assert refused.stderr.strip() == ("error: line 16, column 14 (steps[2].handler): unknown handler 'shipp' "
+                                      "(the catalog has: review, ship)")
+    published = runner.invoke(cli, ["definitions", "publish", str(good), "--catalog", cat,
+                                    "--database-url", database_url])
+    assert published.exit_code == 0, published.output
+    assert published.stdout.startswith("published approval v1 (scope default, plan ")
+    listed = runner.invoke(cli, ["definitions", "list", "-o", "json", "--database-url", database_url])
+    assert [(r["workflow"], r["kind"], r["status"]) for r in json.loads(listed.stdout)] == [
+        ("approval", "DOCUMENT", "AVAILABLE")]
+    shown = runner.invoke(cli, ["definitions", "show", "approval", "1", "--database-url", database_url])
+    assert shown.exit_code == 0 and "handler: review" in shown.stdout
+    not_available = runner.invoke(cli, ["definitions", "activate", "approval", "2", "--database-url", database_url])
+    assert not_available.exit_code == 1
+    assert "only an AVAILABLE version can be activated" in not_available.stderr
+
+
+async def test_publication_is_claimed_with_a_token_and_an_obsolete_completion_fails(database_url: str) -> None:
+    async with open_engine(database_url, Registry()) as engine:
+        defs = engine.store.definitions
+        wf = load_document(APPROVAL, catalog)
+        pin = pin_of(wf)
+        await defs.record(pin, wf.plan.document(), kind="DOCUMENT", status="CANDIDATE", document=APPROVAL,
+                          document_format="yaml")
+        first = await defs.claim_publication(pin)
+        with pytest.raises(InvalidTransition, match="is PUBLISHING"):
+            await defs.claim_publication(pin)
+        await engine.advance(61)  # the first publisher went quiet: its claim is stale
+        second = await defs.claim_publication(pin)
+        with pytest.raises(InvalidTransition, match="taken over"):
+            await defs.complete_publication(pin, first)
+        await defs.complete_publication(pin, second)
+        assert (await defs.find("default", "approval", 1))["status"] == "AVAILABLE"
