@@ -18,7 +18,7 @@ ALTER TABLE {{schema}}.instances ADD COLUMN archived_at timestamptz;
 -- Queries: the filters `stepstone instances find` offers, on columns an instance never changes after
 -- its start (so commits stay HOT updates), newest first like the keyset pagination.
 CREATE INDEX instances_definition_newest ON {{schema}}.instances (definition_id, created_at DESC, id DESC);
-CREATE INDEX instances_scope_newest ON {{schema}}.instances (scope, created_at DESC, id DESC);
+-- (Newest first within a scope: instances_scope_newest, from migration 0008.)
 -- Retention candidates: ended instances by age, archived ones by archive time.
 CREATE INDEX instances_ended ON {{schema}}.instances (ended_at) WHERE ended_at IS NOT NULL AND archived_at IS NULL;
 CREATE INDEX instances_archived ON {{schema}}.instances (archived_at) WHERE archived_at IS NOT NULL;
