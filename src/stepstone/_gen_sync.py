@@ -29,11 +29,13 @@ _SKIP = {"connect", "close"}
 _IMPORTS = {
     "Any": "typing",
     "datetime": "datetime",
+    "timedelta": "datetime",
     "Workflow": "stepstone.authoring.workflow",
     "Registry": "stepstone.authoring.workflow",
     "Settings": "stepstone.config",
     "Limits": "stepstone.core.limits",
     "InstanceInfo": "stepstone.client",
+    "Cancellation": "stepstone.client",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 

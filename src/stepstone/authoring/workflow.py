@@ -17,14 +17,14 @@ import copy
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
 from stepstone.core.model import Event
-from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Plan, RetryPolicy, Step
+from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, RetryPolicy, Step
 from stepstone.errors import DefinitionError, InvalidInput
 
 S = TypeVar("S")
@@ -98,9 +98,35 @@ class StepContext:
     child: ChildResult | None = None
     branch: BranchInfo | None = None
     events: list[Event] = field(default_factory=list)
+    recorded: Any = None
+    """What `record` kept for this step's compensation."""
+
+    def record(self, value: Any) -> None:
+        """Keep `value` (JSON) with this step's completion: its compensation handler gets it."""
+        self.recorded = value
 
     def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
         """Stage an outbox event; it is written in this step's commit, or not at all."""
+        self.events.append(Event(type, payload, key))
+
+
+@dataclass
+class CompensationContext:
+    """What a compensation handler knows: the step it undoes, why (`cause`: failed, cancelled or
+    timed_out) and which attempt this is. `idempotency_key` is the same on every attempt of this
+    compensation, on any worker."""
+
+    instance_id: str
+    workflow: str
+    step: str
+    position: str
+    attempt: int
+    idempotency_key: str
+    cause: str | None = None
+    events: list[Event] = field(default_factory=list)
+
+    def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
+        """Stage an outbox event; it is written in this compensation's commit, or not at all."""
         self.events.append(Event(type, payload, key))
 
 
@@ -113,12 +139,18 @@ class _ActionSpec:
 class Workflow(Generic[S]):
     """A named, versioned graph of steps over a state model."""
 
-    def __init__(self, id: str, *, version: int = 1, state: type[S] | None = None) -> None:  # noqa: A002
+    def __init__(
+        self, id: str, *, version: int = 1, state: type[S] | None = None,  # noqa: A002
+        deadline: timedelta | float | None = None,
+    ) -> None:
         self.id = id
         self.version = version
         self.state_model = state
+        self.deadline = None if deadline is None else _seconds(deadline)
+        """The default instance deadline in seconds (`Client.start(deadline=...)` overrides it)."""
         self._steps: list[Step] = []
         self._actions: dict[str, _ActionSpec] = {}
+        self._compensations: dict[str, _ActionSpec] = {}
         self._start: str | None = None
         self._plan: Plan | None = None
 
@@ -256,6 +288,32 @@ class Workflow(Generic[S]):
 
         return register(fn) if fn is not None else register
 
+    def compensation(
+        self, step: str, *, retry: Retry | None = None, name: str | None = None
+    ) -> Callable[[F], F]:
+        """Declare the compensation of action step `step`: `(ctx, state, recorded)`, sync or async,
+        with `ctx` a `CompensationContext`, `state` the state as it is when compensating and
+        `recorded` what the step kept with `ctx.record`. When the saga compensates, the completed
+        steps that declare one are undone in reverse order of completion, each retried under
+        `retry` (default `Retry()`); the state it leaves is kept."""
+
+        def register(handler: F) -> F:
+            if self._plan is not None:
+                raise DefinitionError(f"workflow {self.id!r} v{self.version} is already in use and cannot change")
+            found = next((n for n, s in enumerate(self._steps) if s.name == step), None)
+            if found is None or self._steps[found].kind != "action":
+                raise DefinitionError(f"workflow {self.id!r}: compensation for {step!r}, which is no action step "
+                                      "declared before it")
+            if step in self._compensations:
+                raise DefinitionError(f"workflow {self.id!r}: step {step!r} has two compensations")
+            policy = retry or Retry()
+            declared = Compensation(name or handler.__name__, policy.policy())
+            self._steps[found] = replace(self._steps[found], compensation=declared)
+            self._compensations[step] = _ActionSpec(handler, policy.non_retryable)
+            return handler
+
+        return register
+
     def _add(self, step: Step, start: bool) -> None:
         if self._plan is not None:
             raise DefinitionError(f"workflow {self.id!r} v{self.version} is already in use and cannot change")
@@ -283,6 +341,14 @@ class Workflow(Generic[S]):
 
     def is_async(self, step: str) -> bool:
         return inspect.iscoroutinefunction(self._actions[step].handler)
+
+    def compensation_handler(self, step: str) -> Callable[..., Any] | None:
+        spec = self._compensations.get(step)
+        return None if spec is None else spec.handler
+
+    def compensation_never_retried(self, step: str, error: BaseException) -> bool:
+        spec = self._compensations.get(step)
+        return spec is not None and isinstance(error, spec.non_retryable)
 
     def never_retried(self, step: str, error: BaseException) -> bool:
         return isinstance(error, self._actions[step].non_retryable)

@@ -149,3 +149,28 @@ class NotifyParent(Effect):
     position: str
     visit: int
     payload: JSON
+
+
+@dataclass(frozen=True)
+class RecordCompensable(Effect):
+    """A step that declares a compensation completed: it is remembered, with what it recorded, in
+    the order of completion, so a saga can undo it later (`core.saga`)."""
+
+    step: str
+    visit: int
+    recorded: JSON = None
+
+
+@dataclass(frozen=True)
+class AdvanceSaga(Effect):
+    """The saga moves on (`core.saga`). `begin` (`cause` failed, cancelled or timed_out) closes every
+    other position, settles their open commands and queues the compensation of the step completed
+    last; `done` marks `record` compensated and queues the next, or ends the instance when none is
+    left; `attempt_failed` notes an attempt that will be retried; `exhausted` stops the saga:
+    COMPENSATION_FAILED, retryable by an operator."""
+
+    op: str
+    cause: str | None = None
+    record: int | None = None
+    attempts: int | None = None
+    error: JSON = None

@@ -62,6 +62,20 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class Compensation:
+    """A step's compensation handler: its name (for the alert) and its own retry policy."""
+
+    name: str
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def describe(self) -> dict[str, Any]:
+        r = self.retry
+        return {"name": self.name, "retry": {
+            "max_attempts": r.max_attempts, "initial_backoff": r.initial_backoff, "multiplier": r.multiplier,
+            "max_backoff": r.max_backoff, "non_retryable": sorted(r.non_retryable)}}
+
+
+@dataclass(frozen=True)
 class Step:
     """One node of the graph.
 
@@ -95,6 +109,8 @@ class Step:
     workflow: str | None = None
     on_failure: str | None = None
     cancel_with_parent: bool = True
+    compensation: Compensation | None = None
+    """Undoes what a completed action step did when its saga is compensated (`core.saga`)."""
 
     def branch_starts(self) -> tuple[str, ...]:
         """The first steps of a fork's branches."""
@@ -140,6 +156,8 @@ class Step:
                 timeout_seconds=self.timeout_seconds,
                 on_timeout=self.on_timeout,
             )
+        if self.compensation is not None:  # only when declared: the hash of other plans stays as it was
+            out["compensation"] = self.compensation.describe()
         return out
 
 
@@ -160,6 +178,11 @@ class Plan:
 
     def join_of(self, fork: str) -> Step:
         return next(s for s in self.steps.values() if s.kind == "join" and s.fork == fork)
+
+    @property
+    def compensable(self) -> bool:
+        """Whether some step declares a compensation: then a step that fails for good compensates."""
+        return any(s.compensation is not None for s in self.steps.values())
 
     @property
     def signal_names(self) -> frozenset[str]:
@@ -221,7 +244,10 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
 
 
 def _step_problems(s: Step, known: set[str]) -> list[str]:
-    found = [
+    found = [] if s.compensation is None else s.compensation.retry.problems(f"compensation of step {s.name!r}")
+    if s.compensation is not None and s.kind != "action":
+        found.append(f"step {s.name!r}: only an action step can declare a compensation")
+    found += [
         f"step {s.name!r} goes to unknown step {t!r}"
         for t in s.targets()
         if t != END and t not in known

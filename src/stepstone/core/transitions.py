@@ -40,6 +40,7 @@ from stepstone.core.model import (
 )
 from stepstone.core.patch import changes, diff, same
 from stepstone.core.plan import END, Plan
+from stepstone.core.saga import SAGA, RunCompensation, apply_saga, on_step_failure, on_step_success
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
 
@@ -51,11 +52,13 @@ def child_id(instance_id: str, position: str, step: str, visit: int) -> str:
 
 def apply(
     instance: InstanceView, command: CommandView, plan: Plan, now: datetime, max_claims: int = 5
-) -> RunStep | Decision:
+) -> RunStep | RunCompensation | Decision:
     """Decide what the claimed `command` does to `instance` (seen from its position) under `plan`."""
     if instance.status in TERMINAL:
         reason = "INSTANCE_CANCELLED" if instance.status == CANCELLED else "INSTANCE_ENDED"
         return Decision(Settle("STALE" if command.kind == "TIMER" else "REJECTED", reason))
+    if instance.position == SAGA:
+        return apply_saga(instance, command, plan, max_claims)
     if instance.position_status in POSITION_CLOSED:
         return _ignored(instance, command, f"POSITION_{instance.position_status}")
     if command.claims > max_claims:
@@ -72,7 +75,7 @@ def apply(
         outcome = _child_done(instance, command, plan, now)
     else:
         return Decision(Settle("REJECTED", f"UNKNOWN_KIND: {command.kind}"))
-    return outcome if isinstance(outcome, RunStep) else _finish(instance, outcome)
+    return outcome if isinstance(outcome, RunStep) else _finish(instance, on_step_failure(plan, outcome))
 
 
 def complete_step(
@@ -83,7 +86,10 @@ def complete_step(
     now: datetime,
 ) -> Decision:
     """Turn a handler's outcome into the commit of its step."""
-    return _finish(instance, _complete(instance, command, plan, outcome, now))
+    decision = _complete(instance, command, plan, outcome, now)
+    if isinstance(outcome, StepSucceeded):
+        decision = on_step_success(plan, instance.step or "", instance.visit, outcome, decision)
+    return _finish(instance, on_step_failure(plan, decision))
 
 
 def _complete(

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepstone.core.effects import (
+    AdvanceSaga,
     CloseBranches,
     CloseTimers,
     Effect,
@@ -29,6 +30,7 @@ from stepstone.core.effects import (
     MovePosition,
     NotifyParent,
     OpenBranches,
+    RecordCompensable,
     RecordHistory,
     RequeueSignals,
     SetState,
@@ -132,6 +134,15 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
                                "payload": e.payload})
 
 
+def _compensable(e: RecordCompensable, doc: _Doc) -> None:
+    doc.extend("compensable", {"step": e.step, "visit": e.visit, "recorded": e.recorded})
+
+
+def _saga(e: AdvanceSaga, doc: _Doc) -> None:
+    doc.extend("saga", {"op": e.op, "cause": e.cause, "record": e.record, "attempts": e.attempts,
+                        "error": e.error})
+
+
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     MovePosition: _move,
     SetState: _state,
@@ -145,6 +156,8 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     EmitEvent: _event,
     StartChild: _child,
     NotifyParent: _notify,
+    RecordCompensable: _compensable,
+    AdvanceSaga: _saga,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -161,6 +174,8 @@ SECTION_SQL: dict[type[Effect], str] = {
     EmitEvent: "INSERT INTO {{schema}}.outbox",
     StartChild: "{{schema}}.start_children(",
     NotifyParent: "'CHILD_COMPLETION'",
+    RecordCompensable: feature_section("compensable"),
+    AdvanceSaga: feature_section("saga"),
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 

@@ -190,11 +190,20 @@ SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND 
 -- name: signal
 SELECT outcome, command_id, status FROM {{schema}}.signal_position($1, $2, $3, $4, $5, $6, $7);
 
+-- name: start_with_deadline
+-- A start with an instance deadline (an instant $13 or seconds from now $14), in one statement.
+SELECT {{schema}}.schedule_deadline(
+    {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12), $13, $14);
+
 -- name: cancel
-SELECT outcome, status FROM {{schema}}.cancel_instance($1, $2, $3);
+SELECT outcome, status FROM {{schema}}.cancel_saga($1, $2, $3, $4);
 
 -- name: retry
-SELECT outcome, status FROM {{schema}}.retry_instance($1, $2);
+SELECT outcome, status FROM {{schema}}.retry_saga($1, $2);
+
+-- name: compensations
+SELECT id, position, step, visit, recorded, status, attempts, last_error, completed_at, compensated_at
+FROM {{schema}}.compensations WHERE instance_id = $1 ORDER BY id;
 
 -- name: get_instance
 SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state, i.step, i.visit, i.wait,
