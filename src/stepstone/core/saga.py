@@ -89,7 +89,7 @@ def apply_saga(
             return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
         data = {"cause": CAUSE_TIMED_OUT, "status_before": instance.status}
         return Decision(Settle("COMPLETE"), (
-            RecordHistory("INSTANCE_TIMED_OUT", None, None, data),
+            RecordHistory("DEADLINE_PASSED", None, None, data),
             AdvanceSaga("begin", cause=CAUSE_TIMED_OUT),
         ))
     if command.kind != COMPENSATE:

@@ -374,7 +374,7 @@ class Worker:
                 visit = outcome.visit
             elif isinstance(outcome, RunCompensation):
                 # A worker that lost its lease never runs a compensation: another may be running it.
-                if await self.store.held_command(instance.id, instance.position, claim.token) != command.id:
+                if not await self.store.holds_lease(instance.id, instance.position, claim.token):
                     return Decision(Settle("COMPLETE")), None
                 compensated = await run_compensation(workflow, instance, outcome, executor=self._executor,
                                                       limits=self.limits)

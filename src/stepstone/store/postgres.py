@@ -165,6 +165,9 @@ class PostgresStore:
         value = await self._fetchval("held_command", uuid.UUID(instance_id), position, token)
         return None if value is None else int(value)
 
+    async def holds_lease(self, instance_id: str, position: str, token: Any) -> bool:
+        return bool(await self._fetchval("holds_lease", _uuid(instance_id), position, token))
+
     async def settled_by(self, command_id: int, token: Any) -> bool:
         """Whether the claim with this token settled the command (a commit that did happen)."""
         return bool(await self._fetchval("settled_by", command_id, token))

@@ -1470,17 +1470,23 @@ CREATE TABLE {{schema}}.compensations (
 CREATE INDEX compensations_instance ON {{schema}}.compensations (instance_id, id);
 
 -- Once a saga has begun, only the saga decides the instance's status: a late command on a closed
--- position (a branch's signal, say) commits a status derived from positions, which must not undo it.
+-- position (a signal sent meanwhile, say) commits a status derived from positions, which must not
+-- undo it. The saga's own writes go to COMPENSATING or COMPENSATION_FAILED, or end the instance
+-- (setting ended_at); nothing changes the status of an instance that has ended.
 CREATE FUNCTION {{schema}}.keep_saga_status() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF OLD.ended_at IS NULL AND (NEW.status IN ('COMPENSATING', 'COMPENSATION_FAILED')
+                                 OR NEW.ended_at IS DISTINCT FROM OLD.ended_at) THEN
+        RETURN NEW;
+    END IF;
     NEW.status := OLD.status;
     RETURN NEW;
 END $$;
 
 CREATE TRIGGER instances_keep_saga_status
     BEFORE UPDATE OF status ON {{schema}}.instances
-    FOR EACH ROW WHEN (OLD.saga IS NOT NULL AND NEW.status IN ('RUNNING', 'WAITING', 'FAILED'))
+    FOR EACH ROW WHEN (OLD.saga IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION {{schema}}.keep_saga_status();
 
 -- wait_for returns on these too.

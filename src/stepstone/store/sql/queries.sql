@@ -92,6 +92,12 @@ SELECT c.id FROM {{schema}}.commands c
 JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
 WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND c.state = 'CLAIMED';
 
+-- name: holds_lease
+-- Whether this token still holds the position's lease, unexpired, on the database clock.
+SELECT EXISTS (SELECT 1 FROM {{schema}}.positions p
+               WHERE p.instance_id = $1 AND p.path = $2 AND p.lease_token = $3
+                 AND p.lease_until > {{schema}}.db_now());
+
 -- name: settled_by
 SELECT EXISTS (SELECT 1 FROM {{schema}}.commands c WHERE c.id = $1 AND c.token = $2 AND c.state <> 'CLAIMED');
 

@@ -1,0 +1,81 @@
+"""Deadlines: a timer on the saga's own position; when it passes, the instance compensates what it
+completed and ends TIMED_OUT. A handler still running then is a zombie: its commit writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+
+from stepstone.testing import Engine
+from tests.sagas import workflows as w
+from tests.sagas.conftest import kinds
+
+
+async def test_deadline_during_a_wait_compensates_and_times_out(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(w.waiting, {})  # the workflow's default deadline: one hour
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.step) == ("WAITING", "hold_on")
+    assert await conn.fetchval("SELECT deadline_at - created_at FROM stepstone.instances WHERE id = $1",
+                               iid) == timedelta(hours=1)
+
+    await engine.advance(timedelta(minutes=59))
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "WAITING"
+
+    await engine.advance(timedelta(minutes=2))
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "TIMED_OUT"
+    assert info.state["undone"] == ["book:None"]
+    k = kinds(await engine.client.history(iid))
+    assert k.index("DEADLINE_PASSED") < k.index("STEP_COMPENSATED") < k.index("INSTANCE_TIMED_OUT")
+    assert (await engine.client.wait_for(iid, timeout=5)).status == "TIMED_OUT"
+    # A signal that comes later changes nothing.
+    await engine.client.signal(iid, "done")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "TIMED_OUT"
+
+
+async def test_an_instance_that_ends_in_time_never_times_out(engine: Engine) -> None:
+    iid = await engine.client.start(w.waiting, {}, deadline=timedelta(minutes=5))
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "done")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    await engine.advance(timedelta(minutes=10))
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    assert w.CALLS == []
+
+
+async def test_deadline_during_a_running_handler_fences_it(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(w.waiting, {}, deadline=5)
+    await engine.run_until_idle()
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    await engine.client.signal(iid, "go")
+    zombie = asyncio.create_task(engine.run_until_idle())
+    await w.ENTERED[iid].wait()  # slow_step runs, holding the root position's lease
+
+    await engine.advance(6)  # past the deadline, well inside the lease
+    other = engine.new_worker(concurrency=2, lease_seconds=30)
+    await other.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "TIMED_OUT"
+    assert info.state["undone"] == ["book:None"]
+    before = await conn.fetch("SELECT * FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", iid)
+
+    w.HOLD[iid].set()  # the zombie wakes up after the deadline fired: its commit is refused
+    await zombie
+    assert engine.worker.events.fenced == 1
+    after = await conn.fetch("SELECT * FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", iid)
+    assert after == before
+    info = await engine.client.get(iid)
+    assert info.status == "TIMED_OUT"
+    assert "slow" not in info.state["log"]
+    assert [r["step"] for r in await engine.client.compensations(iid)] == ["book"]
+    assert [c for _, c in w.CALLS] == ["book"]
+    cancelled = [h for h in await engine.client.history(iid) if h["kind"] == "COMMAND_CANCELLED"]
+    assert [h["data"]["kind"] for h in cancelled] == ["STEP"]  # the zombie's claimed command, settled once
