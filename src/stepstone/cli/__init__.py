@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, doctor, instances, outbox, worker
+from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, demo_saga, doctor, instances, outbox, worker
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
@@ -50,6 +50,7 @@ for _module in _COMMAND_MODULES:
         cli.add_command(_command)
 demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)
+demo.demo_command.add_command(demo_saga.demo_saga_command)
 
 
 def main(argv: list[str] | None = None) -> None:

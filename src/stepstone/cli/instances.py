@@ -250,13 +250,17 @@ def signal_command(
 @click.command("cancel")
 @click.argument("instance_id")
 @click.option("--reason", default="", type=FREE_TEXT, help="Recorded in the history.")
+@click.option("--compensate", is_flag=True, help="Compensate the completed steps first (docs/sagas.md).")
 @output_option
 @with_settings
-def cancel_command(settings: Settings, output: str, instance_id: str, reason: str) -> None:
-    """Cancel an instance (repeating it is harmless)."""
+def cancel_command(settings: Settings, output: str, instance_id: str, reason: str, compensate: bool) -> None:
+    """Cancel an instance (repeating it is harmless: an ended instance is left as it is)."""
     iid = instance_id_arg(instance_id)
-    status = _with_client(settings, None, lambda c: c.cancel(iid, reason))
-    emit({"instance_id": iid, "status": status}, output, lambda: f"{iid} {status}")
+    done = _with_client(settings, None, lambda c: c.cancellation(iid, reason, compensate=compensate))
+    words = {"unchanged": f"{iid} {done.status}: already ended, nothing to cancel",
+             "compensating": f"{iid} {done.status}: compensating, then CANCELLED"}
+    emit({"instance_id": iid, "status": done.status, "outcome": done.outcome}, output,
+         lambda: words.get(done.outcome, f"{iid} {done.status}"))
 
 
 @click.command("retry")
