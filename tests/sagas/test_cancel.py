@@ -4,6 +4,7 @@ cancel(compensate=True) compensates first; cancelling an ended instance is a typ
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import asyncpg
 
@@ -106,3 +107,10 @@ async def test_a_worker_that_lost_its_lease_never_runs_a_compensation(engine: En
     await zombie._segment(claim)
     assert [c for _, c in w.CALLS] == ["book"]
     assert (await engine.client.get(iid)).status == "CANCELLED"
+
+
+def test_the_saga_guide_shows_the_booking_example_verbatim() -> None:
+    root = Path(__file__).resolve().parents[2]
+    guide = (root / "docs" / "sagas.md").read_text(encoding="utf-8")
+    source = (root / "src" / "stepstone" / "examples" / "booking.py").read_text(encoding="utf-8")
+    assert f"```python\n{source}```" in guide, "docs/sagas.md must contain examples/booking.py unchanged"

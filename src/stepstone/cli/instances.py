@@ -195,12 +195,14 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
 )
 @click.option("--business-key", type=TEXT, metavar="K",
               help="Unique per workflow while set (e.g. an order number).")
+@click.option("--deadline", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Time the instance out after this long: it compensates, then ends TIMED_OUT.")
 @app_option(required=True)
 @output_option
 @with_settings
 def start_command(
     settings: Settings, registry: Registry, output: str, workflow: str, input_text: str | None,
-    input_file: str | None, idempotency_key: str | None, business_key: str | None,
+    input_file: str | None, idempotency_key: str | None, business_key: str | None, deadline: float | None,
 ) -> None:
     """Start an instance of WORKFLOW (its latest version in --app) and print its id."""
     if input_text is not None and input_file is not None:
@@ -218,7 +220,8 @@ def start_command(
         raise CliError(f"{DefinitionNotFound(workflow)} (workflows here: {known})")
 
     async def work(client: Client) -> str:
-        return await client.start(workflow, data, idempotency_key=idempotency_key, business_key=business_key)
+        return await client.start(workflow, data, idempotency_key=idempotency_key, business_key=business_key,
+                                  deadline=deadline)
 
     instance_id = _with_client(settings, registry, work)
     emit({"instance_id": instance_id}, output, lambda: instance_id)
@@ -257,8 +260,9 @@ def cancel_command(settings: Settings, output: str, instance_id: str, reason: st
     """Cancel an instance (repeating it is harmless: an ended instance is left as it is)."""
     iid = instance_id_arg(instance_id)
     done = _with_client(settings, None, lambda c: c.cancellation(iid, reason, compensate=compensate))
-    words = {"unchanged": f"{iid} {done.status}: already ended, nothing to cancel",
-             "compensating": f"{iid} {done.status}: compensating, then CANCELLED"}
+    words = {"unchanged": f"{iid} {done.status}: already ended, nothing to cancel"}
+    if done.status == "COMPENSATING":
+        words["compensating"] = f"{iid} COMPENSATING: the completed steps are undone first, then CANCELLED"
     emit({"instance_id": iid, "status": done.status, "outcome": done.outcome}, output,
          lambda: words.get(done.outcome, f"{iid} {done.status}"))
 
