@@ -172,4 +172,38 @@ def tail(ctx: StepContext, state: Trip) -> None:
     state.log.append("tail")
 
 
-registry = Registry(linear, waiting, forked, plain)
+# -- children: outbound -> sub (child workflow leg) -> pay (fails) ----------------------------------
+
+leg: Workflow[Trip] = Workflow("leg", version=1, state=Trip)
+
+
+@leg.step(start=True, next=None)
+def leg_book(ctx: StepContext, state: Trip) -> None:
+    state.log.append("leg")
+    ctx.record("seat-7")
+
+
+leg.compensation("leg_book", retry=QUICK)(_undo("leg_book"))
+
+trip: Workflow[Trip] = Workflow("trip", version=1, state=Trip)
+
+
+@trip.step(start=True, next="sub")
+def outbound(ctx: StepContext, state: Trip) -> None:
+    state.log.append("outbound")
+
+
+trip.compensation("outbound", retry=QUICK)(_undo("outbound"))
+
+
+@trip.child(workflow="leg", next="pay")
+def sub(ctx: StepContext, state: Trip) -> dict[str, Any]:
+    return {"trip": state.trip}
+
+
+@trip.step(next=None, retry=Retry(max_attempts=1))
+def pay(ctx: StepContext, state: Trip) -> None:
+    raise Declined("no")
+
+
+registry = Registry(linear, waiting, forked, plain, leg, trip)

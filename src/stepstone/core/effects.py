@@ -167,10 +167,12 @@ class AdvanceSaga(Effect):
     other position, settles their open commands and queues the compensation of the step completed
     last; `done` marks `record` compensated and queues the next, or ends the instance when none is
     left; `attempt_failed` notes an attempt that will be retried; `exhausted` stops the saga:
-    COMPENSATION_FAILED, retryable by an operator."""
+    COMPENSATION_FAILED, retryable by an operator; `compensate_child` asks the completed `child`
+    of `record` to compensate itself and report back."""
 
     op: str
     cause: str | None = None
     record: int | None = None
     attempts: int | None = None
     error: JSON = None
+    child: str | None = None

@@ -83,23 +83,44 @@ def on_step_success(plan: Plan, step: str, visit: int, outcome: StepSucceeded, d
 def apply_saga(
     instance: InstanceView, command: CommandView, plan: Plan, max_claims: int
 ) -> RunCompensation | Decision:
-    """What a command of the `SAGA` position does: a deadline fires, or a compensation runs."""
+    """What a command of the `SAGA` position does: a deadline fires, a compensation runs, or a child
+    this saga asked to compensate itself reports back."""
     if command.kind == "TIMER" and command.name == DEADLINE:
-        if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
-            return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
-        data = {"cause": CAUSE_TIMED_OUT, "status_before": instance.status}
-        return Decision(Settle("COMPLETE"), (
-            RecordHistory("DEADLINE_PASSED", None, None, data),
-            AdvanceSaga("begin", cause=CAUSE_TIMED_OUT),
-        ))
-    if command.kind != COMPENSATE:
-        return Decision(Settle("REJECTED", f"NOT_A_SAGA_COMMAND: {command.kind}"))
+        return _deadline(instance)
     payload = command.payload if isinstance(command.payload, dict) else {}
+    if command.kind not in (COMPENSATE, "CHILD_COMPLETION"):
+        return Decision(Settle("REJECTED", f"NOT_A_SAGA_COMMAND: {command.kind}"))
     if instance.status != COMPENSATING:
         return Decision(Settle("REJECTED", f"NOT_COMPENSATING: {instance.status}"))
+    if command.kind == "CHILD_COMPLETION":
+        return _child_compensated(instance, plan, payload)
+    return _compensate(instance, command, plan, max_claims, payload)
+
+
+def _deadline(instance: InstanceView) -> Decision:
+    if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
+        return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
+    data = {"cause": CAUSE_TIMED_OUT, "status_before": instance.status}
+    return Decision(Settle("COMPLETE"), (
+        RecordHistory("DEADLINE_PASSED", None, None, data),
+        AdvanceSaga("begin", cause=CAUSE_TIMED_OUT),
+    ))
+
+
+def _compensate(
+    instance: InstanceView, command: CommandView, plan: Plan, max_claims: int, payload: dict[str, JSON]
+) -> RunCompensation | Decision:
+    recorded = payload.get("recorded")
+    if isinstance(recorded, dict) and recorded.get("kind") == "child":
+        data = {"record": payload["record"], "child_id": recorded.get("child_id")}
+        visit = payload.get("visit")
+        return Decision(Settle("COMPLETE"), (
+            RecordHistory("CHILD_COMPENSATING", str(payload["step"]), int(visit) if visit else None, data),
+            AdvanceSaga("compensate_child", record=int(payload["record"]), child=str(recorded.get("child_id"))),
+        ))
     run = RunCompensation(
         record=int(payload["record"]), step=str(payload["step"]), position=str(payload.get("position") or ""),
-        visit=int(payload.get("visit") or 0), recorded=payload.get("recorded"), attempt=command.attempt,
+        visit=int(payload.get("visit") or 0), recorded=recorded, attempt=command.attempt,
         cause=payload.get("cause"),
     )
     if command.claims > max_claims:  # it kept crashing workers: give up as an exhausted compensation
@@ -110,6 +131,30 @@ def apply_saga(
         name = declared.name if declared is not None else ""
         return _exhausted(instance, run, "DeadLetter", reason, name, plan.definition_id)
     return run
+
+
+def on_child_completed(plan: Plan, step: str, visit: int, child_id: object) -> tuple[RecordCompensable, ...]:
+    """In a saga, a child that completed is compensated, when the saga compensates, by compensating it."""
+    if not plan.compensable:
+        return ()
+    return (RecordCompensable(step, visit, {"kind": "child", "child_id": child_id}),)
+
+
+def _child_compensated(instance: InstanceView, plan: Plan, payload: dict[str, JSON]) -> Decision:
+    """A child this saga asked to compensate itself ended: COMPENSATED (or ended another way) lets the
+    saga go on; COMPENSATION_FAILED stops it too, to be retried once the child can be."""
+    record, step, visit = int(payload.get("record") or 0), str(payload.get("step") or ""), payload.get("visit")
+    data = {"record": record, "child_id": payload.get("child_id"), "status": payload.get("status")}
+    if payload.get("status") != "COMPENSATION_FAILED":
+        return Decision(Settle("COMPLETE"), (
+            RecordHistory("STEP_COMPENSATED", step, visit, {**data, "attempt": 1}),
+            AdvanceSaga("done", record=record, attempts=1),
+        ))
+    error = payload.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    run = RunCompensation(record, step, "", int(visit or 0), None, 1, None)
+    return _exhausted(instance, run, "ChildCompensationFailed",
+                      f"child {payload.get('child_id')} could not compensate: {message}", "", plan.definition_id)
 
 
 def complete_compensation(

@@ -40,7 +40,14 @@ from stepstone.core.model import (
 )
 from stepstone.core.patch import changes, diff, same
 from stepstone.core.plan import END, Plan
-from stepstone.core.saga import SAGA, RunCompensation, apply_saga, on_step_failure, on_step_success
+from stepstone.core.saga import (
+    SAGA,
+    RunCompensation,
+    apply_saga,
+    on_child_completed,
+    on_step_failure,
+    on_step_success,
+)
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
 
@@ -225,7 +232,8 @@ def _child_done(instance: InstanceView, command: CommandView, plan: Plan, now: d
     if payload.get("status") == COMPLETED:
         entered = enter(instance, plan, step.next[0], instance.state, now, cause=cause)
         done = RecordHistory("CHILD_COMPLETED", step.name, instance.visit, outcome)
-        return Decision(settled(entered), (done, *entered))
+        undo = on_child_completed(plan, step.name, instance.visit, payload.get("child_id"))
+        return Decision(settled(entered), (done, *undo, *entered))
     done = RecordHistory("CHILD_FAILED", step.name, instance.visit, {**outcome, "error": payload.get("error")})
     if step.on_failure:
         entered = enter(instance, plan, step.on_failure, instance.state, now, cause=cause)

@@ -140,7 +140,7 @@ def _compensable(e: RecordCompensable, doc: _Doc) -> None:
 
 def _saga(e: AdvanceSaga, doc: _Doc) -> None:
     doc.extend("saga", {"op": e.op, "cause": e.cause, "record": e.record, "attempts": e.attempts,
-                        "error": e.error})
+                        "error": e.error, "child": e.child})
 
 
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {

@@ -1577,21 +1577,29 @@ BEGIN
     END LOOP;
 END $$;
 
--- A child that ended other than by completing tells its parent's position.
+-- A child that ended other than by completing tells its parent's position; a child its parent's saga
+-- asked to compensate tells the parent's '$saga' position which compensation it answers.
 CREATE FUNCTION {{schema}}.tell_parent(p_child {{schema}}.instances, p_status text, p_message text,
                                        p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_for_saga boolean := p_child.saga->>'cause' = 'parent';
 BEGIN
     IF p_child.parent_id IS NULL THEN
         RETURN;
     END IF;
     INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, visit, payload, available_at,
                                      created_at)
-    VALUES (p_child.parent_id, COALESCE(p_child.parent_position, ''), nextval('{{schema}}.command_seq'),
-            'CHILD_COMPLETION', 'PENDING', p_child.parent_visit,
+    VALUES (p_child.parent_id, CASE WHEN v_for_saga THEN '$saga' ELSE COALESCE(p_child.parent_position, '') END,
+            nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION', 'PENDING',
+            CASE WHEN v_for_saga THEN 1 ELSE p_child.parent_visit END,
             jsonb_build_object('child_id', p_child.id, 'status', p_status,
-                               'error', jsonb_build_object('type', initcap(p_status), 'message', p_message)),
+                               'error', jsonb_build_object('type', initcap(p_status), 'message', p_message))
+            || CASE WHEN v_for_saga THEN (SELECT jsonb_build_object('record', k.id, 'step', k.step, 'visit', k.visit)
+                                          FROM {{schema}}.compensations k
+                                          WHERE k.id = (p_child.saga->>'record')::bigint)
+                    ELSE '{}'::jsonb END,
             p_now, p_now);
 END $$;
 
@@ -1649,6 +1657,7 @@ BEGIN
         UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = p_instance;
         RETURN 'COMPENSATING';
     END IF;
+    -- By why it compensated: a failure (or a parent's saga) undone, a cancel, a deadline.
     v_final := CASE v_inst.saga->>'cause' WHEN 'cancelled' THEN 'CANCELLED' WHEN 'timed_out' THEN 'TIMED_OUT'
                                           ELSE 'COMPENSATED' END;
     UPDATE {{schema}}.positions p SET status = 'COMPLETED', lease_token = NULL, lease_until = NULL,
@@ -1680,7 +1689,7 @@ END $$;
 -- is; their open commands are settled one history entry each; children are cancelled with their
 -- parent; then the first compensation is queued (or the instance ends when there is none).
 CREATE FUNCTION {{schema}}.saga_begin(p_instance uuid, p_cause text, p_reason text, p_actor text, p_now timestamptz,
-                                      p_keep text)
+                                      p_keep text, p_record bigint DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1690,11 +1699,39 @@ BEGIN
     ON CONFLICT (instance_id, path) DO NOTHING;
     PERFORM {{schema}}.settle_open_commands(p_instance, coalesce(p_reason, 'compensating: ' || p_cause), p_actor,
                                             p_now);
-    UPDATE {{schema}}.instances i SET branches = 0, wait = NULL, updated_at = p_now,
-        saga = jsonb_build_object('cause', p_cause, 'reason', p_reason, 'actor', p_actor, 'at', p_now)
+    -- (A completed child its parent compensates is reopened: ended_at is cleared.)
+    UPDATE {{schema}}.instances i SET branches = 0, wait = NULL, updated_at = p_now, ended_at = NULL,
+        saga = jsonb_strip_nulls(jsonb_build_object('cause', p_cause, 'reason', p_reason, 'actor', p_actor,
+                                                    'at', p_now, 'record', p_record))
     WHERE i.id = p_instance;
     PERFORM {{schema}}.cancel_children(p_instance, 'parent compensating', p_actor);
     RETURN {{schema}}.saga_next(p_instance, p_now, p_actor);
+END $$;
+
+-- The parent's saga compensates a child it completed: the child compensates its own steps (its
+-- saga begins, or resumes where it stopped) and reports to the parent's '$saga' position when it
+-- ends, naming `p_record`. A child that has already ended another way answers at once.
+CREATE FUNCTION {{schema}}.compensate_child(p_child uuid, p_record bigint, p_actor text, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_child {{schema}}.instances%ROWTYPE;
+BEGIN
+    SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = p_child FOR UPDATE;
+    IF v_child.status = 'COMPLETED' THEN
+        PERFORM {{schema}}.saga_begin(p_child, 'parent', 'the parent compensates', p_actor, p_now, NULL, p_record);
+    ELSIF v_child.status = 'COMPENSATION_FAILED' THEN
+        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record), error = NULL
+        WHERE i.id = p_child;
+        UPDATE {{schema}}.positions p SET status = 'SAGA' WHERE p.instance_id = p_child AND p.path = '$saga';
+        UPDATE {{schema}}.compensations k SET status = 'PENDING'
+        WHERE k.id IN (SELECT y.id FROM {{schema}}.compensations y
+                       WHERE y.instance_id = p_child AND y.status = 'FAILED' ORDER BY y.id FOR UPDATE);
+        PERFORM {{schema}}.saga_next(p_child, p_now, p_actor);
+    ELSE
+        v_child.saga := jsonb_build_object('cause', 'parent', 'record', p_record);
+        PERFORM {{schema}}.tell_parent(v_child, COALESCE(v_child.status, 'MISSING'), 'the child had ended', p_now);
+    END IF;
 END $$;
 
 -- Section 'compensable': remember the compensable steps this commit completed.
@@ -1722,6 +1759,10 @@ BEGIN
         IF x->>'op' = 'begin' THEN
             PERFORM {{schema}}.saga_begin(v_id, x->>'cause', NULL, v_actor, p_now, p_commit->>'position');
             CONTINUE;
+        ELSIF x->>'op' = 'compensate_child' THEN
+            PERFORM {{schema}}.compensate_child((x->>'child')::uuid, (x->>'record')::bigint, v_actor, p_now);
+            UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
+            CONTINUE;
         END IF;
         UPDATE {{schema}}.compensations k SET
             attempts = k.attempts + 1,
@@ -1740,6 +1781,10 @@ BEGIN
                 error = jsonb_build_object('type', 'CompensationFailed', 'record', (x->>'record')::bigint,
                                            'error', x->'error', 'attempts', (x->>'attempts')::integer)
             WHERE i.id = v_id;
+            IF (SELECT i.saga->>'cause' FROM {{schema}}.instances i WHERE i.id = v_id) = 'parent' THEN
+                PERFORM {{schema}}.tell_parent(i, 'COMPENSATION_FAILED', x->'error'->>'message', p_now)
+                FROM {{schema}}.instances i WHERE i.id = v_id;
+            END IF;
         ELSE
             UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
         END IF;
