@@ -130,7 +130,8 @@ def demo_command(ctx: click.Context, settings: Settings) -> None:
     """Run the example order workflow (a step, a timer, a signal) on the configured or embedded database.
 
     `stepstone demo fanout` runs a fork of ten branches and a child workflow (docs/branches.md);
-    `stepstone demo outbox` runs the orders with the outbox relay publishing their events (docs/outbox.md)."""
+    `stepstone demo outbox` runs the orders with the outbox relay publishing their events (docs/outbox.md);
+    `stepstone demo saga` runs a booking saga whose payment fails, compensated in reverse (docs/sagas.md)."""
     if ctx.invoked_subcommand is None:
         run_async(_demo(settings))
 

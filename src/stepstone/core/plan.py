@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 END = "$end"
@@ -179,7 +180,7 @@ class Plan:
     def join_of(self, fork: str) -> Step:
         return next(s for s in self.steps.values() if s.kind == "join" and s.fork == fork)
 
-    @property
+    @cached_property
     def compensable(self) -> bool:
         """Whether some step declares a compensation: then a step that fails for good compensates."""
         return any(s.compensation is not None for s in self.steps.values())
