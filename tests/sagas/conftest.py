@@ -33,3 +33,12 @@ async def engine(database_url: str) -> AsyncIterator[Engine]:
 
 def kinds(history: list[dict[str, Any]]) -> list[str]:
     return [h["kind"] for h in history]
+
+
+async def assert_ended(engine: Engine, iid: str, status: str, undone: list[str], *in_order: str) -> list[str]:
+    """The instance ended `status` with `undone` compensated, its history holding `in_order` in that order."""
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["undone"]) == (status, undone)
+    k = kinds(await engine.client.history(iid))
+    assert [k.index(kind) for kind in in_order] == sorted(k.index(kind) for kind in in_order), k
+    return k

@@ -12,7 +12,7 @@ from stepstone.client import Cancellation
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine
 from tests.sagas import workflows as w
-from tests.sagas.conftest import kinds
+from tests.sagas.conftest import assert_ended
 
 _OPEN = ("PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD")
 
@@ -67,11 +67,8 @@ async def test_cancel_with_compensation_compensates_then_cancels(engine: Engine)
     assert result == Cancellation(iid, "compensating", "COMPENSATING")
     assert (await engine.client.cancellation(iid, "again", compensate=True)).outcome == "unchanged"
     await engine.run_until_idle()
-    info = await engine.client.get(iid)
-    assert info.status == "CANCELLED"
-    assert info.state["undone"] == ["book:None"]
-    k = kinds(await engine.client.history(iid))
-    assert k.index("CANCEL_REQUESTED") < k.index("COMMAND_CANCELLED") < k.index("STEP_COMPENSATED")
+    k = await assert_ended(engine, iid, "CANCELLED", ["book:None"],
+                           "CANCEL_REQUESTED", "COMMAND_CANCELLED", "STEP_COMPENSATED")
     assert k[-1] == "INSTANCE_CANCELLED"
     # The deadline timer was settled with the rest: it never fires.
     await engine.advance(timedelta(hours=2))

@@ -10,7 +10,7 @@ import asyncpg
 
 from stepstone.testing import Engine
 from tests.sagas import workflows as w
-from tests.sagas.conftest import kinds
+from tests.sagas.conftest import assert_ended
 
 
 async def test_deadline_during_a_wait_compensates_and_times_out(engine: Engine, conn: asyncpg.Connection) -> None:
@@ -27,11 +27,8 @@ async def test_deadline_during_a_wait_compensates_and_times_out(engine: Engine, 
 
     await engine.advance(timedelta(minutes=2))
     await engine.run_until_idle()
-    info = await engine.client.get(iid)
-    assert info.status == "TIMED_OUT"
-    assert info.state["undone"] == ["book:None"]
-    k = kinds(await engine.client.history(iid))
-    assert k.index("DEADLINE_PASSED") < k.index("STEP_COMPENSATED") < k.index("INSTANCE_TIMED_OUT")
+    await assert_ended(engine, iid, "TIMED_OUT", ["book:None"], "DEADLINE_PASSED", "STEP_COMPENSATED",
+                       "INSTANCE_TIMED_OUT")
     assert (await engine.client.wait_for(iid, timeout=5)).status == "TIMED_OUT"
     # A signal that comes later changes nothing.
     await engine.client.signal(iid, "done")

@@ -10,7 +10,6 @@ import secrets
 import click
 
 from stepstone.cli.common import CliError, run_async, with_settings
-from stepstone.cli.connection import open_store
 from stepstone.client import Client
 from stepstone.config import Settings
 from stepstone.core.model import COMPENSATED
@@ -52,16 +51,10 @@ async def run_saga(store: Store) -> None:
     click.echo(f"saga: {info.status} after {failed['step']} failed; compensated {', '.join(compensated)}")
 
 
-async def _demo_saga(settings: Settings) -> None:
-    from stepstone.cli.demo import _migrate  # noqa: PLC0415 - demo imports this module's command
-
-    click.echo(await _migrate(settings))
-    async with open_store(settings) as store:
-        await run_saga(store)
-
-
 @click.command("saga")
 @with_settings
 def demo_saga_command(settings: Settings) -> None:
     """A booking saga (flight, hotel, card) whose payment fails for good; prints the compensations in order."""
-    run_async(_demo_saga(settings))
+    from stepstone.cli.demo import on_migrated_store  # noqa: PLC0415 - the demo group imports this command
+
+    run_async(on_migrated_store(settings, run_saga))
