@@ -10,7 +10,7 @@ import asyncpg
 
 from stepstone.testing import Engine
 from tests.sagas import workflows as w
-from tests.sagas.conftest import assert_ended
+from tests.sagas.conftest import assert_ended, kinds
 
 
 async def test_deadline_during_a_wait_compensates_and_times_out(engine: Engine, conn: asyncpg.Connection) -> None:
@@ -76,3 +76,44 @@ async def test_deadline_during_a_running_handler_fences_it(engine: Engine, conn:
     assert [c for _, c in w.CALLS] == ["book"]
     cancelled = [h for h in await engine.client.history(iid) if h["kind"] == "COMMAND_CANCELLED"]
     assert [h["data"]["kind"] for h in cancelled] == ["STEP"]  # the zombie's claimed command, settled once
+
+
+async def _past_the_step_deadline(engine: Engine, workflow: object) -> str:
+    """Start, hold `slow` in its handler, pass its 5 s deadline and let another worker act on it; then
+    release the held handler, whose commit must be refused. Returns the instance id."""
+    iid = await engine.client.start(workflow, {})  # type: ignore[arg-type]
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    held = asyncio.create_task(engine.run_until_idle())
+    await w.ENTERED[iid].wait()
+    await engine.advance(6)
+    await engine.new_worker(concurrency=2, lease_seconds=30).run_until_idle()
+    w.HOLD[iid].set()
+    await held
+    assert engine.worker.events.fenced == 1
+    return iid
+
+
+async def test_a_step_deadline_moves_to_its_declared_transition(engine: Engine) -> None:
+    iid = await _past_the_step_deadline(engine, w.timely)
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["begin", "fallback"])
+    k = kinds(await engine.client.history(iid))
+    assert k.index("STEP_DEADLINE_PASSED") < k.index("STEP_DEADLINE_EXCEEDED") < k.index("INSTANCE_COMPLETED")
+    assert [h["step"] for h in await engine.client.history(iid) if h["kind"] == "STEP_COMPLETED"] == [
+        "begin", "fallback"]
+
+
+async def test_a_step_deadline_without_a_transition_fails_the_step(engine: Engine) -> None:
+    iid = await _past_the_step_deadline(engine, w.strict)  # a saga: the failure compensates
+    await assert_ended(engine, iid, "COMPENSATED", ["begin:None"], "STEP_DEADLINE_EXCEEDED", "STEP_COMPENSATED")
+    assert (await engine.client.get(iid)).error["type"] == "StepDeadline"
+
+
+async def test_a_step_that_finishes_in_time_ignores_its_deadline(engine: Engine) -> None:
+    iid = await engine.client.start(w.timely, {})
+    await engine.run_until_idle()
+    await engine.advance(10)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["begin", "slow", "on_time"])
+    assert "STEP_DEADLINE_EXCEEDED" not in kinds(await engine.client.history(iid))

@@ -206,4 +206,42 @@ def pay(ctx: StepContext, state: Trip) -> None:
     raise Declined("no")
 
 
-registry = Registry(linear, waiting, forked, plain, leg, trip)
+# -- step deadlines: begin -> slow (5 s; on_deadline: fallback) -> fallback; strict fails instead ------
+
+timely: Workflow[Trip] = Workflow("timely", version=1, state=Trip)
+
+
+@timely.step(start=True, next="slow")
+def begin(ctx: StepContext, state: Trip) -> None:
+    state.log.append("begin")
+
+
+async def _slow(ctx: StepContext, state: Trip) -> None:
+    entered = ENTERED.get(ctx.instance_id)
+    if entered is not None:
+        entered.set()
+    hold = HOLD.get(ctx.instance_id)
+    if hold is not None:
+        await hold.wait()
+    state.log.append("slow")
+
+
+timely.step(_slow, name="slow", next="on_time", deadline=5, on_deadline="fallback")
+
+
+@timely.step(next=None)
+def on_time(ctx: StepContext, state: Trip) -> None:
+    state.log.append("on_time")
+
+
+@timely.step(next=None)
+def fallback(ctx: StepContext, state: Trip) -> None:
+    state.log.append("fallback")
+
+
+strict: Workflow[Trip] = Workflow("strict", version=1, state=Trip)
+strict.step(begin, name="begin", start=True, next="slow")
+strict.compensation("begin", retry=QUICK)(_undo("begin"))
+strict.step(_slow, name="slow", next=None, deadline=5)
+
+registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict)

@@ -171,6 +171,8 @@ class Workflow(Generic[S]):
         next: str | Sequence[str] | None = None,
         start: bool = False,
         retry: Retry | None = None,
+        deadline: timedelta | float | None = None,
+        on_deadline: str | None = None,
     ) -> Callable[[F], F]: ...
     def step(
         self,
@@ -181,15 +183,21 @@ class Workflow(Generic[S]):
         next: str | Sequence[str] | None = None,  # noqa: A002
         start: bool = False,
         retry: Retry | None = None,
+        deadline: timedelta | float | None = None,
+        on_deadline: str | None = None,
     ) -> Any:
         """Declare an action step. The handler `(ctx, state)` returns the next step's name,
-        or None when `next` names a single step (or none: the step then ends the instance)."""
+        or None when `next` names a single step (or none: the step then ends the instance).
+        `deadline`: the step (all its attempts) must finish within it; when it passes, a handler
+        still running is fenced and the position goes to `on_deadline`, or the step fails."""
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or handler.__name__
             targets = (next,) if isinstance(next, str) else tuple(next or ())
             policy = retry or Retry()
-            self._add(Step(step_name, "action", targets, retry=policy.policy()), start)
+            seconds = None if deadline is None else _seconds(deadline)
+            self._add(Step(step_name, "action", targets, retry=policy.policy(), deadline_seconds=seconds,
+                           on_deadline=on_deadline), start)
             self._actions[step_name] = _ActionSpec(handler, policy.non_retryable)
             return handler
 

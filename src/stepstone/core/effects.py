@@ -176,3 +176,24 @@ class AdvanceSaga(Effect):
     attempts: int | None = None
     error: JSON = None
     child: str | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleStepDeadline(Effect):
+    """Entering an action step with a deadline: a timer on the saga's position (`core.saga.SAGA`), so a
+    handler still running on this position does not hold it up."""
+
+    step: str
+    visit: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class InterruptStep(Effect):
+    """A step deadline passed: when `position` is still running `step` at `visit`, its lease is taken
+    (a handler still running commits nothing), its step commands are settled, and a TIMER
+    `step_deadline` is queued on it, which moves it on (`on_deadline`) or fails the step."""
+
+    position: str
+    step: str
+    visit: int

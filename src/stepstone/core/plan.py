@@ -112,6 +112,9 @@ class Step:
     cancel_with_parent: bool = True
     compensation: Compensation | None = None
     """Undoes what a completed action step did when its saga is compensated (`core.saga`)."""
+    deadline_seconds: float | None = None
+    """An action step must finish within this (all attempts); then `on_deadline`, or it fails."""
+    on_deadline: str | None = None
 
     def branch_starts(self) -> tuple[str, ...]:
         """The first steps of a fork's branches."""
@@ -126,6 +129,8 @@ class Step:
             return tuple(self.signals.values()) + extra
         if self.kind == "child" and self.on_failure:
             return (*self.next, self.on_failure)
+        if self.on_deadline:
+            return (*self.next, self.on_deadline)
         return self.next
 
     def describe(self) -> dict[str, Any]:
@@ -159,6 +164,8 @@ class Step:
             )
         if self.compensation is not None:  # only when declared: the hash of other plans stays as it was
             out["compensation"] = self.compensation.describe()
+        if self.deadline_seconds is not None:
+            out["deadline"] = {"seconds": self.deadline_seconds, "on_deadline": self.on_deadline}
         return out
 
 
@@ -239,6 +246,8 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
         found.append(f"start step {start!r} is not defined")
     for s in steps:
         found.extend(_step_problems(s, known))
+        if s.name == start and s.deadline_seconds is not None:
+            found.append(f"step {s.name!r}: the start step cannot have a deadline yet (give the instance one)")
     if start in known:
         found.extend(_flow_problems(start, {s.name: s for s in steps}))
     return found
@@ -248,6 +257,10 @@ def _step_problems(s: Step, known: set[str]) -> list[str]:
     found = [] if s.compensation is None else s.compensation.retry.problems(f"compensation of step {s.name!r}")
     if s.compensation is not None and s.kind != "action":
         found.append(f"step {s.name!r}: only an action step can declare a compensation")
+    if s.deadline_seconds is not None and (s.kind != "action" or s.deadline_seconds < 0):
+        found.append(f"step {s.name!r}: a deadline is for action steps and must not be negative")
+    if s.on_deadline is not None and s.deadline_seconds is None:
+        found.append(f"step {s.name!r}: on_deadline without a deadline")
     found += [
         f"step {s.name!r} goes to unknown step {t!r}"
         for t in s.targets()

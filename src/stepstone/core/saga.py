@@ -17,8 +17,18 @@ store keeps what each completed step recorded, picks the next compensation and q
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
-from stepstone.core.effects import AdvanceSaga, EmitEvent, MovePosition, RecordCompensable, RecordHistory, SetState
+from stepstone.core.effects import (
+    AdvanceSaga,
+    EmitEvent,
+    InterruptStep,
+    MovePosition,
+    RecordCompensable,
+    RecordHistory,
+    SetState,
+)
+from stepstone.core.entering import enter, fail, settled
 from stepstone.core.model import (
     COMPENSATING,
     FAILED,
@@ -39,6 +49,8 @@ SAGA = "$saga"
 COMPENSATE = "COMPENSATE"
 DEADLINE = "deadline"
 """The name of the deadline's TIMER command."""
+STEP_DEADLINE = "step_deadline"
+"""The TIMER of a step deadline: on `SAGA` when it passes, then on the step's position."""
 
 COMPENSATION_FAILED_EVENT = "stepstone.compensation_failed"
 
@@ -87,6 +99,8 @@ def apply_saga(
     this saga asked to compensate itself reports back."""
     if command.kind == "TIMER" and command.name == DEADLINE:
         return _deadline(instance)
+    if command.kind == "TIMER" and command.name == STEP_DEADLINE:
+        return _interrupt(instance, command)
     payload = command.payload if isinstance(command.payload, dict) else {}
     if command.kind not in (COMPENSATE, "CHILD_COMPLETION"):
         return Decision(Settle("REJECTED", f"NOT_A_SAGA_COMMAND: {command.kind}"))
@@ -105,6 +119,33 @@ def _deadline(instance: InstanceView) -> Decision:
         RecordHistory("DEADLINE_PASSED", None, None, data),
         AdvanceSaga("begin", cause=CAUSE_TIMED_OUT),
     ))
+
+
+def _interrupt(instance: InstanceView, command: CommandView) -> Decision:
+    """A step deadline passed: interrupt the position if it still runs that step visit (the store checks)."""
+    if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
+        return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
+    payload = command.payload if isinstance(command.payload, dict) else {}
+    step, visit, position = str(payload.get("step")), int(payload.get("visit") or 0), str(payload.get("position"))
+    data = {"position": position}
+    return Decision(Settle("COMPLETE"), (
+        RecordHistory("STEP_DEADLINE_PASSED", step, visit, data), InterruptStep(position, step, visit)))
+
+
+def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
+    """On the step's own position: the step ran out of time; `on_deadline`, or the step fails."""
+    running = (instance.position_status or instance.status) == "RUNNING"
+    if not running or command.visit != instance.visit or command.step != instance.step:
+        return Decision(Settle("STALE", "STEP_DEADLINE_SUPERSEDED"))
+    step = plan.steps[instance.step or ""]
+    exceeded = RecordHistory("STEP_DEADLINE_EXCEEDED", step.name, instance.visit,
+                             {"deadline_seconds": step.deadline_seconds, "on_deadline": step.on_deadline})
+    if step.on_deadline:
+        entered = enter(instance, plan, step.on_deadline, instance.state, now)
+    else:
+        entered = fail(instance, "StepDeadline", f"step {step.name!r} did not finish within "
+                       f"{step.deadline_seconds:g} s", step=step.name)
+    return Decision(settled(entered), (exceeded, *entered))
 
 
 def _compensate(

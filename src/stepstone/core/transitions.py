@@ -42,11 +42,13 @@ from stepstone.core.patch import changes, diff, same
 from stepstone.core.plan import END, Plan
 from stepstone.core.saga import (
     SAGA,
+    STEP_DEADLINE,
     RunCompensation,
     apply_saga,
     on_child_completed,
     on_step_failure,
     on_step_success,
+    step_deadline_passed,
 )
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
@@ -198,6 +200,8 @@ def _signal(instance: InstanceView, command: CommandView, plan: Plan, now: datet
 
 
 def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
+    if command.name == STEP_DEADLINE:
+        return step_deadline_passed(instance, command, plan, now)
     if not _waiting(instance) or command.visit != instance.visit:
         return Decision(Settle("STALE", "TIMER_SUPERSEDED"))
     step = plan.steps.get(instance.step or "")

@@ -27,12 +27,14 @@ from stepstone.core.effects import (
     EmitEvent,
     EndInstance,
     Enqueue,
+    InterruptStep,
     MovePosition,
     NotifyParent,
     OpenBranches,
     RecordCompensable,
     RecordHistory,
     RequeueSignals,
+    ScheduleStepDeadline,
     SetState,
     StartChild,
 )
@@ -143,6 +145,14 @@ def _saga(e: AdvanceSaga, doc: _Doc) -> None:
                         "error": e.error, "child": e.child})
 
 
+def _step_deadline(e: ScheduleStepDeadline, doc: _Doc) -> None:
+    doc.extend("step_deadlines", {"step": e.step, "visit": e.visit, "seconds": e.seconds})
+
+
+def _interrupt(e: InterruptStep, doc: _Doc) -> None:
+    doc.extend("interrupts", {"position": e.position, "step": e.step, "visit": e.visit})
+
+
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     MovePosition: _move,
     SetState: _state,
@@ -158,6 +168,8 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     NotifyParent: _notify,
     RecordCompensable: _compensable,
     AdvanceSaga: _saga,
+    ScheduleStepDeadline: _step_deadline,
+    InterruptStep: _interrupt,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -176,6 +188,8 @@ SECTION_SQL: dict[type[Effect], str] = {
     NotifyParent: "'CHILD_COMPLETION'",
     RecordCompensable: feature_section("compensable"),
     AdvanceSaga: feature_section("saga"),
+    ScheduleStepDeadline: feature_section("step_deadlines"),
+    InterruptStep: feature_section("interrupts"),
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 

@@ -1869,3 +1869,73 @@ BEGIN
     UPDATE {{schema}}.instances i SET deadline_at = v_at WHERE i.id = p_instance;
     RETURN p_instance;
 END $$;
+
+-- Step deadlines. Entering an action step that declares one queues a TIMER 'step_deadline' on '$saga'
+-- (section 'step_deadlines', rank 12), so a handler running on the step's own position does not hold it
+-- up. When it fires there (section 'interrupts', rank 13) and the position still runs that step visit,
+-- the position loses its lease (the handler's commit is refused), its step commands are settled with
+-- one history entry each, and a TIMER 'step_deadline' is queued on it, which moves it to the step's
+-- on_deadline, or fails the step.
+CREATE FUNCTION {{schema}}.schedule_step_deadlines(p_commit jsonb, p_items jsonb, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := (p_commit->>'instance')::uuid;
+BEGIN
+    INSERT INTO {{schema}}.positions (instance_id, path, status, visit, created_at, updated_at)
+    VALUES (v_id, '$saga', 'SAGA', 1, p_now, p_now)
+    ON CONFLICT (instance_id, path) DO NOTHING;
+    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
+                                     available_at, created_at)
+    SELECT v_id, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step', (x->>'visit')::integer,
+           'step_deadline',
+           jsonb_build_object('position', p_commit->>'position', 'step', x->>'step', 'visit', (x->>'visit')::integer),
+           p_now + make_interval(secs => (x->>'seconds')::float8), p_now
+    FROM jsonb_array_elements(p_items) AS x;
+END $$;
+
+CREATE FUNCTION {{schema}}.interrupt_steps(p_commit jsonb, p_items jsonb, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := (p_commit->>'instance')::uuid;
+    v_seq integer;
+    v_n integer;
+    x jsonb;
+BEGIN
+    FOR x IN SELECT jsonb_array_elements(p_items) LOOP
+        UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL,
+            updated_at = p_now
+        WHERE p.instance_id = v_id AND p.path = x->>'position' AND p.step = x->>'step'
+          AND p.visit = (x->>'visit')::integer AND p.status = 'RUNNING';
+        IF NOT FOUND THEN
+            CONTINUE;  -- the step finished (or the position moved on) in time
+        END IF;
+        SELECT i.history_seq INTO v_seq FROM {{schema}}.instances i WHERE i.id = v_id;
+        WITH locked AS (
+            SELECT c.id FROM {{schema}}.commands c
+            WHERE c.instance_id = v_id AND c.position = x->>'position' AND c.kind IN ('START', 'STEP', 'RETRY')
+              AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+            ORDER BY c.id FOR UPDATE
+        ), settled AS (
+            UPDATE {{schema}}.commands c SET state = 'CANCELLED', token = NULL, settled_at = p_now,
+                last_error = 'STEP_DEADLINE: ' || c.kind
+            FROM locked WHERE c.id = locked.id
+            RETURNING c.id, c.kind, c.step, c.visit
+        )
+        INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data, position)
+        SELECT v_id, v_seq + (row_number() OVER (ORDER BY s.id))::integer, p_now, 'COMMAND_CANCELLED', s.step,
+               s.visit, s.id, p_commit->>'actor',
+               jsonb_build_object('command', s.id, 'kind', s.kind, 'reason', 'step deadline'), x->>'position'
+        FROM settled s;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        UPDATE {{schema}}.instances i SET history_seq = i.history_seq + v_n WHERE i.id = v_id;
+        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, available_at,
+                                         created_at)
+        VALUES (v_id, x->>'position', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step',
+                (x->>'visit')::integer, 'step_deadline', p_now, p_now);
+    END LOOP;
+END $$;
+
+INSERT INTO {{schema}}.effect_sections VALUES ('step_deadlines', 12, 'schedule_step_deadlines'),
+                                              ('interrupts', 13, 'interrupt_steps');
