@@ -104,8 +104,8 @@ waiting.compensation("book", retry=QUICK)(_undo("book"))
 waiting.wait("hold_on", signals={"go": "slow_step", "done": "finish"})
 
 
-@waiting.step(next="finish")
-async def slow_step(ctx: StepContext, state: Trip) -> None:
+async def _slow(ctx: StepContext, state: Trip) -> None:
+    """Waits in its handler while the test holds it (HOLD), after saying it entered (ENTERED)."""
     entered = ENTERED.get(ctx.instance_id)
     if entered is not None:
         entered.set()
@@ -113,6 +113,9 @@ async def slow_step(ctx: StepContext, state: Trip) -> None:
     if hold is not None:
         await hold.wait()
     state.log.append("slow")
+
+
+waiting.step(_slow, name="slow_step", next="finish")
 
 
 @waiting.step(next=None)
@@ -214,16 +217,6 @@ timely: Workflow[Trip] = Workflow("timely", version=1, state=Trip)
 @timely.step(start=True, next="slow")
 def begin(ctx: StepContext, state: Trip) -> None:
     state.log.append("begin")
-
-
-async def _slow(ctx: StepContext, state: Trip) -> None:
-    entered = ENTERED.get(ctx.instance_id)
-    if entered is not None:
-        entered.set()
-    hold = HOLD.get(ctx.instance_id)
-    if hold is not None:
-        await hold.wait()
-    state.log.append("slow")
 
 
 timely.step(_slow, name="slow", next="on_time", deadline=5, on_deadline="fallback")

@@ -1496,6 +1496,15 @@ CREATE TRIGGER instances_notify_saga_settled
                        AND OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION {{schema}}.notify_settled();
 
+-- The saga's own position: its deadline timers and its compensations queue there.
+CREATE FUNCTION {{schema}}.open_saga_position(p_instance uuid, p_now timestamptz)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO {{schema}}.positions (instance_id, path, status, visit, created_at, updated_at)
+    VALUES (p_instance, '$saga', 'SAGA', 1, p_now, p_now)
+    ON CONFLICT (instance_id, path) DO NOTHING;
+$$;
+
 -- One history entry written by a saga function, after whatever the commit itself records.
 CREATE FUNCTION {{schema}}.saga_history(p_instance uuid, p_kind text, p_step text, p_visit integer,
                                         p_position text, p_command bigint, p_actor text, p_data jsonb,
@@ -1513,8 +1522,12 @@ END $$;
 
 -- Settle every open command of an instance (PENDING, DEFERRED, CLAIMED, PARKED, DEAD) as CANCELLED,
 -- in ascending id order, with one COMMAND_CANCELLED history entry each naming who and why. Timers
--- are commands, so they are finished here too. Returns how many it settled.
-CREATE FUNCTION {{schema}}.settle_open_commands(p_instance uuid, p_reason text, p_actor text, p_now timestamptz)
+-- are commands, so they are finished here too. `p_position` and `p_kinds` narrow it to one position's
+-- commands of those kinds (a step deadline); `p_code` starts each command's last_error. Returns how
+-- many it settled.
+CREATE FUNCTION {{schema}}.settle_open_commands(p_instance uuid, p_reason text, p_actor text, p_now timestamptz,
+                                                p_position text DEFAULT NULL, p_kinds text[] DEFAULT NULL,
+                                                p_code text DEFAULT 'INSTANCE_CANCELLED')
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1525,10 +1538,11 @@ BEGIN
     WITH locked AS (
         SELECT x.id, x.state FROM {{schema}}.commands x
         WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
+          AND (p_position IS NULL OR x.position = p_position) AND (p_kinds IS NULL OR x.kind = ANY (p_kinds))
         ORDER BY x.id FOR UPDATE
     ), settled AS (
         UPDATE {{schema}}.commands c SET state = 'CANCELLED', token = NULL, settled_at = p_now,
-            last_error = 'INSTANCE_CANCELLED: ' || c.kind
+            last_error = p_code || ': ' || c.kind
         FROM locked WHERE c.id = locked.id
         RETURNING c.id, c.kind, c.name, c.position, c.step, c.visit, locked.state AS was
     )
@@ -1694,9 +1708,7 @@ RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM {{schema}}.close_positions(p_instance, p_now, p_keep, true);
-    INSERT INTO {{schema}}.positions (instance_id, path, status, visit, created_at, updated_at)
-    VALUES (p_instance, '$saga', 'SAGA', 1, p_now, p_now)
-    ON CONFLICT (instance_id, path) DO NOTHING;
+    PERFORM {{schema}}.open_saga_position(p_instance, p_now);
     PERFORM {{schema}}.settle_open_commands(p_instance, coalesce(p_reason, 'compensating: ' || p_cause), p_actor,
                                             p_now);
     -- (A completed child its parent compensates is reopened: ended_at is cleared.)
@@ -1862,8 +1874,7 @@ BEGIN
         RETURN p_instance;
     END IF;
     v_at := GREATEST(v_at, v_now);
-    INSERT INTO {{schema}}.positions (instance_id, path, status, visit, created_at, updated_at)
-    VALUES (p_instance, '$saga', 'SAGA', 1, v_now, v_now);
+    PERFORM {{schema}}.open_saga_position(p_instance, v_now);
     INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, name, visit, available_at, created_at)
     VALUES (p_instance, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', 'deadline', 1, v_at, v_now);
     UPDATE {{schema}}.instances i SET deadline_at = v_at WHERE i.id = p_instance;
@@ -1882,9 +1893,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := (p_commit->>'instance')::uuid;
 BEGIN
-    INSERT INTO {{schema}}.positions (instance_id, path, status, visit, created_at, updated_at)
-    VALUES (v_id, '$saga', 'SAGA', 1, p_now, p_now)
-    ON CONFLICT (instance_id, path) DO NOTHING;
+    PERFORM {{schema}}.open_saga_position(v_id, p_now);
     INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                      available_at, created_at)
     SELECT v_id, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step', (x->>'visit')::integer,
@@ -1899,8 +1908,6 @@ RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := (p_commit->>'instance')::uuid;
-    v_seq integer;
-    v_n integer;
     x jsonb;
 BEGIN
     FOR x IN SELECT jsonb_array_elements(p_items) LOOP
@@ -1911,25 +1918,8 @@ BEGIN
         IF NOT FOUND THEN
             CONTINUE;  -- the step finished (or the position moved on) in time
         END IF;
-        SELECT i.history_seq INTO v_seq FROM {{schema}}.instances i WHERE i.id = v_id;
-        WITH locked AS (
-            SELECT c.id FROM {{schema}}.commands c
-            WHERE c.instance_id = v_id AND c.position = x->>'position' AND c.kind IN ('START', 'STEP', 'RETRY')
-              AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-            ORDER BY c.id FOR UPDATE
-        ), settled AS (
-            UPDATE {{schema}}.commands c SET state = 'CANCELLED', token = NULL, settled_at = p_now,
-                last_error = 'STEP_DEADLINE: ' || c.kind
-            FROM locked WHERE c.id = locked.id
-            RETURNING c.id, c.kind, c.step, c.visit
-        )
-        INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data, position)
-        SELECT v_id, v_seq + (row_number() OVER (ORDER BY s.id))::integer, p_now, 'COMMAND_CANCELLED', s.step,
-               s.visit, s.id, p_commit->>'actor',
-               jsonb_build_object('command', s.id, 'kind', s.kind, 'reason', 'step deadline'), x->>'position'
-        FROM settled s;
-        GET DIAGNOSTICS v_n = ROW_COUNT;
-        UPDATE {{schema}}.instances i SET history_seq = i.history_seq + v_n WHERE i.id = v_id;
+        PERFORM {{schema}}.settle_open_commands(v_id, 'step deadline', p_commit->>'actor', p_now, x->>'position',
+                                                ARRAY['START', 'STEP', 'RETRY'], 'STEP_DEADLINE');
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, available_at,
                                          created_at)
         VALUES (v_id, x->>'position', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step',
