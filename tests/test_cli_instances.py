@@ -151,8 +151,9 @@ def test_cancel(run: Cli) -> None:
     instance_id = run.json("start", "approval", "--app", APP)["instance_id"]
     run.drive()
     assert run.json("cancel", instance_id, "--reason", "customer asked") == {
-        "instance_id": instance_id, "status": "CANCELLED"}
-    assert run.json("cancel", instance_id)["status"] == "CANCELLED"  # repeating is harmless
+        "instance_id": instance_id, "status": "CANCELLED", "outcome": "cancelled"}
+    again = run.json("cancel", instance_id)  # repeating is harmless
+    assert (again["status"], again["outcome"]) == ("CANCELLED", "unchanged")
     history = run.json("show", instance_id)["history"]
     assert history[-1]["kind"] == "INSTANCE_CANCELLED"
     assert run.json("show", instance_id)["instance"]["status"] == "CANCELLED"

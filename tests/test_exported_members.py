@@ -6,7 +6,8 @@ import stepstone.errors
 
 def test_top_level_exports() -> None:
     assert sorted(stepstone.__all__) == sorted([
-        "END", "Client", "InstanceInfo", "Limits", "Registry", "Retry", "Signal", "StepContext",
+        "END", "Cancellation", "Client", "CompensationContext", "InstanceInfo", "Limits", "Registry", "Retry",
+        "Signal", "StepContext",
         "SyncClient", "Worker", "WorkerConfig", "Workflow", "__version__",
     ])
     for name in stepstone.__all__:

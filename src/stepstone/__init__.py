@@ -4,8 +4,8 @@
 """
 
 from stepstone._sync_client import SyncClient
-from stepstone.authoring.workflow import Registry, Retry, Signal, StepContext, Workflow
-from stepstone.client import Client, InstanceInfo
+from stepstone.authoring.workflow import CompensationContext, Registry, Retry, Signal, StepContext, Workflow
+from stepstone.client import Cancellation, Client, InstanceInfo
 from stepstone.core.limits import Limits
 from stepstone.core.plan import END
 from stepstone.runtime.worker import Worker, WorkerConfig
@@ -14,7 +14,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "END",
+    "Cancellation",
     "Client",
+    "CompensationContext",
     "InstanceInfo",
     "Limits",
     "Registry",

@@ -30,6 +30,7 @@ _IMPORTS = {
     "Any": "typing",
     "Sequence": "collections.abc",
     "datetime": "datetime",
+    "timedelta": "datetime",
     "Workflow": "stepstone.authoring.workflow",
     "Registry": "stepstone.authoring.workflow",
     "Settings": "stepstone.config",
@@ -45,6 +46,7 @@ _IMPORTS = {
     "ReplayResult": "stepstone.ops.model",
     "Callable": "collections.abc",
     "MigrationReport": "stepstone.ops.migration",
+    "Cancellation": "stepstone.client",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 

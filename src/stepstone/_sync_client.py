@@ -13,10 +13,10 @@ from stepstone.client import Client
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from datetime import datetime
+    from datetime import datetime, timedelta
 
     from stepstone.authoring.workflow import Registry, Workflow
-    from stepstone.client import InstanceInfo
+    from stepstone.client import Cancellation, InstanceInfo
     from stepstone.config import Settings
     from stepstone.core.attribution import Actor
     from stepstone.core.limits import Limits
@@ -100,6 +100,7 @@ class SyncClient:
         idempotency_key: str | None = None,
         business_key: str | None = None,
         scope: str = "default",
+        deadline: timedelta | float | datetime | None = None,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
         same instance; the same key with other input raises IdempotencyConflict.
@@ -107,13 +108,16 @@ class SyncClient:
         A workflow named by id runs the version the scope's activation selects (the default scope's when
         the scope has none; the highest AVAILABLE version when nothing was activated); a `Workflow`
         runs its own version. Either way the instance is pinned to that version, and a version that is
-        not AVAILABLE is refused (VersionNotAdmitted)."""
+        not AVAILABLE is refused (VersionNotAdmitted). `deadline` (a duration from now on the database
+        clock, or an instant; default the workflow's) times the instance out: it becomes TIMED_OUT after
+        compensating what it completed."""
         return self._run(self._client.start(
             workflow,
             input,
             idempotency_key=idempotency_key,
             business_key=business_key,
             scope=scope,
+            deadline=deadline,
         ))
 
     def signal(
@@ -129,12 +133,25 @@ class SyncClient:
         one branch (its path, e.g. ``ship/2``); the default is the instance's root position."""
         return self._run(self._client.signal(instance_id, name, payload, dedup_key=dedup_key, position=position))
 
-    def cancel(self, instance_id: str, reason: str = "") -> str:
-        """Cancel an instance (idempotent); returns its status afterwards."""
-        return self._run(self._client.cancel(instance_id, reason))
+    def cancel(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> str:
+        """Cancel an instance (idempotent); returns its status afterwards. Every open command is
+        settled, one history entry each; with `compensate`, the completed steps are compensated
+        first (the status is then COMPENSATING until it is CANCELLED). `cancellation` says more."""
+        return self._run(self._client.cancel(instance_id, reason, compensate=compensate))
+
+    def cancellation(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> Cancellation:
+        """Cancel, and say what it did: cancelled, compensating, or unchanged (a no-op on an
+        instance that already ended)."""
+        return self._run(self._client.cancellation(instance_id, reason, compensate=compensate))
+
+    def compensations(self, instance_id: str) -> list[dict[str, Any]]:
+        """The steps this instance completed that declare a compensation, in order of completion:
+        step, position, what it recorded, status (PENDING, COMPENSATED, FAILED), attempts."""
+        return self._run(self._client.compensations(instance_id))
 
     def retry(self, instance_id: str) -> None:
-        """Re-drive the failed step of a FAILED instance."""
+        """Re-drive the failed step of a FAILED instance, or resume the compensation of a
+        COMPENSATION_FAILED one at the compensation it gave up."""
         self._run(self._client.retry(instance_id))
 
     def get(self, instance_id: str) -> InstanceInfo:

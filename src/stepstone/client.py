@@ -13,14 +13,14 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.config import Settings
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
-from stepstone.core.model import COMPLETED, FAILED, TERMINAL
+from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
 from stepstone.ops import InstanceFilter, Operations, migration
@@ -30,7 +30,7 @@ from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
 from stepstone.store.settled import SettledWatch
 
-SETTLED = TERMINAL | {FAILED}
+SETTLED = TERMINAL | {FAILED, COMPENSATION_FAILED}
 """Statuses `wait_for` returns on: the instance will not move without an operator."""
 
 
@@ -61,6 +61,21 @@ class InstanceInfo:
     @property
     def completed(self) -> bool:
         return self.status == COMPLETED
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What a cancel did: `outcome` is "cancelled", "compensating" (compensation runs first, then
+    the instance is CANCELLED) or "unchanged" (it had already ended, or already compensates: a
+    no-op); `status` is the instance's status afterwards."""
+
+    instance_id: str
+    outcome: str
+    status: str
+
+    @property
+    def changed(self) -> bool:
+        return self.outcome != "unchanged"
 
 
 class Client:
@@ -124,6 +139,7 @@ class Client:
         idempotency_key: str | None = None,
         business_key: str | None = None,
         scope: str = DEFAULT_SCOPE,
+        deadline: timedelta | float | datetime | None = None,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
         same instance; the same key with other input raises IdempotencyConflict.
@@ -131,7 +147,9 @@ class Client:
         A workflow named by id runs the version the scope's activation selects (the default scope's when
         the scope has none; the highest AVAILABLE version when nothing was activated); a `Workflow`
         runs its own version. Either way the instance is pinned to that version, and a version that is
-        not AVAILABLE is refused (VersionNotAdmitted)."""
+        not AVAILABLE is refused (VersionNotAdmitted). `deadline` (a duration from now on the database
+        clock, or an instant; default the workflow's) times the instance out: it becomes TIMED_OUT after
+        compensating what it completed."""
         self._texts(scope=scope)
         wf = await self._selected(workflow, scope)
         self._texts(idempotency_key=idempotency_key, business_key=business_key)
@@ -142,6 +160,7 @@ class Client:
         state = wf.state_to_json({} if input is None else input)
         text = self._encode("input", state)
         await self._ensure_registered(wf)
+        at, seconds = _deadline(wf.deadline if deadline is None else deadline)
         new = NewInstance(
             id=str(uuid.uuid4()),
             pin=replace(pin_of(wf), scope=scope),
@@ -151,6 +170,8 @@ class Client:
             idempotency_key=idempotency_key,
             fingerprint=_fingerprint(text, business_key),
             actor=self.actor,
+            deadline_at=at,
+            deadline_seconds=seconds,
         )
         instance_id, _ = await self.store.start(new)
         return instance_id
@@ -169,14 +190,29 @@ class Client:
             position=position,
         )
 
-    async def cancel(self, instance_id: str, reason: str = "") -> str:
-        """Cancel an instance (idempotent); returns its status afterwards."""
+    async def cancel(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> str:
+        """Cancel an instance (idempotent); returns its status afterwards. Every open command is
+        settled, one history entry each; with `compensate`, the completed steps are compensated
+        first (the status is then COMPENSATING until it is CANCELLED). `cancellation` says more."""
+        return (await self.cancellation(instance_id, reason, compensate=compensate)).status
+
+    async def cancellation(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> Cancellation:
+        """Cancel, and say what it did: cancelled, compensating, or unchanged (a no-op on an
+        instance that already ended)."""
         self._texts(empty=True, instance_id=instance_id)
         self._text("cancel reason", reason, free=True, empty=True)
-        return await self.store.cancel(instance_id, reason, self.actor)
+        outcome, status = await self.store.cancel_saga(instance_id, reason, self.actor, compensate=compensate)
+        return Cancellation(instance_id, outcome, status)
+
+    async def compensations(self, instance_id: str) -> list[dict[str, Any]]:
+        """The steps this instance completed that declare a compensation, in order of completion:
+        step, position, what it recorded, status (PENDING, COMPENSATED, FAILED), attempts."""
+        self._texts(empty=True, instance_id=instance_id)
+        return await self.store.compensations(instance_id)
 
     async def retry(self, instance_id: str) -> None:
-        """Re-drive the failed step of a FAILED instance."""
+        """Re-drive the failed step of a FAILED instance, or resume the compensation of a
+        COMPENSATION_FAILED one at the compensation it gave up."""
         self._texts(empty=True, instance_id=instance_id)
         await self.store.retry(instance_id, self.actor)
 
@@ -368,6 +404,20 @@ def _typed(exc: PayloadRejected) -> InvalidInput:
     if exc.reason == "too_deep":
         return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
     return InvalidInput(str(exc), what=exc.what)
+
+
+def _deadline(value: timedelta | float | datetime | None) -> tuple[datetime | None, float | None]:
+    """(instant, seconds from now): a deadline as the store takes it."""
+    if value is None:
+        return None, None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput("deadline must be an instant with a time zone", what="deadline")
+        return value, None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds >= 0:
+        raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
+    return None, seconds
 
 
 def _fingerprint(*parts: str | None) -> str:

@@ -5,6 +5,8 @@
                  the root; each branch writes only its own key of the shared `done`, so concurrent branch
                  commits rebase and none is lost (the checker reads `done` back)
   chaosparent-1  s1, then the child step s2 starting a `chaos-2` child and waiting for it, then s3
+  chaossaga-3    s1, s2 (each with a compensation that records its own effect), then s3 fails for good: the
+                 saga compensates s2, then s1 (test_saga_kills.py; the scenarios' workload never starts it)
 
 The ledger lives in schema ``chaos`` of the engine's database and is written on the handler's own
 connection (a small pool per process, not the store's), committed before the handler returns. One row per
@@ -23,7 +25,7 @@ from typing import Any
 import asyncpg
 from pydantic import BaseModel, Field
 
-from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+from stepstone.authoring.workflow import CompensationContext, Registry, Retry, StepContext, Workflow
 
 LEDGER_DDL = """
 CREATE SCHEMA IF NOT EXISTS chaos;
@@ -89,7 +91,7 @@ def configure(url: str, worker: str) -> None:
     LEDGER.worker = worker
 
 
-async def record_effect(ctx: StepContext) -> None:
+async def record_effect(ctx: StepContext | CompensationContext) -> None:
     """Insert this invocation's ledger row; retry on connection trouble until it is durably there."""
     effect = uuid.uuid4()
     delay = 0.05
@@ -133,7 +135,7 @@ def _chain(length: int) -> Workflow[Chain]:
     return wf
 
 
-async def _effect(ctx: StepContext) -> None:
+async def _effect(ctx: StepContext | CompensationContext) -> None:
     """The rig's step body: the effect, the linger a kill or pause hits, the odd steps' event."""
     await record_effect(ctx)
     pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
@@ -192,7 +194,40 @@ def _parent() -> Workflow[Parent]:
     return wf
 
 
+class SagaFails(Exception):
+    """s3 of the saga: never retried, so the saga compensates."""
+
+
+class Saga(BaseModel):
+    undone: list[str] = Field(default_factory=list)
+
+
+def _saga() -> Workflow[Saga]:
+    wf: Workflow[Saga] = Workflow("chaossaga-3", version=1, state=Saga)
+
+    async def step(ctx: StepContext, state: Saga) -> None:
+        await record_effect(ctx)  # no linger here: the kills are meant for the compensations
+
+    async def s3(ctx: StepContext, state: Saga) -> None:
+        raise SagaFails("payment refused")
+
+    async def undo(ctx: CompensationContext, state: Saga, recorded: Any) -> None:
+        await record_effect(ctx)  # key: instance/compensate/record, the compensation's idempotency key
+        pause = float(os.environ.get(PAUSE_ENV, "0") or 0)
+        if pause > 0:
+            await asyncio.sleep(pause)  # the window a kill hits, after the effect and before the commit
+        state.undone.append(ctx.step)
+
+    wf.step(step, name="s1", start=True, next="s2", retry=_RETRY)
+    wf.step(step, name="s2", next="s3", retry=_RETRY)
+    wf.step(s3, name="s3", next=None, retry=Retry(max_attempts=1))
+    wf.compensation("s1", retry=_RETRY, name="undo_s1")(undo)
+    wf.compensation("s2", retry=_RETRY, name="undo_s2")(undo)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT)
+SAGA: Workflow[Any] = _saga()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA)

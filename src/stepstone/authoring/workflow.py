@@ -17,7 +17,7 @@ import copy
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, overload
 
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from stepstone.authoring.sensitive import sensitive_paths
 from stepstone.core.model import Event
-from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Plan, RetryPolicy, Step
+from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, RetryPolicy, Step
 from stepstone.core.redaction import Redaction
 from stepstone.errors import DefinitionError, InvalidInput
 
@@ -111,9 +111,35 @@ class StepContext:
     branch: BranchInfo | None = None
     external: ExternalResult | None = None
     events: list[Event] = field(default_factory=list)
+    recorded: Any = None
+    """What `record` kept for this step's compensation."""
+
+    def record(self, value: Any) -> None:
+        """Keep `value` (JSON) with this step's completion: its compensation handler gets it."""
+        self.recorded = value
 
     def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
         """Stage an outbox event; it is written in this step's commit, or not at all."""
+        self.events.append(Event(type, payload, key))
+
+
+@dataclass
+class CompensationContext:
+    """What a compensation handler knows: the step it undoes, why (`cause`: failed, cancelled or
+    timed_out) and which attempt this is. `idempotency_key` is the same on every attempt of this
+    compensation, on any worker."""
+
+    instance_id: str
+    workflow: str
+    step: str
+    position: str
+    attempt: int
+    idempotency_key: str
+    cause: str | None = None
+    events: list[Event] = field(default_factory=list)
+
+    def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
+        """Stage an outbox event; it is written in this compensation's commit, or not at all."""
         self.events.append(Event(type, payload, key))
 
 
@@ -129,15 +155,20 @@ class Workflow(Generic[S]):
     def __init__(
         self, id: str, *, version: int = 1, state: type[S] | None = None,  # noqa: A002
         redact: Callable[[str], str] | None = None,
+        deadline: timedelta | float | None = None,
     ) -> None:
         """`redact` is the redaction hook: every text bound for history or an error goes through it
-        (after the fields the state model marks `Sensitive` are taken out; docs/operations.md)."""
+        (after the fields the state model marks `Sensitive` are taken out; docs/operations.md).
+        `deadline` is the default instance deadline (`Client.start(deadline=...)` overrides it)."""
         self.id = id
         self.version = version
         self.state_model = state
         self.redaction = Redaction(sensitive_paths(state), redact)  # type: ignore[arg-type]
+        self.deadline = None if deadline is None else _seconds(deadline)
+        """The default instance deadline in seconds."""
         self._steps: list[Step] = []
         self._actions: dict[str, _ActionSpec] = {}
+        self._compensations: dict[str, _ActionSpec] = {}
         self._start: str | None = None
         self._plan: Plan | None = None
 
@@ -158,6 +189,8 @@ class Workflow(Generic[S]):
         next: str | Sequence[str] | None = None,
         start: bool = False,
         retry: Retry | None = None,
+        deadline: timedelta | float | None = None,
+        on_deadline: str | None = None,
     ) -> Callable[[F], F]: ...
     def step(
         self,
@@ -168,15 +201,21 @@ class Workflow(Generic[S]):
         next: str | Sequence[str] | None = None,  # noqa: A002
         start: bool = False,
         retry: Retry | None = None,
+        deadline: timedelta | float | None = None,
+        on_deadline: str | None = None,
     ) -> Any:
         """Declare an action step. The handler `(ctx, state)` returns the next step's name,
-        or None when `next` names a single step (or none: the step then ends the instance)."""
+        or None when `next` names a single step (or none: the step then ends the instance).
+        `deadline`: the step (all its attempts) must finish within it; when it passes, a handler
+        still running is fenced and the position goes to `on_deadline`, or the step fails."""
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or handler.__name__
             targets = (next,) if isinstance(next, str) else tuple(next or ())
             policy = retry or Retry()
-            self._add(Step(step_name, "action", targets, retry=policy.policy()), start)
+            seconds = None if deadline is None else _seconds(deadline)
+            self._add(Step(step_name, "action", targets, retry=policy.policy(), deadline_seconds=seconds,
+                           on_deadline=on_deadline), start)
             self._actions[step_name] = _ActionSpec(handler, policy.non_retryable)
             return handler
 
@@ -296,6 +335,32 @@ class Workflow(Generic[S]):
         self._add(Step(name, "external", (next,), retry=policy, topic=topic,
                        inputs=None if inputs is None else tuple(inputs), errors=dict(errors or {})), start)
 
+    def compensation(
+        self, step: str, *, retry: Retry | None = None, name: str | None = None
+    ) -> Callable[[F], F]:
+        """Declare the compensation of action step `step`: `(ctx, state, recorded)`, sync or async,
+        with `ctx` a `CompensationContext`, `state` the state as it is when compensating and
+        `recorded` what the step kept with `ctx.record`. When the saga compensates, the completed
+        steps that declare one are undone in reverse order of completion, each retried under
+        `retry` (default `Retry()`); the state it leaves is kept."""
+
+        def register(handler: F) -> F:
+            if self._plan is not None:
+                raise DefinitionError(f"workflow {self.id!r} v{self.version} is already in use and cannot change")
+            found = next((n for n, s in enumerate(self._steps) if s.name == step), None)
+            if found is None or self._steps[found].kind != "action":
+                raise DefinitionError(f"workflow {self.id!r}: compensation for {step!r}, which is no action step "
+                                      "declared before it")
+            if step in self._compensations:
+                raise DefinitionError(f"workflow {self.id!r}: step {step!r} has two compensations")
+            policy = retry or Retry()
+            declared = Compensation(name or handler.__name__, policy.policy())
+            self._steps[found] = replace(self._steps[found], compensation=declared)
+            self._compensations[step] = _ActionSpec(handler, policy.non_retryable)
+            return handler
+
+        return register
+
     def _add(self, step: Step, start: bool) -> None:
         if self._plan is not None:
             raise DefinitionError(f"workflow {self.id!r} v{self.version} is already in use and cannot change")
@@ -323,6 +388,14 @@ class Workflow(Generic[S]):
 
     def is_async(self, step: str) -> bool:
         return inspect.iscoroutinefunction(self._actions[step].handler)
+
+    def compensation_handler(self, step: str) -> Callable[..., Any] | None:
+        spec = self._compensations.get(step)
+        return None if spec is None else spec.handler
+
+    def compensation_never_retried(self, step: str, error: BaseException) -> bool:
+        spec = self._compensations.get(step)
+        return spec is not None and isinstance(error, spec.non_retryable)
 
     def never_retried(self, step: str, error: BaseException) -> bool:
         return isinstance(error, self._actions[step].non_retryable)

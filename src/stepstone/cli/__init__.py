@@ -21,6 +21,7 @@ from stepstone.cli import (
     demo_fanout,
     demo_outbox,
     demo_rolling,
+    demo_saga,
     doctor,
     external,
     instances,
@@ -66,6 +67,7 @@ for _module in _COMMAND_MODULES:
 demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)
 demo.demo_command.add_command(demo_rolling.demo_rolling_command)
+demo.demo_command.add_command(demo_saga.demo_saga_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
@@ -24,6 +24,7 @@ from stepstone.examples import orders
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store import migrate as migrations
 from stepstone.store.database import connect, redact_url, resolve_target
+from stepstone.store.port import Store
 
 __all__ = ["commands", "narrate"]
 
@@ -73,6 +74,13 @@ async def _migrate(settings: Settings) -> str:
         await conn.close()
     schema = f"schema {settings.schema}: " + (f"applied {len(applied)} migration(s)" if applied else "up to date")
     return f"database {redact_url(target.url)}, {schema}"
+
+
+async def on_migrated_store(settings: Settings, run: Callable[[Store], Awaitable[None]]) -> None:
+    """Migrate the configured (or embedded) database, say so, and run a demo on a store over it."""
+    click.echo(await _migrate(settings))
+    async with open_store(settings) as store:
+        await run(store)
 
 
 async def _demo(settings: Settings) -> None:
@@ -130,7 +138,8 @@ def demo_command(ctx: click.Context, settings: Settings) -> None:
     """Run the example order workflow (a step, a timer, a signal) on the configured or embedded database.
 
     `stepstone demo fanout` runs a fork of ten branches and a child workflow (docs/branches.md);
-    `stepstone demo outbox` runs the orders with the outbox relay publishing their events (docs/outbox.md)."""
+    `stepstone demo outbox` runs the orders with the outbox relay publishing their events (docs/outbox.md);
+    `stepstone demo saga` runs a booking saga whose payment fails, compensated in reverse (docs/sagas.md)."""
     if ctx.invoked_subcommand is None:
         run_async(_demo(settings))
 

@@ -12,7 +12,6 @@ import time
 import click
 
 from stepstone.cli.common import CliError, run_async, with_settings
-from stepstone.cli.connection import open_store
 from stepstone.client import Client
 from stepstone.config import Settings
 from stepstone.core.model import COMPLETED
@@ -52,11 +51,9 @@ async def run_fanout(store: Store) -> None:
 
 
 async def _demo_fanout(settings: Settings) -> None:
-    from stepstone.cli.demo import _migrate  # noqa: PLC0415 - demo imports this module's command
+    from stepstone.cli.demo import on_migrated_store  # noqa: PLC0415 - demo imports this module's command
 
-    click.echo(await _migrate(settings))
-    async with open_store(settings) as store:
-        await run_fanout(store)
+    await on_migrated_store(settings, run_fanout)
 
 
 @click.command("fanout")

@@ -199,12 +199,15 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
               help="Unique per workflow while set (e.g. an order number).")
 @click.option("--scope", type=TEXT, default="default", show_default=True,
               help="The scope (tenant key) of the instance; its activation picks the version.")
+@click.option("--deadline", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Time the instance out after this long: it compensates, then ends TIMED_OUT.")
 @app_option(required=True)
 @output_option
 @with_settings
 def start_command(
     settings: Settings, registry: Registry, output: str, workflow: str, input_text: str | None,
     input_file: str | None, idempotency_key: str | None, business_key: str | None, scope: str,
+    deadline: float | None,
 ) -> None:
     """Start an instance of WORKFLOW (the version the scope's activation selects, docs/versions.md) and print
     its id."""
@@ -224,7 +227,7 @@ def start_command(
 
     async def work(client: Client) -> str:
         return await client.start(workflow, data, idempotency_key=idempotency_key, business_key=business_key,
-                                  scope=scope)
+                                  scope=scope, deadline=deadline)
 
     instance_id = _with_client(settings, registry, work)
     emit({"instance_id": instance_id}, output, lambda: instance_id)
@@ -256,13 +259,18 @@ def signal_command(
 @click.command("cancel")
 @click.argument("instance_id")
 @click.option("--reason", default="", type=FREE_TEXT, help="Recorded in the history.")
+@click.option("--compensate", is_flag=True, help="Compensate the completed steps first (docs/sagas.md).")
 @output_option
 @with_settings
-def cancel_command(settings: Settings, output: str, instance_id: str, reason: str) -> None:
-    """Cancel an instance (repeating it is harmless)."""
+def cancel_command(settings: Settings, output: str, instance_id: str, reason: str, compensate: bool) -> None:
+    """Cancel an instance (repeating it is harmless: an ended instance is left as it is)."""
     iid = instance_id_arg(instance_id)
-    status = _with_client(settings, None, lambda c: c.cancel(iid, reason))
-    emit({"instance_id": iid, "status": status}, output, lambda: f"{iid} {status}")
+    done = _with_client(settings, None, lambda c: c.cancellation(iid, reason, compensate=compensate))
+    words = {"unchanged": f"{iid} {done.status}: already ended, nothing to cancel"}
+    if done.status == "COMPENSATING":
+        words["compensating"] = f"{iid} COMPENSATING: the completed steps are undone first, then CANCELLED"
+    emit({"instance_id": iid, "status": done.status, "outcome": done.outcome}, output,
+         lambda: words.get(done.outcome, f"{iid} {done.status}"))
 
 
 @click.command("retry")

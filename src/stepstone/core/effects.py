@@ -165,3 +165,51 @@ class OpenExternalTask(Effect):
     payload: JSON
     retries: int
     backoff: JSON
+
+
+@dataclass(frozen=True)
+class RecordCompensable(Effect):
+    """A step that declares a compensation completed: it is remembered, with what it recorded, in
+    the order of completion, so a saga can undo it later (`core.saga`)."""
+
+    step: str
+    visit: int
+    recorded: JSON = None
+
+
+@dataclass(frozen=True)
+class AdvanceSaga(Effect):
+    """The saga moves on (`core.saga`). `begin` (`cause` failed, cancelled or timed_out) closes every
+    other position, settles their open commands and queues the compensation of the step completed
+    last; `done` marks `record` compensated and queues the next, or ends the instance when none is
+    left; `attempt_failed` notes an attempt that will be retried; `exhausted` stops the saga:
+    COMPENSATION_FAILED, retryable by an operator; `compensate_child` asks the completed `child`
+    of `record` to compensate itself and report back."""
+
+    op: str
+    cause: str | None = None
+    record: int | None = None
+    attempts: int | None = None
+    error: JSON = None
+    child: str | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleStepDeadline(Effect):
+    """Entering an action step with a deadline: a timer on the saga's position (`core.saga.SAGA`), so a
+    handler still running on this position does not hold it up."""
+
+    step: str
+    visit: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class InterruptStep(Effect):
+    """A step deadline passed: when `position` is still running `step` at `visit`, its lease is taken
+    (a handler still running commits nothing), its step commands are settled, and a TIMER
+    `step_deadline` is queued on it, which moves it on (`on_deadline`) or fails the step."""
+
+    position: str
+    step: str
+    visit: int

@@ -22,6 +22,7 @@ from stepstone.core.effects import (
     OpenBranches,
     RecordHistory,
     RequeueSignals,
+    ScheduleStepDeadline,
 )
 from stepstone.core.external_tasks import open_task
 from stepstone.core.model import COMPLETED, FAILED, JSON, RUNNING, WAITING, InstanceView, Settle
@@ -51,9 +52,11 @@ def enter(  # noqa: PLR0911 - one return per step kind
         ]
     step = plan.steps[target]
     if step.kind in ("action", "child"):
+        deadline = [] if step.deadline_seconds is None else [ScheduleStepDeadline(target, visit, step.deadline_seconds)]
         return [
             MovePosition(RUNNING, target, visit),
             Enqueue("STEP", target, visit, payload=cause, continuation=True),
+            *deadline,
         ]
     if step.kind == "timer":
         return _timer(instance, step, visit, state, now)

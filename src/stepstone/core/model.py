@@ -28,10 +28,16 @@ WAITING = "WAITING"
 COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 CANCELLED = "CANCELLED"
-TERMINAL = frozenset({COMPLETED, CANCELLED})
+# Sagas (core/saga.py): compensating, then COMPENSATED (a failure undone), CANCELLED or TIMED_OUT
+# (by why it compensated); COMPENSATION_FAILED is not terminal: an operator may retry it.
+COMPENSATING = "COMPENSATING"
+COMPENSATED = "COMPENSATED"
+TIMED_OUT = "TIMED_OUT"
+COMPENSATION_FAILED = "COMPENSATION_FAILED"
+TERMINAL = frozenset({COMPLETED, CANCELLED, COMPENSATED, TIMED_OUT})
 
 CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY", "BRANCH_DONE", "CHILD_COMPLETION",
-                      "EXTERNAL_COMPLETION"]
+                      "EXTERNAL_COMPLETION", "COMPENSATE"]
 RUNS_STEP = frozenset({"START", "STEP", "RETRY"})
 """Command kinds that execute the instance's current step."""
 
@@ -126,6 +132,8 @@ class StepSucceeded:
     state: JSON
     events: tuple[Event, ...] = ()
     child: ChildStart | None = None
+    recorded: JSON = None
+    """What the step recorded for its compensation (`StepContext.record`)."""
 
 
 @dataclass(frozen=True)

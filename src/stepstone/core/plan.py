@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 END = "$end"
@@ -62,6 +63,20 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class Compensation:
+    """A step's compensation handler: its name (for the alert) and its own retry policy."""
+
+    name: str
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def describe(self) -> dict[str, Any]:
+        r = self.retry
+        return {"name": self.name, "retry": {
+            "max_attempts": r.max_attempts, "initial_backoff": r.initial_backoff, "multiplier": r.multiplier,
+            "max_backoff": r.max_backoff, "non_retryable": sorted(r.non_retryable)}}
+
+
+@dataclass(frozen=True)
 class Step:
     """One node of the graph.
 
@@ -102,6 +117,11 @@ class Step:
     topic: str | None = None
     inputs: tuple[str, ...] | None = None
     errors: Mapping[str, str] = field(default_factory=dict)
+    compensation: Compensation | None = None
+    """Undoes what a completed action step did when its saga is compensated (`core.saga`)."""
+    deadline_seconds: float | None = None
+    """An action step must finish within this (all attempts); then `on_deadline`, or it fails."""
+    on_deadline: str | None = None
 
     def branch_starts(self) -> tuple[str, ...]:
         """The first steps of a fork's branches."""
@@ -118,6 +138,8 @@ class Step:
             return (*self.next, self.on_failure)
         if self.kind == "external":
             return (*self.next, *self.errors.values())
+        if self.on_deadline:
+            return (*self.next, self.on_deadline)
         return self.next
 
     def describe(self) -> dict[str, Any]:
@@ -152,6 +174,10 @@ class Step:
                 timeout_seconds=self.timeout_seconds,
                 on_timeout=self.on_timeout,
             )
+        if self.compensation is not None:  # only when declared: the hash of other plans stays as it was
+            out["compensation"] = self.compensation.describe()
+        if self.deadline_seconds is not None:
+            out["deadline"] = {"seconds": self.deadline_seconds, "on_deadline": self.on_deadline}
         return out
 
 
@@ -172,6 +198,11 @@ class Plan:
 
     def join_of(self, fork: str) -> Step:
         return next(s for s in self.steps.values() if s.kind == "join" and s.fork == fork)
+
+    @cached_property
+    def compensable(self) -> bool:
+        """Whether some step declares a compensation: then a step that fails for good compensates."""
+        return any(s.compensation is not None for s in self.steps.values())
 
     @property
     def signal_names(self) -> frozenset[str]:
@@ -227,13 +258,22 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
         found.append(f"start step {start!r} is not defined")
     for s in steps:
         found.extend(_step_problems(s, known))
+        if s.name == start and s.deadline_seconds is not None:
+            found.append(f"step {s.name!r}: the start step cannot have a deadline yet (give the instance one)")
     if start in known:
         found.extend(_flow_problems(start, {s.name: s for s in steps}))
     return found
 
 
 def _step_problems(s: Step, known: set[str]) -> list[str]:
-    found = [
+    found = [] if s.compensation is None else s.compensation.retry.problems(f"compensation of step {s.name!r}")
+    if s.compensation is not None and s.kind != "action":
+        found.append(f"step {s.name!r}: only an action step can declare a compensation")
+    if s.deadline_seconds is not None and (s.kind != "action" or s.deadline_seconds < 0):
+        found.append(f"step {s.name!r}: a deadline is for action steps and must not be negative")
+    if s.on_deadline is not None and s.deadline_seconds is None:
+        found.append(f"step {s.name!r}: on_deadline without a deadline")
+    found += [
         f"step {s.name!r} goes to unknown step {t!r}"
         for t in s.targets()
         if t != END and t not in known

@@ -10,6 +10,7 @@ are all decisions. Arriving at a step is `core.entering.enter`.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 from stepstone.core.baselines import step_completed
@@ -42,6 +43,16 @@ from stepstone.core.model import (
 )
 from stepstone.core.patch import changes, same
 from stepstone.core.plan import END, Plan
+from stepstone.core.saga import (
+    SAGA,
+    STEP_DEADLINE,
+    RunCompensation,
+    apply_saga,
+    on_child_completed,
+    on_step_failure,
+    on_step_success,
+    step_deadline_passed,
+)
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
 
@@ -53,32 +64,28 @@ def child_id(instance_id: str, position: str, step: str, visit: int) -> str:
 
 def apply(
     instance: InstanceView, command: CommandView, plan: Plan, now: datetime, max_claims: int = 5
-) -> RunStep | Decision:
+) -> RunStep | RunCompensation | Decision:
     """Decide what the claimed `command` does to `instance` (seen from its position) under `plan`."""
     if instance.status in TERMINAL:
         reason = "INSTANCE_CANCELLED" if instance.status == CANCELLED else "INSTANCE_ENDED"
         return Decision(Settle("STALE" if command.kind == "TIMER" else "REJECTED", reason))
+    if instance.position == SAGA:
+        return apply_saga(instance, command, plan, max_claims)
     if instance.position_status in POSITION_CLOSED:
         return _ignored(instance, command, f"POSITION_{instance.position_status}")
     if command.claims > max_claims:
         return _finish(instance, _dead_letter(instance, command, max_claims))
-    if command.kind in RUNS_STEP:
-        outcome = _run_current_step(instance, command, plan, now)
-    elif command.kind == "SIGNAL":
-        outcome = _signal(instance, command, plan, now)
-    elif command.kind == "TIMER":
-        outcome = _timer(instance, command, plan, now)
-    elif command.kind == "BRANCH_DONE":
-        outcome = _branch_done(instance, command, plan, now)
-    elif command.kind == "CHILD_COMPLETION":
-        outcome = _child_done(instance, command, plan, now)
-    elif command.kind == "EXTERNAL_COMPLETION":
-        if not awaited(instance, command):
-            return _finish(instance, _ignored(instance, command, "EXTERNAL_TASK_NOT_AWAITED"))
-        outcome = external_done(instance, command, plan, now)
-    else:
+    handle = _run_current_step if command.kind in RUNS_STEP else _BY_KIND.get(command.kind)
+    if handle is None:
         return Decision(Settle("REJECTED", f"UNKNOWN_KIND: {command.kind}"))
-    return outcome if isinstance(outcome, RunStep) else _finish(instance, outcome)
+    outcome = handle(instance, command, plan, now)
+    return outcome if isinstance(outcome, RunStep) else _finish(instance, on_step_failure(plan, outcome))
+
+
+def _external_completion(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
+    if not awaited(instance, command):
+        return _ignored(instance, command, "EXTERNAL_TASK_NOT_AWAITED")
+    return external_done(instance, command, plan, now)
 
 
 def complete_step(
@@ -89,7 +96,10 @@ def complete_step(
     now: datetime,
 ) -> Decision:
     """Turn a handler's outcome into the commit of its step."""
-    return _finish(instance, _complete(instance, command, plan, outcome, now))
+    decision = _complete(instance, command, plan, outcome, now)
+    if isinstance(outcome, StepSucceeded):
+        decision = on_step_success(plan, instance.step or "", instance.visit, outcome, decision)
+    return _finish(instance, on_step_failure(plan, decision))
 
 
 def _complete(
@@ -190,6 +200,8 @@ def _signal(instance: InstanceView, command: CommandView, plan: Plan, now: datet
 
 
 def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
+    if command.name == STEP_DEADLINE:
+        return step_deadline_passed(instance, command, plan, now)
     if not _waiting(instance) or command.visit != instance.visit:
         return Decision(Settle("STALE", "TIMER_SUPERSEDED"))
     step = plan.steps.get(instance.step or "")
@@ -224,7 +236,8 @@ def _child_done(instance: InstanceView, command: CommandView, plan: Plan, now: d
     if payload.get("status") == COMPLETED:
         entered = enter(instance, plan, step.next[0], instance.state, now, cause=cause)
         done = RecordHistory("CHILD_COMPLETED", step.name, instance.visit, outcome)
-        return Decision(settled(entered), (done, *entered))
+        undo = on_child_completed(plan, step.name, instance.visit, payload.get("child_id"))
+        return Decision(settled(entered), (done, *undo, *entered))
     done = RecordHistory("CHILD_FAILED", step.name, instance.visit, {**outcome, "error": payload.get("error")})
     if step.on_failure:
         entered = enter(instance, plan, step.on_failure, instance.state, now, cause=cause)
@@ -300,3 +313,13 @@ def advance(instance: InstanceView, decision: Decision, state_version: int) -> I
                             instance.branch)
     return InstanceView(instance.id, move.status, move.step, move.visit, state, move.wait, instance.position,
                         move.status, state_version, instance.parent, instance.branch)
+
+
+_BY_KIND: dict[str, Callable[[InstanceView, CommandView, Plan, datetime], RunStep | Decision]] = {
+    "SIGNAL": _signal,
+    "TIMER": _timer,
+    "BRANCH_DONE": _branch_done,
+    "CHILD_COMPLETION": _child_done,
+    "EXTERNAL_COMPLETION": _external_completion,
+}
+"""What each kind of command (other than those that run the current step) does at its position."""

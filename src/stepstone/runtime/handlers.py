@@ -15,7 +15,7 @@ import asyncio
 import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stepstone.authoring.workflow import (
@@ -88,7 +88,18 @@ async def run_handler(
     if result is not None and len(result) > limits.max_name_length:
         problem = f"handler returned a step name of {len(result)} characters; no step has one that long"
         return _failed("InvalidTransition", problem, retryable=False)
-    return _left(workflow, run.step, result, state, ctx.events, limits, child)
+    return _with_record(_left(workflow, run.step, result, state, ctx.events, limits, child), ctx, limits)
+
+
+def _with_record(left: StepSucceeded | StepFailed, ctx: StepContext, limits: Limits) -> StepSucceeded | StepFailed:
+    """What the step kept for its compensation (`ctx.record`), checked as the commit will store it."""
+    if ctx.recorded is None or not isinstance(left, StepSucceeded):
+        return left
+    try:
+        limits.encode(f"record of step {ctx.step!r}", ctx.recorded)
+    except PayloadRejected as exc:
+        return _failed("PayloadRejected", str(exc), retryable=False)
+    return replace(left, recorded=ctx.recorded)
 
 
 def _left(
@@ -170,7 +181,7 @@ class _Raised:
     error: BaseException
 
 
-def _boxed(handler: Callable[..., Any], ctx: StepContext, state: Any) -> Any:
+def _boxed(handler: Callable[..., Any], ctx: Any, state: Any) -> Any:
     """Run a sync handler in its thread; what it raises comes back as a value. A GeneratorExit
     set on the future would otherwise be thrown into the awaiting coroutine and close it."""
     try:

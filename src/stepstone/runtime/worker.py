@@ -21,18 +21,20 @@ import os
 import random
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
-from stepstone.core.model import CommandView, Decision, InstanceView, RunStep
-from stepstone.core.pin import pin_of  # noqa: F401 - kept importable from here for callers and tests
+from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
+from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime import external_state, serving
 from stepstone.runtime.committer import GroupCommitter
+from stepstone.runtime.compensations import run_compensation
 from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
 from stepstone.runtime.threads import HandlerThreads
@@ -62,6 +64,10 @@ class WorkerConfig:
     # How often the worker says which pins it serves (the stranded report reads it; see runtime/serving.py).
     heartbeat_seconds: float = 10.0
     worker_id: str = field(default_factory=default_worker_id)
+    on_compensation_failed: Callable[[dict[str, Any]], Any] | None = None
+    """The alert hook (sync or async): called once, by the worker whose commit gave a compensation up,
+    with instance_id, workflow, step, compensation, attempts and last_error (`core.saga`). The outbox
+    event `stepstone.compensation_failed` carries the same in that commit."""
 
 
 @dataclass
@@ -376,15 +382,38 @@ class Worker:
                 )
                 decision = complete_step(instance, command, workflow.plan, result, now)
                 visit = outcome.visit
+            elif isinstance(outcome, RunCompensation):
+                # A worker that lost its lease never runs a compensation: another may be running it.
+                if not await self.store.holds_lease(instance.id, instance.position, claim.token):
+                    return Decision(Settle("COMPLETE")), None
+                compensated = await run_compensation(workflow, instance, outcome, executor=self._executor,
+                                                      limits=self.limits)
+                decision = complete_compensation(instance, workflow.plan, outcome, compensated)
+                visit = command.id  # the events of each compensation command get ids of their own
             else:
                 decision = external_state.checked(workflow, instance, command, outcome)
             decision = workflow.redaction.decision(decision, instance.state)  # history and errors only
             committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+            if committed is not None and not committed.conflict:
+                await self._alert(decision)
             if committed is None or not committed.conflict:
                 return decision, committed
             await self.events.bump("conflicts")
             instance = replace(instance, state=committed.state, state_version=committed.state_version)
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
+
+    async def _alert(self, decision: Decision) -> None:
+        """The commit gave a compensation up: raise the alert hook (once: only one commit wins)."""
+        alert = exhausted_alert(decision)
+        hook = self.config.on_compensation_failed
+        if alert is None or hook is None:
+            return
+        try:
+            result = hook(alert)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:  # an alert hook that fails must not take the segment down; the outbox event stays
+            log.exception("the compensation_failed alert hook raised for instance %s", alert.get("instance_id"))
 
     async def _commit(
         self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int

@@ -20,18 +20,22 @@ from collections.abc import Callable
 from typing import Any
 
 from stepstone.core.effects import (
+    AdvanceSaga,
     CloseBranches,
     CloseTimers,
     Effect,
     EmitEvent,
     EndInstance,
     Enqueue,
+    InterruptStep,
     MovePosition,
     NotifyParent,
     OpenBranches,
     OpenExternalTask,
+    RecordCompensable,
     RecordHistory,
     RequeueSignals,
+    ScheduleStepDeadline,
     SetState,
     StartChild,
 )
@@ -136,6 +140,21 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
 def _external_task(e: OpenExternalTask, doc: _Doc) -> None:
     doc.extend("external_tasks", {"task_id": e.task_id, "topic": e.topic, "step": e.step, "visit": e.visit,
                                   "payload": e.payload, "retries": e.retries, "backoff": e.backoff})
+def _compensable(e: RecordCompensable, doc: _Doc) -> None:
+    doc.extend("compensable", {"step": e.step, "visit": e.visit, "recorded": e.recorded})
+
+
+def _saga(e: AdvanceSaga, doc: _Doc) -> None:
+    doc.extend("saga", {"op": e.op, "cause": e.cause, "record": e.record, "attempts": e.attempts,
+                        "error": e.error, "child": e.child})
+
+
+def _step_deadline(e: ScheduleStepDeadline, doc: _Doc) -> None:
+    doc.extend("step_deadlines", {"step": e.step, "visit": e.visit, "seconds": e.seconds})
+
+
+def _interrupt(e: InterruptStep, doc: _Doc) -> None:
+    doc.extend("interrupts", {"position": e.position, "step": e.step, "visit": e.visit})
 
 
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
@@ -152,6 +171,10 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     StartChild: _child,
     NotifyParent: _notify,
     OpenExternalTask: _external_task,
+    RecordCompensable: _compensable,
+    AdvanceSaga: _saga,
+    ScheduleStepDeadline: _step_deadline,
+    InterruptStep: _interrupt,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -169,6 +192,10 @@ SECTION_SQL: dict[type[Effect], str] = {
     StartChild: "{{schema}}.start_children(",
     NotifyParent: "'CHILD_COMPLETION'",
     OpenExternalTask: feature_section("external_tasks"),
+    RecordCompensable: feature_section("compensable"),
+    AdvanceSaga: feature_section("saga"),
+    ScheduleStepDeadline: feature_section("step_deadlines"),
+    InterruptStep: feature_section("interrupts"),
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 

@@ -172,6 +172,9 @@ class PostgresStore:
         value = await self._fetchval("held_command", uuid.UUID(instance_id), position, token)
         return None if value is None else int(value)
 
+    async def holds_lease(self, instance_id: str, position: str, token: Any) -> bool:
+        return bool(await self._fetchval("holds_lease", _uuid(instance_id), position, token))
+
     async def settled_by(self, command_id: int, token: Any) -> bool:
         """Whether the claim with this token settled the command (a commit that did happen)."""
         return bool(await self._fetchval("settled_by", command_id, token))
@@ -240,11 +243,13 @@ class PostgresStore:
         """Insert the instance; (id, True) when created, (existing id, False) for a repeated key."""
         pin = new.pin
         try:
-            created = await self._fetchval(
-                "start", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
-                new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint,
-                None, new.actor,
-            )
+            args = (uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
+                    new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint,
+                    None, new.actor)
+            if new.deadline_at is None and new.deadline_seconds is None:
+                created = await self._fetchval("start", *args)
+            else:
+                created = await self._fetchval("start_with_deadline", *args, new.deadline_at, new.deadline_seconds)
         except asyncpg.UniqueViolationError:
             holder = await self._fetchval("business_key_holder", pin.scope, pin.definition_id, new.business_key)
             raise BusinessKeyInUse(new.business_key or "", str(holder)) from None
@@ -286,10 +291,20 @@ class PostgresStore:
         return int(row["command_id"])
 
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str:
-        row = await self._one("cancel", _uuid(instance_id), reason, actor)
+        return (await self.cancel_saga(instance_id, reason, actor, compensate=False))[1]
+
+    async def cancel_saga(
+        self, instance_id: str, reason: str, actor: str | None, *, compensate: bool
+    ) -> tuple[str, str]:
+        """(outcome, status): outcome cancelled, compensating, or unchanged (it had already ended)."""
+        row = await self._one("cancel", _uuid(instance_id), reason, actor, compensate)
         if row["outcome"] == "not_found":
             raise InstanceNotFound(instance_id)
-        return str(row["status"])
+        return str(row["outcome"]), str(row["status"])
+
+    async def compensations(self, instance_id: str) -> list[dict[str, Any]]:
+        await self.status(instance_id)
+        return [dict(r) for r in await self._fetch("compensations", _uuid(instance_id))]
 
     async def retry(self, instance_id: str, actor: str | None) -> None:
         row = await self._one("retry", _uuid(instance_id), actor)
@@ -297,7 +312,8 @@ class PostgresStore:
             raise InstanceNotFound(instance_id)
         if row["outcome"] == "not_failed":
             raise InvalidState(
-                f"instance {instance_id} is {row['status']}; only a FAILED instance can be retried",
+                f"instance {instance_id} is {row['status']}; only a FAILED instance can be retried "
+                "(or a COMPENSATION_FAILED one)",
                 instance_id=instance_id,
                 status=row["status"],
             )

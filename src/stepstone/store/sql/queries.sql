@@ -93,6 +93,12 @@ SELECT c.id FROM {{schema}}.commands c
 JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
 WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND c.state = 'CLAIMED';
 
+-- name: holds_lease
+-- Whether this token still holds the position's lease, unexpired, on the database clock.
+SELECT EXISTS (SELECT 1 FROM {{schema}}.positions p
+               WHERE p.instance_id = $1 AND p.path = $2 AND p.lease_token = $3
+                 AND p.lease_until > {{schema}}.db_now());
+
 -- name: settled_by
 SELECT EXISTS (SELECT 1 FROM {{schema}}.commands c WHERE c.id = $1 AND c.token = $2 AND c.state <> 'CLAIMED');
 
@@ -195,12 +201,23 @@ WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($7::text
 SELECT (s.r).outcome, (s.r).command_id, (s.r).status
 FROM (SELECT {{schema}}.signal_position($1, $2, $3, $4, $5, $6, $7) AS r FROM who OFFSET 0) AS s;
 
+-- name: start_with_deadline
+-- A start with an instance deadline (an instant $13 or seconds from now $14), in one statement.
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($12::text, ''), true))
+SELECT {{schema}}.schedule_deadline(
+    {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12), $13, $14) FROM who;
+
 -- name: cancel
-SELECT outcome, status FROM {{schema}}.cancel_instance($1, $2, $3);
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($3::text, ''), true))
+SELECT (s.r).outcome, (s.r).status FROM (SELECT {{schema}}.cancel_saga($1, $2, $3, $4) AS r FROM who OFFSET 0) AS s;
 
 -- name: retry
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($2::text, ''), true))
-SELECT (s.r).outcome, (s.r).status FROM (SELECT {{schema}}.retry_instance($1, $2) AS r FROM who OFFSET 0) AS s;
+SELECT (s.r).outcome, (s.r).status FROM (SELECT {{schema}}.retry_saga($1, $2) AS r FROM who OFFSET 0) AS s;
+
+-- name: compensations
+SELECT id, position, step, visit, recorded, status, attempts, last_error, completed_at, compensated_at
+FROM {{schema}}.compensations WHERE instance_id = $1 ORDER BY id;
 
 -- name: get_instance
 SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state, i.step, i.visit, i.wait,

@@ -1,0 +1,261 @@
+"""Sagas: compensating the steps an instance completed, and its deadline.
+
+A workflow whose plan declares a compensation on some step is a saga. When one of its steps
+fails for good, when it is cancelled with compensation, or when its deadline passes, the steps
+it completed that declare a compensation are undone in reverse order of completion (over every
+position: branches in reverse order of their completion), one at a time, each under its own
+retry policy, every attempt a history entry.
+
+The saga runs on a position of its own, `SAGA`, so neither a running handler nor a branch holds
+it up: a deadline timer fires there while the root position is busy (and the commit that begins
+compensation takes the leases of every other position, so that handler's commit is refused),
+and each compensation is a `COMPENSATE` command there, fenced and retried like any step. The
+store keeps what each completed step recorded, picks the next compensation and queues it
+(`AdvanceSaga`): the core only decides what one claimed command does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from stepstone.core.effects import (
+    AdvanceSaga,
+    EmitEvent,
+    InterruptStep,
+    MovePosition,
+    RecordCompensable,
+    RecordHistory,
+    SetState,
+)
+from stepstone.core.entering import enter, fail, settled
+from stepstone.core.model import (
+    COMPENSATING,
+    FAILED,
+    JSON,
+    CommandView,
+    Decision,
+    InstanceView,
+    Settle,
+    StepFailed,
+    StepSucceeded,
+)
+from stepstone.core.patch import changes, same
+from stepstone.core.plan import Plan
+
+SAGA = "$saga"
+"""The path of the position that carries an instance's deadline timer and its compensations."""
+
+COMPENSATE = "COMPENSATE"
+DEADLINE = "deadline"
+"""The name of the deadline's TIMER command."""
+STEP_DEADLINE = "step_deadline"
+"""The TIMER of a step deadline: on `SAGA` when it passes, then on the step's position."""
+
+COMPENSATION_FAILED_EVENT = "stepstone.compensation_failed"
+
+CAUSE_FAILED, CAUSE_CANCELLED, CAUSE_TIMED_OUT = "failed", "cancelled", "timed_out"
+
+
+@dataclass(frozen=True)
+class RunCompensation:
+    """The claimed command runs one compensation handler; call `complete_compensation` after."""
+
+    record: int
+    step: str
+    position: str
+    visit: int
+    recorded: JSON
+    attempt: int
+    cause: str | None
+
+
+def on_step_failure(plan: Plan, decision: Decision) -> Decision:
+    """A saga does not stop FAILED when a step fails for good: the same commit begins compensation.
+    A dead letter (a command that kept crashing workers) still fails the instance for an operator."""
+    if not plan.compensable or decision.settle.state == "DEAD":
+        return decision
+    failed = next((m for m in decision.of(MovePosition) if m.status == FAILED), None)
+    if failed is None:
+        return decision
+    begun = RecordHistory("COMPENSATION_STARTED", failed.step, failed.visit,
+                          {"cause": CAUSE_FAILED, "error": failed.error})
+    return Decision(decision.settle, (*decision.effects, begun, AdvanceSaga("begin", cause=CAUSE_FAILED)))
+
+
+def on_step_success(plan: Plan, step: str, visit: int, outcome: StepSucceeded, decision: Decision) -> Decision:
+    """A completed step that declares a compensation is remembered with what it recorded."""
+    declared = plan.steps[step].compensation
+    completed = any(h.kind == "STEP_COMPLETED" and h.step == step for h in decision.of(RecordHistory))
+    if declared is None or not completed:
+        return decision
+    return Decision(decision.settle, (*decision.effects, RecordCompensable(step, visit, outcome.recorded)))
+
+
+def apply_saga(
+    instance: InstanceView, command: CommandView, plan: Plan, max_claims: int
+) -> RunCompensation | Decision:
+    """What a command of the `SAGA` position does: a deadline fires, a compensation runs, or a child
+    this saga asked to compensate itself reports back."""
+    if command.kind == "TIMER" and command.name == DEADLINE:
+        return _deadline(instance)
+    if command.kind == "TIMER" and command.name == STEP_DEADLINE:
+        return _interrupt(instance, command)
+    payload = command.payload if isinstance(command.payload, dict) else {}
+    if command.kind not in (COMPENSATE, "CHILD_COMPLETION"):
+        return Decision(Settle("REJECTED", f"NOT_A_SAGA_COMMAND: {command.kind}"))
+    if instance.status != COMPENSATING:
+        return Decision(Settle("REJECTED", f"NOT_COMPENSATING: {instance.status}"))
+    if command.kind == "CHILD_COMPLETION":
+        return _child_compensated(instance, plan, payload)
+    return _compensate(instance, command, plan, max_claims, payload)
+
+
+def _deadline(instance: InstanceView) -> Decision:
+    if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
+        return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
+    data = {"cause": CAUSE_TIMED_OUT, "status_before": instance.status}
+    return Decision(Settle("COMPLETE"), (
+        RecordHistory("DEADLINE_PASSED", None, None, data),
+        AdvanceSaga("begin", cause=CAUSE_TIMED_OUT),
+    ))
+
+
+def _interrupt(instance: InstanceView, command: CommandView) -> Decision:
+    """A step deadline passed: interrupt the position if it still runs that step visit (the store checks)."""
+    if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
+        return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
+    payload = command.payload if isinstance(command.payload, dict) else {}
+    step, visit, position = str(payload.get("step")), int(payload.get("visit") or 0), str(payload.get("position"))
+    data = {"position": position}
+    return Decision(Settle("COMPLETE"), (
+        RecordHistory("STEP_DEADLINE_PASSED", step, visit, data), InterruptStep(position, step, visit)))
+
+
+def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
+    """On the step's own position: the step ran out of time; `on_deadline`, or the step fails."""
+    running = (instance.position_status or instance.status) == "RUNNING"
+    if not running or command.visit != instance.visit or command.step != instance.step:
+        return Decision(Settle("STALE", "STEP_DEADLINE_SUPERSEDED"))
+    step = plan.steps[instance.step or ""]
+    exceeded = RecordHistory("STEP_DEADLINE_EXCEEDED", step.name, instance.visit,
+                             {"deadline_seconds": step.deadline_seconds, "on_deadline": step.on_deadline})
+    if step.on_deadline:
+        entered = enter(instance, plan, step.on_deadline, instance.state, now)
+    else:
+        entered = fail(instance, "StepDeadline", f"step {step.name!r} did not finish within "
+                       f"{step.deadline_seconds:g} s", step=step.name)
+    return Decision(settled(entered), (exceeded, *entered))
+
+
+def _compensate(
+    instance: InstanceView, command: CommandView, plan: Plan, max_claims: int, payload: dict[str, JSON]
+) -> RunCompensation | Decision:
+    recorded = payload.get("recorded")
+    if isinstance(recorded, dict) and recorded.get("kind") == "child":
+        data = {"record": payload["record"], "child_id": recorded.get("child_id")}
+        visit = payload.get("visit")
+        return Decision(Settle("COMPLETE"), (
+            RecordHistory("CHILD_COMPENSATING", str(payload["step"]), int(visit) if visit else None, data),
+            AdvanceSaga("compensate_child", record=int(payload["record"]), child=str(recorded.get("child_id"))),
+        ))
+    run = RunCompensation(
+        record=int(payload["record"]), step=str(payload["step"]), position=str(payload.get("position") or ""),
+        visit=int(payload.get("visit") or 0), recorded=recorded, attempt=command.attempt,
+        cause=payload.get("cause"),
+    )
+    if command.claims > max_claims:  # it kept crashing workers: give up as an exhausted compensation
+        reason = f"claimed {command.claims - 1} times without a commit (limit {max_claims})"
+        if command.last_error:
+            reason += f"; last error: {command.last_error}"
+        declared = plan.steps[run.step].compensation if run.step in plan.steps else None
+        name = declared.name if declared is not None else ""
+        return _exhausted(instance, run, "DeadLetter", reason, name, plan.definition_id)
+    return run
+
+
+def on_child_completed(plan: Plan, step: str, visit: int, child_id: object) -> tuple[RecordCompensable, ...]:
+    """In a saga, a child that completed is compensated, when the saga compensates, by compensating it."""
+    if not plan.compensable:
+        return ()
+    return (RecordCompensable(step, visit, {"kind": "child", "child_id": child_id}),)
+
+
+def _child_compensated(instance: InstanceView, plan: Plan, payload: dict[str, JSON]) -> Decision:
+    """A child this saga asked to compensate itself ended: COMPENSATED (or ended another way) lets the
+    saga go on; COMPENSATION_FAILED stops it too, to be retried once the child can be."""
+    record, step, visit = int(payload.get("record") or 0), str(payload.get("step") or ""), payload.get("visit")
+    data = {"record": record, "child_id": payload.get("child_id"), "status": payload.get("status")}
+    if payload.get("status") != "COMPENSATION_FAILED":
+        return Decision(Settle("COMPLETE"), (
+            RecordHistory("STEP_COMPENSATED", step, visit, {**data, "attempt": 1}),
+            AdvanceSaga("done", record=record, attempts=1),
+        ))
+    error = payload.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    run = RunCompensation(record, step, "", int(visit or 0), None, 1, None)
+    return _exhausted(instance, run, "ChildCompensationFailed",
+                      f"child {payload.get('child_id')} could not compensate: {message}", "", plan.definition_id)
+
+
+def complete_compensation(
+    instance: InstanceView, plan: Plan, run: RunCompensation, outcome: StepSucceeded | StepFailed
+) -> Decision:
+    """Turn a compensation handler's outcome into its commit."""
+    step = plan.steps.get(run.step)
+    where = {"record": run.record, "position": run.position, "attempt": run.attempt}
+    if isinstance(outcome, StepSucceeded):
+        state = () if same(outcome.state, instance.state) else (
+            SetState(outcome.state, tuple(changes(instance.state, outcome.state))),)
+        events = tuple(e.to_effect(n) for n, e in enumerate(outcome.events))
+        return Decision(Settle("COMPLETE"), (
+            RecordHistory("STEP_COMPENSATED", run.step, run.visit, where),
+            *state, *events,
+            AdvanceSaga("done", record=run.record, attempts=run.attempt),
+        ))
+    compensation = step.compensation if step is not None else None
+    name = compensation.name if compensation is not None else ""
+    if compensation is None:
+        outcome = StepFailed("UnknownCompensation", f"the pinned plan declares no compensation on {run.step!r}",
+                             retryable=False)
+    error = {"type": outcome.error_type, "message": outcome.message}
+    policy = compensation.retry if compensation is not None else None
+    retryable = outcome.retryable and policy is not None and outcome.error_type not in policy.non_retryable
+    if policy is not None and retryable and run.attempt < policy.max_attempts:
+        delay = policy.backoff(run.attempt)
+        return Decision(
+            Settle("RETRY", f"{outcome.error_type}: {outcome.message}", retry_delay=delay),
+            (RecordHistory("COMPENSATION_ATTEMPT_FAILED", run.step, run.visit,
+                           {**where, "compensation": name, "error": error, "retry_in": delay}),
+             AdvanceSaga("attempt_failed", record=run.record, attempts=run.attempt, error=error)),
+        )
+    return _exhausted(instance, run, outcome.error_type, outcome.message, name, plan.definition_id)
+
+
+def _exhausted(
+    instance: InstanceView, run: RunCompensation, error_type: str, message: str, name: str, workflow: str,
+) -> Decision:
+    """The compensation is given up: COMPENSATION_FAILED, one history entry, one outbox event (in
+    this commit, so exactly once however many workers raced for it) and the worker's alert hook."""
+    error = {"type": error_type, "message": message}
+    alert = alert_payload(instance.id, workflow, run, name, error)
+    return Decision(Settle("FAILED", f"{error_type}: {message}"), (
+        RecordHistory("COMPENSATION_FAILED", run.step, run.visit, alert),
+        AdvanceSaga("exhausted", record=run.record, attempts=run.attempt, error=error),
+        EmitEvent(COMPENSATION_FAILED_EVENT, alert, key=instance.id),
+    ))
+
+
+def alert_payload(instance_id: str, workflow: str, run: RunCompensation, name: str, error: JSON) -> dict[str, JSON]:
+    """What the alert says: instance, workflow, step, compensation, attempts and last error."""
+    return {"instance_id": instance_id, "workflow": workflow, "step": run.step, "position": run.position,
+            "compensation": name, "attempts": run.attempt, "last_error": error}
+
+
+def exhausted_alert(decision: Decision) -> dict[str, JSON] | None:
+    """The alert a committed decision raised, if it gave a compensation up."""
+    event = decision.first(EmitEvent)
+    if event is None or event.type != COMPENSATION_FAILED_EVENT:
+        return None
+    return dict(event.payload)
+

@@ -1,0 +1,140 @@
+"""Compensation: reverse order of completion, retries under the compensation's own policy with every
+attempt in the history, exhaustion (COMPENSATION_FAILED, the alert once, the outbox event once), and
+an operator's retry resuming where it stopped."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from stepstone.testing import Engine
+from tests.sagas import workflows as w
+from tests.sagas.conftest import ALERTS, kinds
+
+
+async def test_a_failed_step_compensates_the_completed_ones_in_reverse(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    iid = await engine.client.start(w.linear, {"trip": "x"})
+    w.FAIL[(iid, "three")] = -1
+    await engine.run_until_idle()
+
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATED"
+    assert info.state["undone"] == ["two:two-1", "one:{'id': 'one-1'}"]
+    assert [c for _, c in w.CALLS] == ["two", "one"]
+    history = await engine.client.history(iid)
+    k = kinds(history)
+    assert k.index("STEP_FAILED") < k.index("COMPENSATION_STARTED") < k.index("STEP_COMPENSATED")
+    compensated = [h["step"] for h in history if h["kind"] == "STEP_COMPENSATED"]
+    assert compensated == ["two", "one"]
+    assert k[-1] == "INSTANCE_COMPENSATED"
+    assert history[-1]["data"] == {"cause": "failed", "compensated": ["two", "one"]}
+    rows = await engine.client.compensations(iid)
+    assert [(r["step"], r["status"], r["attempts"]) for r in rows] == [("one", "COMPENSATED", 1),
+                                                                        ("two", "COMPENSATED", 1)]
+    # The compensation's event went out in its commit; nothing is left open.
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.outbox WHERE type = 'two.undone'") == 1
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1 AND state IN "
+                             "('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')", iid) == 0
+    assert (await engine.client.wait_for(iid, timeout=5)).status == "COMPENSATED"
+
+
+async def test_a_saga_that_completes_keeps_its_records_and_compensates_nothing(engine: Engine) -> None:
+    iid = await engine.client.start(w.linear, {})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    assert [r["status"] for r in await engine.client.compensations(iid)] == ["PENDING", "PENDING"]
+    assert w.CALLS == []
+
+
+async def test_a_compensation_that_fails_twice_then_succeeds(engine: Engine) -> None:
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    w.FAIL[(iid, "undo_one")] = 2
+    await engine.run_until_idle()
+
+    assert (await engine.client.get(iid)).status == "COMPENSATED"
+    history = await engine.client.history(iid)
+    attempts = [(h["kind"], h["data"]["attempt"]) for h in history
+                if h["kind"] in ("COMPENSATION_ATTEMPT_FAILED", "STEP_COMPENSATED") and h["step"] == "one"]
+    assert attempts == [("COMPENSATION_ATTEMPT_FAILED", 1), ("COMPENSATION_ATTEMPT_FAILED", 2),
+                        ("STEP_COMPENSATED", 3)]
+    assert [c for _, c in w.CALLS] == ["two", "one", "one", "one"]
+    assert ALERTS == []
+    one = next(r for r in await engine.client.compensations(iid) if r["step"] == "one")
+    assert (one["status"], one["attempts"]) == ("COMPENSATED", 3)
+
+
+async def test_exhaustion_alerts_once_and_retry_resumes_where_it_stopped(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    w.FAIL[(iid, "undo_one")] = -1
+    await engine.run_until_idle()
+
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATION_FAILED"
+    assert info.error["type"] == "CompensationFailed"
+    assert info.state["undone"] == ["two:two-1"]
+    assert len(ALERTS) == 1
+    alert = ALERTS[0]
+    assert {k: alert[k] for k in ("instance_id", "workflow", "step", "compensation", "attempts")} == {
+        "instance_id": iid, "workflow": "linear", "step": "one", "compensation": "undo_one", "attempts": 3}
+    assert alert["last_error"] == {"type": "Boom", "message": "undo_one is down"}
+    events = await conn.fetch("SELECT payload FROM stepstone.outbox WHERE type = 'stepstone.compensation_failed'")
+    assert len(events) == 1
+    assert (await engine.client.wait_for(iid, timeout=5)).status == "COMPENSATION_FAILED"
+
+    # The operator fixes the cause and retries: only the one given up runs again.
+    w.FAIL.pop((iid, "undo_one"))
+    w.CALLS.clear()
+    await engine.client.retry(iid)
+    assert (await engine.client.get(iid)).status == "COMPENSATING"
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATED"
+    assert info.state["undone"] == ["two:two-1", "one:{'id': 'one-1'}"]
+    assert [c for c in w.CALLS] == [(iid, "one")]  # noqa: C416 - a copy, compared by value
+    assert "INSTANCE_RETRIED" in kinds(await engine.client.history(iid))
+    assert len(ALERTS) == 1
+
+
+async def test_two_workers_racing_raise_the_alert_once(engine: Engine, conn: asyncpg.Connection) -> None:
+    ids = []
+    for _ in range(6):
+        iid = await engine.client.start(w.linear, {})
+        w.FAIL[(iid, "three")] = -1
+        w.FAIL[(iid, "undo_one")] = -1
+        ids.append(iid)
+    second = engine.new_worker(concurrency=4, lease_seconds=30, max_claims=3, on_compensation_failed=ALERTS.append)
+    await asyncio.gather(engine.run_until_idle(), second.run_until_idle())
+    await engine.run_until_idle()
+
+    assert [(await engine.client.get(i)).status for i in ids] == ["COMPENSATION_FAILED"] * 6
+    assert sorted(a["instance_id"] for a in ALERTS) == sorted(ids)
+    per_instance = await conn.fetch("SELECT instance_id, count(*) AS n FROM stepstone.outbox "
+                                  "WHERE type = 'stepstone.compensation_failed' GROUP BY instance_id")
+    assert sorted(str(r["instance_id"]) for r in per_instance) == sorted(ids)
+    assert {r["n"] for r in per_instance} == {1}
+    # Every instance: two compensated once, one attempted exactly its policy's three times.
+    for iid in ids:
+        calls = [c for i, c in w.CALLS if i == iid]
+        assert calls == ["two", "one", "one", "one"]
+
+
+async def test_branches_compensate_in_reverse_order_of_completion(engine: Engine) -> None:
+    iid = await engine.client.start(w.forked, {})
+    w.HOLD[iid] = asyncio.Event()  # step_a waits in its handler
+    run = asyncio.create_task(engine.run_until_idle())
+    await engine.worker.events.wait_until(lambda: engine.worker.events.commits >= 2)  # first, then step_b
+    w.HOLD[iid].set()
+    await run
+
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATED"
+    completed = [(r["position"], r["step"]) for r in await engine.client.compensations(iid)]
+    assert completed == [("", "first"), ("split/b", "step_b"), ("split/a", "step_a")]
+    assert [c for _, c in w.CALLS] == ["step_a", "step_b", "first"]

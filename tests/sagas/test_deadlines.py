@@ -1,0 +1,119 @@
+"""Deadlines: a timer on the saga's own position; when it passes, the instance compensates what it
+completed and ends TIMED_OUT. A handler still running then is a zombie: its commit writes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+
+from stepstone.testing import Engine
+from tests.sagas import workflows as w
+from tests.sagas.conftest import assert_ended, kinds
+
+
+async def test_deadline_during_a_wait_compensates_and_times_out(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(w.waiting, {})  # the workflow's default deadline: one hour
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.step) == ("WAITING", "hold_on")
+    assert await conn.fetchval("SELECT deadline_at - created_at FROM stepstone.instances WHERE id = $1",
+                               iid) == timedelta(hours=1)
+
+    await engine.advance(timedelta(minutes=59))
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "WAITING"
+
+    await engine.advance(timedelta(minutes=2))
+    await engine.run_until_idle()
+    await assert_ended(engine, iid, "TIMED_OUT", ["book:None"], "DEADLINE_PASSED", "STEP_COMPENSATED",
+                       "INSTANCE_TIMED_OUT")
+    assert (await engine.client.wait_for(iid, timeout=5)).status == "TIMED_OUT"
+    # A signal that comes later changes nothing.
+    await engine.client.signal(iid, "done")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "TIMED_OUT"
+
+
+async def test_an_instance_that_ends_in_time_never_times_out(engine: Engine) -> None:
+    iid = await engine.client.start(w.waiting, {}, deadline=timedelta(minutes=5))
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "done")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    await engine.advance(timedelta(minutes=10))
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    assert w.CALLS == []
+
+
+async def test_deadline_during_a_running_handler_fences_it(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(w.waiting, {}, deadline=5)
+    await engine.run_until_idle()
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    await engine.client.signal(iid, "go")
+    zombie = asyncio.create_task(engine.run_until_idle())
+    await w.ENTERED[iid].wait()  # slow_step runs, holding the root position's lease
+
+    await engine.advance(6)  # past the deadline, well inside the lease
+    other = engine.new_worker(concurrency=2, lease_seconds=30)
+    await other.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "TIMED_OUT"
+    assert info.state["undone"] == ["book:None"]
+    before = await conn.fetch("SELECT * FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", iid)
+
+    w.HOLD[iid].set()  # the zombie wakes up after the deadline fired: its commit is refused
+    await zombie
+    assert engine.worker.events.fenced == 1
+    after = await conn.fetch("SELECT * FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", iid)
+    assert after == before
+    info = await engine.client.get(iid)
+    assert info.status == "TIMED_OUT"
+    assert "slow" not in info.state["log"]
+    assert [r["step"] for r in await engine.client.compensations(iid)] == ["book"]
+    assert [c for _, c in w.CALLS] == ["book"]
+    cancelled = [h for h in await engine.client.history(iid) if h["kind"] == "COMMAND_CANCELLED"]
+    assert [h["data"]["kind"] for h in cancelled] == ["STEP"]  # the zombie's claimed command, settled once
+
+
+async def _past_the_step_deadline(engine: Engine, workflow: object) -> str:
+    """Start, hold `slow` in its handler, pass its 5 s deadline and let another worker act on it; then
+    release the held handler, whose commit must be refused. Returns the instance id."""
+    iid = await engine.client.start(workflow, {})  # type: ignore[arg-type]
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    held = asyncio.create_task(engine.run_until_idle())
+    await w.ENTERED[iid].wait()
+    await engine.advance(6)
+    await engine.new_worker(concurrency=2, lease_seconds=30).run_until_idle()
+    w.HOLD[iid].set()
+    await held
+    assert engine.worker.events.fenced == 1
+    return iid
+
+
+async def test_a_step_deadline_moves_to_its_declared_transition(engine: Engine) -> None:
+    iid = await _past_the_step_deadline(engine, w.timely)
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["begin", "fallback"])
+    k = kinds(await engine.client.history(iid))
+    assert k.index("STEP_DEADLINE_PASSED") < k.index("STEP_DEADLINE_EXCEEDED") < k.index("INSTANCE_COMPLETED")
+    assert [h["step"] for h in await engine.client.history(iid) if h["kind"] == "STEP_COMPLETED"] == [
+        "begin", "fallback"]
+
+
+async def test_a_step_deadline_without_a_transition_fails_the_step(engine: Engine) -> None:
+    iid = await _past_the_step_deadline(engine, w.strict)  # a saga: the failure compensates
+    await assert_ended(engine, iid, "COMPENSATED", ["begin:None"], "STEP_DEADLINE_EXCEEDED", "STEP_COMPENSATED")
+    assert (await engine.client.get(iid)).error["type"] == "StepDeadline"
+
+
+async def test_a_step_that_finishes_in_time_ignores_its_deadline(engine: Engine) -> None:
+    iid = await engine.client.start(w.timely, {})
+    await engine.run_until_idle()
+    await engine.advance(10)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["begin", "slow", "on_time"])
+    assert "STEP_DEADLINE_EXCEEDED" not in kinds(await engine.client.history(iid))

@@ -1,0 +1,240 @@
+"""Saga workflows the saga tests run, steered per instance through module-level dicts.
+
+`FAIL` makes a step or a compensation raise: `FAIL[(instance, name)] = n` raises n more times
+(-1: always). `HOLD` makes `slow_step` wait inside its handler until the test releases it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel
+
+from stepstone.authoring.workflow import CompensationContext, Registry, Retry, StepContext, Workflow
+
+
+class Trip(BaseModel):
+    trip: str = "t"
+    log: list[str] = []
+    undone: list[str] = []
+
+
+class Boom(Exception):
+    """A retryable error."""
+
+
+class Declined(Exception):
+    """Never retried."""
+
+
+FAIL: dict[tuple[str, str], int] = {}
+HOLD: dict[str, asyncio.Event] = {}
+ENTERED: dict[str, asyncio.Event] = {}
+CALLS: list[tuple[str, str]] = []
+"""(instance, compensation) for every compensation handler call, in call order."""
+
+
+def _maybe_fail(instance_id: str, name: str) -> None:
+    left = FAIL.get((instance_id, name), 0)
+    if left == -1:
+        raise Boom(f"{name} is down")
+    if left > 0:
+        FAIL[(instance_id, name)] = left - 1
+        raise Boom(f"{name} failed, {left - 1} failures to go")
+
+
+def _undo(name: str) -> Any:
+    def undo(ctx: CompensationContext, state: Trip, recorded: Any) -> None:
+        CALLS.append((ctx.instance_id, name))
+        _maybe_fail(ctx.instance_id, f"undo_{name}")
+        state.undone.append(f"{name}:{recorded}")
+
+    undo.__name__ = f"undo_{name}"
+    return undo
+
+
+QUICK = Retry(max_attempts=3, backoff=0)
+
+# -- linear: one -> two -> three (three may fail) ---------------------------------------------------
+
+linear: Workflow[Trip] = Workflow("linear", version=1, state=Trip)
+
+
+@linear.step(start=True, next="two")
+def one(ctx: StepContext, state: Trip) -> None:
+    state.log.append("one")
+    ctx.record({"id": "one-1"})
+
+
+@linear.step(next="three")
+async def two(ctx: StepContext, state: Trip) -> None:
+    state.log.append("two")
+    ctx.record("two-1")
+
+
+@linear.step(next=None, retry=Retry(max_attempts=1))
+def three(ctx: StepContext, state: Trip) -> None:
+    _maybe_fail(ctx.instance_id, "three")
+    state.log.append("three")
+
+
+linear.compensation("one", retry=QUICK)(_undo("one"))
+
+
+@linear.compensation("two", retry=Retry(max_attempts=2, backoff=0))
+async def undo_two(ctx: CompensationContext, state: Trip, recorded: Any) -> None:
+    CALLS.append((ctx.instance_id, "two"))
+    _maybe_fail(ctx.instance_id, "undo_two")
+    state.undone.append(f"two:{recorded}")
+    ctx.emit("two.undone", {"trip": state.trip})
+
+
+# -- waits: book -> wait(go) -> finish; a slow step -------------------------------------------------
+
+waiting: Workflow[Trip] = Workflow("waiting", version=1, state=Trip, deadline=3600)
+
+
+@waiting.step(start=True, next="hold_on")
+def book(ctx: StepContext, state: Trip) -> None:
+    state.log.append("book")
+
+
+waiting.compensation("book", retry=QUICK)(_undo("book"))
+waiting.wait("hold_on", signals={"go": "slow_step", "done": "finish"})
+
+
+async def _slow(ctx: StepContext, state: Trip) -> None:
+    """Waits in its handler while the test holds it (HOLD), after saying it entered (ENTERED)."""
+    entered = ENTERED.get(ctx.instance_id)
+    if entered is not None:
+        entered.set()
+    hold = HOLD.get(ctx.instance_id)
+    if hold is not None:
+        await hold.wait()
+    state.log.append("slow")
+
+
+waiting.step(_slow, name="slow_step", next="finish")
+
+
+@waiting.step(next=None)
+def finish(ctx: StepContext, state: Trip) -> None:
+    state.log.append("finish")
+
+
+waiting.compensation("slow_step", retry=QUICK)(_undo("slow_step"))
+
+# -- branches: first -> fork(a: step_a, b: step_b) -> join -> last (fails) --------------------------
+
+forked: Workflow[Trip] = Workflow("forked", version=1, state=Trip)
+
+
+@forked.step(start=True, next="split")
+def first(ctx: StepContext, state: Trip) -> None:
+    state.log.append("first")
+
+
+forked.fork("split", branches={"a": "step_a", "b": "step_b"})
+
+
+@forked.step(next="meet")
+async def step_a(ctx: StepContext, state: Trip) -> None:
+    hold = HOLD.get(ctx.instance_id)
+    if hold is not None:  # the test releases a once b has committed, so b completes first
+        await hold.wait()
+
+
+@forked.step(next="meet")
+async def step_b(ctx: StepContext, state: Trip) -> None:
+    state.log.append("b")
+
+
+forked.join("meet", fork="split", next="last")
+
+
+@forked.step(next=None, retry=Retry(max_attempts=1))
+def last(ctx: StepContext, state: Trip) -> None:
+    raise Declined("no")
+
+
+for _name in ("first", "step_a", "step_b"):
+    forked.compensation(_name, retry=QUICK)(_undo(_name))
+
+# -- a plain workflow without compensations, for cancel --------------------------------------------
+
+plain: Workflow[Trip] = Workflow("plain", version=1, state=Trip)
+plain.fork("spread", branches={"w": "wait_w", "t": "wait_t"}, start=True)
+plain.wait("wait_w", signals={"go": "gather"})
+plain.wait("wait_t", signals={"go": "gather"}, timeout=600, on_timeout="gather")
+plain.join("gather", fork="spread", next="tail")
+
+
+@plain.step(next=None)
+def tail(ctx: StepContext, state: Trip) -> None:
+    state.log.append("tail")
+
+
+# -- children: outbound -> sub (child workflow leg) -> pay (fails) ----------------------------------
+
+leg: Workflow[Trip] = Workflow("leg", version=1, state=Trip)
+
+
+@leg.step(start=True, next=None)
+def leg_book(ctx: StepContext, state: Trip) -> None:
+    state.log.append("leg")
+    ctx.record("seat-7")
+
+
+leg.compensation("leg_book", retry=QUICK)(_undo("leg_book"))
+
+trip: Workflow[Trip] = Workflow("trip", version=1, state=Trip)
+
+
+@trip.step(start=True, next="sub")
+def outbound(ctx: StepContext, state: Trip) -> None:
+    state.log.append("outbound")
+
+
+trip.compensation("outbound", retry=QUICK)(_undo("outbound"))
+
+
+@trip.child(workflow="leg", next="pay")
+def sub(ctx: StepContext, state: Trip) -> dict[str, Any]:
+    return {"trip": state.trip}
+
+
+@trip.step(next=None, retry=Retry(max_attempts=1))
+def pay(ctx: StepContext, state: Trip) -> None:
+    raise Declined("no")
+
+
+# -- step deadlines: begin -> slow (5 s; on_deadline: fallback) -> fallback; strict fails instead ------
+
+timely: Workflow[Trip] = Workflow("timely", version=1, state=Trip)
+
+
+@timely.step(start=True, next="slow")
+def begin(ctx: StepContext, state: Trip) -> None:
+    state.log.append("begin")
+
+
+timely.step(_slow, name="slow", next="on_time", deadline=5, on_deadline="fallback")
+
+
+@timely.step(next=None)
+def on_time(ctx: StepContext, state: Trip) -> None:
+    state.log.append("on_time")
+
+
+@timely.step(next=None)
+def fallback(ctx: StepContext, state: Trip) -> None:
+    state.log.append("fallback")
+
+
+strict: Workflow[Trip] = Workflow("strict", version=1, state=Trip)
+strict.step(begin, name="begin", start=True, next="slow")
+strict.compensation("begin", retry=QUICK)(_undo("begin"))
+strict.step(_slow, name="slow", next=None, deadline=5)
+
+registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict)
