@@ -22,8 +22,10 @@ async def engine(database_url: str) -> AsyncIterator[Engine]:
 
 
 @pytest.fixture
-async def tasks(engine: Engine) -> ExternalTasks:
-    return ExternalTasks(engine.store, poll_interval=0.05)
+async def tasks(engine: Engine) -> AsyncIterator[ExternalTasks]:
+    service = ExternalTasks(engine.store, poll_interval=0.05)
+    yield service
+    await service.close()  # its LISTEN connection, when a long poll opened one
 
 
 async def _started(engine: Engine, order: str = "A-1", amount: int = 42) -> str:

@@ -121,7 +121,7 @@ class ExternalTasks:
         if timeout > 0:
             await self._listen()
         while True:
-            self._woken.clear()
+            woken = self._woken  # taken before the fetch: a task opening during it still wakes this poll
             tasks, closed = await self.db.fetch(names, max_tasks, lock_duration, worker_id)
             remaining = deadline - loop.time()
             if tasks or remaining <= 0:
@@ -129,7 +129,7 @@ class ExternalTasks:
             if closed:
                 continue  # stale tasks took the slots: look again at once
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), min(remaining, self.poll_interval))
+                await asyncio.wait_for(woken.wait(), min(remaining, self.poll_interval))
 
     async def _listen(self) -> None:
         if self._listener is not None and self._listener.alive:
@@ -139,10 +139,15 @@ class ExternalTasks:
             if self._listener is not None and self._listener.alive:
                 return
             try:
-                self._listener = await self.db.listen(self._woken.set)
+                self._listener = await self.db.listen(self._wake)
             except StepstoneError as exc:  # long polls still work, by polling
                 log.warning("external tasks: cannot listen for new tasks (%s); polling every %.1f s",
                             exc, self.poll_interval)
+
+    def _wake(self) -> None:
+        """A task became fetchable: wake every poll waiting now (each holds the event it took)."""
+        woken, self._woken = self._woken, asyncio.Event()
+        woken.set()
 
     def _check_fetch(self, worker_id: str, topics: list[str], max_tasks: int, lock_duration: float,
                      timeout: float) -> None:
