@@ -198,3 +198,19 @@ async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
     await engine.advance(DAY + 60)
     assert (await ops.retention_run()).purged == 1
     assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == 0
+
+
+async def test_a_parent_with_a_child_still_running_is_kept(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    parent, other = await _completed(engine, 2)
+    # A child that outlives its parent (not cancelled with it) will report to the parent's row.
+    await conn.execute(
+        "INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, parent_id, "
+        "created_at, updated_at) VALUES (gen_random_uuid(), 'ops_flaky', 1, 'x', 'WAITING', '{}', 'work', $1, "
+        "now(), now())", parent)
+    await engine.advance(32 * DAY)
+    report = await ops.retention_run()
+    assert (report.archived, report.skipped_active) == (1, 1)
+    archived = await conn.fetchval("SELECT id FROM stepstone.instances WHERE archived_at IS NOT NULL")
+    assert str(archived) == other

@@ -65,7 +65,8 @@ $$;
 -- Candidates come in id order after `p_after` (the caller's cursor, so a sweep visits each once),
 -- their rows taken with FOR UPDATE SKIP LOCKED: a worker committing there right now makes the
 -- instance busy, never a wait. A candidate is then left alone when a position is locked or leased
--- (busy), when it has a PENDING, DEFERRED or CLAIMED command (active), and, for a purge, when it holds
+-- (busy), when it has a PENDING, DEFERRED or CLAIMED command or a child that has not ended (active),
+-- and, for a purge, when it holds
 -- an outbox event not published yet (unsent) or dead-lettered (dead): there is no age at which
 -- dropping an unsent event is right. A dry run decides the same and writes nothing. A purge takes the
 -- instance's positions, commands, dedup keys and history; its published events are left to their own
@@ -143,10 +144,13 @@ BEGIN
     LEFT JOIN got ON got.instance_id = l.id
     WHERE COALESCE(total.n, 0) = COALESCE(got.n, 0) AND NOT COALESCE(got.leased, false);
     v_free := COALESCE(v_free, '{}');
-    -- Active commands, then (purge) events a consumer has not had.
+    -- Active: a command still to run, or a child that has not ended (it reports to this instance).
+    -- Then, for a purge, events a consumer has not had.
     SELECT array_agg(f.id ORDER BY f.id) INTO v_ok FROM unnest(v_free) AS f(id)
     WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
                       WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
+                      WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED'))
       AND (p_phase = 'archive' OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox o
                                               WHERE o.instance_id = f.id AND o.published_at IS NULL));
     v_ok := COALESCE(v_ok, '{}');
@@ -156,7 +160,9 @@ BEGIN
     busy := cardinality(v_cands) - cardinality(v_free);
     active := (SELECT count(*) FROM unnest(v_free) AS f(id)
                WHERE EXISTS (SELECT 1 FROM {{schema}}.commands c
-                             WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')));
+                             WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
+                  OR EXISTS (SELECT 1 FROM {{schema}}.instances k
+                             WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED')));
     unsent := 0;
     dead := 0;
     IF p_phase = 'purge' THEN
@@ -166,6 +172,8 @@ BEGIN
               JOIN {{schema}}.outbox o ON o.instance_id = f.id AND o.published_at IS NULL
               WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
                                 WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
+                AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
+                                WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED'))
               GROUP BY f.id) h;
     END IF;
     done_ids := v_ok;
