@@ -12,19 +12,23 @@
 -- The two branches repeat the queue-head rule on purpose: each needs its own
 -- index scan and LIMIT, and moving the rule into a SQL function turned the
 -- anti-join into a per-row subplan (392 vs 595-633 workflows/s, measured).
-WITH expired AS (
+-- The clock is read once per claim (the clock CTE, used through scalar subqueries, which the plans
+-- evaluate once): db_now() in each filter ran once per row and call site (issue 17, docs/performance.md).
+WITH clock AS MATERIALIZED (
+    SELECT {{schema}}.db_now() AS now
+), expired AS (
     SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
     FROM {{schema}}.commands c
     JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
     WHERE c.state = 'CLAIMED'
-      AND c.available_at <= {{schema}}.db_now()
-      AND (p.lease_until IS NULL OR p.lease_until <= {{schema}}.db_now())
+      AND c.available_at <= (SELECT clock.now FROM clock)
+      AND (p.lease_until IS NULL OR p.lease_until <= (SELECT clock.now FROM clock))
       AND NOT EXISTS (
           SELECT 1 FROM {{schema}}.commands e
           WHERE e.instance_id = c.instance_id AND e.position = c.position
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
-            AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now()))
+            AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock)))
     ORDER BY c.available_at, c.id
     LIMIT $1
     FOR UPDATE OF p SKIP LOCKED
@@ -33,14 +37,14 @@ WITH expired AS (
     FROM {{schema}}.commands c
     JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
     WHERE c.state IN ('PENDING', 'DEFERRED')
-      AND c.available_at <= {{schema}}.db_now()
-      AND (p.lease_until IS NULL OR p.lease_until <= {{schema}}.db_now())
+      AND c.available_at <= (SELECT clock.now FROM clock)
+      AND (p.lease_until IS NULL OR p.lease_until <= (SELECT clock.now FROM clock))
       AND NOT EXISTS (
           SELECT 1 FROM {{schema}}.commands e
           WHERE e.instance_id = c.instance_id AND e.position = c.position
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
-            AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now()))
+            AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock)))
     ORDER BY c.available_at, c.id
     LIMIT $1
     FOR UPDATE OF p SKIP LOCKED
@@ -51,19 +55,19 @@ WITH expired AS (
     UPDATE {{schema}}.commands c SET
         state = 'CLAIMED',
         token = cand.token,
-        available_at = {{schema}}.db_now() + make_interval(secs => $2),
+        available_at = (SELECT clock.now FROM clock) + make_interval(secs => $2),
         claimed_by = $3,
         claims = c.claims + 1
     FROM cand
     WHERE c.id = cand.id
       AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-      AND c.available_at <= {{schema}}.db_now()
+      AND c.available_at <= (SELECT clock.now FROM clock)
     RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
               c.token, c.last_error, c.actor
 ), leased AS (
     UPDATE {{schema}}.positions p SET
         lease_token = claimed.token,
-        lease_until = {{schema}}.db_now() + make_interval(secs => $2),
+        lease_until = (SELECT clock.now FROM clock) + make_interval(secs => $2),
         lease_owner = $3
     FROM claimed
     WHERE p.instance_id = claimed.instance_id AND p.path = claimed.position
@@ -78,7 +82,7 @@ SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, cla
        leased.path AS position, leased.status AS position_status, leased.step, leased.visit, leased.wait,
        leased.parent_path AS branch_parent, leased.parent_visit AS branch_visit, leased.name AS branch_name,
        leased.item AS branch_item,
-       {{schema}}.db_now() AS now
+       (SELECT clock.now FROM clock) AS now
 FROM claimed
 JOIN leased ON leased.instance_id = claimed.instance_id AND leased.path = claimed.position
 JOIN {{schema}}.instances i ON i.id = claimed.instance_id;
