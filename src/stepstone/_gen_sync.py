@@ -34,6 +34,10 @@ _IMPORTS = {
     "Settings": "stepstone.config",
     "Limits": "stepstone.core.limits",
     "InstanceInfo": "stepstone.client",
+    "Schedule": "stepstone.scheduling.schedule",
+    "ScheduleInfo": "stepstone.scheduling.operations",
+    "Schedules": "stepstone.scheduling.operations",
+    "FlowLimits": "stepstone.scheduling.operations",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 

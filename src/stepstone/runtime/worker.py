@@ -34,8 +34,10 @@ from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
+from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
 from stepstone.store.port import Claim, CommitRequest, Committed, Listener, WorkerStore
+from stepstone.store.scheduling_port import SchedulingStore
 
 log = logging.getLogger("stepstone.worker")
 
@@ -58,6 +60,8 @@ class WorkerConfig:
     # Any role that can connect may NOTIFY the wake-up channel: after a claim that found nothing, claim
     # again at most once per this interval however many notifications arrive.
     min_wake_interval: float = 0.005
+    # How often the worker looks for due schedules at most (it also wakes for the next known tick).
+    schedule_interval: float = 1.0
     worker_id: str = field(default_factory=default_worker_id)
 
 
@@ -117,6 +121,7 @@ class Worker:
         self._committer = GroupCommitter(
             store, lease_seconds=self.config.lease_seconds, worker=self.config.worker_id
         )
+        self.schedules = ScheduleFirer(store, registry) if isinstance(store, SchedulingStore) else None
 
     @property
     def in_flight(self) -> int:
@@ -137,6 +142,9 @@ class Worker:
             asyncio.create_task(self._claim_loop(), name="stepstone-claim"),
             asyncio.create_task(self._lease_loop(), name="stepstone-lease"),
         ]
+        if self.schedules is not None:
+            self._loops.append(asyncio.create_task(
+                self.schedules.run(lambda: self._stopping, self.config.schedule_interval), name="stepstone-schedules"))
 
     async def stop_claiming(self) -> None:
         """Claim nothing more. A claim statement already sent is let finish, so the commands it
@@ -192,7 +200,10 @@ class Worker:
         return self.abandoned_threads
 
     async def run_until_idle(self) -> None:
-        """Claim and run until nothing is claimable now (for tests, scripts and the demo)."""
+        """Fire due schedules, then claim and run until nothing is claimable now (for tests, scripts and
+        the demo)."""
+        if self.schedules is not None:
+            await self.schedules.fire_due()
         while True:
             free = self.config.concurrency - len(self._tasks)
             finished = self._finished

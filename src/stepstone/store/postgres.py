@@ -32,6 +32,7 @@ from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
+from stepstone.store.scheduling import SchedulingQueries
 
 log = logging.getLogger("stepstone.store")
 
@@ -84,8 +85,8 @@ class Listener:
         return not self.conn.is_closed()
 
 
-class PostgresStore:
-    """The store on one asyncpg pool, in one schema."""
+class PostgresStore(SchedulingQueries):
+    """The store on one asyncpg pool, in one schema (schedules and flow limits: `SchedulingQueries`)."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, schema: str) -> None:
         self.pool = pool
