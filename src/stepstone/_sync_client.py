@@ -96,14 +96,20 @@ class SyncClient:
         *,
         idempotency_key: str | None = None,
         business_key: str | None = None,
+        connection: Any = None,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict."""
+        same instance; the same key with other input raises IdempotencyConflict.
+
+        With `connection` (asyncpg, psycopg 3, or a SQLAlchemy connection or session) the start is
+        written by the caller's own transaction: it happens when that commits and not at all when it
+        rolls back (docs/integrations.md)."""
         return self._run(self._client.start(
             workflow,
             input,
             idempotency_key=idempotency_key,
             business_key=business_key,
+            connection=connection,
         ))
 
     def signal(
@@ -114,10 +120,19 @@ class SyncClient:
         *,
         dedup_key: str | None = None,
         position: str = "",
+        connection: Any = None,
     ) -> int:
         """Send a signal; returns its command id. A repeated dedup key applies once. `position` addresses
-        one branch (its path, e.g. ``ship/2``); the default is the instance's root position."""
-        return self._run(self._client.signal(instance_id, name, payload, dedup_key=dedup_key, position=position))
+        one branch (its path, e.g. ``ship/2``); the default is the instance's root position. With
+        `connection`, the signal is written by the caller's own transaction (as `start`)."""
+        return self._run(self._client.signal(
+            instance_id,
+            name,
+            payload,
+            dedup_key=dedup_key,
+            position=position,
+            connection=connection,
+        ))
 
     def cancel(self, instance_id: str, reason: str = "") -> str:
         """Cancel an instance (idempotent); returns its status afterwards."""

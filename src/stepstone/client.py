@@ -24,6 +24,7 @@ from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, P
 from stepstone.scheduling import operations as scheduling
 from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
 from stepstone.scheduling.schedule import Schedule
+from stepstone.store.caller_transaction import CallerTransactionStore
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
 from stepstone.store.scheduling_port import SchedulingStore
@@ -117,9 +118,14 @@ class Client:
         *,
         idempotency_key: str | None = None,
         business_key: str | None = None,
+        connection: Any = None,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict."""
+        same instance; the same key with other input raises IdempotencyConflict.
+
+        With `connection` (asyncpg, psycopg 3, or a SQLAlchemy connection or session) the start is
+        written by the caller's own transaction: it happens when that commits and not at all when it
+        rolls back (docs/integrations.md)."""
         wf = self._workflow(workflow)
         self._texts(idempotency_key=idempotency_key, business_key=business_key)
         try:  # before the state model sees it: validating a 10,000-deep document is costly
@@ -139,18 +145,28 @@ class Client:
             fingerprint=_fingerprint(text, business_key),
             actor=self.actor,
         )
-        instance_id, _ = await self.store.start(new)
+        if connection is not None:
+            instance_id, _ = await self._caller_transaction().start_in(connection, new)
+        else:
+            instance_id, _ = await self.store.start(new)
         return instance_id
 
     async def signal(
         self, instance_id: str, name: str, payload: Any = None, *, dedup_key: str | None = None, position: str = "",
+        connection: Any = None,
     ) -> int:
         """Send a signal; returns its command id. A repeated dedup key applies once. `position` addresses
-        one branch (its path, e.g. ``ship/2``); the default is the instance's root position."""
+        one branch (its path, e.g. ``ship/2``); the default is the instance's root position. With
+        `connection`, the signal is written by the caller's own transaction (as `start`)."""
         self._texts(empty=True, instance_id=instance_id)
         self._texts(signal_name=name, dedup_key=dedup_key, position=position or None)
         text = self._encode("signal payload", payload)
         fingerprint = _fingerprint(name, position, text) if position else _fingerprint(name, text)
+        if connection is not None:
+            return await self._caller_transaction().signal_in(
+                connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
+                actor=self.actor, position=position,
+            )
         return await self.store.signal(
             instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
             position=position,
@@ -284,6 +300,11 @@ class Client:
         return await scheduling.flow_limits(self._scheduling(), workflow)
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _caller_transaction(self) -> CallerTransactionStore:
+        if not isinstance(self.store, CallerTransactionStore):
+            raise TypeError(f"{type(self.store).__name__} cannot write in the caller's transaction")
+        return self.store
 
     def _scheduling(self) -> SchedulingStore:
         if not isinstance(self.store, SchedulingStore):

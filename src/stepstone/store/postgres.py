@@ -25,11 +25,11 @@ from stepstone.errors import (
     InstanceNotFound,
     InternalError,
     InvalidState,
-    PositionNotFound,
-    UnknownSignal,
 )
+from stepstone.store.caller_transaction import CallerTransactionQueries
 from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
+from stepstone.store.outcomes import signal_command_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
 from stepstone.store.scheduling import SchedulingQueries
@@ -85,8 +85,9 @@ class Listener:
         return not self.conn.is_closed()
 
 
-class PostgresStore(SchedulingQueries):
-    """The store on one asyncpg pool, in one schema (schedules and flow limits: `SchedulingQueries`)."""
+class PostgresStore(SchedulingQueries, CallerTransactionQueries):
+    """The store on one asyncpg pool, in one schema (schedules and flow limits: `SchedulingQueries`;
+    start and signal on the caller's connection: `CallerTransactionQueries`)."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, schema: str) -> None:
         self.pool = pool
@@ -265,26 +266,7 @@ class PostgresStore(SchedulingQueries):
         position: str = "",
     ) -> int:
         row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
-        outcome = row["outcome"]
-        if outcome == "not_found":
-            raise InstanceNotFound(instance_id)
-        if outcome == "no_position":
-            raise PositionNotFound(instance_id, position)
-        if outcome == "unknown_signal":
-            raise UnknownSignal(name, instance_id)
-        if outcome == "ended":
-            raise InvalidState(
-                f"instance {instance_id} is {row['status']}; it takes no more signals",
-                instance_id=instance_id,
-                status=row["status"],
-            )
-        if outcome == "conflict":
-            raise IdempotencyConflict(
-                f"dedup key {dedup_key!r} was already used on instance {instance_id} with a different signal",
-                instance_id=instance_id,
-                command_id=row["command_id"],
-            )
-        return int(row["command_id"])
+        return signal_command_id(dict(row), instance_id, name, dedup_key, position)
 
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str:
         row = await self._one("cancel", _uuid(instance_id), reason, actor)

@@ -245,3 +245,32 @@ CREATE CONSTRAINT TRIGGER instances_flow_status
     AFTER UPDATE OF status ON {{schema}}.instances DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW WHEN (NEW.flow_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION {{schema}}.flow_on_status();
+
+-- Start inside the caller's own transaction (Client.start(connection=...)): one statement whatever the
+-- driver, and a business key already in use is an outcome, not an error that would abort the
+-- caller's transaction (the EXCEPTION block is a subtransaction: only this start is undone).
+-- Outcomes: started, repeated (the idempotency key already started target; compare fingerprint),
+-- business_key (target holds the key).
+CREATE FUNCTION {{schema}}.start_in_caller_transaction(
+    p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text,
+    p_state jsonb, p_step text, p_business_key text, p_key text, p_fingerprint text, p_actor text)
+RETURNS TABLE (outcome text, target text, fingerprint text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    BEGIN
+        v_id := {{schema}}.start_instance(p_id, p_scope, p_definition, p_version, p_plan_hash, p_state, p_step,
+                                          p_business_key, p_key, p_fingerprint, NULL, p_actor);
+    EXCEPTION WHEN unique_violation THEN
+        RETURN QUERY SELECT 'business_key'::text, i.id::text, NULL::text FROM {{schema}}.instances i
+                     WHERE i.scope = p_scope AND i.definition_id = p_definition AND i.business_key = p_business_key;
+        RETURN;
+    END;
+    IF v_id IS NULL THEN
+        RETURN QUERY SELECT 'repeated'::text, x.target, x.fingerprint FROM {{schema}}.dedup x
+                     WHERE x.kind = 'START' AND x.namespace = p_scope || '/' || p_definition AND x.key = p_key;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'started'::text, v_id::text, NULL::text;
+END $$;
