@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -51,3 +52,18 @@ async def second(ctx: StepContext, state: Job) -> None:
 
 
 registry = Registry(report, long, busy)
+
+
+# A reminder every day, three times: for time skipping.
+daily: Workflow[Job] = Workflow("daily", version=1, state=Job)
+
+
+@daily.step(start=True, next=["wait_a_day", daily.end()])
+async def remind(ctx: StepContext, state: Job) -> str:
+    state.data["reminders"] = state.data.get("reminders", 0) + 1
+    return "wait_a_day" if state.data["reminders"] < 3 else daily.end()
+
+
+daily.timer("wait_a_day", delay=timedelta(days=1), next="remind")
+
+registry.add(daily)

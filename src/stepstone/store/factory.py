@@ -11,11 +11,12 @@ import functools
 
 from stepstone.config import DEFAULT_SCHEMA, Settings, load_settings
 from stepstone.store.database import resolve_target
+from stepstone.store.database_templates import TemplateDatabases
 from stepstone.store.port import Store
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.readiness import ensure_ready
 
-__all__ = ["open_ready_store", "open_store"]
+__all__ = ["TemplateDatabases", "open_ready_store", "open_store"]
 
 
 async def open_store(
