@@ -17,10 +17,12 @@ from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.config import Settings
+from stepstone.context import durable
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.observability import tracing
 from stepstone.scheduling import operations as scheduling
 from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
 from stepstone.scheduling.schedule import Schedule
@@ -135,20 +137,24 @@ class Client:
         state = wf.state_to_json({} if input is None else input)
         text = self._encode("input", state)
         await self._ensure_registered(wf)
-        new = NewInstance(
-            id=str(uuid.uuid4()),
-            pin=pin_of(wf),
-            state=state,
-            start_step=wf.plan.start,
-            business_key=business_key,
-            idempotency_key=idempotency_key,
-            fingerprint=_fingerprint(text, business_key),
-            actor=self.actor,
-        )
-        if connection is not None:
-            instance_id, _ = await self._caller_transaction().start_in(connection, new)
-        else:
-            instance_id, _ = await self.store.start(new)
+        with tracing.span(f"stepstone.start {wf.id}", {"workflow": wf.id, "version": wf.version,
+                                                       "business_key": business_key}) as span:
+            new = NewInstance(
+                id=str(uuid.uuid4()),
+                pin=pin_of(wf),
+                state=state,
+                start_step=wf.plan.start,
+                business_key=business_key,
+                idempotency_key=idempotency_key,
+                fingerprint=_fingerprint(text, business_key),
+                actor=self.actor,
+                context=durable.capture(),  # inside the span: the steps' spans are its children
+            )
+            if connection is not None:
+                instance_id, _ = await self._caller_transaction().start_in(connection, new)
+            else:
+                instance_id, _ = await self.store.start(new)
+            span.set_attribute("stepstone.instance_id", instance_id)
         return instance_id
 
     async def signal(
@@ -162,15 +168,18 @@ class Client:
         self._texts(signal_name=name, dedup_key=dedup_key, position=position or None)
         text = self._encode("signal payload", payload)
         fingerprint = _fingerprint(name, position, text) if position else _fingerprint(name, text)
-        if connection is not None:
-            return await self._caller_transaction().signal_in(
-                connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
-                actor=self.actor, position=position,
+        with tracing.span(f"stepstone.signal {name}", {"instance_id": instance_id, "signal": name,
+                                                       "position": position or None}):
+            context = durable.capture()
+            if connection is not None:
+                return await self._caller_transaction().signal_in(
+                    connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
+                    actor=self.actor, position=position, context=context,
+                )
+            return await self.store.signal(
+                instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
+                position=position, context=context,
             )
-        return await self.store.signal(
-            instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
-            position=position,
-        )
 
     async def cancel(self, instance_id: str, reason: str = "") -> str:
         """Cancel an instance (idempotent); returns its status afterwards."""

@@ -25,12 +25,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.context import durable
 from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep
 from stepstone.core.pin import pin_of
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
+from stepstone.runtime import observe
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
@@ -122,10 +124,21 @@ class Worker:
             store, lease_seconds=self.config.lease_seconds, worker=self.config.worker_id
         )
         self.schedules = ScheduleFirer(store, registry) if isinstance(store, SchedulingStore) else None
+        self._registered = False
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    @property
+    def alive(self) -> bool:
+        """The claim loop runs (the liveness probe)."""
+        return bool(self._loops) and not self._loops[0].done()
+
+    @property
+    def registered(self) -> bool:
+        """Every plan of the registry is recorded in the database (part of the readiness probe)."""
+        return self._registered
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -134,6 +147,7 @@ class Worker:
         self.registry.check_children()
         for wf in self.registry:
             await self.store.register(pin_of(wf), wf.plan.document())
+        self._registered = True
 
     async def start(self) -> None:
         await self.register()
@@ -340,6 +354,7 @@ class Worker:
             await self.events.bump("deferred")
             return
         instance, command, now = claim.instance, claim.command, claim.now
+        observe.claimed(claim.pin.definition_id, command)
         while True:
             decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:
@@ -368,17 +383,22 @@ class Worker:
         for _ in range(_MAX_STATE_CONFLICTS):
             outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
             visit = instance.visit
-            if isinstance(outcome, RunStep):
-                cause = command.payload if isinstance(command.payload, dict) else None
-                result = await run_handler(
-                    workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
-                    registry=self.registry,
-                )
-                decision = complete_step(instance, command, workflow.plan, result, now)
-                visit = outcome.visit
-            else:
-                decision = outcome
-            committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+            with durable.bound(claim.context):  # the caller's trace and registered values (stepstone.context)
+                if isinstance(outcome, RunStep):
+                    cause = command.payload if isinstance(command.payload, dict) else None
+                    with observe.step(workflow, instance, outcome, command) as seen:
+                        result = await run_handler(
+                            workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
+                            registry=self.registry,
+                        )
+                        seen.result(result)
+                    decision = complete_step(instance, command, workflow.plan, result, now)
+                    visit = outcome.visit
+                else:
+                    decision = outcome
+                with observe.commit(instance, decision) as seen_commit:
+                    committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+                    seen_commit.result(committed)
             if committed is None or not committed.conflict:
                 return decision, committed
             await self.events.bump("conflicts")

@@ -76,6 +76,10 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 @runtime_checkable
 class CallerTransactionStore(Protocol):
     """What `Client.start(connection=...)` and `Client.signal(connection=...)` need from the store."""
@@ -83,7 +87,7 @@ class CallerTransactionStore(Protocol):
     async def start_in(self, connection: Any, new: NewInstance) -> tuple[str, bool]: ...
     async def signal_in(
         self, connection: Any, instance_id: str, name: str, payload: Any, *, dedup_key: str | None,
-        fingerprint: str, actor: str | None, position: str = "",
+        fingerprint: str, actor: str | None, position: str = "", context: Any = None,
     ) -> int: ...
 
 
@@ -100,17 +104,17 @@ class CallerTransactionQueries:
         pin = new.pin
         args = [new.id, pin.scope, pin.definition_id, str(pin.version), pin.plan_hash,
                 json.dumps(new.state, separators=(",", ":"), ensure_ascii=False), new.start_step, new.business_key,
-                new.idempotency_key, new.fingerprint, new.actor]
+                new.idempotency_key, new.fingerprint, new.actor, _json(new.context)]
         [row] = await _rows(connection, self._cq("start"), args)
         return start_result(str(row["outcome"]), str(row["target"]), row["fingerprint"], key=new.idempotency_key,
                             business_key=new.business_key, expected=new.fingerprint)
 
     async def signal_in(
         self, connection: Any, instance_id: str, name: str, payload: Any, *, dedup_key: str | None,
-        fingerprint: str, actor: str | None, position: str = "",
+        fingerprint: str, actor: str | None, position: str = "", context: Any = None,
     ) -> int:
         """Like `signal`, on the caller's connection: the signal's command id."""
         args = [instance_id, position, name, json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
-                dedup_key, fingerprint, _text(actor)]
+                dedup_key, fingerprint, _text(actor), _json(context)]
         [row] = await _rows(connection, self._cq("signal"), args)
         return signal_command_id(row, instance_id, name, dedup_key, position)

@@ -43,6 +43,8 @@ class Claim:
     token: Any
     now: datetime
     business_key: str | None = None
+    context: Any = None
+    """The durable context its handler runs in: the command's (a signal's sender's), else the instance's."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class NewInstance:
     idempotency_key: str | None
     fingerprint: str
     actor: str | None = None
+    context: Any = None
+    """What the caller bound when it started (stepstone.context): kept with the instance."""
 
 
 class Listener(Protocol):
@@ -118,7 +122,7 @@ class ClientStore(Protocol):
     async def start(self, new: NewInstance) -> tuple[str, bool]: ...
     async def signal(
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
-        position: str = "",
+        position: str = "", context: Any = None,
     ) -> int: ...
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str: ...
     async def retry(self, instance_id: str, actor: str | None) -> None: ...

@@ -29,6 +29,7 @@ from stepstone.errors import (
 from stepstone.store.caller_transaction import CallerTransactionQueries
 from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
+from stepstone.store.observing import ObservingQueries
 from stepstone.store.outcomes import signal_command_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
@@ -85,9 +86,10 @@ class Listener:
         return not self.conn.is_closed()
 
 
-class PostgresStore(SchedulingQueries, CallerTransactionQueries):
+class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQueries):
     """The store on one asyncpg pool, in one schema (schedules and flow limits: `SchedulingQueries`;
-    start and signal on the caller's connection: `CallerTransactionQueries`)."""
+    start and signal on the caller's connection: `CallerTransactionQueries`; health and metrics reads:
+    `ObservingQueries`)."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, schema: str) -> None:
         self.pool = pool
@@ -242,11 +244,18 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries):
         """Insert the instance; (id, True) when created, (existing id, False) for a repeated key."""
         pin = new.pin
         try:
-            created = await self._fetchval(
-                "start", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
-                new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint,
-                None, new.actor,
-            )
+            if new.context is None:
+                created = await self._fetchval(
+                    "start", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
+                    new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint,
+                    None, new.actor,
+                )
+            else:  # the caller bound a durable context: kept on the instance (stepstone/context.py)
+                created = await self._fetchval(
+                    "start_with_context", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version,
+                    pin.plan_hash, new.state, new.start_step, new.business_key, new.idempotency_key,
+                    new.fingerprint, new.actor, new.context,
+                )
         except asyncpg.UniqueViolationError:
             holder = await self._fetchval("business_key_holder", pin.scope, pin.definition_id, new.business_key)
             raise BusinessKeyInUse(new.business_key or "", str(holder)) from None
@@ -263,9 +272,13 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries):
 
     async def signal(
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
-        position: str = "",
+        position: str = "", context: Any = None,
     ) -> int:
-        row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
+        if context is None:
+            row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
+        else:
+            row = await self._one("signal_with_context", _uuid(instance_id), position, name, payload, dedup_key,
+                                  fingerprint, actor, context)
         return signal_command_id(dict(row), instance_id, name, dedup_key, position)
 
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str:
@@ -350,7 +363,7 @@ def _claim(r: asyncpg.Record) -> Claim:
         r["attempt"], r["claims"], r["last_error"],
     )
     pin = Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"])
-    return Claim(instance, command, pin, r["token"], r["now"], r["business_key"])
+    return Claim(instance, command, pin, r["token"], r["now"], r["business_key"], r["context"])
 
 
 def _document(request: CommitRequest, lease_seconds: float, worker: str) -> dict[str, Any]:

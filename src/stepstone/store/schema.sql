@@ -1683,6 +1683,63 @@ CREATE CONSTRAINT TRIGGER instances_flow_status
     FOR EACH ROW WHEN (NEW.flow_key IS NOT NULL AND OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION {{schema}}.flow_on_status();
 
+-- Durable context (stepstone/context.py): what the caller bound when it started an instance (trace
+-- context, correlation id, tenant, acting user, ...) is kept on the instance, and what it bound when
+-- it sent a signal on that command; a claim hands a handler its command's context, else its
+-- instance's. NULL (nothing bound) costs nothing.
+ALTER TABLE {{schema}}.instances ADD COLUMN context jsonb;
+ALTER TABLE {{schema}}.commands ADD COLUMN context jsonb;
+
+-- An outbox event carries the trace of the instance it belongs to into the broker (traceparent header),
+-- unless it was staged with one.
+CREATE FUNCTION {{schema}}.outbox_trace_context() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT i.context->'trace' INTO NEW.trace_context FROM {{schema}}.instances i
+    WHERE i.id = NEW.instance_id AND i.context IS NOT NULL;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER outbox_trace_context
+    BEFORE INSERT ON {{schema}}.outbox
+    FOR EACH ROW WHEN (NEW.trace_context IS NULL)
+    EXECUTE FUNCTION {{schema}}.outbox_trace_context();
+
+-- start_instance, keeping the caller's context on the new instance (NULL when the key repeated).
+CREATE FUNCTION {{schema}}.start_with_context(
+    p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text,
+    p_state jsonb, p_step text, p_business_key text, p_key text, p_fingerprint text, p_actor text,
+    p_context jsonb)
+RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    v_id := {{schema}}.start_instance(p_id, p_scope, p_definition, p_version, p_plan_hash, p_state, p_step,
+                                      p_business_key, p_key, p_fingerprint, NULL, p_actor);
+    IF v_id IS NOT NULL AND p_context IS NOT NULL THEN
+        UPDATE {{schema}}.instances i SET context = p_context WHERE i.id = v_id;
+    END IF;
+    RETURN v_id;
+END $$;
+
+-- signal_position, keeping the caller's context on the signal's command.
+CREATE FUNCTION {{schema}}.signal_with_context(
+    p_instance uuid, p_position text, p_name text, p_payload jsonb, p_dedup_key text, p_fingerprint text,
+    p_actor text, p_context jsonb)
+RETURNS TABLE (outcome text, command_id bigint, status text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM {{schema}}.signal_position(p_instance, p_position, p_name, p_payload, p_dedup_key,
+                                                     p_fingerprint, p_actor) AS s;
+    IF r.outcome = 'recorded' AND p_context IS NOT NULL THEN
+        UPDATE {{schema}}.commands c SET context = p_context WHERE c.id = r.command_id;
+    END IF;
+    RETURN QUERY SELECT r.outcome, r.command_id, r.status;
+END $$;
+
 -- Start inside the caller's own transaction (Client.start(connection=...)): one statement whatever the
 -- driver, and a business key already in use is an outcome, not an error that would abort the
 -- caller's transaction (the EXCEPTION block is a subtransaction: only this start is undone).
@@ -1690,15 +1747,16 @@ CREATE CONSTRAINT TRIGGER instances_flow_status
 -- business_key (target holds the key).
 CREATE FUNCTION {{schema}}.start_in_caller_transaction(
     p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text,
-    p_state jsonb, p_step text, p_business_key text, p_key text, p_fingerprint text, p_actor text)
+    p_state jsonb, p_step text, p_business_key text, p_key text, p_fingerprint text, p_actor text,
+    p_context jsonb)
 RETURNS TABLE (outcome text, target text, fingerprint text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
 BEGIN
     BEGIN
-        v_id := {{schema}}.start_instance(p_id, p_scope, p_definition, p_version, p_plan_hash, p_state, p_step,
-                                          p_business_key, p_key, p_fingerprint, NULL, p_actor);
+        v_id := {{schema}}.start_with_context(p_id, p_scope, p_definition, p_version, p_plan_hash, p_state, p_step,
+                                              p_business_key, p_key, p_fingerprint, p_actor, p_context);
     EXCEPTION WHEN unique_violation THEN
         RETURN QUERY SELECT 'business_key'::text, i.id::text, NULL::text FROM {{schema}}.instances i
                      WHERE i.scope = p_scope AND i.definition_id = p_definition AND i.business_key = p_business_key;

@@ -7,9 +7,9 @@
 SELECT outcome, target, fingerprint FROM {{schema}}.start_in_caller_transaction(
     CAST(CAST($1 AS text) AS uuid), CAST($2 AS text), CAST($3 AS text), CAST(CAST($4 AS text) AS integer), CAST($5 AS text),
     CAST(CAST($6 AS text) AS jsonb), CAST($7 AS text), CAST($8 AS text), CAST($9 AS text), CAST($10 AS text),
-    CAST($11 AS text));
+    CAST($11 AS text), CAST(CAST($12 AS text) AS jsonb));
 
 -- name: signal
-SELECT outcome, command_id, status FROM {{schema}}.signal_position(
-    CAST(CAST($1 AS text) AS uuid), CAST($2 AS text), CAST($3 AS text), CAST(CAST($4 AS text) AS jsonb), CAST($5 AS text), CAST($6 AS text),
-    CAST($7 AS text));
+SELECT outcome, command_id, status FROM {{schema}}.signal_with_context(
+    CAST(CAST($1 AS text) AS uuid), CAST($2 AS text), CAST($3 AS text), CAST(CAST($4 AS text) AS jsonb),
+    CAST($5 AS text), CAST($6 AS text), CAST($7 AS text), CAST(CAST($8 AS text) AS jsonb));

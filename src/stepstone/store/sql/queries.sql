@@ -59,7 +59,7 @@ WITH expired AS (
       AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
       AND c.available_at <= {{schema}}.db_now()
     RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
-              c.token, c.last_error
+              c.token, c.last_error, c.context
 ), leased AS (
     UPDATE {{schema}}.positions p SET
         lease_token = claimed.token,
@@ -76,7 +76,7 @@ SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, cla
        i.state_version, i.business_key, i.parent_id, i.parent_position, i.parent_visit,
        leased.path AS position, leased.status AS position_status, leased.step, leased.visit, leased.wait,
        leased.parent_path AS branch_parent, leased.parent_visit AS branch_visit, leased.name AS branch_name,
-       leased.item AS branch_item,
+       leased.item AS branch_item, COALESCE(claimed.context, i.context) AS context,
        {{schema}}.db_now() AS now
 FROM claimed
 JOIN leased ON leased.instance_id = claimed.instance_id AND leased.path = claimed.position
@@ -181,6 +181,10 @@ SELECT plan_hash FROM {{schema}}.definitions WHERE scope = $1 AND definition_id 
 -- name: start
 SELECT {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
 
+-- name: start_with_context
+-- start, keeping the caller's durable context on the instance (migration 0011).
+SELECT {{schema}}.start_with_context($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
+
 -- name: start_key
 SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namespace = $1 AND key = $2;
 
@@ -189,6 +193,9 @@ SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND 
 
 -- name: signal
 SELECT outcome, command_id, status FROM {{schema}}.signal_position($1, $2, $3, $4, $5, $6, $7);
+
+-- name: signal_with_context
+SELECT outcome, command_id, status FROM {{schema}}.signal_with_context($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: cancel
 SELECT outcome, status FROM {{schema}}.cancel_instance($1, $2, $3);
