@@ -48,3 +48,11 @@ def test_without_a_registry_the_fixture_says_how_to_give_one(pytester: pytest.Py
     result = pytester.runpytest_subprocess("--stepstone-database-url", pg_server.admin_url, "-p", "no:cacheprovider")
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*define `@pytest.fixture def stepstone_registry()*"])
+
+
+def test_docs_testing_shows_the_tests_run_here() -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+    assert user_project.TEST_ORDERS.strip() in page
+    assert user_project.CONFTEST.strip() in page
