@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 
@@ -19,7 +19,9 @@ def _app(database_url: str, *, worker: bool) -> Any:
                                             concurrency=2))
 
     @app.post("/reports")
-    async def make(body: dict[str, Any], client: Client = fastapi.Depends(stepstone_client)) -> dict[str, Any]:
+    async def make(
+        body: dict[str, Any], client: Annotated[Client, fastapi.Depends(stepstone_client)],
+    ) -> dict[str, Any]:
         iid = await client.start("report", body)
         if not worker:
             return {"id": iid}
