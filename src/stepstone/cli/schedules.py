@@ -7,14 +7,14 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, run_async, with_settings
-from stepstone.cli.connection import open_store
+from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, with_settings
+from stepstone.cli.instances import _with_client  # the one way a command opens a client
 from stepstone.client import Client
 from stepstone.config import Settings
 from stepstone.scheduling import Schedule
@@ -22,21 +22,6 @@ from stepstone.scheduling.operations import ScheduleInfo
 from stepstone.scheduling.schedule import CATCH_UPS, OVERLAPS
 
 __all__ = ["commands"]
-
-T = TypeVar("T")
-
-
-def _with_client(settings: Settings, registry: Registry | None, work: Callable[[Client], Awaitable[T]]) -> T:
-    async def go() -> T:
-        async with open_store(settings) as store:
-            client = Client(store, registry)
-            try:
-                return await work(client)
-            finally:
-                await client.detach()
-
-    return run_async(go())
-
 
 def _time(value: datetime | None) -> str:
     return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
@@ -107,13 +92,19 @@ def list_command(settings: Settings, output: str) -> None:
     emit(_json(infos), output, lambda: _table(infos))
 
 
-@schedules_group.command("pause")
-@click.argument("name", type=TEXT)
-@with_settings
-def pause_command(settings: Settings, name: str) -> None:
-    """Stop firing schedule NAME until it is resumed."""
-    _with_client(settings, None, lambda c: c.pause_schedule(name))
-    click.echo(f"schedule {name} paused")
+def _by_name(verb: str, help_text: str, operation: Callable[[Client, str], Awaitable[object]]) -> None:
+    """A `schedules VERB NAME` command that runs one operation and says it was done."""
+
+    @schedules_group.command(verb, help=help_text)
+    @click.argument("name", type=TEXT)
+    @with_settings
+    def command(settings: Settings, name: str) -> None:
+        _with_client(settings, None, lambda c: operation(c, name))
+        click.echo(f"schedule {name} {verb}d")
+
+
+_by_name("pause", "Stop firing schedule NAME until it is resumed.", Client.pause_schedule)
+_by_name("delete", "Delete schedule NAME (instances it started are not touched).", Client.delete_schedule)
 
 
 @schedules_group.command("resume")
@@ -134,15 +125,6 @@ def trigger_command(settings: Settings, registry: Registry, output: str, name: s
     """Start schedule NAME's workflow now, outside its ticks, and print the instance id."""
     instance_id = _with_client(settings, registry, lambda c: c.trigger_schedule(name))
     emit({"instance_id": instance_id}, output, lambda: instance_id)
-
-
-@schedules_group.command("delete")
-@click.argument("name", type=TEXT)
-@with_settings
-def delete_command(settings: Settings, name: str) -> None:
-    """Delete schedule NAME (instances it started are not touched)."""
-    _with_client(settings, None, lambda c: c.delete_schedule(name))
-    click.echo(f"schedule {name} deleted")
 
 
 @click.group("limits")
