@@ -148,3 +148,11 @@ async def test_json_logs_carry_the_step(engine: Engine) -> None:
     assert {k: line[k] for k in ("message", "instance", "position", "step", "attempt", "workflow", "level")} == {
         "message": "working", "instance": iid, "position": "", "step": "work", "attempt": 1, "workflow": "wobbly",
         "level": "info"}
+
+
+async def test_start_to_first_step_is_measured_on_the_database_clock(engine: Engine, metrics: object) -> None:
+    await engine.client.start(wobbly, {})
+    await engine.advance(timedelta(seconds=5))  # the instance waits 5 s (of database clock) for a worker
+    await engine.run_until_idle()
+    assert _value(metrics, "stepstone_start_to_first_step_seconds_count", workflow="wobbly") == 1
+    assert _value(metrics, "stepstone_start_to_first_step_seconds_sum", workflow="wobbly") >= 5

@@ -138,3 +138,21 @@ async def test_an_outbox_event_carries_the_trace_into_the_broker(engine: Engine,
     [publish] = _by_name(spans)["stepstone.publish doc.announced"]
     assert publish.context.trace_id == placed.get_span_context().trace_id
     assert publish.attributes["stepstone.outcome"] == "ok"
+
+
+async def test_branches_and_children_run_in_the_starts_context(engine: Engine, spans: object) -> None:
+    from tests.observability.workflows import fanned  # noqa: PLC0415
+
+    durable_context.register(tenant)
+    try:
+        token = tenant.set("acme")
+        with trace.get_tracer("the-app").start_as_current_span("fan out") as root:
+            await engine.client.start(fanned, {})
+        tenant.reset(token)
+        await engine.run_until_idle()
+    finally:
+        durable_context.durable.unregister("tenant")
+    trace_id = root.get_span_context().trace_id
+    for step in ("left", "right", "kid_work", "after_child"):
+        assert workflows.SEEN[step]["tenant"] == "acme", step
+        assert workflows.SEEN[step]["trace_id"] == trace_id, step

@@ -86,3 +86,43 @@ async def announce(ctx: StepContext, state: Doc) -> None:
 
 
 registry.add(emitter)
+
+
+# Branches and a child: each handler reports the tenant it runs with.
+fanned: Workflow[Doc] = Workflow("fanned", version=1, state=Doc)
+fanned.fork("split", branches={"left": "left", "right": "right"}, start=True)
+
+
+@fanned.step(next="together")
+async def left(ctx: StepContext, state: Doc) -> None:
+    _record("left")
+
+
+@fanned.step(next="together")
+def right(ctx: StepContext, state: Doc) -> None:
+    _record("right")
+
+
+fanned.join("together", fork="split", next="spawn")
+
+
+@fanned.child(workflow="kid", next="after_child")
+def spawn(ctx: StepContext, state: Doc) -> Doc:
+    return Doc()
+
+
+@fanned.step
+async def after_child(ctx: StepContext, state: Doc) -> None:
+    _record("after_child")
+
+
+kid: Workflow[Doc] = Workflow("kid", version=1, state=Doc)
+
+
+@kid.step(start=True)
+async def kid_work(ctx: StepContext, state: Doc) -> None:
+    _record("kid_work")
+
+
+registry.add(fanned)
+registry.add(kid)

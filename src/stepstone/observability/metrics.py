@@ -10,6 +10,7 @@
     stepstone_dead_letters_total                       commands dead-lettered (instance FAILED)
     stepstone_claims_total{workflow,kind}              commands claimed
     stepstone_lease_expiries_total{workflow}           commands claimed again after a claim that never settled
+    stepstone_start_to_first_step_seconds{workflow}    from the start's commit to its first claim (db clock)
     stepstone_commands{state}                          queue depth by state (sampled from the database)
     stepstone_oldest_pending_seconds                   how long the oldest runnable command has waited
     stepstone_outbox_pending                           events not yet published
@@ -51,6 +52,8 @@ class WorkerMetrics:
         self.claims = Counter("stepstone_claims", "Commands claimed.", ["workflow", "kind"], registry=r)
         self.expiries = Counter("stepstone_lease_expiries", "Commands claimed again after an unsettled claim.",
                                 ["workflow"], registry=r)
+        self.first = Histogram("stepstone_start_to_first_step_seconds", "From start to the first claim.",
+                               ["workflow"], buckets=_STEP_BUCKETS, registry=r)
         self.queue = Gauge("stepstone_commands", "Commands by state (sampled).", ["state"], registry=r)
         self.oldest = Gauge("stepstone_oldest_pending_seconds", "Wait of the oldest runnable command (sampled).",
                             registry=r)
@@ -78,6 +81,9 @@ class WorkerMetrics:
         self.claims.labels(workflow, kind).inc()
         if reclaimed:
             self.expiries.labels(workflow).inc()
+
+    def first_step(self, workflow: str, seconds: float) -> None:
+        self.first.labels(workflow).observe(seconds)
 
     # -- the rest --------------------------------------------------------------------------------
 

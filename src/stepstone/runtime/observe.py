@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from opentelemetry.trace import Span
@@ -35,6 +36,7 @@ class Recorder(Protocol):
     def step(self, workflow: str, step: str, seconds: float, outcome: str) -> None: ...
     def commit(self, outcome: str, settle: str, seconds: float) -> None: ...
     def claimed(self, workflow: str, kind: str, reclaimed: bool) -> None: ...
+    def first_step(self, workflow: str, seconds: float) -> None: ...
 
 
 _recorders: list[Recorder] = []
@@ -50,10 +52,17 @@ def remove_recorder(recorder: Recorder) -> None:
         _recorders.remove(recorder)
 
 
-def claimed(workflow: str, command: CommandView) -> None:
-    """A command was claimed; `reclaimed` when an earlier claim of it never settled (its lease expired)."""
+def claimed(workflow: str, command: CommandView, now: datetime | None = None,
+            created_at: datetime | None = None) -> None:
+    """A command was claimed; `reclaimed` when an earlier claim of it never settled (its lease expired).
+    The first claim of a START tells how long the instance waited for its first step (database clock)."""
+    waited = None
+    if command.kind == "START" and command.claims == 1 and now is not None and created_at is not None:
+        waited = max((now - created_at).total_seconds(), 0.0)
     for r in _recorders:
         r.claimed(workflow, command.kind, command.claims > 1)
+        if waited is not None:
+            r.first_step(workflow, waited)
 
 
 @dataclass

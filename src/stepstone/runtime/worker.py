@@ -354,7 +354,7 @@ class Worker:
             await self.events.bump("deferred")
             return
         instance, command, now = claim.instance, claim.command, claim.now
-        observe.claimed(claim.pin.definition_id, command)
+        observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
         while True:
             decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:

@@ -45,6 +45,7 @@ class Claim:
     business_key: str | None = None
     context: Any = None
     """The durable context its handler runs in: the command's (a signal's sender's), else the instance's."""
+    instance_created_at: datetime | None = None
 
 
 @dataclass(frozen=True)

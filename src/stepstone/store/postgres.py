@@ -363,7 +363,8 @@ def _claim(r: asyncpg.Record) -> Claim:
         r["attempt"], r["claims"], r["last_error"],
     )
     pin = Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"])
-    return Claim(instance, command, pin, r["token"], r["now"], r["business_key"], r["context"])
+    return Claim(instance, command, pin, r["token"], r["now"], r["business_key"], r["context"],
+                 r["instance_created_at"])
 
 
 def _document(request: CommitRequest, lease_seconds: float, worker: str) -> dict[str, Any]:

@@ -1690,6 +1690,19 @@ CREATE CONSTRAINT TRIGGER instances_flow_status
 ALTER TABLE {{schema}}.instances ADD COLUMN context jsonb;
 ALTER TABLE {{schema}}.commands ADD COLUMN context jsonb;
 
+-- A child instance inherits its parent's context (so its steps run in the parent's trace and values).
+CREATE FUNCTION {{schema}}.inherit_context() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT p.context INTO NEW.context FROM {{schema}}.instances p WHERE p.id = NEW.parent_id;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER instances_inherit_context
+    BEFORE INSERT ON {{schema}}.instances
+    FOR EACH ROW WHEN (NEW.parent_id IS NOT NULL AND NEW.context IS NULL)
+    EXECUTE FUNCTION {{schema}}.inherit_context();
+
 -- An outbox event carries the trace of the instance it belongs to into the broker (traceparent header),
 -- unless it was staged with one.
 CREATE FUNCTION {{schema}}.outbox_trace_context() RETURNS trigger

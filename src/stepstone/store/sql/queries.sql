@@ -76,7 +76,7 @@ SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, cla
        i.state_version, i.business_key, i.parent_id, i.parent_position, i.parent_visit,
        leased.path AS position, leased.status AS position_status, leased.step, leased.visit, leased.wait,
        leased.parent_path AS branch_parent, leased.parent_visit AS branch_visit, leased.name AS branch_name,
-       leased.item AS branch_item, COALESCE(claimed.context, i.context) AS context,
+       leased.item AS branch_item, COALESCE(claimed.context, i.context) AS context, i.created_at AS instance_created_at,
        {{schema}}.db_now() AS now
 FROM claimed
 JOIN leased ON leased.instance_id = claimed.instance_id AND leased.path = claimed.position
