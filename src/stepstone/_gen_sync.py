@@ -47,6 +47,10 @@ _IMPORTS = {
     "Callable": "collections.abc",
     "MigrationReport": "stepstone.ops.migration",
     "Cancellation": "stepstone.client",
+    "Schedule": "stepstone.scheduling.schedule",
+    "ScheduleInfo": "stepstone.scheduling.operations",
+    "Schedules": "stepstone.scheduling.operations",
+    "FlowLimits": "stepstone.scheduling.operations",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 

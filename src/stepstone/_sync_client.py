@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from stepstone.ops import InstanceFilter
     from stepstone.ops.migration import MigrationReport
     from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
+    from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
+    from stepstone.scheduling.schedule import Schedule
 
 __all__ = ["SyncClient"]
 
@@ -101,6 +103,7 @@ class SyncClient:
         business_key: str | None = None,
         scope: str = "default",
         deadline: timedelta | float | datetime | None = None,
+        connection: Any = None,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
         same instance; the same key with other input raises IdempotencyConflict.
@@ -110,7 +113,11 @@ class SyncClient:
         runs its own version. Either way the instance is pinned to that version, and a version that is
         not AVAILABLE is refused (VersionNotAdmitted). `deadline` (a duration from now on the database
         clock, or an instant; default the workflow's) times the instance out: it becomes TIMED_OUT after
-        compensating what it completed."""
+        compensating what it completed.
+
+        With `connection` (asyncpg, psycopg 3, or a SQLAlchemy connection or session) the start is
+        written by the caller's own transaction: it happens when that commits and not at all when it
+        rolls back (docs/integrations.md)."""
         return self._run(self._client.start(
             workflow,
             input,
@@ -118,6 +125,7 @@ class SyncClient:
             business_key=business_key,
             scope=scope,
             deadline=deadline,
+            connection=connection,
         ))
 
     def signal(
@@ -128,10 +136,19 @@ class SyncClient:
         *,
         dedup_key: str | None = None,
         position: str = "",
+        connection: Any = None,
     ) -> int:
         """Send a signal; returns its command id. A repeated dedup key applies once. `position` addresses
-        one branch (its path, e.g. ``ship/2``); the default is the instance's root position."""
-        return self._run(self._client.signal(instance_id, name, payload, dedup_key=dedup_key, position=position))
+        one branch (its path, e.g. ``ship/2``); the default is the instance's root position. With
+        `connection`, the signal is written by the caller's own transaction (as `start`)."""
+        return self._run(self._client.signal(
+            instance_id,
+            name,
+            payload,
+            dedup_key=dedup_key,
+            position=position,
+            connection=connection,
+        ))
 
     def cancel(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> str:
         """Cancel an instance (idempotent); returns its status afterwards. Every open command is
@@ -256,3 +273,52 @@ class SyncClient:
     def replay(self, instance_id: str, step: str) -> ReplayResult:
         """Run `step` again on the state the instance had when it reached it; history keeps the old path."""
         return self._run(self._client.replay(instance_id, step))
+
+    def schedule(self, schedule: Schedule) -> ScheduleInfo:
+        """Create or replace a schedule; any worker that has its workflow fires it. Declaring it again
+        unchanged (at every deploy) keeps its next tick."""
+        return self._run(self._client.schedule(schedule))
+
+    def schedules(self, name: str | None = None) -> Schedules:
+        """Every schedule by name (or the one named; ScheduleNotFound when there is none)."""
+        return self._run(self._client.schedules(name))
+
+    def pause_schedule(self, name: str) -> None:
+        self._run(self._client.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> ScheduleInfo:
+        """Resume from the next tick after now: ticks missed while paused do not fire."""
+        return self._run(self._client.resume_schedule(name))
+
+    def delete_schedule(self, name: str) -> None:
+        self._run(self._client.delete_schedule(name))
+
+    def trigger_schedule(self, name: str) -> str:
+        """Start the schedule's workflow now, with its input, outside its ticks; returns the instance id."""
+        return self._run(self._client.trigger_schedule(name))
+
+    def set_flow_limit(
+        self,
+        workflow: Workflow[Any] | str,
+        *,
+        max_running: int | None = None,
+        key: str | None = None,
+        min_interval: float | None = None,
+    ) -> int:
+        """At most `max_running` instances of the workflow run at once (per value of `key`: 'business_key' or a
+        top-level state field), starts at least `min_interval` seconds apart; the rest wait as rows, in start
+        order. Returns how many waiting instances the new limit admitted at once."""
+        return self._run(self._client.set_flow_limit(
+            workflow,
+            max_running=max_running,
+            key=key,
+            min_interval=min_interval,
+        ))
+
+    def remove_flow_limit(self, workflow: Workflow[Any] | str) -> int:
+        """Remove the workflow's limit; returns how many waiting instances it released."""
+        return self._run(self._client.remove_flow_limit(workflow))
+
+    def flow_limits(self, workflow: str | None = None) -> FlowLimits:
+        """The flow limits, with how many instances of each workflow run and wait now."""
+        return self._run(self._client.flow_limits(workflow))

@@ -18,16 +18,23 @@ from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.config import Settings
+from stepstone.context import durable
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.observability import tracing
 from stepstone.ops import InstanceFilter, Operations, migration
 from stepstone.ops.migration import MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
+from stepstone.scheduling import operations as scheduling
+from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
+from stepstone.scheduling.schedule import Schedule
+from stepstone.store.caller_transaction import CallerTransactionStore
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
+from stepstone.store.scheduling_port import SchedulingStore
 from stepstone.store.settled import SettledWatch
 
 SETTLED = TERMINAL | {FAILED, COMPENSATION_FAILED}
@@ -140,6 +147,7 @@ class Client:
         business_key: str | None = None,
         scope: str = DEFAULT_SCOPE,
         deadline: timedelta | float | datetime | None = None,
+        connection: Any = None,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
         same instance; the same key with other input raises IdempotencyConflict.
@@ -149,7 +157,11 @@ class Client:
         runs its own version. Either way the instance is pinned to that version, and a version that is
         not AVAILABLE is refused (VersionNotAdmitted). `deadline` (a duration from now on the database
         clock, or an instant; default the workflow's) times the instance out: it becomes TIMED_OUT after
-        compensating what it completed."""
+        compensating what it completed.
+
+        With `connection` (asyncpg, psycopg 3, or a SQLAlchemy connection or session) the start is
+        written by the caller's own transaction: it happens when that commits and not at all when it
+        rolls back (docs/integrations.md)."""
         self._texts(scope=scope)
         wf = await self._selected(workflow, scope)
         self._texts(idempotency_key=idempotency_key, business_key=business_key)
@@ -161,34 +173,51 @@ class Client:
         text = self._encode("input", state)
         await self._ensure_registered(wf)
         at, seconds = _deadline(wf.deadline if deadline is None else deadline)
-        new = NewInstance(
-            id=str(uuid.uuid4()),
-            pin=replace(pin_of(wf), scope=scope),
-            state=state,
-            start_step=wf.plan.start,
-            business_key=business_key,
-            idempotency_key=idempotency_key,
-            fingerprint=_fingerprint(text, business_key),
-            actor=self.actor,
-            deadline_at=at,
-            deadline_seconds=seconds,
-        )
-        instance_id, _ = await self.store.start(new)
+        with tracing.span(f"stepstone.start {wf.id}", {"workflow": wf.id, "version": wf.version,
+                                                       "business_key": business_key}) as span:
+            new = NewInstance(
+                id=str(uuid.uuid4()),
+                pin=replace(pin_of(wf), scope=scope),
+                state=state,
+                start_step=wf.plan.start,
+                business_key=business_key,
+                idempotency_key=idempotency_key,
+                fingerprint=_fingerprint(text, business_key),
+                actor=self.actor,
+                deadline_at=at,
+                deadline_seconds=seconds,
+                context=durable.capture(),  # inside the span: the steps' spans are its children
+            )
+            if connection is not None:
+                instance_id, _ = await self._caller_transaction().start_in(connection, new)
+            else:
+                instance_id, _ = await self.store.start(new)
+            span.set_attribute("stepstone.instance_id", instance_id)
         return instance_id
 
     async def signal(
         self, instance_id: str, name: str, payload: Any = None, *, dedup_key: str | None = None, position: str = "",
+        connection: Any = None,
     ) -> int:
         """Send a signal; returns its command id. A repeated dedup key applies once. `position` addresses
-        one branch (its path, e.g. ``ship/2``); the default is the instance's root position."""
+        one branch (its path, e.g. ``ship/2``); the default is the instance's root position. With
+        `connection`, the signal is written by the caller's own transaction (as `start`)."""
         self._texts(empty=True, instance_id=instance_id)
         self._texts(signal_name=name, dedup_key=dedup_key, position=position or None)
         text = self._encode("signal payload", payload)
         fingerprint = _fingerprint(name, position, text) if position else _fingerprint(name, text)
-        return await self.store.signal(
-            instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
-            position=position,
-        )
+        with tracing.span(f"stepstone.signal {name}", {"instance_id": instance_id, "signal": name,
+                                                       "position": position or None}):
+            context = durable.capture()
+            if connection is not None:
+                return await self._caller_transaction().signal_in(
+                    connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
+                    actor=self.actor, position=position, context=context,
+                )
+            return await self.store.signal(
+                instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
+                position=position, context=context,
+            )
 
     async def cancel(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> str:
         """Cancel an instance (idempotent); returns its status afterwards. Every open command is
@@ -345,6 +374,61 @@ class Client:
         self._text("step", step)
         return await self.operations.replay(instance_id, step)
 
+    # -- schedules and flow limits (docs/schedules.md) ----------------------------------------
+
+    async def schedule(self, schedule: Schedule) -> ScheduleInfo:
+        """Create or replace a schedule; any worker that has its workflow fires it. Declaring it again
+        unchanged (at every deploy) keeps its next tick."""
+        self._text("schedule name", schedule.name)
+        state = schedule.input
+        wf = self.registry.latest(schedule.workflow_id) if isinstance(schedule.workflow, str) else schedule.workflow
+        if wf is not None:
+            state = wf.state_to_json({} if schedule.input is None else schedule.input, what="schedule input")
+            await self._ensure_registered(wf)
+        self._encode("schedule input", state)
+        return await scheduling.put_schedule(self._scheduling(), schedule, state)
+
+    async def schedules(self, name: str | None = None) -> Schedules:
+        """Every schedule by name (or the one named; ScheduleNotFound when there is none)."""
+        return await scheduling.list_schedules(self._scheduling(), name)
+
+    async def pause_schedule(self, name: str) -> None:
+        await scheduling.pause_schedule(self._scheduling(), name)
+
+    async def resume_schedule(self, name: str) -> ScheduleInfo:
+        """Resume from the next tick after now: ticks missed while paused do not fire."""
+        return await scheduling.resume_schedule(self._scheduling(), name)
+
+    async def delete_schedule(self, name: str) -> None:
+        await scheduling.delete_schedule(self._scheduling(), name)
+
+    async def trigger_schedule(self, name: str) -> str:
+        """Start the schedule's workflow now, with its input, outside its ticks; returns the instance id."""
+        info = (await scheduling.list_schedules(self._scheduling(), name))[0]
+        return await self.start(info.workflow, info.input, idempotency_key=f"schedule:{name}:trigger:{uuid.uuid4()}")
+
+    async def set_flow_limit(
+        self, workflow: Workflow[Any] | str, *, max_running: int | None = None, key: str | None = None,
+        min_interval: float | None = None,
+    ) -> int:
+        """At most `max_running` instances of the workflow run at once (per value of `key`: 'business_key' or a
+        top-level state field), starts at least `min_interval` seconds apart; the rest wait as rows, in start
+        order. Returns how many waiting instances the new limit admitted at once."""
+        workflow_id = workflow if isinstance(workflow, str) else workflow.id
+        self._text("workflow", workflow_id)
+        return await scheduling.put_flow_limit(
+            self._scheduling(), workflow_id, max_running=max_running, key=key, min_interval=min_interval,
+        )
+
+    async def remove_flow_limit(self, workflow: Workflow[Any] | str) -> int:
+        """Remove the workflow's limit; returns how many waiting instances it released."""
+        workflow_id = workflow if isinstance(workflow, str) else workflow.id
+        return (await self._scheduling().delete_flow_limit(workflow_id))[1]
+
+    async def flow_limits(self, workflow: str | None = None) -> FlowLimits:
+        """The flow limits, with how many instances of each workflow run and wait now."""
+        return await scheduling.flow_limits(self._scheduling(), workflow)
+
     # -- helpers --------------------------------------------------------------------------------
 
     async def _selected(self, workflow: Workflow[Any] | str, scope: str) -> Workflow[Any]:
@@ -361,6 +445,16 @@ class Client:
             raise DefinitionNotFound(workflow, version, reason=f"is the version scope {scope} selects, and this "
                                      "client's registry lacks it (or holds another structure under that version)")
         return found
+
+    def _caller_transaction(self) -> CallerTransactionStore:
+        if not isinstance(self.store, CallerTransactionStore):
+            raise TypeError(f"{type(self.store).__name__} cannot write in the caller's transaction")
+        return self.store
+
+    def _scheduling(self) -> SchedulingStore:
+        if not isinstance(self.store, SchedulingStore):
+            raise TypeError(f"{type(self.store).__name__} does not keep schedules or flow limits")
+        return self.store
 
     def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
         if isinstance(workflow, Workflow):

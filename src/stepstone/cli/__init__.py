@@ -27,6 +27,7 @@ from stepstone.cli import (
     instances,
     operations,
     outbox,
+    schedules,
     worker,
 )
 from stepstone.cli.common import RootOptions, settings_options
@@ -34,7 +35,9 @@ from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, operations, worker, outbox, definitions, demo, bench, external]
+_COMMAND_MODULES: list[Any] = [
+    db, doctor, instances, operations, worker, outbox, definitions, demo, bench, external, schedules,
+]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -15,6 +15,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import click
 
@@ -30,19 +32,28 @@ from stepstone.ops.retention import RetentionLoop
 from stepstone.outbox.relay import RelayConfig
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.database import redact_url
+from stepstone.store.observing import ObservingStore
 
-__all__ = ["commands", "configure_logging"]
+__all__ = ["commands", "configure_logging", "health_beside"]
+
+if TYPE_CHECKING:
+    from stepstone.observability.health import HealthServer
 
 log = logging.getLogger("stepstone.cli.worker")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def configure_logging() -> None:
-    """stepstone's log lines on stderr, once per process."""
+def configure_logging(log_format: str = "text") -> None:
+    """stepstone's log lines on stderr, once per process; `json`: one object per line (docs/observability.md)."""
     root = logging.getLogger("stepstone")
     if not root.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        if log_format == "json":
+            from stepstone.observability.logs import JsonFormatter  # noqa: PLC0415 - only when asked for
+
+            handler.setFormatter(JsonFormatter())
+        else:
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
         root.setLevel(logging.INFO)
 
@@ -57,6 +68,7 @@ def _force_exit(signum: int) -> None:
 async def serve(
     settings: Settings, registry: Registry, config: WorkerConfig, relay: tuple[str, RelayConfig] | None = None,
     retention_every: float | None = None,
+    metrics_port: int | None = None, metrics_host: str = "0.0.0.0",  # noqa: S104 - probes come from outside
 ) -> int:
     """Run a worker (and the relay to `relay`'s broker) until the first stop signal, then drain; returns the
     number of claims released."""
@@ -83,6 +95,8 @@ async def serve(
                 beside.push_async_callback(sweeper.stop)
             worker = Worker(store, registry, config)
             await worker.start()
+            if metrics_port is not None:
+                await beside.enter_async_context(health_beside(worker, store, metrics_host, metrics_port))
             workflows = ", ".join(f"{wf.id} v{wf.version}" for wf in registry)
             log.info("worker %s started: concurrency %d, database %s (schema %s), workflows %s",
                      config.worker_id, config.concurrency, redact_url(store.url), store.schema, workflows)
@@ -102,6 +116,30 @@ async def serve(
             loop.remove_signal_handler(sig)
 
 
+@contextlib.asynccontextmanager
+async def health_beside(worker: Worker, store: object, host: str, port: int) -> AsyncIterator[HealthServer]:
+    """The probes and metrics port beside a running worker; metrics when the prometheus extra is installed."""
+    from stepstone.observability.health import HealthServer  # noqa: PLC0415
+
+    metrics = None
+    try:
+        from stepstone.observability.metrics import WorkerMetrics  # noqa: PLC0415
+
+        metrics = WorkerMetrics().install()
+    except ImportError:
+        log.info("prometheus_client is not installed: /metrics answers 404 (pip install 'stepstone[prometheus]')")
+    assert isinstance(store, ObservingStore)
+    server = HealthServer(worker, store, host=host, port=port, metrics=metrics)
+    await server.start()
+    log.info("health and metrics on %s:%d (/livez, /readyz, /metrics)", host, server.port)
+    try:
+        yield server
+    finally:
+        await server.stop()
+        if metrics is not None:
+            metrics.uninstall()
+
+
 @click.command("worker")
 @app_option(required=True)
 @click.option("--concurrency", type=click.IntRange(1, 10_000), default=8, show_default=True,
@@ -119,18 +157,23 @@ async def serve(
 @relay_options
 @click.option("--retention-every", metavar="DURATION", default=None,
               help="Also run retention this often, e.g. 1h (one replica at a time; docs/operations.md).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
+              help="Serve /livez, /readyz and /metrics (Prometheus) on this port.")
+@click.option("--metrics-host", default="0.0.0.0", show_default=True, help="The address --metrics-port binds.")  # noqa: S104
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object per line, with instance, position, step and attempt.")
 @with_settings
 def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float, heartbeat_seconds: float, broker: str | None, no_relay: bool, batch_size: int,
-    max_attempts: int, retention_every: str | None,
+    max_attempts: int, retention_every: str | None, metrics_port: int | None, metrics_host: str, log_format: str,
 ) -> None:
     """Run the workflows of --app until SIGTERM/SIGINT.
 
     A configured database must be migrated first (`stepstone db migrate`); the embedded default is
     migrated on start, in one line on stderr. With a broker configured, the outbox relay runs beside
     the worker (--no-relay turns it off)."""
-    configure_logging()
+    configure_logging(log_format)
     config = WorkerConfig(concurrency=concurrency, lease_seconds=lease_seconds, poll_interval=poll_interval,
                           drain_timeout=drain_timeout, heartbeat_seconds=heartbeat_seconds)
     # A synchronous handler still running past the drain timeout is abandoned by `Worker.stop`
@@ -138,7 +181,7 @@ def worker_command(
     url = None if no_relay else broker_of(settings, broker)
     relay = (url, RelayConfig(batch_size=batch_size, max_attempts=max_attempts)) if url else None
     every = None if retention_every is None else parse_duration(retention_every, "--retention-every").total_seconds()
-    run_async(serve(settings, registry, config, relay, every))
+    run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host))
 
 
 commands = [worker_command]

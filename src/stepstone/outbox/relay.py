@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stepstone.errors import BrokerUnavailable
+from stepstone.observability.publishing import publish_spans
 from stepstone.outbox.publisher import Outcome, Publisher, PublishResult
 from stepstone.runtime.counters import Counters
 from stepstone.store.outbox import OutboxStore, Settlement, StagedEvent
@@ -147,7 +148,9 @@ class Relay:
         if not batch:
             self.events.bump("idle")
             return 0
-        results = await self._publish(batch)
+        with publish_spans(batch, self.publisher.name) as spans:
+            results = await self._publish(batch)
+            spans.results(results)
         plan = settlements(batch, results, self.config)
         await self.outbox.settle(token, plan)
         published = sum(1 for s in plan if s.action == "published")

@@ -12,6 +12,7 @@ that cannot be stored fails cleanly instead of crashing its commit.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -168,7 +169,9 @@ async def _call(workflow: Workflow[Any], step: str, ctx: StepContext, state: Any
     if workflow.is_async(step):
         return await handler(ctx, state)
     loop = asyncio.get_running_loop()
-    outcome = await loop.run_in_executor(executor, functools.partial(_boxed, handler, ctx, state))
+    # In the caller's context copy: the durable context and the current span reach sync handlers too.
+    run = functools.partial(contextvars.copy_context().run, _boxed, handler, ctx, state)
+    outcome = await loop.run_in_executor(executor, run)
     if isinstance(outcome, _Raised):
         raise outcome.error
     if asyncio.iscoroutine(outcome):

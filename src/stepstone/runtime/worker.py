@@ -26,19 +26,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.context import durable
 from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
 from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
-from stepstone.runtime import external_state, serving
+from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.compensations import run_compensation
 from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
+from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
 from stepstone.store.port import Claim, CommitRequest, Committed, Listener, WorkerStore
+from stepstone.store.scheduling_port import SchedulingStore
 
 log = logging.getLogger("stepstone.worker")
 
@@ -63,6 +66,8 @@ class WorkerConfig:
     min_wake_interval: float = 0.005
     # How often the worker says which pins it serves (the stranded report reads it; see runtime/serving.py).
     heartbeat_seconds: float = 10.0
+    # How often the worker looks for due schedules at most (it also wakes for the next known tick).
+    schedule_interval: float = 1.0
     worker_id: str = field(default_factory=default_worker_id)
     on_compensation_failed: Callable[[dict[str, Any]], Any] | None = None
     """The alert hook (sync or async): called once, by the worker whose commit gave a compensation up,
@@ -126,10 +131,22 @@ class Worker:
         self._committer = GroupCommitter(
             store, lease_seconds=self.config.lease_seconds, worker=self.config.worker_id
         )
+        self.schedules = ScheduleFirer(store, registry) if isinstance(store, SchedulingStore) else None
+        self._registered = False
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
+
+    @property
+    def alive(self) -> bool:
+        """The claim loop runs (the liveness probe)."""
+        return bool(self._loops) and not self._loops[0].done()
+
+    @property
+    def registered(self) -> bool:
+        """Every plan of the registry is recorded in the database (part of the readiness probe)."""
+        return self._registered
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -138,6 +155,7 @@ class Worker:
         whose structure changed without a version bump raises DefinitionDrift."""
         self.registry.check_children()
         await serving.record_definitions(self.store.definitions, self.registry)
+        self._registered = True
 
     async def start(self) -> None:
         await self.register()
@@ -150,6 +168,9 @@ class Worker:
             asyncio.create_task(serving.heartbeat_loop(self.store.definitions, self.config.worker_id, pins,
                                                        self.config.heartbeat_seconds), name="stepstone-heartbeat"),
         ]
+        if self.schedules is not None:
+            self._loops.append(asyncio.create_task(
+                self.schedules.run(lambda: self._stopping, self.config.schedule_interval), name="stepstone-schedules"))
 
     async def stop_claiming(self) -> None:
         """Claim nothing more. A claim statement already sent is let finish, so the commands it
@@ -208,7 +229,10 @@ class Worker:
         return self.abandoned_threads
 
     async def run_until_idle(self) -> None:
-        """Claim and run until nothing is claimable now (for tests, scripts and the demo)."""
+        """Fire due schedules, then claim and run until nothing is claimable now (for tests, scripts and
+        the demo)."""
+        if self.schedules is not None:
+            await self.schedules.fire_due()
         while True:
             free = self.config.concurrency - len(self._tasks)
             finished = self._finished
@@ -345,6 +369,7 @@ class Worker:
             await self.events.bump("deferred")
             return
         instance, command, now = claim.instance, claim.command, claim.now
+        observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
         while True:
             decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:
@@ -374,26 +399,31 @@ class Worker:
         for _ in range(_MAX_STATE_CONFLICTS):
             outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
             visit = instance.visit
-            if isinstance(outcome, RunStep):
-                cause = command.payload if isinstance(command.payload, dict) else None
-                result = await run_handler(
-                    workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
-                    registry=self.registry,
-                )
-                decision = complete_step(instance, command, workflow.plan, result, now)
-                visit = outcome.visit
-            elif isinstance(outcome, RunCompensation):
-                # A worker that lost its lease never runs a compensation: another may be running it.
-                if not await self.store.holds_lease(instance.id, instance.position, claim.token):
-                    return Decision(Settle("COMPLETE")), None
-                compensated = await run_compensation(workflow, instance, outcome, executor=self._executor,
-                                                      limits=self.limits)
-                decision = complete_compensation(instance, workflow.plan, outcome, compensated)
-                visit = command.id  # the events of each compensation command get ids of their own
-            else:
-                decision = external_state.checked(workflow, instance, command, outcome)
-            decision = workflow.redaction.decision(decision, instance.state)  # history and errors only
-            committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+            with durable.bound(claim.context):  # the caller's trace and registered values (stepstone.context)
+                if isinstance(outcome, RunStep):
+                    cause = command.payload if isinstance(command.payload, dict) else None
+                    with observe.step(workflow, instance, outcome, command) as seen:
+                        result = await run_handler(
+                            workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
+                            registry=self.registry,
+                        )
+                        seen.result(result)
+                    decision = complete_step(instance, command, workflow.plan, result, now)
+                    visit = outcome.visit
+                elif isinstance(outcome, RunCompensation):
+                    # A worker that lost its lease never runs a compensation: another may be running it.
+                    if not await self.store.holds_lease(instance.id, instance.position, claim.token):
+                        return Decision(Settle("COMPLETE")), None
+                    compensated = await run_compensation(workflow, instance, outcome, executor=self._executor,
+                                                          limits=self.limits)
+                    decision = complete_compensation(instance, workflow.plan, outcome, compensated)
+                    visit = command.id  # the events of each compensation command get ids of their own
+                else:
+                    decision = external_state.checked(workflow, instance, command, outcome)
+                decision = workflow.redaction.decision(decision, instance.state)  # history and errors only
+                with observe.commit(instance, decision) as seen_commit:
+                    committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+                    seen_commit.result(committed)
             if committed is not None and not committed.conflict:
                 await self._alert(decision)
             if committed is None or not committed.conflict:

@@ -11,13 +11,14 @@ import functools
 
 from stepstone.config import DEFAULT_SCHEMA, Settings, load_settings
 from stepstone.store.database import resolve_target
+from stepstone.store.database_templates import TemplateDatabases
 from stepstone.store.operations_pg import PostgresOperations
 from stepstone.store.operations_port import OperationsStore
 from stepstone.store.port import Store
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.readiness import ensure_ready
 
-__all__ = ["open_ready_store", "open_store", "operations_store"]
+__all__ = ["TemplateDatabases", "open_ready_store", "open_store", "operations_store"]
 
 
 async def open_store(

@@ -45,6 +45,9 @@ class Claim:
     token: Any
     now: datetime
     business_key: str | None = None
+    context: Any = None
+    """The durable context its handler runs in: the command's (a signal's sender's), else the instance's."""
+    instance_created_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class NewInstance:
     deadline_at: datetime | None = None
     deadline_seconds: float | None = None
     """An instance deadline (an instant, or seconds from the start on the database clock): a timer."""
+    context: Any = None
+    """What the caller bound when it started (stepstone.context): kept with the instance."""
 
 
 class Listener(Protocol):
@@ -128,7 +133,7 @@ class ClientStore(Protocol):
     async def start(self, new: NewInstance) -> tuple[str, bool]: ...
     async def signal(
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
-        position: str = "",
+        position: str = "", context: Any = None,
     ) -> int: ...
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str: ...
     async def cancel_saga(

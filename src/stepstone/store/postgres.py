@@ -26,14 +26,16 @@ from stepstone.errors import (
     InstanceNotFound,
     InternalError,
     InvalidState,
-    PositionNotFound,
-    UnknownSignal,
 )
+from stepstone.store.caller_transaction import CallerTransactionQueries
 from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
+from stepstone.store.observing import ObservingQueries
+from stepstone.store.outcomes import signal_command_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
 from stepstone.store.queries import queries
 from stepstone.store.registry import PostgresRegistry
+from stepstone.store.scheduling import SchedulingQueries
 
 log = logging.getLogger("stepstone.store")
 
@@ -93,8 +95,10 @@ class Listener:
         return not self.conn.is_closed()
 
 
-class PostgresStore:
-    """The store on one asyncpg pool, in one schema."""
+class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQueries):
+    """The store on one asyncpg pool, in one schema (schedules and flow limits: `SchedulingQueries`;
+    start and signal on the caller's connection: `CallerTransactionQueries`; health and metrics reads:
+    `ObservingQueries`)."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, schema: str) -> None:
         self.pool = pool
@@ -252,12 +256,12 @@ class PostgresStore:
         pin = new.pin
         try:
             args = (uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
-                    new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint,
-                    None, new.actor)
-            if new.deadline_at is None and new.deadline_seconds is None:
-                created = await self._fetchval("start", *args)
-            else:
-                created = await self._fetchval("start_with_deadline", *args, new.deadline_at, new.deadline_seconds)
+                    new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint)
+            if new.context is None and new.deadline_at is None and new.deadline_seconds is None:
+                created = await self._fetchval("start", *args, None, new.actor)
+            else:  # a durable context kept on the instance (stepstone/context.py), an instance deadline
+                created = await self._fetchval("start_with", *args, new.actor, new.context, new.deadline_at,
+                                               new.deadline_seconds)
         except asyncpg.UniqueViolationError:
             holder = await self._fetchval("business_key_holder", pin.scope, pin.definition_id, new.business_key)
             raise BusinessKeyInUse(new.business_key or "", str(holder)) from None
@@ -274,29 +278,14 @@ class PostgresStore:
 
     async def signal(
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
-        position: str = "",
+        position: str = "", context: Any = None,
     ) -> int:
-        row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
-        outcome = row["outcome"]
-        if outcome == "not_found":
-            raise InstanceNotFound(instance_id)
-        if outcome == "no_position":
-            raise PositionNotFound(instance_id, position)
-        if outcome == "unknown_signal":
-            raise UnknownSignal(name, instance_id)
-        if outcome == "ended":
-            raise InvalidState(
-                f"instance {instance_id} is {row['status']}; it takes no more signals",
-                instance_id=instance_id,
-                status=row["status"],
-            )
-        if outcome == "conflict":
-            raise IdempotencyConflict(
-                f"dedup key {dedup_key!r} was already used on instance {instance_id} with a different signal",
-                instance_id=instance_id,
-                command_id=row["command_id"],
-            )
-        return int(row["command_id"])
+        if context is None:
+            row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
+        else:
+            row = await self._one("signal_with_context", _uuid(instance_id), position, name, payload, dedup_key,
+                                  fingerprint, actor, context)
+        return signal_command_id(dict(row), instance_id, name, dedup_key, position)
 
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str:
         return (await self.cancel_saga(instance_id, reason, actor, compensate=False))[1]
@@ -393,7 +382,8 @@ def _claim(r: asyncpg.Record) -> Claim:
         r["attempt"], r["claims"], r["last_error"], r["actor"],
     )
     pin = Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"])
-    return Claim(instance, command, pin, r["token"], r["now"], r["business_key"])
+    return Claim(instance, command, pin, r["token"], r["now"], r["business_key"], r["context"],
+                 r["instance_created_at"])
 
 
 def _document(request: CommitRequest, lease_seconds: float, worker: str) -> dict[str, Any]:

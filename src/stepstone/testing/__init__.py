@@ -4,8 +4,11 @@ a movable database clock, and run-until-idle instead of sleeps.
     async with open_engine(database_url, registry) as engine:
         iid = await engine.client.start(order, {...})
         await engine.run_until_idle()
-        await engine.advance(timedelta(minutes=5))   # timers fire
-        await engine.run_until_idle()
+        await engine.advance(days=3)                 # time skipping: every timer and schedule due fires
+        engine.assert_step_ran(iid, "charge", times=1)
+
+With pytest, the `engine` fixture of the stepstone plugin (`stepstone.testing.plugin`, registered
+through the pytest11 entry point) gives each test such an engine on its own database.
 """
 
 from __future__ import annotations
@@ -22,8 +25,24 @@ from stepstone.core.limits import Limits
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.factory import open_store
 from stepstone.store.port import Store
+from stepstone.store.scheduling_port import SchedulingStore
 
-__all__ = ["Engine", "open_engine"]
+__all__ = ["Engine", "StepRuns", "open_engine"]
+
+_MAX_SKIPS = 10_000  # time skipping stops at this many stops on the way (a timer that re-arms itself at once)
+
+
+@dataclass(frozen=True)
+class StepRuns:
+    """The completed runs of one step of an instance, from its history: attempts and state patches."""
+
+    step: str
+    attempts: list[int]
+    patches: list[Any]
+
+    @property
+    def times(self) -> int:
+        return len(self.attempts)
 
 
 @dataclass
@@ -38,10 +57,70 @@ class Engine:
         """Run every command that is claimable now, and whatever they make claimable."""
         await self.worker.run_until_idle()
 
-    async def advance(self, by: timedelta | float) -> datetime:
-        """Move the database clock forward for every session; returns the new db time."""
-        seconds = by.total_seconds() if isinstance(by, timedelta) else float(by)
-        return await self.store.move_clock(seconds)
+    async def advance(
+        self, by: timedelta | float | None = None, *, days: float = 0, hours: float = 0, minutes: float = 0,
+        seconds: float = 0, run: bool | None = None,
+    ) -> datetime:
+        """Move the database clock forward for every session; returns the new db time.
+
+        `advance(days=3)` (units as keywords) is time skipping: the clock stops at every timer, retry,
+        deadline and schedule tick that comes due on the way, in order, and runs what became due there,
+        so a daily timer fires three times. `advance(timedelta(...))` only moves the clock, as before;
+        `run=` overrides either default."""
+        total = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        if by is not None:
+            total += by if isinstance(by, timedelta) else timedelta(seconds=float(by))
+        if not (by is None if run is None else run):
+            return await self.store.move_clock(total.total_seconds())
+        target = await self.store.db_now() + total
+        for _ in range(_MAX_SKIPS):
+            await self.run_until_idle()
+            now = await self.store.db_now()
+            gap = await self._next_due()
+            if gap is None or now + timedelta(seconds=gap) > target:
+                break
+            await self.store.move_clock(max(gap, 0.0))
+        else:
+            raise RuntimeError(f"advance: more than {_MAX_SKIPS} stops on the way; a timer re-arms itself at once?")
+        now = await self.store.db_now()
+        if target > now:
+            await self.store.move_clock((target - now).total_seconds())
+        await self.run_until_idle()
+        return await self.store.db_now()
+
+    async def _next_due(self) -> float | None:
+        """Seconds to the next command, lease expiry or schedule tick that comes due, or None."""
+        gaps = [await self.store.next_available()]
+        if isinstance(self.store, SchedulingStore):
+            gaps.append(await self.store.next_schedule())
+        known = [g for g in gaps if g is not None]
+        return min(known) if known else None
+
+    # -- assertions on history --------------------------------------------------------------------
+
+    async def step_runs(self, instance_id: str, step: str) -> StepRuns:
+        """How often `step` completed on the instance, with each run's attempt and state patch."""
+        done = [h for h in await self.client.history(instance_id)
+                if h["kind"] == "STEP_COMPLETED" and h["step"] == step]
+        data = [h["data"] or {} for h in done]
+        return StepRuns(step, [d.get("attempt", 1) for d in data], [d.get("patch") for d in data])
+
+    async def assert_step_ran(
+        self, instance_id: str, step: str, *, times: int = 1, patch: Any = None, attempt: int | None = None,
+    ) -> StepRuns:
+        """Fail unless `step` completed `times` times on the instance; with `patch`, its last run changed the
+        state by exactly that RFC 6902 patch; with `attempt`, its last run was that attempt."""
+        runs = await self.step_runs(instance_id, step)
+        if runs.times != times:
+            raise AssertionError(f"step {step!r} of instance {instance_id} ran {runs.times} time(s), expected {times}")
+        if patch is not None and (not runs.patches or runs.patches[-1] != patch):
+            last = runs.patches[-1] if runs.patches else None
+            raise AssertionError(f"step {step!r} of instance {instance_id} patched the state with {last!r}, "
+                                 f"expected {patch!r}")
+        if attempt is not None and (not runs.attempts or runs.attempts[-1] != attempt):
+            raise AssertionError(f"step {step!r} of instance {instance_id} last ran as attempt "
+                                 f"{runs.attempts[-1] if runs.attempts else None}, expected {attempt}")
+        return runs
 
     def new_worker(self, **config: Any) -> Worker:
         """Another worker on the same store (e.g. to take over an expired lease)."""

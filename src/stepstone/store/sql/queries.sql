@@ -63,7 +63,7 @@ WITH clock AS MATERIALIZED (
       AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
       AND c.available_at <= (SELECT clock.now FROM clock)
     RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
-              c.token, c.last_error, c.actor
+              c.token, c.last_error, c.actor, c.context
 ), leased AS (
     UPDATE {{schema}}.positions p SET
         lease_token = claimed.token,
@@ -81,7 +81,7 @@ SELECT claimed.id AS command_id, claimed.kind, claimed.step AS command_step, cla
        i.state_version, i.business_key, i.parent_id, i.parent_position, i.parent_visit,
        leased.path AS position, leased.status AS position_status, leased.step, leased.visit, leased.wait,
        leased.parent_path AS branch_parent, leased.parent_visit AS branch_visit, leased.name AS branch_name,
-       leased.item AS branch_item,
+       leased.item AS branch_item, COALESCE(claimed.context, i.context) AS context, i.created_at AS instance_created_at,
        (SELECT clock.now FROM clock) AS now
 FROM claimed
 JOIN leased ON leased.instance_id = claimed.instance_id AND leased.path = claimed.position
@@ -194,6 +194,13 @@ SELECT plan_hash FROM {{schema}}.definitions WHERE scope = $1 AND definition_id 
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($12::text, ''), true))
 SELECT {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) FROM who;
 
+-- name: start_with
+-- start, keeping the caller's durable context on the instance ($12, migration 0011) and scheduling an
+-- instance deadline (an instant $13 or seconds from now $14, migration 0006), in one statement.
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($11::text, ''), true))
+SELECT {{schema}}.schedule_deadline(
+    {{schema}}.start_with_context($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12), $13, $14) FROM who;
+
 -- name: start_key
 SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namespace = $1 AND key = $2;
 
@@ -205,11 +212,10 @@ WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($7::text
 SELECT (s.r).outcome, (s.r).command_id, (s.r).status
 FROM (SELECT {{schema}}.signal_position($1, $2, $3, $4, $5, $6, $7) AS r FROM who OFFSET 0) AS s;
 
--- name: start_with_deadline
--- A start with an instance deadline (an instant $13 or seconds from now $14), in one statement.
-WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($12::text, ''), true))
-SELECT {{schema}}.schedule_deadline(
-    {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12), $13, $14) FROM who;
+-- name: signal_with_context
+WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($7::text, ''), true))
+SELECT (s.r).outcome, (s.r).command_id, (s.r).status
+FROM (SELECT {{schema}}.signal_with_context($1, $2, $3, $4, $5, $6, $7, $8) AS r FROM who OFFSET 0) AS s;
 
 -- name: cancel
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($3::text, ''), true))

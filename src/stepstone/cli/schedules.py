@@ -1,0 +1,171 @@
+"""``stepstone schedules`` (create, list, pause, resume, trigger, delete) and ``stepstone limits``
+(set, list, remove): the same `Client` operations a program calls (docs/schedules.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from stepstone.authoring.workflow import Registry
+from stepstone.cli.app import app_option
+from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, with_settings
+from stepstone.cli.instances import _with_client  # the one way a command opens a client
+from stepstone.client import Client
+from stepstone.config import Settings
+from stepstone.scheduling import Schedule
+from stepstone.scheduling.operations import ScheduleInfo
+from stepstone.scheduling.schedule import CATCH_UPS, OVERLAPS
+
+__all__ = ["commands"]
+
+def _time(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _when(info: ScheduleInfo) -> str:
+    spec = info.spec
+    if spec.get("cron"):
+        zone = spec.get("timezone") or "UTC"
+        return f"cron {spec['cron']}" + ("" if zone == "UTC" else f" ({zone})")
+    return f"every {spec.get('every_seconds'):g} s"
+
+
+def _table(infos: list[ScheduleInfo]) -> str:
+    if not infos:
+        return "no schedules"
+    return render_table(
+        [[i.name, i.workflow, _when(i), "paused" if i.paused else _time(i.next_fire_at), i.spec.get("overlap"),
+          i.spec.get("catch_up"), i.fired, i.skipped, i.last_instance or ""] for i in infos],
+        ["name", "workflow", "when", "next", "overlap", "catch-up", "fired", "skipped", "last instance"],
+    )
+
+
+def _json(infos: list[ScheduleInfo]) -> list[dict[str, Any]]:
+    return [asdict(i) for i in infos]
+
+
+@click.group("schedules")
+def schedules_group() -> None:
+    """Workflows started on a cron expression or an interval; any worker fires them."""
+
+
+@schedules_group.command("create")
+@click.argument("name", type=TEXT)
+@click.argument("workflow", type=TEXT)
+@click.option("--cron", metavar="EXPR", help="Five-field cron expression, e.g. '0 * * * *'.")
+@click.option("--every", type=float, metavar="SECONDS", help="A fixed interval instead of --cron.")
+@click.option("--input", "input_text", metavar="JSON", help="The input of every instance it starts.")
+@click.option("--timezone", default="UTC", show_default=True, help="The zone --cron is read in.")
+@click.option("--overlap", type=click.Choice(OVERLAPS), default="skip", show_default=True,
+              help="When the previous instance still runs at a tick.")
+@click.option("--catch-up", type=click.Choice(CATCH_UPS), default="one", show_default=True,
+              help="Ticks missed while no worker ran: none, the latest one, or all.")
+@app_option(required=False)
+@output_option
+@with_settings
+def create_command(
+    settings: Settings, registry: Registry | None, output: str, name: str, workflow: str, cron: str | None,
+    every: float | None, input_text: str | None, timezone: str, overlap: str, catch_up: str,
+) -> None:
+    """Create or replace schedule NAME of WORKFLOW (declaring it again unchanged keeps its next tick)."""
+    try:
+        data = json.loads(input_text) if input_text is not None else None
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--input is not valid JSON: {exc.msg}") from None
+    schedule = Schedule(name, workflow, cron=cron, every=every, input=data, timezone=timezone,
+                        overlap=overlap, catch_up=catch_up)  # type: ignore[arg-type]
+    info = _with_client(settings, registry, lambda c: c.schedule(schedule))
+    emit(asdict(info), output, lambda: f"schedule {name}: {_when(info)}, next tick {_time(info.next_fire_at)}")
+
+
+@schedules_group.command("list")
+@output_option
+@with_settings
+def list_command(settings: Settings, output: str) -> None:
+    """Every schedule: when it fires next, what it last started, how often it fired and skipped."""
+    infos = _with_client(settings, None, lambda c: c.schedules())
+    emit(_json(infos), output, lambda: _table(infos))
+
+
+def _by_name(verb: str, help_text: str, operation: Callable[[Client, str], Awaitable[object]]) -> None:
+    """A `schedules VERB NAME` command that runs one operation and says it was done."""
+
+    @schedules_group.command(verb, help=help_text)
+    @click.argument("name", type=TEXT)
+    @with_settings
+    def command(settings: Settings, name: str) -> None:
+        _with_client(settings, None, lambda c: operation(c, name))
+        click.echo(f"schedule {name} {verb}d")
+
+
+_by_name("pause", "Stop firing schedule NAME until it is resumed.", Client.pause_schedule)
+_by_name("delete", "Delete schedule NAME (instances it started are not touched).", Client.delete_schedule)
+
+
+@schedules_group.command("resume")
+@click.argument("name", type=TEXT)
+@with_settings
+def resume_command(settings: Settings, name: str) -> None:
+    """Fire schedule NAME again from its next tick (ticks missed while paused do not fire)."""
+    info = _with_client(settings, None, lambda c: c.resume_schedule(name))
+    click.echo(f"schedule {name} resumed; next tick {_time(info.next_fire_at)}")
+
+
+@schedules_group.command("trigger")
+@click.argument("name", type=TEXT)
+@app_option(required=True)
+@output_option
+@with_settings
+def trigger_command(settings: Settings, registry: Registry, output: str, name: str) -> None:
+    """Start schedule NAME's workflow now, outside its ticks, and print the instance id."""
+    instance_id = _with_client(settings, registry, lambda c: c.trigger_schedule(name))
+    emit({"instance_id": instance_id}, output, lambda: instance_id)
+
+
+@click.group("limits")
+def limits_group() -> None:
+    """Flow limits: how many instances of a workflow run at once, and how fast they start."""
+
+
+@limits_group.command("set")
+@click.argument("workflow", type=TEXT)
+@click.option("--max-running", type=int, metavar="N", help="At most N instances run at once.")
+@click.option("--key", metavar="FIELD", help="Per value of 'business_key' or of a top-level state field.")
+@click.option("--min-interval", type=float, metavar="SECONDS", help="Starts at least this far apart.")
+@with_settings
+def limits_set_command(
+    settings: Settings, workflow: str, max_running: int | None, key: str | None, min_interval: float | None,
+) -> None:
+    """Limit WORKFLOW; the instances past the limit wait as rows and start in start order."""
+    admitted = _with_client(settings, None, lambda c: c.set_flow_limit(
+        workflow, max_running=max_running, key=key, min_interval=min_interval))
+    click.echo(f"limit set on {workflow}" + (f"; {admitted} waiting instance(s) admitted" if admitted else ""))
+
+
+@limits_group.command("list")
+@output_option
+@with_settings
+def limits_list_command(settings: Settings, output: str) -> None:
+    """Every flow limit, with how many instances run and wait now."""
+    infos = _with_client(settings, None, lambda c: c.flow_limits())
+    emit([asdict(i) for i in infos], output, lambda: render_table(
+        [[i.workflow, i.key or "", i.max_running or "", "" if i.min_interval is None else f"{i.min_interval:g} s",
+          i.running, i.waiting] for i in infos],
+        ["workflow", "key", "max running", "min interval", "running", "waiting"]) if infos else "no limits")
+
+
+@limits_group.command("remove")
+@click.argument("workflow", type=TEXT)
+@with_settings
+def limits_remove_command(settings: Settings, workflow: str) -> None:
+    """Remove WORKFLOW's limit: whatever it held back starts now."""
+    released = _with_client(settings, None, lambda c: c.remove_flow_limit(workflow))
+    click.echo(f"limit removed from {workflow}; {released} waiting instance(s) released")
+
+
+commands = [schedules_group, limits_group]

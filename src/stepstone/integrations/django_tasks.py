@@ -1,0 +1,209 @@
+"""A backend for Django's tasks framework (the `TASKS` setting), backed by stepstone.
+
+    TASKS = {
+        "default": {
+            "BACKEND": "stepstone.integrations.django_tasks.StepstoneBackend",
+            "OPTIONS": {"schema": "stepstone"},   # database_url: default, the Django database's
+        }
+    }
+
+and a worker beside the app (with DJANGO_SETTINGS_MODULE set):
+`stepstone worker --app stepstone.integrations.django_tasks:registry`.
+
+Each enqueued task is an instance of the workflow `django.task`: a timer until `run_after` (now when
+not deferred), then one step that calls the task. Inside `transaction.atomic()` the enqueue is written
+by Django's own transaction (its psycopg 3 connection, `Client.start(connection=...)`): the task exists
+exactly when the transaction commits. A task that raises ends FAILED with its exception class and
+traceback, and is not retried (Django's semantics). Works with Django 6's `django.tasks` and with the
+`django-tasks` package on earlier Django versions.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import BaseModel
+
+from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+
+try:  # Django 6
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import TaskError, TaskResult, TaskResultStatus
+    from django.tasks.exceptions import TaskResultDoesNotExist
+    from django.tasks.utils import get_exception_traceback, get_module_path, normalize_json
+except ImportError:  # the django-tasks package (Django 4.2 - 5.x)
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import TaskError, TaskResult, TaskResultStatus
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.utils import (
+        get_exception_traceback,
+        get_module_path,
+        normalize_json,
+    )
+
+__all__ = ["StepstoneBackend", "django_task", "registry"]
+
+WORKFLOW = "django.task"
+
+
+class DjangoTask(BaseModel):
+    """The state of one enqueued task."""
+
+    task: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    queue_name: str = "default"
+    backend: str = "default"
+    run_after: str
+    status: str = "READY"
+    result: Any = None
+    error: dict[str, str] | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+django_task: Workflow[DjangoTask] = Workflow(WORKFLOW, version=1, state=DjangoTask)
+django_task.timer("not_before", until="run_after", next="run", start=True)
+
+
+def _now() -> str:
+    from django.utils import timezone  # noqa: PLC0415
+
+    return str(timezone.now().isoformat())
+
+
+@django_task.step(retry=Retry(max_attempts=1))
+def run(_ctx: StepContext, state: DjangoTask) -> None:
+    """Call the task; its outcome is the instance's state (a task's failure ends the instance, FAILED)."""
+    _setup_django()
+    from django.utils.module_loading import import_string  # noqa: PLC0415
+
+    state.started_at = _now()
+    try:
+        task = import_string(state.task)
+        value = task.call(*state.args, **state.kwargs)
+        state.result = normalize_json(value)
+        state.status = "SUCCESSFUL"
+    except Exception as exc:  # noqa: BLE001 - a task's error is its result, as in Django's own backends
+        state.status = "FAILED"
+        state.error = {"exception_class_path": get_module_path(type(exc)),
+                       "traceback": get_exception_traceback(exc)}
+    state.finished_at = _now()
+
+
+registry = Registry(django_task)
+
+_setup_lock = threading.Lock()
+
+
+def _setup_django() -> None:
+    """A worker process started by `stepstone worker` sets Django up once, from DJANGO_SETTINGS_MODULE."""
+    from django.apps import apps  # noqa: PLC0415
+
+    if apps.ready:
+        return
+    with _setup_lock:
+        if not apps.ready:
+            import django  # noqa: PLC0415
+
+            django.setup()
+
+
+def _database_url(alias: str = "default") -> str:
+    from django.db import connections  # noqa: PLC0415
+
+    s = connections[alias].settings_dict
+    user = quote(s.get("USER") or "", safe="")
+    password = quote(s.get("PASSWORD") or "", safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = s.get("HOST") or "localhost"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgresql://{auth}{host}{port}/{quote(s['NAME'], safe='')}"
+
+
+class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
+    """Django tasks as stepstone instances: durable, retried on a crash, run by any `stepstone worker`."""
+
+    supports_defer = True
+    supports_async_task = False
+    supports_get_result = True
+    supports_priority = False
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Any:
+        """The backend's blocking client (opened on first use, on the Django database unless configured)."""
+        from stepstone._sync_client import SyncClient  # noqa: PLC0415
+
+        with self._lock:
+            if self._client is None:
+                url = self.options.get("database_url") or _database_url(self.options.get("database", "default"))
+                self._client = SyncClient(url, schema=self.options.get("schema"), registry=registry)
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        self.validate_task(task)
+        run_after = task.run_after.isoformat() if task.run_after is not None else _now()
+        state = {"task": get_module_path(task.func), "args": normalize_json(list(args)),
+                 "kwargs": normalize_json(dict(kwargs)), "queue_name": task.queue_name, "backend": self.alias,
+                 "run_after": run_after}
+        iid = self.client().start(WORKFLOW, state, connection=self._atomic_connection())
+        return self._result(task, iid, DjangoTask(**state), None, None)
+
+    def _atomic_connection(self) -> Any:
+        """Django's psycopg 3 connection while inside `transaction.atomic()`, so the task commits with it."""
+        if not self.options.get("transactional", True):
+            return None
+        from django.db import connections  # noqa: PLC0415
+
+        conn = connections[self.options.get("database", "default")]
+        if not conn.in_atomic_block or conn.vendor != "postgresql":
+            return None
+        raw = conn.connection
+        return raw if type(raw).__module__.startswith("psycopg") else None
+
+    def get_result(self, result_id: str) -> Any:
+        from stepstone.errors import InstanceNotFound  # noqa: PLC0415
+
+        try:
+            info = self.client().get(result_id)
+        except InstanceNotFound:
+            raise TaskResultDoesNotExist(result_id) from None
+        if info.definition_id != WORKFLOW:
+            raise TaskResultDoesNotExist(result_id)
+        from django.utils.module_loading import import_string  # noqa: PLC0415
+
+        state = DjangoTask(**info.state)
+        return self._result(import_string(state.task), info.id, state, info.created_at, info.status)
+
+    def _result(self, task: Any, iid: str, state: DjangoTask, enqueued_at: datetime | None,
+                status: str | None) -> Any:
+        if status in ("FAILED", "CANCELLED"):
+            outcome = TaskResultStatus.FAILED
+        elif state.status in ("SUCCESSFUL", "FAILED"):
+            outcome = TaskResultStatus(state.status)
+        else:
+            outcome = TaskResultStatus.READY
+        errors = [TaskError(**state.error)] if state.error else []
+        started = datetime.fromisoformat(state.started_at) if state.started_at else None
+        result = TaskResult(
+            task=task, id=iid, status=outcome, enqueued_at=enqueued_at, started_at=started,
+            last_attempted_at=started,
+            finished_at=datetime.fromisoformat(state.finished_at) if state.finished_at else None,
+            args=state.args, kwargs=state.kwargs, backend=self.alias, errors=errors,
+            worker_ids=[],
+        )
+        object.__setattr__(result, "_return_value", state.result)
+        return result

@@ -1,0 +1,122 @@
+"""Start and signal on the caller's own connection, inside its transaction, whatever its driver.
+
+    async with conn.transaction():                      # the caller's asyncpg transaction
+        await conn.execute("INSERT INTO orders ...")
+        await client.start(order_flow, {...}, connection=conn)
+    # committed together; rolled back together
+
+Accepted: an asyncpg connection, a psycopg 3 connection (async or sync), a SQLAlchemy connection or
+session (async or sync). The statement is one call of a store function, so the instance, its START
+command and its history row are written by the caller's transaction and become visible (and wake the
+workers, whose NOTIFY is sent at commit) exactly when it commits; a rollback leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Protocol, runtime_checkable
+
+from stepstone.errors import InvalidInput
+from stepstone.store.outcomes import signal_command_id, start_result
+from stepstone.store.port import NewInstance
+from stepstone.store.queries import named_queries
+
+__all__ = ["CallerTransactionQueries", "CallerTransactionStore", "driver_of"]
+
+_PARAM = re.compile(r"\$(\d+)")
+
+
+def driver_of(connection: Any) -> str:
+    """'asyncpg', 'psycopg', 'psycopg-sync', 'sqlalchemy' or 'sqlalchemy-sync' (by the object's type)."""
+    module = type(connection).__module__
+    name = type(connection).__name__
+    if module.startswith("asyncpg"):
+        return "asyncpg"
+    if module.startswith("psycopg"):
+        return "psycopg" if name.startswith("Async") else "psycopg-sync"
+    if module.startswith("sqlalchemy"):
+        return "sqlalchemy" if module.startswith("sqlalchemy.ext.asyncio") else "sqlalchemy-sync"
+    raise InvalidInput(
+        f"connection= takes an asyncpg or psycopg 3 connection or a SQLAlchemy connection or session, "
+        f"not {module}.{name}", what="connection")
+
+
+async def _rows(connection: Any, sql: str, args: list[str | None]) -> list[dict[str, Any]]:
+    driver = driver_of(connection)
+    if driver == "asyncpg":
+        return [dict(r) for r in await connection.fetch(sql, *args)]
+    if driver.startswith("psycopg"):
+        text = _PARAM.sub("%s", sql.replace("%", "%%"))
+        cursor = connection.cursor()
+        try:
+            if driver == "psycopg":
+                await cursor.execute(text, args)
+                fetched = await cursor.fetchall()
+            else:
+                cursor.execute(text, args)
+                fetched = cursor.fetchall()
+            names = [d.name for d in cursor.description or ()]
+        finally:
+            closing = cursor.close()
+            if driver == "psycopg":
+                await closing
+        return [dict(zip(names, row, strict=True)) for row in fetched]
+    from sqlalchemy import text as sql_text  # noqa: PLC0415 - only callers that pass SQLAlchemy objects have it
+
+    statement = sql_text(_PARAM.sub(lambda m: f":p{m.group(1)}", sql))
+    params = {f"p{n}": value for n, value in enumerate(args, start=1)}
+    result = connection.execute(statement, params)
+    if driver == "sqlalchemy":
+        result = await result
+    return [dict(row) for row in result.mappings().all()]
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@runtime_checkable
+class CallerTransactionStore(Protocol):
+    """What `Client.start(connection=...)` and `Client.signal(connection=...)` need from the store."""
+
+    async def start_in(self, connection: Any, new: NewInstance) -> tuple[str, bool]: ...
+    async def signal_in(
+        self, connection: Any, instance_id: str, name: str, payload: Any, *, dedup_key: str | None,
+        fingerprint: str, actor: str | None, position: str = "", context: Any = None,
+    ) -> int: ...
+
+
+class CallerTransactionQueries:
+    """`start_on` and `signal_on`: the store's start and signal, on the caller's connection."""
+
+    schema: str
+
+    def _cq(self, name: str) -> str:
+        return named_queries("caller_transaction.sql", self.schema)[name]
+
+    async def start_in(self, connection: Any, new: NewInstance) -> tuple[str, bool]:
+        """Like `start`, on the caller's connection: (id, True) when created, (id, False) for a repeated key."""
+        pin = new.pin
+        args = [new.id, pin.scope, pin.definition_id, str(pin.version), pin.plan_hash,
+                json.dumps(new.state, separators=(",", ":"), ensure_ascii=False), new.start_step, new.business_key,
+                new.idempotency_key, new.fingerprint, new.actor, _json(new.context),
+                None if new.deadline_at is None else new.deadline_at.isoformat(),
+                None if new.deadline_seconds is None else repr(float(new.deadline_seconds))]
+        [row] = await _rows(connection, self._cq("start"), args)
+        return start_result(str(row["outcome"]), str(row["target"]), row["fingerprint"], key=new.idempotency_key,
+                            business_key=new.business_key, expected=new.fingerprint)
+
+    async def signal_in(
+        self, connection: Any, instance_id: str, name: str, payload: Any, *, dedup_key: str | None,
+        fingerprint: str, actor: str | None, position: str = "", context: Any = None,
+    ) -> int:
+        """Like `signal`, on the caller's connection: the signal's command id."""
+        args = [instance_id, position, name, json.dumps(payload, separators=(",", ":"), ensure_ascii=False),
+                dedup_key, fingerprint, _text(actor), _json(context)]
+        [row] = await _rows(connection, self._cq("signal"), args)
+        return signal_command_id(row, instance_id, name, dedup_key, position)

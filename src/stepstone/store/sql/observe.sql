@@ -1,0 +1,20 @@
+-- Named queries of worker health and metrics (store/observing.py). {{schema}} is the quoted schema.
+
+-- name: sample
+-- Queue depth by state, the oldest runnable command's wait and the outbox lag, sampled by one worker at
+-- a time: a transaction-scoped advisory lock; a worker that does not get it keeps its last sample (NULL).
+SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended('stepstone.sample:' || '{{schema}}', 0)) THEN
+    jsonb_build_object(
+        'states', (SELECT COALESCE(jsonb_object_agg(s.state, s.n), '{}'::jsonb) FROM (
+                      SELECT c.state, count(*) AS n FROM {{schema}}.commands c
+                      WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD') GROUP BY c.state) s),
+        'oldest_pending_seconds', (SELECT EXTRACT(EPOCH FROM {{schema}}.db_now() - min(c.available_at))::float8
+                                   FROM {{schema}}.commands c
+                                   WHERE c.state IN ('PENDING', 'DEFERRED') AND c.available_at <= {{schema}}.db_now()),
+        'outbox_pending', (SELECT count(*) FROM {{schema}}.outbox o WHERE o.published_at IS NULL),
+        'outbox_oldest_seconds', (SELECT EXTRACT(EPOCH FROM {{schema}}.db_now() - min(o.created_at))::float8
+                                  FROM {{schema}}.outbox o WHERE o.published_at IS NULL))
+END AS sample;
+
+-- name: ping
+SELECT 1;

@@ -1,0 +1,14 @@
+try:
+    from django.tasks import task
+except ImportError:
+    from django_tasks import task
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task
+def refuse(reason):
+    raise ValueError(reason)

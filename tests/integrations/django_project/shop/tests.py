@@ -1,0 +1,85 @@
+"""Run by Django's test runner: tasks enqueued on stepstone, committed and rolled back with Django's
+transaction, run by a stepstone worker, results read back through the backend."""
+
+import asyncio
+import subprocess
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.test import TransactionTestCase
+from django.utils import timezone
+
+try:
+    from django.tasks import default_task_backend
+    from django.tasks.exceptions import TaskResultDoesNotExist
+except ImportError:
+    from django_tasks import default_task_backend
+    from django_tasks.exceptions import TaskResultDoesNotExist
+
+from shop.tasks import add, refuse
+from stepstone.integrations.django_tasks import _database_url, registry
+from stepstone.testing import open_engine
+
+
+def run_worker(advance=None):
+    async def go():
+        async with open_engine(_database_url(), registry) as engine:
+            if advance:
+                await engine.advance(advance)
+            await engine.run_until_idle()
+
+    asyncio.run(go())
+
+
+class StepstoneTasks(TransactionTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        subprocess.run(["stepstone", "db", "migrate", "--database-url", _database_url()], check=True,
+                       capture_output=True)
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY)")
+
+    @classmethod
+    def tearDownClass(cls):
+        default_task_backend.close()
+        super().tearDownClass()
+
+    def test_a_task_commits_with_the_transaction_and_runs(self):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("INSERT INTO orders VALUES ('o-1')")
+            result = add.enqueue(2, 3)
+            self.assertEqual(result.status, "READY")
+        run_worker()
+        result.refresh()
+        self.assertEqual(result.status, "SUCCESSFUL")
+        self.assertEqual(result.return_value, 5)
+        self.assertEqual(default_task_backend.get_result(result.id).return_value, 5)
+
+    def test_a_rolled_back_transaction_enqueues_nothing(self):
+        try:
+            with transaction.atomic():
+                result = add.enqueue(1, 1)
+                raise RuntimeError("roll back")
+        except RuntimeError:
+            pass
+        with self.assertRaises(TaskResultDoesNotExist):
+            default_task_backend.get_result(result.id)
+
+    def test_a_failing_task_is_failed_with_its_error(self):
+        result = refuse.enqueue("no stock")
+        run_worker()
+        result.refresh()
+        self.assertEqual(result.status, "FAILED")
+        self.assertEqual(result.errors[0].exception_class_path, "builtins.ValueError")
+        self.assertIn("no stock", result.errors[0].traceback)
+
+    def test_run_after_waits_on_the_database_clock(self):
+        result = add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(4, 4)
+        run_worker()
+        result.refresh()
+        self.assertEqual(result.status, "READY")
+        run_worker(advance=timedelta(hours=2))
+        result.refresh()
+        self.assertEqual(result.return_value, 8)

@@ -1,0 +1,54 @@
+"""`stepstone schedules` and `stepstone limits` through the CLI, in-process, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner, Result
+
+from stepstone.cli import cli
+from tests.test_cli_instances import APP, Cli
+
+
+class GroupCli(Cli):
+    """The database URL as the root group's flag: `stepstone --database-url URL schedules list`."""
+
+    def __call__(self, *args: str, input: str | None = None) -> Result:  # noqa: A002 - CliRunner's name
+        return CliRunner().invoke(cli, ["--database-url", self.url, *args], input=input, catch_exceptions=False)
+
+
+@pytest.fixture
+def run(database_url: str) -> Cli:
+    return GroupCli(database_url)
+
+
+def test_schedules_create_list_pause_resume_trigger_delete(run: Cli) -> None:
+    made = run.json("schedules", "create", "nightly", "hello", "--cron", "0 2 * * *", "--timezone",
+                    "Europe/Paris", "--input", '{"name": "ada"}', "--app", APP)
+    assert made["workflow"] == "hello" and made["spec"]["timezone"] == "Europe/Paris"
+    listed = run("schedules", "list")
+    assert listed.exit_code == 0
+    assert "nightly" in listed.stdout and "cron 0 2 * * * (Europe/Paris)" in listed.stdout
+    assert run("schedules", "pause", "nightly").stdout.strip() == "schedule nightly paused"
+    assert run.json("schedules", "list")[0]["paused"] is True
+    assert run("schedules", "resume", "nightly").stdout.startswith("schedule nightly resumed; next tick ")
+    iid = run.json("schedules", "trigger", "nightly", "--app", APP)["instance_id"]
+    run.drive()
+    assert run.json("show", iid)["instance"]["state"] == {"name": "ada", "greeting": "hello ada"}
+    assert run("schedules", "delete", "nightly").stdout.strip() == "schedule nightly deleted"
+    assert run("schedules", "list").stdout.strip() == "no schedules"
+
+
+def test_schedule_errors_are_one_line(run: Cli) -> None:
+    assert run.error("schedules", "pause", "nope") == "error: no schedule named 'nope'"
+    line = run.error("schedules", "create", "s", "hello", "--cron", "0 25 * * *")
+    assert line == "error: schedule 's': cron expression '0 25 * * *': hour field '25' is outside 0-23"
+    assert "exactly one of cron" in run.error("schedules", "create", "s", "hello")
+
+
+def test_limits_set_list_remove(run: Cli) -> None:
+    assert run("limits", "set", "hello", "--max-running", "2", "--key", "name").stdout.strip() == "limit set on hello"
+    [limit] = run.json("limits", "list")
+    assert (limit["workflow"], limit["key"], limit["max_running"], limit["waiting"]) == ("hello", "name", 2, 0)
+    assert "released" in run("limits", "remove", "hello").stdout
+    assert run("limits", "list").stdout.strip() == "no limits"
+    assert run.error("limits", "set", "hello") == "error: a flow limit takes max_running=..., min_interval=... or both"

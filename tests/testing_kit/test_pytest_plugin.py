@@ -1,0 +1,58 @@
+"""The pytest plugin, as a user's project sees it: installed through the pytest11 entry point, an
+`engine` fixture on a database of its own, time skipping and history assertions."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import pytest
+
+from tests._pg import PgServer
+from tests.testing_kit import user_project
+
+pytest_plugins = ("pytester",)
+
+
+def test_the_plugin_is_registered_through_pytest11() -> None:
+    points = {ep.name: ep.value for ep in metadata.entry_points(group="pytest11")}
+    assert points.get("stepstone") == "stepstone.testing.plugin"
+
+
+def test_a_users_order_tests_pass_with_the_plugin(pytester: pytest.Pytester, pg_server: PgServer) -> None:
+    pytester.makeconftest(user_project.CONFTEST)
+    pytester.makepyfile(test_orders=user_project.TEST_ORDERS)
+    pytester.makeini(user_project.PYTEST_INI)
+    result = pytester.runpytest_subprocess("--stepstone-database-url", pg_server.admin_url, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_a_failed_history_assertion_says_what_ran(pytester: pytest.Pytester, pg_server: PgServer) -> None:
+    pytester.makeconftest(user_project.CONFTEST)
+    pytester.makepyfile(test_wrong='''
+from stepstone.examples.orders import orders
+
+async def test_wrong(engine):
+    iid = await engine.client.start(orders, {"order_id": "o", "customer": "c", "lines": [{"sku": "b", "quantity": 1}]})
+    await engine.run_until_idle()
+    await engine.assert_step_ran(iid, "reserve_stock", times=2)
+''')
+    pytester.makeini(user_project.PYTEST_INI)
+    result = pytester.runpytest_subprocess("--stepstone-database-url", pg_server.admin_url, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*step 'reserve_stock' of instance * ran 1 time(s), expected 2*"])
+
+
+def test_without_a_registry_the_fixture_says_how_to_give_one(pytester: pytest.Pytester, pg_server: PgServer) -> None:
+    pytester.makepyfile(test_none="async def test_none(engine):\n    pass\n")
+    pytester.makeini(user_project.PYTEST_INI)
+    result = pytester.runpytest_subprocess("--stepstone-database-url", pg_server.admin_url, "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*define `@pytest.fixture def stepstone_registry()*"])
+
+
+def test_docs_testing_shows_the_tests_run_here() -> None:
+    from pathlib import Path  # noqa: PLC0415
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+    assert user_project.TEST_ORDERS.strip() in page
+    assert user_project.CONFTEST.strip() in page
