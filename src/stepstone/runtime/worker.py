@@ -30,6 +30,7 @@ from stepstone.context import durable
 from stepstone.core.effects import SetState
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
+from stepstone.core.pin import pin_of  # noqa: F401 - kept importable from here for callers and tests
 from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable
