@@ -27,4 +27,6 @@ def test_error_exports() -> None:
         "InternalError", "InvalidDatabaseUrl", "InvalidInput", "InvalidState", "NotFound", "PayloadTooDeep",
         "PayloadTooLarge", "PositionNotFound", "SchemaNotReady", "SchemaTooNew", "StepstoneError", "UnknownBroker",
         "Unavailable", "UnknownSignal", "WaitTimeout",
+        "StateChangedSinceReview", "TaskHeld", "TaskNotFound", "TaskNotOpen", "TaskNotPermitted", "TaskRefused",
+        "UnknownDecision",
     ])

@@ -15,15 +15,22 @@
     ├── NotFound                    the thing named does not exist
     │   ├── InstanceNotFound        (instance_id)
     │   ├── PositionNotFound        (instance_id, position): no such branch
+    │   ├── TaskNotFound            (task_id)
     │   └── DefinitionNotFound      (definition_id, version)
     ├── Conflict                    the request contradicts what is stored
     │   ├── DefinitionConflict      same id and version registered with a different structure
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
     │   ├── BusinessKeyInUse        (instance_id of the holder)
-    │   └── InvalidState            the instance's status does not allow it (instance_id, status)
+    │   ├── InvalidState            the instance's status does not allow it (instance_id, status)
+    │   └── TaskRefused             a task operation refused (task_id, status, assignee, completion)
+    │       ├── TaskNotOpen         COMPLETING, COMPLETED, CANCELLED or EXPIRED (completion: the winner's)
+    │       ├── TaskHeld            claimed by someone else; claim never steals unless forced
+    │       ├── TaskNotPermitted    the actor is neither assignee, owner nor candidate (actor)
+    │       └── StateChangedSinceReview  the data shown changed since it was reviewed (changed, current_version)
     ├── InvalidInput                refused before anything is stored (what)
     │   ├── PayloadTooLarge / PayloadTooDeep  (what, reason)
-    │   └── UnknownSignal           (name): the pinned definition declares no such signal
+    │   ├── UnknownSignal           (name): the pinned definition declares no such signal
+    │   └── UnknownDecision         (decision, allowed): the task declares no such decision
     ├── WaitTimeout                 wait_for gave up before the instance ended (instance_id, status)
     └── InternalError               a bug in stepstone: an invariant did not hold (please report it)
 
@@ -58,9 +65,16 @@ __all__ = [
     "PositionNotFound",
     "SchemaNotReady",
     "SchemaTooNew",
+    "StateChangedSinceReview",
     "StepstoneError",
+    "TaskHeld",
+    "TaskNotFound",
+    "TaskNotOpen",
+    "TaskNotPermitted",
+    "TaskRefused",
     "Unavailable",
     "UnknownBroker",
+    "UnknownDecision",
     "UnknownSignal",
     "WaitTimeout",
 ]
@@ -241,3 +255,60 @@ class WaitTimeout(StepstoneError):
 
 class InternalError(StepstoneError):
     """A bug in stepstone: an invariant of the store or the engine did not hold. Please report it."""
+
+
+class TaskNotFound(NotFound):
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no task {task_id}")
+        self.task_id = task_id
+
+
+class TaskRefused(Conflict):
+    """A task operation refused, nothing changed: `status`, `assignee` and `completion` (the recorded
+    completion: decision, actor, ...) say what the task is now."""
+
+    def __init__(self, message: str, *, task_id: str, status: str, assignee: str | None = None,
+                 completion: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.status = status
+        self.assignee = assignee
+        self.completion = completion
+
+
+class TaskNotOpen(TaskRefused):
+    """The task is COMPLETING (a completion is pending), COMPLETED, CANCELLED or EXPIRED."""
+
+
+class TaskHeld(TaskRefused):
+    """Another user holds the task; claiming it needs an admin's force (which is recorded)."""
+
+
+class TaskNotPermitted(TaskRefused):
+    """The actor is neither the task's assignee, its owner nor a candidate (and no admin override)."""
+
+    def __init__(self, message: str, *, task_id: str, status: str, actor: str | None,
+                 assignee: str | None = None) -> None:
+        super().__init__(message, task_id=task_id, status=status, assignee=assignee)
+        self.actor = actor
+
+
+class StateChangedSinceReview(TaskRefused):
+    """A task that requires version stability: the completion names another version than the one
+    shown, or a field shown changed since; `changed` names those fields."""
+
+    def __init__(self, message: str, *, task_id: str, status: str, reviewed_version: int | None,
+                 shown_version: int, changed: tuple[str, ...]) -> None:
+        super().__init__(message, task_id=task_id, status=status)
+        self.reviewed_version = reviewed_version
+        self.shown_version = shown_version
+        self.changed = changed
+
+
+class UnknownDecision(InvalidInput):
+    def __init__(self, decision: str, task_id: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(f"task {task_id} has no decision {decision!r} (it takes {', '.join(allowed)})",
+                         what="decision")
+        self.decision = decision
+        self.task_id = task_id
+        self.allowed = allowed

@@ -30,7 +30,8 @@ FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 TERMINAL = frozenset({COMPLETED, CANCELLED})
 
-CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY", "BRANCH_DONE", "CHILD_COMPLETION"]
+CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY", "BRANCH_DONE", "CHILD_COMPLETION",
+                      "TASK_COMPLETION", "MESSAGE"]
 RUNS_STEP = frozenset({"START", "STEP", "RETRY"})
 """Command kinds that execute the instance's current step."""
 

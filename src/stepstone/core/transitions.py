@@ -22,6 +22,7 @@ from stepstone.core.effects import (
     StartChild,
 )
 from stepstone.core.entering import child_failed, enter, fail, join_branch, settled
+from stepstone.core.messages import message_received
 from stepstone.core.model import (
     CANCELLED,
     COMPLETED,
@@ -40,6 +41,7 @@ from stepstone.core.model import (
 )
 from stepstone.core.patch import changes, diff, same
 from stepstone.core.plan import END, Plan
+from stepstone.core.task_transitions import task_completed, task_timer
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
 
@@ -64,8 +66,14 @@ def apply(
         outcome = _run_current_step(instance, command, plan, now)
     elif command.kind == "SIGNAL":
         outcome = _signal(instance, command, plan, now)
+    elif command.kind == "TIMER" and (instance.wait or {}).get("kind") == "task":
+        outcome = task_timer(instance, command, plan, now)
     elif command.kind == "TIMER":
         outcome = _timer(instance, command, plan, now)
+    elif command.kind == "TASK_COMPLETION":
+        outcome = task_completed(instance, command, plan, now)
+    elif command.kind == "MESSAGE":
+        outcome = message_received(instance, command, plan, now)
     elif command.kind == "BRANCH_DONE":
         outcome = _branch_done(instance, command, plan, now)
     elif command.kind == "CHILD_COMPLETION":

@@ -18,7 +18,15 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from stepstone.authoring.workflow import BranchInfo, ChildResult, Registry, Signal, StepContext, Workflow
+from stepstone.authoring.workflow import (
+    BranchInfo,
+    ChildResult,
+    Registry,
+    Signal,
+    StepContext,
+    TaskOutcome,
+    Workflow,
+)
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.errors import StepstoneError
@@ -60,6 +68,7 @@ async def run_handler(
         signal=_signal(cause),
         child=_child(cause),
         branch=_branch(instance),
+        task=_task(cause),
     )
     try:
         result = await _call(workflow, run.step, ctx, state, executor)
@@ -122,6 +131,13 @@ def _child_start(
 def _signal(cause: dict[str, Any] | None) -> Signal | None:
     signal = cause.get("signal") if cause else None
     return Signal(signal["name"], signal.get("payload")) if isinstance(signal, dict) else None
+
+
+def _task(cause: dict[str, Any] | None) -> TaskOutcome | None:
+    task = cause.get("task") if cause else None
+    if not isinstance(task, dict):
+        return None
+    return TaskOutcome(str(task.get("id")), str(task.get("decision")), task.get("payload"), task.get("actor"))
 
 
 def _child(cause: dict[str, Any] | None) -> ChildResult | None:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepstone.core.effects import (
+    ChangeTask,
     CloseBranches,
     CloseTimers,
     Effect,
@@ -29,10 +30,12 @@ from stepstone.core.effects import (
     MovePosition,
     NotifyParent,
     OpenBranches,
+    OpenTask,
     RecordHistory,
     RequeueSignals,
     SetState,
     StartChild,
+    Subscribe,
 )
 from stepstone.core.model import ROOT, Decision
 
@@ -132,6 +135,18 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
                                "payload": e.payload})
 
 
+def _open_task(e: OpenTask, doc: _Doc) -> None:
+    doc.extend("tasks", {"op": "open", "task": e.task})
+
+
+def _change_task(e: ChangeTask, doc: _Doc) -> None:
+    doc.extend("tasks", {"op": e.op, "task_id": e.task_id, "data": e.data})
+
+
+def _subscribe(e: Subscribe, doc: _Doc) -> None:
+    doc.extend("subscriptions", {"names": list(e.names), "key": e.key, "visit": e.visit})
+
+
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     MovePosition: _move,
     SetState: _state,
@@ -145,6 +160,9 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     EmitEvent: _event,
     StartChild: _child,
     NotifyParent: _notify,
+    OpenTask: _open_task,
+    ChangeTask: _change_task,
+    Subscribe: _subscribe,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -161,6 +179,9 @@ SECTION_SQL: dict[type[Effect], str] = {
     EmitEvent: "INSERT INTO {{schema}}.outbox",
     StartChild: "{{schema}}.start_children(",
     NotifyParent: "'CHILD_COMPLETION'",
+    OpenTask: feature_section("tasks"),
+    ChangeTask: feature_section("tasks"),
+    Subscribe: feature_section("subscriptions"),
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 

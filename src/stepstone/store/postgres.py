@@ -31,6 +31,7 @@ from stepstone.errors import (
 from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
+from stepstone.store.postgres_tasks import TaskQueries
 from stepstone.store.queries import queries
 
 log = logging.getLogger("stepstone.store")
@@ -84,8 +85,8 @@ class Listener:
         return not self.conn.is_closed()
 
 
-class PostgresStore:
-    """The store on one asyncpg pool, in one schema."""
+class PostgresStore(TaskQueries):
+    """The store on one asyncpg pool, in one schema (tasks and messages: `TaskQueries`)."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, schema: str) -> None:
         self.pool = pool
