@@ -229,8 +229,11 @@ class TaskOperations:
         row = await self.store.get_task(tid)
         if decision not in row["decisions"]:
             raise UnknownDecision(decision, tid, tuple(row["decisions"]))
-        payload = self._checked_payload(row, decision, payload)
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="json")
+        # The request as given: the same whether or not this client has the decision's model to fill defaults.
         fingerprint = _fingerprint("complete", decision, payload)
+        payload = self._checked_payload(row, decision, payload)
         outcome, task, changed = await self.store.task_complete(
             tid, decision, payload, actor=who, groups=self._groups(groups), force=admin,
             key=None if idempotency_key is None else self._task_text("idempotency key", idempotency_key),
@@ -311,8 +314,6 @@ class TaskOperations:
     def _checked_payload(self, row: dict[str, Any], decision: str, payload: Any) -> Any:
         """The payload as JSON, validated by the decision's model (or, without the workflow's code here,
         by the form's required fields)."""
-        if isinstance(payload, BaseModel):
-            payload = payload.model_dump(mode="json")
         try:
             self.limits.encode("task payload", payload)
         except PayloadRejected as exc:
