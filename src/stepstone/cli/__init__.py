@@ -13,7 +13,20 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, doctor, instances, messages, outbox, tasks, worker
+from stepstone.cli import (
+    bench,
+    db,
+    demo,
+    demo_approval,
+    demo_fanout,
+    demo_outbox,
+    doctor,
+    instances,
+    messages,
+    outbox,
+    tasks,
+    worker,
+)
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
@@ -50,6 +63,7 @@ for _module in _COMMAND_MODULES:
         cli.add_command(_command)
 demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)
+demo.demo_command.add_command(demo_approval.demo_approval_command)
 
 
 def main(argv: list[str] | None = None) -> None:
