@@ -7,6 +7,7 @@ assignee and candidate checks and is recorded in the history. ``-o json`` on eve
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -74,7 +75,8 @@ def _task_text(task: TaskInfo) -> str:
         rows.append(["description", task.description])
     rows += [[k, _time(v)] for k, v in (("due", task.due_at), ("follow up", task.follow_up_at),
                                          ("reminded", task.reminded_at), ("escalated", task.escalated_at)) if v]
-    rows.append(["shown data", f"{_jsonable(task.data)} (version {task.state_version})"])
+    shown = json.dumps(_jsonable(task.data), ensure_ascii=False, sort_keys=True)
+    rows.append(["shown data", f"{shown} (version {task.state_version})"])
     if isinstance(task.completion, dict):
         rows.append(["completion", f"{task.completion.get('decision')} by {task.completion.get('actor')}"])
     return render_table(rows)

@@ -17,7 +17,6 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from stepstone import Registry, StepContext, Workflow
-from stepstone.authoring.workflow import from_state
 
 REMIND = timedelta(seconds=0.3)
 DUE = timedelta(seconds=0.8)
@@ -59,7 +58,6 @@ approval.task(
     decisions={"approve": "approved", "reject": "rejected"},
     payloads={"approve": Approve, "reject": Reject},
     candidate_groups=["approvers"],
-    owner=from_state("employee"),
     show=("expense_id", "employee", "amount"),
     reminder=REMIND,
     due=DUE,
