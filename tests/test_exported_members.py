@@ -28,5 +28,5 @@ def test_error_exports() -> None:
         "PayloadTooLarge", "PositionNotFound", "SchemaNotReady", "SchemaTooNew", "StepstoneError", "UnknownBroker",
         "Unavailable", "UnknownSignal", "WaitTimeout",
         "StateChangedSinceReview", "TaskHeld", "TaskNotFound", "TaskNotOpen", "TaskNotPermitted", "TaskRefused",
-        "UnknownDecision",
+        "UnknownDecision", "OpenSignalLimit",
     ])

@@ -25,6 +25,7 @@ from stepstone.errors import (
     InstanceNotFound,
     InvalidInput,
     InvalidState,
+    OpenSignalLimit,
     UnknownSignal,
 )
 from stepstone.store.port import ClientStore, NewInstance
@@ -96,6 +97,9 @@ class MessageOperations:
         if row["outcome"] == "conflict":
             raise IdempotencyConflict(f"message id {message_id!r} was already published with other content",
                                       instance_id="")
+        if row["outcome"] == "full":
+            raise OpenSignalLimit(f"message {name!r} ({correlation_key!r}): as many messages are buffered for this "
+                                  "name and key as allowed; nothing was kept", instance_id=None, limit=0)
         deliveries = [Delivery(str(d["instance_id"]), str(d["position"]), int(d["command_id"]))
                       for d in row["deliveries"] or []]
         status = str(row["status"]).lower()

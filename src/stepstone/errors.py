@@ -22,6 +22,7 @@
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
     │   ├── BusinessKeyInUse        (instance_id of the holder)
     │   ├── InvalidState            the instance's status does not allow it (instance_id, status)
+    │   ├── OpenSignalLimit         the instance holds as many open signals as allowed (instance_id, limit)
     │   └── TaskRefused             a task operation refused (task_id, status, assignee, completion)
     │       ├── TaskNotOpen         COMPLETING, COMPLETED, CANCELLED or EXPIRED (completion: the winner's)
     │       ├── TaskHeld            claimed by someone else; claim never steals unless forced
@@ -60,6 +61,7 @@ __all__ = [
     "InvalidInput",
     "InvalidState",
     "NotFound",
+    "OpenSignalLimit",
     "PayloadTooDeep",
     "PayloadTooLarge",
     "PositionNotFound",
@@ -312,3 +314,14 @@ class UnknownDecision(InvalidInput):
         self.decision = decision
         self.task_id = task_id
         self.allowed = allowed
+
+
+class OpenSignalLimit(Conflict):
+    """An instance holds as many open signals and messages as it may (`limit`, the setting
+    stepstone.max_open_signals, default 1000), or a (name, key) as many buffered messages: this one was
+    refused and nothing of it was stored, no dedup key included."""
+
+    def __init__(self, message: str, *, instance_id: str | None, limit: int) -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.limit = limit

@@ -9,7 +9,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from stepstone.errors import IdempotencyConflict, InvalidState
+from stepstone.errors import IdempotencyConflict, InvalidState, OpenSignalLimit
 from stepstone.testing import Engine, open_engine
 from tests.engine.task_workflows import Receipt, receipt, registry
 
@@ -143,3 +143,38 @@ async def test_start_or_signal_starts_one_instance(engine: Engine, conn: asyncpg
     assert info.status == "COMPLETED" and info.state["via"] == "skip"
     with pytest.raises(InvalidState):
         await engine.client.start_or_signal(receipt, "bk-1", "skip", {"n": 9}, input=Receipt(order_id="bk-1"))
+
+
+async def test_an_instance_holds_at_most_the_open_signal_cap(engine: Engine, conn: asyncpg.Connection) -> None:
+    await conn.execute("SELECT set_config('stepstone.max_open_signals', '3', false)")  # this session only
+    iid = await _waiting(engine, "o-cap")
+    await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'a', 'f', NULL)", iid)
+    await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'b', 'f', NULL)", iid)
+    await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'c', 'f', NULL)", iid)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'd', 'f', NULL)", iid)
+    assert refused.value.sqlstate == "SC429"
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE key = 'd'") == 0
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE kind = 'SIGNAL'") == 3
+
+
+async def test_the_cap_is_a_typed_error_on_the_client(database_url: str, conn: asyncpg.Connection) -> None:
+    name = await conn.fetchval("SELECT current_database()")
+    await conn.execute(f'ALTER DATABASE "{name}" SET stepstone.max_open_signals = 5')  # new sessions see it
+    async with open_engine(database_url, registry, concurrency=1) as engine:
+        iid = await _waiting(engine, "o-cap2")
+        for n in range(5):
+            await engine.client.signal(iid, "skip", {"n": n})
+        with pytest.raises(OpenSignalLimit) as refused:
+            await engine.client.signal(iid, "skip", {"n": 5}, dedup_key="over")
+        assert refused.value.limit == 5 and refused.value.instance_id == iid
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE key = 'over'") == 0
+        for n in range(5):  # buffered messages of one name and key are capped the same way
+            await engine.client.publish_message("receipt_received", "nobody-waits", {"n": n}, ttl=60)
+        with pytest.raises(OpenSignalLimit):
+            await engine.client.publish_message("receipt_received", "nobody-waits", {"n": 5}, ttl=60,
+                                                message_id="m-over")
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.messages WHERE message_id = 'm-over'") == 0
+        await engine.run_until_idle()  # they drain: one moves the wait, the rest park
+        info = await engine.client.get(iid)
+        assert info.status == "COMPLETED"

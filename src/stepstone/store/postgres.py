@@ -31,7 +31,7 @@ from stepstone.errors import (
 from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
-from stepstone.store.postgres_tasks import TaskQueries
+from stepstone.store.postgres_tasks import TaskQueries, open_signal_limit
 from stepstone.store.queries import queries
 
 log = logging.getLogger("stepstone.store")
@@ -264,7 +264,9 @@ class PostgresStore(TaskQueries):
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
         position: str = "",
     ) -> int:
-        row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
+        with open_signal_limit(instance_id):
+            row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint,
+                                  actor)
         outcome = row["outcome"]
         if outcome == "not_found":
             raise InstanceNotFound(instance_id)

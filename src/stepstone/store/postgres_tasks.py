@@ -8,17 +8,34 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import asyncpg
 
-from stepstone.errors import InstanceNotFound, TaskNotFound, Unavailable
+from stepstone.errors import InstanceNotFound, OpenSignalLimit, TaskNotFound, Unavailable
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
 from stepstone.store.task_port import TaskQuery
 
-__all__ = ["TaskQueries"]
+__all__ = ["TaskQueries", "open_signal_limit"]
+
+OPEN_SIGNAL_LIMIT = "SC429"
+"""The SQLSTATE of the open-signal cap (migration 0007, cap_open_signals)."""
+
+
+@contextmanager
+def open_signal_limit(instance_id: str | None) -> Iterator[None]:
+    """The cap's refusal as the typed error."""
+    try:
+        yield
+    except asyncpg.PostgresError as exc:
+        if exc.sqlstate != OPEN_SIGNAL_LIMIT:
+            raise
+        limit = int(getattr(exc, "detail", None) or 0)
+        raise OpenSignalLimit(str(exc).removeprefix("stepstone: ") + "; nothing was recorded",
+                              instance_id=instance_id, limit=limit) from None
 
 _MODES = {"inbox": "task_mode_inbox", "assigned": "task_mode_assigned", "candidate": "task_mode_candidate",
           "all": "task_mode_all"}
@@ -113,8 +130,9 @@ class TaskQueries:
         delay = 0.002
         for _ in range(_BUSY_ATTEMPTS):
             try:
-                row = await self._task_row("publish_message", name, correlation_key, payload, message_id, ttl,
-                                           correlate_all, fingerprint)
+                with open_signal_limit(None):
+                    row = await self._task_row("publish_message", name, correlation_key, payload, message_id, ttl,
+                                               correlate_all, fingerprint)
             except asyncpg.LockNotAvailableError:
                 # A matching instance is committing: nothing was written; try again shortly.
                 await asyncio.sleep(delay)
@@ -128,11 +146,12 @@ class TaskQueries:
         self, new: Any, signal: str, payload: Any, *, dedup_key: str | None, signal_fingerprint: str,
     ) -> dict[str, Any]:
         pin = new.pin
-        row = await self._task_row(
-            "start_or_signal", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
-            new.state, new.start_step, new.business_key, new.fingerprint, new.actor, signal, payload, dedup_key,
-            signal_fingerprint,
-        )
+        with open_signal_limit(None):
+            row = await self._task_row(
+                "start_or_signal", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
+                new.state, new.start_step, new.business_key, new.fingerprint, new.actor, signal, payload, dedup_key,
+                signal_fingerprint,
+            )
         return dict(row)
 
 

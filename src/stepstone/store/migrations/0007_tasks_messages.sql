@@ -221,7 +221,8 @@ END $$;
 INSERT INTO {{schema}}.effect_sections VALUES ('subscriptions', 25, 'open_subscriptions');
 
 -- Publish a message. Outcomes: delivered (deliveries: instance, position, command of each), buffered
--- (until expires_at), dropped (no open subscription, no TTL), duplicate (the same message_id and
+-- (until expires_at), dropped (no open subscription, no TTL), full (as many messages of this name and
+-- key are buffered as max_open_signals allows: nothing kept, no dedup row), duplicate (the same message_id and
 -- content: the earlier answer), conflict (the same message_id, other content). SQLSTATE 55P03 when
 -- a matching instance is busy committing: nothing was written, the caller tries again.
 CREATE FUNCTION {{schema}}.publish_message(p_name text, p_key text, p_payload jsonb, p_message_id text,
@@ -275,6 +276,13 @@ BEGIN
     IF jsonb_array_length(v_delivered) > 0 THEN
         v_status := 'DELIVERED';
     ELSIF COALESCE(p_ttl, 0) > 0 THEN
+        IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.messages m
+                                  WHERE m.name = p_name AND m.correlation_key = p_key AND m.status = 'BUFFERED'
+                                    AND m.expires_at > v_now
+                                  LIMIT {{schema}}.max_open_signals()) AS kept) >= {{schema}}.max_open_signals() THEN
+            RETURN QUERY SELECT 'full'::text, '[]'::jsonb, NULL::timestamptz, 'FULL'::text;
+            RETURN;
+        END IF;
         v_status := 'BUFFERED';
         v_expires := v_now + make_interval(secs => p_ttl);
     ELSE
@@ -307,6 +315,34 @@ CREATE TRIGGER commands_hold_back_timers
     AFTER INSERT ON {{schema}}.commands
     FOR EACH ROW WHEN (NEW.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND NEW.state = 'PENDING')
     EXECUTE FUNCTION {{schema}}.hold_back_timers();
+
+-- The open-signal cap: an instance holds at most `stepstone.max_open_signals` (a setting, default
+-- 1000) open signals and messages (PENDING, DEFERRED or PARKED). One more is refused with SQLSTATE
+-- SC429, which aborts the whole statement: a refused signal leaves no command and no dedup row.
+CREATE FUNCTION {{schema}}.max_open_signals() RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE(NULLIF(current_setting('stepstone.max_open_signals', true), '')::integer, 1000)
+$$;
+
+CREATE FUNCTION {{schema}}.cap_open_signals() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cap integer := {{schema}}.max_open_signals();
+BEGIN
+    IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
+                              WHERE c.instance_id = NEW.instance_id AND c.kind IN ('SIGNAL', 'MESSAGE')
+                                AND c.state IN ('PENDING', 'DEFERRED', 'PARKED')
+                              LIMIT v_cap) AS open_ones) >= v_cap THEN
+        RAISE EXCEPTION 'stepstone: instance % holds % open signals and messages, the most it may', NEW.instance_id,
+            v_cap USING ERRCODE = 'SC429', DETAIL = v_cap::text;
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER commands_cap_open_signals
+    BEFORE INSERT ON {{schema}}.commands
+    FOR EACH ROW WHEN (NEW.kind IN ('SIGNAL', 'MESSAGE'))
+    EXECUTE FUNCTION {{schema}}.cap_open_signals();
 
 -- A cancelled position (the instance cancelled, a join's losers) cancels its open tasks and closes
 -- its subscriptions.
