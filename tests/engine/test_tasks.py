@@ -278,3 +278,19 @@ async def test_inbox_pages_and_filters(engine: Engine) -> None:
     with pytest.raises(InvalidInput):
         await engine.client.tasks(user="alice", after="garbage!")
     assert uuid.UUID(ids[0])
+
+
+async def test_a_completing_task_refuses_claims_and_reassignment(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.claim_task(tid, actor="alice", groups=["finance"])
+    await engine.client.complete_task(tid, "reject", None, actor="alice", groups=["finance"])
+    for refused in (engine.client.claim_task(tid, actor="bob", groups=["finance"], admin=True),
+                    engine.client.reassign_task(tid, "zed", actor="boss", admin=True),
+                    engine.client.delegate_task(tid, "zed", actor="alice")):
+        with pytest.raises(TaskNotOpen) as answer:
+            await refused
+        assert answer.value.status == "COMPLETING" and answer.value.completion["actor"] == "alice"  # type: ignore[index]
+    moved = await engine.client.reassign_all_tasks("alice", "zed", actor="boss")
+    assert (moved.reassigned, moved.skipped) == (0, 1)  # being completed: skipped, and counted
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["outcome"] == "REJECTED"
