@@ -294,3 +294,20 @@ async def test_a_completing_task_refuses_claims_and_reassignment(engine: Engine)
     assert (moved.reassigned, moved.skipped) == (0, 1)  # being completed: skipped, and counted
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).state["outcome"] == "REJECTED"
+
+
+async def test_a_dead_lettered_completion_gives_the_task_back_on_retry(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.complete_task(tid, "approve", {"comment": "x"}, actor="alice", groups=["finance"])
+    for _ in range(3):  # claimed and abandoned until the engine's max_claims (3) is spent
+        assert len(await engine.store.claim(1, 1, "crashing")) == 1
+        await engine.advance(2)
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "FAILED"
+    assert (await engine.client.task(tid)).status == "COMPLETING"
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    assert (await engine.client.task(tid)).status == "OPEN"
+    await engine.client.complete_task(tid, "reject", None, actor="bob", groups=["finance"])
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["outcome"] == "REJECTED"

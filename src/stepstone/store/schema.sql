@@ -1580,7 +1580,13 @@ BEGIN
                    t->'form', t->'data', i.state_version, (t->>'require_version_stability')::boolean,
                    (t->>'due_at')::timestamptz, (t->>'follow_up_at')::timestamptz, p_now, p_now
             FROM {{schema}}.instances i WHERE i.id = v_id
-            ON CONFLICT (id) DO NOTHING;
+            -- The same visit entered again (a retry of a failed position): a completion whose command
+            -- is gone (superseded by the retry) gives the task back.
+            ON CONFLICT (id) DO UPDATE SET status = 'OPEN', completion = NULL, completion_command = NULL,
+                updated_at = p_now
+            WHERE {{schema}}.tasks.status = 'COMPLETING'
+              AND NOT EXISTS (SELECT 1 FROM {{schema}}.commands c WHERE c.id = {{schema}}.tasks.completion_command
+                                AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'));
         ELSIF x->>'op' = 'complete' THEN
             UPDATE {{schema}}.tasks k SET status = 'COMPLETED', ended_at = p_now, updated_at = p_now
             WHERE k.id = (x->>'task_id')::uuid AND k.status IN ('OPEN', 'COMPLETING');
