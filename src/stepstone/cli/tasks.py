@@ -188,17 +188,28 @@ def claim_command(settings: Settings, output: str, task_id: str, actor: str | No
     _changed(output, task, "claimed")
 
 
-@tasks_group.command("unclaim")
-@click.argument("task_id", type=TEXT)
-@_actor_option
-@_admin_option
-@output_option
-@with_settings
-def unclaim_command(settings: Settings, output: str, task_id: str, actor: str | None, admin: bool) -> None:
-    """Give a task back to its candidates."""
-    who = _actor(actor)
-    task = _run(settings, None, lambda c: c.unclaim_task(task_id, actor=who, admin=admin))
-    _changed(output, task, "unclaimed")
+def _give_back(op: str) -> Callable[..., None]:
+    """unclaim (back to the candidates) and resolve (a delegated task back to its owner)."""
+
+    @click.argument("task_id", type=TEXT)
+    @_actor_option
+    @_admin_option
+    @output_option
+    @with_settings
+    def command(settings: Settings, output: str, task_id: str, actor: str | None, admin: bool) -> None:
+        who = _actor(actor)
+
+        async def work(client: Client) -> TaskInfo:
+            method = client.unclaim_task if op == "unclaim" else client.resolve_task
+            return await method(task_id, actor=who, admin=admin)
+
+        _changed(output, _run(settings, None, work), f"{op}ed" if op == "unclaim" else "resolved")
+
+    return command
+
+
+tasks_group.command("unclaim", help="Give a task back to its candidates.")(_give_back("unclaim"))
+tasks_group.command("resolve", help="Hand a delegated task back to its owner.")(_give_back("resolve"))
 
 
 def _handover(op: str) -> Callable[..., None]:
@@ -227,19 +238,6 @@ tasks_group.command("reassign", help="Give a task to user TO (its assignee, owne
     _handover("reassign"))
 tasks_group.command("delegate", help="Delegate a task to user TO; `resolve` gives it back to its owner.")(
     _handover("delegate"))
-
-
-@tasks_group.command("resolve")
-@click.argument("task_id", type=TEXT)
-@_actor_option
-@_admin_option
-@output_option
-@with_settings
-def resolve_command(settings: Settings, output: str, task_id: str, actor: str | None, admin: bool) -> None:
-    """Hand a delegated task back to its owner."""
-    who = _actor(actor)
-    task = _run(settings, None, lambda c: c.resolve_task(task_id, actor=who, admin=admin))
-    _changed(output, task, "resolved")
 
 
 @tasks_group.command("complete")
