@@ -22,7 +22,7 @@ from stepstone.store.task_port import TaskQuery
 __all__ = ["TaskQueries", "open_signal_limit"]
 
 OPEN_SIGNAL_LIMIT = "SC429"
-"""The SQLSTATE of the open-signal cap (migration 0007, cap_open_signals)."""
+"""The SQLSTATE of the open-signal cap (migration 0007, trigger commands_recorded)."""
 
 
 @contextmanager

@@ -19,7 +19,7 @@
 -- tries again), so it never waits on an instance while holding a key.
 --
 -- Held back: a signal or message recorded for a position before its wait's timeout fires, and a task
--- completion, move that position's pending timers behind them in the queue (trigger on commands), so
+-- completion, move that position's pending timers behind them in the queue (trigger commands_recorded), so
 -- a timeout never beats a signal recorded before it, and a task's due date, reminder and expiry never
 -- fire while its completion is pending. A parked signal holds nothing back: it leaves the queue.
 
@@ -301,27 +301,6 @@ BEGIN
     RETURN QUERY SELECT lower(v_status), v_delivered, v_expires, v_status;
 END $$;
 
--- A signal, message or task completion recorded for a position moves the timers it must not lose
--- to behind it in the position's queue: a wait's timeout not yet due (a signal or message recorded
--- before the timeout's fire time wins), and every pending timer of a task (its due date, reminder
--- and expiry wait while the completion is pending).
-CREATE FUNCTION {{schema}}.hold_back_timers() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    UPDATE {{schema}}.commands c SET seq = nextval('{{schema}}.command_seq')
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position AND x.kind = 'TIMER'
-                     AND x.state IN ('PENDING', 'DEFERRED') AND x.seq < NEW.seq
-                     AND (NEW.kind = 'TASK_COMPLETION' OR (x.name = 'timeout' AND x.available_at > NEW.created_at))
-                   ORDER BY x.id FOR UPDATE);
-    RETURN NULL;
-END $$;
-
-CREATE TRIGGER commands_hold_back_timers
-    AFTER INSERT ON {{schema}}.commands
-    FOR EACH ROW WHEN (NEW.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND NEW.state = 'PENDING')
-    EXECUTE FUNCTION {{schema}}.hold_back_timers();
-
 -- The open-signal cap: an instance holds at most `stepstone.max_open_signals` (a setting, default
 -- 1000) open signals and messages (PENDING, DEFERRED or PARKED). One more is refused with SQLSTATE
 -- SC429, which aborts the whole statement: a refused signal leaves no command and no dedup row.
@@ -330,25 +309,39 @@ LANGUAGE sql STABLE AS $$
     SELECT COALESCE(NULLIF(current_setting('stepstone.max_open_signals', true), '')::integer, 1000)
 $$;
 
-CREATE FUNCTION {{schema}}.cap_open_signals() RETURNS trigger
+-- A signal, message or task completion recorded for a position (one trigger, so a signal pays one call):
+-- * past the cap it is refused (signals and messages only);
+-- * the timers it must not lose to move behind it in the position's queue: a wait's timeout not yet
+--   due (a signal or message recorded before the timeout's fire time wins), and every pending timer
+--   of a task (its due date, reminder and expiry wait while the completion is pending).
+CREATE FUNCTION {{schema}}.command_recorded() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_cap integer := {{schema}}.max_open_signals();
+    v_cap integer;
 BEGIN
-    IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
-                              WHERE c.instance_id = NEW.instance_id AND c.kind IN ('SIGNAL', 'MESSAGE')
-                                AND c.state IN ('PENDING', 'DEFERRED', 'PARKED')
-                              LIMIT v_cap) AS open_ones) >= v_cap THEN
-        RAISE EXCEPTION 'stepstone: instance % holds % open signals and messages, the most it may', NEW.instance_id,
-            v_cap USING ERRCODE = 'SC429', DETAIL = v_cap::text;
+    IF NEW.kind <> 'TASK_COMPLETION' THEN
+        v_cap := {{schema}}.max_open_signals();
+        IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
+                                  WHERE c.instance_id = NEW.instance_id AND c.kind IN ('SIGNAL', 'MESSAGE')
+                                    AND c.state IN ('PENDING', 'DEFERRED', 'PARKED')
+                                  LIMIT v_cap) AS open_ones) >= v_cap THEN
+            RAISE EXCEPTION 'stepstone: instance % holds % open signals and messages, the most it may',
+                NEW.instance_id, v_cap USING ERRCODE = 'SC429', DETAIL = v_cap::text;
+        END IF;
     END IF;
+    UPDATE {{schema}}.commands c SET seq = nextval('{{schema}}.command_seq')
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position AND x.kind = 'TIMER'
+                     AND x.state IN ('PENDING', 'DEFERRED') AND x.seq < NEW.seq
+                     AND (NEW.kind = 'TASK_COMPLETION' OR (x.name = 'timeout' AND x.available_at > NEW.created_at))
+                   ORDER BY x.id FOR UPDATE);
     RETURN NEW;
 END $$;
 
-CREATE TRIGGER commands_cap_open_signals
+CREATE TRIGGER commands_recorded
     BEFORE INSERT ON {{schema}}.commands
-    FOR EACH ROW WHEN (NEW.kind IN ('SIGNAL', 'MESSAGE'))
-    EXECUTE FUNCTION {{schema}}.cap_open_signals();
+    FOR EACH ROW WHEN (NEW.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND NEW.state = 'PENDING')
+    EXECUTE FUNCTION {{schema}}.command_recorded();
 
 -- A cancelled position (the instance cancelled, a join's losers) cancels its open tasks and closes
 -- its subscriptions.
