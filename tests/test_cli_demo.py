@@ -55,3 +55,17 @@ def test_demo_fanout_runs_branches_in_parallel_then_a_child(database_url: str) -
     match = re.fullmatch(r"fanout: 10 branches x 1\.0 s in (\d+\.\d\d) s; child ([0-9a-f-]{36}) completed", last)
     assert match is not None, last  # how long it took is the bench's to report (stepstone bench --only fanout)
     assert "join fired 1 time(s)" in result.stdout
+
+
+def test_demo_approval_escalates_and_correlates_the_receipt(database_url: str) -> None:
+    result = CliRunner().invoke(cli, ["demo", "approval", "--database-url", database_url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    match = re.fullmatch(r"approval: APPROVED by lee after escalation; receipt correlated to ([0-9a-f-]{36})",
+                         lines[-1])
+    assert match is not None, lines[-1]
+    assert match.group(1) in lines[1]  # the instance the demo started
+    narrated = [line.split("] ", 1)[1] for line in lines[2:-1]]
+    assert narrated.index("reminder sent (nobody acted yet)") < narrated.index(
+        "due date passed: escalated to group finance-leads") < narrated.index("task claimed by lee")
+    assert "published receipt_received: delivered" in narrated

@@ -43,4 +43,6 @@ def test_external_exports() -> None:
         "BusinessError", "ExternalTaskNotFound", "ExternalTasks", "ExternalWorker", "LockExpired", "LockLost",
         "LockedTask", "TaskAnswer", "TaskEnded",
         "TaskLockRefused",
+        "StateChangedSinceReview", "TaskHeld", "TaskNotFound", "TaskNotOpen", "TaskNotPermitted", "TaskRefused",
+        "UnknownDecision", "OpenSignalLimit",
     ])

@@ -51,6 +51,13 @@ _IMPORTS = {
     "ScheduleInfo": "stepstone.scheduling.operations",
     "Schedules": "stepstone.scheduling.operations",
     "FlowLimits": "stepstone.scheduling.operations",
+    "TaskInfo": "stepstone.client_tasks",
+    "TaskPage": "stepstone.client_tasks",
+    "TaskFilter": "stepstone.client_tasks",
+    "TaskCompletion": "stepstone.client_tasks",
+    "BulkReassignment": "stepstone.client_tasks",
+    "Published": "stepstone.client_messages",
+    "SignalledOrStarted": "stepstone.client_messages",
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 
@@ -190,7 +197,10 @@ def generate() -> str:
     """The text of `_sync_client.py` for the `Client` imported now."""
     annotations: list[str] = []
     methods: list[str] = []
-    for name, member in vars(Client).items():
+    members = {}  # Client's own methods first, then those of its bases (tasks, messages), each in source order
+    for klass in (Client, *Client.__mro__[1:-1]):
+        members.update({k: v for k, v in vars(klass).items() if k not in members})
+    for name, member in members.items():
         if name.startswith("_") or name in _SKIP or not inspect.iscoroutinefunction(member):
             continue
         sig = inspect.signature(member)

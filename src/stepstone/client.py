@@ -1,4 +1,5 @@
-"""Public operations on workflow instances: start, signal, cancel, retry, inspect, wait.
+"""Public operations on workflow instances: start, signal, cancel, retry, inspect, wait; human tasks
+(`client_tasks.TaskOperations`) and messages (`client_messages.MessageOperations`).
 
 `Client` is async; `SyncClient` (`stepstone/_sync_client.py`) is generated from it by
 `python -m stepstone._gen_sync`, never kept by hand. The CLI and the HTTP API call these same methods.
@@ -17,6 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.client_messages import MessageOperations
+from stepstone.client_tasks import TaskOperations
 from stepstone.config import Settings
 from stepstone.context import durable
 from stepstone.core.attribution import Actor
@@ -85,8 +88,9 @@ class Cancellation:
         return self.outcome != "unchanged"
 
 
-class Client:
-    """Start and steer workflow instances. Open with `await Client.connect(...)`."""
+class Client(TaskOperations, MessageOperations):
+    """Start and steer workflow instances, work on their human tasks and publish messages. Open with
+    `await Client.connect(...)`."""
 
     def __init__(
         self, store: ClientStore, registry: Registry | None = None, *, limits: Limits | None = None,

@@ -16,7 +16,8 @@
     │   ├── InstanceNotFound        (instance_id)
     │   ├── PositionNotFound        (instance_id, position): no such branch
     │   ├── DefinitionNotFound      (definition_id, version)
-    │   └── ExternalTaskNotFound    (task_id)
+    │   ├── ExternalTaskNotFound    (task_id)
+    │   └── TaskNotFound            (task_id)
     ├── Conflict                    the request contradicts what is stored
     │   ├── DefinitionConflict      same id and version registered with a different structure
     │   │   └── DefinitionDrift     a plan hash changed without a version bump (refused, never re-pinned)
@@ -27,13 +28,20 @@
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
     │   ├── BusinessKeyInUse        (instance_id of the holder)
     │   ├── InvalidState            the instance's status does not allow it (instance_id, status)
-    │   └── TaskLockRefused         an external task's answer fenced out (task_id, reason, status):
-    │       ├── LockLost                the token does not hold the task (another worker has it)
-    │       ├── LockExpired             the lock ran out before the answer
-    │       └── TaskEnded               the task was answered already or its position moved on
+    │   ├── TaskLockRefused         an external task's answer fenced out (task_id, reason, status):
+    │   │   ├── LockLost                the token does not hold the task (another worker has it)
+    │   │   ├── LockExpired             the lock ran out before the answer
+    │   │   └── TaskEnded               the task was answered already or its position moved on
+    │   ├── OpenSignalLimit         the instance holds as many open signals as allowed (instance_id, limit)
+    │   └── TaskRefused             a task operation refused (task_id, status, assignee, completion)
+    │       ├── TaskNotOpen         COMPLETING, COMPLETED, CANCELLED or EXPIRED (completion: the winner's)
+    │       ├── TaskHeld            claimed by someone else; claim never steals unless forced
+    │       ├── TaskNotPermitted    the actor is neither assignee, owner nor candidate (actor)
+    │       └── StateChangedSinceReview  the data shown changed since it was reviewed (changed, current_version)
     ├── InvalidInput                refused before anything is stored (what)
     │   ├── PayloadTooLarge / PayloadTooDeep  (what, reason)
     │   ├── UnknownSignal           (name): the pinned definition declares no such signal
+    │   ├── UnknownDecision         (decision, allowed): the task declares no such decision
     │   └── DocumentInvalid         a workflow document that fails its schema or names an unknown handler
     ├── WaitTimeout                 wait_for gave up before the instance ended (instance_id, status)
     └── InternalError               a bug in stepstone: an invariant did not hold (please report it)
@@ -72,16 +80,24 @@ __all__ = [
     "LockLost",
     "MigrationRefused",
     "NotFound",
+    "OpenSignalLimit",
     "PayloadTooDeep",
     "PayloadTooLarge",
     "PositionNotFound",
     "SchemaNotReady",
     "SchemaTooNew",
+    "StateChangedSinceReview",
     "StepstoneError",
     "TaskEnded",
+    "TaskHeld",
     "TaskLockRefused",
+    "TaskNotFound",
+    "TaskNotOpen",
+    "TaskNotPermitted",
+    "TaskRefused",
     "Unavailable",
     "UnknownBroker",
+    "UnknownDecision",
     "UnknownSignal",
     "VersionNotAdmitted",
     "WaitTimeout",
@@ -338,3 +354,71 @@ class DocumentInvalid(InvalidInput):
         self.path = path
         self.line = line
         self.column = column
+
+
+class TaskNotFound(NotFound):
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"no task {task_id}")
+        self.task_id = task_id
+
+
+class TaskRefused(Conflict):
+    """A task operation refused, nothing changed: `status`, `assignee` and `completion` (the recorded
+    completion: decision, actor, ...) say what the task is now."""
+
+    def __init__(self, message: str, *, task_id: str, status: str, assignee: str | None = None,
+                 completion: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.status = status
+        self.assignee = assignee
+        self.completion = completion
+
+
+class TaskNotOpen(TaskRefused):
+    """The task is COMPLETING (a completion is pending), COMPLETED, CANCELLED or EXPIRED."""
+
+
+class TaskHeld(TaskRefused):
+    """Another user holds the task; claiming it needs an admin's force (which is recorded)."""
+
+
+class TaskNotPermitted(TaskRefused):
+    """The actor is neither the task's assignee, its owner nor a candidate (and no admin override)."""
+
+    def __init__(self, message: str, *, task_id: str, status: str, actor: str | None,
+                 assignee: str | None = None) -> None:
+        super().__init__(message, task_id=task_id, status=status, assignee=assignee)
+        self.actor = actor
+
+
+class StateChangedSinceReview(TaskRefused):
+    """A task that requires version stability: the completion names another version than the one
+    shown, or a field shown changed since; `changed` names those fields."""
+
+    def __init__(self, message: str, *, task_id: str, status: str, reviewed_version: int | None,
+                 shown_version: int, changed: tuple[str, ...]) -> None:
+        super().__init__(message, task_id=task_id, status=status)
+        self.reviewed_version = reviewed_version
+        self.shown_version = shown_version
+        self.changed = changed
+
+
+class UnknownDecision(InvalidInput):
+    def __init__(self, decision: str, task_id: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(f"task {task_id} has no decision {decision!r} (it takes {', '.join(allowed)})",
+                         what="decision")
+        self.decision = decision
+        self.task_id = task_id
+        self.allowed = allowed
+
+
+class OpenSignalLimit(Conflict):
+    """An instance holds as many open signals and messages as it may (`limit`, the setting
+    stepstone.max_open_signals, default 1000), or a (name, key) as many buffered messages: this one was
+    refused and nothing of it was stored, no dedup key included."""
+
+    def __init__(self, message: str, *, instance_id: str | None, limit: int) -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.limit = limit

@@ -27,6 +27,7 @@ from stepstone.authoring.sensitive import sensitive_paths
 from stepstone.core.model import Event
 from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, RetryPolicy, Step
 from stepstone.core.redaction import Redaction
+from stepstone.core.task_spec import TaskSpec
 from stepstone.errors import DefinitionError, InvalidInput
 
 S = TypeVar("S")
@@ -84,6 +85,29 @@ class ExternalResult:
 
 
 @dataclass(frozen=True)
+class TaskOutcome:
+    """How the human task that led to this step was completed: its id, the decision, the payload
+    (JSON, validated against the decision's model) and who completed it."""
+
+    id: str
+    decision: str
+    payload: Any
+    actor: str | None
+
+
+def from_state(path: str) -> dict[str, str]:
+    """A task attribute computed from the instance's state when the task opens: the value at `path`
+    (dotted), e.g. ``assignee=from_state("manager")``."""
+    return {"state": path}
+
+
+def from_item(path: str = "") -> dict[str, str]:
+    """In a map branch, a task attribute read from the branch's item (the whole item by default),
+    e.g. ``assignee=from_item()`` over a list of user names."""
+    return {"item": path}
+
+
+@dataclass(frozen=True)
 class BranchInfo:
     """The branch a handler runs in: its name (a static branch's name, or a map item's index),
     its position path, and for a map fork the item it runs for."""
@@ -111,6 +135,7 @@ class StepContext:
     branch: BranchInfo | None = None
     external: ExternalResult | None = None
     events: list[Event] = field(default_factory=list)
+    task: TaskOutcome | None = None
     recorded: Any = None
     """What `record` kept for this step's compensation."""
 
@@ -171,6 +196,7 @@ class Workflow(Generic[S]):
         self._compensations: dict[str, _ActionSpec] = {}
         self._start: str | None = None
         self._plan: Plan | None = None
+        self._payload_models: dict[tuple[str, str], type[BaseModel]] = {}
 
     def __repr__(self) -> str:
         return f"<Workflow {self.id} v{self.version}>"
@@ -238,14 +264,70 @@ class Workflow(Generic[S]):
         self,
         name: str,
         *,
-        signals: Mapping[str, str],
+        signals: Mapping[str, str] | None = None,
         timeout: timedelta | float | None = None,
         on_timeout: str | None = None,
         start: bool = False,
+        messages: Mapping[str, str] | None = None,
+        correlation: str | None = None,
     ) -> None:
-        """Declare a wait step: the first accepted signal moves on to its step."""
+        """Declare a wait step: the first accepted signal moves on to its step. `messages` (name ->
+        step) subscribes to published messages whose correlation key is the state value at
+        `correlation` (a dotted path), read when the wait is entered."""
         seconds = None if timeout is None else _seconds(timeout)
-        self._add(Step(name, "wait", signals=dict(signals), timeout_seconds=seconds, on_timeout=on_timeout), start)
+        self._add(Step(name, "wait", signals=dict(signals or {}), timeout_seconds=seconds, on_timeout=on_timeout,
+                       messages=dict(messages or {}), correlation=correlation), start)
+
+    def task(
+        self,
+        name: str,
+        *,
+        title: str,
+        decisions: Mapping[str, str],
+        payloads: Mapping[str, type[BaseModel]] | None = None,
+        description: str = "",
+        assignee: str | dict[str, str] | None = None,
+        owner: str | dict[str, str] | None = None,
+        candidate_users: Sequence[str] | dict[str, str] = (),
+        candidate_groups: Sequence[str] | dict[str, str] = (),
+        priority: int | dict[str, str] = 50,
+        show: Sequence[str] = (),
+        due: timedelta | float | dict[str, str] | None = None,
+        follow_up: timedelta | float | dict[str, str] | None = None,
+        reminder: timedelta | float | None = None,
+        escalate_to_user: str | None = None,
+        escalate_to_group: str | None = None,
+        expire: timedelta | float | None = None,
+        on_expire: str | None = None,
+        require_version_stability: bool = False,
+        start: bool = False,
+    ) -> None:
+        """Declare a human task step: a person completes it with one of `decisions` (name -> next step),
+        with a payload validated by `payloads[decision]` (a pydantic model) when given. Attributes marked
+        with `from_state(path)` are read from the state when the task opens; `show` lists the state
+        fields the assignee sees. When `due`, the task goes to `escalate_to_user`/`_group`; after
+        `expire` it expires to `on_expire`."""
+        models = dict(payloads or {})
+        for decision, model in models.items():
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                raise DefinitionError(f"task {name!r}: the payload of {decision!r} must be a pydantic model class")
+            self._payload_models[(name, decision)] = model
+        spec = TaskSpec(
+            title=title, description=description, assignee=assignee, owner=owner,
+            candidate_users=_names(candidate_users), candidate_groups=_names(candidate_groups),
+            priority=priority, show=tuple(show),
+            forms={d: m.model_json_schema() for d, m in sorted(models.items())},
+            due=_when(due), follow_up=_when(follow_up),
+            reminder_seconds=None if reminder is None else _seconds(reminder),
+            escalate_user=escalate_to_user, escalate_group=escalate_to_group,
+            expire_seconds=None if expire is None else _seconds(expire), on_expire=on_expire,
+            require_version_stability=require_version_stability,
+        )
+        self._add(Step(name, "task", decisions=dict(decisions), task=spec), start)
+
+    def payload_model(self, step: str, decision: str) -> type[BaseModel] | None:
+        """The pydantic model of a task decision's payload, when the step declared one."""
+        return self._payload_models.get((step, decision))
 
     def fork(
         self,
@@ -493,6 +575,14 @@ class Registry:
 
 def _seconds(value: timedelta | float) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+def _names(value: Sequence[str] | dict[str, str]) -> Any:
+    return value if isinstance(value, dict) else tuple(value)
+
+
+def _when(value: timedelta | float | dict[str, str] | None) -> Any:
+    return _seconds(value) if isinstance(value, timedelta | int | float) else value
 
 
 def _type_name(t: type[BaseException]) -> str:

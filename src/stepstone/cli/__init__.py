@@ -18,6 +18,7 @@ from stepstone.cli import (
     db,
     definitions,
     demo,
+    demo_approval,
     demo_fanout,
     demo_outbox,
     demo_rolling,
@@ -25,9 +26,11 @@ from stepstone.cli import (
     doctor,
     external,
     instances,
+    messages,
     operations,
     outbox,
     schedules,
+    tasks,
     worker,
 )
 from stepstone.cli.common import RootOptions, settings_options
@@ -36,7 +39,8 @@ from stepstone.errors import StepstoneError
 __all__ = ["cli", "main"]
 
 _COMMAND_MODULES: list[Any] = [
-    db, doctor, instances, operations, worker, outbox, definitions, demo, bench, external, schedules,
+    db, doctor, instances, operations, worker, outbox, definitions, demo, bench, external, schedules, tasks,
+    messages,
 ]
 
 
@@ -71,6 +75,7 @@ demo.demo_command.add_command(demo_outbox.demo_outbox_command)
 demo.demo_command.add_command(demo_fanout.demo_fanout_command)
 demo.demo_command.add_command(demo_rolling.demo_rolling_command)
 demo.demo_command.add_command(demo_saga.demo_saga_command)
+demo.demo_command.add_command(demo_approval.demo_approval_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -125,8 +125,10 @@ def describe_wait(info: InstanceInfo) -> str:
     at = _time(info.next_timer_at)
     if wait.get("kind") == "timer":
         return f"timer, fires at {at}" if at else "timer"
+    if wait.get("kind") == "task":
+        return f"task {wait.get('task_id')} ({' or '.join(sorted(wait.get('decisions') or {}))})"
     if wait.get("kind") == "signal":
-        names = ", ".join(sorted(wait.get("signals") or {}))
+        names = ", ".join(sorted([*(wait.get("signals") or {}), *(f"message {m}" for m in wait.get("messages") or {})]))
         text = f"signal {names}" if names else "a signal"
         return f"{text} (timeout at {at})" if at else text
     if wait.get("kind") == "external":

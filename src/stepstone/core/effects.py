@@ -213,3 +213,32 @@ class InterruptStep(Effect):
     position: str
     step: str
     visit: int
+
+
+@dataclass(frozen=True)
+class OpenTask(Effect):
+    """A human task opens at this position's visit: `task` is its resolved document (id, title,
+    assignee, candidates, decisions, form, data shown, dates), written as a row in this commit."""
+
+    task: JSON
+
+
+@dataclass(frozen=True)
+class ChangeTask(Effect):
+    """A task of this position changes in this commit. `op`: complete, expire (both close it),
+    reopen (a refused completion gives it back), escalate (`data`: the new assignee or group),
+    remind."""
+
+    task_id: str
+    op: str
+    data: JSON = None
+
+
+@dataclass(frozen=True)
+class Subscribe(Effect):
+    """Entering a wait that takes messages: one open subscription per name for correlation `key` at
+    `visit`. The oldest buffered message that matches is delivered in the same commit."""
+
+    names: tuple[str, ...]
+    key: str
+    visit: int

@@ -27,6 +27,8 @@ from stepstone.core.effects import (
 from stepstone.core.external_tasks import open_task
 from stepstone.core.model import COMPLETED, FAILED, JSON, RUNNING, WAITING, InstanceView, Settle
 from stepstone.core.plan import END, Plan, Step
+from stepstone.core.subscriptions import subscribe
+from stepstone.core.task_entering import enter_task
 
 
 def enter(  # noqa: PLR0911 - one return per step kind
@@ -62,6 +64,8 @@ def enter(  # noqa: PLR0911 - one return per step kind
         return _timer(instance, step, visit, state, now)
     if step.kind == "wait":
         wait = {"kind": "signal", "signals": dict(step.signals), "timeout_seconds": step.timeout_seconds}
+        if step.messages:
+            wait["messages"] = dict(step.messages)
         timeout = [] if step.timeout_seconds is None else [
             Enqueue("TIMER", target, visit, name="timeout", delay=step.timeout_seconds),
         ]
@@ -70,7 +74,10 @@ def enter(  # noqa: PLR0911 - one return per step kind
             RecordHistory("WAITING", target, visit, wait),
             *timeout,
             RequeueSignals(tuple(sorted(step.signals))),
+            *subscribe(step, visit, state),
         ]
+    if step.kind == "task":
+        return enter_task(instance, step, visit, state, now)
     if step.kind == "fork":
         return _fork(instance, plan, step, visit, state, now)
     if step.kind == "external":

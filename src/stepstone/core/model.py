@@ -37,7 +37,7 @@ COMPENSATION_FAILED = "COMPENSATION_FAILED"
 TERMINAL = frozenset({COMPLETED, CANCELLED, COMPENSATED, TIMED_OUT})
 
 CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY", "BRANCH_DONE", "CHILD_COMPLETION",
-                      "EXTERNAL_COMPLETION", "COMPENSATE"]
+                      "EXTERNAL_COMPLETION", "COMPENSATE", "TASK_COMPLETION", "MESSAGE"]
 RUNS_STEP = frozenset({"START", "STEP", "RETRY"})
 """Command kinds that execute the instance's current step."""
 

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
+from stepstone.core.task_spec import TaskSpec
+
 END = "$end"
 """The pseudo-step that ends an instance; a transition to it completes the instance."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 
-StepKind = Literal["action", "timer", "wait", "fork", "join", "child", "external"]
+StepKind = Literal["action", "timer", "wait", "fork", "join", "child", "external", "task"]
 
 DEFAULT_MAX_ITEMS = 10_000
 """The most branches one map fork may start, unless the step says otherwise."""
@@ -87,6 +89,9 @@ class Step:
             list `map_over`, each starting at `branch_step` (at most `max_items`); waits at its join.
     join:   the end of the branches of `fork`: when `need` of them reached it (0: all), the fork's
             position goes on to next[0]; branches still running are cancelled.
+    task:   opens a human task (`task`) and waits for one of its `decisions` (name -> next step);
+            its due date, reminder and expiry are timers of the position (`on_expire` on expiry).
+    wait may also take `messages` (name -> next step), correlated by the state value at `correlation`.
     child:  runs a handler that returns the input of a child instance of `workflow`, starts it in
             the step's commit and waits for its end; then next[0], or `on_failure` when it failed
             or was cancelled. `cancel_with_parent` False abandons the child when the parent is cancelled.
@@ -122,6 +127,10 @@ class Step:
     deadline_seconds: float | None = None
     """An action step must finish within this (all attempts); then `on_deadline`, or it fails."""
     on_deadline: str | None = None
+    decisions: Mapping[str, str] = field(default_factory=dict)
+    task: TaskSpec | None = None
+    messages: Mapping[str, str] = field(default_factory=dict)
+    correlation: str | None = None
 
     def branch_starts(self) -> tuple[str, ...]:
         """The first steps of a fork's branches."""
@@ -133,7 +142,10 @@ class Step:
         """Every step this one may go to."""
         if self.kind == "wait":
             extra = (self.on_timeout,) if self.on_timeout else ()
-            return tuple(self.signals.values()) + extra
+            return tuple(self.signals.values()) + tuple(self.messages.values()) + extra
+        if self.kind == "task":
+            expire = (self.task.on_expire,) if self.task is not None and self.task.on_expire else ()
+            return tuple(self.decisions.values()) + expire
         if self.kind == "child" and self.on_failure:
             return (*self.next, self.on_failure)
         if self.kind == "external":
@@ -168,12 +180,17 @@ class Step:
         elif self.kind == "child":
             out.update(workflow=self.workflow, next=list(self.next), on_failure=self.on_failure,
                        cancel_with_parent=self.cancel_with_parent)
+        elif self.kind == "task":
+            out.update(decisions=dict(sorted(self.decisions.items())),
+                       task=None if self.task is None else self.task.describe())
         else:
             out.update(
                 signals=dict(sorted(self.signals.items())),
                 timeout_seconds=self.timeout_seconds,
                 on_timeout=self.on_timeout,
             )
+            if self.messages:  # only when used: the hash of a plan without messages stays as it was
+                out.update(messages=dict(sorted(self.messages.items())), correlation=self.correlation)
         if self.compensation is not None:  # only when declared: the hash of other plans stays as it was
             out["compensation"] = self.compensation.describe()
         if self.deadline_seconds is not None:
@@ -295,8 +312,11 @@ def _timer_problems(s: Step) -> list[str]:
 
 def _wait_problems(s: Step) -> list[str]:
     found = []
-    if not s.signals:
+    if not s.signals and not s.messages:
         found.append(f"wait step {s.name!r} accepts no signal")
+    if s.messages and not s.correlation:
+        found.append(f"wait step {s.name!r} takes messages but names no correlation (a state field)")
+    found.extend(f"wait step {s.name!r}: invalid message name {m!r}" for m in s.messages if not valid_name(m))
     found.extend(f"wait step {s.name!r}: invalid signal name {sig!r}" for sig in s.signals if not valid_name(sig))
     if (s.timeout_seconds is None) != (s.on_timeout is None):
         found.append(f"wait step {s.name!r}: timeout and on_timeout go together")
@@ -364,7 +384,16 @@ def _fork_problems(s: Step) -> list[str]:
     return found
 
 
+def _task_problems(s: Step) -> list[str]:
+    if s.task is None:
+        return [f"task step {s.name!r} declares no task"]
+    found = s.task.problems(f"task step {s.name!r}", s.decisions)
+    found.extend(f"task step {s.name!r}: invalid decision name {d!r}" for d in s.decisions if not valid_name(d))
+    return found
+
+
 _KIND_PROBLEMS: dict[str, Callable[[Step], list[str]]] = {
+    "task": _task_problems,
     "action": lambda s: s.retry.problems(f"step {s.name!r}"),
     "timer": _timer_problems,
     "wait": _wait_problems,

@@ -25,6 +25,7 @@ from stepstone.core.effects import (
 )
 from stepstone.core.entering import child_failed, enter, fail, join_branch, settled
 from stepstone.core.external_completion import awaited, external_done
+from stepstone.core.messages import message_received
 from stepstone.core.model import (
     CANCELLED,
     COMPLETED,
@@ -53,6 +54,7 @@ from stepstone.core.saga import (
     on_step_success,
     step_deadline_passed,
 )
+from stepstone.core.task_transitions import task_completed, task_timer
 
 _CHILDREN = uuid.UUID("0b5c7d2e-8f4a-4c61-9d3e-6a1f2b7c8e90")
 
@@ -202,6 +204,8 @@ def _signal(instance: InstanceView, command: CommandView, plan: Plan, now: datet
 def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
     if command.name == STEP_DEADLINE:
         return step_deadline_passed(instance, command, plan, now)
+    if (instance.wait or {}).get("kind") == "task":
+        return task_timer(instance, command, plan, now)
     if not _waiting(instance) or command.visit != instance.visit:
         return Decision(Settle("STALE", "TIMER_SUPERSEDED"))
     step = plan.steps.get(instance.step or "")
@@ -321,5 +325,7 @@ _BY_KIND: dict[str, Callable[[InstanceView, CommandView, Plan, datetime], RunSte
     "BRANCH_DONE": _branch_done,
     "CHILD_COMPLETION": _child_done,
     "EXTERNAL_COMPLETION": _external_completion,
+    "TASK_COMPLETION": task_completed,
+    "MESSAGE": message_received,
 }
 """What each kind of command (other than those that run the current step) does at its position."""

@@ -26,6 +26,7 @@ from stepstone.authoring.workflow import (
     Registry,
     Signal,
     StepContext,
+    TaskOutcome,
     Workflow,
 )
 from stepstone.core.limits import Limits, PayloadRejected
@@ -70,6 +71,7 @@ async def run_handler(
         child=_child(cause),
         branch=_branch(instance),
         external=_external(cause),
+        task=_task(cause),
     )
     try:
         result = await _call(workflow, run.step, ctx, state, executor)
@@ -143,6 +145,13 @@ def _child_start(
 def _signal(cause: dict[str, Any] | None) -> Signal | None:
     signal = cause.get("signal") if cause else None
     return Signal(signal["name"], signal.get("payload")) if isinstance(signal, dict) else None
+
+
+def _task(cause: dict[str, Any] | None) -> TaskOutcome | None:
+    task = cause.get("task") if cause else None
+    if not isinstance(task, dict):
+        return None
+    return TaskOutcome(str(task.get("id")), str(task.get("decision")), task.get("payload"), task.get("actor"))
 
 
 def _child(cause: dict[str, Any] | None) -> ChildResult | None:

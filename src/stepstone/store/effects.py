@@ -21,6 +21,7 @@ from typing import Any
 
 from stepstone.core.effects import (
     AdvanceSaga,
+    ChangeTask,
     CloseBranches,
     CloseTimers,
     Effect,
@@ -32,12 +33,14 @@ from stepstone.core.effects import (
     NotifyParent,
     OpenBranches,
     OpenExternalTask,
+    OpenTask,
     RecordCompensable,
     RecordHistory,
     RequeueSignals,
     ScheduleStepDeadline,
     SetState,
     StartChild,
+    Subscribe,
 )
 from stepstone.core.model import ROOT, Decision
 
@@ -140,6 +143,8 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
 def _external_task(e: OpenExternalTask, doc: _Doc) -> None:
     doc.extend("external_tasks", {"task_id": e.task_id, "topic": e.topic, "step": e.step, "visit": e.visit,
                                   "payload": e.payload, "retries": e.retries, "backoff": e.backoff})
+
+
 def _compensable(e: RecordCompensable, doc: _Doc) -> None:
     doc.extend("compensable", {"step": e.step, "visit": e.visit, "recorded": e.recorded})
 
@@ -155,6 +160,18 @@ def _step_deadline(e: ScheduleStepDeadline, doc: _Doc) -> None:
 
 def _interrupt(e: InterruptStep, doc: _Doc) -> None:
     doc.extend("interrupts", {"position": e.position, "step": e.step, "visit": e.visit})
+
+
+def _open_task(e: OpenTask, doc: _Doc) -> None:
+    doc.extend("tasks", {"op": "open", "task": e.task})
+
+
+def _change_task(e: ChangeTask, doc: _Doc) -> None:
+    doc.extend("tasks", {"op": e.op, "task_id": e.task_id, "data": e.data})
+
+
+def _subscribe(e: Subscribe, doc: _Doc) -> None:
+    doc.extend("subscriptions", {"names": list(e.names), "key": e.key, "visit": e.visit})
 
 
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
@@ -175,6 +192,9 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     AdvanceSaga: _saga,
     ScheduleStepDeadline: _step_deadline,
     InterruptStep: _interrupt,
+    OpenTask: _open_task,
+    ChangeTask: _change_task,
+    Subscribe: _subscribe,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -196,6 +216,9 @@ SECTION_SQL: dict[type[Effect], str] = {
     AdvanceSaga: feature_section("saga"),
     ScheduleStepDeadline: feature_section("step_deadlines"),
     InterruptStep: feature_section("interrupts"),
+    OpenTask: feature_section("tasks"),
+    ChangeTask: feature_section("tasks"),
+    Subscribe: feature_section("subscriptions"),
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 

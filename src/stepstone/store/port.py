@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from stepstone.core.model import CommandView, Decision, InstanceView
 from stepstone.core.pin import Pin
 from stepstone.store.registry_port import DefinitionsPort
+from stepstone.store.task_port import TaskStore
 
 __all__ = [
     "Claim",
@@ -124,8 +125,8 @@ class WorkerStore(Protocol):
     async def db_now(self) -> datetime: ...
 
 
-class ClientStore(Protocol):
-    """What the client needs: start and steer instances, and read them."""
+class ClientStore(TaskStore, Protocol):
+    """What the client needs: start and steer instances, and read them (and their tasks and messages)."""
 
     @property
     def definitions(self) -> DefinitionsPort: ...

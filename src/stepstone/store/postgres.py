@@ -33,6 +33,7 @@ from stepstone.store.effects import commit_document, event_id
 from stepstone.store.observing import ObservingQueries
 from stepstone.store.outcomes import signal_command_id
 from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
+from stepstone.store.postgres_tasks import TaskQueries, open_signal_limit
 from stepstone.store.queries import queries
 from stepstone.store.registry import PostgresRegistry
 from stepstone.store.scheduling import SchedulingQueries
@@ -95,10 +96,10 @@ class Listener:
         return not self.conn.is_closed()
 
 
-class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQueries):
+class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQueries, TaskQueries):
     """The store on one asyncpg pool, in one schema (schedules and flow limits: `SchedulingQueries`;
     start and signal on the caller's connection: `CallerTransactionQueries`; health and metrics reads:
-    `ObservingQueries`)."""
+    `ObservingQueries`; tasks and messages: `TaskQueries`)."""
 
     def __init__(self, pool: asyncpg.Pool, url: str, schema: str) -> None:
         self.pool = pool
@@ -280,11 +281,13 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
         position: str = "", context: Any = None,
     ) -> int:
-        if context is None:
-            row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint, actor)
-        else:
-            row = await self._one("signal_with_context", _uuid(instance_id), position, name, payload, dedup_key,
-                                  fingerprint, actor, context)
+        with open_signal_limit(instance_id):
+            if context is None:
+                row = await self._one("signal", _uuid(instance_id), position, name, payload, dedup_key, fingerprint,
+                                      actor)
+            else:
+                row = await self._one("signal_with_context", _uuid(instance_id), position, name, payload, dedup_key,
+                                      fingerprint, actor, context)
         return signal_command_id(dict(row), instance_id, name, dedup_key, position)
 
     async def cancel(self, instance_id: str, reason: str, actor: str | None) -> str:

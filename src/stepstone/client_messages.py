@@ -1,0 +1,174 @@
+"""Message correlation and signal-with-start on `Client`: `publish_message`, `start_or_signal`.
+
+`MessageOperations` is a base of `Client`. A published message goes to the oldest open subscription
+of its name and correlation key (or to every one, `correlate_all=True`); with none open it is
+buffered for `ttl` seconds and delivered, first in first out, to the first matching subscription that
+opens before then; without a TTL it is dropped. The answer always says which of these happened.
+`message_id` deduplicates for as long as the message row is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from stepstone.authoring.workflow import Workflow
+from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.pin import pin_of
+from stepstone.errors import (
+    BusinessKeyInUse,
+    IdempotencyConflict,
+    InstanceNotFound,
+    InvalidInput,
+    InvalidState,
+    OpenSignalLimit,
+    UnknownSignal,
+)
+from stepstone.store.port import ClientStore, NewInstance
+
+__all__ = ["Delivery", "MessageOperations", "Published", "SignalledOrStarted"]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where a message went: the instance, its position and the MESSAGE command recorded there."""
+
+    instance_id: str
+    position: str
+    command_id: int
+
+
+@dataclass(frozen=True)
+class Published:
+    """What became of a published message: delivered (`deliveries`), buffered (until `expires_at`) or
+    dropped; `duplicate` when the same message_id was published before (the earlier answer)."""
+
+    outcome: Literal["delivered", "buffered", "dropped"]
+    deliveries: list[Delivery] = field(default_factory=list)
+    expires_at: datetime | None = None
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class SignalledOrStarted:
+    """`start_or_signal`: the instance signalled, whether this call started it, and the signal's command."""
+
+    instance_id: str
+    started: bool
+    command_id: int
+
+
+class MessageOperations:
+    """The message half of `Client` (its attributes are set by `Client.__init__`)."""
+
+    store: ClientStore
+    limits: Limits
+    actor: str | None
+
+    async def publish_message(
+        self,
+        name: str,
+        correlation_key: str,
+        payload: Any = None,
+        *,
+        message_id: str | None = None,
+        ttl: float | None = None,
+        correlate_all: bool = False,
+    ) -> Published:
+        """Deliver a message to the oldest open subscription of (`name`, `correlation_key`), or to every
+        one with `correlate_all`; buffer it for `ttl` seconds when none is open, else drop it. The same
+        `message_id` with the same content answers as before; with other content, IdempotencyConflict."""
+        for what, value in (("message name", name), ("correlation key", correlation_key)):
+            self._message_text(what, value)
+        if message_id is not None:
+            self._message_text("message id", message_id)
+        if ttl is not None and not ttl >= 0:
+            raise InvalidInput(f"ttl must be a number of seconds, at least 0, got {ttl!r}", what="ttl")
+        self._message_encode("message payload", payload)
+        fingerprint = hashlib.sha256(json.dumps([name, correlation_key, payload], sort_keys=True).encode()).hexdigest()
+        row = await self.store.publish_message(
+            name, correlation_key, payload, message_id=message_id, ttl=ttl, correlate_all=correlate_all,
+            fingerprint=fingerprint,
+        )
+        if row["outcome"] == "conflict":
+            raise IdempotencyConflict(f"message id {message_id!r} was already published with other content",
+                                      instance_id="")
+        if row["outcome"] == "full":
+            raise OpenSignalLimit(f"message {name!r} ({correlation_key!r}): as many messages are buffered for this "
+                                  "name and key as allowed; nothing was kept", instance_id=None, limit=0)
+        deliveries = [Delivery(str(d["instance_id"]), str(d["position"]), int(d["command_id"]))
+                      for d in row["deliveries"] or []]
+        status = str(row["status"]).lower()
+        outcome: Literal["delivered", "buffered", "dropped"] = (
+            "delivered" if status == "delivered" else "buffered" if status == "buffered" else "dropped")
+        return Published(outcome, deliveries, row["expires_at"], duplicate=row["outcome"] == "duplicate")
+
+    async def start_or_signal(
+        self,
+        workflow: Workflow[Any] | str,
+        business_key: str,
+        signal: str,
+        payload: Any = None,
+        *,
+        input: Any = None,  # noqa: A002 - the instance's input, as in start
+        dedup_key: str | None = None,
+    ) -> SignalledOrStarted:
+        """Signal the instance of `workflow` with `business_key`, starting it with `input` first when
+        none has the key, in one transaction: two concurrent calls start one instance and both signal it.
+        A signal sent before the instance reaches a wait that takes it waits (parked) until it does."""
+        wf = self._workflow(workflow)
+        self._message_text("business key", business_key)
+        self._message_text("signal name", signal)
+        if signal not in wf.plan.signal_names:
+            raise InvalidInput(f"workflow {wf.id!r} v{wf.version} has no signal named {signal!r}", what="signal name")
+        state = wf.state_to_json({} if input is None else input)
+        text = self._message_encode("input", state)
+        signal_text = self._message_encode("signal payload", payload)
+        await self._ensure_registered(wf)
+        new = NewInstance(
+            id=str(uuid.uuid4()), pin=pin_of(wf), state=state, start_step=wf.plan.start, business_key=business_key,
+            idempotency_key=None, fingerprint=hashlib.sha256(json.dumps([text, business_key]).encode()).hexdigest(),
+            actor=self.actor,
+        )
+        row = await self.store.start_or_signal(
+            new, signal, payload, dedup_key=dedup_key,
+            signal_fingerprint=hashlib.sha256(json.dumps([signal, signal_text]).encode()).hexdigest(),
+        )
+        iid, outcome = str(row["instance_id"]), row["outcome"]
+        if outcome in ("recorded", "duplicate"):
+            return SignalledOrStarted(iid, bool(row["started"]), int(row["command_id"]))
+        if outcome == "ended":
+            raise InvalidState(f"instance {iid} with business key {business_key!r} is {row['status']}; it takes no "
+                               "more signals (a business key stays with its instance)", instance_id=iid,
+                               status=str(row["status"]))
+        if outcome == "conflict":
+            raise IdempotencyConflict(f"dedup key {dedup_key!r} was already used on instance {iid} with another "
+                                      "signal", instance_id=iid, command_id=row["command_id"])
+        if outcome == "unknown_signal":
+            raise UnknownSignal(signal, iid)
+        if outcome == "not_found":
+            raise InstanceNotFound(iid)
+        raise BusinessKeyInUse(business_key, iid)
+
+    # Client provides these.
+    def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
+        raise NotImplementedError
+
+    async def _ensure_registered(self, wf: Workflow[Any]) -> None:
+        raise NotImplementedError
+
+    def _message_text(self, what: str, value: Any) -> str:
+        try:
+            return self.limits.check_text(what, value)
+        except PayloadRejected as exc:
+            raise InvalidInput(str(exc), what=exc.what) from None
+
+    def _message_encode(self, what: str, value: Any) -> str:
+        try:
+            return self.limits.encode(what, value)
+        except PayloadRejected as exc:
+            raise InvalidInput(str(exc), what=exc.what) from None

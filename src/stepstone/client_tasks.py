@@ -1,0 +1,412 @@
+"""Human task operations of `Client`: the inbox, claim, unclaim, reassign, delegate, resolve, complete.
+
+`TaskOperations` is a base of `Client` (so `SyncClient` has the same methods). Every operation names
+its actor (the client's `actor` unless given) and the actor's groups; `admin=True` overrides the
+assignee and candidate checks, and is recorded in the task's history. A completion reserves the task
+(OPEN -> COMPLETING) and records its command in one transaction; a worker's segment then completes it
+and moves the instance (or refuses it and reopens the task): `TaskCompletion.command_id` is that command.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from stepstone.authoring.workflow import Registry
+from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.errors import (
+    IdempotencyConflict,
+    InvalidInput,
+    StateChangedSinceReview,
+    TaskHeld,
+    TaskNotFound,
+    TaskNotOpen,
+    TaskNotPermitted,
+    TaskRefused,
+    UnknownDecision,
+)
+from stepstone.store.port import ClientStore
+from stepstone.store.task_port import InboxMode, TaskQuery
+
+__all__ = ["BulkReassignment", "TaskCompletion", "TaskFilter", "TaskInfo", "TaskOperations", "TaskPage"]
+
+OPEN_STATUSES = ("OPEN", "COMPLETING")
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A human task as stored: who holds it, who may take it, what it shows and what it takes."""
+
+    id: str
+    instance_id: str
+    position: str
+    step: str
+    visit: int
+    definition_id: str
+    status: str
+    title: str
+    description: str
+    assignee: str | None
+    owner: str | None
+    delegation: str | None
+    candidate_users: list[str]
+    candidate_groups: list[str]
+    priority: int
+    decisions: list[str]
+    form: Any
+    """JSON Schema of a completion: one alternative per decision, with its payload's schema."""
+    data: Any
+    """The state fields the task shows (a projection of the state when it opened)."""
+    state_version: int
+    """The version of the shown data; a completion that requires version stability names it."""
+    require_version_stability: bool
+    due_at: datetime | None
+    follow_up_at: datetime | None
+    reminded_at: datetime | None
+    escalated_at: datetime | None
+    completion: Any
+    """The recorded completion (decision, payload, actor, command), once one was reserved."""
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    version: int | None = None
+    """The workflow version the task's instance is pinned to (set by `task`)."""
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> TaskInfo:
+        names = set(cls.__dataclass_fields__)
+        values: dict[str, Any] = {k: (str(v) if k in ("id", "instance_id") else v)
+                                  for k, v in row.items() if k in names}
+        for k in ("due_at", "follow_up_at", "reminded_at", "escalated_at", "created_at", "updated_at", "ended_at"):
+            if isinstance(values.get(k), str):
+                values[k] = datetime.fromisoformat(values[k])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class TaskFilter:
+    """Narrows an inbox: a workflow, a lowest priority, due before an instant, offered to a group, text
+    in the title (case-insensitive). Every field is optional."""
+
+    workflow: str | None = None
+    priority_at_least: int | None = None
+    due_before: datetime | None = None
+    candidate_group: str | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of an inbox, in inbox order; pass `next_cursor` as `after` for the next page."""
+
+    tasks: list[TaskInfo] = field(default_factory=list)
+    next_cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskCompletion:
+    """A reserved completion: the task (COMPLETING), the command a worker applies, and whether this
+    call repeated an earlier one with the same idempotency key (then nothing new was recorded)."""
+
+    task: TaskInfo
+    command_id: int | None
+    duplicate: bool = False
+
+
+@dataclass(frozen=True)
+class BulkReassignment:
+    """What a bulk reassign did (or, on a dry run, would do): tasks moved, tasks skipped (COMPLETING)."""
+
+    reassigned: int
+    skipped: int
+    dry_run: bool
+
+
+class TaskOperations:
+    """The task half of `Client` (its attributes are set by `Client.__init__`)."""
+
+    store: ClientStore
+    registry: Registry
+    limits: Limits
+    actor: str | None
+
+    async def task(self, task_id: str) -> TaskInfo:
+        """One task, any status."""
+        return TaskInfo.from_row(await self.store.get_task(self._task_text("task id", task_id)))
+
+    async def tasks(
+        self,
+        *,
+        user: str | None = None,
+        groups: Sequence[str] = (),
+        mode: str = "inbox",
+        where: TaskFilter | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> TaskPage:
+        """Open tasks (OPEN or COMPLETING) in inbox order: priority first, then oldest. `mode`: inbox (the
+        user's tasks, and unassigned ones offered to the user or their groups), assigned, candidate, or
+        all (every open task; `user` and `groups` then filter by assignee and candidate group). `where`
+        narrows it further."""
+        query = self._task_query(user, groups, mode, where or TaskFilter(), after, limit)
+        rows = await self.store.list_tasks(query)
+        tasks = [TaskInfo.from_row(r) for r in rows]
+        cursor = _cursor(tasks[-1]) if len(tasks) == query.limit else None
+        return TaskPage(tasks, cursor)
+
+    async def count_tasks(
+        self, *, user: str | None = None, groups: Sequence[str] = (), mode: str = "inbox",
+        where: TaskFilter | None = None,
+    ) -> int:
+        """How many open tasks `tasks` would list with the same arguments, without fetching them."""
+        return await self.store.count_tasks(self._task_query(user, groups, mode, where or TaskFilter(), None, 1))
+
+    async def instance_tasks(self, instance_id: str) -> tuple[dict[str, Any], ...]:
+        """Every task an instance opened, oldest first (id, position, step, visit, status, title, assignee)."""
+        return tuple(await self.store.instance_tasks(self._task_text("instance id", instance_id)))
+
+    async def claim_task(
+        self, task_id: str, *, actor: str | None = None, groups: Sequence[str] = (), admin: bool = False,
+    ) -> TaskInfo:
+        """Take an unassigned task as its assignee. A task someone else holds is refused (`TaskHeld`)
+        unless `admin` (recorded); claiming one's own task again changes nothing."""
+        return await self._assign(task_id, "claim", None, actor, groups, admin, "", None)
+
+    async def unclaim_task(self, task_id: str, *, actor: str | None = None, admin: bool = False) -> TaskInfo:
+        """Give a task back to its candidates (only its assignee, or an admin)."""
+        return await self._assign(task_id, "unclaim", None, actor, (), admin, "", None)
+
+    async def reassign_task(
+        self, task_id: str, to: str, *, actor: str | None = None, reason: str = "",
+        idempotency_key: str | None = None, admin: bool = False,
+    ) -> TaskInfo:
+        """Give a task to another user (its assignee, its owner or an admin may)."""
+        return await self._assign(task_id, "reassign", to, actor, (), admin, reason, idempotency_key)
+
+    async def delegate_task(
+        self, task_id: str, to: str, *, actor: str | None = None, reason: str = "",
+        idempotency_key: str | None = None, admin: bool = False,
+    ) -> TaskInfo:
+        """Delegate a task: `to` works on it and `resolve_task` gives it back to its owner (the assignee
+        who delegated it, unless the task had an owner already)."""
+        return await self._assign(task_id, "delegate", to, actor, (), admin, reason, idempotency_key)
+
+    async def resolve_task(self, task_id: str, *, actor: str | None = None, admin: bool = False) -> TaskInfo:
+        """The delegate hands a delegated task back to its owner."""
+        return await self._assign(task_id, "resolve", None, actor, (), admin, "", None)
+
+    async def complete_task(
+        self,
+        task_id: str,
+        decision: str,
+        payload: Any = None,
+        *,
+        actor: str | None = None,
+        groups: Sequence[str] = (),
+        idempotency_key: str | None = None,
+        reviewed_version: int | None = None,
+        admin: bool = False,
+    ) -> TaskCompletion:
+        """Complete a task with one of its decisions and that decision's payload (validated by its model).
+
+        Refused with a typed error, nothing changed: an unknown decision (`UnknownDecision`), a payload
+        failing its model (`InvalidInput`), an actor who is neither assignee, owner nor candidate
+        (`TaskNotPermitted`, unless `admin`), a task not OPEN (`TaskNotOpen`, carrying the completion
+        that won), a changed state where the task requires version stability (`StateChangedSinceReview`).
+        The same `idempotency_key` with the same decision and payload returns the earlier completion;
+        with another, `IdempotencyConflict`."""
+        tid = self._task_text("task id", task_id)
+        who = self._who(actor)
+        self._task_text("decision", decision)
+        row = await self.store.get_task(tid)
+        if decision not in row["decisions"]:
+            raise UnknownDecision(decision, tid, tuple(row["decisions"]))
+        if isinstance(payload, BaseModel):
+            payload = payload.model_dump(mode="json")
+        # The request as given: the same whether or not this client has the decision's model to fill defaults.
+        fingerprint = _fingerprint("complete", decision, payload)
+        payload = self._checked_payload(row, decision, payload)
+        outcome, task, changed = await self.store.task_complete(
+            tid, decision, payload, actor=who, groups=self._groups(groups), force=admin,
+            key=None if idempotency_key is None else self._task_text("idempotency key", idempotency_key),
+            fingerprint=fingerprint, reviewed_version=reviewed_version,
+        )
+        if outcome in ("reserved", "duplicate"):
+            info = TaskInfo.from_row(task or {})
+            command = (info.completion or {}).get("command") if isinstance(info.completion, dict) else None
+            return TaskCompletion(info, None if command is None else int(command), duplicate=outcome == "duplicate")
+        if outcome == "stale":
+            info = TaskInfo.from_row(task or {})
+            raise StateChangedSinceReview(
+                f"task {tid} shows data of version {info.state_version}"
+                + (f"; changed since: {', '.join(changed)}" if changed else f", not {reviewed_version}")
+                + "; nothing was completed",
+                task_id=tid, status=info.status, reviewed_version=reviewed_version,
+                shown_version=info.state_version, changed=tuple(changed),
+            )
+        raise self._refusal(outcome, tid, who, task, idempotency_key)
+
+    async def reassign_all_tasks(
+        self, from_user: str, to_user: str, *, actor: str | None = None, reason: str = "", dry_run: bool = False,
+    ) -> BulkReassignment:
+        """Move every open task of `from_user` to `to_user` (an absent colleague's), each with a history
+        entry; tasks being completed are skipped and counted. `dry_run` counts and changes nothing."""
+        who = self._who(actor)
+        done, skipped = await self.store.task_reassign_all(
+            self._task_text("from user", from_user), self._task_text("to user", to_user), actor=who,
+            reason=self._task_text("reason", reason, free=True), dry_run=dry_run,
+        )
+        return BulkReassignment(done, skipped, dry_run)
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    async def _assign(
+        self, task_id: str, op: str, to: str | None, actor: str | None, groups: Sequence[str], admin: bool,
+        reason: str, key: str | None,
+    ) -> TaskInfo:
+        tid = self._task_text("task id", task_id)
+        who = self._who(actor)
+        if to is not None:
+            self._task_text("to", to)
+        reason = self._task_text("reason", reason, free=True)
+        outcome, task = await self.store.task_assign(
+            tid, op, to=to, actor=who, groups=self._groups(groups), force=admin, reason=reason,
+            key=None if key is None else self._task_text("idempotency key", key),
+            fingerprint=_fingerprint(op, to, reason),
+        )
+        if outcome in ("ok", "unchanged", "duplicate"):
+            return TaskInfo.from_row(task or {})
+        raise self._refusal(outcome, tid, who, task, key)
+
+    def _refusal(  # noqa: PLR0911 - one answer per refusal
+        self, outcome: str, tid: str, who: str, task: dict[str, Any] | None, key: str | None,
+    ) -> Exception:
+        if outcome == "not_found" or task is None:
+            return TaskNotFound(tid)
+        status, assignee = str(task["status"]), task.get("assignee")
+        completion = task.get("completion") if isinstance(task.get("completion"), dict) else None
+        if outcome == "not_open":
+            won = f" (by {completion.get('actor')}: {completion.get('decision')})" if completion else ""
+            return TaskNotOpen(f"task {tid} is {status}{won}; nothing was changed", task_id=tid, status=status,
+                               assignee=assignee, completion=completion)
+        if outcome == "held":
+            return TaskHeld(f"task {tid} is held by {assignee}; claim it with admin override to take it over",
+                            task_id=tid, status=status, assignee=assignee)
+        if outcome == "not_permitted":
+            return TaskNotPermitted(f"{who} may not do that with task {tid} (assignee {assignee or 'none'})",
+                                    task_id=tid, status=status, actor=who, assignee=assignee)
+        if outcome == "not_delegated":
+            return TaskRefused(f"task {tid} is not delegated; there is nothing to resolve", task_id=tid,
+                               status=status, assignee=assignee)
+        if outcome == "conflict":
+            return IdempotencyConflict(f"idempotency key {key!r} was already used on task {tid} with another request",
+                                       instance_id=str(task["instance_id"]))
+        return TaskRefused(f"task {tid}: {outcome}", task_id=tid, status=status, assignee=assignee)
+
+    def _checked_payload(self, row: dict[str, Any], decision: str, payload: Any) -> Any:
+        """The payload as JSON, validated by the decision's model (or, without the workflow's code here,
+        by the form's required fields)."""
+        try:
+            self.limits.encode("task payload", payload)
+        except PayloadRejected as exc:
+            raise InvalidInput(str(exc), what=exc.what) from None
+        wf = self.registry.find(str(row["definition_id"]), int(row["version"]))
+        model = wf.payload_model(str(row["step"]), decision) if wf is not None else None
+        if model is not None:
+            try:
+                return model.model_validate(payload).model_dump(mode="json")
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first.get("loc", ())) or "payload"
+                raise InvalidInput(f"payload of decision {decision!r} is invalid: {where}: {first.get('msg')}",
+                                   what="payload") from None
+        return _check_form(row.get("form"), decision, payload)
+
+    def _task_query(
+        self, user: str | None, groups: Sequence[str], mode: str, where: TaskFilter, after: str | None, limit: int,
+    ) -> TaskQuery:
+        modes: dict[str, InboxMode] = {"inbox": "inbox", "assigned": "assigned", "candidate": "candidate",
+                                       "all": "all"}
+        if mode not in modes:
+            raise InvalidInput(f"mode must be one of {', '.join(modes)}, got {mode!r}", what="mode")
+        if mode != "all" and user is None and not (mode == "candidate" and groups):
+            raise InvalidInput(f"an inbox of mode {mode!r} needs a user", what="user")
+        if not 1 <= limit <= 1000:
+            raise InvalidInput(f"limit must be between 1 and 1000, got {limit}", what="limit")
+        for what, value in (("user", user), ("workflow", where.workflow), ("candidate group", where.candidate_group)):
+            if value is not None:
+                self._task_text(what, value)
+        if where.text is not None:
+            self._task_text("text", where.text, free=True)
+        listed = self._groups(groups)
+        return TaskQuery(mode=modes[mode], user=user, groups=listed if (listed or mode != "all") else None,
+                         workflow=where.workflow, priority_at_least=where.priority_at_least,
+                         due_before=where.due_before, candidate_group=where.candidate_group,
+                         text=where.text or None, after=_decode_cursor(after), limit=limit)
+
+    def _who(self, actor: str | None) -> str:
+        who = actor if actor is not None else self.actor
+        if not who:
+            raise InvalidInput("a task operation needs an actor (pass actor=, or open the client with one)",
+                               what="actor")
+        return self._task_text("actor", who)
+
+    def _groups(self, groups: Sequence[str]) -> list[str]:
+        if isinstance(groups, str):
+            raise InvalidInput("groups must be a list of names, not one string", what="groups")
+        return sorted({self._task_text("group", g) for g in groups})
+
+    def _task_text(self, what: str, value: Any, *, free: bool = False) -> str:
+        try:
+            return self.limits.check_text(what, value, free=free, empty=free)
+        except PayloadRejected as exc:
+            raise InvalidInput(str(exc), what=exc.what) from None
+
+
+def _check_form(form: Any, decision: str, payload: Any) -> Any:
+    """The form's schema for one decision, checked as far as a plain reading goes: a decision without
+    a payload model takes none; an object payload has its required fields."""
+    choices = form.get("oneOf", []) if isinstance(form, dict) else []
+    schema = next((c["properties"]["payload"] for c in choices
+                   if c.get("properties", {}).get("decision", {}).get("const") == decision), None)
+    if not isinstance(schema, dict):
+        return payload
+    if schema.get("type") == "null":
+        if payload is not None:
+            raise InvalidInput(f"decision {decision!r} takes no payload", what="payload")
+        return None
+    if schema.get("type") == "object":
+        if not isinstance(payload, dict):
+            raise InvalidInput(f"payload of decision {decision!r} must be a JSON object", what="payload")
+        missing = [f for f in schema.get("required", []) if f not in payload]
+        if missing:
+            raise InvalidInput(f"payload of decision {decision!r} is invalid: missing {', '.join(missing)}",
+                               what="payload")
+    return payload
+
+
+def _fingerprint(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _cursor(task: TaskInfo) -> str:
+    raw = json.dumps([task.priority, task.created_at.isoformat(), task.id])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> tuple[int, datetime, str] | None:
+    if cursor is None:
+        return None
+    try:
+        priority, at, tid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return int(priority), datetime.fromisoformat(at), str(tid)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise InvalidInput(f"not a task page cursor: {cursor[:40]!r}", what="after") from None

@@ -1,0 +1,67 @@
+"""Entering a human task step: the task's row and the position's wait and timers.
+
+The reminder, due date and expiry are TIMER commands of the position (`remind`, `due`, `expire`),
+handled by `core.task_transitions` when they fire.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from stepstone.core.effects import Effect, Enqueue, MovePosition, OpenTask
+from stepstone.core.effects import RecordHistory as History
+from stepstone.core.model import JSON, WAITING, InstanceView
+from stepstone.core.plan import Step
+from stepstone.core.task_spec import fill, lookup, resolve, resolve_instant, resolve_names, task_id
+
+
+def enter_task(instance: InstanceView, step: Step, visit: int, state: JSON, now: datetime) -> list[Effect]:
+    """Open the task of a task step and wait for it."""
+    spec = step.task
+    assert spec is not None
+    tid = task_id(instance.id, instance.position, step.name, visit)
+    item = instance.branch.item if instance.branch is not None else None
+    priority = resolve(spec.priority, state, item)
+    task: dict[str, Any] = {
+        "id": tid, "step": step.name, "visit": visit,
+        "title": fill(spec.title, state), "description": fill(spec.description, state),
+        "assignee": _name(resolve(spec.assignee, state, item)), "owner": _name(resolve(spec.owner, state, item)),
+        "candidate_users": resolve_names(spec.candidate_users, state, item),
+        "candidate_groups": resolve_names(spec.candidate_groups, state, item),
+        "priority": priority if isinstance(priority, int) and not isinstance(priority, bool) else 50,
+        "decisions": sorted(step.decisions), "form": form_schema(step),
+        "data": {f: lookup(state, f) for f in spec.show},
+        "due_at": resolve_instant(spec.due, state, now),
+        "follow_up_at": resolve_instant(spec.follow_up, state, now),
+        "require_version_stability": spec.require_version_stability,
+    }
+    wait = {"kind": "task", "task_id": tid, "decisions": dict(step.decisions)}
+    opened = {k: task[k] for k in ("id", "title", "assignee", "candidate_users", "candidate_groups", "due_at")}
+    timers: list[Effect] = []
+    if spec.reminder_seconds is not None:
+        timers.append(Enqueue("TIMER", step.name, visit, name="remind", delay=spec.reminder_seconds))
+    if task["due_at"] is not None:
+        timers.append(Enqueue("TIMER", step.name, visit, name="due", at=max(task["due_at"], now.isoformat())))
+    if spec.expire_seconds is not None:
+        timers.append(Enqueue("TIMER", step.name, visit, name="expire", delay=spec.expire_seconds))
+    return [MovePosition(WAITING, step.name, visit, wait=wait), History("TASK_OPENED", step.name, visit, opened),
+            OpenTask(task), *timers]
+
+
+def form_schema(step: Step) -> dict[str, Any]:
+    """The JSON Schema of a completion of this step: one alternative per decision (for UIs)."""
+    spec = step.task
+    forms = spec.forms if spec is not None else {}
+    return {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"decision": {"const": name}, "payload": forms.get(name) or {"type": "null"}},
+             "required": ["decision"]}
+            for name in sorted(step.decisions)
+        ],
+    }
+
+
+def _name(value: JSON) -> str | None:
+    return None if value is None or value == "" else str(value)

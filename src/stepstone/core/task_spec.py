@@ -1,0 +1,146 @@
+"""What a task step declares: who works on it, what they see, what they may decide, and its dates.
+
+Every value that may come from the instance's state is either a literal, `{"state": "a.b"}` (a
+dotted path into the state) or, in a map branch, `{"item": "a.b"}` (into the branch's item),
+resolved when the step is entered (`resolve`). The spec is JSON all
+the way down, so it enters the plan hash and the stored plan document as it is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+JSON = Any
+
+_TASKS = uuid.UUID("7d3f9a10-2c4b-4e8d-b6a1-93c0e5f47b21")
+
+
+def task_id(instance_id: str, position: str, step: str, visit: int) -> str:
+    """The task one visit of one task step opens: the same id on every attempt of that commit."""
+    return str(uuid.uuid5(_TASKS, f"{instance_id}/{position}/{step}/{visit}"))
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task step's declaration. Values marked *state* may be `{"state": "path"}`.
+
+    title, description: what the task is (text; `{field}` placeholders are filled from the state).
+    assignee, owner (*state*): a user name. candidate_users, candidate_groups (*state*): names.
+    priority (*state*): an integer, higher first. show: the state fields the assignee sees.
+    forms: decision -> JSON Schema of its payload (None: no payload).
+    due, follow_up (*state*): seconds from entering, or an ISO 8601 instant with a zone.
+    reminder_seconds: a reminder this long after entering. escalate_user / escalate_group: who the task
+    goes to when it is due. expire_seconds + on_expire: the task expires and the position goes on there.
+    require_version_stability: a completion must name the state version it reviewed.
+    """
+
+    title: str
+    description: str = ""
+    assignee: JSON = None
+    owner: JSON = None
+    candidate_users: JSON = ()
+    candidate_groups: JSON = ()
+    priority: JSON = 50
+    show: tuple[str, ...] = ()
+    forms: Mapping[str, JSON] = field(default_factory=dict)
+    due: JSON = None
+    follow_up: JSON = None
+    reminder_seconds: float | None = None
+    escalate_user: str | None = None
+    escalate_group: str | None = None
+    expire_seconds: float | None = None
+    on_expire: str | None = None
+    require_version_stability: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "title": self.title, "description": self.description, "assignee": self.assignee,
+            "owner": self.owner, "candidate_users": _listed(self.candidate_users),
+            "candidate_groups": _listed(self.candidate_groups), "priority": self.priority,
+            "show": list(self.show), "forms": dict(sorted(self.forms.items())), "due": self.due,
+            "follow_up": self.follow_up, "reminder_seconds": self.reminder_seconds,
+            "escalate_user": self.escalate_user, "escalate_group": self.escalate_group,
+            "expire_seconds": self.expire_seconds, "on_expire": self.on_expire,
+            "require_version_stability": self.require_version_stability,
+        }
+
+    def problems(self, where: str, decisions: Mapping[str, str]) -> list[str]:
+        found = []
+        if not self.title:
+            found.append(f"{where}: a task needs a title")
+        if not decisions:
+            found.append(f"{where}: a task needs at least one decision")
+        found.extend(f"{where}: form for unknown decision {d!r}" for d in self.forms if d not in decisions)
+        if (self.expire_seconds is None) != (self.on_expire is None):
+            found.append(f"{where}: expire and on_expire go together")
+        for name in ("reminder_seconds", "expire_seconds"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                found.append(f"{where}: {name} must not be negative")
+        if self.escalate_user and self.escalate_group:
+            found.append(f"{where}: escalate to a user or to a group, not both")
+        return found
+
+
+def _listed(value: JSON) -> JSON:
+    return list(value) if isinstance(value, tuple | list) else value
+
+
+def lookup(state: JSON, path: str) -> JSON:
+    """The value at a dotted path of the state; None when any part is missing."""
+    value = state
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
+def resolve(value: JSON, state: JSON, item: JSON = None) -> JSON:
+    """A literal as it is, `{"state": path}` from the state, `{"item": path}` from a map branch's item
+    (the whole item when the path is empty)."""
+    if isinstance(value, dict) and set(value) == {"state"} and isinstance(value["state"], str):
+        return lookup(state, value["state"])
+    if isinstance(value, dict) and set(value) == {"item"} and isinstance(value["item"], str):
+        return lookup(item, value["item"]) if value["item"] else item
+    return value
+
+
+def resolve_names(value: JSON, state: JSON, item: JSON = None) -> list[str]:
+    got = resolve(value, state, item)
+    if got is None:
+        return []
+    if isinstance(got, str):
+        return [got]
+    return sorted({str(v) for v in got}) if isinstance(got, list | tuple) else [str(got)]
+
+
+def resolve_instant(value: JSON, state: JSON, now: datetime) -> str | None:
+    """Seconds from now, or an ISO instant with a zone (from the state or literal); None otherwise."""
+    got = resolve(value, state)
+    if isinstance(got, bool) or got is None:
+        return None
+    if isinstance(got, int | float):
+        return (now + timedelta(seconds=float(got))).isoformat()
+    if isinstance(got, str):
+        try:
+            parsed = datetime.fromisoformat(got)
+        except ValueError:
+            return None
+        return parsed.isoformat() if parsed.tzinfo is not None else None
+    return None
+
+
+def fill(text: str, state: JSON) -> str:
+    """`{field}` placeholders of a title filled from the state's top-level fields; others left as they are."""
+    if "{" not in text or not isinstance(state, dict):
+        return text
+    out = text
+    for key, val in state.items():
+        if isinstance(val, str | int | float) and not isinstance(val, bool):
+            out = out.replace("{" + key + "}", str(val))
+    return out

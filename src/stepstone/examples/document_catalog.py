@@ -1,0 +1,27 @@
+"""The handler catalog of the document-defined approval workflow in docs/versions.md.
+
+A document names handlers by these registered names; every node that runs the document loads the
+same catalog (``--catalog stepstone.examples.document_catalog:catalog``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepstone.authoring.documents import Catalog
+from stepstone.authoring.workflow import StepContext
+
+__all__ = ["catalog"]
+
+catalog = Catalog()
+
+
+@catalog.handler("review")
+async def review(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["reviewed_by"] = "desk"
+    state["key"] = ctx.idempotency_key
+
+
+@catalog.handler("ship")
+def ship(_ctx: StepContext, state: dict[str, Any]) -> None:
+    state["shipped"] = True

@@ -1,0 +1,58 @@
+"""The store port of human tasks, correlated messages and start-or-signal (migration 0007).
+
+`ClientStore` includes `TaskStore`; `PostgresStore` implements it in `store/postgres_tasks.py`.
+Outcomes come back as the words the SQL functions answer with; the client turns them into typed
+results and errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol
+
+__all__ = ["InboxMode", "TaskQuery", "TaskStore"]
+
+InboxMode = Literal["inbox", "assigned", "candidate", "all"]
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """Which open tasks: the mode's user and groups, the filters, and the keyset page."""
+
+    mode: InboxMode = "inbox"
+    user: str | None = None
+    groups: Sequence[str] | None = None
+    workflow: str | None = None
+    priority_at_least: int | None = None
+    due_before: datetime | None = None
+    candidate_group: str | None = None
+    text: str | None = None
+    after: tuple[int, datetime, str] | None = None
+    limit: int = 50
+
+
+class TaskStore(Protocol):
+    async def get_task(self, task_id: str) -> dict[str, Any]: ...
+    async def list_tasks(self, query: TaskQuery) -> list[dict[str, Any]]: ...
+    async def count_tasks(self, query: TaskQuery) -> int: ...
+    async def instance_tasks(self, instance_id: str) -> list[dict[str, Any]]: ...
+    async def task_assign(
+        self, task_id: str, op: str, *, to: str | None, actor: str, groups: Sequence[str], force: bool,
+        reason: str, key: str | None, fingerprint: str,
+    ) -> tuple[str, dict[str, Any] | None]: ...
+    async def task_complete(
+        self, task_id: str, decision: str, payload: Any, *, actor: str, groups: Sequence[str], force: bool,
+        key: str | None, fingerprint: str, reviewed_version: int | None,
+    ) -> tuple[str, dict[str, Any] | None, list[str]]: ...
+    async def task_reassign_all(
+        self, from_user: str, to_user: str, *, actor: str, reason: str, dry_run: bool,
+    ) -> tuple[int, int]: ...
+    async def publish_message(
+        self, name: str, correlation_key: str, payload: Any, *, message_id: str | None, ttl: float | None,
+        correlate_all: bool, fingerprint: str,
+    ) -> dict[str, Any]: ...
+    async def start_or_signal(
+        self, new: Any, signal: str, payload: Any, *, dedup_key: str | None, signal_fingerprint: str,
+    ) -> dict[str, Any]: ...

@@ -1,0 +1,106 @@
+"""The core of tasks and messages, pure: plan rules, opening a task, completions and timers."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from stepstone.core.effects import ChangeTask, CloseTimers, Enqueue, MovePosition, OpenTask, Subscribe
+from stepstone.core.model import CommandView, Decision, InstanceView
+from stepstone.core.plan import Plan, PlanError, Step
+from stepstone.core.task_spec import TaskSpec, task_id
+from stepstone.core.transitions import apply
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _plan() -> Plan:
+    spec = TaskSpec(title="Approve {who}", assignee={"state": "boss"}, candidate_groups=("g",), show=("amount",),
+                    reminder_seconds=60, due=3600, escalate_group="leads", expire_seconds=7200, on_expire="late")
+    return Plan.build("p", 1, "start", [
+        Step("start", "action", ("t",)),
+        Step("t", "task", decisions={"yes": "done", "no": "done"}, task=spec),
+        Step("done", "action", ("w",)),
+        Step("w", "wait", messages={"m": "late"}, correlation="ref.id"),
+        Step("late", "action", ()),
+    ])
+
+
+def _decide(instance: InstanceView, command: CommandView, plan: Plan) -> Decision:
+    decision = apply(instance, command, plan, NOW)
+    assert isinstance(decision, Decision)
+    return decision
+
+
+def _at(step: str, visit: int, wait: object, state: object = None) -> InstanceView:
+    return InstanceView("00000000-0000-0000-0000-000000000001", "WAITING", step, visit,
+                        state if state is not None else {"amount": 5, "boss": "bo", "who": "eve", "ref": {"id": 7}},
+                        wait, position_status="WAITING")
+
+
+def test_plan_rules() -> None:
+    with pytest.raises(PlanError, match="at least one decision"):
+        Plan.build("p", 1, "t", [Step("t", "task", task=TaskSpec(title="x"))])
+    with pytest.raises(PlanError, match="names no correlation"):
+        Plan.build("p", 1, "w", [Step("w", "wait", messages={"m": "a"}), Step("a", "action")])
+    with pytest.raises(PlanError, match="expire and on_expire"):
+        Plan.build("p", 1, "t", [Step("t", "task", decisions={"ok": "a"}, task=TaskSpec(title="x", expire_seconds=1)),
+                                 Step("a", "action")])
+    assert "messages" not in Step("w", "wait", signals={"s": "a"}).describe()  # old plan hashes stay as they were
+
+
+def test_entering_a_task_opens_it_with_its_timers() -> None:
+    plan = _plan()
+    start = InstanceView("00000000-0000-0000-0000-000000000001", "RUNNING", "start", 1,
+                         {"amount": 5, "boss": "bo", "who": "eve", "secret": "s"}, position_status="RUNNING")
+    from stepstone.core.entering import enter  # noqa: PLC0415
+
+    effects = enter(start, plan, "t", start.state, NOW)
+    [opened] = [e for e in effects if isinstance(e, OpenTask)]
+    assert opened.task["id"] == task_id(start.id, "", "t", 2)
+    assert (opened.task["title"], opened.task["assignee"], opened.task["data"]) == ("Approve eve", "bo", {"amount": 5})
+    assert sorted(e.name or "" for e in effects if isinstance(e, Enqueue)) == ["due", "expire", "remind"]
+    move = next(e for e in effects if isinstance(e, MovePosition))
+    assert move.wait == {"kind": "task", "task_id": opened.task["id"], "decisions": {"yes": "done", "no": "done"}}
+
+
+def test_a_completion_moves_on_or_reopens_the_task() -> None:
+    plan = _plan()
+    tid = task_id("00000000-0000-0000-0000-000000000001", "", "t", 2)
+    wait = {"kind": "task", "task_id": tid, "decisions": {"yes": "done", "no": "done"}}
+    body = {"task_id": tid, "decision": "yes", "payload": None, "actor": "bo"}
+    done = _decide(_at("t", 2, wait), CommandView(5, "TASK_COMPLETION", "t", 2, "yes", body), plan)
+    assert done.settle.state == "COMPLETE"
+    assert ChangeTask(tid, "complete", {"decision": "yes", "actor": "bo"}) in done.effects
+    assert any(isinstance(e, CloseTimers) for e in done.effects)
+    stale = _decide(_at("t", 3, wait), CommandView(5, "TASK_COMPLETION", "t", 2, "yes", body), plan)
+    assert stale.settle.state == "REJECTED"
+    assert ChangeTask(tid, "reopen", {"reason": "TASK_NOT_CURRENT"}) in stale.effects
+
+
+def test_task_timers() -> None:
+    plan = _plan()
+    tid = task_id("00000000-0000-0000-0000-000000000001", "", "t", 2)
+    wait = {"kind": "task", "task_id": tid, "decisions": {"yes": "done", "no": "done"}}
+    due = _decide(_at("t", 2, wait), CommandView(6, "TIMER", "t", 2, "due"), plan)
+    assert ChangeTask(tid, "escalate", {"user": None, "group": "leads"}) in due.effects
+    assert not any(isinstance(e, MovePosition) for e in due.effects)
+    expired = _decide(_at("t", 2, wait), CommandView(7, "TIMER", "t", 2, "expire"), plan)
+    assert ChangeTask(tid, "expire") in expired.effects
+    old = _decide(_at("t", 3, wait), CommandView(8, "TIMER", "t", 2, "remind"), plan)
+    assert old.settle.state == "STALE"
+
+
+def test_a_wait_subscribes_with_its_key_and_takes_one_message() -> None:
+    plan = _plan()
+    at_done = InstanceView("00000000-0000-0000-0000-000000000001", "RUNNING", "done", 3, {"ref": {"id": 7}},
+                           position_status="RUNNING")
+    from stepstone.core.entering import enter  # noqa: PLC0415
+
+    assert Subscribe(("m",), "7", 4) in enter(at_done, plan, "w", at_done.state, NOW)
+    wait = {"kind": "signal", "signals": {}, "messages": {"m": "late"}}
+    taken = _decide(_at("w", 4, wait), CommandView(9, "MESSAGE", "w", 4, "m", {"payload": 1}), plan)
+    assert taken.settle.state == "COMPLETE"
+    parked = _decide(_at("w", 5, wait), CommandView(9, "MESSAGE", "w", 4, "m", {"payload": 1}), plan)
+    assert parked.settle.state == "PARKED"

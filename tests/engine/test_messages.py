@@ -1,0 +1,180 @@
+"""Correlated messages, buffering, start_or_signal and timeouts held back, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from stepstone.errors import IdempotencyConflict, InvalidState, OpenSignalLimit
+from stepstone.testing import Engine, open_engine
+from tests.engine.task_workflows import Receipt, receipt, registry
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    async with open_engine(database_url, registry, concurrency=4, lease_seconds=30, max_claims=3) as e:
+        yield e
+
+
+async def _waiting(engine: Engine, order_id: str) -> str:
+    iid = await engine.client.start(receipt, Receipt(order_id=order_id))
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).step == "await_receipt"
+    return iid
+
+
+async def test_a_message_goes_to_the_open_subscription(engine: Engine) -> None:
+    iid = await _waiting(engine, "o-1")
+    published = await engine.client.publish_message("receipt_received", "o-1", {"n": 1}, message_id="m-1")
+    assert published.outcome == "delivered"
+    assert [d.instance_id for d in published.deliveries] == [iid]
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["via"], info.state["got"]) == ("COMPLETED", "receipt_received", "1")
+    again = await engine.client.publish_message("receipt_received", "o-1", {"n": 1}, message_id="m-1")
+    assert again.duplicate and again.outcome == "delivered" and again.deliveries == published.deliveries
+    with pytest.raises(IdempotencyConflict):
+        await engine.client.publish_message("receipt_received", "o-1", {"n": 2}, message_id="m-1")
+
+
+async def test_no_subscription_buffers_with_a_ttl_and_drops_without(engine: Engine, conn: asyncpg.Connection) -> None:
+    dropped = await engine.client.publish_message("receipt_received", "o-2", {"n": 0})
+    assert (dropped.outcome, dropped.deliveries, dropped.expires_at) == ("dropped", [], None)
+    first = await engine.client.publish_message("receipt_received", "o-2", {"n": 1}, ttl=60)
+    second = await engine.client.publish_message("receipt_received", "o-2", {"n": 2}, ttl=60)
+    assert first.outcome == second.outcome == "buffered" and first.expires_at is not None
+    iid = await engine.client.start(receipt, Receipt(order_id="o-2"))
+    await engine.run_until_idle()  # first in, first out: the older buffered message is delivered on entering
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["got"]) == ("COMPLETED", "1")
+    statuses = [r["status"] for r in await conn.fetch("SELECT status FROM stepstone.messages ORDER BY id")]
+    assert statuses == ["DROPPED", "DELIVERED", "BUFFERED"]
+    # An expired buffered message is not delivered.
+    await engine.client.publish_message("receipt_received", "o-3", {"n": 3}, ttl=5)
+    await engine.advance(6)
+    late = await _waiting(engine, "o-3")
+    assert (await engine.client.get(late)).status == "WAITING"
+
+
+async def test_the_oldest_subscription_wins_and_correlate_all_reaches_every_one(engine: Engine) -> None:
+    older = await _waiting(engine, "shared")
+    newer = await _waiting(engine, "shared")
+    one = await engine.client.publish_message("receipt_received", "shared", {"n": 1})
+    assert [d.instance_id for d in one.deliveries] == [older]
+    third = await _waiting(engine, "shared")
+    every = await engine.client.publish_message("receipt_received", "shared", {"n": 2}, correlate_all=True)
+    assert sorted(d.instance_id for d in every.deliveries) == sorted([newer, third])
+    await engine.run_until_idle()
+    for iid in (older, newer, third):
+        assert (await engine.client.get(iid)).status == "COMPLETED"
+
+
+async def test_two_concurrent_messages_to_one_wait_lose_nothing(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await _waiting(engine, "o-4")
+    answers = await asyncio.gather(
+        *(engine.client.publish_message("receipt_received", "o-4", {"n": n}, ttl=300) for n in range(2)))
+    assert sorted(a.outcome for a in answers) == ["buffered", "delivered"]
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    # The second one waits, buffered, for the next subscription of that key.
+    nxt = await engine.client.start(receipt, Receipt(order_id="o-4"))
+    await engine.run_until_idle()
+    assert (await engine.client.get(nxt)).status == "COMPLETED"
+    got = {(await engine.client.get(i)).state["got"] for i in (iid, nxt)}
+    assert got == {"0", "1"}
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.messages WHERE status = 'DELIVERED'") == 2
+
+
+async def test_publish_racing_subscription_creation_is_delivered_exactly_once(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    for n in range(12):
+        key = f"race-{n}"
+        iid = await engine.client.start(receipt, Receipt(order_id=key))
+        published, _ = await asyncio.gather(
+            engine.client.publish_message("receipt_received", key, {"n": n}, ttl=300), engine.run_until_idle())
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert info.status == "COMPLETED", (n, published)
+        delivered = await conn.fetchval(
+            "SELECT count(*) FROM stepstone.commands WHERE instance_id = $1 AND kind = 'MESSAGE'", info.id)
+        assert delivered == 1
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.messages WHERE correlation_key = $1 "
+                                   "AND status = 'BUFFERED'", key) == 0
+
+
+async def test_a_timeout_waits_for_a_signal_recorded_before_it(engine: Engine) -> None:
+    iid = await _waiting(engine, "o-5")
+    await engine.client.signal(iid, "skip", {"n": 5})
+    await engine.advance(timedelta(minutes=11))  # the timeout is due too, but the signal came first
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.state["via"], info.state["got"]) == ("skip", "5")
+
+    late = await _waiting(engine, "o-6")
+    await engine.advance(timedelta(minutes=11))
+    await engine.client.signal(late, "skip", {"n": 6})  # after the fire time: the timeout wins
+    await engine.run_until_idle()
+    assert (await engine.client.get(late)).state["via"] == "timeout"
+
+
+async def test_a_message_after_the_wait_was_left_is_not_delivered_to_it(engine: Engine) -> None:
+    iid = await _waiting(engine, "o-7")
+    await engine.client.signal(iid, "skip", {"n": 7})
+    await engine.run_until_idle()
+    answer = await engine.client.publish_message("receipt_received", "o-7", {"n": 8})
+    assert answer.outcome == "dropped"
+
+
+async def test_start_or_signal_starts_one_instance(engine: Engine, conn: asyncpg.Connection) -> None:
+    results = await asyncio.gather(*(
+        engine.client.start_or_signal(receipt, "bk-1", "skip", {"n": n}, input=Receipt(order_id="bk-1"),
+                                      dedup_key=f"s-{n}")
+        for n in range(4)))
+    assert sum(r.started for r in results) == 1
+    assert len({r.instance_id for r in results}) == 1
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances WHERE business_key = 'bk-1'") == 1
+    await engine.run_until_idle()
+    info = await engine.client.get(results[0].instance_id)
+    assert info.status == "COMPLETED" and info.state["via"] == "skip"
+    with pytest.raises(InvalidState):
+        await engine.client.start_or_signal(receipt, "bk-1", "skip", {"n": 9}, input=Receipt(order_id="bk-1"))
+
+
+async def test_an_instance_holds_at_most_the_open_signal_cap(engine: Engine, conn: asyncpg.Connection) -> None:
+    await conn.execute("SELECT set_config('stepstone.max_open_signals', '3', false)")  # this session only
+    iid = await _waiting(engine, "o-cap")
+    await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'a', 'f', NULL)", iid)
+    await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'b', 'f', NULL)", iid)
+    await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'c', 'f', NULL)", iid)
+    with pytest.raises(asyncpg.PostgresError) as refused:
+        await conn.execute("SELECT stepstone.signal_position($1::uuid, '', 'skip', NULL, 'd', 'f', NULL)", iid)
+    assert refused.value.sqlstate == "SC429"
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE key = 'd'") == 0
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE kind = 'SIGNAL'") == 3
+
+
+async def test_the_cap_is_a_typed_error_on_the_client(database_url: str, conn: asyncpg.Connection) -> None:
+    name = await conn.fetchval("SELECT current_database()")
+    await conn.execute(f'ALTER DATABASE "{name}" SET stepstone.max_open_signals = 5')  # new sessions see it
+    async with open_engine(database_url, registry, concurrency=1) as engine:
+        iid = await _waiting(engine, "o-cap2")
+        for n in range(5):
+            await engine.client.signal(iid, "skip", {"n": n})
+        with pytest.raises(OpenSignalLimit) as refused:
+            await engine.client.signal(iid, "skip", {"n": 5}, dedup_key="over")
+        assert refused.value.limit == 5 and refused.value.instance_id == iid
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE key = 'over'") == 0
+        for n in range(5):  # buffered messages of one name and key are capped the same way
+            await engine.client.publish_message("receipt_received", "nobody-waits", {"n": n}, ttl=60)
+        with pytest.raises(OpenSignalLimit):
+            await engine.client.publish_message("receipt_received", "nobody-waits", {"n": 5}, ttl=60,
+                                                message_id="m-over")
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.messages WHERE message_id = 'm-over'") == 0
+        await engine.run_until_idle()  # they drain: one moves the wait, the rest park
+        info = await engine.client.get(iid)
+        assert info.status == "COMPLETED"

@@ -1,0 +1,313 @@
+"""Human tasks against real PostgreSQL: opening, the inbox, claim, complete (two transactions),
+delegation, timers held back while completing, tasks inside branches, and the races."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from stepstone.client_tasks import TaskFilter
+from stepstone.errors import (
+    IdempotencyConflict,
+    InvalidInput,
+    StateChangedSinceReview,
+    TaskHeld,
+    TaskNotOpen,
+    TaskNotPermitted,
+    UnknownDecision,
+)
+from stepstone.testing import Engine, open_engine
+from tests.engine.task_workflows import Expense, expense, parallel, registry, review
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    async with open_engine(database_url, registry, concurrency=4, lease_seconds=30, max_claims=3) as e:
+        yield e
+
+
+async def _open_expense(engine: Engine, n: int = 1) -> tuple[str, str]:
+    iid = await engine.client.start(expense, Expense(expense_id=f"e-{n}", employee="eve", amount=120.5))
+    await engine.run_until_idle()
+    [task] = (await engine.client.tasks(user="alice", groups=["finance"])).tasks
+    assert task.instance_id == iid
+    return iid, task.id
+
+
+async def _kinds(engine: Engine, iid: str) -> list[str]:
+    return [h["kind"] for h in await engine.client.history(iid)]
+
+
+async def test_a_task_opens_with_what_the_assignee_needs(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    task = await engine.client.task(tid)
+    assert task.status == "OPEN"
+    assert task.title == "Approve expense e-1 of eve"
+    assert (task.assignee, task.owner, task.candidate_groups, task.priority) == (None, "mia", ["finance"], 70)
+    assert task.data == {"amount": 120.5, "employee": "eve"}  # a projection, never the whole state
+    assert sorted(task.decisions) == ["approve", "reject"]
+    approve = next(c for c in task.form["oneOf"] if c["properties"]["decision"]["const"] == "approve")
+    assert approve["properties"]["payload"]["required"] == ["comment"]
+    assert task.due_at is not None
+    assert (await engine.client.get(iid)).status == "WAITING"
+    assert await engine.client.count_tasks(user="alice", groups=["finance"]) == 1
+    assert await engine.client.count_tasks(user="alice", groups=["sales"]) == 0
+
+
+async def test_complete_reserves_then_the_segment_completes(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid, tid = await _open_expense(engine)
+    done = await engine.client.complete_task(tid, "approve", {"comment": "fine"}, actor="alice",
+                                             groups=["finance"], idempotency_key="k1")
+    assert done.task.status == "COMPLETING" and done.command_id is not None and not done.duplicate
+    cmd = await conn.fetchrow("SELECT kind, state FROM stepstone.commands WHERE id = $1", done.command_id)
+    assert (cmd["kind"], cmd["state"]) == ("TASK_COMPLETION", "PENDING")
+    again = await engine.client.complete_task(tid, "approve", {"comment": "fine"}, actor="alice",
+                                              groups=["finance"], idempotency_key="k1")
+    assert again.duplicate and again.command_id == done.command_id
+    with pytest.raises(IdempotencyConflict):
+        await engine.client.complete_task(tid, "reject", None, actor="alice", groups=["finance"],
+                                          idempotency_key="k1")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED"
+    assert (info.state["outcome"], info.state["decided_by"], info.state["comment"]) == ("APPROVED", "alice", "fine")
+    assert (await engine.client.task(tid)).status == "COMPLETED"
+    history = await engine.client.history(iid)
+    recorded = next(h for h in history if h["kind"] == "TASK_COMPLETION_RECORDED")
+    assert recorded["actor"] == "alice"
+    assert "TASK_COMPLETED" in [h["kind"] for h in history]
+    assert await engine.client.count_tasks(user="alice", groups=["finance"]) == 0
+    with pytest.raises(TaskNotOpen) as refused:
+        await engine.client.complete_task(tid, "reject", None, actor="alice", groups=["finance"])
+    assert refused.value.status == "COMPLETED" and refused.value.completion is not None
+    assert refused.value.completion["decision"] == "approve"
+
+
+async def test_bad_completions_are_refused_and_change_nothing(engine: Engine, conn: asyncpg.Connection) -> None:
+    _, tid = await _open_expense(engine)
+
+    async def snapshot() -> list[tuple[object, ...]]:
+        rows = await conn.fetch("SELECT status, completion FROM stepstone.tasks UNION ALL "
+                                "SELECT state, NULL FROM stepstone.commands")
+        return [tuple(r.values()) for r in rows]
+
+    before = await snapshot()
+    with pytest.raises(UnknownDecision):
+        await engine.client.complete_task(tid, "maybe", None, actor="alice", groups=["finance"])
+    with pytest.raises(InvalidInput, match="comment"):
+        await engine.client.complete_task(tid, "approve", {"approved_amount": 3}, actor="alice", groups=["finance"])
+    with pytest.raises(TaskNotPermitted):
+        await engine.client.complete_task(tid, "approve", {"comment": "x"}, actor="mallory", groups=["sales"])
+    with pytest.raises(InvalidInput, match="actor"):
+        await engine.client.complete_task(tid, "approve", {"comment": "x"})
+    assert await snapshot() == before
+
+
+async def test_two_completions_at_once_one_wins(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    results = await asyncio.gather(
+        *(engine.client.complete_task(tid, d, {"comment": u} if d == "approve" else None, actor=u,
+                                      groups=["finance"])
+          for u, d in (("alice", "approve"), ("bob", "reject"), ("carol", "approve"), ("dan", "reject"))),
+        return_exceptions=True,
+    )
+    won = [r for r in results if not isinstance(r, BaseException)]
+    lost = [r for r in results if isinstance(r, BaseException)]
+    assert len(won) == 1 and len(lost) == 3
+    assert all(isinstance(e, TaskNotOpen) and e.status == "COMPLETING" for e in lost)
+    winner = won[0].task.completion  # type: ignore[union-attr]
+    assert all(e.completion["actor"] == winner["actor"] for e in lost)  # type: ignore[union-attr,index]
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["decided_by"] == winner["actor"]
+    assert (await _kinds(engine, iid)).count("TASK_COMPLETED") == 1
+
+
+async def test_claim_races_from_a_group_queue_leave_one_holder(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    users = [f"user{n}" for n in range(8)]
+    results = await asyncio.gather(*(engine.client.claim_task(tid, actor=u, groups=["finance"]) for u in users),
+                                   return_exceptions=True)
+    won = [r for r in results if not isinstance(r, BaseException)]
+    assert len(won) == 1
+    holder = won[0].assignee  # type: ignore[union-attr]
+    assert all(isinstance(r, TaskHeld) and r.assignee == holder for r in results if isinstance(r, BaseException))
+    assert (await engine.client.task(tid)).assignee == holder
+    assert (await _kinds(engine, iid)).count("TASK_CLAIMED") == 1
+    # The holder's inbox has it; another candidate's does not any more.
+    other = next(u for u in users if u != holder)
+    assert await engine.client.count_tasks(user=holder, groups=["finance"]) == 1
+    assert await engine.client.count_tasks(user=other, groups=["finance"]) == 0
+    # Claim never steals, unless an admin forces it, which is recorded.
+    forced = await engine.client.claim_task(tid, actor="boss", admin=True)
+    assert forced.assignee == "boss"
+    claimed = [h for h in await engine.client.history(iid) if h["kind"] == "TASK_CLAIMED"]
+    assert claimed[-1]["actor"] == "boss" and claimed[-1]["data"]["forced"] is True
+
+
+async def test_delegate_resolve_reassign_and_bulk(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.claim_task(tid, actor="alice", groups=["finance"])
+    delegated = await engine.client.delegate_task(tid, "dave", actor="alice", reason="holiday")
+    assert (delegated.assignee, delegated.owner, delegated.delegation) == ("dave", "mia", "PENDING")
+    resolved = await engine.client.resolve_task(tid, actor="dave")
+    assert (resolved.assignee, resolved.delegation) == ("mia", "RESOLVED")
+    with pytest.raises(TaskNotPermitted):
+        await engine.client.reassign_task(tid, "zed", actor="stranger")
+    moved = await engine.client.reassign_task(tid, "olga", actor="mia", idempotency_key="r1")
+    assert moved.assignee == "olga"
+    assert (await engine.client.reassign_task(tid, "olga", actor="mia", idempotency_key="r1")).assignee == "olga"
+    with pytest.raises(IdempotencyConflict):
+        await engine.client.reassign_task(tid, "pete", actor="mia", idempotency_key="r1")
+    _, tid2 = await _open_expense(engine, 2)
+    await engine.client.reassign_task(tid2, "olga", actor="boss", admin=True)
+    dry = await engine.client.reassign_all_tasks("olga", "pia", actor="boss", dry_run=True)
+    assert (dry.reassigned, dry.skipped) == (2, 0)
+    assert (await engine.client.task(tid)).assignee == "olga"
+    real = await engine.client.reassign_all_tasks("olga", "pia", actor="boss", reason="olga is away")
+    assert (real.reassigned, real.skipped) == (2, 0)
+    assert await engine.client.count_tasks(user="pia") == 2
+    kinds = await _kinds(engine, iid)
+    assert kinds.count("TASK_REASSIGNED") == 2 and "TASK_DELEGATED" in kinds and "TASK_RESOLVED" in kinds
+
+
+async def test_reminder_then_escalation_then_expiry(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.claim_task(tid, actor="alice", groups=["finance"])
+    await engine.advance(timedelta(hours=1, minutes=1))
+    await engine.run_until_idle()
+    assert "TASK_REMINDED" in await _kinds(engine, iid)
+    assert (await engine.client.task(tid)).reminded_at is not None
+    await engine.advance(timedelta(hours=3))
+    await engine.run_until_idle()
+    task = await engine.client.task(tid)
+    assert (task.assignee, task.candidate_groups, task.status) == (None, ["finance-leads"], "OPEN")
+    assert await engine.client.count_tasks(user="lee", groups=["finance-leads"]) == 1
+    await engine.advance(timedelta(days=2))
+    await engine.run_until_idle()
+    assert (await engine.client.task(tid)).status == "EXPIRED"
+    assert (await engine.client.get(iid)).state["outcome"] == "EXPIRED"
+
+
+async def test_due_timer_firing_while_completing_is_held_back(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.complete_task(tid, "approve", {"comment": "in time"}, actor="alice", groups=["finance"])
+    await engine.advance(timedelta(days=3))  # reminder, due date and expiry have all come meanwhile
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.state["outcome"] == "APPROVED"
+    kinds = await _kinds(engine, iid)
+    assert not {"TASK_REMINDED", "TASK_ESCALATED", "TASK_EXPIRED"} & set(kinds)
+    timers = await conn.fetch("SELECT state FROM stepstone.commands WHERE kind = 'TIMER'")
+    assert {r["state"] for r in timers} == {"SUPERSEDED"}
+
+
+async def test_a_worker_killed_between_reservation_and_segment_completes_once(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    done = await engine.client.complete_task(tid, "approve", {"comment": "ok"}, actor="alice", groups=["finance"])
+    [claim] = await engine.store.claim(1, 5, "doomed")  # claimed, then the worker dies: no commit, no release
+    assert claim.command.id == done.command_id
+    await engine.advance(6)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["outcome"] == "APPROVED"
+    assert (await _kinds(engine, iid)).count("TASK_COMPLETED") == 1
+
+
+async def test_cancelling_the_instance_cancels_its_task(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.cancel(iid, "withdrawn")
+    assert (await engine.client.task(tid)).status == "CANCELLED"
+    with pytest.raises(TaskNotOpen):
+        await engine.client.claim_task(tid, actor="alice", groups=["finance"])
+
+
+async def test_tasks_inside_branches(engine: Engine) -> None:
+    iid = await engine.client.start(parallel, {"users": ["ann", "ben", "cy"]})
+    await engine.run_until_idle()
+    for user in ("ann", "ben", "cy"):
+        page = await engine.client.tasks(user=user)
+        [task] = page.tasks
+        assert task.position.startswith("each/")
+        await engine.client.complete_task(task.id, "signed", None, actor=user)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["closed"] is True
+
+
+async def test_version_stability_refuses_a_completion_on_changed_data(engine: Engine) -> None:
+    iid = await engine.client.start(review, {"reviewer": "rita", "edit": True})
+    await engine.run_until_idle()
+    [task] = (await engine.client.tasks(user="rita")).tasks
+    assert task.data == {"amount": 10}
+    with pytest.raises(StateChangedSinceReview) as refused:  # the other branch changed the amount since
+        await engine.client.complete_task(task.id, "ok", None, actor="rita", reviewed_version=task.state_version)
+    assert refused.value.changed == ("amount",)
+    assert (await engine.client.task(task.id)).status == "OPEN"
+    assert (await engine.client.get(iid)).status == "WAITING"
+
+    iid2 = await engine.client.start(review, {"reviewer": "rita", "edit": False})
+    await engine.run_until_idle()
+    [task2] = [t for t in (await engine.client.tasks(user="rita")).tasks if t.instance_id == iid2]
+    with pytest.raises(StateChangedSinceReview):
+        await engine.client.complete_task(task2.id, "ok", None, actor="rita", reviewed_version=task2.state_version + 7)
+    await engine.client.complete_task(task2.id, "ok", None, actor="rita", reviewed_version=task2.state_version)
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid2)).state["done"] is True
+
+
+async def test_inbox_pages_and_filters(engine: Engine) -> None:
+    for n in range(5):
+        await engine.client.start(expense, Expense(expense_id=f"p-{n}", employee=f"emp{n}", amount=n))
+    await engine.run_until_idle()
+    first = await engine.client.tasks(user="alice", groups=["finance"], limit=2)
+    second = await engine.client.tasks(user="alice", groups=["finance"], limit=2, after=first.next_cursor)
+    third = await engine.client.tasks(user="alice", groups=["finance"], limit=2, after=second.next_cursor)
+    ids = [t.id for p in (first, second, third) for t in p.tasks]
+    assert len(ids) == len(set(ids)) == 5 and third.next_cursor is None
+    found = await engine.client.tasks(user="alice", groups=["finance"], where=TaskFilter(text="EMP3"))
+    assert [t.title for t in found.tasks] == ["Approve expense p-3 of emp3"]
+    assert await engine.client.count_tasks(mode="all", where=TaskFilter(workflow="expense")) == 5
+    assert await engine.client.count_tasks(
+        mode="all", where=TaskFilter(candidate_group="finance", priority_at_least=71)) == 0
+    with pytest.raises(InvalidInput):
+        await engine.client.tasks(user="alice", after="garbage!")
+    assert uuid.UUID(ids[0])
+
+
+async def test_a_completing_task_refuses_claims_and_reassignment(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.claim_task(tid, actor="alice", groups=["finance"])
+    await engine.client.complete_task(tid, "reject", None, actor="alice", groups=["finance"])
+    for refused in (engine.client.claim_task(tid, actor="bob", groups=["finance"], admin=True),
+                    engine.client.reassign_task(tid, "zed", actor="boss", admin=True),
+                    engine.client.delegate_task(tid, "zed", actor="alice")):
+        with pytest.raises(TaskNotOpen) as answer:
+            await refused
+        assert answer.value.status == "COMPLETING" and answer.value.completion["actor"] == "alice"  # type: ignore[index]
+    moved = await engine.client.reassign_all_tasks("alice", "zed", actor="boss")
+    assert (moved.reassigned, moved.skipped) == (0, 1)  # being completed: skipped, and counted
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["outcome"] == "REJECTED"
+
+
+async def test_a_dead_lettered_completion_gives_the_task_back_on_retry(engine: Engine) -> None:
+    iid, tid = await _open_expense(engine)
+    await engine.client.complete_task(tid, "approve", {"comment": "x"}, actor="alice", groups=["finance"])
+    for _ in range(3):  # claimed and abandoned until the engine's max_claims (3) is spent
+        assert len(await engine.store.claim(1, 1, "crashing")) == 1
+        await engine.advance(2)
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "FAILED"
+    assert (await engine.client.task(tid)).status == "COMPLETING"
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    assert (await engine.client.task(tid)).status == "OPEN"
+    await engine.client.complete_task(tid, "reject", None, actor="bob", groups=["finance"])
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["outcome"] == "REJECTED"

@@ -1,0 +1,93 @@
+"""``stepstone tasks ...`` and ``stepstone messages publish`` against real PostgreSQL: the inbox, claim,
+complete, reassign, delegate, bulk reassign, one-line errors, -o json."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from click.testing import CliRunner, Result
+
+from stepstone.cli import cli
+from stepstone.testing import open_engine
+from tests.engine.task_workflows import Expense, Receipt, expense, receipt, registry
+
+APP = "tests.engine.task_workflows:registry"
+
+
+class Cli:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __call__(self, *args: str) -> Result:
+        return CliRunner().invoke(cli, ["--database-url", self.url, *args], catch_exceptions=False)
+
+    def json(self, *args: str) -> Any:
+        result = self(*args, "-o", "json")
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def error(self, *args: str) -> str:
+        result = self(*args)
+        assert result.exit_code == 1, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+        return lines[0]
+
+
+def _run(url: str, *starts: tuple[Any, Any]) -> list[str]:
+    async def go() -> list[str]:
+        async with open_engine(url, registry) as engine:
+            ids = [await engine.client.start(wf, data) for wf, data in starts]
+            await engine.run_until_idle()
+            return ids
+
+    return asyncio.run(go())
+
+
+def test_tasks_from_the_inbox_to_completion(database_url: str) -> None:
+    cli = Cli(database_url)
+    [iid] = _run(database_url, (expense, Expense(expense_id="c-1", employee="eve", amount=9)))
+    listed = cli.json("tasks", "list", "--user", "alice", "--group", "finance")
+    [task] = listed["tasks"]
+    tid = task["id"]
+    assert task["instance_id"] == iid and listed["next_cursor"] is None
+    assert cli.json("tasks", "count", "--user", "alice", "--group", "finance") == {"count": 1}
+    assert cli.json("tasks", "count", "--mode", "all", "--text", "c-1") == {"count": 1}
+    table = cli("tasks", "list", "--user", "alice", "--group", "finance").stdout
+    assert "Approve expense c-1 of eve" in table and "group:finance" in table
+    assert cli.json("tasks", "claim", tid, "--as", "alice", "--group", "finance")["assignee"] == "alice"
+    assert "held by alice" in cli.error("tasks", "claim", tid, "--as", "bob", "--group", "finance")
+    assert "no decision 'maybe'" in cli.error("tasks", "complete", tid, "maybe", "--as", "alice")
+    assert "missing comment" in cli.error("tasks", "complete", tid, "approve", "--as", "alice", "--payload", "{}")
+    assert "invalid: comment" in cli.error("tasks", "complete", tid, "approve", "--as", "alice", "--payload",
+                                           '{"comment": 5}', "--app", APP)
+    assert "who does this" in cli.error("tasks", "claim", tid)
+    assert "no task" in cli.error("tasks", "show", "not-a-task")
+    delegated = cli.json("tasks", "delegate", tid, "dave", "--as", "alice", "--reason", "away")
+    assert (delegated["assignee"], delegated["delegation"]) == ("dave", "PENDING")
+    assert cli.json("tasks", "resolve", tid, "--as", "dave")["assignee"] == "mia"
+    moved = cli("tasks", "reassign-all", "mia", "alice", "--as", "boss", "--dry-run")
+    assert moved.stdout.strip() == "would move 1 task(s) from mia to alice"
+    assert cli.json("tasks", "reassign-all", "mia", "alice", "--as", "boss")["reassigned"] == 1
+    done = cli.json("tasks", "complete", tid, "approve", "--as", "alice", "--payload", '{"comment": "ok"}',
+                    "--idempotency-key", "k", "--app", APP)
+    assert done["task"]["status"] == "COMPLETING" and not done["duplicate"]
+    again = cli("tasks", "complete", tid, "approve", "--as", "alice", "--payload", '{"comment": "ok"}',
+                "--idempotency-key", "k")
+    assert again.exit_code == 0 and "repeated" in again.stdout
+    shown = cli("tasks", "show", tid).stdout
+    assert "COMPLETING" in shown and "approve by alice" in shown
+
+
+def test_messages_publish_says_what_happened(database_url: str) -> None:
+    cli = Cli(database_url)
+    assert "dropped" in cli("messages", "publish", "receipt_received", "k-1").stdout
+    buffered = cli.json("messages", "publish", "receipt_received", "k-1", "--ttl", "60", "--payload", '{"n": 1}',
+                        "--message-id", "m1")
+    assert buffered["outcome"] == "buffered" and buffered["expires_at"]
+    [iid] = _run(database_url, (receipt, Receipt(order_id="k-2")))
+    delivered = cli("messages", "publish", "receipt_received", "k-2", "--payload", '{"n": 2}')
+    assert delivered.stdout.strip() == f"message receipt_received delivered to {iid}"
+    assert "not valid JSON" in cli.error("messages", "publish", "x", "k", "--payload", "{")
