@@ -33,6 +33,9 @@ def test_error_exports() -> None:
         # the definitions registry (issue 12)
         "DefinitionDrift", "DocumentInvalid", "DocumentTampered", "InvalidTransition", "MigrationRefused",
         "VersionNotAdmitted",
+        # human tasks and messages (issue 11)
+        "StateChangedSinceReview", "TaskHeld", "TaskNotFound", "TaskNotOpen", "TaskNotPermitted", "TaskRefused",
+        "UnknownDecision", "OpenSignalLimit",
     ])
 
 
@@ -43,6 +46,4 @@ def test_external_exports() -> None:
         "BusinessError", "ExternalTaskNotFound", "ExternalTasks", "ExternalWorker", "LockExpired", "LockLost",
         "LockedTask", "TaskAnswer", "TaskEnded",
         "TaskLockRefused",
-        "StateChangedSinceReview", "TaskHeld", "TaskNotFound", "TaskNotOpen", "TaskNotPermitted", "TaskRefused",
-        "UnknownDecision", "OpenSignalLimit",
     ])

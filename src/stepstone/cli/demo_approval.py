@@ -19,6 +19,7 @@ from stepstone.cli.common import CliError, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.client import SETTLED, Client
 from stepstone.config import Settings
+from stepstone.core.attribution import Actor
 from stepstone.core.model import COMPLETED
 from stepstone.examples import approval
 from stepstone.runtime.worker import Worker, WorkerConfig
@@ -43,7 +44,8 @@ def _narrate(entry: dict[str, Any]) -> str | None:
     said = _SAID.get(str(entry["kind"]))
     if said is None:
         return None
-    who = f" by {entry['actor']}" if entry.get("actor") else ""
+    actor = Actor.parse(entry.get("actor"))
+    who = f" by {actor.id}" if actor is not None and actor.kind != "worker" else ""  # people, not workers
     return said + who
 
 
