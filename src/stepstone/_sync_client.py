@@ -94,14 +94,17 @@ class SyncClient:
         *,
         idempotency_key: str | None = None,
         business_key: str | None = None,
+        scope: str = "default",
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict."""
+        same instance; the same key with other input raises IdempotencyConflict. `scope` is the
+        tenant the instance belongs to (the management API's tokens are granted per scope)."""
         return self._run(self._client.start(
             workflow,
             input,
             idempotency_key=idempotency_key,
             business_key=business_key,
+            scope=scope,
         ))
 
     def signal(

@@ -19,7 +19,7 @@ from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.config import Settings
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPLETED, FAILED, TERMINAL
-from stepstone.core.pin import pin_of
+from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore, NewInstance
@@ -69,7 +69,7 @@ class Client:
         self.registry = registry or Registry()
         self.limits = limits or Limits()
         self.actor = None if actor is None else self._text("actor", actor)
-        self._registered: set[tuple[str, int]] = set()
+        self._registered: set[tuple[str, str, int]] = set()
         self._settled = SettledWatch(store)
 
     @classmethod
@@ -113,21 +113,23 @@ class Client:
         *,
         idempotency_key: str | None = None,
         business_key: str | None = None,
+        scope: str = DEFAULT_SCOPE,
     ) -> str:
         """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict."""
+        same instance; the same key with other input raises IdempotencyConflict. `scope` is the
+        tenant the instance belongs to (the management API's tokens are granted per scope)."""
         wf = self._workflow(workflow)
-        self._texts(idempotency_key=idempotency_key, business_key=business_key)
+        self._texts(idempotency_key=idempotency_key, business_key=business_key, scope=scope)
         try:  # before the state model sees it: validating a 10,000-deep document is costly
             self.limits.check_depth("input", input)
         except PayloadRejected as exc:
             raise _typed(exc) from None
         state = wf.state_to_json({} if input is None else input)
         text = self._encode("input", state)
-        await self._ensure_registered(wf)
+        await self._ensure_registered(wf, scope)
         new = NewInstance(
             id=str(uuid.uuid4()),
-            pin=pin_of(wf),
+            pin=pin_of(wf, scope),
             state=state,
             start_step=wf.plan.start,
             business_key=business_key,
@@ -235,10 +237,10 @@ class Client:
             raise DefinitionNotFound(workflow)
         return found
 
-    async def _ensure_registered(self, wf: Workflow[Any]) -> None:
-        key = (wf.id, wf.version)
+    async def _ensure_registered(self, wf: Workflow[Any], scope: str = DEFAULT_SCOPE) -> None:
+        key = (scope, wf.id, wf.version)
         if key not in self._registered:
-            await self.store.register(pin_of(wf), wf.plan.document())
+            await self.store.register(pin_of(wf, scope), wf.plan.document())
             self._registered.add(key)
 
     def _encode(self, what: str, value: Any) -> str:

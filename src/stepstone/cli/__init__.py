@@ -13,13 +13,13 @@ from typing import Any
 import click
 
 from stepstone import __version__
-from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, doctor, instances, outbox, worker
+from stepstone.cli import bench, db, demo, demo_fanout, demo_outbox, doctor, instances, outbox, serve, tokens, worker
 from stepstone.cli.common import RootOptions, settings_options
 from stepstone.errors import StepstoneError
 
 __all__ = ["cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, demo, bench]
+_COMMAND_MODULES: list[Any] = [db, doctor, instances, worker, outbox, demo, bench, serve, tokens]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
