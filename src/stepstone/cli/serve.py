@@ -7,7 +7,11 @@ in with. ``--read-only`` refuses every state-changing request with 405. docs/api
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -24,6 +28,7 @@ from stepstone.store.database import redact_url
 __all__ = ["commands"]
 
 log = logging.getLogger("stepstone.cli.serve")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _api_modules() -> Any:
@@ -39,18 +44,43 @@ def _api_modules() -> Any:
     return uvicorn, hosting, create_app, check_bind
 
 
+def _quiet_server(uvicorn: Any, config: Any) -> Any:
+    """A uvicorn server that stops on SIGTERM/SIGINT and returns (exit 0), instead of re-raising the
+    signal after its graceful shutdown as uvicorn does."""
+
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            for sig in _STOP_SIGNALS:
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in _STOP_SIGNALS:
+                    loop.remove_signal_handler(sig)
+
+    return Server(config)
+
+
+def _checked(check_bind: Any, host: str, *, auth: bool, active_tokens: int) -> None:
+    try:
+        check_bind(host, auth=auth, active_tokens=active_tokens)
+    except StepstoneError as exc:
+        raise CliError(str(exc)) from None
+
+
 async def _serve(settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool,
                  no_auth: bool) -> None:
     uvicorn, hosting, create_app, check_bind = _api_modules()
+    if no_auth:  # refused before anything connects
+        _checked(check_bind, host, auth=False, active_tokens=0)
     async with open_store(settings, pool_size=10) as store:
         ctx = hosting.context_on(store, registry=registry, read_only=read_only,
                                  authenticate=hosting.NO_AUTH if no_auth else None)
         try:
             tokens = await ctx.management.active_token_count()
-            try:
-                check_bind(host, auth=not no_auth, active_tokens=tokens)
-            except StepstoneError as exc:
-                raise CliError(str(exc)) from None
+            _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
             app = create_app(ctx)
             mode = "no authentication (loopback only)" if no_auth else f"API tokens ({tokens} active)"
             log.info("serving http://%s:%d/ui/ (API %s/api/v1, %s%s); database %s (schema %s)", host, port,
@@ -59,7 +89,7 @@ async def _serve(settings: Settings, registry: Registry | None, host: str, port:
             if not no_auth and tokens == 0:
                 log.warning("no API token exists yet: create one with `stepstone tokens create --role admin`")
             config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-            await uvicorn.Server(config).serve()
+            await _quiet_server(uvicorn, config).serve()
         finally:
             await ctx.close()
 
