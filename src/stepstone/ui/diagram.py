@@ -23,6 +23,9 @@ __all__ = ["END_NODE", "Diagram", "diagram", "render_svg"]
 END_NODE = "$end"
 NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 150, 46, 56, 28, 16
 _LIVE = {"RUNNING", "WAITING", "PENDING"}
+_ARROW = ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" markerHeight="9" '
+          'markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+          '<path d="M0,0 L10,5 L0,10 z" fill="context-stroke"/></marker></defs>')
 _KIND_LABEL = {"action": "", "timer": "timer", "wait": "wait", "fork": "fork", "join": "join", "child": "child"}
 
 
@@ -179,8 +182,7 @@ def render_svg(d: Diagram, *, title: str = "workflow", link: str = "") -> str:
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="diagram" viewBox="0 0 {width} {height}" '
              f'width="{width}" role="img" aria-labelledby="diagram-title">'),
              f'<title id="diagram-title">{escape(title)}</title>',
-             ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-             'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="context-stroke"/></marker></defs>')]
+             _ARROW]
     for e in d.edges:
         if e.source not in d.place or e.target not in d.place:
             continue
@@ -190,7 +192,7 @@ def render_svg(d: Diagram, *, title: str = "workflow", link: str = "") -> str:
             sx, sy, tx, ty = x1 + NODE_W, y1 + NODE_H // 2, x2, y2 + NODE_H // 2
             mid = (sx + tx) // 2
             path = f"M{sx},{sy} C{mid},{sy} {mid},{ty} {tx},{ty}"
-            lx, ly = mid, (sy + ty) // 2 - 4
+            lx, ly = (sx + 6, sy - 6) if ty <= sy else (sx + 6, sy + 14)
         else:  # back to an earlier (or the same) layer: an arc under the row
             sx, sy, tx, ty = x1 + NODE_W // 2, y1 + NODE_H, x2 + NODE_W // 2, y2 + NODE_H
             low = max(sy, ty) + 34
@@ -199,7 +201,7 @@ def render_svg(d: Diagram, *, title: str = "workflow", link: str = "") -> str:
         parts.append(f'<path class="{cls}" d="{path}" marker-end="url(#arrow)" '
                      f'data-edge="{escape(e.source)}->{escape(e.target)}"/>')
         if e.label:
-            parts.append(f'<text class="edge-label" x="{lx}" y="{ly}" text-anchor="middle">{escape(e.label)}</text>')
+            parts.append(f'<text class="edge-label" x="{lx}" y="{ly}">{escape(e.label)}</text>')
     for node, kind in d.kinds.items():
         x, y = _xy(d, node)
         marks = [m for m, s in (("current", d.current), ("failed", d.failed), ("visited", d.visited)) if node in s]
@@ -208,15 +210,16 @@ def render_svg(d: Diagram, *, title: str = "workflow", link: str = "") -> str:
         state = ", ".join(marks) or "not run"
         parts.append(f'<g class="{cls}" data-step="{escape(node)}"><title>{escape(label)} ({escape(kind)}): '
                      f'{state}</title>')
-        shape = (f'<circle cx="{x + NODE_W // 2}" cy="{y + NODE_H // 2}" r="{NODE_H // 2}"/>' if node == END_NODE
+        centre = x + (NODE_H // 2 if node == END_NODE else NODE_W // 2)
+        shape = (f'<circle cx="{centre}" cy="{y + NODE_H // 2}" r="{NODE_H // 2}"/>' if node == END_NODE
                  else f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="8"/>')
         parts.append(shape)
         text = label if len(label) <= 20 else label[:19] + "…"
-        parts.append(f'<text x="{x + NODE_W // 2}" y="{y + 20}" text-anchor="middle" class="node-name">'
-                     f'{escape(text)}</text>')
-        sub = " · ".join(s for s in (_KIND_LABEL.get(kind, ""), *marks[:1]) if s)
-        if sub:
-            parts.append(f'<text x="{x + NODE_W // 2}" y="{y + 36}" text-anchor="middle" class="node-kind">'
+        parts.append(f'<text x="{centre}" y="{y + (28 if node == END_NODE else 20)}" text-anchor="middle" '
+                     f'class="node-name">{escape(text)}</text>')
+        sub = " · ".join(s for s in (_KIND_LABEL.get(kind, ""), *[m for m in marks if m != "visited"][:1]) if s)
+        if sub and node != END_NODE:
+            parts.append(f'<text x="{centre}" y="{y + 36}" text-anchor="middle" class="node-kind">'
                          f'{escape(sub)}</text>')
         parts.append("</g>")
         for n, child in enumerate(d.children.get(node, [])[:3]):

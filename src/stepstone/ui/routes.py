@@ -128,6 +128,7 @@ async def instance_page(request: Request, instance_id: str) -> Response:
     wait = info["waiting_for"] or {}
     signals = sorted((wait.get("signals") or {}) if isinstance(wait, dict) else {})
     return page(request, "instance.html", who, nav="instances", live=info["id"], i=info,
+                stamp=stamp_of((info["status"], info["updated_at"])),
                 history=[{**h, "patch": patch_lines(h["data"])} for h in shown[:_HISTORY_ON_PAGE]],
                 history_more=len(everything) > _HISTORY_ON_PAGE, failed_only=failed_only, pending=pending,
                 events=events, svg=svg, signals=signals, waiting=_describe_wait(wait),
@@ -299,14 +300,21 @@ async def events(request: Request) -> Response:
     watched = request.query_params.get("instance")
     if watched:
         await visible_instance(ctx, who, watched)
-    return StreamingResponse(_stream(request, watched), media_type="text/event-stream",
+    return StreamingResponse(_stream(request, watched, request.query_params.get("stamp")),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-async def _stream(request: Request, watched: str | None) -> AsyncIterator[str]:
+def stamp_of(found: tuple[str, Any] | None) -> str:
+    """What the page was rendered from (status and update time), so a change before the stream opened
+    is not missed."""
+    return "" if found is None else f"{found[0]}|{found[1].isoformat()}"
+
+
+async def _stream(request: Request, watched: str | None, seen: str | None) -> AsyncIterator[str]:
     ctx = context_of(request)
     queue = await ctx.broadcaster.subscribe() if ctx.broadcaster is not None else asyncio.Queue[str]()
-    stamp = await ctx.management.instance_stamp(watched) if watched else None
+    stamp = seen or (stamp_of(await ctx.management.instance_stamp(watched)) if watched else "")
     try:
         yield "retry: 3000\n\n"
         while not await request.is_disconnected():
@@ -314,7 +322,7 @@ async def _stream(request: Request, watched: str | None) -> AsyncIterator[str]:
             with contextlib.suppress(TimeoutError):
                 changed = await asyncio.wait_for(queue.get(), _LIVE_POLL_SECONDS)
             if watched:
-                now = await ctx.management.instance_stamp(watched)
+                now = stamp_of(await ctx.management.instance_stamp(watched))
                 if changed == watched or now != stamp:
                     stamp = now
                     yield f"event: changed\ndata: {watched}\n\n"

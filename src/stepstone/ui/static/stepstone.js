@@ -7,7 +7,9 @@
   if (!main || !window.EventSource || !window.fetch) return;
   var live = main.getAttribute("data-live");
   var base = document.querySelector("a.brand").getAttribute("href").replace(/\/$/, "");
-  var url = base + "/events" + (live === "list" ? "" : "?instance=" + encodeURIComponent(live));
+  var stamp = main.getAttribute("data-stamp") || "";
+  var url = base + "/events" + (live === "list" ? "" :
+    "?instance=" + encodeURIComponent(live) + "&stamp=" + encodeURIComponent(stamp));
   var pending = null, last = 0;
 
   function refresh() {
