@@ -87,6 +87,19 @@ async def site(database_url: str) -> AsyncIterator[dict[str, Any]]:
             await ctx.close()
 
 
+async def sign_in(browser: Any, url: str, token: str) -> None:
+    """Open `url` (the sign-in page, or a page that leads there), sign in, wait for a signed-in page."""
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    def submit() -> None:
+        browser.get(url)
+        browser.find_element(By.ID, "token").send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
+
+    await asyncio.to_thread(submit)
+    await until(lambda: browser.find_elements(By.CSS_SELECTOR, "form.who"), "the signed-in page")
+
+
 async def _settled(engine: Any, iid: str, status: str) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + WAIT
@@ -107,12 +120,7 @@ async def test_find_a_failed_instance_retry_it_and_see_it_complete_live(
     await _settled(engine, failed, "FAILED")
     await _settled(engine, fine, "WAITING")
 
-    def sign_in() -> None:
-        browser.get(f"{base}/ui/")
-        browser.find_element(By.ID, "token").send_keys(site["token"])
-        browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
-
-    await asyncio.to_thread(sign_in)
+    await sign_in(browser, f"{base}/ui/", site["token"])
     await until(lambda: browser.find_elements(By.CSS_SELECTOR, "table.list tbody tr a.mono"), "the instances")
     await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-instances.png"))
 
@@ -168,13 +176,7 @@ async def test_bulk_retry_a_selection_of_incidents_and_read_each_result(
         await _settled(engine, iid, "FAILED")
     workflows.FAILING.discard("one")  # "two" fails again on its retry
 
-    def sign_in() -> None:
-        browser.get(f"{base}/ui/login")
-        browser.find_element(By.ID, "token").send_keys(site["token"])
-        browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
-
-    await asyncio.to_thread(sign_in)
-    await until(lambda: browser.find_elements(By.CSS_SELECTOR, "form.who"), "the signed-in page")
+    await sign_in(browser, f"{base}/ui/login", site["token"])
     await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, "Incidents").click())
     boxes = await until(lambda: browser.find_elements(By.CSS_SELECTOR, "input[name=instance]"), "the incidents")
     assert len(boxes) == 2
