@@ -7,6 +7,7 @@ InstanceNotFound; writes without the role are Forbidden.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from datetime import datetime
@@ -14,7 +15,8 @@ from typing import Any
 
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require, visible_instance
-from stepstone.api.pagination import decode_cursor, page
+from stepstone.api.pagination import MAX_BIGINT, decode_cursor, decode_id_cursor, page
+from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.errors import DefinitionNotFound, InvalidInput
 
 __all__ = [
@@ -34,10 +36,25 @@ __all__ = [
 ]
 
 
+def _checked(**arguments: str | None) -> None:
+    """The client's one check of a text argument (no NUL, no undecodable bytes, within its limit)."""
+    for name, value in arguments.items():
+        if value is not None:
+            try:
+                Limits().check_text(name.replace("_", " "), value, empty=True)
+            except PayloadRejected as exc:
+                raise InvalidInput(str(exc), what=exc.what) from None
+
+
+def _bad_cursor() -> InvalidInput:
+    return InvalidInput("cursor is not one this API returned", what="cursor")
+
+
 async def instances(
     ctx: ApiContext, who: Principal, *, status: str | None, workflow: str | None, business_key: str | None,
     scope: str | None, cursor: str | None, limit: int,
 ) -> dict[str, Any]:
+    _checked(status=status, workflow=workflow, business_key=business_key, scope=scope)
     scopes = who.visible_scopes()
     if scope is not None:
         scopes = [scope] if who.sees(scope) else []
@@ -45,15 +62,18 @@ async def instances(
     if cursor:
         at, iid = decode_cursor(cursor, 2)
         try:
-            after = (datetime.fromisoformat(str(at)), str(iid))
+            after = (datetime.fromisoformat(str(at)), str(uuid.UUID(str(iid))))
         except ValueError:
-            raise InvalidInput("cursor is not one this API returned", what="cursor") from None
+            raise _bad_cursor() from None
+        if after[0].tzinfo is None:
+            raise _bad_cursor()
     rows = [] if scopes == [] else await ctx.management.instances_page(
         scopes, status=status, definition=workflow, business_key=business_key, after=after, limit=limit + 1)
     return page(rows, limit, lambda r: (r["created_at"].isoformat(), r["id"]))
 
 
 async def counts(ctx: ApiContext, who: Principal, workflow: str | None) -> dict[str, int]:
+    _checked(workflow=workflow)
     scopes = who.visible_scopes()
     return {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow)
 
@@ -68,7 +88,7 @@ async def history(
     ctx: ApiContext, who: Principal, instance_id: str, *, cursor: str | None, limit: int, failed_only: bool
 ) -> dict[str, Any]:
     await visible_instance(ctx, who, instance_id)
-    after = int(decode_cursor(cursor, 1)[0]) if cursor else 0
+    after = decode_id_cursor(cursor)
     rows = await ctx.management.history_page(instance_id, after=after, limit=limit + 1, failed_only=failed_only)
     return page(rows, limit, lambda r: (r["seq"],))
 
@@ -97,12 +117,12 @@ async def _by_id(
 ) -> dict[str, Any]:
     """A page of an instance's rows keyed by id, after checking the caller sees the instance."""
     await visible_instance(ctx, who, instance_id)
-    return page(await rows(int(decode_cursor(cursor, 1)[0]) if cursor else 0), limit, lambda r: (r["id"],))
+    return page(await rows(decode_id_cursor(cursor)), limit, lambda r: (r["id"],))
 
 
 async def dead_letters(ctx: ApiContext, who: Principal, *, cursor: str | None, limit: int) -> dict[str, Any]:
     scopes = who.visible_scopes()
-    before = int(decode_cursor(cursor, 1)[0]) if cursor else None
+    before = decode_id_cursor(cursor) if cursor else None
     rows = [] if scopes == [] else await ctx.management.dead_commands_page(scopes, before=before, limit=limit + 1)
     return page(rows, limit, lambda r: (r["id"],))
 
@@ -112,8 +132,9 @@ async def definitions(ctx: ApiContext, who: Principal, *, cursor: str | None, li
     after = None
     if cursor:
         scope, definition, version = decode_cursor(cursor, 3)
-        if not isinstance(version, int):
-            raise InvalidInput("cursor is not one this API returned", what="cursor")
+        if not isinstance(version, int) or not 0 <= version <= MAX_BIGINT:
+            raise _bad_cursor()
+        _checked(cursor=str(scope) + str(definition))
         after = (str(scope), str(definition), version)
     rows = [] if scopes == [] else await ctx.management.definitions_page(scopes, after=after, limit=limit + 1)
     return page(rows, limit, lambda r: (r["scope"], r["definition_id"], r["version"]))
@@ -122,6 +143,7 @@ async def definitions(ctx: ApiContext, who: Principal, *, cursor: str | None, li
 async def definition_plan(
     ctx: ApiContext, who: Principal, scope: str, definition_id: str, version: int
 ) -> dict[str, Any]:
+    _checked(scope=scope, workflow=definition_id)
     found = await ctx.management.definition_plan(scope, definition_id, version) if who.sees(scope) else None
     if found is None:
         raise DefinitionNotFound(definition_id, version)
@@ -132,6 +154,7 @@ async def start(
     ctx: ApiContext, who: Principal, workflow: str, data: Any, *, scope: str | None,
     idempotency_key: str | None, business_key: str | None,
 ) -> dict[str, Any]:
+    _checked(scope=scope)
     target = scope if scope is not None else who.home_scope(ctx.default_scope)
     if not who.sees(target):
         raise DefinitionNotFound(workflow)

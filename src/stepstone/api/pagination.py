@@ -13,10 +13,11 @@ from typing import Any
 
 from stepstone.errors import InvalidInput
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "decode_cursor", "encode_cursor", "page"]
+__all__ = ["DEFAULT_LIMIT", "MAX_BIGINT", "MAX_LIMIT", "decode_cursor", "decode_id_cursor", "encode_cursor", "page"]
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
+MAX_BIGINT = 2**63 - 1
 
 
 def encode_cursor(*key: Any) -> str:
@@ -33,6 +34,16 @@ def decode_cursor(cursor: str, arity: int) -> list[Any]:
     if not isinstance(key, list) or len(key) != arity:
         raise InvalidInput(f"cursor {cursor[:80]!r} is not a cursor this API returned", what="cursor")
     return key
+
+
+def decode_id_cursor(cursor: str | None) -> int:
+    """The id (or sequence number) inside a cursor of one integer; 0 without a cursor."""
+    if not cursor:
+        return 0
+    value = decode_cursor(cursor, 1)[0]
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BIGINT:
+        raise InvalidInput(f"cursor {cursor[:80]!r} is not a cursor this API returned", what="cursor")
+    return value
 
 
 def page(rows: list[dict[str, Any]], limit: int, key: Any) -> dict[str, Any]:

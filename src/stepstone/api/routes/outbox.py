@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 from stepstone.api import operations as ops
 from stepstone.api.auth import ALL_SCOPES
 from stepstone.api.context import ApiContext, Caller, OutboxAdmin, Writer, context_of, require
-from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, decode_cursor, encode_cursor
+from stepstone.api.pagination import DEFAULT_LIMIT, MAX_BIGINT, MAX_LIMIT, decode_id_cursor, encode_cursor
 from stepstone.errors import NotFound
 
 __all__ = ["router"]
@@ -20,10 +20,11 @@ __all__ = ["router"]
 router = APIRouter(tags=["outbox"])
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT)]
 Cursor = Annotated[str | None, Query(max_length=1000)]
+EventId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
 
 
 class RequeueRequest(BaseModel):
-    ids: list[int] = Field(default_factory=list, max_length=10_000, description="Dead events to requeue.")
+    ids: list[EventId] = Field(default_factory=list, max_length=10_000, description="Dead events to requeue.")
     all_dead: bool = Field(default=False, description="Every dead-lettered event instead of `ids`.")
     dry_run: bool = Field(default=False, description="Say what would be requeued; change nothing.")
 
@@ -46,7 +47,7 @@ async def outbox_events(
     request: Request, who: Caller, dead: bool = False, cursor: Cursor = None, limit: Limit = DEFAULT_LIMIT,
 ) -> dict[str, Any]:
     require(who, "viewer", ALL_SCOPES)
-    after = int(decode_cursor(cursor, 1)[0]) if cursor else 0
+    after = decode_id_cursor(cursor)
     rows = [r.as_dict() for r in await _outbox(context_of(request)).unpublished(dead=dead, limit=limit + 1,
                                                                                     after=after)]
     items = rows[:limit]
