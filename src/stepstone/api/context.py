@@ -73,7 +73,8 @@ class ApiContext:
     default_scope: str = DEFAULT_SCOPE
     broadcaster: Broadcaster | None = None
     ui_secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    """Keys the UI's CSRF values; give every replica behind one address the same secret."""
+    """Keys the UI's CSRF values behind a host's authentication (a token sign-in keys them itself);
+    give every replica behind one address the same secret."""
 
     def client(self, actor: str | None) -> Client:
         """A client acting as `actor`: every state change it makes is recorded with that name."""

@@ -62,10 +62,12 @@ def ui_root(request: Request) -> str:
 
 
 def csrf_token(request: Request, who: Principal) -> str:
-    """A per-actor (and per-login) value every UI form carries back: a cross-site form cannot know it."""
-    secret = context_of(request).ui_secret
-    material = f"{who.actor}\n{request.cookies.get(TOKEN_COOKIE, '')}".encode()
-    return hmac.new(secret, material, hashlib.sha256).hexdigest()[:40]
+    """The value every UI form carries back, which a cross-site form cannot know: keyed by the sign-in
+    cookie's token (the same on every replica), or, behind a host's authentication, by the app's
+    `ui_secret` and the actor."""
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    key = cookie.encode("utf-8", "surrogatepass") if cookie else context_of(request).ui_secret
+    return hmac.new(key, f"stepstone-csrf\n{who.actor}".encode(), hashlib.sha256).hexdigest()[:40]
 
 
 def page(request: Request, template: str, who: Principal | None, *, status_code: int = 200,
