@@ -16,3 +16,7 @@ CREATE TABLE {{schema}}.api_tokens (
 
 -- The instances list of one scope, newest first (the API's keyset pagination on (created_at, id)).
 CREATE INDEX instances_scope_newest ON {{schema}}.instances (scope, created_at DESC, id DESC);
+
+-- One instance's events, published or not (the instance page; outbox_unsent_instance covers only
+-- the unpublished ones).
+CREATE INDEX outbox_instance ON {{schema}}.outbox (instance_id, id);
