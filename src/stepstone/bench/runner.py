@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from stepstone.bench import ceiling, enqueue, fanout, latency, memory, recovery, relay, scale, throughput
+from stepstone.bench import api_list, ceiling, enqueue, fanout, latency, memory, recovery, relay, scale, throughput
 from stepstone.bench.common import BenchContext, Metric, bench_queries
 
 Workload = Callable[[BenchContext], Awaitable[list[Metric]]]
@@ -29,6 +29,7 @@ WORKLOADS: dict[str, Workload] = {
     "memory": memory.run,
     "relay": relay.run,
     "fanout": fanout.run,
+    "api": api_list.run,
 }
 """In run order: latency needs the throughput maximum, ratios need the ceiling."""
 
