@@ -99,3 +99,40 @@ def test_serve_answers_on_loopback_and_needs_a_token(database_url: str) -> None:
     assert proc.returncode == 0, err
     assert f"serving http://127.0.0.1:{port}/ui/" in err
     assert "no API token exists yet" in err
+
+
+def test_worker_serve_runs_the_workflows_and_the_api_in_one_process(database_url: str) -> None:
+    env = {**os.environ, "STEPSTONE_DATABASE_URL": database_url}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([*STEPSTONE, "worker", "--app", "tests.api.workflows:registry", "--serve", "--no-auth",
+                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}/api/v1"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"{base}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "stepstone worker --serve did not answer"
+                time.sleep(0.1)
+        iid = httpx.post(f"{base}/instances", json={"workflow": "job", "input": {"name": "w"}}).json()["id"]
+        while httpx.get(f"{base}/instances/{iid}").json()["status"] != "WAITING":
+            assert time.monotonic() < deadline, "the worker did not run the instance"
+            time.sleep(0.05)
+        history = httpx.get(f"{base}/instances/{iid}/history").json()["items"]
+        assert history[0]["actor"] == "local"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "serving http://127.0.0.1" in err and "drained" in err
+
+
+def test_worker_serve_refuses_no_auth_off_loopback() -> None:
+    code, _, err = invoke("worker", "--app", "tests.api.workflows:registry", "--serve", "--no-auth",
+                          "--host", "0.0.0.0", "--database-url", "postgresql://nobody@127.0.0.1:1/none")  # noqa: S104
+    assert code == 1 and "--no-auth is for a loopback address only" in err

@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import click
@@ -20,12 +21,12 @@ from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
 from stepstone.cli.common import CliError, run_async, with_settings
 from stepstone.cli.connection import open_store
-from stepstone.cli.worker import configure_logging
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
 from stepstone.store.database import redact_url
+from stepstone.store.port import Store
 
-__all__ = ["commands"]
+__all__ = ["app_beside", "check_no_auth", "commands", "serve_options"]
 
 log = logging.getLogger("stepstone.cli.serve")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -45,20 +46,13 @@ def _api_modules() -> Any:
 
 
 def _quiet_server(uvicorn: Any, config: Any) -> Any:
-    """A uvicorn server that stops on SIGTERM/SIGINT and returns (exit 0), instead of re-raising the
-    signal after its graceful shutdown as uvicorn does."""
+    """A uvicorn server that leaves signals to its caller (uvicorn would install its own handlers and
+    re-raise the stop signal after its graceful shutdown)."""
 
     class Server(uvicorn.Server):  # type: ignore[misc]
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            loop = asyncio.get_running_loop()
-            for sig in _STOP_SIGNALS:
-                loop.add_signal_handler(sig, self.handle_exit, sig, None)
-            try:
-                yield
-            finally:
-                for sig in _STOP_SIGNALS:
-                    loop.remove_signal_handler(sig)
+            yield
 
     return Server(config)
 
@@ -70,36 +64,72 @@ def _checked(check_bind: Any, host: str, *, auth: bool, active_tokens: int) -> N
         raise CliError(str(exc)) from None
 
 
+def check_no_auth(host: str, no_auth: bool) -> None:
+    """Refuse --no-auth off loopback before anything connects."""
+    if no_auth:
+        _checked(_api_modules()[3], host, auth=False, active_tokens=0)
+
+
+@asynccontextmanager
+async def app_beside(store: Store, registry: Registry | None, host: str, port: int, *, read_only: bool,
+                     no_auth: bool) -> AsyncIterator[None]:
+    """The API and UI served on `store` (the bind rule checked first) until the block ends."""
+    uvicorn, hosting, create_app, check_bind = _api_modules()
+    ctx = hosting.context_on(store, registry=registry, read_only=read_only,
+                             authenticate=hosting.NO_AUTH if no_auth else None)
+    try:
+        tokens = await ctx.management.active_token_count()
+        _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
+        config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", lifespan="off")
+        server = _quiet_server(uvicorn, config)
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():  # it could not bind: say why in one line
+                exc = task.exception()
+                raise CliError(f"cannot serve on {host}:{port}: {exc or 'the server stopped'}")
+            await asyncio.sleep(0.02)
+        mode = "no authentication (loopback only)" if no_auth else f"API tokens ({tokens} active)"
+        log.info("serving http://%s:%d/ui/ (API http://%s:%d/api/v1, %s%s); database %s (schema %s)", host, port,
+                 host, port, mode, ", read-only" if read_only else "", redact_url(store.url), store.schema)
+        if not no_auth and tokens == 0:
+            log.warning("no API token exists yet: create one with `stepstone tokens create --role admin`")
+        try:
+            yield
+        finally:
+            server.should_exit = True
+            await task
+    finally:
+        await ctx.close()
+
+
 async def _serve(settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool,
                  no_auth: bool) -> None:
-    uvicorn, hosting, create_app, check_bind = _api_modules()
-    if no_auth:  # refused before anything connects
-        _checked(check_bind, host, auth=False, active_tokens=0)
-    async with open_store(settings, pool_size=10) as store:
-        ctx = hosting.context_on(store, registry=registry, read_only=read_only,
-                                 authenticate=hosting.NO_AUTH if no_auth else None)
-        try:
-            tokens = await ctx.management.active_token_count()
-            _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
-            app = create_app(ctx)
-            mode = "no authentication (loopback only)" if no_auth else f"API tokens ({tokens} active)"
-            log.info("serving http://%s:%d/ui/ (API %s/api/v1, %s%s); database %s (schema %s)", host, port,
-                     f"http://{host}:{port}", mode, ", read-only" if read_only else "", redact_url(store.url),
-                     store.schema)
-            if not no_auth and tokens == 0:
-                log.warning("no API token exists yet: create one with `stepstone tokens create --role admin`")
-            config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-            await _quiet_server(uvicorn, config).serve()
-        finally:
-            await ctx.close()
+    check_no_auth(host, no_auth)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with (open_store(settings, pool_size=10) as store,
+                    app_beside(store, registry, host, port, read_only=read_only, no_auth=no_auth)):
+            await stop.wait()
+    finally:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+def serve_options(func: Any) -> Any:
+    """--host, --port, --read-only, --no-auth (for `serve`, and `worker --serve`)."""
+    func = click.option("--no-auth", is_flag=True,
+                        help="No tokens: every request is the local admin (loopback only).")(func)
+    func = click.option("--read-only", is_flag=True, help="Refuse every state-changing request (HTTP 405).")(func)
+    func = click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)(func)
+    return click.option("--host", default="127.0.0.1", show_default=True,
+                        help="Address to listen on; a non-loopback one needs an API token to exist.")(func)
 
 
 @click.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on; a non-loopback one needs an API token to exist.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
-@click.option("--read-only", is_flag=True, help="Refuse every state-changing request (HTTP 405).")
-@click.option("--no-auth", is_flag=True, help="No tokens: every request is the local admin (loopback only).")
+@serve_options
 @app_option(required=False)
 @with_settings
 def serve_command(
@@ -109,6 +139,8 @@ def serve_command(
 
     Starting instances from the API or UI needs --app (the workflows to start); everything else works
     on any instance in the database."""
+    from stepstone.cli.worker import configure_logging  # noqa: PLC0415 - worker imports this module
+
     configure_logging()
     run_async(_serve(settings, registry, host, port, read_only, no_auth))
 

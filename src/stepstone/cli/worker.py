@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 import click
 
@@ -23,6 +24,7 @@ from stepstone.cli.app import app_option
 from stepstone.cli.common import run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
+from stepstone.cli.serve import check_no_auth, serve_options
 from stepstone.config import Settings
 from stepstone.outbox.relay import RelayConfig
 from stepstone.runtime.worker import Worker, WorkerConfig
@@ -52,7 +54,8 @@ def _force_exit(signum: int) -> None:
 
 
 async def serve(
-    settings: Settings, registry: Registry, config: WorkerConfig, relay: tuple[str, RelayConfig] | None = None
+    settings: Settings, registry: Registry, config: WorkerConfig, relay: tuple[str, RelayConfig] | None = None,
+    web: dict[str, Any] | None = None,
 ) -> int:
     """Run a worker (and the relay to `relay`'s broker) until the first stop signal, then drain; returns the
     number of claims released."""
@@ -68,11 +71,16 @@ async def serve(
 
     for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
+    pool_size = config.concurrency + 2 + (2 if relay else 0) + (4 if web else 0)
     try:
-        async with (open_store(settings, pool_size=config.concurrency + 2 + (2 if relay else 0)) as store,
+        async with (open_store(settings, pool_size=pool_size) as store,
                     contextlib.AsyncExitStack() as beside):
             if relay is not None:
                 await beside.enter_async_context(relay_beside(store, *relay))
+            if web is not None:  # the management API and UI in this process (`--serve`)
+                from stepstone.cli.serve import app_beside  # noqa: PLC0415 - the api extra, only when asked
+
+                await beside.enter_async_context(app_beside(store, registry, **web))
             worker = Worker(store, registry, config)
             await worker.start()
             workflows = ", ".join(f"{wf.id} v{wf.version}" for wf in registry)
@@ -107,10 +115,14 @@ async def serve(
 @broker_option
 @click.option("--no-relay", is_flag=True, help="Do not run the outbox relay here even when a broker is configured.")
 @relay_options
+@click.option("--serve", "serve_web", is_flag=True,
+              help="Also serve the management API and UI here (as `stepstone serve` does; needs the api extra).")
+@serve_options
 @with_settings
 def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float, broker: str | None, no_relay: bool, batch_size: int, max_attempts: int,
+    serve_web: bool, host: str, port: int, read_only: bool, no_auth: bool,
 ) -> None:
     """Run the workflows of --app until SIGTERM/SIGINT.
 
@@ -124,7 +136,11 @@ def worker_command(
     # (its claim released, a warning logged); its daemon thread does not hold up the exit.
     url = None if no_relay else broker_of(settings, broker)
     relay = (url, RelayConfig(batch_size=batch_size, max_attempts=max_attempts)) if url else None
-    run_async(serve(settings, registry, config, relay))
+    web = None
+    if serve_web:
+        check_no_auth(host, no_auth)
+        web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth}
+    run_async(serve(settings, registry, config, relay, web))
 
 
 commands = [worker_command]
