@@ -137,6 +137,21 @@ async def test_the_live_stream_says_when_a_watched_instance_changes(api: Api) ->
     assert f"data: {iid}" in lines
 
 
+async def test_definitions_and_outbox_pages(api: Api) -> None:
+    await api.start("d")
+    await _sign_in(api, "viewer", scope="default")
+    listing = await api.http.get("/ui/definitions")
+    assert 'href="/ui/definitions/default/job/1"' in listing.text
+    plan = await api.http.get("/ui/definitions/default/job/1")
+    assert plan.status_code == 200 and 'data-step="approval"' in plan.text
+    assert (await api.http.get("/ui/definitions/globex/job/1")).status_code == 404
+    outbox = await api.http.get("/ui/outbox")
+    assert "needs a role in scope *" in outbox.text
+    await _sign_in(api, "viewer")
+    outbox = await api.http.get("/ui/outbox")
+    assert "Pending" in outbox.text and "No dead events." in outbox.text
+
+
 def test_the_diagram_marks_forks_joins_and_the_end() -> None:
     plan = {"start": "ship", "steps": [
         {"name": "ship", "kind": "fork", "branches": {"a": "left", "b": "right"}},

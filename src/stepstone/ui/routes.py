@@ -262,6 +262,25 @@ async def bulk_retry(request: Request) -> Response:
                 **await _incidents(request, who, None))
 
 
+# -- definitions ----------------------------------------------------------------------------------
+
+
+@router.get("/definitions")
+async def definitions_page(request: Request) -> Response:
+    who = await _who(request)
+    listing = await ops.definitions(context_of(request), who, cursor=request.query_params.get("cursor") or None,
+                                    limit=100)
+    return page(request, "definitions.html", who, nav="definitions", plan=None, **listing)
+
+
+@router.get("/definitions/{scope}/{definition_id}/{version}")
+async def definition_page(request: Request, scope: str, definition_id: str, version: int) -> Response:
+    who = await _who(request)
+    found = await ops.definition_plan(context_of(request), who, scope, definition_id, version)
+    svg = render_svg(diagram(found["plan"], [], []), title=f"{definition_id} v{version}")
+    return page(request, "definitions.html", who, nav="definitions", plan=found, svg=svg)
+
+
 # -- outbox ---------------------------------------------------------------------------------------
 
 
