@@ -80,7 +80,8 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
     try:
         tokens = await ctx.management.active_token_count()
         _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
-        config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", lifespan="off")
+        config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=5)  # live-update streams end with it
         server = _quiet_server(uvicorn, config)
         task = asyncio.create_task(server.serve())
         while not server.started:
