@@ -130,7 +130,17 @@ async def test_find_a_failed_instance_retry_it_and_see_it_complete_live(
     await asyncio.to_thread(open_failed)
     links = await until(lambda: browser.find_elements(By.CSS_SELECTOR, "table.list tbody a.mono"), "failed ones")
     assert [a.text for a in links] == [failed[:8]]
-    await asyncio.to_thread(links[0].click)
+
+    def save_view() -> None:
+        browser.find_element(By.CSS_SELECTOR, "[data-save-view]").click()
+        prompt = browser.switch_to.alert
+        prompt.send_keys("failed ones")
+        prompt.accept()
+
+    await asyncio.to_thread(save_view)
+    saved = await until(lambda: browser.find_elements(By.LINK_TEXT, "failed ones"), "the saved view")
+    assert saved[0].get_attribute("href").endswith("/ui/?status=FAILED")
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, failed[:8]).click())
     await until(lambda: browser.find_elements(By.CSS_SELECTOR, "svg.diagram"), "the graph")
     marked = browser.find_elements(By.CSS_SELECTOR, 'svg.diagram g.node.failed[data-step="charge"]')
     assert len(marked) == 1

@@ -1,4 +1,36 @@
-// stepstone UI: live updates over server-sent events, nothing else. No build step, no dependencies.
+// stepstone UI: saved views of the instance list, and live updates over server-sent events.
+// No build step, no dependencies.
+(function () {
+  "use strict";
+  // Saved views: named filters of the instance list, kept in this browser (localStorage).
+  var box = document.querySelector("[data-views]");
+  if (!box || !window.localStorage) return;
+  var key = "stepstone.views", list = box.querySelector("[data-view-list]");
+  function load() { try { return JSON.parse(localStorage.getItem(key) || "{}"); } catch (e) { return {}; } }
+  function show() {
+    var views = load(), names = Object.keys(views).sort();
+    list.textContent = names.length ? "" : "none yet";
+    names.forEach(function (name) {
+      var a = document.createElement("a");
+      a.href = window.location.pathname + views[name];
+      a.textContent = name;
+      var x = document.createElement("button");
+      x.type = "button"; x.className = "link"; x.textContent = "×";
+      x.setAttribute("aria-label", "forget the view " + name);
+      x.addEventListener("click", function () { var v = load(); delete v[name]; localStorage.setItem(key, JSON.stringify(v)); show(); });
+      list.appendChild(a); list.appendChild(x); list.appendChild(document.createTextNode(" "));
+    });
+  }
+  box.querySelector("[data-save-view]").addEventListener("click", function () {
+    var name = window.prompt("Name of this view");
+    if (!name) return;
+    var v = load(); v[name] = window.location.search.replace(/([?&])cursor=[^&]*&?/, "$1");
+    localStorage.setItem(key, JSON.stringify(v)); show();
+  });
+  box.hidden = false;
+  show();
+})();
+
 // <main data-live="list"> refreshes when any instance settles; <main data-live="<instance id>"> when
 // that instance changes. A refresh fetches the page again and swaps <main>'s content in place.
 (function () {
