@@ -1,6 +1,7 @@
 """The management API's instance list at scale: server-side time of ``GET /api/v1/instances`` pages.
 
-Seeds `sizes.scale_large` waiting instances (1,000,000 at full size) as the scale workload does,
+Seeds `sizes.scale_large` waiting instances (1,000,000 at full size; 10,000 for --quick, to keep CI's
+bench short) as the scale workload does,
 spreads them over two scopes and a failed share, then times requests through the app in-process
 (httpx's ASGI transport: the app and its queries, no network), for an all-scopes token, a
 one-scope token, the FAILED filter and a page deep in the list. Target: under 100 ms p95 each.
@@ -23,12 +24,12 @@ from stepstone.store.factory import open_store
 from stepstone.store.queries import named_queries
 
 BATCH = 200_000
-REQUESTS = 200
+QUICK_SIZE = 10_000
 TARGET_MS = 100.0
 
 
 async def run(ctx: BenchContext) -> list[Metric]:
-    size = ctx.sizes.scale_large
+    size = ctx.sizes.scale_large if ctx.sizes.name == "full" else QUICK_SIZE
     async with bench_database(ctx) as url:
         conn = await asyncpg.connect(url)
         try:
@@ -49,13 +50,15 @@ async def run(ctx: BenchContext) -> list[Metric]:
             acme, _ = await create_token(api.management, role="viewer", scope="acme")
             transport = httpx.ASGITransport(app=create_app(api, ui=False))
             async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
-                return await _measure(ctx, http, everyone, acme)
+                return await _measure(ctx, http, everyone, acme, 200 if ctx.sizes.name == "full" else 40)
         finally:
             await api.close()
             await store.close()
 
 
-async def _measure(ctx: BenchContext, http: httpx.AsyncClient, everyone: str, acme: str) -> list[Metric]:
+async def _measure(
+    ctx: BenchContext, http: httpx.AsyncClient, everyone: str, acme: str, requests: int,
+) -> list[Metric]:
     async def page(token: str, **params: str) -> dict[str, object]:
         r = await http.get("/api/v1/instances", params={"limit": "50", **params},
                            headers={"Authorization": f"Bearer {token}"})
@@ -73,7 +76,7 @@ async def _measure(ctx: BenchContext, http: httpx.AsyncClient, everyone: str, ac
     metrics = []
     for name, (token, params) in cases.items():
         times = []
-        for _ in range(REQUESTS):
+        for _ in range(requests):
             started = time.perf_counter()
             await page(token, **params)
             times.append((time.perf_counter() - started) * 1000)
