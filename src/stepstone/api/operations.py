@@ -72,10 +72,18 @@ async def instances(
     return page(rows, limit, lambda r: (r["created_at"].isoformat(), r["id"]))
 
 
-async def counts(ctx: ApiContext, who: Principal, workflow: str | None) -> dict[str, int]:
+COUNT_CAP = 10_000
+"""Counts stop here: a status with more instances shows as "more than 10,000"."""
+
+
+async def counts(ctx: ApiContext, who: Principal, workflow: str | None) -> dict[str, Any]:
+    """``{"counts": {status: n}, "more_than": [statuses with more than COUNT_CAP], "cap": COUNT_CAP}``:
+    each status counted up to the cap, so the cost does not grow with the table."""
     _checked(workflow=workflow)
     scopes = who.visible_scopes()
-    return {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow)
+    found = {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow, COUNT_CAP)
+    more = sorted(s for s, n in found.items() if n > COUNT_CAP)
+    return {"counts": {s: min(n, COUNT_CAP) for s, n in found.items()}, "more_than": more, "cap": COUNT_CAP}
 
 
 async def instance(ctx: ApiContext, who: Principal, instance_id: str) -> dict[str, Any]:

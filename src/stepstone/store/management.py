@@ -77,8 +77,9 @@ class PostgresManagement:
         return await self._rows("instances_page", _scopes(scopes), status, definition, business_key, at,
                                 _uuid(after_id) if after_id else None, limit)
 
-    async def instance_counts(self, scopes: Sequence[str] | None, definition: str | None) -> dict[str, int]:
-        return {r["status"]: int(r["n"]) for r in await self._fetch("instance_counts", _scopes(scopes), definition)}
+    async def instance_counts(self, scopes: Sequence[str] | None, definition: str | None, cap: int) -> dict[str, int]:
+        rows = await self._fetch("instance_counts", _scopes(scopes), definition, cap)
+        return {r["status"]: int(r["n"]) for r in rows if r["n"]}
 
     async def history_page(
         self, instance_id: str, *, after: int, limit: int, failed_only: bool

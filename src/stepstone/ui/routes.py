@@ -102,10 +102,12 @@ async def instances_page(request: Request) -> Response:
     listing = await ops.instances(ctx, who, status=filters["status"], workflow=filters["workflow"],
                                   business_key=filters["business_key"], scope=filters["scope"],
                                   cursor=q.get("cursor") or None, limit=50)
-    counts = await ops.counts(ctx, who, filters["workflow"])
+    counted = await ops.counts(ctx, who, filters["workflow"])
+    counts = {s: f"{n:,}+" if s in counted["more_than"] else f"{n:,}" for s, n in counted["counts"].items()}
+    total = sum(counted["counts"].values())
     return page(request, "instances.html", who, nav="instances", live="list", items=listing["items"],
-                next_cursor=listing["next_cursor"], counts=counts, total=sum(counts.values()), filters=filters,
-                statuses=STATUSES)
+                next_cursor=listing["next_cursor"], counts=counts,
+                total=f"{total:,}+" if counted["more_than"] else f"{total:,}", filters=filters, statuses=STATUSES)
 
 
 @router.get("/instances/{instance_id}")

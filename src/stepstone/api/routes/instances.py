@@ -54,8 +54,8 @@ async def list_instances(
                                business_key=business_key, scope=scope, cursor=cursor, limit=limit)
 
 
-@router.get("/counts", summary="How many instances are in each status")
-async def instance_counts(request: Request, who: Caller, workflow: Text = None) -> dict[str, int]:
+@router.get("/counts", summary="How many instances are in each status (each counted up to 10,000)")
+async def instance_counts(request: Request, who: Caller, workflow: Text = None) -> dict[str, Any]:
     return await ops.counts(context_of(request), who, workflow)
 
 
