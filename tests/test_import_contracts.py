@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-CONTRACTS = {"core-pure", "runtime-on-ports", "client-on-ports", "client-without-runtime"}
+CONTRACTS = {"core-pure", "runtime-on-ports", "client-on-ports", "client-without-runtime", "api-thin"}
 
 
 
@@ -53,6 +53,8 @@ def test_contracts_are_kept() -> None:
         ("client.py", "from stepstone.store import database", "client, testing and ops"),
         ("testing/__init__.py", "import asyncpg", "client, testing and ops"),
         ("client.py", "from stepstone.runtime.worker import Worker", "the client needs no worker"),
+        ("api/routes/meta.py", "from stepstone.store import postgres", "the API and the UI reach neither"),
+        ("ui/render.py", "import asyncpg", "the API and the UI reach neither"),
     ],
 )
 def test_a_planted_violation_breaks_its_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:

@@ -104,7 +104,7 @@ class Client(TaskOperations, MessageOperations):
         self.registry = registry or Registry()
         self.limits = limits or Limits()
         self.actor = None if actor is None else self._text("actor", actor)
-        self._registered: set[tuple[str, int]] = set()
+        self._registered: set[tuple[str, str, int]] = set()
         self._settled = SettledWatch(store)
         self._ops: Operations | None = None
 
@@ -469,8 +469,8 @@ class Client(TaskOperations, MessageOperations):
             raise DefinitionNotFound(workflow)
         return found
 
-    async def _ensure_registered(self, wf: Workflow[Any]) -> None:
-        key = (wf.id, wf.version)
+    async def _ensure_registered(self, wf: Workflow[Any], scope: str = DEFAULT_SCOPE) -> None:
+        key = (scope, wf.id, wf.version)
         if key not in self._registered:
             await self.store.register(pin_of(wf, getattr(wf, "scope", DEFAULT_SCOPE)), wf.registration_document())
             self._registered.add(key)

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from stepstone.bench import (
+    api_list,
     ceiling,
     enqueue,
     external_tasks,
@@ -41,6 +42,7 @@ WORKLOADS: dict[str, Workload] = {
     "relay": relay.run,
     "fanout": fanout.run,
     "external": external_tasks.run,
+    "api": api_list.run,
 }
 """In run order: latency needs the throughput maximum, ratios need the ceiling."""
 

@@ -30,7 +30,9 @@ from stepstone.cli import (
     operations,
     outbox,
     schedules,
+    serve,
     tasks,
+    tokens,
     worker,
 )
 from stepstone.cli.common import RootOptions, settings_options
@@ -40,7 +42,7 @@ __all__ = ["cli", "main"]
 
 _COMMAND_MODULES: list[Any] = [
     db, doctor, instances, operations, worker, outbox, definitions, demo, bench, external, schedules, tasks,
-    messages,
+    messages, serve, tokens,
 ]
 
 

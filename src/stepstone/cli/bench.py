@@ -22,7 +22,7 @@ __all__ = ["commands"]
               help="Write the JSON report here.")
 @click.option("--only", default=None, metavar="A,B",
               help="Run only these workloads (ceiling, throughput, latency, enqueue, scale, recovery, memory, relay, "
-                   "fanout, external).")
+                   "fanout, external, api).")
 @click.option("--concurrency", type=int, default=8, show_default=True,
               help="Worker slots, and pgbench clients for the ceiling.")
 @click.option("--processes", type=int, default=0, show_default=True,

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +26,7 @@ from stepstone.cli.common import run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.operations import parse_duration
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
+from stepstone.cli.serve import check_no_auth, serve_options
 from stepstone.config import Settings
 from stepstone.ops import Operations
 from stepstone.ops.retention import RetentionLoop
@@ -69,6 +70,7 @@ async def serve(
     settings: Settings, registry: Registry, config: WorkerConfig, relay: tuple[str, RelayConfig] | None = None,
     retention_every: float | None = None,
     metrics_port: int | None = None, metrics_host: str = "0.0.0.0",  # noqa: S104 - probes come from outside
+    web: dict[str, Any] | None = None,
 ) -> int:
     """Run a worker (and the relay to `relay`'s broker) until the first stop signal, then drain; returns the
     number of claims released."""
@@ -84,8 +86,9 @@ async def serve(
 
     for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, on_signal, sig)
+    pool_size = config.concurrency + 2 + (2 if relay else 0) + (4 if web else 0)
     try:
-        async with (open_store(settings, pool_size=config.concurrency + 2 + (2 if relay else 0)) as store,
+        async with (open_store(settings, pool_size=pool_size) as store,
                     contextlib.AsyncExitStack() as beside):
             if relay is not None:
                 await beside.enter_async_context(relay_beside(store, *relay))
@@ -93,6 +96,10 @@ async def serve(
                 sweeper = RetentionLoop(Operations.on(store).store, retention_every)
                 await sweeper.start()
                 beside.push_async_callback(sweeper.stop)
+            if web is not None:  # the management API and UI in this process (`--serve`)
+                from stepstone.cli.serve import app_beside  # noqa: PLC0415 - the api extra, only when asked
+
+                await beside.enter_async_context(app_beside(store, registry, **web))
             worker = Worker(store, registry, config)
             await worker.start()
             if metrics_port is not None:
@@ -162,11 +169,15 @@ async def health_beside(worker: Worker, store: object, host: str, port: int) -> 
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="The address --metrics-port binds.")  # noqa: S104
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object per line, with instance, position, step and attempt.")
+@click.option("--serve", "serve_web", is_flag=True,
+              help="Also serve the management API and UI here (as `stepstone serve` does; needs the api extra).")
+@serve_options
 @with_settings
 def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float, heartbeat_seconds: float, broker: str | None, no_relay: bool, batch_size: int,
     max_attempts: int, retention_every: str | None, metrics_port: int | None, metrics_host: str, log_format: str,
+    serve_web: bool, host: str, port: int, read_only: bool, no_auth: bool,
 ) -> None:
     """Run the workflows of --app until SIGTERM/SIGINT.
 
@@ -181,7 +192,11 @@ def worker_command(
     url = None if no_relay else broker_of(settings, broker)
     relay = (url, RelayConfig(batch_size=batch_size, max_attempts=max_attempts)) if url else None
     every = None if retention_every is None else parse_duration(retention_every, "--retention-every").total_seconds()
-    run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host))
+    web = None
+    if serve_web:
+        check_no_auth(host, no_auth)
+        web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth}
+    run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host, web))
 
 
 commands = [worker_command]

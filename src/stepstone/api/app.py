@@ -1,0 +1,73 @@
+"""The app factory: one ASGI app from its parts (stores, workflows, auth policy), API and UI.
+
+    app = create_app(ApiContext(store, management, authenticate=TokenAuth(management), ...))
+
+The API lives under ``/api/v1`` (OpenAPI at ``/api/v1/openapi.json``, docs at ``/api/v1/docs``), the UI
+under ``/ui``. The app can be served by `stepstone serve`, or mounted into a host application
+(``host.mount("/workflows", app)``) behind the host's own authentication (docs/api.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import version
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from starlette.responses import RedirectResponse
+
+from stepstone.api.context import ApiContext
+from stepstone.api.problems import install_problem_handlers
+from stepstone.api.routes import definitions, instances, meta, outbox
+
+__all__ = ["API_PREFIX", "ROUTERS", "create_app"]
+
+API_PREFIX = "/api/v1"
+ROUTERS: list[APIRouter] = [meta.router, instances.router, outbox.router, definitions.router]
+"""Every API router; a feature's module adds its own here (tasks, retention, bulk actions, ...)."""
+
+
+def create_app(ctx: ApiContext, *, ui: bool = True) -> FastAPI:
+    """The management app; `ui` False serves the API alone."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await ctx.close()
+
+    app = FastAPI(
+        title="stepstone management API", version=version("stepstone"), lifespan=lifespan,
+        openapi_url=f"{API_PREFIX}/openapi.json", docs_url=f"{API_PREFIX}/docs", redoc_url=None,
+        description="Inspect and steer stepstone workflow instances. Authenticate with "
+                    "`Authorization: Bearer <token>` (`stepstone tokens create`). Errors are problem+json.",
+    )
+    app.state.stepstone = ctx
+    install_problem_handlers(app)
+    api = APIRouter(prefix=API_PREFIX, responses=_COMMON_RESPONSES)
+    for router in ROUTERS:
+        api.include_router(router)
+    app.include_router(api)
+    if ui:
+        from stepstone.ui.routes import install_ui  # noqa: PLC0415 - the UI (jinja2) only when served
+
+        install_ui(app)
+
+        @app.get("/", include_in_schema=False)
+        async def root() -> RedirectResponse:
+            return RedirectResponse("ui/", status_code=307)
+
+    return app
+
+
+_PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
+_COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No valid token", **_PROBLEM},
+    403: {"description": "The token lacks the role in the instance's scope", **_PROBLEM},
+    404: {"description": "Not found, or in a scope the token cannot see", **_PROBLEM},
+    405: {"description": "The server is read-only", **_PROBLEM},
+    409: {"description": "Conflicts with what is stored (e.g. retry of a running instance)", **_PROBLEM},
+    422: {"description": "Invalid input", **_PROBLEM},
+}

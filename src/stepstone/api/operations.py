@@ -1,0 +1,195 @@
+"""The instance operations behind the API's and the UI's routes: authorize, then call the client.
+
+Every function takes the caller's principal; a state change is made by a client acting as the
+caller's actor, so the history records who did it. Reads of another scope's instance are
+InstanceNotFound; writes without the role are Forbidden.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from stepstone.api.auth import Principal
+from stepstone.api.context import ApiContext, require, visible_instance
+from stepstone.api.pagination import MAX_BIGINT, decode_cursor, decode_id_cursor, page
+from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.errors import DefinitionNotFound, InvalidInput
+
+__all__ = [
+    "cancel",
+    "commands",
+    "counts",
+    "dead_letters",
+    "definition_plan",
+    "definitions",
+    "history",
+    "instance",
+    "instances",
+    "outbox_events",
+    "retry",
+    "signal",
+    "start",
+]
+
+
+def _checked(**arguments: str | None) -> None:
+    """The client's one check of a text argument (no NUL, no undecodable bytes, within its limit)."""
+    for name, value in arguments.items():
+        if value is not None:
+            try:
+                Limits().check_text(name.replace("_", " "), value, empty=True)
+            except PayloadRejected as exc:
+                raise InvalidInput(str(exc), what=exc.what) from None
+
+
+def _bad_cursor() -> InvalidInput:
+    return InvalidInput("cursor is not one this API returned", what="cursor")
+
+
+async def instances(
+    ctx: ApiContext, who: Principal, *, status: str | None, workflow: str | None, business_key: str | None,
+    scope: str | None, cursor: str | None, limit: int,
+) -> dict[str, Any]:
+    _checked(status=status, workflow=workflow, business_key=business_key, scope=scope)
+    scopes = who.visible_scopes()
+    if scope is not None:
+        scopes = [scope] if who.sees(scope) else []
+    after = None
+    if cursor:
+        at, iid = decode_cursor(cursor, 2)
+        try:
+            after = (datetime.fromisoformat(str(at)), str(uuid.UUID(str(iid))))
+        except ValueError:
+            raise _bad_cursor() from None
+        if after[0].tzinfo is None:
+            raise _bad_cursor()
+    rows = [] if scopes == [] else await ctx.management.instances_page(
+        scopes, status=status, definition=workflow, business_key=business_key, after=after, limit=limit + 1)
+    return page(rows, limit, lambda r: (r["created_at"].isoformat(), r["id"]))
+
+
+COUNT_CAP = 10_000
+"""Counts stop here: a status with more instances shows as "more than 10,000"."""
+
+
+async def counts(ctx: ApiContext, who: Principal, workflow: str | None) -> dict[str, Any]:
+    """``{"counts": {status: n}, "more_than": [statuses with more than COUNT_CAP], "cap": COUNT_CAP}``:
+    each status counted up to the cap, so the cost does not grow with the table."""
+    _checked(workflow=workflow)
+    scopes = who.visible_scopes()
+    found = {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow, COUNT_CAP)
+    more = sorted(s for s, n in found.items() if n > COUNT_CAP)
+    return {"counts": {s: min(n, COUNT_CAP) for s, n in found.items()}, "more_than": more, "cap": COUNT_CAP}
+
+
+async def instance(ctx: ApiContext, who: Principal, instance_id: str) -> dict[str, Any]:
+    scope = await visible_instance(ctx, who, instance_id)
+    info = await ctx.client(who.actor).get(instance_id)
+    return {**asdict(info), "scope": scope}
+
+
+async def history(
+    ctx: ApiContext, who: Principal, instance_id: str, *, cursor: str | None, limit: int, failed_only: bool
+) -> dict[str, Any]:
+    await visible_instance(ctx, who, instance_id)
+    after = decode_id_cursor(cursor)
+    rows = await ctx.management.history_page(instance_id, after=after, limit=limit + 1, failed_only=failed_only)
+    return page(rows, limit, lambda r: (r["seq"],))
+
+
+async def commands(
+    ctx: ApiContext, who: Principal, instance_id: str, *, states: list[str] | None, cursor: str | None, limit: int
+) -> dict[str, Any]:
+    async def rows(after: int) -> list[dict[str, Any]]:
+        return await ctx.management.commands_page(instance_id, after=after, limit=limit + 1, states=states)
+
+    return await _by_id(ctx, who, instance_id, rows, cursor, limit)
+
+
+async def outbox_events(
+    ctx: ApiContext, who: Principal, instance_id: str, *, cursor: str | None, limit: int
+) -> dict[str, Any]:
+    async def rows(after: int) -> list[dict[str, Any]]:
+        return await ctx.management.instance_outbox(instance_id, after=after, limit=limit + 1)
+
+    return await _by_id(ctx, who, instance_id, rows, cursor, limit)
+
+
+async def _by_id(
+    ctx: ApiContext, who: Principal, instance_id: str, rows: Callable[[int], Awaitable[list[dict[str, Any]]]],
+    cursor: str | None, limit: int,
+) -> dict[str, Any]:
+    """A page of an instance's rows keyed by id, after checking the caller sees the instance."""
+    await visible_instance(ctx, who, instance_id)
+    return page(await rows(decode_id_cursor(cursor)), limit, lambda r: (r["id"],))
+
+
+async def dead_letters(ctx: ApiContext, who: Principal, *, cursor: str | None, limit: int) -> dict[str, Any]:
+    scopes = who.visible_scopes()
+    before = decode_id_cursor(cursor) if cursor else None
+    rows = [] if scopes == [] else await ctx.management.dead_commands_page(scopes, before=before, limit=limit + 1)
+    return page(rows, limit, lambda r: (r["id"],))
+
+
+async def definitions(ctx: ApiContext, who: Principal, *, cursor: str | None, limit: int) -> dict[str, Any]:
+    scopes = who.visible_scopes()
+    after = None
+    if cursor:
+        scope, definition, version = decode_cursor(cursor, 3)
+        if not isinstance(version, int) or not 0 <= version <= MAX_BIGINT:
+            raise _bad_cursor()
+        _checked(cursor=str(scope) + str(definition))
+        after = (str(scope), str(definition), version)
+    rows = [] if scopes == [] else await ctx.management.definitions_page(scopes, after=after, limit=limit + 1)
+    return page(rows, limit, lambda r: (r["scope"], r["definition_id"], r["version"]))
+
+
+async def definition_plan(
+    ctx: ApiContext, who: Principal, scope: str, definition_id: str, version: int
+) -> dict[str, Any]:
+    _checked(scope=scope, workflow=definition_id)
+    found = await ctx.management.definition_plan(scope, definition_id, version) if who.sees(scope) else None
+    if found is None:
+        raise DefinitionNotFound(definition_id, version)
+    return found
+
+
+async def start(
+    ctx: ApiContext, who: Principal, workflow: str, data: Any, *, scope: str | None,
+    idempotency_key: str | None, business_key: str | None,
+) -> dict[str, Any]:
+    _checked(scope=scope)
+    target = scope if scope is not None else who.home_scope(ctx.default_scope)
+    if not who.sees(target):
+        raise DefinitionNotFound(workflow)
+    require(who, "operator", target)
+    instance_id = await ctx.client(who.actor).start(
+        workflow, data, idempotency_key=idempotency_key, business_key=business_key, scope=target)
+    return {"id": instance_id, "scope": target}
+
+
+async def signal(
+    ctx: ApiContext, who: Principal, instance_id: str, name: str, payload: Any, *,
+    dedup_key: str | None, position: str,
+) -> dict[str, Any]:
+    require(who, "operator", await visible_instance(ctx, who, instance_id))
+    command_id = await ctx.client(who.actor).signal(instance_id, name, payload, dedup_key=dedup_key,
+                                                    position=position)
+    return {"instance_id": instance_id, "signal": name, "command_id": command_id}
+
+
+async def cancel(ctx: ApiContext, who: Principal, instance_id: str, reason: str) -> dict[str, Any]:
+    require(who, "operator", await visible_instance(ctx, who, instance_id))
+    status = await ctx.client(who.actor).cancel(instance_id, reason)
+    return {"instance_id": instance_id, "status": status}
+
+
+async def retry(ctx: ApiContext, who: Principal, instance_id: str) -> dict[str, Any]:
+    require(who, "operator", await visible_instance(ctx, who, instance_id))
+    client = ctx.client(who.actor)
+    await client.retry(instance_id)
+    return {"instance_id": instance_id, "status": (await client.get(instance_id)).status}

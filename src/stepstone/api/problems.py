@@ -1,0 +1,117 @@
+"""The one mapping from stepstone's error tree to HTTP: status codes and problem+json bodies (RFC 9457).
+
+    Unauthenticated 401   Forbidden 403   NotFound 404   ReadOnly 405   Conflict 409
+    InvalidInput 422      Unavailable 503 WaitTimeout 504  ConfigError, InternalError, anything else 500
+
+A body is ``{"type", "title", "status", "detail", "error", ...}``: ``error`` is the class name (what a
+program branches on) and the leaf's typed attributes follow (``instance_id``, ``what``...; InvalidState's
+instance status as ``instance_status``).
+An instance of another scope is NotFound, exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from stepstone.api.auth import Forbidden, ReadOnly, Unauthenticated
+from stepstone.errors import (
+    ConfigError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    StepstoneError,
+    Unavailable,
+    WaitTimeout,
+)
+
+__all__ = ["PROBLEM_JSON", "install_problem_handlers", "problem", "status_of"]
+
+log = logging.getLogger("stepstone.api")
+PROBLEM_JSON = "application/problem+json"
+_STATUS: tuple[tuple[type[BaseException], int], ...] = (
+    (Unauthenticated, 401), (Forbidden, 403), (NotFound, 404), (ReadOnly, 405), (Conflict, 409),
+    (InvalidInput, 422), (Unavailable, 503), (WaitTimeout, 504), (ConfigError, 500),
+)
+_KEBAB = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def status_of(exc: BaseException) -> int:
+    return next((code for cls, code in _STATUS if isinstance(exc, cls)), 500)
+
+
+_RESERVED = {"type", "title", "status", "detail", "instance", "error"}
+
+
+def _attributes(exc: BaseException) -> dict[str, Any]:
+    """The leaf's typed attributes; one named like a problem member is renamed (InvalidState's
+    `status`, the instance's status, becomes `instance_status`)."""
+    found = {k: v for k, v in vars(exc).items()
+             if not k.startswith("_") and isinstance(v, str | int | float | bool | type(None) | tuple | list)}
+    return {(f"instance_{k}" if k in _RESERVED else k): v for k, v in found.items()}
+
+
+def problem(status: int, title: str, detail: str, *, headers: dict[str, str] | None = None,
+            **extra: Any) -> JSONResponse:
+    body = {"type": f"urn:stepstone:problem:{_KEBAB.sub('-', title).lower()}", "title": title,
+            "status": status, "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def error_response(exc: StepstoneError) -> JSONResponse:
+    status = status_of(exc)
+    name = type(exc).__name__
+    headers: dict[str, str] = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="stepstone"'
+    if status == 405:
+        headers["Allow"] = "GET, HEAD"
+    detail = str(exc).splitlines()[0] if str(exc) else name
+    if status == 500 and not isinstance(exc, ConfigError):
+        log.error("request failed: %s: %s", name, detail)
+    return problem(status, name, detail, headers=headers or None, error=name, **_attributes(exc))
+
+
+async def _stepstone_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StepstoneError)
+    html = getattr(request.app.state, "html_error", None)
+    if html is not None and getattr(request.state, "ui", False):
+        response: Response = html(request, exc)  # a UI page's error is a page, not problem+json
+        return response
+    return error_response(exc)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in exc.errors()]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    return problem(422, "InvalidInput", f"{where}: {first['msg']}" if where else str(first["msg"]),
+                   error="InvalidInput", errors=errors)
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    title = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    return problem(exc.status_code, title, str(exc.detail), headers=dict(exc.headers or {}) or None, error=title)
+
+
+async def _unexpected(_request: Request, exc: Exception) -> Response:
+    log.error("unexpected error in a request", exc_info=exc)
+    return problem(500, "InternalError", "an unexpected error occurred; the server log has the details",
+                   error="InternalError")
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(StepstoneError, _stepstone_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,31 @@
+"""Definitions: the registered workflow versions of the visible scopes and their plans."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+
+from stepstone.api import operations as ops
+from stepstone.api.context import Caller, context_of
+from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/definitions", tags=["definitions"])
+
+
+@router.get("", summary="Registered definitions and versions")
+async def list_definitions(
+    request: Request, who: Caller, cursor: Annotated[str | None, Query(max_length=1000)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    return await ops.definitions(context_of(request), who, cursor=cursor, limit=limit)
+
+
+@router.get("/{scope}/{definition_id}/{version}", summary="One version's plan (its steps and transitions)")
+async def get_definition(
+    request: Request, who: Caller, scope: str, definition_id: str,
+    version: Annotated[int, Path(ge=1, le=2**31 - 1)],
+) -> dict[str, Any]:
+    return await ops.definition_plan(context_of(request), who, scope, definition_id, version)

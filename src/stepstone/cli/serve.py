@@ -1,0 +1,149 @@
+"""``stepstone serve``: the management API and the web UI, on 127.0.0.1:8080 by default.
+
+Every request needs an API token (``stepstone tokens create``) unless ``--no-auth`` is given, which
+is allowed on a loopback address only; a non-loopback ``--host`` is refused without a token to sign
+in with. ``--read-only`` refuses every state-changing request with 405. docs/api.md, docs/ui.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import click
+
+from stepstone.authoring.workflow import Registry
+from stepstone.cli.app import app_option
+from stepstone.cli.common import CliError, run_async, with_settings
+from stepstone.cli.connection import open_store
+from stepstone.config import Settings
+from stepstone.errors import StepstoneError
+from stepstone.store.database import redact_url
+from stepstone.store.port import Store
+
+__all__ = ["app_beside", "check_no_auth", "commands", "serve_options"]
+
+log = logging.getLogger("stepstone.cli.serve")
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _api_modules() -> Any:
+    try:
+        import uvicorn  # noqa: PLC0415 - an optional extra
+
+        from stepstone.api import hosting  # noqa: PLC0415 - needs the extra too
+        from stepstone.api.app import create_app  # noqa: PLC0415
+        from stepstone.api.binding import check_bind  # noqa: PLC0415
+    except ImportError as exc:
+        raise CliError(f"stepstone serve needs the api extra: pip install 'stepstone[api]' ({exc.name} is missing)")\
+            from None
+    return uvicorn, hosting, create_app, check_bind
+
+
+def _quiet_server(uvicorn: Any, config: Any) -> Any:
+    """A uvicorn server that leaves signals to its caller (uvicorn would install its own handlers and
+    re-raise the stop signal after its graceful shutdown)."""
+
+    class Server(uvicorn.Server):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)
+
+
+def _checked(check_bind: Any, host: str, *, auth: bool, active_tokens: int) -> None:
+    try:
+        check_bind(host, auth=auth, active_tokens=active_tokens)
+    except StepstoneError as exc:
+        raise CliError(str(exc)) from None
+
+
+def check_no_auth(host: str, no_auth: bool) -> None:
+    """Refuse --no-auth off loopback before anything connects."""
+    if no_auth:
+        _checked(_api_modules()[3], host, auth=False, active_tokens=0)
+
+
+@asynccontextmanager
+async def app_beside(store: Store, registry: Registry | None, host: str, port: int, *, read_only: bool,
+                     no_auth: bool) -> AsyncIterator[None]:
+    """The API and UI served on `store` (the bind rule checked first) until the block ends."""
+    uvicorn, hosting, create_app, check_bind = _api_modules()
+    ctx = hosting.context_on(store, registry=registry, read_only=read_only,
+                             authenticate=hosting.NO_AUTH if no_auth else None)
+    try:
+        tokens = await ctx.management.active_token_count()
+        _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
+        config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=5)  # live-update streams end with it
+        server = _quiet_server(uvicorn, config)
+        task = asyncio.create_task(server.serve())
+        while not server.started:
+            if task.done():  # it could not bind: say why in one line
+                exc = task.exception()
+                raise CliError(f"cannot serve on {host}:{port}: {exc or 'the server stopped'}")
+            await asyncio.sleep(0.02)
+        mode = "no authentication (loopback only)" if no_auth else f"API tokens ({tokens} active)"
+        log.info("serving http://%s:%d/ui/ (API http://%s:%d/api/v1, %s%s); database %s (schema %s)", host, port,
+                 host, port, mode, ", read-only" if read_only else "", redact_url(store.url), store.schema)
+        if not no_auth and tokens == 0:
+            log.warning("no API token exists yet: create one with `stepstone tokens create --role admin`")
+        try:
+            yield
+        finally:
+            server.should_exit = True
+            await task
+    finally:
+        await ctx.close()
+
+
+async def _serve(settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool,
+                 no_auth: bool) -> None:
+    check_no_auth(host, no_auth)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in _STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with (open_store(settings, pool_size=10) as store,
+                    app_beside(store, registry, host, port, read_only=read_only, no_auth=no_auth)):
+            await stop.wait()
+    finally:
+        for sig in _STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+def serve_options(func: Any) -> Any:
+    """--host, --port, --read-only, --no-auth (for `serve`, and `worker --serve`)."""
+    func = click.option("--no-auth", is_flag=True,
+                        help="No tokens: every request is the local admin (loopback only).")(func)
+    func = click.option("--read-only", is_flag=True, help="Refuse every state-changing request (HTTP 405).")(func)
+    func = click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)(func)
+    return click.option("--host", default="127.0.0.1", show_default=True,
+                        help="Address to listen on; a non-loopback one needs an API token to exist.")(func)
+
+
+@click.command("serve")
+@serve_options
+@app_option(required=False)
+@with_settings
+def serve_command(
+    settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool, no_auth: bool,
+) -> None:
+    """Serve the management API and the web UI until SIGTERM/SIGINT.
+
+    Starting instances from the API or UI needs --app (the workflows to start); everything else works
+    on any instance in the database."""
+    from stepstone.cli.worker import configure_logging  # noqa: PLC0415 - worker imports this module
+
+    configure_logging()
+    run_async(_serve(settings, registry, host, port, read_only, no_auth))
+
+
+commands = [serve_command]

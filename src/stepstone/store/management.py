@@ -1,0 +1,143 @@
+"""The PostgreSQL adapter of the management port (`store/management_port.py`), on the engine store's pool.
+
+Every statement is a named query from `sql/management.sql`. Ids that are not UUIDs match nothing
+(the caller says NotFound), so no malformed id reaches the database as an error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from stepstone.store.database import translate_errors
+from stepstone.store.management_port import TokenRecord
+from stepstone.store.postgres import PostgresStore
+from stepstone.store.queries import named_queries
+
+__all__ = ["PostgresManagement", "open_management"]
+
+
+def open_management(store: object) -> PostgresManagement:
+    """The management queries on the pool and schema of a store `open_store` built."""
+    if not isinstance(store, PostgresStore):
+        raise TypeError(f"the management API needs the PostgreSQL store, not {type(store).__name__}")
+    return PostgresManagement(store)
+
+
+def _uuid(value: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def _row(record: asyncpg.Record) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in record.items()}
+
+
+def _token(record: asyncpg.Record) -> TokenRecord:
+    return TokenRecord(str(record["id"]), record["name"], record["role"], record["scope"],
+                       record.get("created_at"), record.get("created_by"), record.get("revoked_at"))
+
+
+class PostgresManagement:
+    def __init__(self, store: PostgresStore) -> None:
+        self.pool = store.pool
+        self.url = store.url
+        self.q = named_queries("management.sql", store.schema)
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        with translate_errors(self.url):
+            return await self.pool.fetch(self.q[name], *args)
+
+    async def _rows(self, name: str, *args: Any) -> list[dict[str, Any]]:
+        return [_row(r) for r in await self._fetch(name, *args)]
+
+    async def instance_scope(self, instance_id: str) -> str | None:
+        key = _uuid(instance_id)
+        if key is None:
+            return None
+        rows = await self._fetch("instance_scope", key)
+        return str(rows[0]["scope"]) if rows else None
+
+    async def instance_stamp(self, instance_id: str) -> tuple[str, datetime] | None:
+        key = _uuid(instance_id)
+        rows = [] if key is None else await self._fetch("instance_stamp", key)
+        return (str(rows[0]["status"]), rows[0]["updated_at"]) if rows else None
+
+    async def instances_page(
+        self, scopes: Sequence[str] | None, *, status: str | None, definition: str | None,
+        business_key: str | None, after: tuple[datetime, str] | None, limit: int,
+    ) -> list[dict[str, Any]]:
+        at, after_id = after if after else (None, None)
+        return await self._rows("instances_page", _scopes(scopes), status, definition, business_key, at,
+                                _uuid(after_id) if after_id else None, limit)
+
+    async def instance_counts(self, scopes: Sequence[str] | None, definition: str | None, cap: int) -> dict[str, int]:
+        rows = await self._fetch("instance_counts", _scopes(scopes), definition, cap)
+        return {r["status"]: int(r["n"]) for r in rows if r["n"]}
+
+    async def history_page(
+        self, instance_id: str, *, after: int, limit: int, failed_only: bool
+    ) -> list[dict[str, Any]]:
+        key = _uuid(instance_id)
+        return [] if key is None else await self._rows("history_page", key, after, limit, failed_only)
+
+    async def commands_page(
+        self, instance_id: str, *, after: int, limit: int, states: Sequence[str] | None
+    ) -> list[dict[str, Any]]:
+        key = _uuid(instance_id)
+        if key is None:
+            return []
+        return await self._rows("commands_page", key, after, limit, None if states is None else list(states))
+
+    async def dead_commands_page(
+        self, scopes: Sequence[str] | None, *, before: int | None, limit: int
+    ) -> list[dict[str, Any]]:
+        return await self._rows("dead_commands_page", _scopes(scopes), before, limit)
+
+    async def instance_outbox(self, instance_id: str, *, after: int, limit: int) -> list[dict[str, Any]]:
+        key = _uuid(instance_id)
+        return [] if key is None else await self._rows("instance_outbox", key, after, limit)
+
+    async def definitions_page(
+        self, scopes: Sequence[str] | None, *, after: tuple[str, str, int] | None, limit: int
+    ) -> list[dict[str, Any]]:
+        scope, definition, version = after if after else (None, None, None)
+        return await self._rows("definitions_page", _scopes(scopes), scope, definition, version, limit)
+
+    async def definition_plan(self, scope: str, definition_id: str, version: int) -> dict[str, Any] | None:
+        rows = await self._rows("definition_plan", scope, definition_id, version)
+        return rows[0] if rows else None
+
+    # -- API tokens ---------------------------------------------------------------------------
+
+    async def create_token(
+        self, token_id: uuid.UUID, name: str, token_hash: str, role: str, scope: str, created_by: str | None
+    ) -> TokenRecord:
+        rows = await self._fetch("token_insert", token_id, name, token_hash, role, scope, created_by)
+        return _token(rows[0])
+
+    async def list_tokens(self, *, include_revoked: bool) -> list[TokenRecord]:
+        return [_token(r) for r in await self._fetch("token_list", include_revoked)]
+
+    async def revoke_token(self, token_id: str) -> TokenRecord | None:
+        key = _uuid(token_id)
+        rows = [] if key is None else await self._fetch("token_revoke", key)
+        return _token(rows[0]) if rows else None
+
+    async def token_by_hash(self, token_hash: str) -> TokenRecord | None:
+        rows = await self._fetch("token_by_hash", token_hash)
+        return _token(rows[0]) if rows else None
+
+    async def active_token_count(self) -> int:
+        rows = await self._fetch("token_active_count")
+        return int(rows[0][0])
+
+
+def _scopes(scopes: Sequence[str] | None) -> list[str] | None:
+    return None if scopes is None else list(scopes)

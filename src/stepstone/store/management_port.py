@@ -1,0 +1,71 @@
+"""The store port of the management API and the web UI: reads across instances, and API tokens.
+
+    ManagementStore   scoped lists (instances, history, commands, dead letters, outbox events,
+                      definitions), the plan of a pin, the scope of an instance, and API tokens
+
+The adapter is `stepstone.store.management.PostgresManagement`; `stepstone.api` is typed against this
+protocol only. A `scopes` argument is the scopes the caller may see, or None for every scope.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+__all__ = ["ROLES", "ManagementStore", "TokenRecord"]
+
+ROLES = ("viewer", "task_worker", "operator", "admin")
+"""The roles a token grants in its scope, weakest first."""
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """An API token as stored: never the token itself, only what it grants."""
+
+    id: str
+    name: str
+    role: str
+    scope: str
+    created_at: datetime | None = None
+    created_by: str | None = None
+    revoked_at: datetime | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class ManagementStore(Protocol):
+    async def instance_scope(self, instance_id: str) -> str | None: ...
+    async def instance_stamp(self, instance_id: str) -> tuple[str, datetime] | None: ...
+    async def instances_page(
+        self, scopes: Sequence[str] | None, *, status: str | None, definition: str | None,
+        business_key: str | None, after: tuple[datetime, str] | None, limit: int,
+    ) -> list[dict[str, Any]]: ...
+    async def instance_counts(
+        self, scopes: Sequence[str] | None, definition: str | None, cap: int
+    ) -> dict[str, int]: ...
+    async def history_page(
+        self, instance_id: str, *, after: int, limit: int, failed_only: bool
+    ) -> list[dict[str, Any]]: ...
+    async def commands_page(
+        self, instance_id: str, *, after: int, limit: int, states: Sequence[str] | None
+    ) -> list[dict[str, Any]]: ...
+    async def dead_commands_page(
+        self, scopes: Sequence[str] | None, *, before: int | None, limit: int
+    ) -> list[dict[str, Any]]: ...
+    async def instance_outbox(self, instance_id: str, *, after: int, limit: int) -> list[dict[str, Any]]: ...
+    async def definitions_page(
+        self, scopes: Sequence[str] | None, *, after: tuple[str, str, int] | None, limit: int
+    ) -> list[dict[str, Any]]: ...
+    async def definition_plan(self, scope: str, definition_id: str, version: int) -> dict[str, Any] | None: ...
+
+    async def create_token(
+        self, token_id: uuid.UUID, name: str, token_hash: str, role: str, scope: str, created_by: str | None
+    ) -> TokenRecord: ...
+    async def list_tokens(self, *, include_revoked: bool) -> list[TokenRecord]: ...
+    async def revoke_token(self, token_id: str) -> TokenRecord | None: ...
+    async def token_by_hash(self, token_hash: str) -> TokenRecord | None: ...
+    async def active_token_count(self) -> int: ...

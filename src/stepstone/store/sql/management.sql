@@ -1,0 +1,128 @@
+-- Named queries of the management API and the web UI (stepstone.store.management).
+-- {{schema}} is replaced by the quoted schema identifier when the file is loaded.
+-- A scopes argument is a text[] of the scopes the caller may see, or NULL for every scope.
+-- Lists are keyset-paginated: the caller passes the last row's key and gets the rows after it.
+
+-- name: token_insert
+INSERT INTO {{schema}}.api_tokens (id, name, token_hash, role, scope, created_at, created_by)
+VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now(), $6)
+RETURNING id, name, role, scope, created_at, created_by, revoked_at;
+
+-- name: token_list
+SELECT id, name, role, scope, created_at, created_by, revoked_at
+FROM {{schema}}.api_tokens
+WHERE $1 OR revoked_at IS NULL
+ORDER BY created_at, id;
+
+-- name: token_revoke
+-- Revoke the token $1 (idempotent: a revoked token keeps its first revocation time).
+UPDATE {{schema}}.api_tokens SET revoked_at = COALESCE(revoked_at, {{schema}}.db_now())
+WHERE id = $1
+RETURNING id, name, role, scope, created_at, created_by, revoked_at;
+
+-- name: token_by_hash
+SELECT id, name, role, scope FROM {{schema}}.api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
+
+-- name: token_active_count
+SELECT count(*) FROM {{schema}}.api_tokens WHERE revoked_at IS NULL;
+
+-- name: instance_scope
+SELECT scope FROM {{schema}}.instances WHERE id = $1;
+
+-- name: instances_page
+-- Newest first on (created_at, id): scopes $1, status $2, definition $3, business key $4,
+-- after ($5, $6), at most $7 rows. A single scope uses instances_scope_newest.
+SELECT i.id, i.scope, i.definition_id, i.version, i.status, i.step, i.business_key, i.parent_id,
+       i.created_at, i.updated_at, i.ended_at, i.error
+FROM {{schema}}.instances i
+WHERE ($1::text[] IS NULL OR i.scope = ANY($1::text[]))
+  AND ($2::text IS NULL OR i.status = $2)
+  AND ($3::text IS NULL OR i.definition_id = $3)
+  AND ($4::text IS NULL OR i.business_key = $4)
+  AND ($5::timestamptz IS NULL OR (i.created_at, i.id) < ($5, $6::uuid))
+ORDER BY i.created_at DESC, i.id DESC
+LIMIT $7;
+
+-- name: instance_counts
+-- How many instances of the scopes $1 (and definition $2) are in each status, counting at most
+-- $3 + 1 of each: a status with more shows as $3 + 1 ("more than $3"), so the counts cost about the
+-- same at a million instances as at a thousand. One branch per status, each naming its status as a
+-- literal, so the planner knows how common it is (a rare one is read through instances_status_newest).
+SELECT 'PENDING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'PENDING'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'RUNNING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'RUNNING'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'WAITING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'WAITING'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'COMPLETED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPLETED'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'FAILED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'FAILED'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'COMPENSATING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATING'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'COMPENSATED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATED'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'CANCELLED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'CANCELLED'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'TIMED_OUT' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'TIMED_OUT'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+UNION ALL SELECT 'COMPENSATION_FAILED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATION_FAILED'
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n;
+
+-- name: history_page
+-- History of instance $1 oldest first, entries after seq $2, at most $3; only failures when $4.
+SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, h.data
+FROM {{schema}}.history h
+WHERE h.instance_id = $1 AND h.seq > $2
+  AND (NOT $4 OR h.kind LIKE '%FAIL%' OR h.kind LIKE '%DEAD%')
+ORDER BY h.seq
+LIMIT $3;
+
+-- name: commands_page
+-- Commands of instance $1 by id, after id $2, at most $3; only the states $4 when given.
+SELECT c.id, c.position, c.seq, c.kind, c.state, c.step, c.visit, c.name, c.payload, c.dedup_key, c.attempt,
+       c.claims, c.deferrals, c.available_at, c.claimed_by, c.last_error, c.created_at, c.settled_at
+FROM {{schema}}.commands c
+WHERE c.instance_id = $1 AND c.id > $2
+  AND ($4::text[] IS NULL OR c.state = ANY($4::text[]))
+ORDER BY c.id
+LIMIT $3;
+
+-- name: dead_commands_page
+-- Dead-lettered commands (their instance FAILED) of the scopes $1, newest first, ids below $2, at most $3.
+SELECT c.id, c.instance_id, i.scope, i.definition_id, i.version, i.status AS instance_status, c.position,
+       c.kind, c.step, c.visit, c.attempt, c.claims, c.last_error, c.created_at, c.settled_at
+FROM {{schema}}.commands c
+JOIN {{schema}}.instances i ON i.id = c.instance_id
+WHERE c.state = 'DEAD'
+  AND ($1::text[] IS NULL OR i.scope = ANY($1::text[]))
+  AND ($2::bigint IS NULL OR c.id < $2)
+ORDER BY c.id DESC
+LIMIT $3;
+
+-- name: instance_outbox
+-- Events instance $1 staged, by id, after id $2, at most $3.
+SELECT o.id, o.event_id, o.type, o.key, o.payload, o.created_at, o.published_at, o.dead_at, o.attempts,
+       o.next_attempt_at, o.last_error
+FROM {{schema}}.outbox o
+WHERE o.instance_id = $1 AND o.id > $2
+ORDER BY o.id
+LIMIT $3;
+
+-- name: definitions_page
+-- Registered definitions of the scopes $1 by (scope, definition, version), after ($2, $3, $4), at most $5.
+SELECT d.scope, d.definition_id, d.version, d.plan_hash, d.registered_at
+FROM {{schema}}.definitions d
+WHERE ($1::text[] IS NULL OR d.scope = ANY($1::text[]))
+  AND ($2::text IS NULL OR (d.scope, d.definition_id, d.version) > ($2, $3, $4))
+ORDER BY d.scope, d.definition_id, d.version
+LIMIT $5;
+
+-- name: definition_plan
+SELECT d.scope, d.definition_id, d.version, d.plan_hash, d.plan, d.registered_at
+FROM {{schema}}.definitions d
+WHERE d.scope = $1 AND d.definition_id = $2 AND d.version = $3;
+
+-- name: instance_stamp
+-- What the UI's live stream compares to see that an instance changed.
+SELECT status, updated_at FROM {{schema}}.instances WHERE id = $1;

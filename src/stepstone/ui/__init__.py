@@ -1,0 +1,1 @@
+"""The web UI: server-rendered pages over the same operations as the API (no JavaScript build)."""

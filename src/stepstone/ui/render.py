@@ -1,0 +1,86 @@
+"""Templates and the small helpers they use (times, JSON, patches); no logic lives in the templates."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from stepstone.api.app import API_PREFIX
+from stepstone.api.auth import TOKEN_COOKIE, Principal
+from stepstone.api.context import context_of
+
+__all__ = ["UI_PREFIX", "csrf_token", "page", "patch_lines", "ui_root"]
+
+UI_PREFIX = "/ui"
+_env = Environment(loader=PackageLoader("stepstone.ui", "templates"), autoescape=select_autoescape(["html"]))
+
+
+def _when(value: datetime | None, millis: bool = False) -> str:
+    if value is None:
+        return ""
+    text = value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return (text[:-3] if millis else text[:-7]) + "Z"
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _compact(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return text if len(text) <= 400 else text[:399] + "…"
+
+
+_env.globals.update(when=_when, pretty=_pretty, compact=_compact)
+
+
+def patch_lines(data: Any) -> list[str]:
+    """An RFC 6902 patch as lines a person reads: ``replace /outcome = "shipped"``."""
+    patch = data.get("patch") if isinstance(data, dict) else None
+    if not isinstance(patch, list):
+        return []
+    lines = []
+    for op in patch:
+        if not isinstance(op, dict):
+            continue
+        value = f" = {_compact(op['value'])}" if "value" in op else ""
+        source = f" from {op['from']}" if "from" in op else ""
+        lines.append(f"{op.get('op', '?')} {op.get('path', '')}{source}{value}")
+    return lines
+
+
+def ui_root(request: Request) -> str:
+    return f"{request.scope.get('root_path', '')}{UI_PREFIX}"
+
+
+def csrf_token(request: Request, who: Principal) -> str:
+    """The value every UI form carries back, which a cross-site form cannot know: keyed by the sign-in
+    cookie's token (the same on every replica), or, behind a host's authentication, by the app's
+    `ui_secret` and the actor."""
+    cookie = request.cookies.get(TOKEN_COOKIE)
+    key = cookie.encode("utf-8", "surrogatepass") if cookie else context_of(request).ui_secret
+    return hmac.new(key, f"stepstone-csrf\n{who.actor}".encode(), hashlib.sha256).hexdigest()[:40]
+
+
+def page(request: Request, template: str, who: Principal | None, *, status_code: int = 200,
+         **values: Any) -> HTMLResponse:
+    ctx = context_of(request)
+    root = request.scope.get("root_path", "")
+
+    def query(**changes: Any) -> str:
+        merged = {**dict(request.query_params), **changes}
+        return urlencode({k: v for k, v in merged.items() if v not in (None, "")})
+
+    html = _env.get_template(template).render(
+        ui=ui_root(request), api=f"{root}{API_PREFIX}", who=who, read_only=ctx.read_only,
+        csrf=csrf_token(request, who) if who else "", query=query, flash=request.query_params.get("done"),
+        **values)
+    return HTMLResponse(html, status_code=status_code, headers={"Cache-Control": "no-store"})

@@ -1,0 +1,376 @@
+"""The web UI's routes: thin over the same operations as the API (`stepstone.api.operations`).
+
+Pages are server-rendered; the only script (`static/stepstone.js`) refreshes a page live from the
+server-sent events of ``/ui/events``. Every form that changes something posts a CSRF value and, for
+cancel, retry and bulk retry, goes through a confirmation page first. Sign-in keeps the API token in
+an HTTP-only, SameSite=Strict cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from starlette.datastructures import FormData
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.staticfiles import StaticFiles
+
+from stepstone.api import operations as ops
+from stepstone.api.auth import TOKEN_COOKIE, Forbidden, Principal, Unauthenticated, hash_token
+from stepstone.api.context import context_of, require, visible_instance, writable
+from stepstone.api.problems import status_of
+from stepstone.errors import InvalidInput, StepstoneError
+from stepstone.ui.diagram import diagram, render_svg
+from stepstone.ui.render import UI_PREFIX, csrf_token, page, patch_lines, ui_root
+
+__all__ = ["install_ui", "router"]
+
+router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
+STATUSES = ("PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "CANCELLED")
+_LIVE_POLL_SECONDS = 2.0
+_HISTORY_ON_PAGE = 500
+
+
+async def _who(request: Request) -> Principal:
+    request.state.ui = True
+    ctx = context_of(request)
+    found = await (ctx.authenticate_ui or ctx.authenticate)(request)
+    if found is None:
+        raise Unauthenticated("sign in first")
+    request.state.principal = found
+    return found
+
+
+async def _form(request: Request, who: Principal) -> FormData:
+    """The posted form of a state-changing UI request: read-only 405, CSRF value checked."""
+    writable(request)
+    form = await request.form()
+    if form.get("csrf") != csrf_token(request, who):
+        raise Forbidden("this form is stale or was not sent by this site; reload the page and try again",
+                        role="any", scope="*")
+    return form
+
+
+def _back(request: Request, path: str, done: str | None = None) -> RedirectResponse:
+    suffix = f"?done={done}" if done else ""
+    return RedirectResponse(f"{ui_root(request)}{path}{suffix}", status_code=303)
+
+
+# -- sign in --------------------------------------------------------------------------------------
+
+
+@router.get("/login")
+async def login_page(request: Request) -> Response:
+    return page(request, "login.html", None)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    token = str((await request.form()).get("token", "")).strip()
+    record = await context_of(request).management.token_by_hash(hash_token(token)) if token else None
+    if record is None:
+        return page(request, "login.html", None, status_code=401, error="That token is unknown or revoked.")
+    response = _back(request, "/")
+    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https",
+                        path=ui_root(request))
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    response = _back(request, "/login")
+    response.delete_cookie(TOKEN_COOKIE, path=ui_root(request))
+    return response
+
+
+# -- instances ------------------------------------------------------------------------------------
+
+
+@router.get("/")
+async def instances_page(request: Request) -> Response:
+    who = await _who(request)
+    ctx = context_of(request)
+    q = request.query_params
+    filters = {k: (q.get(k) or None) for k in ("status", "workflow", "business_key", "scope")}
+    if filters["status"] not in (None, *STATUSES):
+        filters["status"] = None
+    listing = await ops.instances(ctx, who, status=filters["status"], workflow=filters["workflow"],
+                                  business_key=filters["business_key"], scope=filters["scope"],
+                                  cursor=q.get("cursor") or None, limit=50)
+    counted = await ops.counts(ctx, who, filters["workflow"])
+    counts = {s: f"{n:,}+" if s in counted["more_than"] else f"{n:,}" for s, n in counted["counts"].items()}
+    total = sum(counted["counts"].values())
+    return page(request, "instances.html", who, nav="instances", live="list", items=listing["items"],
+                next_cursor=listing["next_cursor"], counts=counts,
+                total=f"{total:,}+" if counted["more_than"] else f"{total:,}", filters=filters, statuses=STATUSES)
+
+
+@router.get("/instances/{instance_id}")
+async def instance_page(request: Request, instance_id: str) -> Response:
+    who = await _who(request)
+    ctx = context_of(request)
+    info = await ops.instance(ctx, who, instance_id)
+    failed_only = request.query_params.get("failed") == "1"
+    everything = await ctx.management.history_page(instance_id, after=0, limit=_HISTORY_ON_PAGE + 1,
+                                                   failed_only=False)
+    shown = [h for h in everything if not failed_only or "FAIL" in h["kind"] or "DEAD" in h["kind"]]
+    pending = await ctx.management.commands_page(instance_id, after=0, limit=200,
+                                                 states=["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD"])
+    events = await ctx.management.instance_outbox(instance_id, after=0, limit=200)
+    plan = await ctx.management.definition_plan(info["scope"], info["definition_id"], info["version"])
+    picture = diagram(plan["plan"] if plan else {}, info["positions"], everything, status=info["status"],
+                      children=info["children"])
+    svg = render_svg(picture, title=f"{info['definition_id']} v{info['version']}",
+                     link=f"{ui_root(request)}/instances/")
+    wait = info["waiting_for"] or {}
+    signals = sorted((wait.get("signals") or {}) if isinstance(wait, dict) else {})
+    return page(request, "instance.html", who, nav="instances", live=info["id"], i=info,
+                stamp=stamp_of((info["status"], info["updated_at"])),
+                history=[{**h, "patch": patch_lines(h["data"])} for h in shown[:_HISTORY_ON_PAGE]],
+                history_more=len(everything) > _HISTORY_ON_PAGE, failed_only=failed_only, pending=pending,
+                events=events, svg=svg, signals=signals, waiting=_describe_wait(wait),
+                branches=[p for p in info["positions"] if p["path"]],
+                can_operate=who.can("operator", info["scope"]), role=who.role_in(info["scope"]))
+
+
+def _describe_wait(wait: Any) -> str:
+    if not isinstance(wait, dict) or not wait:
+        return ""
+    if wait.get("kind") == "signal":
+        return "signal " + " or ".join(sorted(wait.get("signals") or {}))
+    if wait.get("kind") == "timer":
+        return "a timer"
+    return str(wait.get("kind", ""))
+
+
+_ACTIONS = {
+    "retry": ("Retry this instance?", "Its failed step runs again.", "Retry", False),
+    "cancel": ("Cancel this instance?", "It stops where it is; branches and children are cancelled too.",
+               "Cancel instance", True),
+}
+
+
+@router.get("/instances/{instance_id}/confirm/{action}")
+async def confirm_page(request: Request, instance_id: str, action: str) -> Response:
+    who = await _who(request)
+    if action not in _ACTIONS:
+        raise InvalidInput(f"no action {action!r}", what="action")
+    info = await ops.instance(context_of(request), who, instance_id)
+    heading, question, label, danger = _ACTIONS[action]
+    root = ui_root(request)
+    return page(request, "confirm.html", who, action=action, heading=heading,
+                question=f"{info['definition_id']} {info['id']} is {info['status'].lower()}. {question}",
+                target=f"{root}/instances/{instance_id}/{action}", back=f"{root}/instances/{instance_id}",
+                confirm_label=label, danger=danger, reason=action == "cancel", hidden=[], items=[])
+
+
+@router.post("/instances/{instance_id}/retry")
+async def retry(request: Request, instance_id: str) -> Response:
+    who = await _who(request)
+    await _form(request, who)
+    await ops.retry(context_of(request), who, instance_id)
+    return _back(request, f"/instances/{instance_id}", "retry+scheduled")
+
+
+@router.post("/instances/{instance_id}/cancel")
+async def cancel(request: Request, instance_id: str) -> Response:
+    who = await _who(request)
+    form = await _form(request, who)
+    await ops.cancel(context_of(request), who, instance_id, str(form.get("reason", "")))
+    return _back(request, f"/instances/{instance_id}", "cancelled")
+
+
+@router.get("/instances/{instance_id}/signal")
+async def signal_page(request: Request, instance_id: str) -> Response:
+    who = await _who(request)
+    info = await ops.instance(context_of(request), who, instance_id)
+    return _signal_form(request, who, info, "", "", None)
+
+
+def _signal_form(request: Request, who: Principal, info: dict[str, Any], chosen: str, payload: str,
+                 error: str | None) -> Response:
+    wait = info["waiting_for"] if isinstance(info["waiting_for"], dict) else {}
+    signals = sorted(wait.get("signals") or {}) or ([chosen] if chosen else [])
+    live = [p for p in info["positions"] if p["status"] in ("WAITING", "RUNNING")] or info["positions"][:1]
+    return page(request, "signal.html", who, i=info, signals=signals, chosen=chosen, payload=payload,
+                positions=live, error=error, status_code=422 if error else 200)
+
+
+@router.post("/instances/{instance_id}/signal")
+async def send_signal(request: Request, instance_id: str) -> Response:
+    who = await _who(request)
+    form = await _form(request, who)
+    ctx = context_of(request)
+    name, text = str(form.get("name", "")), str(form.get("payload", "")).strip()
+    try:
+        payload = json.loads(text) if text else None
+    except json.JSONDecodeError as exc:
+        info = await ops.instance(ctx, who, instance_id)
+        return _signal_form(request, who, info, name, text, f"The payload is not JSON: {exc.msg}.")
+    await ops.signal(ctx, who, instance_id, name, payload, dedup_key=None, position=str(form.get("position", "")))
+    return _back(request, f"/instances/{instance_id}", f"signal+{name}+sent")
+
+
+# -- incidents (failed instances, dead letters) and bulk retry --------------------------------------
+
+
+async def _incidents(request: Request, who: Principal, cursor: str | None) -> dict[str, Any]:
+    ctx = context_of(request)
+    failed = await ops.instances(ctx, who, status="FAILED", workflow=None, business_key=None, scope=None,
+                                 cursor=cursor, limit=100)
+    dead = await ops.dead_letters(ctx, who, cursor=None, limit=100)
+    return {"items": failed["items"], "next_cursor": failed["next_cursor"], "dead": dead["items"]}
+
+
+@router.get("/dead-letters")
+async def dead_letters_page(request: Request) -> Response:
+    who = await _who(request)
+    found = await _incidents(request, who, request.query_params.get("cursor") or None)
+    return page(request, "dead_letters.html", who, nav="dead", live="list", results=None, **found)
+
+
+@router.post("/dead-letters/confirm")
+async def confirm_bulk_retry(request: Request) -> Response:
+    who = await _who(request)
+    form = await _form(request, who)
+    chosen = sorted({str(v) for v in form.getlist("instance")})
+    root = ui_root(request)
+    if not chosen:
+        return _back(request, "/dead-letters", "nothing+selected")
+    return page(request, "confirm.html", who, action="retry", heading=f"Retry {len(chosen)} instance(s)?",
+                question="The failed step of each runs again; each gets its own result.", items=chosen,
+                target=f"{root}/dead-letters/retry", back=f"{root}/dead-letters", confirm_label="Retry all",
+                danger=False, reason=False, hidden=[("instance", i) for i in chosen])
+
+
+@router.post("/dead-letters/retry")
+async def bulk_retry(request: Request) -> Response:
+    who = await _who(request)
+    form = await _form(request, who)
+    ctx = context_of(request)
+    results = []
+    for instance_id in sorted({str(v) for v in form.getlist("instance")}):
+        try:
+            await ops.retry(ctx, who, instance_id)
+            results.append({"id": instance_id, "ok": True, "result": "retry scheduled"})
+        except StepstoneError as exc:
+            results.append({"id": instance_id, "ok": False, "result": f"{type(exc).__name__}: {exc}"})
+    return page(request, "dead_letters.html", who, nav="dead", results=results,
+                **await _incidents(request, who, None))
+
+
+# -- definitions ----------------------------------------------------------------------------------
+
+
+@router.get("/definitions")
+async def definitions_page(request: Request) -> Response:
+    who = await _who(request)
+    listing = await ops.definitions(context_of(request), who, cursor=request.query_params.get("cursor") or None,
+                                    limit=100)
+    return page(request, "definitions.html", who, nav="definitions", plan=None, **listing)
+
+
+@router.get("/definitions/{scope}/{definition_id}/{version}")
+async def definition_page(request: Request, scope: str, definition_id: str, version: int) -> Response:
+    who = await _who(request)
+    found = await ops.definition_plan(context_of(request), who, scope, definition_id, version)
+    svg = render_svg(diagram(found["plan"], [], []), title=f"{definition_id} v{version}")
+    return page(request, "definitions.html", who, nav="definitions", plan=found, svg=svg)
+
+
+# -- outbox ---------------------------------------------------------------------------------------
+
+
+@router.get("/outbox")
+async def outbox_page(request: Request) -> Response:
+    who = await _who(request)
+    ctx = context_of(request)
+    if ctx.outbox is None or not who.can("viewer", "*"):
+        return page(request, "outbox.html", who, nav="outbox", forbidden=True)
+    status = {**(await ctx.outbox.status()).as_dict(), "published": await ctx.outbox.published_count()}
+    dead = [r.as_dict() for r in await ctx.outbox.unpublished(dead=True, limit=200)]
+    return page(request, "outbox.html", who, nav="outbox", forbidden=False, status=status, dead=dead,
+                results=request.query_params.get("done"))
+
+
+@router.post("/outbox/requeue")
+async def outbox_requeue(request: Request) -> Response:
+    who = await _who(request)
+    form = await _form(request, who)
+    require(who, "operator", "*")
+    ctx = context_of(request)
+    ids = sorted({int(str(v)) for v in form.getlist("id") if str(v).isdigit()})
+    done = await ctx.outbox.requeue(ids) if ctx.outbox is not None and ids else []
+    return _back(request, "/outbox", f"requeued+{len(done)}+of+{len(ids)}+event(s)")
+
+
+# -- live updates ---------------------------------------------------------------------------------
+
+
+@router.get("/events")
+async def events(request: Request) -> Response:
+    """Server-sent events: ``changed`` with an instance id when one settles (LISTEN/NOTIFY), and for
+    an instance page also when its status or update time moves (checked every 2 s as a fallback)."""
+    who = await _who(request)
+    ctx = context_of(request)
+    watched = request.query_params.get("instance")
+    if watched:
+        await visible_instance(ctx, who, watched)
+    return StreamingResponse(_stream(request, watched, request.query_params.get("stamp")),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+def stamp_of(found: tuple[str, Any] | None) -> str:
+    """What the page was rendered from (status and update time), so a change before the stream opened
+    is not missed."""
+    return "" if found is None else f"{found[0]}|{found[1].isoformat()}"
+
+
+async def _stream(request: Request, watched: str | None, seen: str | None) -> AsyncIterator[str]:
+    ctx = context_of(request)
+    queue = await ctx.broadcaster.subscribe() if ctx.broadcaster is not None else asyncio.Queue[str]()
+    stamp = seen or (stamp_of(await ctx.management.instance_stamp(watched)) if watched else "")
+    try:
+        yield "retry: 3000\n\n"
+        while not await request.is_disconnected():
+            changed: str | None = None
+            with contextlib.suppress(TimeoutError):
+                changed = await asyncio.wait_for(queue.get(), _LIVE_POLL_SECONDS)
+            if watched:
+                now = stamp_of(await ctx.management.instance_stamp(watched))
+                if changed == watched or now != stamp:
+                    stamp = now
+                    yield f"event: changed\ndata: {watched}\n\n"
+                    continue
+            elif changed is not None:
+                yield f"event: changed\ndata: {changed}\n\n"
+                continue
+            yield ": keep-alive\n\n"
+    finally:
+        if ctx.broadcaster is not None:
+            ctx.broadcaster.unsubscribe(queue)
+
+
+# -- wiring ---------------------------------------------------------------------------------------
+
+
+def html_error(request: Request, exc: StepstoneError) -> Response:
+    """A UI request's error as a page (401: to the sign-in page)."""
+    if isinstance(exc, Unauthenticated):
+        return _back(request, "/login")
+    status = status_of(exc)
+    who = getattr(request.state, "principal", None)
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return page(request, "error.html", who, status_code=status, title=type(exc).__name__, detail=detail)
+
+
+def install_ui(app: FastAPI) -> None:
+    app.include_router(router)
+    app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"), name="ui-static")
+    app.state.html_error = html_error

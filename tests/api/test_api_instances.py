@@ -1,0 +1,147 @@
+"""The management API against a real PostgreSQL: reads, writes, pagination, problem+json errors."""
+
+from __future__ import annotations
+
+from tests.api import workflows
+from tests.api.conftest import Api
+
+V1 = "/api/v1"
+
+
+async def test_list_get_history_and_positions(api: Api) -> None:
+    viewer = await api.token("viewer")
+    iid = await api.start("alpha")
+    r = await api.http.get(f"{V1}/instances", headers=viewer)
+    assert r.status_code == 200
+    assert [i["id"] for i in r.json()["items"]] == [iid]
+    assert r.json()["next_cursor"] is None
+
+    r = await api.http.get(f"{V1}/instances/{iid}", headers=viewer)
+    body = r.json()
+    assert (body["status"], body["step"], body["scope"]) == ("WAITING", "approval", "default")
+    assert body["waiting_for"]["signals"] == {"approve": "ship", "reject": "refund"}
+
+    history = (await api.http.get(f"{V1}/instances/{iid}/history", headers=viewer)).json()["items"]
+    assert [h["kind"] for h in history][:2] == ["INSTANCE_STARTED", "STEP_COMPLETED"]
+    positions = (await api.http.get(f"{V1}/instances/{iid}/positions", headers=viewer)).json()
+    assert [(p["path"], p["step"], p["status"]) for p in positions] == [("", "approval", "WAITING")]
+    assert (await api.http.get(f"{V1}/instances/{iid}/children", headers=viewer)).json() == []
+    events = (await api.http.get(f"{V1}/instances/{iid}/outbox", headers=viewer)).json()["items"]
+    assert [e["type"] for e in events] == ["job.charged"]
+    counts = (await api.http.get(f"{V1}/instances/counts", headers=viewer)).json()
+    assert counts == {"counts": {"WAITING": 1}, "more_than": [], "cap": 10_000}
+
+
+async def test_keyset_pagination_walks_every_instance_once_newest_first(api: Api) -> None:
+    viewer = await api.token("viewer")
+    ids = [await api.engine.client.start("job", {"name": f"n{n}"}) for n in range(7)]
+    await api.engine.run_until_idle()
+    seen: list[str] = []
+    cursor = None
+    pages = 0
+    while True:
+        params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        r = await api.http.get(f"{V1}/instances", headers=viewer, params=params)
+        assert r.status_code == 200
+        seen += [i["id"] for i in r.json()["items"]]
+        pages += 1
+        cursor = r.json()["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3
+    assert seen == list(reversed(ids))
+
+    history = (await api.http.get(f"{V1}/instances/{ids[0]}/history", headers=viewer,
+                                  params={"limit": 1})).json()
+    second = (await api.http.get(f"{V1}/instances/{ids[0]}/history", headers=viewer,
+                                 params={"limit": 1, "cursor": history["next_cursor"]})).json()
+    assert history["next_cursor"] is not None
+    assert [h["seq"] for h in history["items"] + second["items"]] == [1, 2]
+
+
+async def test_start_signal_and_complete_recorded_as_the_token_actor(api: Api) -> None:
+    operator = await api.token("operator", name="ops-bot")
+    r = await api.http.post(f"{V1}/instances", headers=operator, json={"workflow": "job", "input": {"name": "b"}})
+    assert r.status_code == 201, r.text
+    iid = r.json()["id"]
+    await api.engine.run_until_idle()
+    r = await api.http.post(f"{V1}/instances/{iid}/signals", headers=operator, json={"name": "approve"})
+    assert r.status_code == 202, r.text
+    await api.engine.run_until_idle()
+    info = await api.engine.client.get(iid)
+    assert info.status == "COMPLETED"
+    assert info.state["log"] == ["charged", "shipped"]
+    history = await api.engine.client.history(iid)
+    assert history[0]["actor"] == "token:ops-bot"
+    commands = (await api.http.get(f"{V1}/instances/{iid}/commands", headers=operator)).json()["items"]
+    assert [c["kind"] for c in commands][:1] == ["START"]
+    assert any(c["kind"] == "SIGNAL" and c["name"] == "approve" for c in commands)
+
+
+async def test_failed_instance_is_a_dead_letter_and_retry_completes_it(api: Api) -> None:
+    operator = await api.token("operator")
+    iid = await api.start("broken", fail=True)
+    assert (await api.engine.client.get(iid)).status == "FAILED"
+    failed = (await api.http.get(f"{V1}/instances", headers=operator, params={"status": "FAILED"})).json()
+    assert [i["id"] for i in failed["items"]] == [iid]
+    only_failures = (await api.http.get(f"{V1}/instances/{iid}/history", headers=operator,
+                                        params={"failed_only": "true"})).json()["items"]
+    assert only_failures and all("FAIL" in h["kind"] or "DEAD" in h["kind"] for h in only_failures)
+
+    workflows.FAILING.discard("broken")
+    r = await api.http.post(f"{V1}/instances/{iid}/retry", headers=operator)
+    assert r.status_code == 200, r.text
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).status == "WAITING"
+
+    r = await api.http.post(f"{V1}/instances/{iid}/retry", headers=operator)
+    assert r.status_code == 409
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["error"] == "InvalidState"
+    assert r.json()["status"] == 409
+    assert r.json()["instance_id"] == iid
+    assert r.json()["instance_status"] == "WAITING"
+
+
+async def test_cancel_is_idempotent_and_recorded(api: Api) -> None:
+    operator = await api.token("operator", name="canceller")
+    iid = await api.start("c")
+    for _ in range(2):
+        r = await api.http.post(f"{V1}/instances/{iid}/cancel", headers=operator, json={"reason": "test"})
+        assert r.status_code == 200
+        assert r.json()["status"] == "CANCELLED"
+    cancelled = [h for h in await api.engine.client.history(iid) if h["kind"] == "INSTANCE_CANCELLED"]
+    assert [h["actor"] for h in cancelled] == ["token:canceller"]
+
+
+async def test_errors_are_problem_json(api: Api) -> None:
+    viewer = await api.token("admin")
+    cases = [
+        ("GET", f"{V1}/instances/00000000-0000-0000-0000-000000000000", None, 404, "InstanceNotFound"),
+        ("GET", f"{V1}/instances/not-a-uuid", None, 404, "InstanceNotFound"),
+        ("GET", f"{V1}/instances", {"cursor": "garbage"}, 422, "InvalidInput"),
+        ("GET", f"{V1}/instances", {"limit": 0}, 422, "InvalidInput"),
+        ("GET", f"{V1}/nowhere", None, 404, "NotFound"),
+    ]
+    for method, url, params, status, error in cases:
+        r = await api.http.request(method, url, headers=viewer, params=params)
+        assert (r.status_code, r.json()["error"]) == (status, error), (url, r.text)
+        assert r.headers["content-type"] == "application/problem+json"
+    iid = await api.start("s")
+    r = await api.http.post(f"{V1}/instances/{iid}/signals", headers=viewer, json={"name": "no-such"})
+    assert (r.status_code, r.json()["error"]) == (422, "UnknownSignal")
+    r = await api.http.post(f"{V1}/instances", headers=viewer, json={"workflow": "nope"})
+    assert (r.status_code, r.json()["error"]) == (404, "DefinitionNotFound")
+    r = await api.http.post(f"{V1}/instances", headers=viewer, json={"workflow": "job", "input": {"name": 5}})
+    assert r.status_code == 422
+
+
+async def test_definitions_and_dead_letters(api: Api) -> None:
+    viewer = await api.token("viewer")
+    iid = await api.start("dead", fail=True)
+    defs = (await api.http.get(f"{V1}/definitions", headers=viewer)).json()["items"]
+    assert [(d["scope"], d["definition_id"], d["version"]) for d in defs] == [("default", "job", 1)]
+    plan = (await api.http.get(f"{V1}/definitions/default/job/1", headers=viewer)).json()
+    assert [s["name"] for s in plan["plan"]["steps"]] == ["charge", "approval", "ship", "refund"]
+    letters = (await api.http.get(f"{V1}/dead-letters", headers=viewer)).json()["items"]
+    assert [(d["instance_id"], d["step"]) for d in letters] in ([], [(iid, "charge")])

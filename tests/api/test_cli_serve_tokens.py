@@ -1,0 +1,138 @@
+"""``stepstone tokens create | list | revoke`` and ``stepstone serve``'s loopback rule."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from stepstone.api.binding import check_bind, is_loopback
+from stepstone.cli import cli
+from stepstone.errors import ConfigError
+from tests.test_cli_worker import STEPSTONE
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_the_bind_rule() -> None:
+    for host in ("127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"):
+        assert is_loopback(host)
+        check_bind(host, auth=False, active_tokens=0)
+    for host in ("0.0.0.0", "::", "192.0.2.10", "example.org"):  # noqa: S104 - the addresses refused
+        assert not is_loopback(host)
+        with pytest.raises(ConfigError, match="--no-auth is for a loopback address only"):
+            check_bind(host, auth=False, active_tokens=5)
+        with pytest.raises(ConfigError, match="no API token exists"):
+            check_bind(host, auth=True, active_tokens=0)
+        check_bind(host, auth=True, active_tokens=1)
+
+
+async def test_tokens_create_list_revoke(database_url: str) -> None:
+    url = ["--database-url", database_url]
+    code, out, err = await asyncio.to_thread(invoke, "tokens", "create", "--role", "operator", "--scope", "acme",
+                                             "--name", "deploy", *url)
+    assert code == 0, err
+    token = out.strip()
+    assert token.startswith("sst_") and len(token) > 40
+    assert "role operator in scope acme" in err and "shown only now" in err
+    code, out, _ = await asyncio.to_thread(invoke, "tokens", "list", "-o", "json", *url)
+    [listed] = json.loads(out)
+    assert (listed["name"], listed["role"], listed["scope"], listed["revoked_at"]) == ("deploy", "operator", "acme",
+                                                                                      None)
+    assert token not in out
+    code, out, _ = await asyncio.to_thread(invoke, "tokens", "revoke", listed["id"], *url)
+    assert (code, out.strip()) == (0, f"revoked deploy ({listed['id']})")
+    assert json.loads((await asyncio.to_thread(invoke, "tokens", "list", "-o", "json", *url))[1]) == []
+    code, _, err = await asyncio.to_thread(invoke, "tokens", "revoke", "not-an-id", *url)
+    assert (code, err.strip()) == (1, "error: no API token not-an-id")
+    code, _, err = await asyncio.to_thread(invoke, "tokens", "create", "--role", "root", *url)
+    assert code == 2 and "'root' is not one of" in err
+
+
+def test_serve_refuses_no_auth_off_loopback_before_connecting() -> None:
+    code, _, err = invoke("serve", "--host", "0.0.0.0", "--no-auth", "--database-url",  # noqa: S104 - the point
+                          "postgresql://nobody@127.0.0.1:1/none")
+    assert code == 1
+    assert err.strip() == ("error: refusing to serve on 0.0.0.0 without authentication: --no-auth is for a "
+                           "loopback address only (e.g. --host 127.0.0.1)")
+
+
+def test_serve_refuses_a_public_address_without_any_token(database_url: str) -> None:
+    code, _, err = invoke("serve", "--host", "0.0.0.0", "--database-url", database_url)  # noqa: S104
+    assert code == 1
+    assert "no API token exists, so nobody could sign in" in err
+
+
+def test_serve_answers_on_loopback_and_needs_a_token(database_url: str) -> None:
+    env = {**os.environ, "STEPSTONE_DATABASE_URL": database_url}
+    with socket.socket() as probe:  # a free port (a race with another process is unlikely and would fail loudly)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([*STEPSTONE, "serve", "--port", str(port), "--read-only"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "stepstone serve did not answer"
+                time.sleep(0.1)
+        assert r.json() == {"status": "ok", "read_only": True}
+        assert httpx.get(f"http://127.0.0.1:{port}/api/v1/instances").status_code == 401
+        assert httpx.post(f"http://127.0.0.1:{port}/api/v1/instances", json={}).status_code == 405
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert f"serving http://127.0.0.1:{port}/ui/" in err
+    assert "no API token exists yet" in err
+
+
+def test_worker_serve_runs_the_workflows_and_the_api_in_one_process(database_url: str) -> None:
+    env = {**os.environ, "STEPSTONE_DATABASE_URL": database_url}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([*STEPSTONE, "worker", "--app", "tests.api.workflows:registry", "--serve", "--no-auth",
+                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}/api/v1"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"{base}/health", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "stepstone worker --serve did not answer"
+                time.sleep(0.1)
+        iid = httpx.post(f"{base}/instances", json={"workflow": "job", "input": {"name": "w"}}).json()["id"]
+        while httpx.get(f"{base}/instances/{iid}").json()["status"] != "WAITING":
+            assert time.monotonic() < deadline, "the worker did not run the instance"
+            time.sleep(0.05)
+        history = httpx.get(f"{base}/instances/{iid}/history").json()["items"]
+        assert history[0]["actor"] == "local"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "serving http://127.0.0.1" in err and "drained" in err
+
+
+def test_worker_serve_refuses_no_auth_off_loopback() -> None:
+    code, _, err = invoke("worker", "--app", "tests.api.workflows:registry", "--serve", "--no-auth",
+                          "--host", "0.0.0.0", "--database-url", "postgresql://nobody@127.0.0.1:1/none")  # noqa: S104
+    assert code == 1 and "--no-auth is for a loopback address only" in err

@@ -1,0 +1,205 @@
+"""The UI in a real headless Chromium (Debian's chromium and chromium-driver), driven by Selenium.
+
+Clicks through: sign in, find a failed instance, see its graph with the failed step marked, retry it
+through the confirmation, watch it go on and complete live (no reload), then bulk-retry a selection
+of incidents and read the per-item result. Screenshots go to $STEPSTONE_UI_SCREENSHOTS when set
+(docs/images/ holds the ones the docs show), else to the test's temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone.api import context_on, create_app
+from stepstone.api.tokens import create_token
+from stepstone.testing import open_engine
+from tests.api import workflows
+from tests.api.serving import served
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)",
+)
+WAIT = 20.0
+_DEBUG: list[Any] = []
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium import webdriver  # noqa: PLC0415 - only when chromium is there
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--window-size=1280,1000", "--disable-extensions", "--no-first-run"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.implicitly_wait(0)
+    _DEBUG[:] = [driver]
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    where = Path(os.environ.get("STEPSTONE_UI_SCREENSHOTS") or tmp_path)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+async def until(check: Callable[[], Any], what: str) -> Any:
+    """Poll `check` (run in a thread: Selenium blocks) until it returns something truthy."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while True:
+        found = await asyncio.to_thread(check)
+        if found:
+            return found
+        if loop.time() >= deadline:
+            print(await asyncio.to_thread(lambda: _DEBUG[0].page_source if _DEBUG else ""))  # noqa: T201
+        assert loop.time() < deadline, f"the page never showed {what}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def site(database_url: str) -> AsyncIterator[dict[str, Any]]:
+    async with open_engine(database_url, workflows.registry, concurrency=2, poll_interval=0.2) as engine:
+        ctx = context_on(engine.store, registry=workflows.registry)
+        await engine.worker.start()
+        try:
+            async with served(create_app(ctx)) as base:
+                token, _ = await create_token(ctx.management, role="operator", name="browser")
+                yield {"engine": engine, "base": base, "token": token}
+        finally:
+            await engine.worker.stop()
+            await ctx.close()
+
+
+async def sign_in(browser: Any, url: str, token: str) -> None:
+    """Open `url` (the sign-in page, or a page that leads there), sign in, wait for a signed-in page."""
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    def submit() -> None:
+        browser.get(url)
+        browser.find_element(By.ID, "token").send_keys(token)
+        browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
+
+    await asyncio.to_thread(submit)
+    await until(lambda: browser.find_elements(By.CSS_SELECTOR, "form.who"), "the signed-in page")
+
+
+async def _settled(engine: Any, iid: str, status: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT
+    while (await engine.client.get(iid)).status != status:
+        assert loop.time() < deadline, f"{iid} never became {status}"
+        await asyncio.sleep(0.05)
+
+
+async def test_find_a_failed_instance_retry_it_and_see_it_complete_live(
+    site: dict[str, Any], browser: Any, shots: Path,
+) -> None:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    engine, base = site["engine"], site["base"]
+    workflows.FAILING.add("declined-order")
+    failed = await engine.client.start("job", {"name": "declined-order"})
+    fine = await engine.client.start("job", {"name": "fine-order"})
+    await _settled(engine, failed, "FAILED")
+    await _settled(engine, fine, "WAITING")
+
+    await sign_in(browser, f"{base}/ui/", site["token"])
+    await until(lambda: browser.find_elements(By.CSS_SELECTOR, "table.list tbody tr a.mono"), "the instances")
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-instances.png"))
+
+    def open_failed() -> None:
+        browser.find_element(By.CSS_SELECTOR, "a.status-failed").click()
+
+    await asyncio.to_thread(open_failed)
+    links = await until(lambda: browser.find_elements(By.CSS_SELECTOR, "table.list tbody a.mono"), "failed ones")
+    assert [a.text for a in links] == [failed[:8]]
+
+    def save_view() -> None:
+        browser.find_element(By.CSS_SELECTOR, "[data-save-view]").click()
+        prompt = browser.switch_to.alert
+        prompt.send_keys("failed ones")
+        prompt.accept()
+
+    await asyncio.to_thread(save_view)
+    saved = await until(lambda: browser.find_elements(By.LINK_TEXT, "failed ones"), "the saved view")
+    assert saved[0].get_attribute("href").endswith("/ui/?status=FAILED")
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, failed[:8]).click())
+    await until(lambda: browser.find_elements(By.CSS_SELECTOR, "svg.diagram"), "the graph")
+    marked = browser.find_elements(By.CSS_SELECTOR, 'svg.diagram g.node.failed[data-step="charge"]')
+    assert len(marked) == 1
+    assert browser.find_element(By.ID, "status").text == "failed"
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-instance-failed.png"))
+
+    workflows.FAILING.discard("declined-order")
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, "Retry…").click())
+    await until(lambda: "Retry this instance?" in browser.page_source, "the confirmation")
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-confirm-retry.png"))
+    await asyncio.to_thread(lambda: browser.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click())
+    await _settled(engine, failed, "WAITING")
+    await until(lambda: browser.find_elements(By.CSS_SELECTOR, 'svg.diagram g.node.current[data-step="approval"]'),
+                "the instance waiting for approval")
+    browser.execute_script("window.__sameDocument = 'yes'")
+    # approved elsewhere (another operator, a program): the open page follows without a reload
+    await engine.client.signal(failed, "approve")
+    await until(lambda: browser.find_element(By.ID, "status").text == "completed", "the completed status")
+    assert browser.execute_script("return window.__sameDocument") == "yes"
+    assert browser.find_elements(By.CSS_SELECTOR, 'svg.diagram g.node.visited[data-step="ship"]')
+    assert browser.find_elements(By.CSS_SELECTOR, 'svg.diagram g.node.visited[data-step="$end"]')
+    assert browser.find_elements(By.CSS_SELECTOR, "svg.diagram path.edge.executed")
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-instance-completed.png"))
+
+    browser.set_window_size(390, 900)  # a phone
+    await asyncio.to_thread(browser.refresh)
+    await until(lambda: browser.find_elements(By.CSS_SELECTOR, "svg.diagram"), "the graph on a phone")
+    width = browser.execute_script("return document.documentElement.scrollWidth")
+    assert width <= 400, f"the page is {width} px wide on a 390 px screen"
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-instance-phone.png"))
+
+
+async def test_bulk_retry_a_selection_of_incidents_and_read_each_result(
+    site: dict[str, Any], browser: Any, shots: Path,
+) -> None:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    engine, base = site["engine"], site["base"]
+    workflows.FAILING.update({"one", "two"})
+    one = await engine.client.start("job", {"name": "one"})
+    two = await engine.client.start("job", {"name": "two"})
+    for iid in (one, two):
+        await _settled(engine, iid, "FAILED")
+    workflows.FAILING.discard("one")  # "two" fails again on its retry
+
+    await sign_in(browser, f"{base}/ui/login", site["token"])
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, "Incidents").click())
+    boxes = await until(lambda: browser.find_elements(By.CSS_SELECTOR, "input[name=instance]"), "the incidents")
+    assert len(boxes) == 2
+    for box in boxes:
+        await asyncio.to_thread(box.click)
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-incidents.png"))
+    await asyncio.to_thread(lambda: browser.find_element(By.XPATH, "//button[text()='Retry selected…']").click())
+    await until(lambda: "Retry 2 instance(s)?" in browser.page_source, "the count to confirm")
+    await asyncio.to_thread(lambda: browser.find_element(By.XPATH, "//button[text()='Retry all']").click())
+    heading = await until(lambda: browser.find_elements(By.ID, "res-h"), "the results")
+    assert heading[0].text == "Retry results: 2 of 2 retried"
+    items = browser.find_elements(By.CSS_SELECTOR, ".results li")
+    assert sorted(i.text.split()[0] for i in items) == sorted([one[:8], two[:8]])
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-bulk-retry.png"))
+    await _settled(engine, one, "WAITING")
+    await _settled(engine, two, "FAILED")

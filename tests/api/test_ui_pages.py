@@ -1,0 +1,173 @@
+"""The web UI served by the same app, through httpx: sign-in, pages, confirmations, CSRF, read-only."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from stepstone.ui.diagram import END_NODE, diagram, render_svg
+from tests.api import workflows
+from tests.api.conftest import Api
+from tests.api.serving import served
+
+
+async def _sign_in(api: Api, role: str = "operator", scope: str = "*") -> None:
+    token = (await api.token(role, scope))["Authorization"].removeprefix("Bearer ")
+    r = await api.http.post("/ui/login", data={"token": token})
+    assert r.status_code == 303
+    assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, "the page has a form with a CSRF value"
+    return found.group(1)
+
+
+async def test_pages_need_a_sign_in_and_a_wrong_token_is_refused(api: Api) -> None:
+    r = await api.http.get("/ui/")
+    assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
+    r = await api.http.post("/ui/login", data={"token": "sst_nope"})
+    assert r.status_code == 401
+    assert "unknown or revoked" in r.text
+    assert (await api.http.get("/")).headers["location"] == "ui/"
+
+
+async def test_list_and_instance_page_show_the_failed_step_in_the_graph(api: Api) -> None:
+    failed = await api.start("bad", fail=True)
+    fine = await api.start("good")
+    await _sign_in(api, "viewer")
+    page = await api.http.get("/ui/", params={"status": "FAILED"})
+    assert page.status_code == 200
+    assert failed[:8] in page.text and fine[:8] not in page.text
+    assert 'data-live="list"' in page.text
+
+    detail = (await api.http.get(f"/ui/instances/{failed}")).text
+    assert re.search(r'<g class="node kind-action failed visited" data-step="charge">', detail)
+    assert 'class="node kind-wait" data-step="approval"' in detail
+    assert "Declined" in detail  # the error, shown on the page
+    assert "Retry…" not in detail  # a viewer gets no actions
+    assert "actions need operator" in detail
+
+    detail = (await api.http.get(f"/ui/instances/{fine}")).text
+    assert 'class="node kind-wait current visited" data-step="approval"' in detail
+    assert 'class="edge executed" d="' in detail and 'data-edge="charge->approval"' in detail
+    assert "replace /log" in detail or "add /log" in detail  # a readable patch in the timeline
+
+
+async def test_retry_goes_through_a_confirmation_and_needs_the_csrf_value(api: Api) -> None:
+    iid = await api.start("again", fail=True)
+    await _sign_in(api)
+    confirm = await api.http.get(f"/ui/instances/{iid}/confirm/retry")
+    assert confirm.status_code == 200 and "Retry this instance?" in confirm.text
+    r = await api.http.post(f"/ui/instances/{iid}/retry", data={"csrf": "0" * 40})
+    assert r.status_code == 403
+    assert (await api.engine.client.get(iid)).status == "FAILED"
+    workflows.FAILING.clear()
+    r = await api.http.post(f"/ui/instances/{iid}/retry", data={"csrf": _csrf(confirm.text)})
+    assert (r.status_code, r.headers["location"]) == (303, f"/ui/instances/{iid}?done=retry+scheduled")
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).status == "WAITING"
+
+    form = await api.http.get(f"/ui/instances/{iid}/signal")
+    assert "approve" in form.text
+    r = await api.http.post(f"/ui/instances/{iid}/signal",
+                            data={"csrf": _csrf(form.text), "name": "approve", "payload": "{not json"})
+    assert r.status_code == 422 and "not JSON" in r.text
+    r = await api.http.post(f"/ui/instances/{iid}/signal",
+                            data={"csrf": _csrf(form.text), "name": "approve", "payload": '{"by": "ui"}'})
+    assert r.status_code == 303
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).status == "COMPLETED"
+    history = await api.engine.client.history(iid)
+    [token] = await api.ctx.management.list_tokens(include_revoked=False)
+    assert {h["actor"] for h in history if h["kind"] == "INSTANCE_RETRIED"} == {
+        f"token:{token.name}"}
+
+
+async def test_bulk_retry_of_a_selection_reports_each_item(api: Api) -> None:
+    first = await api.start("b1", fail=True)
+    second = await api.start("b2", fail=True)
+    ok = await api.start("b3")
+    await _sign_in(api)
+    letters = await api.http.get("/ui/dead-letters")
+    assert first[:8] in letters.text and second[:8] in letters.text
+    workflows.FAILING.discard("b1")
+    confirm = await api.http.post("/ui/dead-letters/confirm", data={"csrf": _csrf(letters.text),
+                                                                    "instance": [first, second, ok]})
+    assert "Retry 3 instance(s)?" in confirm.text
+    result = await api.http.post("/ui/dead-letters/retry", data={"csrf": _csrf(confirm.text),
+                                                                 "instance": [first, second, ok]})
+    assert result.status_code == 200
+    assert "Retry results: 2 of 3 retried" in result.text
+    assert "InvalidState" in result.text  # the instance that was not FAILED, with its reason
+
+
+async def test_another_scope_is_a_not_found_page_and_read_only_refuses_posts(read_only_api: Api) -> None:
+    api = read_only_api
+    theirs = await api.start("t", scope="globex", fail=True)
+    await _sign_in(api, "admin", scope="acme")
+    r = await api.http.get(f"/ui/instances/{theirs}")
+    assert r.status_code == 404 and "InstanceNotFound" in r.text
+    await _sign_in(api, "admin")
+    page = await api.http.get(f"/ui/instances/{theirs}")
+    assert "read-only" in page.text and "Retry…" not in page.text
+    r = await api.http.post(f"/ui/instances/{theirs}/retry", data={"csrf": _csrf(page.text)})
+    assert r.status_code == 405
+    assert (await api.engine.client.get(theirs)).status == "FAILED"
+
+
+async def test_the_live_stream_says_when_a_watched_instance_changes(api: Api) -> None:
+    iid = await api.start("live", fail=True)
+    await _sign_in(api)
+    workflows.FAILING.clear()
+    lines: list[str] = []
+    cookie = {"Cookie": f"stepstone_token={api.http.cookies['stepstone_token']}"}
+    async with (served(api.app) as base, httpx.AsyncClient(base_url=base, headers=cookie) as http,
+                http.stream("GET", "/ui/events", params={"instance": iid}, timeout=10) as stream):
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        async for line in stream.aiter_lines():
+            lines.append(line)
+            if line.startswith("retry:"):
+                await api.engine.client.retry(iid)
+                await api.engine.run_until_idle()
+            if line.startswith("data:"):
+                break
+    assert f"data: {iid}" in lines
+
+
+async def test_definitions_and_outbox_pages(api: Api) -> None:
+    await api.start("d")
+    await _sign_in(api, "viewer", scope="default")
+    listing = await api.http.get("/ui/definitions")
+    assert 'href="/ui/definitions/default/job/1"' in listing.text
+    plan = await api.http.get("/ui/definitions/default/job/1")
+    assert plan.status_code == 200 and 'data-step="approval"' in plan.text
+    assert (await api.http.get("/ui/definitions/globex/job/1")).status_code == 404
+    outbox = await api.http.get("/ui/outbox")
+    assert "needs a role in scope *" in outbox.text
+    await _sign_in(api, "viewer")
+    outbox = await api.http.get("/ui/outbox")
+    assert "Pending" in outbox.text and "No dead events." in outbox.text
+
+
+def test_the_diagram_marks_forks_joins_and_the_end() -> None:
+    plan = {"start": "ship", "steps": [
+        {"name": "ship", "kind": "fork", "branches": {"a": "left", "b": "right"}},
+        {"name": "left", "kind": "action", "next": ["joined"]},
+        {"name": "right", "kind": "action", "next": ["joined"]},
+        {"name": "joined", "kind": "join", "fork": "ship", "next": ["done"]},
+        {"name": "done", "kind": "action", "next": []},
+    ]}
+    history = [{"step": "ship", "position": ""}, {"step": "left", "position": "ship/a"},
+               {"step": "right", "position": "ship/b"}, {"step": "joined", "position": ""},
+               {"step": "done", "position": ""}]
+    d = diagram(plan, [{"path": "", "step": None, "status": "COMPLETED"}], history, status="COMPLETED")
+    assert d.place["ship"][0] == 0 and d.place["left"][0] == d.place["right"][0] == 1
+    assert d.place["joined"][0] == 2 and d.place[END_NODE][0] == 4
+    assert all(e.executed for e in d.edges)
+    half = diagram(plan, [{"path": "ship/b", "step": "right", "status": "FAILED"}], history[:2])
+    assert half.failed == {"right"} and "done" not in half.visited
+    assert {(e.source, e.target) for e in half.edges if e.executed} == {("ship", "left")}
+    assert render_svg(half).count("<g class=") == 6
