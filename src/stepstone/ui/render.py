@@ -16,11 +16,24 @@ from starlette.responses import HTMLResponse
 from stepstone.api.app import API_PREFIX
 from stepstone.api.auth import TOKEN_COOKIE, Principal
 from stepstone.api.context import context_of
+from stepstone.core.attribution import Actor
 
 __all__ = ["UI_PREFIX", "csrf_token", "page", "patch_lines", "ui_root"]
 
 UI_PREFIX = "/ui"
 _env = Environment(loader=PackageLoader("stepstone.ui", "templates"), autoescape=select_autoescape(["html"]))
+
+
+def _who(actor: str | None) -> str:
+    """An actor as a person reads it: the id, with the kind when it is not a user (a worker's
+    attribution is stored as JSON)."""
+    parsed = Actor.parse(actor)
+    if parsed is None:
+        return ""
+    return parsed.id if parsed.kind == "user" else f"{parsed.kind} {parsed.id}"
+
+
+_env.filters["who"] = _who
 
 
 def _when(value: datetime | None, millis: bool = False) -> str:
