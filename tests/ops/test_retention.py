@@ -207,8 +207,9 @@ async def test_a_parent_with_a_child_still_running_is_kept(
     # A child that outlives its parent (not cancelled with it) will report to the parent's row.
     await conn.execute(
         "INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, parent_id, "
-        "created_at, updated_at) VALUES (gen_random_uuid(), 'ops_flaky', 1, 'x', 'WAITING', '{}', 'work', $1, "
-        "now(), now())", parent)
+        "created_at, updated_at) VALUES (gen_random_uuid(), 'ops_flaky', 1, "
+        "(SELECT plan_hash FROM stepstone.definitions WHERE definition_id = 'ops_flaky' AND version = 1 LIMIT 1), "
+        "'WAITING', '{}', 'work', $1, now(), now())", parent)
     await engine.advance(32 * DAY)
     report = await ops.retention_run()
     assert (report.archived, report.skipped_active) == (1, 1)

@@ -8,6 +8,7 @@ import concurrent.futures
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -19,6 +20,11 @@ from stepstone.store.factory import open_store
 from stepstone.testing import open_engine
 from tests._pg import PgServer
 from tests.ops import workflows
+
+
+def _database(url: str) -> str:
+    """The database a URL names (an embedded server's URL names its socket directory in the query)."""
+    return urlsplit(url).path.lstrip("/")
 
 
 @pytest.fixture
@@ -64,7 +70,7 @@ async def test_the_runtime_role_runs_everything_and_cannot_alter_the_schema(
         args = ["--database-url", database_url, "db", "grant", role, *extra, "--apply"]
         result = await asyncio.to_thread(CliRunner().invoke, cli, args)
         assert result.exit_code == 0, result.output
-    url = pg_server.url_for(database_url.rsplit("/", 1)[1], user=runtime)
+    url = pg_server.url_for(_database(database_url), user=runtime)
 
     async with open_engine(url, workflows.registry, concurrency=2) as engine:
         ops = Operations.on(engine.store, actor="rt")
@@ -91,7 +97,7 @@ async def test_the_runtime_role_runs_everything_and_cannot_alter_the_schema(
         finally:
             await conn.close()
 
-    reader_url = pg_server.url_for(database_url.rsplit("/", 1)[1], user=reader)
+    reader_url = pg_server.url_for(_database(database_url), user=reader)
     store = await open_store(reader_url)
     try:
         ops = Operations.on(store)

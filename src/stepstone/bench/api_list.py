@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import asyncpg
-import httpx
 
-from stepstone.api.app import create_app
-from stepstone.api.hosting import context_on
-from stepstone.api.tokens import create_token
 from stepstone.bench.common import BenchContext, Metric, bench_database, bench_queries, percentile, seed_waiting
 from stepstone.bench.workflows import waiting
 from stepstone.core.pin import pin_of
 from stepstone.store.factory import open_store
 from stepstone.store.queries import named_queries
+
+if TYPE_CHECKING:
+    import httpx
 
 BATCH = 200_000
 QUICK_SIZE = 10_000
@@ -46,6 +46,13 @@ async def run(ctx: BenchContext) -> list[Metric]:
             ctx.say(f"api: seeded {size:,} instances in {time.monotonic() - started:.0f} s")
         finally:
             await conn.close()
+        # The api extra (FastAPI, httpx) only when this workload runs: `stepstone bench` works without it.
+        import httpx  # noqa: PLC0415
+
+        from stepstone.api.app import create_app  # noqa: PLC0415
+        from stepstone.api.hosting import context_on  # noqa: PLC0415
+        from stepstone.api.tokens import create_token  # noqa: PLC0415
+
         store = await open_store(url, ctx.schema, max_size=4)
         api = context_on(store)
         try:

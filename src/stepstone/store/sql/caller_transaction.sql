@@ -4,7 +4,8 @@
 -- asyncpg infers text for every parameter).
 
 -- name: start
--- The instance deadline ($13 an instant, $14 seconds from now) only for an instance this call created.
+-- The instance deadline (an instant, or seconds from now: the last two parameters) only for an instance
+-- this call created.
 SELECT r.outcome, r.target, r.fingerprint FROM {{schema}}.start_in_caller_transaction(
     CAST(CAST($1 AS text) AS uuid), CAST($2 AS text), CAST($3 AS text), CAST(CAST($4 AS text) AS integer), CAST($5 AS text),
     CAST(CAST($6 AS text) AS jsonb), CAST($7 AS text), CAST($8 AS text), CAST($9 AS text), CAST($10 AS text),
