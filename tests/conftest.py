@@ -30,7 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--server-tests-only"):
         return
-    kept = [item for item in items if "pg_server" in getattr(item, "fixturenames", ())]
+    kept = [item for item in items if "pg_server" in getattr(item, "fixturenames", ())
+            and item.get_closest_marker("first_pass_only") is None]
     dropped = [item for item in items if item not in kept]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
