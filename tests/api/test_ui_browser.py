@@ -60,11 +60,19 @@ def shots(tmp_path: Path) -> Path:
 
 
 async def until(check: Callable[[], Any], what: str) -> Any:
-    """Poll `check` (run in a thread: Selenium blocks) until it returns something truthy."""
+    """Poll `check` (run in a thread: Selenium blocks) until it returns something truthy.
+
+    A live page swaps elements as the instance moves, so an element found a moment ago may be gone
+    when read: that counts as "not yet", and the next poll finds the new one."""
+    from selenium.common.exceptions import StaleElementReferenceException  # noqa: PLC0415
+
     loop = asyncio.get_running_loop()
     deadline = loop.time() + WAIT
     while True:
-        found = await asyncio.to_thread(check)
+        try:
+            found = await asyncio.to_thread(check)
+        except StaleElementReferenceException:
+            found = None
         if found:
             return found
         if loop.time() >= deadline:
