@@ -70,8 +70,9 @@ async def test_an_oversized_change_is_logged_as_a_baseline(engine: Engine, ops: 
     entries = (await ops.history(iid)).entries
     assert all(e.kind != "STATE_BASELINE" for e in entries)  # a small patch stays a patch
     from stepstone.core.baselines import step_completed  # noqa: PLC0415 - the unit under test
+    from stepstone.core.patch import diff  # noqa: PLC0415
 
-    records = step_completed("s", 2, 1, {"a": 1}, {"a": big})
+    records = step_completed("s", 2, 1, diff({"a": 1}, {"a": big}), {"a": big})
     assert [r.kind for r in records] == ["STEP_COMPLETED", "STATE_BASELINE"]
     assert records[0].data["patch"] is None and records[1].data["state"] == {"a": big}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 __all__ = ["Actor", "worker_actor"]
@@ -64,6 +65,8 @@ class Actor:
         return text
 
 
+@lru_cache(maxsize=4096)
 def worker_actor(worker: str, on_behalf_of: str | None) -> str:
-    """The actor text of a worker's commit: the worker, for whoever recorded the command it ran."""
+    """The actor text of a worker's commit: the worker, for whoever recorded the command it ran.
+    Cached: every commit asks, and a worker acts for few distinct actors."""
     return Actor(worker, "worker", on_behalf_of=on_behalf_of).encode()

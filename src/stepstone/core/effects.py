@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stepstone.core.patch import changes, diff
+
 JSON = Any
 
 
@@ -44,6 +46,14 @@ class SetState(Effect):
 
     state: JSON
     changes: tuple[JSON, ...] = ()
+
+
+def state_change(before: JSON, after: JSON, ops: list[dict[str, Any]] | None = None) -> tuple[Effect, ...]:
+    """The SetState of a decision that turns `before` into `after`, or nothing when they are the same
+    JSON document. `ops` is `diff(before, after)` when the caller has computed it already (a step's
+    history patch is the same diff): the state is diffed once per commit."""
+    ops = diff(before, after) if ops is None else ops
+    return (SetState(after, tuple(changes(before, after, ops))),) if ops else ()
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from stepstone.core.effects import Effect, RecordHistory, SetState
+from stepstone.core.effects import RecordHistory, SetState, state_change
 from stepstone.core.entering import enter, fail, settled
 from stepstone.core.model import JSON, WAITING, CommandView, Decision, InstanceView
-from stepstone.core.patch import changes, diff, same
+from stepstone.core.patch import diff
 from stepstone.core.plan import Plan
 
 
@@ -50,7 +50,7 @@ def external_done(instance: InstanceView, command: CommandView, plan: Plan, now:
         done = RecordHistory("EXTERNAL_TASK_COMPLETED", step.name, instance.visit,
                              {"task_id": task, "worker": worker, "patch": diff(instance.state, state)})
         entered = enter(instance, plan, step.next[0], state, now, cause=cause)
-        return Decision(settled(entered), (done, *_state_change(instance, state), *entered))
+        return Decision(settled(entered), (done, *state_change(instance.state, state), *entered))
     code, message = str(error.get("code") or ""), str(error.get("message") or "")
     if outcome == "error":
         raised = RecordHistory("EXTERNAL_TASK_ERROR", step.name, instance.visit,
@@ -58,7 +58,7 @@ def external_done(instance: InstanceView, command: CommandView, plan: Plan, now:
         target = step.errors.get(code)
         if target is not None:
             entered = enter(instance, plan, target, state, now, cause=cause)
-            return Decision(settled(entered), (raised, *_state_change(instance, state), *entered))
+            return Decision(settled(entered), (raised, *state_change(instance.state, state), *entered))
         effects = fail(instance, "ExternalTaskError",
                        f"external task {task} raised business error {code!r}, which step {step.name!r} does not "
                        f"handle: {message}", step=step.name)
@@ -77,10 +77,6 @@ def _merged(state: JSON, variables: JSON) -> JSON:
     return {**state, **variables}
 
 
-def _state_change(instance: InstanceView, state: JSON) -> tuple[Effect, ...]:
-    return () if same(state, instance.state) else (SetState(state, tuple(changes(instance.state, state))),)
-
-
 def variables_rejected(instance: InstanceView, command: CommandView, problem: str) -> Decision:
     """The task's variables do not fit the workflow's state model (the runtime checks): nothing of
     them is stored and the position fails; an operator's retry opens the task again."""
@@ -95,4 +91,4 @@ def variables_rejected(instance: InstanceView, command: CommandView, problem: st
 def with_state(instance: InstanceView, decision: Decision, state: JSON) -> Decision:
     """The same decision with the state the model normalised (defaults filled, values coerced)."""
     effects = tuple(e for e in decision.effects if not isinstance(e, SetState))
-    return Decision(decision.settle, (*_state_change(instance, state), *effects))
+    return Decision(decision.settle, (*state_change(instance.state, state), *effects))

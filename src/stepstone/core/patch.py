@@ -44,12 +44,13 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def changes(base: Any, new: Any) -> list[dict[str, Any]]:
+def changes(base: Any, new: Any, ops: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """What a step changed, as the commit can carry it onto a newer state: each operation of
-    `diff(base, new)` with its object path as a list of keys, the value it found there (`old`,
-    absent when there was none) and what it made of it (`value`, absent for a remove)."""
+    `diff(base, new)` (or `ops`, when the caller has it already) with its object path as a list of
+    keys, the value it found there (`old`, absent when there was none) and what it made of it
+    (`value`, absent for a remove)."""
     out: list[dict[str, Any]] = []
-    for op in diff(base, new):
+    for op in diff(base, new) if ops is None else ops:
         path = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
         change: dict[str, Any] = {"path": path}
         if op["op"] != "add":

@@ -26,7 +26,7 @@ from stepstone.core.effects import (
     MovePosition,
     RecordCompensable,
     RecordHistory,
-    SetState,
+    state_change,
 )
 from stepstone.core.entering import enter, fail, settled
 from stepstone.core.model import (
@@ -40,7 +40,6 @@ from stepstone.core.model import (
     StepFailed,
     StepSucceeded,
 )
-from stepstone.core.patch import changes, same
 from stepstone.core.plan import Plan
 
 SAGA = "$saga"
@@ -205,8 +204,7 @@ def complete_compensation(
     step = plan.steps.get(run.step)
     where = {"record": run.record, "position": run.position, "attempt": run.attempt}
     if isinstance(outcome, StepSucceeded):
-        state = () if same(outcome.state, instance.state) else (
-            SetState(outcome.state, tuple(changes(instance.state, outcome.state))),)
+        state = state_change(instance.state, outcome.state)
         events = tuple(e.to_effect(n) for n, e in enumerate(outcome.events))
         return Decision(Settle("COMPLETE"), (
             RecordHistory("STEP_COMPENSATED", run.step, run.visit, where),

@@ -16,12 +16,12 @@ from datetime import datetime
 from stepstone.core.baselines import step_completed
 from stepstone.core.effects import (
     CloseTimers,
-    Effect,
     MovePosition,
     NotifyParent,
     RecordHistory,
     SetState,
     StartChild,
+    state_change,
 )
 from stepstone.core.entering import child_failed, enter, fail, join_branch, settled
 from stepstone.core.external_completion import awaited, external_done
@@ -42,7 +42,7 @@ from stepstone.core.model import (
     StepFailed,
     StepSucceeded,
 )
-from stepstone.core.patch import changes, same
+from stepstone.core.patch import diff
 from stepstone.core.plan import END, Plan
 from stepstone.core.saga import (
     SAGA,
@@ -123,10 +123,12 @@ def _complete(
                 "InvalidTransition", f"step {step.name!r} returned {target!r}; it may go to {allowed}", retryable=False
             )
         else:
-            done = step_completed(step.name, visit, command.attempt, instance.state, outcome.state)
+            ops = diff(instance.state, outcome.state)
+            done = step_completed(step.name, visit, command.attempt, ops, outcome.state)
             events = [e.to_effect(n) for n, e in enumerate(outcome.events)]
             entered = enter(instance, plan, target or END, outcome.state, now)
-            return Decision(settled(entered), (*done, *_state_change(instance, outcome.state), *entered, *events))
+            return Decision(settled(entered),
+                            (*done, *state_change(instance.state, outcome.state, ops), *entered, *events))
     failure = {"step": step.name, "type": outcome.error_type, "message": outcome.message, "attempt": command.attempt}
     retryable = outcome.retryable and outcome.error_type not in step.retry.non_retryable
     if retryable and command.attempt < step.retry.max_attempts:
@@ -155,11 +157,12 @@ def _start_child(instance: InstanceView, command: CommandView, plan: Plan, outco
     wait = {"kind": "child", "child_id": cid, "workflow": spec.definition_id}
     started = {"child_id": cid, "workflow": spec.definition_id, "version": spec.version, "attempt": command.attempt}
     events = [e.to_effect(n) for n, e in enumerate(outcome.events)]
+    ops = diff(instance.state, outcome.state)
     return Decision(
         Settle("COMPLETE"),
         (
-            *step_completed(step.name, instance.visit, command.attempt, instance.state, outcome.state),
-            *_state_change(instance, outcome.state),
+            *step_completed(step.name, instance.visit, command.attempt, ops, outcome.state),
+            *state_change(instance.state, outcome.state, ops),
             StartChild(cid, spec.definition_id, spec.version, spec.plan_hash, spec.state, spec.step,
                        cancel_with_parent=step.cancel_with_parent),
             MovePosition(WAITING, step.name, instance.visit, wait=wait),
@@ -167,10 +170,6 @@ def _start_child(instance: InstanceView, command: CommandView, plan: Plan, outco
             *events,
         ),
     )
-
-
-def _state_change(instance: InstanceView, state: object) -> tuple[Effect, ...]:
-    return () if same(state, instance.state) else (SetState(state, tuple(changes(instance.state, state))),)
 
 
 def _run_current_step(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> RunStep | Decision:
