@@ -118,7 +118,62 @@ def settle(ctx: StepContext, state: Payment) -> None:
     state.note = "settled"
 
 
-registry = Registry(flaky, forky, payment)
+# -- a signal whose payload model marks a field sensitive, and a child with a sensitive state ----------
+
+OTP = "550199-otp-canary"  # the signal's secret; "canary" as in SECRET, so one search finds both
+
+
+class Otp(BaseModel):
+    otp: Annotated[str, Sensitive]
+    channel: str = "sms"
+
+
+class Vault(BaseModel):
+    card: Annotated[str, Sensitive]
+    stored: bool = False
+
+
+vault: Workflow[Vault] = Workflow("ops_vault", version=1, state=Vault)
+
+
+@vault.step(start=True, next=None)
+def store_card(ctx: StepContext, state: Vault) -> None:
+    state.stored = True
+
+
+class Confirmation(BaseModel):
+    order: str
+    card: Annotated[str, Sensitive]
+    otp: Annotated[str, Sensitive] = ""
+    from_child: str = ""
+
+
+confirmed: Workflow[Confirmation] = Workflow("ops_confirmed", version=1, state=Confirmation, redact=mask_tokens)
+confirmed.wait("await_otp", signals={"otp": "check_otp"}, payloads={"otp": Otp}, start=True)
+
+
+@confirmed.step(next="keep_card", retry=Retry(max_attempts=3, backoff=5))
+def check_otp(ctx: StepContext, state: Confirmation) -> None:
+    assert ctx.signal is not None
+    otp = ctx.signal.payload["otp"]
+    if ctx.attempt == 1:  # the retry must still find the payload whole
+        raise Busy(f"otp {otp} not valid yet tok_live_def")
+    state.otp = otp
+
+
+@confirmed.child(workflow="ops_vault", next="after_vault")
+def keep_card(ctx: StepContext, state: Confirmation) -> dict[str, str]:
+    return {"card": state.card}
+
+
+@confirmed.step(next=None)
+def after_vault(ctx: StepContext, state: Confirmation) -> None:
+    assert ctx.child is not None
+    state.from_child = str(ctx.child.state["card"])  # the child's sensitive value never reaches the parent
+    ctx.emit("card.stored", {"order": state.order})
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:

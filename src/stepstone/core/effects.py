@@ -142,6 +142,15 @@ class StartChild(Effect):
 
 
 @dataclass(frozen=True)
+class RedactClaimedPayload(Effect):
+    """The claimed command's payload as it may be kept once this commit settles it: the sensitive
+    values of a signal or message it carried replaced (`core.redaction`). Only the claimed command's
+    own row changes, which the commit holds already."""
+
+    payload: JSON
+
+
+@dataclass(frozen=True)
 class NotifyParent(Effect):
     """This instance ended or failed: a CHILD_COMPLETION command for the parent's position."""
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stepstone.core.effects import Effect, MovePosition, RecordHistory, SetState
-from stepstone.core.model import Decision, Settle
+from stepstone.core.effects import Effect, MovePosition, NotifyParent, RecordHistory, RedactClaimedPayload, SetState
+from stepstone.core.model import CommandView, Decision, Settle
 
 __all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "Redaction", "redact_state"]
 
@@ -84,10 +84,45 @@ class Redaction:
 
     paths: tuple[Path, ...] = ()
     hook: Hook | None = None
+    signals: tuple[tuple[str, tuple[Path, ...]], ...] = ()
+    """(signal or message name, the sensitive paths of its payload), from the wait steps' payload models."""
 
     @property
     def empty(self) -> bool:
-        return not self.paths and self.hook is None
+        return not self.paths and self.hook is None and not self.signals
+
+    def signal_paths(self, name: object) -> tuple[Path, ...]:
+        return next((paths for n, paths in self.signals if n == name), ())
+
+    def with_signal(self, name: str, paths: tuple[Path, ...]) -> Redaction:
+        """This redaction with `paths` sensitive in the payload of signal (or message) `name` too."""
+        merged = tuple(dict.fromkeys((*self.signal_paths(name), *paths)))
+        others = tuple((n, p) for n, p in self.signals if n != name)
+        return replace(self, signals=(*others, (name, merged)) if merged else others)
+
+    def _payload_parts(self, command: CommandView) -> list[tuple[Path, tuple[Path, ...]]]:
+        """Where in the claimed command's payload a signal's payload sits, with its sensitive paths."""
+        payload = command.payload if isinstance(command.payload, dict) else {}
+        cause = payload.get("signal")
+        if command.kind == "SIGNAL":
+            return [((), self.signal_paths(command.name))]
+        if command.kind == "MESSAGE":
+            return [(("payload",), self.signal_paths(command.name))]
+        if isinstance(cause, dict):
+            return [(("signal", "payload"), self.signal_paths(cause.get("name")))]
+        return []
+
+    def _payload(self, command: CommandView | None) -> tuple[Any, frozenset[str]]:
+        """The claimed command's payload with its signal's sensitive values replaced, and those values."""
+        if command is None or not self.signals or command.payload is None:
+            return command.payload if command is not None else None, frozenset()
+        payload, found = command.payload, set[str]()
+        for where, paths in self._payload_parts(command):
+            full = tuple((*where, *path) for path in paths)
+            for path in full:
+                _values_at(payload, path, found)
+            payload = redact_state(payload, full)
+        return payload, frozenset(found)
 
     def secrets(self, *states: Any) -> frozenset[str]:
         """The sensitive values the states hold, as text, for scrubbing free text."""
@@ -140,21 +175,41 @@ class Redaction:
                 data = {**data, "patch": self.patch(data["patch"])}
         return self.scrub(data, secrets)
 
-    def decision(self, decision: Decision, before: Any) -> Decision:
-        """The decision as it may be stored: history and errors redacted; the live state untouched."""
+    def decision(self, decision: Decision, before: Any, command: CommandView | None = None) -> Decision:
+        """The decision as it may be stored: history, errors, the report to a parent and the claimed
+        command's payload redacted; the live state (and a payload that runs again) untouched."""
         if self.empty:
             return decision
         new_state = decision.first(SetState)
-        secrets = self.secrets(before, None if new_state is None else new_state.state)
+        payload, in_payload = self._payload(command)
+        secrets = self.secrets(before, None if new_state is None else new_state.state) | in_payload
         effects: list[Effect] = []
         for effect in decision.effects:
             if isinstance(effect, RecordHistory):
                 effects.append(replace(effect, data=self.history_data(effect.data, secrets)))
             elif isinstance(effect, MovePosition) and effect.error is not None:
                 effects.append(replace(effect, error=self.scrub(effect.error, secrets)))
+            elif isinstance(effect, NotifyParent):
+                effects.append(replace(effect, payload=self._report(effect.payload, secrets)))
             else:
                 effects.append(effect)
         settle = decision.settle
+        if command is not None and payload != command.payload and settle.state not in _RUNS_AGAIN:
+            effects.append(RedactClaimedPayload(payload))
         if settle.reason is not None:
             settle = Settle(settle.state, self.text(settle.reason, secrets), settle.retry_delay)
         return Decision(settle, tuple(effects))
+
+    def _report(self, payload: Any, secrets: Iterable[str]) -> Any:
+        """A child's report to its parent: its final state redacted at this workflow's paths, texts scrubbed."""
+        if not isinstance(payload, dict):
+            return payload
+        if "state" in payload:
+            payload = {**payload, "state": redact_state(payload["state"], self.paths)}
+        if payload.get("error") is not None:
+            payload = {**payload, "error": self.scrub(payload["error"], secrets)}
+        return payload
+
+
+_RUNS_AGAIN = frozenset({"RETRY", "PARKED", "DEAD"})
+"""Settlements after which the claimed command runs again (so its payload is kept whole)."""
