@@ -443,8 +443,10 @@ def replay_command(settings: Settings, output: str, instance_id: str, step: str,
     path stays in history). The runbook for an instance whose compensation failed."""
     iid = _uuid(instance_id)
     result = _run(settings, lambda ops: ops.replay(iid, step), _actor(actor))
+    via = (f"step {result.requested_step} ran in a branch of fork {result.from_step}, so every branch runs "
+           f"again; " if result.requested_step not in ("", result.from_step) else "")
     emit(_json(result.as_dict()), output,
-         lambda: f"replaying {result.id} from step {result.from_step} (history entry {result.from_seq}), "
+         lambda: f"{via}replaying {result.id} from step {result.from_step} (history entry {result.from_seq}), "
                  f"visit {result.visit}: {result.status}")
 
 
