@@ -13,30 +13,10 @@ from stepstone.testing import Engine
 from tests.ops import workflows
 
 
-async def _failed_rows(conn: asyncpg.Connection, n: int) -> None:
-    """`n` FAILED instances of ops_flaky at step work, written straight into the tables (fast)."""
-    plan = workflows.flaky.plan
-    await conn.execute(
-        """
-        WITH ins AS (
-            INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, visit,
-                                             error, history_seq, created_at, updated_at)
-            SELECT gen_random_uuid(), $1, 1, $2, 'FAILED', '{}'::jsonb, 'work', 1,
-                   '{"type": "Busy", "message": "down"}'::jsonb, 0, now() - make_interval(secs => g), now()
-            FROM generate_series(1, $3) AS g
-            RETURNING id
-        )
-        INSERT INTO stepstone.positions (instance_id, path, status, step, visit, created_at, updated_at)
-        SELECT id, '', 'FAILED', 'work', 1, now(), now() FROM ins
-        """,
-        plan.definition_id, plan.plan_hash, n,
-    )
-
-
 async def test_bulk_retry_of_ten_thousand_failed_instances(
     engine: Engine, ops: Operations, conn: asyncpg.Connection
 ) -> None:
-    await _failed_rows(conn, 10_000)
+    await workflows.failed_rows(conn, workflows.flaky.plan, "work", 10_000)
     done = await _completed_ids(engine, 3)
     where = InstanceFilter(status=("FAILED",), workflow="ops_flaky")
     dry = await ops.retry(where=where, dry_run=True)

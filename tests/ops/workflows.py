@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import asyncpg
 from pydantic import BaseModel, Field
 
 from stepstone import Registry, Retry, StepContext, Workflow
 from stepstone.authoring.sensitive import Sensitive
+from stepstone.core.plan import Plan
 from stepstone.testing import Engine
 
 FAILURES: dict[str, int] = {}
@@ -191,3 +193,26 @@ async def run_out_backoffs(engine: Engine, rounds: int = 6) -> None:
     for _ in range(rounds):
         await engine.advance(1000)
         await engine.run_until_idle()
+
+
+async def failed_rows(conn: asyncpg.Connection, plan: Plan, step: str, n: int, state: str = "{}") -> list[str]:
+    """`n` FAILED instances of `plan` at `step`, written straight into the tables (fast): an outage's
+    aftermath for the bulk repair tests. Their ids, oldest last."""
+    rows = await conn.fetch(
+        """
+        WITH ins AS (
+            INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, visit,
+                                             error, history_seq, created_at, updated_at)
+            SELECT gen_random_uuid(), $1, 1, $2, 'FAILED', $5::jsonb, $4, 1,
+                   '{"type": "Busy", "message": "down"}'::jsonb, 0, now() - make_interval(secs => g), now()
+            FROM generate_series(1, $3) AS g
+            RETURNING id
+        ), pos AS (
+            INSERT INTO stepstone.positions (instance_id, path, status, step, visit, created_at, updated_at)
+            SELECT id, '', 'FAILED', $4, 1, now(), now() FROM ins
+        )
+        SELECT id::text AS id FROM ins
+        """,
+        plan.definition_id, plan.plan_hash, n, step, state,
+    )
+    return [r["id"] for r in rows]
