@@ -458,8 +458,9 @@ def replay_command(settings: Settings, output: str, instance_id: str, step: str,
 @click.option("--read-only", is_flag=True, help="A role for dashboards: read every row, change none.")
 @click.option("--apply", "apply_", is_flag=True, help="Run the statements (as the schema owner) instead of "
                                                       "printing them.")
+@output_option
 @with_settings
-def grant_command(settings: Settings, role: str, read_only: bool, apply_: bool) -> None:
+def grant_command(settings: Settings, output: str, role: str, read_only: bool, apply_: bool) -> None:
     """Print (or apply) the grants of a runtime role: USAGE on the schema, DML on its tables, EXECUTE on its
     functions, and no DDL; with --read-only, SELECT only."""
 
@@ -469,8 +470,9 @@ def grant_command(settings: Settings, role: str, read_only: bool, apply_: bool) 
         return await ops.grants(role, read_only=read_only)
 
     statements = _run(settings, work)
-    click.echo("\n".join(statements))
-    if apply_:
+    data = {"role": role, "read_only": read_only, "applied": apply_, "statements": statements}
+    emit(data, output, lambda: "\n".join(statements))
+    if apply_ and output == "table":
         click.echo(f"-- applied: {role} is a {'read-only' if read_only else 'runtime'} role of {settings.schema}",
                    err=True)
 
