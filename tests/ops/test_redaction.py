@@ -148,3 +148,41 @@ async def test_the_canary_in_a_signal_payload_and_a_childs_state_stays_out(
     shown += await _cli_outputs(database_url, iid, child)
     assert "canary" not in shown and "tok_live_" not in shown
     assert "canary" not in caplog.text
+
+
+async def test_the_canary_in_a_task_decision_and_a_message_stays_out(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task decision's payload model marks `code` sensitive, the message's marks `ref`: the handlers
+    get them; once their commands are settled, the tasks, commands, history and output hold neither."""
+    from tests.ops.test_cli_operations import run  # noqa: PLC0415 - the one CLI runner of these tests
+
+    caplog.set_level(logging.DEBUG)
+    code, ref = "code-canary-31", "ref-canary-62"
+    iid = await engine.client.start(workflows.approval, {"key": "k-1"})
+    await engine.run_until_idle()
+    (task,) = await engine.client.instance_tasks(iid)
+    await engine.client.complete_task(str(task["id"]), "ok", {"code": code, "note": "fine"}, actor="ann")
+    await engine.run_until_idle()
+    published = await engine.client.publish_message("paid", "k-1", {"ref": ref})
+    assert published.outcome == "delivered"
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and (info.state["code"], info.state["ref"]) == (code, ref)
+
+    tables = await _all_rows(conn)
+    # The published message's own row keeps its payload: it is the publisher's record, before any
+    # workflow (whose model says what is sensitive) received it (docs/operations.md, Redaction).
+    assert ref in tables.pop("messages")
+    for table, text in tables.items():
+        assert "canary" not in text, f"a sensitive value is stored in {table}: {text[:400]}"
+    completion = (await engine.client.task(str(task["id"]))).completion
+    assert isinstance(completion, dict) and completion["payload"] == {"code": REDACTED, "note": "fine"}
+    shown = json.dumps([(await ops.detail(iid)).as_dict(), (await ops.history(iid)).as_dict()], default=str)
+    for args in (("tasks", "show", str(task["id"])), ("inspect", iid), ("history", iid)):
+        for fmt in ((), ("-o", "json")):
+            result = await run(database_url, *args, *fmt)
+            assert result.exit_code == 0, f"{args}: {result.output}"
+            shown += result.output
+    assert "canary" not in shown
+    assert "canary" not in caplog.text

@@ -175,7 +175,43 @@ def after_vault(ctx: StepContext, state: Confirmation) -> None:
     ctx.emit("card.stored", {"order": state.order})
 
 
-registry = Registry(flaky, forky, payment, confirmed, vault)
+# -- a task decision and a message whose payload models mark a field sensitive -------------------------
+
+class Approval(BaseModel):
+    code: Annotated[str, Sensitive]
+    note: str = ""
+
+
+class Paid(BaseModel):
+    ref: Annotated[str, Sensitive]
+
+
+class Approved(BaseModel):
+    key: str
+    code: Annotated[str, Sensitive] = ""
+    ref: Annotated[str, Sensitive] = ""
+
+
+approval: Workflow[Approved] = Workflow("ops_approval", version=1, state=Approved)
+approval.task("approve", title="Approve", decisions={"ok": "took_code"}, payloads={"ok": Approval}, start=True)
+
+
+@approval.step(next="await_paid")
+def took_code(ctx: StepContext, state: Approved) -> None:
+    assert ctx.task is not None
+    state.code = ctx.task.payload["code"]
+
+
+approval.wait("await_paid", messages={"paid": "took_ref"}, correlation="key", payloads={"paid": Paid})
+
+
+@approval.step(next=None)
+def took_ref(ctx: StepContext, state: Approved) -> None:
+    assert ctx.signal is not None
+    state.ref = ctx.signal.payload["ref"]
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault, approval)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:

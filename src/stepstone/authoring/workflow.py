@@ -280,7 +280,7 @@ class Workflow(Generic[S]):
         for signal, model in (payloads or {}).items():
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 raise DefinitionError(f"wait {name!r}: the payload of {signal!r} must be a pydantic model class")
-            self.redaction = self.redaction.with_signal(signal, sensitive_paths(model))
+            self.redaction = self.redaction.with_payload(("signal", signal), sensitive_paths(model))
         seconds = None if timeout is None else _seconds(timeout)
         self._add(Step(name, "wait", signals=dict(signals or {}), timeout_seconds=seconds, on_timeout=on_timeout,
                        messages=dict(messages or {}), correlation=correlation), start)
@@ -319,6 +319,7 @@ class Workflow(Generic[S]):
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 raise DefinitionError(f"task {name!r}: the payload of {decision!r} must be a pydantic model class")
             self._payload_models[(name, decision)] = model
+            self.redaction = self.redaction.with_payload(("task", name, decision), sensitive_paths(model))
         spec = TaskSpec(
             title=title, description=description, assignee=assignee, owner=owner,
             candidate_users=_names(candidate_users), candidate_groups=_names(candidate_groups),

@@ -17,7 +17,7 @@ from typing import Any
 from stepstone.core.effects import Effect, MovePosition, NotifyParent, RecordHistory, RedactClaimedPayload, SetState
 from stepstone.core.model import CommandView, Decision, Settle
 
-__all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "Redaction", "redact_state"]
+__all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "PayloadKey", "Redaction", "redact_state"]
 
 REDACTED = "[redacted]"
 MIN_SCRUBBED = 4
@@ -25,6 +25,7 @@ MIN_SCRUBBED = 4
 
 Path = tuple[str, ...]
 Hook = Callable[[str], str]
+PayloadKey = tuple[str, ...]
 
 
 def _redact_at(doc: Any, path: Path) -> Any:
@@ -84,37 +85,49 @@ class Redaction:
 
     paths: tuple[Path, ...] = ()
     hook: Hook | None = None
-    signals: tuple[tuple[str, tuple[Path, ...]], ...] = ()
-    """(signal or message name, the sensitive paths of its payload), from the wait steps' payload models."""
+    payloads: tuple[tuple[PayloadKey, tuple[Path, ...]], ...] = ()
+    """(whose payload, its sensitive paths) from the payload models: ("signal", name) for a signal or
+    message of that name, ("task", step, decision) for a task decision."""
 
     @property
     def empty(self) -> bool:
-        return not self.paths and self.hook is None and not self.signals
+        return not self.paths and self.hook is None and not self.payloads
 
-    def signal_paths(self, name: object) -> tuple[Path, ...]:
-        return next((paths for n, paths in self.signals if n == name), ())
+    def payload_paths(self, key: PayloadKey) -> tuple[Path, ...]:
+        """The sensitive paths of the payload `key` names; a key of two parts ("task", decision) matches
+        that decision of every task (a step's cause names the decision, not the task step)."""
+        found: list[Path] = []
+        for k, paths in self.payloads:
+            if k == key or (len(key) == 2 and key[0] == "task" and k[0] == "task" and k[2:] == key[1:]):
+                found.extend(paths)
+        return tuple(dict.fromkeys(found))
 
-    def with_signal(self, name: str, paths: tuple[Path, ...]) -> Redaction:
-        """This redaction with `paths` sensitive in the payload of signal (or message) `name` too."""
-        merged = tuple(dict.fromkeys((*self.signal_paths(name), *paths)))
-        others = tuple((n, p) for n, p in self.signals if n != name)
-        return replace(self, signals=(*others, (name, merged)) if merged else others)
+    def with_payload(self, key: PayloadKey, paths: tuple[Path, ...]) -> Redaction:
+        """This redaction with `paths` sensitive in the payload `key` names too."""
+        merged = tuple(dict.fromkeys((*self.payload_paths(key), *paths)))
+        others = tuple((k, p) for k, p in self.payloads if k != key)
+        return replace(self, payloads=(*others, (key, merged)) if merged else others)
 
     def _payload_parts(self, command: CommandView) -> list[tuple[Path, tuple[Path, ...]]]:
-        """Where in the claimed command's payload a signal's payload sits, with its sensitive paths."""
+        """Where in the claimed command's payload a signal's, message's or task decision's payload sits,
+        with its sensitive paths."""
         payload = command.payload if isinstance(command.payload, dict) else {}
-        cause = payload.get("signal")
         if command.kind == "SIGNAL":
-            return [((), self.signal_paths(command.name))]
+            return [((), self.payload_paths(("signal", str(command.name))))]
         if command.kind == "MESSAGE":
-            return [(("payload",), self.signal_paths(command.name))]
-        if isinstance(cause, dict):
-            return [(("signal", "payload"), self.signal_paths(cause.get("name")))]
-        return []
+            return [(("payload",), self.payload_paths(("signal", str(command.name))))]
+        if command.kind == "TASK_COMPLETION":
+            return [(("payload",), self.payload_paths(("task", str(command.step), str(command.name))))]
+        parts: list[tuple[Path, tuple[Path, ...]]] = []
+        if isinstance(signal := payload.get("signal"), dict):
+            parts.append((("signal", "payload"), self.payload_paths(("signal", str(signal.get("name"))))))
+        if isinstance(task := payload.get("task"), dict):
+            parts.append((("task", "payload"), self.payload_paths(("task", str(task.get("decision"))))))
+        return parts
 
     def _payload(self, command: CommandView | None) -> tuple[Any, frozenset[str]]:
         """The claimed command's payload with its signal's sensitive values replaced, and those values."""
-        if command is None or not self.signals or command.payload is None:
+        if command is None or not self.payloads or command.payload is None:
             return command.payload if command is not None else None, frozenset()
         payload, found = command.payload, set[str]()
         for where, paths in self._payload_parts(command):
@@ -195,7 +208,9 @@ class Redaction:
                 effects.append(effect)
         settle = decision.settle
         if command is not None and payload != command.payload and settle.state not in _RUNS_AGAIN:
-            effects.append(RedactClaimedPayload(payload))
+            task = payload.get("task_id") if command.kind == "TASK_COMPLETION" and isinstance(payload, dict) else None
+            effects.append(RedactClaimedPayload(payload, None if task is None else str(task),
+                                                None if task is None else payload.get("payload")))
         if settle.reason is not None:
             settle = Settle(settle.state, self.text(settle.reason, secrets), settle.retry_delay)
         return Decision(settle, tuple(effects))

@@ -142,7 +142,7 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
 
 
 def _redact_payload(e: RedactClaimedPayload, doc: _Doc) -> None:
-    doc.extend("redacted_payloads", {"payload": e.payload})
+    doc.extend("redacted_payloads", {"payload": e.payload, "task_id": e.task_id, "task_payload": e.task_payload})
 
 
 def _external_task(e: OpenExternalTask, doc: _Doc) -> None:
