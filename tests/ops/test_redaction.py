@@ -123,7 +123,12 @@ async def test_the_canary_in_a_signal_payload_and_a_childs_state_stays_out(
     iid = await engine.client.start(workflows.confirmed, {"order": "o-7", "card": workflows.SECRET})
     await engine.run_until_idle()
     await engine.client.signal(iid, "otp", {"otp": workflows.OTP, "channel": "sms"})
-    await engine.run_until_idle()  # attempt 1 of check_otp fails with the otp in its message
+    await engine.run_until_idle()  # parked: the instance is in its pause, not at the wait
+    parked = await conn.fetchval("SELECT payload FROM stepstone.commands WHERE instance_id = $1 AND kind = 'SIGNAL' "
+                                 "AND state = 'PARKED'", uuid.UUID(iid))
+    assert json.loads(parked)["otp"] == workflows.OTP  # an open command keeps its payload whole
+    await engine.advance(10)
+    await engine.run_until_idle()  # the wait takes the parked signal; attempt 1 of check_otp fails
     await engine.advance(60)
     await engine.run_until_idle()  # the retry reads the signal's payload whole, then the child runs
     info = await engine.client.get(iid)

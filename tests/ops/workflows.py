@@ -151,7 +151,9 @@ class Confirmation(BaseModel):
 
 
 confirmed: Workflow[Confirmation] = Workflow("ops_confirmed", version=1, state=Confirmation, redact=mask_tokens)
-confirmed.wait("await_otp", signals={"otp": "check_otp"}, payloads={"otp": Otp}, start=True)
+# A signal sent during the pause is parked (kept whole), then applied when the wait is entered.
+confirmed.timer("pause", next="await_otp", delay=10, start=True)
+confirmed.wait("await_otp", signals={"otp": "check_otp"}, payloads={"otp": Otp})
 
 
 @confirmed.step(next="keep_card", retry=Retry(max_attempts=3, backoff=5))
