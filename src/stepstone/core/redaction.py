@@ -126,7 +126,7 @@ class Redaction:
         return parts
 
     def _payload(self, command: CommandView | None) -> tuple[Any, frozenset[str]]:
-        """The claimed command's payload with its signal's sensitive values replaced, and those values."""
+        """The claimed command's payload with the sensitive values of what it carries replaced, and those values."""
         if command is None or not self.payloads or command.payload is None:
             return command.payload if command is not None else None, frozenset()
         payload, found = command.payload, set[str]()
