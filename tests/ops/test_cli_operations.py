@@ -90,3 +90,13 @@ async def test_bad_arguments_are_one_line_errors(database_url: str) -> None:
         assert result.exit_code == 1, (args, result.output)
         assert result.stderr.strip().startswith("error: ") and message in result.stderr
         assert "Traceback" not in result.output
+
+
+async def test_replay_of_a_branch_step_says_its_fork_runs_again(engine: Engine, database_url: str) -> None:
+    iid = await engine.client.start(workflows.forky, {})
+    workflows.FAILURES[iid] = 1  # finish, after the join, fails once
+    await engine.run_until_idle()
+    result = await run(database_url, "replay", "--instance", iid, "--from", "right")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("step right ran in a branch of fork split, so every branch runs again; "
+                                    f"replaying {iid} from step split")

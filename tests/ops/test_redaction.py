@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 
 import asyncpg
 import pytest
@@ -95,4 +96,98 @@ async def test_the_canary_secret_never_leaves_the_live_state(
     shown = json.dumps([(await ops.detail(iid)).as_dict(), (await ops.history(iid)).as_dict(),
                         (await ops.find()).as_dict(), (await ops.stuck()).as_dict()], default=str)
     assert "canary" not in shown and "tok_live_" not in shown
+    assert "canary" not in caplog.text
+
+
+async def _cli_outputs(database_url: str, iid: str, child: str) -> str:
+    """What the operator CLI prints about the instance and its child, as tables and as JSON."""
+    from tests.ops.test_cli_operations import run  # noqa: PLC0415 - the one CLI runner of these tests
+
+    shown = []
+    for args in (("inspect", iid), ("inspect", child), ("history", iid, "--limit", "1000"), ("history", child),
+                 ("history", iid, "--failed"), ("find",), ("probe", iid), ("stuck",), ("show", iid),
+                 ("show", child)):
+        for fmt in ((), ("-o", "json")):
+            result = await run(database_url, *args, *fmt)
+            assert result.exit_code in (0, 3), f"{args}: {result.output}"
+            shown.append(result.output)
+    return "\n".join(shown)
+
+
+async def test_the_canary_in_a_signal_payload_and_a_childs_state_stays_out(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The signal's payload model marks `otp` sensitive; the child's state marks `card`. The handlers
+    get the values (a retry too); no table but the live states, no log line and no output holds them."""
+    caplog.set_level(logging.DEBUG)
+    iid = await engine.client.start(workflows.confirmed, {"order": "o-7", "card": workflows.SECRET})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "otp", {"otp": workflows.OTP, "channel": "sms"})
+    await engine.run_until_idle()  # parked: the instance is in its pause, not at the wait
+    parked = await conn.fetchval("SELECT payload FROM stepstone.commands WHERE instance_id = $1 AND kind = 'SIGNAL' "
+                                 "AND state = 'PARKED'", uuid.UUID(iid))
+    assert json.loads(parked)["otp"] == workflows.OTP  # an open command keeps its payload whole
+    await engine.advance(10)
+    await engine.run_until_idle()  # the wait takes the parked signal; attempt 1 of check_otp fails
+    await engine.advance(60)
+    await engine.run_until_idle()  # the retry reads the signal's payload whole, then the child runs
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED", info
+    assert info.state["otp"] == workflows.OTP  # the parent's live state keeps what its handler stored
+    assert info.state["from_child"] == REDACTED  # the child's report to its parent held no secret
+    child = str(await conn.fetchval("SELECT id FROM stepstone.instances WHERE parent_id = $1", uuid.UUID(iid)))
+    assert (await engine.client.get(child)).state["card"] == workflows.SECRET
+
+    tables = await _all_rows(conn)
+    for table, text in tables.items():
+        assert "canary" not in text, f"a sensitive value is stored in {table}: {text[:400]}"
+        assert "tok_live_" not in text, f"the hook's token is stored in {table}"
+    assert "otp [redacted] not valid yet tok_[redacted]_def" in tables["history"]
+    commands = await conn.fetch("SELECT kind, payload FROM stepstone.commands WHERE instance_id = $1 "
+                                "AND kind IN ('SIGNAL', 'STEP', 'CHILD_COMPLETION') AND payload IS NOT NULL",
+                                uuid.UUID(iid))
+    payloads = [json.loads(r["payload"]) for r in commands]
+    assert {"otp": REDACTED, "channel": "sms"} in payloads  # the rest of the payload is kept
+    shown = json.dumps([(await ops.detail(i)).as_dict() for i in (iid, child)]
+                       + [(await ops.history(i, limit=1000)).as_dict() for i in (iid, child)], default=str)
+    shown += await _cli_outputs(database_url, iid, child)
+    assert "canary" not in shown and "tok_live_" not in shown
+    assert "canary" not in caplog.text
+
+
+async def test_the_canary_in_a_task_decision_and_a_message_stays_out(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task decision's payload model marks `code` sensitive, the message's marks `ref`: the handlers
+    get them; once their commands are settled, the tasks, commands, history and output hold neither."""
+    from tests.ops.test_cli_operations import run  # noqa: PLC0415 - the one CLI runner of these tests
+
+    caplog.set_level(logging.DEBUG)
+    code, ref = "code-canary-31", "ref-canary-62"
+    iid = await engine.client.start(workflows.approval, {"key": "k-1"})
+    await engine.run_until_idle()
+    (task,) = await engine.client.instance_tasks(iid)
+    await engine.client.complete_task(str(task["id"]), "ok", {"code": code, "note": "fine"}, actor="ann")
+    await engine.run_until_idle()
+    published = await engine.client.publish_message("paid", "k-1", {"ref": ref})
+    assert published.outcome == "delivered"
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and (info.state["code"], info.state["ref"]) == (code, ref)
+
+    tables = await _all_rows(conn)
+    # The published message's own row keeps its payload: it is the publisher's record, before any
+    # workflow (whose model says what is sensitive) received it (docs/operations.md, Redaction).
+    assert ref in tables.pop("messages")
+    for table, text in tables.items():
+        assert "canary" not in text, f"a sensitive value is stored in {table}: {text[:400]}"
+    completion = (await engine.client.task(str(task["id"]))).completion
+    assert isinstance(completion, dict) and completion["payload"] == {"code": REDACTED, "note": "fine"}
+    shown = json.dumps([(await ops.detail(iid)).as_dict(), (await ops.history(iid)).as_dict()], default=str)
+    for args in (("tasks", "show", str(task["id"])), ("inspect", iid), ("history", iid)):
+        for fmt in ((), ("-o", "json")):
+            result = await run(database_url, *args, *fmt)
+            assert result.exit_code == 0, f"{args}: {result.output}"
+            shown += result.output
+    assert "canary" not in shown
     assert "canary" not in caplog.text

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import asyncpg
 import pytest
 
@@ -11,30 +13,10 @@ from stepstone.testing import Engine
 from tests.ops import workflows
 
 
-async def _failed_rows(conn: asyncpg.Connection, n: int) -> None:
-    """`n` FAILED instances of ops_flaky at step work, written straight into the tables (fast)."""
-    plan = workflows.flaky.plan
-    await conn.execute(
-        """
-        WITH ins AS (
-            INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, visit,
-                                             error, history_seq, created_at, updated_at)
-            SELECT gen_random_uuid(), $1, 1, $2, 'FAILED', '{}'::jsonb, 'work', 1,
-                   '{"type": "Busy", "message": "down"}'::jsonb, 0, now() - make_interval(secs => g), now()
-            FROM generate_series(1, $3) AS g
-            RETURNING id
-        )
-        INSERT INTO stepstone.positions (instance_id, path, status, step, visit, created_at, updated_at)
-        SELECT id, '', 'FAILED', 'work', 1, now(), now() FROM ins
-        """,
-        plan.definition_id, plan.plan_hash, n,
-    )
-
-
 async def test_bulk_retry_of_ten_thousand_failed_instances(
     engine: Engine, ops: Operations, conn: asyncpg.Connection
 ) -> None:
-    await _failed_rows(conn, 10_000)
+    await workflows.failed_rows(conn, workflows.flaky.plan, "work", 10_000)
     done = await _completed_ids(engine, 3)
     where = InstanceFilter(status=("FAILED",), workflow="ops_flaky")
     dry = await ops.retry(where=where, dry_run=True)
@@ -78,8 +60,8 @@ async def test_replay_from_a_step_before_a_fork(engine: Engine, ops: Operations)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "FAILED" and info.state["results"] == {"left": 1, "right": 1}
-    with pytest.raises(InvalidInput, match="never ran at the root"):
-        await ops.replay(iid, "left")
+    with pytest.raises(InvalidInput, match="step 'nope' never ran in this instance; it ran: finish, prepare"):
+        await ops.replay(iid, "nope")
     result = await ops.replay(iid, "prepare")
     # The state it had when it reached `prepare`: before prepare and both branches ran.
     assert result.state == {"name": "job", "log": [], "results": {}, "counter": 0}
@@ -121,3 +103,67 @@ async def test_replay_refuses_an_active_instance(engine: Engine, ops: Operations
     await engine.run_until_idle()  # waiting out a retry backoff: RUNNING
     with pytest.raises(InvalidState, match="cancel it"):
         await ops.replay(iid, "work")
+
+
+async def test_replay_from_a_step_inside_a_branch_runs_its_fork_again(engine: Engine, ops: Operations) -> None:
+    iid = await engine.client.start(workflows.forky, {})
+    workflows.FAILURES[iid] = 1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "FAILED"
+    result = await ops.replay(iid, "left")
+    # Branches share the state and the join waits for all: the fork that opened `left` runs again.
+    assert (result.requested_step, result.from_step) == ("left", "split")
+    assert result.state["results"] == {} and result.state["counter"] == 1
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["results"] == {"left": 1, "right": 1}
+    assert info.state["log"] == ["prepare:1", "finish"]  # prepare, before the fork, did not run again
+    kinds = [e.kind for e in (await ops.history(iid, limit=1000)).entries]
+    replayed = kinds.index("INSTANCE_REPLAYED")
+    assert kinds[:replayed].count("FORK_STARTED") == 1 and kinds[replayed:].count("FORK_STARTED") == 1
+    assert kinds[replayed:].count("BRANCH_COMPLETED") == 2
+
+
+async def _confirmed(engine: Engine) -> tuple[str, str]:
+    """A completed ops_confirmed instance and its completed child."""
+    iid = await engine.client.start(workflows.confirmed, {"order": "o-9", "card": "4000-0000"})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "otp", {"otp": "123456"})
+    await workflows.run_out_backoffs(engine, rounds=2)
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED", info
+    (child,) = [c["id"] for c in (await Operations.on(engine.store).detail(iid)).children]
+    return iid, str(child)
+
+
+async def test_replaying_a_parent_from_its_child_step_starts_a_new_child(engine: Engine, ops: Operations) -> None:
+    iid, old_child = await _confirmed(engine)
+    result = await ops.replay(iid, "keep_card")
+    assert result.from_step == "keep_card"
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    children = {str(c["id"]): c["status"] for c in (await ops.detail(iid)).children}
+    # The new visit of the child step derives a new child id; the old child stays as it ended.
+    assert len(children) == 2 and children[old_child] == "COMPLETED"
+    assert all(status == "COMPLETED" for status in children.values())
+    kinds = [e.kind for e in (await ops.history(iid, limit=1000)).entries]
+    assert kinds.count("CHILD_STARTED") == 2 and kinds.count("CHILD_COMPLETED") == 2
+
+
+async def test_a_replayed_child_does_not_move_a_parent_that_no_longer_waits(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    iid, child = await _confirmed(engine)
+    before = [e.kind for e in (await ops.history(iid, limit=1000)).entries]
+    state = (await engine.client.get(iid)).state
+    await ops.replay(child, "store_card")
+    await engine.run_until_idle()
+    assert (await engine.client.get(child)).status == "COMPLETED"
+    parent = await engine.client.get(iid)
+    assert parent.status == "COMPLETED" and parent.state == state
+    reports = await conn.fetch("SELECT state, last_error FROM stepstone.commands WHERE instance_id = $1 "
+                               "AND kind = 'CHILD_COMPLETION' ORDER BY id", uuid.UUID(iid))
+    # The late report is settled (nothing left open to hold retention back) and never applied.
+    assert [(r["state"], r["last_error"]) for r in reports] == [("COMPLETE", None), ("REJECTED", "INSTANCE_ENDED")]
+    after = [e.kind for e in (await ops.history(iid, limit=1000)).entries]
+    assert after == before

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import asyncpg
 from pydantic import BaseModel, Field
 
 from stepstone import Registry, Retry, StepContext, Workflow
 from stepstone.authoring.sensitive import Sensitive
+from stepstone.core.plan import Plan
 from stepstone.testing import Engine
 
 FAILURES: dict[str, int] = {}
@@ -118,7 +120,100 @@ def settle(ctx: StepContext, state: Payment) -> None:
     state.note = "settled"
 
 
-registry = Registry(flaky, forky, payment)
+# -- a signal whose payload model marks a field sensitive, and a child with a sensitive state ----------
+
+OTP = "550199-otp-canary"  # the signal's secret; "canary" as in SECRET, so one search finds both
+
+
+class Otp(BaseModel):
+    otp: Annotated[str, Sensitive]
+    channel: str = "sms"
+
+
+class Vault(BaseModel):
+    card: Annotated[str, Sensitive]
+    stored: bool = False
+
+
+vault: Workflow[Vault] = Workflow("ops_vault", version=1, state=Vault)
+
+
+@vault.step(start=True, next=None)
+def store_card(ctx: StepContext, state: Vault) -> None:
+    state.stored = True
+
+
+class Confirmation(BaseModel):
+    order: str
+    card: Annotated[str, Sensitive]
+    otp: Annotated[str, Sensitive] = ""
+    from_child: str = ""
+
+
+confirmed: Workflow[Confirmation] = Workflow("ops_confirmed", version=1, state=Confirmation, redact=mask_tokens)
+# A signal sent during the pause is parked (kept whole), then applied when the wait is entered.
+confirmed.timer("pause", next="await_otp", delay=10, start=True)
+confirmed.wait("await_otp", signals={"otp": "check_otp"}, payloads={"otp": Otp})
+
+
+@confirmed.step(next="keep_card", retry=Retry(max_attempts=3, backoff=5))
+def check_otp(ctx: StepContext, state: Confirmation) -> None:
+    assert ctx.signal is not None
+    otp = ctx.signal.payload["otp"]
+    if ctx.attempt == 1:  # the retry must still find the payload whole
+        raise Busy(f"otp {otp} not valid yet tok_live_def")
+    state.otp = otp
+
+
+@confirmed.child(workflow="ops_vault", next="after_vault")
+def keep_card(ctx: StepContext, state: Confirmation) -> dict[str, str]:
+    return {"card": state.card}
+
+
+@confirmed.step(next=None)
+def after_vault(ctx: StepContext, state: Confirmation) -> None:
+    assert ctx.child is not None
+    state.from_child = str(ctx.child.state["card"])  # the child's sensitive value never reaches the parent
+    ctx.emit("card.stored", {"order": state.order})
+
+
+# -- a task decision and a message whose payload models mark a field sensitive -------------------------
+
+class Approval(BaseModel):
+    code: Annotated[str, Sensitive]
+    note: str = ""
+
+
+class Paid(BaseModel):
+    ref: Annotated[str, Sensitive]
+
+
+class Approved(BaseModel):
+    key: str
+    code: Annotated[str, Sensitive] = ""
+    ref: Annotated[str, Sensitive] = ""
+
+
+approval: Workflow[Approved] = Workflow("ops_approval", version=1, state=Approved)
+approval.task("approve", title="Approve", decisions={"ok": "took_code"}, payloads={"ok": Approval}, start=True)
+
+
+@approval.step(next="await_paid")
+def took_code(ctx: StepContext, state: Approved) -> None:
+    assert ctx.task is not None
+    state.code = ctx.task.payload["code"]
+
+
+approval.wait("await_paid", messages={"paid": "took_ref"}, correlation="key", payloads={"paid": Paid})
+
+
+@approval.step(next=None)
+def took_ref(ctx: StepContext, state: Approved) -> None:
+    assert ctx.signal is not None
+    state.ref = ctx.signal.payload["ref"]
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault, approval)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:
@@ -136,3 +231,26 @@ async def run_out_backoffs(engine: Engine, rounds: int = 6) -> None:
     for _ in range(rounds):
         await engine.advance(1000)
         await engine.run_until_idle()
+
+
+async def failed_rows(conn: asyncpg.Connection, plan: Plan, step: str, n: int, state: str = "{}") -> list[str]:
+    """`n` FAILED instances of `plan` at `step`, written straight into the tables (fast): an outage's
+    aftermath for the bulk repair tests. Their ids, oldest last."""
+    rows = await conn.fetch(
+        """
+        WITH ins AS (
+            INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, visit,
+                                             error, history_seq, created_at, updated_at)
+            SELECT gen_random_uuid(), $1, 1, $2, 'FAILED', $5::jsonb, $4, 1,
+                   '{"type": "Busy", "message": "down"}'::jsonb, 0, now() - make_interval(secs => g), now()
+            FROM generate_series(1, $3) AS g
+            RETURNING id
+        ), pos AS (
+            INSERT INTO stepstone.positions (instance_id, path, status, step, visit, created_at, updated_at)
+            SELECT id, '', 'FAILED', $4, 1, now(), now() FROM ins
+        )
+        SELECT id::text AS id FROM ins
+        """,
+        plan.definition_id, plan.plan_hash, n, step, state,
+    )
+    return [r["id"] for r in rows]

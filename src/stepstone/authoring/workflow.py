@@ -270,10 +270,17 @@ class Workflow(Generic[S]):
         start: bool = False,
         messages: Mapping[str, str] | None = None,
         correlation: str | None = None,
+        payloads: Mapping[str, type[BaseModel]] | None = None,
     ) -> None:
         """Declare a wait step: the first accepted signal moves on to its step. `messages` (name ->
         step) subscribes to published messages whose correlation key is the state value at
-        `correlation` (a dotted path), read when the wait is entered."""
+        `correlation` (a dotted path), read when the wait is entered. `payloads` names the pydantic
+        model of a signal's or message's payload: its fields marked `Sensitive` are redacted from
+        every stored copy once the handler has it (docs/operations.md, Redaction)."""
+        for signal, model in (payloads or {}).items():
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                raise DefinitionError(f"wait {name!r}: the payload of {signal!r} must be a pydantic model class")
+            self.redaction = self.redaction.with_payload(("signal", signal), sensitive_paths(model))
         seconds = None if timeout is None else _seconds(timeout)
         self._add(Step(name, "wait", signals=dict(signals or {}), timeout_seconds=seconds, on_timeout=on_timeout,
                        messages=dict(messages or {}), correlation=correlation), start)
@@ -312,6 +319,7 @@ class Workflow(Generic[S]):
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 raise DefinitionError(f"task {name!r}: the payload of {decision!r} must be a pydantic model class")
             self._payload_models[(name, decision)] = model
+            self.redaction = self.redaction.with_payload(("task", name, decision), sensitive_paths(model))
         spec = TaskSpec(
             title=title, description=description, assignee=assignee, owner=owner,
             candidate_users=_names(candidate_users), candidate_groups=_names(candidate_groups),

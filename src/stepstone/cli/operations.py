@@ -443,8 +443,10 @@ def replay_command(settings: Settings, output: str, instance_id: str, step: str,
     path stays in history). The runbook for an instance whose compensation failed."""
     iid = _uuid(instance_id)
     result = _run(settings, lambda ops: ops.replay(iid, step), _actor(actor))
+    via = (f"step {result.requested_step} ran in a branch of fork {result.from_step}, so every branch runs "
+           f"again; " if result.requested_step not in ("", result.from_step) else "")
     emit(_json(result.as_dict()), output,
-         lambda: f"replaying {result.id} from step {result.from_step} (history entry {result.from_seq}), "
+         lambda: f"{via}replaying {result.id} from step {result.from_step} (history entry {result.from_seq}), "
                  f"visit {result.visit}: {result.status}")
 
 
@@ -456,8 +458,9 @@ def replay_command(settings: Settings, output: str, instance_id: str, step: str,
 @click.option("--read-only", is_flag=True, help="A role for dashboards: read every row, change none.")
 @click.option("--apply", "apply_", is_flag=True, help="Run the statements (as the schema owner) instead of "
                                                       "printing them.")
+@output_option
 @with_settings
-def grant_command(settings: Settings, role: str, read_only: bool, apply_: bool) -> None:
+def grant_command(settings: Settings, output: str, role: str, read_only: bool, apply_: bool) -> None:
     """Print (or apply) the grants of a runtime role: USAGE on the schema, DML on its tables, EXECUTE on its
     functions, and no DDL; with --read-only, SELECT only."""
 
@@ -467,8 +470,9 @@ def grant_command(settings: Settings, role: str, read_only: bool, apply_: bool) 
         return await ops.grants(role, read_only=read_only)
 
     statements = _run(settings, work)
-    click.echo("\n".join(statements))
-    if apply_:
+    data = {"role": role, "read_only": read_only, "applied": apply_, "statements": statements}
+    emit(data, output, lambda: "\n".join(statements))
+    if apply_ and output == "table":
         click.echo(f"-- applied: {role} is a {'read-only' if read_only else 'runtime'} role of {settings.schema}",
                    err=True)
 

@@ -152,6 +152,18 @@ class StartChild(Effect):
 
 
 @dataclass(frozen=True)
+class RedactClaimedPayload(Effect):
+    """The claimed command's payload as it may be kept once this commit settles it: the sensitive
+    values of the signal, message or task decision it carried replaced (`core.redaction`). The
+    claimed command's own row changes, which the commit holds already, and for a task completion the
+    task row's copy (`task_payload`), which the commit's task section holds."""
+
+    payload: JSON
+    task_id: str | None = None
+    task_payload: JSON = None
+
+
+@dataclass(frozen=True)
 class NotifyParent(Effect):
     """This instance ended or failed: a CHILD_COMPLETION command for the parent's position."""
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stepstone.core.effects import Effect, MovePosition, RecordHistory, SetState
-from stepstone.core.model import Decision, Settle
+from stepstone.core.effects import Effect, MovePosition, NotifyParent, RecordHistory, RedactClaimedPayload, SetState
+from stepstone.core.model import CommandView, Decision, Settle
 
-__all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "Redaction", "redact_state"]
+__all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "PayloadKey", "Redaction", "redact_state"]
 
 REDACTED = "[redacted]"
 MIN_SCRUBBED = 4
@@ -25,6 +25,7 @@ MIN_SCRUBBED = 4
 
 Path = tuple[str, ...]
 Hook = Callable[[str], str]
+PayloadKey = tuple[str, ...]
 
 
 def _redact_at(doc: Any, path: Path) -> Any:
@@ -84,10 +85,57 @@ class Redaction:
 
     paths: tuple[Path, ...] = ()
     hook: Hook | None = None
+    payloads: tuple[tuple[PayloadKey, tuple[Path, ...]], ...] = ()
+    """(whose payload, its sensitive paths) from the payload models: ("signal", name) for a signal or
+    message of that name, ("task", step, decision) for a task decision."""
 
     @property
     def empty(self) -> bool:
-        return not self.paths and self.hook is None
+        return not self.paths and self.hook is None and not self.payloads
+
+    def payload_paths(self, key: PayloadKey) -> tuple[Path, ...]:
+        """The sensitive paths of the payload `key` names; a key of two parts ("task", decision) matches
+        that decision of every task (a step's cause names the decision, not the task step)."""
+        found: list[Path] = []
+        for k, paths in self.payloads:
+            if k == key or (len(key) == 2 and key[0] == "task" and k[0] == "task" and k[2:] == key[1:]):
+                found.extend(paths)
+        return tuple(dict.fromkeys(found))
+
+    def with_payload(self, key: PayloadKey, paths: tuple[Path, ...]) -> Redaction:
+        """This redaction with `paths` sensitive in the payload `key` names too."""
+        merged = tuple(dict.fromkeys((*self.payload_paths(key), *paths)))
+        others = tuple((k, p) for k, p in self.payloads if k != key)
+        return replace(self, payloads=(*others, (key, merged)) if merged else others)
+
+    def _payload_parts(self, command: CommandView) -> list[tuple[Path, tuple[Path, ...]]]:
+        """Where in the claimed command's payload a signal's, message's or task decision's payload sits,
+        with its sensitive paths."""
+        payload = command.payload if isinstance(command.payload, dict) else {}
+        if command.kind == "SIGNAL":
+            return [((), self.payload_paths(("signal", str(command.name))))]
+        if command.kind == "MESSAGE":
+            return [(("payload",), self.payload_paths(("signal", str(command.name))))]
+        if command.kind == "TASK_COMPLETION":
+            return [(("payload",), self.payload_paths(("task", str(command.step), str(command.name))))]
+        parts: list[tuple[Path, tuple[Path, ...]]] = []
+        if isinstance(signal := payload.get("signal"), dict):
+            parts.append((("signal", "payload"), self.payload_paths(("signal", str(signal.get("name"))))))
+        if isinstance(task := payload.get("task"), dict):
+            parts.append((("task", "payload"), self.payload_paths(("task", str(task.get("decision"))))))
+        return parts
+
+    def _payload(self, command: CommandView | None) -> tuple[Any, frozenset[str]]:
+        """The claimed command's payload with the sensitive values of what it carries replaced, and those values."""
+        if command is None or not self.payloads or command.payload is None:
+            return command.payload if command is not None else None, frozenset()
+        payload, found = command.payload, set[str]()
+        for where, paths in self._payload_parts(command):
+            full = tuple((*where, *path) for path in paths)
+            for path in full:
+                _values_at(payload, path, found)
+            payload = redact_state(payload, full)
+        return payload, frozenset(found)
 
     def secrets(self, *states: Any) -> frozenset[str]:
         """The sensitive values the states hold, as text, for scrubbing free text."""
@@ -140,21 +188,43 @@ class Redaction:
                 data = {**data, "patch": self.patch(data["patch"])}
         return self.scrub(data, secrets)
 
-    def decision(self, decision: Decision, before: Any) -> Decision:
-        """The decision as it may be stored: history and errors redacted; the live state untouched."""
+    def decision(self, decision: Decision, before: Any, command: CommandView | None = None) -> Decision:
+        """The decision as it may be stored: history, errors, the report to a parent and the claimed
+        command's payload redacted; the live state (and a payload that runs again) untouched."""
         if self.empty:
             return decision
         new_state = decision.first(SetState)
-        secrets = self.secrets(before, None if new_state is None else new_state.state)
+        payload, in_payload = self._payload(command)
+        secrets = self.secrets(before, None if new_state is None else new_state.state) | in_payload
         effects: list[Effect] = []
         for effect in decision.effects:
             if isinstance(effect, RecordHistory):
                 effects.append(replace(effect, data=self.history_data(effect.data, secrets)))
             elif isinstance(effect, MovePosition) and effect.error is not None:
                 effects.append(replace(effect, error=self.scrub(effect.error, secrets)))
+            elif isinstance(effect, NotifyParent):
+                effects.append(replace(effect, payload=self._report(effect.payload, secrets)))
             else:
                 effects.append(effect)
         settle = decision.settle
+        if command is not None and payload != command.payload and settle.state not in _RUNS_AGAIN:
+            task = payload.get("task_id") if command.kind == "TASK_COMPLETION" and isinstance(payload, dict) else None
+            effects.append(RedactClaimedPayload(payload, None if task is None else str(task),
+                                                None if task is None else payload.get("payload")))
         if settle.reason is not None:
             settle = Settle(settle.state, self.text(settle.reason, secrets), settle.retry_delay)
         return Decision(settle, tuple(effects))
+
+    def _report(self, payload: Any, secrets: Iterable[str]) -> Any:
+        """A child's report to its parent: its final state redacted at this workflow's paths, texts scrubbed."""
+        if not isinstance(payload, dict):
+            return payload
+        if "state" in payload:
+            payload = {**payload, "state": redact_state(payload["state"], self.paths)}
+        if payload.get("error") is not None:
+            payload = {**payload, "error": self.scrub(payload["error"], secrets)}
+        return payload
+
+
+_RUNS_AGAIN = frozenset({"RETRY", "PARKED", "DEAD"})
+"""Settlements after which the claimed command runs again (so its payload is kept whole)."""

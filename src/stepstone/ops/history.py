@@ -16,7 +16,7 @@ from stepstone.core.redaction import REDACTED, Path
 from stepstone.errors import InvalidInput
 from stepstone.ops.model import HistoryEntry
 
-__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "entry", "outcome_of", "replay_point", "state_at"]
+__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "entry", "outcome_of", "replay_point", "replay_start", "state_at"]
 
 BASELINE_KINDS = frozenset({"INSTANCE_STARTED", "STATE_BASELINE", "INSTANCE_REPLAYED"})
 FAILURE_KINDS = frozenset({"STEP_FAILED", "INSTANCE_FAILED", "COMMAND_DEAD_LETTERED", "CHILD_FAILED",
@@ -99,13 +99,25 @@ def state_at(history: list[HistoryEntry], before_seq: int) -> Any:
     return state
 
 
+def replay_start(history: list[HistoryEntry], step: str) -> str:
+    """The root step a replay from `step` starts at: `step` itself when it ran at the root; for a step
+    that ran inside a branch, the root fork that opened the branch (its latest run), because branches
+    share the state and the join waits for all of them: the whole fork runs again."""
+    if any(e.position == "" and e.step == step for e in history):
+        return step
+    in_branch = [e for e in history if e.position and e.step == step]
+    if not in_branch:
+        return step  # replay_point says what ran instead
+    return max(in_branch, key=lambda e: e.seq).position.split("/")[0]
+
+
 def replay_point(history: list[HistoryEntry], step: str) -> HistoryEntry:
     """The first entry of the latest visit of `step` at the root position: replay starts there."""
     visits = [e for e in history if e.position == "" and e.step == step and e.visit is not None
               and e.kind not in ("INSTANCE_STARTED", "INSTANCE_REPLAYED", "INSTANCE_RETRIED", "INSTANCE_CANCELLED")]
     if not visits:
         ran = sorted({e.step for e in history if e.position == "" and e.step})
-        raise InvalidInput(f"step {step!r} never ran at the root position of this instance"
+        raise InvalidInput(f"step {step!r} never ran in this instance"
                            + (f"; it ran: {', '.join(ran)}" if ran else ""), what="step")
     latest = max(e.visit or 0 for e in visits)
     return min((e for e in visits if e.visit == latest), key=lambda e: e.seq)

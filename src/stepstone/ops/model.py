@@ -219,3 +219,5 @@ class ReplayResult(_Plain):
     status: str
     state: Any
     """The state the step runs on again (sensitive values redacted)."""
+    requested_step: str = ""
+    """The step asked for: `from_step` is the root fork that opened its branch when it ran in one."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from stepstone.core.redaction import redact_state
 from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState
-from stepstone.ops.history import entry, replay_point, restore_sensitive, state_at
+from stepstone.ops.history import entry, replay_point, replay_start, restore_sensitive, state_at
 from stepstone.ops.model import BulkItem, BulkReport, ReplayResult
 from stepstone.ops.queries import sensitive_paths_of
 from stepstone.store.operations_port import InstanceFilter, OperationsStore
@@ -90,12 +90,17 @@ async def cancel(
 
 async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: str | None = None) -> ReplayResult:
     """Run `step` again with the state the instance had when it last reached it (the latest visit at the
-    root position), as a new attempt; everything since stays in history. Sensitive values, which
-    history never held, come from the live state."""
+    root position), as a new attempt; everything since stays in history. A step that ran inside a
+    branch replays its root fork: every branch runs again (`ReplayResult.from_step` says which step).
+    Sensitive values, which history never held, come from the live state. Children: a child step
+    run again starts a new child (its id comes from the new visit) and the old child is left as it
+    ended; a replayed child reports to its parent only if the parent still waits for it (otherwise
+    the parent records the report as CALLBACK_IGNORED and does not move)."""
     rows = await store.full_history(instance_id)
     if not rows:
         raise InstanceNotFound(instance_id)
     history = [entry(r) for r in rows]
+    requested, step = step, replay_start(history, step)
     point = replay_point(history, step)
     extra = await store.instance_extra(instance_id)
     paths = sensitive_paths_of(extra)
@@ -111,4 +116,4 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
     if row["outcome"] == "changed":
         raise InvalidState(f"instance {instance_id} changed while the replay was prepared; try again",
                            instance_id=instance_id, status=row["status"])
-    return ReplayResult(instance_id, step, point.seq, row["visit"], row["status"], baseline)
+    return ReplayResult(instance_id, step, point.seq, row["visit"], row["status"], baseline, requested)

@@ -421,7 +421,7 @@ class Worker:
                     visit = command.id  # the events of each compensation command get ids of their own
                 else:
                     decision = external_state.checked(workflow, instance, command, outcome)
-                decision = workflow.redaction.decision(decision, instance.state)  # history and errors only
+                decision = workflow.redaction.decision(decision, instance.state, command)  # never the live state
                 with observe.commit(instance, decision) as seen_commit:
                     committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
                     seen_commit.result(committed)

@@ -36,6 +36,7 @@ from stepstone.core.effects import (
     OpenTask,
     RecordCompensable,
     RecordHistory,
+    RedactClaimedPayload,
     RequeueSignals,
     ScheduleStepDeadline,
     SetState,
@@ -140,6 +141,10 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
                                "payload": e.payload})
 
 
+def _redact_payload(e: RedactClaimedPayload, doc: _Doc) -> None:
+    doc.extend("redacted_payloads", {"payload": e.payload, "task_id": e.task_id, "task_payload": e.task_payload})
+
+
 def _external_task(e: OpenExternalTask, doc: _Doc) -> None:
     doc.extend("external_tasks", {"task_id": e.task_id, "topic": e.topic, "step": e.step, "visit": e.visit,
                                   "payload": e.payload, "retries": e.retries, "backoff": e.backoff})
@@ -195,6 +200,7 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     OpenTask: _open_task,
     ChangeTask: _change_task,
     Subscribe: _subscribe,
+    RedactClaimedPayload: _redact_payload,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -219,6 +225,7 @@ SECTION_SQL: dict[type[Effect], str] = {
     OpenTask: feature_section("tasks"),
     ChangeTask: feature_section("tasks"),
     Subscribe: feature_section("subscriptions"),
+    RedactClaimedPayload: feature_section("redacted_payloads"),
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 
