@@ -211,3 +211,14 @@ async def test_the_claim_stays_one_statement_that_never_reads_the_waiting(
     read = sum(n["Actual Rows"] * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0)
                for n in on_commands)
     assert read < 30, f"the claim's search read {read} command rows with 299 held"
+
+
+async def test_a_new_limit_counts_only_instances_started_under_it(engine: Engine, db: asyncpg.Connection) -> None:
+    before = [await engine.client.start(long, {}) for _ in range(2)]
+    await engine.run_until_idle()
+    await engine.client.set_flow_limit(long, max_running=1)
+    after = [await engine.client.start(long, {}) for _ in range(2)]
+    await engine.run_until_idle()
+    # The two already running hold no slot: the first started under the limit is admitted beside them.
+    assert [(await engine.client.get(i)).status for i in before + after] == ["WAITING"] * 3 + ["PENDING"]
+    assert await db.fetchval("SELECT count(*) FROM stepstone.instances WHERE flow_key IS NULL") == 2
