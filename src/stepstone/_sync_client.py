@@ -480,10 +480,12 @@ class SyncClient:
         message_id: str | None = None,
         ttl: float | None = None,
         correlate_all: bool = False,
+        connection: Any = None,
     ) -> Published:
         """Deliver a message to the oldest open subscription of (`name`, `correlation_key`), or to every
         one with `correlate_all`; buffer it for `ttl` seconds when none is open, else drop it. The same
-        `message_id` with the same content answers as before; with other content, IdempotencyConflict."""
+        `message_id` with the same content answers as before; with other content, IdempotencyConflict.
+        With `connection`, the message is written by the caller's own transaction (as `start`)."""
         return self._run(self._client.publish_message(
             name,
             correlation_key,
@@ -491,6 +493,7 @@ class SyncClient:
             message_id=message_id,
             ttl=ttl,
             correlate_all=correlate_all,
+            connection=connection,
         ))
 
     def start_or_signal(

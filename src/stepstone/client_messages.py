@@ -14,6 +14,7 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
 from stepstone.authoring.workflow import Workflow
@@ -28,6 +29,7 @@ from stepstone.errors import (
     OpenSignalLimit,
     UnknownSignal,
 )
+from stepstone.store.caller_transaction import CallerTransactionStore
 from stepstone.store.port import ClientStore, NewInstance
 
 __all__ = ["Delivery", "MessageOperations", "Published", "SignalledOrStarted"]
@@ -78,10 +80,12 @@ class MessageOperations:
         message_id: str | None = None,
         ttl: float | None = None,
         correlate_all: bool = False,
+        connection: Any = None,
     ) -> Published:
         """Deliver a message to the oldest open subscription of (`name`, `correlation_key`), or to every
         one with `correlate_all`; buffer it for `ttl` seconds when none is open, else drop it. The same
-        `message_id` with the same content answers as before; with other content, IdempotencyConflict."""
+        `message_id` with the same content answers as before; with other content, IdempotencyConflict.
+        With `connection`, the message is written by the caller's own transaction (as `start`)."""
         for what, value in (("message name", name), ("correlation key", correlation_key)):
             self._message_text(what, value)
         if message_id is not None:
@@ -90,10 +94,10 @@ class MessageOperations:
             raise InvalidInput(f"ttl must be a number of seconds, at least 0, got {ttl!r}", what="ttl")
         self._message_encode("message payload", payload)
         fingerprint = hashlib.sha256(json.dumps([name, correlation_key, payload], sort_keys=True).encode()).hexdigest()
-        row = await self.store.publish_message(
-            name, correlation_key, payload, message_id=message_id, ttl=ttl, correlate_all=correlate_all,
-            fingerprint=fingerprint,
-        )
+        publish = self.store.publish_message if connection is None else partial(
+            self._caller_transaction().publish_in, connection)
+        row = await publish(name, correlation_key, payload, message_id=message_id, ttl=ttl,
+                            correlate_all=correlate_all, fingerprint=fingerprint)
         if row["outcome"] == "conflict":
             raise IdempotencyConflict(f"message id {message_id!r} was already published with other content",
                                       instance_id="")
@@ -159,6 +163,9 @@ class MessageOperations:
         raise NotImplementedError
 
     async def _ensure_registered(self, wf: Workflow[Any]) -> None:
+        raise NotImplementedError
+
+    def _caller_transaction(self) -> CallerTransactionStore:
         raise NotImplementedError
 
     def _message_text(self, what: str, value: Any) -> str:

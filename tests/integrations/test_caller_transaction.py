@@ -1,8 +1,9 @@
-"""Start and signal inside the caller's own transaction: the instance exists exactly when the caller's
+"""Start, signal and publish inside the caller's own transaction: the instance exists exactly when the caller's
 business write commits, and not at all when it rolls back; with every supported driver."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -11,10 +12,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from stepstone.errors import BusinessKeyInUse, InvalidInput
+from stepstone.errors import BusinessKeyInUse, InvalidInput, OpenSignalLimit
 from stepstone.testing import Engine, open_engine
 from tests.scheduling import workflows
-from tests.scheduling.workflows import long, report
+from tests.scheduling.workflows import long, parcel, report
 
 Tx = Callable[[], AbstractAsyncContextManager[tuple[Any, Callable[[str], Awaitable[None]]]]]
 """Opens the caller's transaction: yields (connection for stepstone, run(sql) for the business write);
@@ -180,3 +181,94 @@ async def test_a_refused_start_leaves_the_callers_transaction_usable(engine: Eng
 async def test_an_unknown_connection_is_refused_in_one_line(engine: Engine) -> None:
     with pytest.raises(InvalidInput, match="connection= takes an asyncpg or psycopg 3 connection"):
         await engine.client.start(report, {}, connection=object())
+
+
+async def test_publish_commits_and_rolls_back_with_the_caller(engine: Engine, tx: Tx, database_url: str) -> None:
+    waiting = await engine.client.start(parcel, {"customer": "c-1"})
+    await engine.run_until_idle()
+    with contextlib.suppress(Rollback):  # the block always ends by raising it: a rollback
+        async with tx() as (conn, run):
+            await run("INSERT INTO orders VALUES ('shipped')")
+            published = await engine.client.publish_message("arrived", "c-1", {"n": 1}, connection=conn)
+            assert published.outcome == "delivered" and published.deliveries[0].instance_id == waiting
+            raise Rollback
+    await engine.run_until_idle()
+    assert (await engine.client.get(waiting)).status == "WAITING"
+    assert await _count(database_url, "SELECT count(*) FROM stepstone.messages") == 0
+    assert await _count(database_url, "SELECT count(*) FROM stepstone.commands WHERE kind = 'MESSAGE'") == 0
+
+    async with tx() as (conn, run):
+        await run("INSERT INTO orders VALUES ('shipped')")
+        published = await engine.client.publish_message("arrived", "c-1", {"n": 2}, connection=conn)
+        assert published.outcome == "delivered"
+        # Not committed yet: another session sees neither the message nor its command.
+        assert await _count(database_url, "SELECT count(*) FROM stepstone.messages") == 0
+    await engine.run_until_idle()
+    info = await engine.client.get(waiting)
+    assert info.status == "COMPLETED" and info.state["data"]["got"] == {"n": 2}
+
+
+async def test_a_buffered_publish_is_kept_only_when_the_caller_commits(engine: Engine, tx: Tx) -> None:
+    with contextlib.suppress(Rollback):
+        async with tx() as (conn, _run):
+            kept = await engine.client.publish_message("arrived", "c-rolled", {"n": 1}, ttl=3600, connection=conn)
+            assert kept.outcome == "buffered" and kept.expires_at is not None
+            raise Rollback
+    async with tx() as (conn, _run):
+        kept = await engine.client.publish_message("arrived", "c-kept", {"n": 2}, ttl=3600, message_id="m-1",
+                                                   connection=conn)
+        assert kept.outcome == "buffered"
+    async with tx() as (conn, _run):  # the same message id, committed before: the earlier answer
+        again = await engine.client.publish_message("arrived", "c-kept", {"n": 2}, ttl=3600, message_id="m-1",
+                                                    connection=conn)
+        assert again.duplicate and again.outcome == "buffered"
+    rolled = await engine.client.start(parcel, {"customer": "c-rolled"})
+    committed = await engine.client.start(parcel, {"customer": "c-kept"})
+    await engine.run_until_idle()
+    assert (await engine.client.get(rolled)).status == "WAITING"
+    info = await engine.client.get(committed)
+    assert info.status == "COMPLETED" and info.state["data"]["got"] == {"n": 2}
+
+
+async def test_a_refused_publish_leaves_the_callers_transaction_usable(
+    engine: Engine, tx: Tx, database_url: str,
+) -> None:
+    waiting = await engine.client.start(parcel, {"customer": "c-full"})
+    await engine.run_until_idle()
+    async with tx() as (conn, run):
+        await run("SELECT set_config('stepstone.max_open_signals', '0', true)")  # this transaction: no room
+        with pytest.raises(OpenSignalLimit, match="open signals and messages"):
+            await engine.client.publish_message("arrived", "c-full", {"n": 1}, connection=conn)
+        await run("INSERT INTO orders VALUES ('after')")  # the transaction goes on
+    assert await _count(database_url, "SELECT count(*) FROM orders") == 1
+    assert await _count(database_url, "SELECT count(*) FROM stepstone.commands WHERE kind = 'MESSAGE'") == 0
+    assert (await engine.client.get(waiting)).status == "WAITING"
+
+
+async def test_a_publish_waits_out_a_busy_instance_inside_the_callers_transaction(
+    engine: Engine, database_url: str,
+) -> None:
+    waiting = await engine.client.start(parcel, {"customer": "c-busy"})
+    await engine.run_until_idle()
+    holder = await asyncpg.connect(database_url)  # stands for a worker committing this instance
+    try:
+        async with _asyncpg(database_url)() as (conn, run):
+            locked = holder.transaction()
+            await locked.start()
+            await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1 FOR UPDATE", waiting)
+            publishing = asyncio.ensure_future(
+                engine.client.publish_message("arrived", "c-busy", {"n": 1}, connection=conn))
+            # The publish's own backend sleeps between attempts: the database says so.
+            while not await holder.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
+                    "AND query LIKE '%publish_in_caller_transaction%'"):
+                assert not publishing.done(), publishing
+                await asyncio.sleep(0.01)
+            await locked.commit()
+            assert (await publishing).outcome == "delivered"
+            await run("INSERT INTO orders VALUES ('after')")
+    finally:
+        await holder.close()
+    await engine.run_until_idle()
+    assert (await engine.client.get(waiting)).status == "COMPLETED"
+    assert await _count(database_url, "SELECT count(*) FROM orders") == 1

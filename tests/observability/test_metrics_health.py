@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from datetime import timedelta
 
 import asyncpg
@@ -51,6 +52,31 @@ async def test_counters_and_histograms(engine: Engine, metrics: object) -> None:
     text = metrics.exposition().decode()  # type: ignore[attr-defined]
     assert "stepstone_fenced_commits_total 0.0" in text
     assert ok not in text  # no instance ids as labels
+
+
+_LABELS = {"workflow", "step", "outcome", "settle", "kind", "state", "le"}
+"""Every label a metric may have: bounded sets (workflows, steps, states), never an instance's id."""
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+async def test_every_metric_follows_the_naming_rules(engine: Engine, metrics: object) -> None:
+    ids = [await engine.client.start(wobbly, {}) for _ in range(2)]
+    await engine.advance(seconds=1)
+    metrics.record_sample(await engine.store.sample())  # type: ignore[attr-defined]  # the gauges too
+    families = list(metrics.registry.collect())  # type: ignore[attr-defined]
+    assert len(families) >= 14  # every metric the worker defines
+    for family in families:
+        assert family.name.startswith("stepstone_"), family.name  # one prefix
+        if family.type == "histogram":  # every histogram is a duration, in seconds
+            assert family.name.endswith("_seconds"), family.name
+        for sample in family.samples:
+            if family.type == "counter":
+                assert sample.name in (f"{family.name}_total", f"{family.name}_created"), sample.name
+            assert set(sample.labels) <= _LABELS, (sample.name, sample.labels)
+            assert not any(_UUID.search(v) for v in sample.labels.values()), (sample.name, sample.labels)
+    text = metrics.exposition().decode()  # type: ignore[attr-defined]
+    assert not any(i in text for i in ids)
+    assert not _UUID.search(text)
 
 
 async def test_lease_expiries_and_dead_letters_are_counted(engine: Engine, metrics: object) -> None:

@@ -144,15 +144,22 @@ async def test_branches_and_children_run_in_the_starts_context(engine: Engine, s
     from tests.observability.workflows import fanned  # noqa: PLC0415
 
     durable_context.register(tenant)
+    durable_context.register(user, identity=True)  # recorded with the start, never bound into a handler
     try:
-        token = tenant.set("acme")
+        tokens = [tenant.set("acme"), user.set("bob")]
         with trace.get_tracer("the-app").start_as_current_span("fan out") as root:
-            await engine.client.start(fanned, {})
-        tenant.reset(token)
+            iid = await engine.client.start(fanned, {})
+        for var, token in zip((tenant, user), tokens, strict=True):
+            var.reset(token)
         await engine.run_until_idle()
     finally:
-        durable_context.durable.unregister("tenant")
+        for name in ("tenant", "user"):
+            durable_context.durable.unregister(name)
     trace_id = root.get_span_context().trace_id
     for step in ("left", "right", "kid_work", "after_child"):
         assert workflows.SEEN[step]["tenant"] == "acme", step
+        assert workflows.SEEN[step]["user"] is None, step  # not in a branch, not in a child
         assert workflows.SEEN[step]["trace_id"] == trace_id, step
+    kept = await engine.store.pool.fetchval(  # type: ignore[attr-defined]
+        "SELECT context FROM stepstone.instances WHERE id = $1::uuid", iid)
+    assert durable_context.recorded(kept) == {"tenant": "acme", "user": "bob"}  # kept for audit

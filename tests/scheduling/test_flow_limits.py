@@ -4,11 +4,17 @@ start in start order; a start rate spaces starts out. Checked by the database, n
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
 
 import asyncpg
 import pytest
 
 from stepstone.errors import InvalidInput
+from stepstone.store import postgres
+from stepstone.store.postgres import PostgresStore
+from stepstone.store.queries import queries
 from stepstone.testing import Engine
 from tests.scheduling.workflows import busy, long
 
@@ -139,3 +145,80 @@ async def test_bad_limits_are_refused(engine: Engine) -> None:
         await engine.client.set_flow_limit(busy, max_running=0)
     with pytest.raises(InvalidInput, match="takes max_running"):
         await engine.client.set_flow_limit(busy)
+
+
+async def test_a_limit_of_two_per_key_under_load(engine: Engine, db: asyncpg.Connection) -> None:
+    await db.execute(_OBSERVER)
+    await engine.client.set_flow_limit(busy, max_running=2, key="customer")
+    for n in range(90):
+        await engine.client.start(busy, {"customer": f"c{n % 3}"})
+    # Two per key are admitted at once; the other 28 of each key wait as rows.
+    held = await db.fetch("SELECT key_value, count(*) AS n FROM stepstone.flow_queue GROUP BY 1 ORDER BY 1")
+    assert [(r["key_value"], r["n"]) for r in held] == [("c0", 28), ("c1", 28), ("c2", 28)]
+    await _drain(engine)
+    assert await db.fetchval("SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'") == 90
+    per_key = await db.fetch("SELECT key_value, max(counted) AS most, count(*) AS n FROM stepstone.observed_running "
+                             "GROUP BY 1 ORDER BY 1")
+    assert [(r["key_value"], r["most"]) for r in per_key] == [("c0", 2), ("c1", 2), ("c2", 2)]
+    assert min(r["n"] for r in per_key) >= 60  # every admission and release of each key was observed
+
+
+async def test_the_claim_stays_one_statement_that_never_reads_the_waiting(
+    engine: Engine, db: asyncpg.Connection, database_url: str,
+) -> None:
+    await engine.client.set_flow_limit(long, max_running=1)
+    for _ in range(300):
+        await engine.client.start(long, {})
+    await engine.run_until_idle()  # one WAITING on its signal; 299 held, their START commands DEFERRED
+    assert await db.fetchval("SELECT count(*) FROM stepstone.flow_queue") == 299
+    await db.execute("ANALYZE")
+
+    sent: list[str] = []
+
+    async def logging(conn: asyncpg.Connection) -> None:
+        await postgres._init_connection(conn)  # the store's codecs
+        conn.add_query_logger(lambda record: sent.append(record.query))
+
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, init=logging)
+    store = PostgresStore(pool, database_url, "stepstone")
+    try:
+        assert await store.claim(16, 30, "probe") == []
+    finally:
+        await store.close()
+    claim = queries("stepstone")["claim"]
+    assert [q for q in sent if '"stepstone".' in q] == [claim]  # (the pool's own reset names no table)
+
+    # Its search for work reads none of the held commands: they are passed over by the index, not
+    # read and filtered row by row. (The plan of the UPDATE that takes the found rows depends on the
+    # table's size, here small; tests/perf/test_query_plans.py guards it with 20,000 rows.)
+    explained = db.transaction()
+    await explained.start()
+    try:
+        [[plan]] = await db.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {claim}", 16, 30.0, "probe")
+    finally:
+        await explained.rollback()  # EXPLAIN ANALYZE runs the claim: leave nothing behind
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+
+    def nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    searches = [n for n in nodes(plan[0]["Plan"]) if n.get("Subplan Name") in ("CTE expired", "CTE ready")]
+    assert len(searches) == 2, [n.get("Subplan Name") for n in nodes(plan[0]["Plan"])]
+    on_commands = [n for search in searches for n in nodes(search) if n.get("Relation Name") == "commands"]
+    assert on_commands and all(n["Node Type"] != "Seq Scan" for n in on_commands), on_commands
+    read = sum(n["Actual Rows"] * n.get("Actual Loops", 1) + n.get("Rows Removed by Filter", 0)
+               for n in on_commands)
+    assert read < 30, f"the claim's search read {read} command rows with 299 held"
+
+
+async def test_a_new_limit_counts_only_instances_started_under_it(engine: Engine, db: asyncpg.Connection) -> None:
+    before = [await engine.client.start(long, {}) for _ in range(2)]
+    await engine.run_until_idle()
+    await engine.client.set_flow_limit(long, max_running=1)
+    after = [await engine.client.start(long, {}) for _ in range(2)]
+    await engine.run_until_idle()
+    # The two already running hold no slot: the first started under the limit is admitted beside them.
+    assert [(await engine.client.get(i)).status for i in before + after] == ["WAITING"] * 3 + ["PENDING"]
+    assert await db.fetchval("SELECT count(*) FROM stepstone.instances WHERE flow_key IS NULL") == 2

@@ -1,4 +1,5 @@
-"""Time skipping: `engine.advance(days=3)` stops at every timer and schedule tick due on the way."""
+"""Time skipping: `engine.advance(days=3)` stops at every timer, reminder, deadline and schedule tick due on
+the way."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import timedelta
 import asyncpg
 
 from stepstone.scheduling import Schedule
-from stepstone.testing import Engine
+from stepstone.testing import Engine, open_engine
 from tests.scheduling.workflows import daily, report
 
 
@@ -36,3 +37,22 @@ async def test_skipping_fires_every_schedule_tick_on_the_way(engine: Engine, db:
     await engine.advance(hours=5)
     count = await db.fetchval("SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'")
     assert count == 5  # each tick fired on time, though catch_up="none" would drop a late one
+
+
+async def test_skipping_fires_a_tasks_reminder_escalation_and_expiry_each_on_time(database_url: str) -> None:
+    from tests.engine import task_workflows  # noqa: PLC0415 - the task workflows live with the task tests
+    from tests.engine.task_workflows import Expense, expense  # noqa: PLC0415
+
+    async with open_engine(database_url, task_workflows.registry) as engine:
+        iid = await engine.client.start(expense, Expense(expense_id="e-1", employee="eve", amount=120.5))
+        await engine.run_until_idle()
+        [task] = (await engine.client.tasks(user="alice", groups=["finance"])).tasks
+        await engine.client.claim_task(task.id, actor="alice", groups=["finance"])
+        opened = task.created_at
+        await engine.advance(days=3)  # one call: the reminder (1 h), the escalation (4 h), the expiry (2 d)
+        history = {h["kind"]: h["at"] for h in await engine.client.history(iid)}
+        assert (await engine.client.task(task.id)).status == "EXPIRED"
+        for kind, due in (("TASK_REMINDED", timedelta(hours=1)), ("TASK_ESCALATED", timedelta(hours=4)),
+                          ("TASK_EXPIRED", timedelta(days=2))):
+            late = history[kind] - (opened + due)
+            assert timedelta(0) <= late < timedelta(minutes=1), (kind, late)  # at its time, not at the end

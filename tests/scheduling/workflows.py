@@ -51,7 +51,25 @@ async def second(ctx: StepContext, state: Job) -> None:
     await asyncio.sleep(0)
 
 
-registry = Registry(report, long, busy)
+# Waits for the message `arrived` correlated by its customer: for publishing in the caller's transaction.
+parcel: Workflow[Job] = Workflow("parcel", version=1, state=Job)
+
+
+@parcel.step(start=True, next="await_arrival")
+async def dispatch(ctx: StepContext, state: Job) -> None:
+    state.data["dispatched"] = True
+
+
+parcel.wait("await_arrival", messages={"arrived": "received"}, correlation="customer")
+
+
+@parcel.step(next=None)
+async def received(ctx: StepContext, state: Job) -> None:
+    assert ctx.signal is not None
+    state.data["got"] = ctx.signal.payload
+
+
+registry = Registry(report, long, busy, parcel)
 
 
 # A reminder every day, three times: for time skipping.

@@ -21,6 +21,7 @@ traceback, and is not retried (Django's semantics). Works with Django 6's `djang
 from __future__ import annotations
 
 import threading
+import traceback
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -32,17 +33,14 @@ from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
 try:  # Django 6
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskError, TaskResult, TaskResultStatus
-    from django.tasks.exceptions import TaskResultDoesNotExist
-    from django.tasks.utils import get_exception_traceback, get_module_path, normalize_json
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.utils.json import normalize_json
 except ImportError:  # the django-tasks package (Django 4.2 - 5.x)
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import TaskError, TaskResult, TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
-    from django_tasks.utils import (
-        get_exception_traceback,
-        get_module_path,
-        normalize_json,
-    )
+    from django_tasks.utils import normalize_json
 
 __all__ = ["StepstoneBackend", "django_task", "registry"]
 
@@ -69,6 +67,11 @@ django_task: Workflow[DjangoTask] = Workflow(WORKFLOW, version=1, state=DjangoTa
 django_task.timer("not_before", until="run_after", next="run", start=True)
 
 
+def _module_path(obj: Any) -> str:
+    """The dotted path Django records for a task function or an exception class (both versions agree)."""
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
 def _now() -> str:
     from django.utils import timezone  # noqa: PLC0415
 
@@ -89,8 +92,8 @@ def run(_ctx: StepContext, state: DjangoTask) -> None:
         state.status = "SUCCESSFUL"
     except Exception as exc:  # noqa: BLE001 - a task's error is its result, as in Django's own backends
         state.status = "FAILED"
-        state.error = {"exception_class_path": get_module_path(type(exc)),
-                       "traceback": get_exception_traceback(exc)}
+        state.error = {"exception_class_path": _module_path(type(exc)),
+                       "traceback": "".join(traceback.format_exception(exc))}
     state.finished_at = _now()
 
 
@@ -155,8 +158,10 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
+        if getattr(task, "takes_context", False):  # the step calls the task without one
+            raise InvalidTask("the stepstone backend does not support tasks that take a context yet")
         run_after = task.run_after.isoformat() if task.run_after is not None else _now()
-        state = {"task": get_module_path(task.func), "args": normalize_json(list(args)),
+        state = {"task": _module_path(task.func), "args": normalize_json(list(args)),
                  "kwargs": normalize_json(dict(kwargs)), "queue_name": task.queue_name, "backend": self.alias,
                  "run_after": run_after}
         iid = self.client().start(WORKFLOW, state, connection=self._atomic_connection())

@@ -1,4 +1,4 @@
-"""Start and signal on the caller's own connection, inside its transaction, whatever its driver.
+"""Start, signal and publish on the caller's own connection, inside its transaction, whatever its driver.
 
     async with conn.transaction():                      # the caller's asyncpg transaction
         await conn.execute("INSERT INTO orders ...")
@@ -8,7 +8,10 @@
 Accepted: an asyncpg connection, a psycopg 3 connection (async or sync), a SQLAlchemy connection or
 session (async or sync). The statement is one call of a store function, so the instance, its START
 command and its history row are written by the caller's transaction and become visible (and wake the
-workers, whose NOTIFY is sent at commit) exactly when it commits; a rollback leaves nothing.
+workers, whose NOTIFY is sent at commit) exactly when it commits; a rollback leaves nothing. A publish
+delivers (or buffers) its message the same way: the MESSAGE command and the message row are the caller's
+writes. A refusal (a key in use, an instance's open-signal cap, a matching instance that stays busy)
+is an answer of the statement, not an error, so the caller's transaction stays usable after it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import re
 from typing import Any, Protocol, runtime_checkable
 
-from stepstone.errors import InvalidInput
+from stepstone.errors import InvalidInput, OpenSignalLimit, Unavailable
 from stepstone.store.outcomes import signal_command_id, start_result
 from stepstone.store.port import NewInstance
 from stepstone.store.queries import named_queries
@@ -89,10 +92,15 @@ class CallerTransactionStore(Protocol):
         self, connection: Any, instance_id: str, name: str, payload: Any, *, dedup_key: str | None,
         fingerprint: str, actor: str | None, position: str = "", context: Any = None,
     ) -> int: ...
+    async def publish_in(
+        self, connection: Any, name: str, correlation_key: str, payload: Any, *, message_id: str | None,
+        ttl: float | None, correlate_all: bool, fingerprint: str,
+    ) -> dict[str, Any]: ...
 
 
 class CallerTransactionQueries:
-    """`start_on` and `signal_on`: the store's start and signal, on the caller's connection."""
+    """`start_in`, `signal_in` and `publish_in`: the store's start, signal and publish, on the caller's
+    connection."""
 
     schema: str
 
@@ -120,3 +128,20 @@ class CallerTransactionQueries:
                 dedup_key, fingerprint, _text(actor), _json(context)]
         [row] = await _rows(connection, self._cq("signal"), args)
         return signal_command_id(row, instance_id, name, dedup_key, position)
+
+    async def publish_in(
+        self, connection: Any, name: str, correlation_key: str, payload: Any, *, message_id: str | None,
+        ttl: float | None, correlate_all: bool, fingerprint: str,
+    ) -> dict[str, Any]:
+        """Like `publish_message`, on the caller's connection: the same row (outcome, deliveries,
+        expires_at, status); the cap and a busy instance raise here, with the transaction still usable."""
+        args = [name, correlation_key, _json(payload), message_id, None if ttl is None else repr(float(ttl)),
+                "true" if correlate_all else "false", fingerprint]
+        [row] = await _rows(connection, self._cq("publish"), args)
+        if row["outcome"] == "limit":
+            raise OpenSignalLimit(str(row["detail"]).removeprefix("stepstone: ") + "; nothing was recorded",
+                                  instance_id=None, limit=int(row["cap"] or 0))
+        if row["outcome"] == "busy":
+            raise Unavailable(f"message {name!r} ({correlation_key!r}): the matching instance stayed busy; "
+                              "nothing was published, try again")
+        return {**row, "deliveries": json.loads(row["deliveries"])}

@@ -18,3 +18,10 @@ LEFT JOIN LATERAL (SELECT {{schema}}.schedule_deadline(CAST(r.target AS uuid), C
 SELECT outcome, command_id, status FROM {{schema}}.signal_with_context(
     CAST(CAST($1 AS text) AS uuid), CAST($2 AS text), CAST($3 AS text), CAST(CAST($4 AS text) AS jsonb),
     CAST($5 AS text), CAST($6 AS text), CAST($7 AS text), CAST(CAST($8 AS text) AS jsonb));
+
+-- name: publish
+-- deliveries as text, since a plain asyncpg connection has no jsonb codec (the other drivers decode it).
+SELECT outcome, CAST(deliveries AS text) AS deliveries, expires_at, status, detail, cap
+FROM {{schema}}.publish_in_caller_transaction(
+    CAST($1 AS text), CAST($2 AS text), CAST(CAST($3 AS text) AS jsonb), CAST($4 AS text),
+    CAST(CAST($5 AS text) AS float8), CAST(CAST($6 AS text) AS boolean), CAST($7 AS text));

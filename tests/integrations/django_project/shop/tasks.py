@@ -12,3 +12,8 @@ def add(a, b):
 @task
 def refuse(reason):
     raise ValueError(reason)
+
+
+@task(takes_context=True)
+def with_context(context, n):
+    return n

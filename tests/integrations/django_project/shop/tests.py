@@ -2,6 +2,8 @@
 transaction, run by a stepstone worker, results read back through the backend."""
 
 import asyncio
+import importlib
+import os
 import subprocess
 from datetime import timedelta
 
@@ -11,12 +13,13 @@ from django.utils import timezone
 
 try:
     from django.tasks import default_task_backend
-    from django.tasks.exceptions import TaskResultDoesNotExist
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 except ImportError:
     from django_tasks import default_task_backend
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
 
-from shop.tasks import add, refuse
+from shop.tasks import add, refuse, with_context
 from stepstone.integrations.django_tasks import _database_url, registry
 from stepstone.testing import open_engine
 
@@ -44,6 +47,16 @@ class StepstoneTasks(TransactionTestCase):
     def tearDownClass(cls):
         default_task_backend.close()
         super().tearDownClass()
+
+    def test_the_backend_is_one_of_the_frameworks_in_use(self):
+        framework = os.environ["SHOP_TASKS_FRAMEWORK"]  # django.tasks on Django 6, else django_tasks
+        backend = importlib.import_module(framework).task_backends["default"]
+        self.assertIsInstance(backend, importlib.import_module(f"{framework}.backends.base").BaseTaskBackend)
+        self.assertEqual(type(backend).__module__, "stepstone.integrations.django_tasks")
+
+    def test_a_task_that_takes_a_context_is_refused_at_enqueue(self):
+        with self.assertRaisesMessage(InvalidTask, "does not support tasks that take a context"):
+            with_context.enqueue(1)
 
     def test_a_task_commits_with_the_transaction_and_runs(self):
         with transaction.atomic():
