@@ -343,4 +343,26 @@ def give_up(ctx: StepContext, state: Trip) -> None:
 parent.join("meet", fork="split", next="settle")
 parent.step(settle, name="settle", next=None, retry=Retry(max_attempts=1))
 
-registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent)
+# -- deadlines on the start step and on a wait -------------------------------------------------------
+
+hasty: Workflow[Trip] = Workflow("hasty", version=1, state=Trip)
+hasty.step(_slow, name="slow", start=True, next="on_time", deadline=5, on_deadline="fallback")
+hasty.step(on_time, name="on_time", next=None)
+hasty.step(fallback, name="fallback", next=None)
+
+patient: Workflow[Trip] = Workflow("patient", version=1, state=Trip)
+patient.step(book, name="book", start=True, next="linger")
+patient.compensation("book", retry=QUICK)(_undo("book"))
+patient.wait("linger", signals={"go": "finish"}, timeout=3600, on_timeout="finish", deadline=60,
+             on_deadline="fallback")
+patient.step(finish, name="finish", next=None)
+patient.step(fallback, name="fallback", next=None)
+
+stubborn: Workflow[Trip] = Workflow("stubborn", version=1, state=Trip)
+stubborn.step(book, name="book", start=True, next="linger")
+stubborn.compensation("book", retry=QUICK)(_undo("book"))
+stubborn.wait("linger", signals={"go": "finish"}, deadline=60)
+stubborn.step(finish, name="finish", next=None)
+
+registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
+                    patient, stubborn)
