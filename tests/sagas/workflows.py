@@ -364,5 +364,37 @@ stubborn.compensation("book", retry=QUICK)(_undo("book"))
 stubborn.wait("linger", signals={"go": "finish"}, deadline=60)
 stubborn.step(finish, name="finish", next=None)
 
+# -- a compensation two workers race for: the first call holds until the test releases it (RACE) ---
+
+RACE: dict[str, asyncio.Event] = {}
+"""The test's events, under "entered" (taken by the first call only) and "release"."""
+
+touchy: Workflow[Trip] = Workflow("touchy", version=1, state=Trip)
+touchy.step(book, name="book", start=True, next="hold_on")
+touchy.wait("hold_on", signals={"done": "finish"})
+touchy.step(finish, name="finish", next=None)
+
+
+@touchy.compensation("book", retry=Retry(max_attempts=1))
+async def undo_touchy(ctx: CompensationContext, state: Trip, recorded: Any) -> None:
+    CALLS.append((ctx.instance_id, "book"))
+    entered = RACE.pop("entered", None)
+    if entered is not None:
+        entered.set()
+        await RACE["release"].wait()
+    raise Boom("the hotel's system is down")
+
+
+# -- children of either cancel policy: home -> fork(a: kid, goes with its parent; b: loose, detached) --
+
+policies: Workflow[Trip] = Workflow("policies", version=1, state=Trip)
+policies.step(home, name="home", start=True, next="split")
+policies.compensation("home", retry=QUICK)(_undo("home"))
+policies.fork("split", branches={"a": "kid", "b": "loose"})
+policies.child(kid, name="kid", workflow="pair", next="meet")
+policies.child(kid, name="loose", workflow="pair", next="meet", cancel_with_parent=False)
+policies.join("meet", fork="split", next="finish")
+policies.step(finish, name="finish", next=None)
+
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
-                    patient, stubborn)
+                    patient, stubborn, touchy, policies)

@@ -3808,3 +3808,14 @@ BEGIN
             v_now + make_interval(secs => p_step_seconds), v_now);
     RETURN p_instance;
 END $$;
+
+-- An instance that completed or was cancelled keeps that status. A late command on one of its
+-- positions (a detached child reporting to a cancelled parent, say) commits a status derived from
+-- its live positions, and with none live that derivation reads WAITING. Only a saga reopens an ended
+-- instance (a completed child its parent compensates), and it marks the row (`saga`) before it
+-- changes the status, so the saga's own trigger decides from then on.
+CREATE TRIGGER instances_keep_ended_status
+    BEFORE UPDATE OF status ON {{schema}}.instances
+    FOR EACH ROW WHEN (OLD.saga IS NULL AND OLD.status IN ('COMPLETED', 'CANCELLED')
+                       AND OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION {{schema}}.keep_saga_status();
