@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.plan import END
 from stepstone.errors import DefinitionError
-from stepstone.testing import Engine
+from stepstone.testing import Engine, open_engine
 from tests.sagas import workflows as w
 from tests.sagas.conftest import assert_ended, kinds
 from tests.sagas.workflows import Trip
@@ -180,3 +182,34 @@ def test_a_wait_deadline_is_checked_at_registration() -> None:
     unknown.wait("linger", signals={"go": END}, start=True, deadline=5, on_deadline="nowhere")
     with pytest.raises(DefinitionError, match="goes to unknown step 'nowhere'"):
         Registry(unknown)
+
+
+async def test_a_timer_bounded_by_a_deadline_leaves_early(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(w.sleepy, {})  # the timer is the start step: the start enters it
+    await engine.run_until_idle()
+    await engine.advance(seconds=61)
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["fallback"])
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE instance_id = $1 AND kind = 'TIMER' "
+                               "AND name = 'fire'", iid) == "SUPERSEDED"
+    deadlines = await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1 AND kind = 'TIMER' "
+                                    "AND name = 'step_deadline' AND position = '$saga'", iid)
+    assert deadlines == 1  # entered once: one deadline timer
+
+
+GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "sagas.md").read_text(encoding="utf-8")
+
+
+async def test_the_guides_step_deadline_example_runs(database_url: str) -> None:
+    guide, fence = GUIDE, "`" * 3
+    start = guide.index('wf = Workflow("shipping")')
+    source = guide[guide.rindex(fence + "python\n", 0, start) + len(fence + "python\n"):guide.index(fence, start)]
+    scope: dict[str, Any] = {}
+    exec(compile(source, "docs/sagas.md", "exec"), scope)  # noqa: S102 - the guide's own example
+    async with open_engine(database_url, Registry(scope["wf"])) as shipping:
+        iid = await shipping.client.start(scope["wf"], {})
+        await shipping.run_until_idle()
+        assert (await shipping.client.get(iid)).step == "await_pickup"
+        await shipping.advance(days=3)  # nobody picked it up within two days
+        info = await shipping.client.get(iid)
+        assert (info.status, info.state) == ("COMPLETED", {"label": "L-1", "later": True})

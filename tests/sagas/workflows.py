@@ -364,6 +364,11 @@ stubborn.compensation("book", retry=QUICK)(_undo("book"))
 stubborn.wait("linger", signals={"go": "finish"}, deadline=60)
 stubborn.step(finish, name="finish", next=None)
 
+sleepy: Workflow[Trip] = Workflow("sleepy", version=1, state=Trip)
+sleepy.timer("nap", next="finish", delay=3600, start=True, deadline=60, on_deadline="fallback")
+sleepy.step(finish, name="finish", next=None)
+sleepy.step(fallback, name="fallback", next=None)
+
 # -- a compensation two workers race for: the first call holds until the test releases it (RACE) ---
 
 RACE: dict[str, asyncio.Event] = {}
@@ -397,4 +402,4 @@ policies.join("meet", fork="split", next="finish")
 policies.step(finish, name="finish", next=None)
 
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
-                    patient, stubborn, touchy, policies)
+                    patient, stubborn, sleepy, touchy, policies)
