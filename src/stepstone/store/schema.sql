@@ -3574,6 +3574,10 @@ CREATE INDEX outbox_instance ON {{schema}}.outbox (instance_id, id);
 -- order) and the parent's saga waits on '$saga' until the child reports how that ended. A child
 -- already compensating on its own is asked only to report. Who reports to a parent's saga is now
 -- marked by `saga.record` (the parent's compensation the child answers), not by the cause 'parent'.
+--
+-- Lock order as in 0006: the parent's instance row (taken by its commit) -> its positions -> its
+-- commands -> the child's instance row -> the child's positions and commands -> compensations ->
+-- history. A child never waits on its parent's rows: it reports by inserting a command.
 
 CREATE OR REPLACE FUNCTION {{schema}}.tell_parent(p_child {{schema}}.instances, p_status text, p_message text,
                                                   p_now timestamptz)
