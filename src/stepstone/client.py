@@ -190,6 +190,7 @@ class Client(TaskOperations, MessageOperations):
                 actor=self.actor,
                 deadline_at=at,
                 deadline_seconds=seconds,
+                start_deadline_seconds=wf.plan.start_deadline,
                 context=durable.capture(),  # inside the span: the steps' spans are its children
             )
             if connection is not None:

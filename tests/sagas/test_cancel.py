@@ -111,3 +111,34 @@ def test_the_saga_guide_shows_the_booking_example_verbatim() -> None:
     guide = (root / "docs" / "sagas.md").read_text(encoding="utf-8")
     source = (root / "src" / "stepstone" / "examples" / "booking.py").read_text(encoding="utf-8")
     assert f"```python\n{source}```" in guide, "docs/sagas.md must contain examples/booking.py unchanged"
+
+
+async def test_cancel_takes_the_children_that_go_with_their_parent_and_leaves_detached_ones(
+    engine: Engine,
+) -> None:
+    iid = await engine.client.start(w.policies, {})
+    await engine.run_until_idle()  # both children wait for "go"
+    children = {c["position"]: c["id"] for c in (await engine.client.get(iid)).children}
+    children = {"kid": children["split/a"], "loose": children["split/b"]}
+
+    assert await engine.client.cancel(iid, "stop") == "CANCELLED"
+    assert (await engine.client.get(children["kid"])).status == "CANCELLED"
+    assert (await engine.client.get(children["loose"])).status == "WAITING"  # detached: it goes on alone
+    await engine.client.signal(children["loose"], "go")
+    await engine.run_until_idle()
+    assert (await engine.client.get(children["loose"])).status == "COMPLETED"
+    assert (await engine.client.get(iid)).status == "CANCELLED"
+
+
+async def test_cancelling_an_instance_that_ended_any_way_is_a_no_op(engine: Engine) -> None:
+    compensated = await engine.client.start(w.linear, {})
+    w.FAIL[(compensated, "three")] = -1
+    timed_out = await engine.client.start(w.waiting, {}, deadline=5)
+    await engine.run_until_idle()
+    await engine.advance(seconds=6)
+    for iid, status in ((compensated, "COMPENSATED"), (timed_out, "TIMED_OUT")):
+        before = await engine.client.history(iid)
+        for compensate in (False, True):
+            assert await engine.client.cancellation(iid, "late", compensate=compensate) == Cancellation(
+                iid, "unchanged", status)
+        assert await engine.client.history(iid) == before

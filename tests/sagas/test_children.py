@@ -3,6 +3,11 @@ compensations run (in its own reverse order), and the parent goes on once the ch
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import asyncpg
+
 from stepstone.core.transitions import child_id
 from stepstone.testing import Engine
 from tests.sagas import workflows as w
@@ -46,3 +51,59 @@ async def test_a_child_that_cannot_compensate_stops_the_parent_until_retried(eng
     assert (await engine.client.get(cid)).status == "COMPENSATED"
     assert (await engine.client.get(iid)).status == "COMPENSATED"
     assert [c for _, c in w.CALLS] == ["leg_book"] * 4 + ["outbound"]
+
+
+def _compensated_in_order(*histories: list[dict[str, Any]]) -> list[str]:
+    """Every STEP_COMPENSATED of these instances, in the order they committed (each is its own commit)."""
+    done = [h for history in histories for h in history if h["kind"] == "STEP_COMPENSATED"]
+    assert len({h["at"] for h in done}) == len(done), done  # distinct commits: the order is the clock's
+    return [h["step"] for h in sorted(done, key=lambda h: h["at"])]
+
+
+async def test_branches_and_a_completed_child_compensate_in_one_reverse_order(engine: Engine) -> None:
+    iid = await engine.client.start(w.family, {})
+    await engine.run_until_idle()  # home, then side completes; the child waits for "go"
+    [child] = (await engine.client.get(iid)).children
+    await engine.client.signal(child["id"], "go")
+    await engine.run_until_idle()  # the child completes pair_one, pair_two; settle fails
+
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATED"
+    assert (await engine.client.get(child["id"])).status == "COMPENSATED"
+    parent_history, child_history = await engine.client.history(iid), await engine.client.history(child["id"])
+    # Completed: home, side, then kid (its pair_one, pair_two); undone in exactly the reverse order.
+    assert _compensated_in_order(parent_history, child_history) == ["pair_two", "pair_one", "kid", "side", "home"]
+    assert [c for _, c in w.CALLS] == ["pair_two", "pair_one", "side", "home"]
+    assert (await engine.client.get(child["id"])).state["undone"] == ["pair_two:p2", "pair_one:p1"]
+    k = kinds(parent_history)
+    assert k.index("CHILD_COMPENSATING") < k.index("INSTANCE_COMPENSATED")
+
+
+async def test_a_running_child_is_cancelled_with_compensation_before_the_parent_goes_on(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    w.CHILD_BUSY.update(busy=asyncio.Event(), release=asyncio.Event())
+    iid = await engine.client.start(w.parent, {})
+    held = asyncio.create_task(engine.run_until_idle())
+    await w.CHILD_BUSY["busy"].wait()  # the child's busy_work runs; then side completes, give_up fails
+
+    assert (await engine.client.wait_for(iid, timeout=30)).status == "COMPENSATED"
+    [child] = (await engine.client.get(iid)).children
+    cid = child["id"]
+    assert child["status"] == "COMPENSATED"  # not CANCELLED: its completed step was undone
+    child_before = await conn.fetch("SELECT * FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", cid)
+
+    w.CHILD_BUSY["release"].set()  # the child's handler, fenced out when its parent compensated, wakes
+    await held
+    assert engine.worker.events.fenced == 1
+    assert await conn.fetch("SELECT * FROM stepstone.history WHERE instance_id = $1 ORDER BY seq", cid) == child_before
+    child_info = await engine.client.get(cid)
+    assert "busy_work" not in child_info.state["log"]
+    assert child_info.state["undone"] == ["busy_one:b1"]
+
+    parent_history, child_history = await engine.client.history(iid), await engine.client.history(cid)
+    # The open child counts as the newest: it is undone first, and the parent waits until it reports.
+    assert _compensated_in_order(parent_history, child_history) == ["busy_one", "kid", "side", "home"]
+    assert [c for _, c in w.CALLS] == ["busy_one", "side", "home"]
+    assert kinds(child_history)[-1] == "INSTANCE_COMPENSATED"
+    assert "INSTANCE_CANCELLED" not in kinds(child_history)

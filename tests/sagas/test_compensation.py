@@ -138,3 +138,53 @@ async def test_branches_compensate_in_reverse_order_of_completion(engine: Engine
     completed = [(r["position"], r["step"]) for r in await engine.client.compensations(iid)]
     assert completed == [("", "first"), ("split/b", "step_b"), ("split/a", "step_a")]
     assert [c for _, c in w.CALLS] == ["step_a", "step_b", "first"]
+
+
+async def test_two_workers_racing_for_one_exhausted_compensation_alert_once(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    w.RACE.update(entered=asyncio.Event(), release=asyncio.Event())
+    iid = await engine.client.start(w.touchy, {})
+    await engine.run_until_idle()
+    await engine.client.cancellation(iid, "called off", compensate=True)
+    [claim] = await engine.store.claim(1, 30, "first-worker")
+    assert claim.command.kind == "COMPENSATE"
+    first = engine.new_worker(concurrency=1, lease_seconds=30, max_claims=3, on_compensation_failed=ALERTS.append)
+    try:
+        racing = asyncio.create_task(first._segment(claim))
+        await w.RACE["entered"].wait()  # the first worker runs the compensation, holding the lease
+        await engine.advance(31)  # its lease expires while the handler runs
+        await engine.run_until_idle()  # the second worker re-claims, runs it too, and gives it up
+        assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+        assert [a["instance_id"] for a in ALERTS] == [iid]
+    finally:
+        w.RACE["release"].set()
+    await racing  # the first worker's handler fails too; its exhausted commit is refused: no second alert
+
+    assert first.events.fenced == 1
+    assert [c for _, c in w.CALLS] == ["book", "book"]
+    assert [a["instance_id"] for a in ALERTS] == [iid]
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.outbox WHERE type = 'stepstone.compensation_failed' "
+                               "AND instance_id = $1", iid) == 1
+    assert kinds(await engine.client.history(iid)).count("COMPENSATION_FAILED") == 1
+
+
+async def test_retry_resumes_at_the_compensation_given_up_then_goes_on(engine: Engine) -> None:
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    w.FAIL[(iid, "undo_two")] = -1  # the first compensation gives up; one is still to undo
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    assert [(r["step"], r["status"]) for r in await engine.client.compensations(iid)] == [
+        ("one", "PENDING"), ("two", "FAILED")]
+    assert [c for _, c in w.CALLS] == ["two", "two"]  # its policy: two attempts; one never started
+
+    w.FAIL.pop((iid, "undo_two"))
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATED"
+    assert info.state["undone"] == ["two:two-1", "one:{'id': 'one-1'}"]
+    assert [c for _, c in w.CALLS] == ["two", "two", "two", "one"]
+    history = await engine.client.history(iid)
+    assert [h["step"] for h in history if h["kind"] == "STEP_COMPENSATED"] == ["two", "one"]

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import asyncpg
+import pytest
 
-from stepstone.testing import Engine
+from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.core.plan import END
+from stepstone.errors import DefinitionError
+from stepstone.testing import Engine, open_engine
 from tests.sagas import workflows as w
 from tests.sagas.conftest import assert_ended, kinds
+from tests.sagas.workflows import Trip
 
 
 async def test_deadline_during_a_wait_compensates_and_times_out(engine: Engine, conn: asyncpg.Connection) -> None:
@@ -117,3 +124,92 @@ async def test_a_step_that_finishes_in_time_ignores_its_deadline(engine: Engine)
     info = await engine.client.get(iid)
     assert (info.status, info.state["log"]) == ("COMPLETED", ["begin", "slow", "on_time"])
     assert "STEP_DEADLINE_EXCEEDED" not in kinds(await engine.client.history(iid))
+
+
+async def test_the_start_step_takes_a_deadline_and_its_late_commit_is_refused(engine: Engine) -> None:
+    iid = await _past_the_step_deadline(engine, w.hasty)  # slow is the start step: its START is fenced
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["fallback"])
+    history = await engine.client.history(iid)
+    assert [h["step"] for h in history if h["kind"] == "STEP_COMPLETED"] == ["fallback"]
+    [cancelled] = [h for h in history if h["kind"] == "COMMAND_CANCELLED"]
+    assert cancelled["data"]["kind"] == "START"  # the late handler's command, settled once
+
+
+async def test_a_wait_that_outlasts_its_deadline_moves_to_on_deadline(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(w.patient, {})
+    await engine.run_until_idle()
+    await engine.advance(seconds=59)
+    assert (await engine.client.get(iid)).step == "linger"
+
+    await engine.advance(seconds=2)
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["book", "fallback"])
+    k = kinds(await engine.client.history(iid))
+    assert k.index("WAITING") < k.index("STEP_DEADLINE_EXCEEDED") < k.index("INSTANCE_COMPLETED")
+    assert "WAIT_TIMED_OUT" not in k
+    # The wait's own timeout was superseded when the deadline left the wait, not left to fire later.
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE instance_id = $1 AND kind = 'TIMER' "
+                               "AND name = 'timeout'", iid) == "SUPERSEDED"
+
+
+async def test_a_wait_deadline_without_a_transition_fails_the_step(engine: Engine) -> None:
+    iid = await engine.client.start(w.stubborn, {})  # a saga: the failure compensates book
+    await engine.run_until_idle()
+    await engine.advance(seconds=61)
+    await assert_ended(engine, iid, "COMPENSATED", ["book:None"], "STEP_DEADLINE_EXCEEDED", "STEP_COMPENSATED")
+    assert (await engine.client.get(iid)).error["type"] == "StepDeadline"
+
+
+async def test_a_wait_left_in_time_ignores_its_deadline(engine: Engine) -> None:
+    iid = await engine.client.start(w.patient, {})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "go")
+    await engine.run_until_idle()
+    await engine.advance(seconds=120)
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["book", "finish"])
+    assert "STEP_DEADLINE_EXCEEDED" not in kinds(await engine.client.history(iid))
+
+
+
+def test_a_wait_deadline_is_checked_at_registration() -> None:
+    negative: Workflow[Trip] = Workflow("negative", version=1, state=Trip)
+    negative.wait("linger", signals={"go": END}, start=True, deadline=-1)
+    with pytest.raises(DefinitionError, match="a deadline is for action, timer, wait steps and must not be negative"):
+        Registry(negative)
+    unknown: Workflow[Trip] = Workflow("unknown", version=1, state=Trip)
+    unknown.wait("linger", signals={"go": END}, start=True, deadline=5, on_deadline="nowhere")
+    with pytest.raises(DefinitionError, match="goes to unknown step 'nowhere'"):
+        Registry(unknown)
+
+
+async def test_a_timer_bounded_by_a_deadline_leaves_early(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(w.sleepy, {})  # the timer is the start step: the start enters it
+    await engine.run_until_idle()
+    await engine.advance(seconds=61)
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["fallback"])
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE instance_id = $1 AND kind = 'TIMER' "
+                               "AND name = 'fire'", iid) == "SUPERSEDED"
+    deadlines = await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1 AND kind = 'TIMER' "
+                                    "AND name = 'step_deadline' AND position = '$saga'", iid)
+    assert deadlines == 1  # entered once: one deadline timer
+
+
+GUIDE = (Path(__file__).resolve().parents[2] / "docs" / "sagas.md").read_text(encoding="utf-8")
+
+
+async def test_the_guides_step_deadline_example_runs(database_url: str) -> None:
+    guide, fence = GUIDE, "`" * 3
+    start = guide.index('wf = Workflow("shipping")')
+    source = guide[guide.rindex(fence + "python\n", 0, start) + len(fence + "python\n"):guide.index(fence, start)]
+    scope: dict[str, Any] = {}
+    exec(compile(source, "docs/sagas.md", "exec"), scope)  # noqa: S102 - the guide's own example
+    async with open_engine(database_url, Registry(scope["wf"])) as shipping:
+        iid = await shipping.client.start(scope["wf"], {})
+        await shipping.run_until_idle()
+        assert (await shipping.client.get(iid)).step == "await_pickup"
+        await shipping.advance(days=3)  # nobody picked it up within two days
+        info = await shipping.client.get(iid)
+        assert (info.status, info.state) == ("COMPLETED", {"label": "L-1", "later": True})

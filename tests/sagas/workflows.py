@@ -237,4 +237,169 @@ strict.step(begin, name="begin", start=True, next="slow")
 strict.compensation("begin", retry=QUICK)(_undo("begin"))
 strict.step(_slow, name="slow", next=None, deadline=5)
 
-registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict)
+# -- a family: home -> fork(a: kid, a child workflow; b: side) -> join -> settle (fails) -----------
+# `pair`, the child, waits for "go" and then completes two compensable steps, so a test decides
+# whether it completes before or after the other branch.
+
+pair: Workflow[Trip] = Workflow("pair", version=1, state=Trip)
+pair.wait("pair_go", signals={"go": "pair_one"}, start=True)
+
+
+@pair.step(next="pair_two")
+def pair_one(ctx: StepContext, state: Trip) -> None:
+    ctx.record("p1")
+
+
+@pair.step(next=None)
+def pair_two(ctx: StepContext, state: Trip) -> None:
+    ctx.record("p2")
+
+
+for _name in ("pair_one", "pair_two"):
+    pair.compensation(_name, retry=QUICK)(_undo(_name))
+
+family: Workflow[Trip] = Workflow("family", version=1, state=Trip)
+
+
+@family.step(start=True, next="split")
+def home(ctx: StepContext, state: Trip) -> None:
+    ctx.record("h")
+
+
+family.fork("split", branches={"a": "kid", "b": "side"})
+
+
+@family.child(workflow="pair", next="meet")
+def kid(ctx: StepContext, state: Trip) -> dict[str, Any]:
+    return {}
+
+
+@family.step(next="meet")
+def side(ctx: StepContext, state: Trip) -> None:
+    ctx.record("s")
+
+
+family.join("meet", fork="split", next="settle")
+
+
+@family.step(next=None, retry=Retry(max_attempts=1))
+def settle(ctx: StepContext, state: Trip) -> None:
+    raise Declined("no")
+
+
+for _name in ("home", "side"):
+    family.compensation(_name, retry=QUICK)(_undo(_name))
+
+# -- a running child: home -> fork(a: kid, a child busy in its handler; b: side -> give_up (fails)) ---
+# `busy`, the child, completes a compensable step and then holds in `busy_work` (CHILD_BUSY) until
+# the test releases it (CHILD_RELEASE); the other branch fails only once the child is busy.
+
+CHILD_BUSY: dict[str, asyncio.Event] = {}
+"""The test's events, under "busy" and "release"."""
+
+busy: Workflow[Trip] = Workflow("busy", version=1, state=Trip)
+
+
+@busy.step(start=True, next="busy_work")
+def busy_one(ctx: StepContext, state: Trip) -> None:
+    ctx.record("b1")
+
+
+busy.compensation("busy_one", retry=QUICK)(_undo("busy_one"))
+
+
+@busy.step(next=None)
+async def busy_work(ctx: StepContext, state: Trip) -> None:
+    CHILD_BUSY["busy"].set()
+    await CHILD_BUSY["release"].wait()
+    state.log.append("busy_work")
+
+
+parent: Workflow[Trip] = Workflow("parent", version=1, state=Trip)
+parent.step(home, name="home", start=True, next="split")
+parent.compensation("home", retry=QUICK)(_undo("home"))
+parent.fork("split", branches={"a": "kid", "b": "side"})
+
+
+@parent.child(workflow="busy", name="kid", next="meet")
+def busy_kid(ctx: StepContext, state: Trip) -> dict[str, Any]:
+    return {}
+
+
+@parent.step(name="side", next="give_up")
+async def waits_for_the_child(ctx: StepContext, state: Trip) -> None:
+    await CHILD_BUSY["busy"].wait()
+    ctx.record("s")
+
+
+parent.compensation("side", retry=QUICK)(_undo("side"))
+
+
+@parent.step(next="meet", retry=Retry(max_attempts=1))
+def give_up(ctx: StepContext, state: Trip) -> None:
+    raise Declined("no")
+
+
+parent.join("meet", fork="split", next="settle")
+parent.step(settle, name="settle", next=None, retry=Retry(max_attempts=1))
+
+# -- deadlines on the start step and on a wait -------------------------------------------------------
+
+hasty: Workflow[Trip] = Workflow("hasty", version=1, state=Trip)
+hasty.step(_slow, name="slow", start=True, next="on_time", deadline=5, on_deadline="fallback")
+hasty.step(on_time, name="on_time", next=None)
+hasty.step(fallback, name="fallback", next=None)
+
+patient: Workflow[Trip] = Workflow("patient", version=1, state=Trip)
+patient.step(book, name="book", start=True, next="linger")
+patient.compensation("book", retry=QUICK)(_undo("book"))
+patient.wait("linger", signals={"go": "finish"}, timeout=3600, on_timeout="finish", deadline=60,
+             on_deadline="fallback")
+patient.step(finish, name="finish", next=None)
+patient.step(fallback, name="fallback", next=None)
+
+stubborn: Workflow[Trip] = Workflow("stubborn", version=1, state=Trip)
+stubborn.step(book, name="book", start=True, next="linger")
+stubborn.compensation("book", retry=QUICK)(_undo("book"))
+stubborn.wait("linger", signals={"go": "finish"}, deadline=60)
+stubborn.step(finish, name="finish", next=None)
+
+sleepy: Workflow[Trip] = Workflow("sleepy", version=1, state=Trip)
+sleepy.timer("nap", next="finish", delay=3600, start=True, deadline=60, on_deadline="fallback")
+sleepy.step(finish, name="finish", next=None)
+sleepy.step(fallback, name="fallback", next=None)
+
+# -- a compensation two workers race for: the first call holds until the test releases it (RACE) ---
+
+RACE: dict[str, asyncio.Event] = {}
+"""The test's events, under "entered" (taken by the first call only) and "release"."""
+
+touchy: Workflow[Trip] = Workflow("touchy", version=1, state=Trip)
+touchy.step(book, name="book", start=True, next="hold_on")
+touchy.wait("hold_on", signals={"done": "finish"})
+touchy.step(finish, name="finish", next=None)
+
+
+@touchy.compensation("book", retry=Retry(max_attempts=1))
+async def undo_touchy(ctx: CompensationContext, state: Trip, recorded: Any) -> None:
+    CALLS.append((ctx.instance_id, "book"))
+    entered = RACE.pop("entered", None)
+    if entered is not None:
+        entered.set()
+        await RACE["release"].wait()
+    raise Boom("the hotel's system is down")
+
+
+# -- children of either cancel policy: home -> fork(a: kid, goes with its parent; b: loose, detached) --
+
+policies: Workflow[Trip] = Workflow("policies", version=1, state=Trip)
+policies.step(home, name="home", start=True, next="split")
+policies.compensation("home", retry=QUICK)(_undo("home"))
+policies.fork("split", branches={"a": "kid", "b": "loose"})
+policies.child(kid, name="kid", workflow="pair", next="meet")
+policies.child(kid, name="loose", workflow="pair", next="meet", cancel_with_parent=False)
+policies.join("meet", fork="split", next="finish")
+policies.step(finish, name="finish", next=None)
+
+registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
+                    patient, stubborn, sleepy, touchy, policies)

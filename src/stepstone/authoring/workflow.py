@@ -255,10 +255,15 @@ class Workflow(Generic[S]):
         delay: timedelta | float | None = None,
         until: str | None = None,
         start: bool = False,
+        deadline: timedelta | float | None = None,
+        on_deadline: str | None = None,
     ) -> None:
-        """Declare a timer step: sleep for `delay`, or until the instant in state field `until`."""
+        """Declare a timer step: sleep for `delay`, or until the instant in state field `until`;
+        `deadline` bounds it (an `until` read from state may lie further out): then `on_deadline`."""
         seconds = None if delay is None else _seconds(delay)
-        self._add(Step(name, "timer", (next,), delay_seconds=seconds, until=until), start)
+        self._add(Step(name, "timer", (next,), delay_seconds=seconds, until=until,
+                       deadline_seconds=None if deadline is None else _seconds(deadline), on_deadline=on_deadline),
+                  start)
 
     def wait(
         self,
@@ -271,19 +276,25 @@ class Workflow(Generic[S]):
         messages: Mapping[str, str] | None = None,
         correlation: str | None = None,
         payloads: Mapping[str, type[BaseModel]] | None = None,
+        deadline: timedelta | float | None = None,
+        on_deadline: str | None = None,
     ) -> None:
         """Declare a wait step: the first accepted signal moves on to its step. `messages` (name ->
         step) subscribes to published messages whose correlation key is the state value at
         `correlation` (a dotted path), read when the wait is entered. `payloads` names the pydantic
         model of a signal's or message's payload: its fields marked `Sensitive` are redacted from
-        every stored copy once the handler has it (docs/operations.md, Redaction)."""
+        every stored copy once the handler has it (docs/operations.md, Redaction). `deadline`: the
+        wait must be left within it, or it goes to `on_deadline` (without one, the step fails: a saga
+        compensates)."""
         for signal, model in (payloads or {}).items():
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 raise DefinitionError(f"wait {name!r}: the payload of {signal!r} must be a pydantic model class")
             self.redaction = self.redaction.with_payload(("signal", signal), sensitive_paths(model))
         seconds = None if timeout is None else _seconds(timeout)
         self._add(Step(name, "wait", signals=dict(signals or {}), timeout_seconds=seconds, on_timeout=on_timeout,
-                       messages=dict(messages or {}), correlation=correlation), start)
+                       messages=dict(messages or {}), correlation=correlation,
+                       deadline_seconds=None if deadline is None else _seconds(deadline), on_deadline=on_deadline),
+                  start)
 
     def task(
         self,

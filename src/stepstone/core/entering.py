@@ -31,7 +31,7 @@ from stepstone.core.subscriptions import subscribe
 from stepstone.core.task_entering import enter_task
 
 
-def enter(  # noqa: PLR0911 - one return per step kind
+def enter(
     instance: InstanceView,
     plan: Plan,
     target: str,
@@ -53,12 +53,25 @@ def enter(  # noqa: PLR0911 - one return per step kind
             RecordHistory("INSTANCE_COMPLETED", None, visit),
         ]
     step = plan.steps[target]
+    entered = _enter_step(instance, plan, step, visit, state, now, cause)
+    if step.deadline_seconds is not None and _arrives(entered, target):
+        entered.append(ScheduleStepDeadline(target, visit, step.deadline_seconds))
+    return entered
+
+
+def _arrives(effects: list[Effect], target: str) -> bool:
+    """The position stays at `target` (entering it did not fail at once)."""
+    return any(isinstance(e, MovePosition) and e.step == target and e.status != FAILED for e in effects)
+
+
+def _enter_step(  # noqa: PLR0911 - one return per step kind
+    instance: InstanceView, plan: Plan, step: Step, visit: int, state: JSON, now: datetime, cause: JSON,
+) -> list[Effect]:
+    target = step.name
     if step.kind in ("action", "child"):
-        deadline = [] if step.deadline_seconds is None else [ScheduleStepDeadline(target, visit, step.deadline_seconds)]
         return [
             MovePosition(RUNNING, target, visit),
             Enqueue("STEP", target, visit, payload=cause, continuation=True),
-            *deadline,
         ]
     if step.kind == "timer":
         return _timer(instance, step, visit, state, now)

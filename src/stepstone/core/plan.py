@@ -19,6 +19,9 @@ from typing import Any, Literal
 from stepstone.core.task_spec import TaskSpec
 
 END = "$end"
+DEADLINE_KINDS = frozenset({"action", "wait", "timer"})
+"""The kinds a step deadline may be declared on. Leaving a child, human or external task step early
+would leave the child or the open task behind (tasks have their own due date and expiry)."""
 """The pseudo-step that ends an instance; a transition to it completes the instance."""
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
@@ -125,7 +128,8 @@ class Step:
     compensation: Compensation | None = None
     """Undoes what a completed action step did when its saga is compensated (`core.saga`)."""
     deadline_seconds: float | None = None
-    """An action step must finish within this (all attempts); then `on_deadline`, or it fails."""
+    """The step (an action's every attempt, a wait, a timer) must be left within this, from entering
+    it; then `on_deadline`, or it fails (`DEADLINE_KINDS`)."""
     on_deadline: str | None = None
     decisions: Mapping[str, str] = field(default_factory=dict)
     task: TaskSpec | None = None
@@ -140,6 +144,10 @@ class Step:
 
     def targets(self) -> tuple[str, ...]:
         """Every step this one may go to."""
+        deadline = (self.on_deadline,) if self.on_deadline else ()
+        return self._kind_targets() + deadline
+
+    def _kind_targets(self) -> tuple[str, ...]:
         if self.kind == "wait":
             extra = (self.on_timeout,) if self.on_timeout else ()
             return tuple(self.signals.values()) + tuple(self.messages.values()) + extra
@@ -150,8 +158,6 @@ class Step:
             return (*self.next, self.on_failure)
         if self.kind == "external":
             return (*self.next, *self.errors.values())
-        if self.on_deadline:
-            return (*self.next, self.on_deadline)
         return self.next
 
     def describe(self) -> dict[str, Any]:
@@ -222,6 +228,13 @@ class Plan:
         return any(s.compensation is not None for s in self.steps.values())
 
     @property
+    def start_deadline(self) -> float | None:
+        """An action start step's deadline, which the start itself schedules: the start runs that step
+        without entering it (a wait or timer start step schedules its own when the start enters it)."""
+        first = self.steps[self.start]
+        return first.deadline_seconds if first.kind == "action" else None
+
+    @property
     def signal_names(self) -> frozenset[str]:
         """Every signal name some wait step of this plan accepts."""
         return frozenset(n for s in self.steps.values() for n in s.signals)
@@ -275,8 +288,6 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
         found.append(f"start step {start!r} is not defined")
     for s in steps:
         found.extend(_step_problems(s, known))
-        if s.name == start and s.deadline_seconds is not None:
-            found.append(f"step {s.name!r}: the start step cannot have a deadline yet (give the instance one)")
     if start in known:
         found.extend(_flow_problems(start, {s.name: s for s in steps}))
     return found
@@ -286,8 +297,9 @@ def _step_problems(s: Step, known: set[str]) -> list[str]:
     found = [] if s.compensation is None else s.compensation.retry.problems(f"compensation of step {s.name!r}")
     if s.compensation is not None and s.kind != "action":
         found.append(f"step {s.name!r}: only an action step can declare a compensation")
-    if s.deadline_seconds is not None and (s.kind != "action" or s.deadline_seconds < 0):
-        found.append(f"step {s.name!r}: a deadline is for action steps and must not be negative")
+    if s.deadline_seconds is not None and (s.kind not in DEADLINE_KINDS or s.deadline_seconds < 0):
+        kinds = ", ".join(sorted(DEADLINE_KINDS))
+        found.append(f"step {s.name!r}: a deadline is for {kinds} steps and must not be negative")
     if s.on_deadline is not None and s.deadline_seconds is None:
         found.append(f"step {s.name!r}: on_deadline without a deadline")
     found += [

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from stepstone.core.effects import (
     AdvanceSaga,
+    CloseTimers,
     EmitEvent,
     InterruptStep,
     MovePosition,
@@ -133,10 +134,12 @@ def _interrupt(instance: InstanceView, command: CommandView) -> Decision:
 
 def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
     """On the step's own position: the step ran out of time; `on_deadline`, or the step fails."""
-    running = (instance.position_status or instance.status) == "RUNNING"
-    if not running or command.visit != instance.visit or command.step != instance.step:
+    there = (instance.position_status or instance.status) in ("RUNNING", "WAITING")
+    if not there or command.visit != instance.visit or command.step != instance.step:
         return Decision(Settle("STALE", "STEP_DEADLINE_SUPERSEDED"))
     step = plan.steps[instance.step or ""]
+    # Leaving a wait or a timer early: its own timers (a wait's timeout, the timer) are superseded.
+    leave = (CloseTimers(),) if step.kind in ("wait", "timer") else ()
     exceeded = RecordHistory("STEP_DEADLINE_EXCEEDED", step.name, instance.visit,
                              {"deadline_seconds": step.deadline_seconds, "on_deadline": step.on_deadline})
     if step.on_deadline:
@@ -144,7 +147,7 @@ def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Pla
     else:
         entered = fail(instance, "StepDeadline", f"step {step.name!r} did not finish within "
                        f"{step.deadline_seconds:g} s", step=step.name)
-    return Decision(settled(entered), (exceeded, *entered))
+    return Decision(settled(entered), (exceeded, *leave, *entered))
 
 
 def _compensate(

@@ -114,7 +114,8 @@ class CallerTransactionQueries:
                 json.dumps(new.state, separators=(",", ":"), ensure_ascii=False), new.start_step, new.business_key,
                 new.idempotency_key, new.fingerprint, new.actor, _json(new.context),
                 None if new.deadline_at is None else new.deadline_at.isoformat(),
-                None if new.deadline_seconds is None else repr(float(new.deadline_seconds))]
+                None if new.deadline_seconds is None else repr(float(new.deadline_seconds)), new.start_step,
+                None if new.start_deadline_seconds is None else repr(float(new.start_deadline_seconds))]
         [row] = await _rows(connection, self._cq("start"), args)
         return start_result(str(row["outcome"]), str(row["target"]), row["fingerprint"], key=new.idempotency_key,
                             business_key=new.business_key, expected=new.fingerprint)

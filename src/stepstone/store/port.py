@@ -90,6 +90,8 @@ class NewInstance:
     deadline_at: datetime | None = None
     deadline_seconds: float | None = None
     """An instance deadline (an instant, or seconds from the start on the database clock): a timer."""
+    start_deadline_seconds: float | None = None
+    """The start step's own deadline (the plan's): a step deadline timer from the start."""
     context: Any = None
     """What the caller bound when it started (stepstone.context): kept with the instance."""
 

@@ -258,11 +258,12 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         try:
             args = (uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
                     new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint)
-            if new.context is None and new.deadline_at is None and new.deadline_seconds is None:
+            if new.context is None and new.deadline_at is None and new.deadline_seconds is None \
+                    and new.start_deadline_seconds is None:
                 created = await self._fetchval("start", *args, None, new.actor)
-            else:  # a durable context kept on the instance (stepstone/context.py), an instance deadline
+            else:  # a durable context kept on the instance (stepstone/context.py), an instance or start deadline
                 created = await self._fetchval("start_with", *args, new.actor, new.context, new.deadline_at,
-                                               new.deadline_seconds)
+                                               new.deadline_seconds, new.start_deadline_seconds)
         except asyncpg.UniqueViolationError:
             holder = await self._fetchval("business_key_holder", pin.scope, pin.definition_id, new.business_key)
             raise BusinessKeyInUse(new.business_key or "", str(holder)) from None

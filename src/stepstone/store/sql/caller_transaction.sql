@@ -4,14 +4,15 @@
 -- asyncpg infers text for every parameter).
 
 -- name: start
--- The instance deadline (an instant, or seconds from now: the last two parameters) only for an instance
--- this call created.
+-- The instance deadline (an instant, or seconds from now) and the start step's deadline (its step and
+-- seconds: the last two parameters) only for an instance this call created.
 SELECT r.outcome, r.target, r.fingerprint FROM {{schema}}.start_in_caller_transaction(
     CAST(CAST($1 AS text) AS uuid), CAST($2 AS text), CAST($3 AS text), CAST(CAST($4 AS text) AS integer), CAST($5 AS text),
     CAST(CAST($6 AS text) AS jsonb), CAST($7 AS text), CAST($8 AS text), CAST($9 AS text), CAST($10 AS text),
     CAST($11 AS text), CAST(CAST($12 AS text) AS jsonb)) AS r
-LEFT JOIN LATERAL (SELECT {{schema}}.schedule_deadline(CAST(r.target AS uuid), CAST(CAST($13 AS text) AS timestamptz),
-                                                       CAST(CAST($14 AS text) AS float8))
+LEFT JOIN LATERAL (SELECT {{schema}}.schedule_start_deadlines(
+                       CAST(r.target AS uuid), CAST(CAST($13 AS text) AS timestamptz), CAST(CAST($14 AS text) AS float8),
+                       CAST($15 AS text), CAST(CAST($16 AS text) AS float8))
                    WHERE r.outcome = 'started') AS d ON true;
 
 -- name: signal

@@ -201,10 +201,11 @@ SELECT {{schema}}.start_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $
 
 -- name: start_with
 -- start, keeping the caller's durable context on the instance ($12, migration 0011) and scheduling an
--- instance deadline (an instant $13 or seconds from now $14, migration 0006), in one statement.
+-- instance deadline (an instant $13 or seconds from now $14, migration 0006) and the start step's
+-- deadline ($15 seconds, migration 0016), in one statement.
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($11::text, ''), true))
-SELECT {{schema}}.schedule_deadline(
-    {{schema}}.start_with_context($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12), $13, $14) FROM who;
+SELECT {{schema}}.schedule_start_deadlines(
+    {{schema}}.start_with_context($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12), $13, $14, $7, $15) FROM who;
 
 -- name: start_key
 SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namespace = $1 AND key = $2;
