@@ -8,7 +8,7 @@
     activate          a scope's current version (the target must be AVAILABLE)
     select_version    what a start in a scope selects; pin admission (the instances trigger) is the fence
     heartbeat         which pins a worker serves; `stranded` reports instances nobody serves
-    migrate_instance  one fenced in-flight migration (see migration 0008)
+    migrate_instance  one fenced in-flight migration, in the instance's command order (migrations 0008, 0017)
 
 Every lifecycle change is one READ COMMITTED transaction that takes the definition id's advisory lock
 first, then the id's rows in order, so changes of one id serialize and never deadlock.
@@ -307,12 +307,17 @@ class PostgresRegistry:
     ) -> list[str]:
         return [str(r["id"]) for r in await self._fetch("migration_candidates", definition_id, version, scope, limit)]
 
+    async def reserve_command_seq(self) -> int:
+        row = await self._fetchrow("reserve_command_seq")
+        assert row is not None
+        return int(row[0])
+
     async def migrate_instance(
-        self, instance_id: str, *, from_pin: Pin, state_version: int, to_pin: Pin, step_map: dict[str, str],
-        positions: list[dict[str, Any]], state: Any, actor: str | None,
+        self, instance_id: str, *, order_seq: int, from_pin: Pin, state_version: int, to_pin: Pin,
+        step_map: dict[str, str], positions: list[dict[str, Any]], state: Any, actor: str | None,
     ) -> tuple[str, int | None]:
         row = await self._fetchrow(
-            "migrate_instance", uuid.UUID(instance_id), from_pin.version, from_pin.plan_hash, state_version,
+            "migrate_instance", order_seq, uuid.UUID(instance_id), from_pin.version, from_pin.plan_hash, state_version,
             to_pin.version, to_pin.plan_hash, step_map, positions, state, actor,
         )
         assert row is not None

@@ -81,7 +81,8 @@ class DefinitionsPort(Protocol):
     async def migration_candidates(
         self, definition_id: str, version: int, scope: str | None, limit: int
     ) -> list[str]: ...
+    async def reserve_command_seq(self) -> int: ...
     async def migrate_instance(
-        self, instance_id: str, *, from_pin: Pin, state_version: int, to_pin: Pin, step_map: dict[str, str],
-        positions: list[dict[str, Any]], state: Any, actor: str | None,
+        self, instance_id: str, *, order_seq: int, from_pin: Pin, state_version: int, to_pin: Pin,
+        step_map: dict[str, str], positions: list[dict[str, Any]], state: Any, actor: str | None,
     ) -> tuple[str, int | None]: ...

@@ -217,5 +217,9 @@ WHERE i.definition_id = $1 AND i.version = $2 AND ($3::text IS NULL OR i.scope =
 ORDER BY i.created_at, i.id
 LIMIT $4;
 
+-- name: reserve_command_seq
+-- A migration's place in the command order, taken when it is first planned (migration 0017).
+SELECT nextval('{{schema}}.command_seq');
+
 -- name: migrate_instance
-SELECT outcome, command_id FROM {{schema}}.migrate_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+SELECT outcome, command_id FROM {{schema}}.migrate_in_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
