@@ -26,9 +26,17 @@ from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
-from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.errors import (
+    DefinitionNotFound,
+    InvalidInput,
+    PayloadTooDeep,
+    PayloadTooLarge,
+    UnknownSignal,
+    WaitTimeout,
+)
 from stepstone.observability import tracing
 from stepstone.ops import InstanceFilter, Operations, migration
+from stepstone.ops.contracts import explain_unknown_signal
 from stepstone.ops.migration import MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 from stepstone.scheduling import operations as scheduling
@@ -213,15 +221,18 @@ class Client(TaskOperations, MessageOperations):
         with tracing.span(f"stepstone.signal {name}", {"instance_id": instance_id, "signal": name,
                                                        "position": position or None}):
             context = durable.capture()
-            if connection is not None:
-                return await self._caller_transaction().signal_in(
-                    connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
-                    actor=self.actor, position=position, context=context,
+            try:
+                if connection is not None:
+                    return await self._caller_transaction().signal_in(
+                        connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
+                        actor=self.actor, position=position, context=context,
+                    )
+                return await self.store.signal(
+                    instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
+                    position=position, context=context,
                 )
-            return await self.store.signal(
-                instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
-                position=position, context=context,
-            )
+            except UnknownSignal as exc:  # the store refused it: name the pinned version that does not declare it
+                raise await explain_unknown_signal(self.store.definitions, exc) from None
 
     async def cancel(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> str:
         """Cancel an instance (idempotent); returns its status afterwards. Every open command is

@@ -64,13 +64,14 @@ class PostgresRegistry:
         """Record a version; 'inserted' or 'unchanged'. The same version with another plan hash (or, for a
         document, other text) raises DefinitionDrift and writes nothing."""
         signals = sorted(plan.get("signals", []))
+        messages = sorted({m for step in plan.get("steps", []) for m in step.get("messages") or {}})
         digest = digest_of(document) if document is not None else None
         with translate_errors(self.url):
             async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 await conn.execute(self.q["lock_definition"], pin.definition_id)
                 inserted = await conn.fetchval(
                     self.q["insert_definition"], pin.scope, pin.definition_id, pin.version, pin.plan_hash, plan,
-                    kind, status, state_model, signals, plan.get("messages", []), input_schema, document,
+                    kind, status, state_model, signals, messages, input_schema, document,
                     document_format, digest,
                 )
                 if inserted is not None:
@@ -301,6 +302,16 @@ class PostgresRegistry:
         if row is None:
             raise InstanceNotFound(instance_id)
         return {**dict(row), "id": str(row["id"])}
+
+    async def pinned_contract(self, instance_id: str) -> dict[str, Any] | None:
+        """The registry row (scope, id, version, plan hash, declared names, input schema) an instance is
+        pinned to, or None when the instance or its row is not there."""
+        try:
+            key = uuid.UUID(instance_id)
+        except ValueError:
+            return None
+        row = await self._fetchrow("pinned_contract", key)
+        return None if row is None else dict(row)
 
     async def migration_candidates(
         self, definition_id: str, version: int, scope: str | None, limit: int

@@ -209,6 +209,14 @@ SELECT i.id, i.scope, i.definition_scope, i.definition_id, i.version, i.plan_has
            AS open_signals
 FROM {{schema}}.instances i WHERE i.id = $1;
 
+-- name: pinned_contract
+-- The contract of the version an instance is pinned to: the row of its definition scope.
+SELECT d.scope, d.definition_id, d.version, d.plan_hash, d.signal_names, d.message_names, d.input_schema
+FROM {{schema}}.instances i
+JOIN {{schema}}.definitions d ON d.scope = i.definition_scope AND d.definition_id = i.definition_id
+                              AND d.version = i.version
+WHERE i.id = $1;
+
 -- name: migration_candidates
 -- Instances of a definition version a batch migration considers (oldest first).
 SELECT i.id FROM {{schema}}.instances i
