@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
-from stepstone.core.pin import Pin
+from stepstone.core.pin import Pin, pin_of
 from stepstone.ops.migration import migrate_one
 from stepstone.testing import Engine, open_engine
 
@@ -200,6 +200,7 @@ async def test_random_step_maps_never_leave_an_unreachable_state(engine: Engine)
 async def test_a_migration_waits_behind_a_signal_queued_before_it(engine: Engine) -> None:
     iid = await engine.client.start(o1, {})
     await engine.run_until_idle()
+    await engine.store.definitions.heartbeat("a-v1-worker", [pin_of(o1)])  # v1 is served: the signal can run
     signal_id = await engine.client.signal(iid, "go")  # queued, not applied: no worker has run yet
     refused = await migrate_one(engine.store.definitions, iid, to=o2, step_map=ORDER_MAP, state_transform=None,
                                 patience=0)
@@ -223,6 +224,20 @@ async def test_a_migration_waits_behind_a_signal_queued_before_it(engine: Engine
     await engine.client.signal(iid, "go")
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).state == {"ran": "v2"}
+
+
+async def test_commands_no_live_worker_can_run_do_not_hold_a_migration_back(engine: Engine) -> None:
+    """No worker serves v1 (the instance is stranded): its queued signal cannot run before the
+    migration, so the migration goes first and the signal then runs on v2."""
+    iid = await engine.client.start(o1, {})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "go")
+    outcome = await migrate_one(engine.store.definitions, iid, to=o2, step_map=ORDER_MAP, state_transform=None,
+                                patience=0)
+    assert outcome.outcome == "migrated", outcome
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.version, info.step) == (2, "second2")  # first -> second2: v2's route for "go"
 
 
 async def test_a_signal_sent_after_the_migration_is_planned_does_not_hold_it_back(engine: Engine) -> None:

@@ -16,7 +16,8 @@ fits the target's state model. Each instance is answered: migrated, refused (wit
 An accepted migration is one fenced transaction between two segments (`migrate_in_order`,
 migrations 0008 and 0017) at its place in the instance's command order, reserved when it is first
 planned: it waits ('queued') until every command queued before it that can run now has run, so a
-signal sent before the migration is applied on the version it was sent to; it is refused while a
+signal sent before the migration is applied on the version it was sent to (commands that cannot run,
+because no live worker serves the pinned version, do not hold it back); it is refused while a
 step of the instance runs, or when the instance moved since it was checked, and is then checked
 again from scratch, so it applies once, on the state it was checked on. It records a settled
 MIGRATION command at its place in the order and an INSTANCE_MIGRATED history entry with the full new

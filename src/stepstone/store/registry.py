@@ -32,7 +32,7 @@ from stepstone.errors import (
 )
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
-from stepstone.store.registry_port import DefinitionRecord, StrandedPin
+from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionRecord, StrandedPin
 
 __all__ = ["PostgresRegistry", "digest_of"]
 
@@ -326,10 +326,11 @@ class PostgresRegistry:
     async def migrate_instance(
         self, instance_id: str, *, order_seq: int, from_pin: Pin, state_version: int, to_pin: Pin,
         step_map: dict[str, str], positions: list[dict[str, Any]], state: Any, actor: str | None,
+        served_within: float = SERVED_WITHIN_SECONDS,
     ) -> tuple[str, int | None]:
         row = await self._fetchrow(
             "migrate_instance", order_seq, uuid.UUID(instance_id), from_pin.version, from_pin.plan_hash, state_version,
-            to_pin.version, to_pin.plan_hash, step_map, positions, state, actor,
+            to_pin.version, to_pin.plan_hash, step_map, positions, state, actor, served_within,
         )
         assert row is not None
         return str(row["outcome"]), row["command_id"]

@@ -12,7 +12,10 @@ from typing import Any, Protocol
 
 from stepstone.core.pin import Pin
 
-__all__ = ["DefinitionRecord", "DefinitionsPort", "StrandedPin"]
+__all__ = ["SERVED_WITHIN_SECONDS", "DefinitionRecord", "DefinitionsPort", "StrandedPin"]
+
+SERVED_WITHIN_SECONDS = 300.0
+"""A pin counts as served by a live worker when a worker heartbeated it within this (5 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -86,4 +89,5 @@ class DefinitionsPort(Protocol):
     async def migrate_instance(
         self, instance_id: str, *, order_seq: int, from_pin: Pin, state_version: int, to_pin: Pin,
         step_map: dict[str, str], positions: list[dict[str, Any]], state: Any, actor: str | None,
+        served_within: float = SERVED_WITHIN_SECONDS,
     ) -> tuple[str, int | None]: ...

@@ -3572,19 +3572,27 @@ CREATE INDEX outbox_instance ON {{schema}}.outbox (instance_id, id);
 -- the caller reserves a command seq when it first plans the migration, and the migration applies
 -- only once every command queued before that seq which can run now has run ('queued' until then),
 -- so a signal sent before the migration is applied on the version it was sent to, and the MIGRATION
--- command is recorded at the reserved seq. A command deferred because no worker serves the pin
--- (NOT_RUNNABLE) does not hold the migration back: the migration is how such an instance moves.
+-- command is recorded at the reserved seq. A command that cannot run does not hold the migration
+-- back, since the migration is how such an instance moves: one deferred because the workers that
+-- claimed it lack the plan (NOT_RUNNABLE), and any command of an instance whose pinned plan no worker
+-- served within the last p_served_within seconds (worker_plans, the stranded report's rule).
 CREATE FUNCTION {{schema}}.migrate_in_order(
     p_order_seq bigint, p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
-    p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
+    p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text,
+    p_served_within double precision)
 RETURNS TABLE (outcome text, command_id bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_inst {{schema}}.instances%ROWTYPE;
     v_outcome text;
     v_id bigint;
 BEGIN
-    PERFORM 1 FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;  -- first in the lock order
-    IF EXISTS (SELECT 1 FROM {{schema}}.commands c
+    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;  -- first in the lock order
+    IF EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
+               WHERE w.definition_id = v_inst.definition_id AND w.version = v_inst.version
+                 AND w.plan_hash = v_inst.plan_hash
+                 AND w.seen_at > {{schema}}.db_now() - make_interval(secs => p_served_within))
+       AND EXISTS (SELECT 1 FROM {{schema}}.commands c
                WHERE c.instance_id = p_instance AND c.seq < p_order_seq
                  AND c.state IN ('PENDING', 'DEFERRED') AND c.available_at <= {{schema}}.db_now()
                  AND NOT (c.state = 'DEFERRED' AND c.last_error LIKE 'NOT\_RUNNABLE%')) THEN

@@ -231,4 +231,4 @@ LIMIT $4;
 SELECT nextval('{{schema}}.command_seq');
 
 -- name: migrate_instance
-SELECT outcome, command_id FROM {{schema}}.migrate_in_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11);
+SELECT outcome, command_id FROM {{schema}}.migrate_in_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
