@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
 from typing import Any
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.core.pin import Pin, pin_of
+from stepstone.errors import PositionNotFound
 from stepstone.ops.migration import migrate_one
 from stepstone.testing import Engine, open_engine
 
@@ -261,3 +263,42 @@ async def test_a_signal_sent_after_the_migration_is_planned_does_not_hold_it_bac
 
 def _pin(view: dict[str, Any]) -> Pin:
     return Pin(view["definition_scope"], view["definition_id"], int(view["version"]), view["plan_hash"])
+
+
+async def test_migrating_branching_instances_under_load_loses_nothing_and_migrates_nothing_twice(
+    database_url: str,
+) -> None:
+    """Two batch migrations race each other and the signals to the branches while a worker runs:
+    every instance completes, each is migrated at most once, and what ran matches where it ended."""
+    async with open_engine(database_url, Registry(p1, p2), concurrency=4, poll_interval=0.05) as engine:
+        ids = [await engine.client.start(p1, {}) for _ in range(10)]
+        for iid in ids:  # the root's "go" waits (parked) until a wait takes it: v2's hold, never v1's
+            await engine.client.signal(iid, "go")
+        worker = engine.new_worker(concurrency=4, poll_interval=0.05, heartbeat_seconds=0.2)
+        await worker.start()
+        try:
+            async def signal_branches(some: list[str]) -> None:
+                for iid in some:
+                    for branch in ("split/left", "split/right"):
+                        with contextlib.suppress(PositionNotFound):  # not opened yet: sent again below
+                            await engine.client.signal(iid, "go", position=branch, dedup_key=f"{iid}/{branch}")
+
+            async def migrate_all() -> Any:
+                return await engine.client.migrate(to=p2, definition="mig_par", from_version=1, step_map=PAR_MAP)
+
+            # half the instances get their branch signals during the migrations, the others after them
+            _, first, second = await asyncio.gather(signal_branches(ids[::2]), migrate_all(), migrate_all())
+            await signal_branches(ids)  # a repeat is one signal per branch (its dedup key)
+            infos = [await engine.client.wait_for(iid, timeout=60) for iid in ids]
+        finally:
+            await worker.stop()
+        assert [i.status for i in infos] == ["COMPLETED"] * len(ids)
+        migrated = 0
+        for iid, info in zip(ids, infos, strict=True):
+            entries = [h for h in await engine.client.history(iid) if h["kind"] == "INSTANCE_MIGRATED"]
+            assert len(entries) <= 1
+            migrated += len(entries)
+            assert info.version == (2 if entries else 1)
+            assert info.state["ran"].endswith("/v2" if entries else "/v1")
+        assert first.counts.get("migrated", 0) + second.counts.get("migrated", 0) == migrated >= len(ids) // 2
+        assert "refused" not in first.counts and "refused" not in second.counts, (first.outcomes, second.outcomes)
