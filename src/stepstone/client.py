@@ -37,7 +37,7 @@ from stepstone.errors import (
 from stepstone.observability import tracing
 from stepstone.ops import InstanceFilter, Operations, migration
 from stepstone.ops.contracts import explain_unknown_signal
-from stepstone.ops.migration import MigrationReport
+from stepstone.ops.migration import DEFAULT_PATIENCE, MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 from stepstone.scheduling import operations as scheduling
 from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
@@ -307,16 +307,19 @@ class Client(TaskOperations, MessageOperations):
         step_map: dict[str, str] | None = None,
         state_transform: Callable[[Any], Any] | None = None,
         dry_run: bool = False,
+        patience: float = DEFAULT_PATIENCE,
     ) -> MigrationReport:
         """Move instances (one id, a list, or every instance of `definition` v`from_version` that may still
         run) to the version of `to`; see docs/versions.md. Each is checked against the target plan
         before anything is written and answered migrated, refused (with why) or skipped. A single
-        instance that is refused raises MigrationRefused; nothing of it changed."""
+        instance that is refused raises MigrationRefused; nothing of it changed. Each migration waits
+        up to `patience` seconds for its turn behind the instance's queued commands."""
         await self._ensure_registered(to)
         chosen = instances if instances is None or isinstance(instances, str) else [*instances]
         report = await migration.migrate(
             self.store.definitions, chosen, to=to, definition=definition, from_version=from_version, scope=scope,
             step_map=step_map, state_transform=state_transform, dry_run=dry_run, actor=self.actor,
+            patience=patience,
         )
         if isinstance(instances, str):
             report.raise_for_refusals()

@@ -204,9 +204,8 @@ async def test_a_migration_waits_behind_a_signal_queued_before_it(engine: Engine
     await engine.run_until_idle()
     await engine.store.definitions.heartbeat("a-v1-worker", [pin_of(o1)])  # v1 is served: the signal can run
     signal_id = await engine.client.signal(iid, "go")  # queued, not applied: no worker has run yet
-    refused = await migrate_one(engine.store.definitions, iid, to=o2, step_map=ORDER_MAP, state_transform=None,
-                                patience=0)
-    assert refused.outcome == "refused" and "queued before the migration" in refused.reason
+    refused = await engine.client.migrate([iid], to=o2, step_map=ORDER_MAP, patience=0)
+    assert refused.counts == {"refused": 1} and "queued before the migration" in refused.outcomes[0].reason
     assert ((await engine.client.get(iid)).version, (await engine.client.get(iid)).step) == (1, "first")
 
     migrating = asyncio.create_task(migrate_one(engine.store.definitions, iid, to=o2, step_map=ORDER_MAP,
