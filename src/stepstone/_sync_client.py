@@ -213,11 +213,13 @@ class SyncClient:
         step_map: dict[str, str] | None = None,
         state_transform: Callable[[Any], Any] | None = None,
         dry_run: bool = False,
+        patience: float = 30.0,
     ) -> MigrationReport:
         """Move instances (one id, a list, or every instance of `definition` v`from_version` that may still
         run) to the version of `to`; see docs/versions.md. Each is checked against the target plan
         before anything is written and answered migrated, refused (with why) or skipped. A single
-        instance that is refused raises MigrationRefused; nothing of it changed."""
+        instance that is refused raises MigrationRefused; nothing of it changed. Each migration waits
+        up to `patience` seconds for its turn behind the instance's queued commands."""
         return self._run(self._client.migrate(
             instances,
             to=to,
@@ -227,6 +229,7 @@ class SyncClient:
             step_map=step_map,
             state_transform=state_transform,
             dry_run=dry_run,
+            patience=patience,
         ))
 
     def wait_for(self, instance_id: str, timeout: float = 30.0) -> InstanceInfo:

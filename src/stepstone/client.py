@@ -26,10 +26,18 @@ from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, TERMINAL
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
-from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge, WaitTimeout
+from stepstone.errors import (
+    DefinitionNotFound,
+    InvalidInput,
+    PayloadTooDeep,
+    PayloadTooLarge,
+    UnknownSignal,
+    WaitTimeout,
+)
 from stepstone.observability import tracing
 from stepstone.ops import InstanceFilter, Operations, migration
-from stepstone.ops.migration import MigrationReport
+from stepstone.ops.contracts import explain_unknown_signal
+from stepstone.ops.migration import DEFAULT_PATIENCE, MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 from stepstone.scheduling import operations as scheduling
 from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
@@ -214,15 +222,18 @@ class Client(TaskOperations, MessageOperations):
         with tracing.span(f"stepstone.signal {name}", {"instance_id": instance_id, "signal": name,
                                                        "position": position or None}):
             context = durable.capture()
-            if connection is not None:
-                return await self._caller_transaction().signal_in(
-                    connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
-                    actor=self.actor, position=position, context=context,
+            try:
+                if connection is not None:
+                    return await self._caller_transaction().signal_in(
+                        connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
+                        actor=self.actor, position=position, context=context,
+                    )
+                return await self.store.signal(
+                    instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
+                    position=position, context=context,
                 )
-            return await self.store.signal(
-                instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint, actor=self.actor,
-                position=position, context=context,
-            )
+            except UnknownSignal as exc:  # the store refused it: name the pinned version that does not declare it
+                raise await explain_unknown_signal(self.store.definitions, exc) from None
 
     async def cancel(self, instance_id: str, reason: str = "", *, compensate: bool = False) -> str:
         """Cancel an instance (idempotent); returns its status afterwards. Every open command is
@@ -297,16 +308,19 @@ class Client(TaskOperations, MessageOperations):
         step_map: dict[str, str] | None = None,
         state_transform: Callable[[Any], Any] | None = None,
         dry_run: bool = False,
+        patience: float = DEFAULT_PATIENCE,
     ) -> MigrationReport:
         """Move instances (one id, a list, or every instance of `definition` v`from_version` that may still
         run) to the version of `to`; see docs/versions.md. Each is checked against the target plan
         before anything is written and answered migrated, refused (with why) or skipped. A single
-        instance that is refused raises MigrationRefused; nothing of it changed."""
+        instance that is refused raises MigrationRefused; nothing of it changed. Each migration waits
+        up to `patience` seconds for its turn behind the instance's queued commands."""
         await self._ensure_registered(to)
         chosen = instances if instances is None or isinstance(instances, str) else [*instances]
         report = await migration.migrate(
             self.store.definitions, chosen, to=to, definition=definition, from_version=from_version, scope=scope,
             step_map=step_map, state_transform=state_transform, dry_run=dry_run, actor=self.actor,
+            patience=patience,
         )
         if isinstance(instances, str):
             report.raise_for_refusals()

@@ -292,10 +292,24 @@ class PayloadTooDeep(InvalidInput):
 
 
 class UnknownSignal(InvalidInput):
-    def __init__(self, name: str, instance_id: str) -> None:
-        super().__init__(f"instance {instance_id} has no signal named {name!r} in its definition", what="signal name")
+    """A signal the instance's pinned version does not declare; with the pin when it is known (the
+    definition's `scope`, `definition_id`, `version` and the names it `declared`)."""
+
+    def __init__(self, name: str, instance_id: str, *, scope: str | None = None, definition_id: str | None = None,
+                 version: int | None = None, declared: tuple[str, ...] = ()) -> None:
+        if scope is None:
+            message = f"instance {instance_id} has no signal named {name!r} in its definition"
+        else:
+            known = ", ".join(declared) or "none"
+            message = (f"instance {instance_id} has no signal named {name!r} in its pinned version: workflow "
+                       f"{definition_id!r} v{version} of scope {scope} declares {known}")
+        super().__init__(message, what="signal name")
         self.name = name
         self.instance_id = instance_id
+        self.scope = scope
+        self.definition_id = definition_id
+        self.version = version
+        self.declared = declared
 
 
 class WaitTimeout(StepstoneError):

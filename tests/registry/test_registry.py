@@ -183,6 +183,12 @@ async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fa
     assert [round(r["wait"]) for r in rows] == [5, 10, 20]  # 5 s * 2^n
     assert rows[0]["last_error"].startswith("NOT_RUNNABLE: this node has no plan orders v2")
     assert (await engine.client.get(iid)).status == "PENDING"
+    deferred = [h for h in await engine.client.history(iid) if h["kind"] == "COMMAND_DEFERRED"]
+    assert [(h["data"]["deferrals"], h["data"]["backoff_seconds"]) for h in deferred] == [(1, 5), (2, 10), (3, 20)]
+    pin = pin_of(V2.plan)
+    assert {k: deferred[0]["data"]["pin"][k] for k in ("definition_id", "version", "plan_hash")} == {
+        "definition_id": "orders", "version": 2, "plan_hash": pin.plan_hash}
+    assert deferred[0]["data"]["kind"] == "START" and deferred[0]["data"]["reason"] == rows[0]["last_error"]
     with_v2 = Worker(engine.store, Registry(V2))
     await with_v2.start()  # a worker with the plan comes up: the deferred command is claimable at once
     try:

@@ -227,8 +227,10 @@ def _add_step(
         elif kind == "timer":
             wf.timer(name, next=step["next"], delay=step.get("delay"), until=step.get("until"), start=start)
         elif kind == "wait":
-            wf.wait(name, signals=step["signals"], timeout=step.get("timeout"), on_timeout=step.get("on_timeout"),
-                    start=start)
+            wf.wait(name, signals=step.get("signals"), timeout=step.get("timeout"), on_timeout=step.get("on_timeout"),
+                    messages=step.get("messages"), correlation=step.get("correlation"), start=start)
+        elif kind == "task":
+            _add_task(wf, step, n, catalog, marks, start)
         elif kind == "fork":
             wf.fork(name, branches=step.get("branches"), map_over=step.get("map_over"), branch=step.get("branch"),
                     max_items=step.get("max_items", 10_000), start=start)
@@ -241,3 +243,31 @@ def _add_step(
     except DefinitionError as exc:
         raise _invalid(str(exc), ("steps", n), marks) from None
 
+
+_TASK_FIELDS = ("description", "assignee", "owner", "priority", "due", "follow_up", "reminder", "escalate_to_user",
+                "escalate_to_group", "expire", "on_expire", "require_version_stability")
+
+
+def _add_task(
+    wf: DocumentWorkflow, step: dict[str, Any], n: int, catalog: Catalog | None,
+    marks: dict[tuple[Any, ...], _Mark], start: bool,
+) -> None:
+    """A human task step; its decision payloads name pydantic models registered in the catalog."""
+    payloads = {}
+    for decision, model_name in (step.get("payloads") or {}).items():
+        if decision not in step["decisions"]:
+            raise _invalid(f"payload for {decision!r}, which is not one of the task's decisions",
+                           ("steps", n, "payloads", decision), marks)
+        model = None if catalog is None else catalog.models.get(model_name)
+        if catalog is not None and model is None:
+            known = ", ".join(sorted(catalog.models)) or "none"
+            raise _invalid(f"unknown payload model {model_name!r} (the catalog has: {known})",
+                           ("steps", n, "payloads", decision), marks)
+        if model is not None:
+            payloads[decision] = model
+    extra = {k: step[k] for k in _TASK_FIELDS if k in step}
+    for key in ("candidate_users", "candidate_groups", "show"):
+        if key in step:
+            extra[key] = step[key]
+    wf.task(step["name"], title=step["title"], decisions=step["decisions"], payloads=payloads or None, start=start,
+            **extra)

@@ -222,6 +222,11 @@ class Plan:
     def join_of(self, fork: str) -> Step:
         return next(s for s in self.steps.values() if s.kind == "join" and s.fork == fork)
 
+    def reaches(self, first: str, stop: str) -> bool:
+        """Whether some path from step `first` arrives at step `stop` (a nested fork jumps to its join)."""
+        joins = {s.fork: s.name for s in self.steps.values() if s.kind == "join" and s.fork}
+        return _reaches(first, stop, dict(self.steps), joins)
+
     @cached_property
     def compensable(self) -> bool:
         """Whether some step declares a compensation: then a step that fails for good compensates."""

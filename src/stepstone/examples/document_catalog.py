@@ -1,4 +1,4 @@
-"""The handler catalog of the document-defined approval workflow in docs/versions.md.
+"""The catalog of the document-defined workflows in docs/versions.md (approval, refund).
 
 A document names handlers by these registered names; every node that runs the document loads the
 same catalog (``--catalog stepstone.examples.document_catalog:catalog``).
@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from stepstone.authoring.documents import Catalog
 from stepstone.authoring.workflow import StepContext
 
-__all__ = ["catalog"]
+__all__ = ["ApprovalNote", "catalog"]
+
+
+class ApprovalNote(BaseModel):
+    """The payload of the refund task's approve decision."""
+
+    note: str
+
 
 catalog = Catalog()
+catalog.model("approval_note", ApprovalNote)
 
 
 @catalog.handler("review")

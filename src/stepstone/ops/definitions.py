@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, DocumentWorkflow, load_document
 from stepstone.core.pin import Pin, pin_of
 from stepstone.runtime.serving import state_model_name
-from stepstone.store.registry_port import DefinitionsPort, StrandedPin
+from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionsPort, StrandedPin
 
 __all__ = ["Published", "load_published", "publish_document", "stranded_report"]
 
-DEFAULT_STRANDED_WITHIN = 300.0
+DEFAULT_STRANDED_WITHIN = SERVED_WITHIN_SECONDS
 """Seconds without a heartbeat after which a pin counts as served by no live worker (5 minutes)."""
 
 

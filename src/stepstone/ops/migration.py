@@ -3,25 +3,34 @@
     report = await migrate(store.definitions, to=orders_v2, definition="orders", from_version=1,
                            step_map={"ship": "ship_parcel"}, state_transform=add_currency, dry_run=True)
 
-Before anything is written, each instance is checked against the target plan: every live position's
-step maps (through `step_map`, else by the same name) to a step of the target of the same kind; a wait
-maps to a wait that accepts every signal the old one accepted and has a timeout exactly when the old
-one had; every open command's step and every queued signal still exists in the target; the instance
-has no live branches; and the state `state_transform` returns fits the target's state model. Each
-instance is answered: migrated, refused (with why) or skipped (already on the target, or ended).
+Before anything is written, each instance is checked against the target plan: every live position
+(the root and each live branch) has its step mapped (through `step_map`, else by the same name) to a
+step of the target of the same kind; a wait maps to a wait that accepts every signal and message the
+old one accepted and has a timeout exactly when the old one had; a fork with live branches keeps its
+name and each live branch's mapped step still leads to that fork's join in the target; a waiting
+task or message wait keeps its name (its task or subscription names the step); every open command's
+step and every queued signal still exists in the target; and the state `state_transform` returns
+fits the target's state model. Each instance is answered: migrated, refused (with why) or skipped
+(already on the target, or ended).
 
-An accepted migration is one fenced transaction between two segments (`migrate_instance`, migration
-0008): it is refused while a step of the instance runs, or when the instance moved since it was
-checked, and is then checked again from scratch, so it applies once, on the state it was checked on.
-It records a settled MIGRATION command in the instance's command order and an INSTANCE_MIGRATED
-history entry with the full new state (a baseline). Pin admission refuses a target that is not
-AVAILABLE.
+An accepted migration is one fenced transaction between two segments (`migrate_in_order`,
+migrations 0008 and 0017) at its place in the instance's command order, reserved when it is first
+planned: it waits ('queued') until every command queued before it that can run now has run, so a
+signal sent before the migration is applied on the version it was sent to (commands that cannot run,
+because no live worker serves the pinned version, do not hold it back); it is refused while a
+step of the instance runs, or when the instance moved since it was checked, and is then checked
+again from scratch, so it applies once, on the state it was checked on. It records a settled
+MIGRATION command at its place in the order and an INSTANCE_MIGRATED history entry with the full new
+state (a baseline). Pin admission refuses a target that is not AVAILABLE. A caller that cannot get
+its turn within `patience` seconds (no worker runs the commands ahead of it) is answered refused,
+with nothing changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +38,7 @@ from typing import Any
 
 from stepstone.authoring.workflow import Workflow
 from stepstone.core.pin import Pin
-from stepstone.core.plan import Plan
+from stepstone.core.plan import Plan, Step
 from stepstone.errors import InvalidInput, MigrationRefused, StepstoneError
 from stepstone.store.registry_port import DefinitionsPort
 
@@ -37,7 +46,8 @@ __all__ = ["MigrationOutcome", "MigrationReport", "migrate", "migrate_one"]
 
 _LIVE = ("RUNNING", "WAITING", "FAILED")
 _ENDED = ("COMPLETED", "CANCELLED")
-_ATTEMPTS = 20
+DEFAULT_PATIENCE = 30.0
+"""Seconds a migration waits for its turn (commands queued before it, a running step) before refusing."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ async def migrate(
     dry_run: bool = False,
     limit: int = 10_000,
     actor: str | None = None,
+    patience: float = DEFAULT_PATIENCE,
 ) -> MigrationReport:
     """Migrate one instance, a list, or every instance of (`definition`, `from_version`[, `scope`]) that may
     still run, to the version of `to`. Returns the per-instance report; `dry_run` checks and writes nothing."""
@@ -95,18 +106,22 @@ async def migrate(
     for instance_id in ids:
         report.outcomes.append(await migrate_one(
             definitions, instance_id, to=to, step_map=step_map or {}, state_transform=state_transform,
-            dry_run=dry_run, actor=actor))
+            dry_run=dry_run, actor=actor, patience=patience))
     return report
 
 
 async def migrate_one(
     definitions: DefinitionsPort, instance_id: str, *, to: Workflow[Any], step_map: Mapping[str, str],
     state_transform: Callable[[Any], Any] | None, dry_run: bool = False, actor: str | None = None,
+    patience: float = DEFAULT_PATIENCE,
 ) -> MigrationOutcome:
     """Check and (unless `dry_run`) migrate one instance; see the module docstring."""
     target = to.plan
     delay = 0.01
-    for _ in range(_ATTEMPTS):
+    deadline = time.monotonic() + patience
+    order_seq: int | None = None
+    outcome = "changed"
+    while True:
         view = await definitions.migration_view(instance_id)
         early = _settled_already(instance_id, view, target)
         if early is not None:
@@ -117,9 +132,11 @@ async def migrate_one(
             return MigrationOutcome(instance_id, "refused", str(exc))
         if dry_run:
             return MigrationOutcome(instance_id, "would migrate")
+        if order_seq is None:  # the migration's place in the instance's order: behind what is queued now
+            order_seq = await definitions.reserve_command_seq()
         try:
             outcome, _ = await definitions.migrate_instance(
-                instance_id, from_pin=_pin(view), state_version=int(view["state_version"]),
+                instance_id, order_seq=order_seq, from_pin=_pin(view), state_version=int(view["state_version"]),
                 to_pin=_pin({**view, "version": target.version, "plan_hash": target.plan_hash}),
                 step_map=commands_map, positions=positions, state=state, actor=actor,
             )
@@ -128,9 +145,19 @@ async def migrate_one(
         if outcome in _ANSWERS:
             answer, reason = _ANSWERS[outcome]
             return MigrationOutcome(instance_id, answer, reason.format(version=target.version))
-        await asyncio.sleep(delay)  # busy (a step runs) or changed since read: check again
+        if time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(delay)  # queued behind commands, busy (a step runs) or changed since read: again
         delay = min(delay * 2, 0.5)
-    return MigrationOutcome(instance_id, "refused", "the instance kept moving; nothing was changed, try again")
+    return MigrationOutcome(instance_id, "refused", _GAVE_UP[outcome].format(patience=patience))
+
+
+_GAVE_UP = {
+    "queued": "commands queued before the migration were not applied within {patience:g} s (does a worker "
+              "serve this version?); nothing was changed",
+    "busy": "a step of the instance was running for {patience:g} s; nothing was changed, try again",
+    "changed": "the instance kept moving for {patience:g} s; nothing was changed, try again",
+}
 
 
 _ANSWERS = {
@@ -165,9 +192,9 @@ def _plan(
     for p in view["positions"]:
         row = {k: p[k] for k in ("path", "step", "visit", "status")}
         if p["status"] in _LIVE:
-            if p["path"] != "":
-                raise _Refused(f"live branch {p['path']!r}: migrate after its join")
             row.update(_position_target(p, source, target, step_map))
+            if p["path"]:
+                _check_branch(str(p["path"]), str(row["to_step"]), target, step_map)
         positions.append(row)
     commands_map = {}
     for step in view["command_steps"]:
@@ -197,21 +224,57 @@ def _position_target(
 ) -> dict[str, Any]:
     step = p["step"]
     mapped = step_map.get(step, step)
+    where = f"position {p['path']!r} at step {step!r}" if p["path"] else f"position at step {step!r}"
     goal = target.steps.get(mapped)
     if goal is None:
-        raise _Refused(f"position at step {step!r} maps to {mapped!r}: v{target.version} has no such step "
-                       "(pass step_map)")
+        raise _Refused(f"{where} maps to {mapped!r}: v{target.version} has no such step (pass step_map)")
     was = source.get(step, {})
     if was and was.get("kind") != goal.kind:
         raise _Refused(f"step {step!r} is a {was.get('kind')} step, {mapped!r} in v{target.version} a {goal.kind}")
     to_wait: Any = None
-    if goal.kind == "wait" and p["status"] == "WAITING":
-        old = set((was.get("signals") or {}).keys())
-        if not old <= set(goal.signals):
-            lost = ", ".join(sorted(old - set(goal.signals)))
-            raise _Refused(f"wait {step!r} accepts {lost}, which {mapped!r} in v{target.version} does not")
-        if (was.get("timeout_seconds") is None) != (goal.timeout_seconds is None):
-            raise _Refused(f"wait {step!r} and {mapped!r} differ in having a timeout")
-        to_wait = {"kind": "signal", "signals": dict(goal.signals), "timeout_seconds": goal.timeout_seconds}
+    waiting = p["status"] == "WAITING"
+    if goal.kind == "wait" and waiting:
+        to_wait = _wait_target(step, was, mapped, goal, target.version)
+    elif goal.kind == "task" and waiting:
+        if mapped != step:  # the open task row names its step
+            raise _Refused(f"task step {step!r} is waiting for its task: it keeps its name ({mapped!r} given)")
+        lost = sorted(set((was.get("decisions") or {}).keys()) - set(goal.decisions))
+        if lost:
+            raise _Refused(f"task {step!r} accepts decision(s) {', '.join(lost)}, which v{target.version} does not")
+    elif goal.kind == "fork" and waiting:
+        if mapped != step:  # the branches' paths and their reports name the fork
+            raise _Refused(f"fork {step!r} has live branches: it keeps its name ({mapped!r} given)")
+        to_wait = {**(p.get("wait") or {}), "join": target.join_of(mapped).name}
     return {"to_step": mapped, "to_wait": to_wait}
 
+
+def _wait_target(step: str, was: Mapping[str, Any], mapped: str, goal: Step, version: int) -> dict[str, Any]:
+    for what, old_names, new_names in (("signal", was.get("signals"), goal.signals),
+                                       ("message", was.get("messages"), goal.messages)):
+        lost = sorted(set((old_names or {}).keys()) - set(new_names))
+        if lost:
+            raise _Refused(f"wait {step!r} accepts {what}(s) {', '.join(lost)}, which {mapped!r} in v{version} "
+                           "does not")
+    if (was.get("timeout_seconds") is None) != (goal.timeout_seconds is None):
+        raise _Refused(f"wait {step!r} and {mapped!r} differ in having a timeout")
+    if was.get("messages") and (mapped != step or was.get("correlation") != goal.correlation):
+        # its open subscriptions name the step and were correlated by the old key
+        raise _Refused(f"wait {step!r} waits for messages: it keeps its name and correlation")
+    wait: dict[str, Any] = {"kind": "signal", "signals": dict(goal.signals), "timeout_seconds": goal.timeout_seconds}
+    if goal.messages:
+        wait["messages"] = dict(goal.messages)
+    return wait
+
+
+def _check_branch(path: str, to_step: str, target: Plan, step_map: Mapping[str, str]) -> None:
+    """A live branch stays a branch of the same fork and can still reach that fork's join."""
+    parts = path.split("/")  # fork/branch, nested: fork/branch/fork/branch
+    fork = parts[-2] if len(parts) >= 2 else ""
+    goal = target.steps.get(fork)
+    if goal is None or goal.kind != "fork" or step_map.get(fork, fork) != fork:
+        raise _Refused(f"live branch {path!r} belongs to fork {fork!r}, which v{target.version} does not have "
+                       "under that name")
+    join = target.join_of(fork).name
+    if not target.reaches(to_step, join):
+        raise _Refused(f"live branch {path!r} maps to {to_step!r}, which in v{target.version} never reaches "
+                       f"the join {join!r} of fork {fork!r}")

@@ -8,7 +8,7 @@
     activate          a scope's current version (the target must be AVAILABLE)
     select_version    what a start in a scope selects; pin admission (the instances trigger) is the fence
     heartbeat         which pins a worker serves; `stranded` reports instances nobody serves
-    migrate_instance  one fenced in-flight migration (see migration 0008)
+    migrate_instance  one fenced in-flight migration, in the instance's command order (migrations 0008, 0017)
 
 Every lifecycle change is one READ COMMITTED transaction that takes the definition id's advisory lock
 first, then the id's rows in order, so changes of one id serialize and never deadlock.
@@ -32,7 +32,7 @@ from stepstone.errors import (
 )
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
-from stepstone.store.registry_port import DefinitionRecord, StrandedPin
+from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionRecord, StrandedPin
 
 __all__ = ["PostgresRegistry", "digest_of"]
 
@@ -64,13 +64,14 @@ class PostgresRegistry:
         """Record a version; 'inserted' or 'unchanged'. The same version with another plan hash (or, for a
         document, other text) raises DefinitionDrift and writes nothing."""
         signals = sorted(plan.get("signals", []))
+        messages = sorted({m for step in plan.get("steps", []) for m in step.get("messages") or {}})
         digest = digest_of(document) if document is not None else None
         with translate_errors(self.url):
             async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 await conn.execute(self.q["lock_definition"], pin.definition_id)
                 inserted = await conn.fetchval(
                     self.q["insert_definition"], pin.scope, pin.definition_id, pin.version, pin.plan_hash, plan,
-                    kind, status, state_model, signals, plan.get("messages", []), input_schema, document,
+                    kind, status, state_model, signals, messages, input_schema, document,
                     document_format, digest,
                 )
                 if inserted is not None:
@@ -302,18 +303,34 @@ class PostgresRegistry:
             raise InstanceNotFound(instance_id)
         return {**dict(row), "id": str(row["id"])}
 
+    async def pinned_contract(self, instance_id: str) -> dict[str, Any] | None:
+        """The registry row (scope, id, version, plan hash, declared names, input schema) an instance is
+        pinned to, or None when the instance or its row is not there."""
+        try:
+            key = uuid.UUID(instance_id)
+        except ValueError:
+            return None
+        row = await self._fetchrow("pinned_contract", key)
+        return None if row is None else dict(row)
+
     async def migration_candidates(
         self, definition_id: str, version: int, scope: str | None, limit: int
     ) -> list[str]:
         return [str(r["id"]) for r in await self._fetch("migration_candidates", definition_id, version, scope, limit)]
 
+    async def reserve_command_seq(self) -> int:
+        row = await self._fetchrow("reserve_command_seq")
+        assert row is not None
+        return int(row[0])
+
     async def migrate_instance(
-        self, instance_id: str, *, from_pin: Pin, state_version: int, to_pin: Pin, step_map: dict[str, str],
-        positions: list[dict[str, Any]], state: Any, actor: str | None,
+        self, instance_id: str, *, order_seq: int, from_pin: Pin, state_version: int, to_pin: Pin,
+        step_map: dict[str, str], positions: list[dict[str, Any]], state: Any, actor: str | None,
+        served_within: float = SERVED_WITHIN_SECONDS,
     ) -> tuple[str, int | None]:
         row = await self._fetchrow(
-            "migrate_instance", uuid.UUID(instance_id), from_pin.version, from_pin.plan_hash, state_version,
-            to_pin.version, to_pin.plan_hash, step_map, positions, state, actor,
+            "migrate_instance", order_seq, uuid.UUID(instance_id), from_pin.version, from_pin.plan_hash, state_version,
+            to_pin.version, to_pin.plan_hash, step_map, positions, state, actor, served_within,
         )
         assert row is not None
         return str(row["outcome"]), row["command_id"]

@@ -12,7 +12,10 @@ from typing import Any, Protocol
 
 from stepstone.core.pin import Pin
 
-__all__ = ["DefinitionRecord", "DefinitionsPort", "StrandedPin"]
+__all__ = ["SERVED_WITHIN_SECONDS", "DefinitionRecord", "DefinitionsPort", "StrandedPin"]
+
+SERVED_WITHIN_SECONDS = 300.0
+"""A pin counts as served by a live worker when a worker heartbeated it within this (5 minutes)."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +81,13 @@ class DefinitionsPort(Protocol):
     async def stranded(self, within_seconds: float, scope: str | None = None) -> list[StrandedPin]: ...
     async def served(self, within_seconds: float) -> list[dict[str, Any]]: ...
     async def migration_view(self, instance_id: str) -> dict[str, Any]: ...
+    async def pinned_contract(self, instance_id: str) -> dict[str, Any] | None: ...
     async def migration_candidates(
         self, definition_id: str, version: int, scope: str | None, limit: int
     ) -> list[str]: ...
+    async def reserve_command_seq(self) -> int: ...
     async def migrate_instance(
-        self, instance_id: str, *, from_pin: Pin, state_version: int, to_pin: Pin, step_map: dict[str, str],
-        positions: list[dict[str, Any]], state: Any, actor: str | None,
+        self, instance_id: str, *, order_seq: int, from_pin: Pin, state_version: int, to_pin: Pin,
+        step_map: dict[str, str], positions: list[dict[str, Any]], state: Any, actor: str | None,
+        served_within: float = SERVED_WITHIN_SECONDS,
     ) -> tuple[str, int | None]: ...

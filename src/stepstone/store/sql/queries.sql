@@ -152,20 +152,8 @@ RETURNING c.id;
 
 -- name: defer
 -- This node lacks the pinned plan: hand the command to a node that has it, with
--- backoff min(5 s * 2^deferrals, 5 min). The claim it spent is restored.
-WITH pos AS (
-    UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
-    WHERE p.instance_id = $1 AND p.path = $2 AND p.lease_token = $3
-    RETURNING p.instance_id, p.path
-)
-UPDATE {{schema}}.commands c SET state = 'DEFERRED', token = NULL,
-    claims = GREATEST(c.claims - 1, 0),
-    deferrals = c.deferrals + 1,
-    last_error = $4,
-    available_at = {{schema}}.db_now() + make_interval(secs => LEAST(300, 5 * power(2, c.deferrals)))
-FROM pos
-WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = $3 AND c.state = 'CLAIMED'
-RETURNING c.id;
+-- backoff min(5 s * 2^deferrals, 5 min), and a COMMAND_DEFERRED history entry (migration 0017).
+SELECT command_id AS id FROM {{schema}}.defer_command($1, $2, $3, $4);
 
 -- name: note_error
 -- A segment crashed: record why on the command its token holds, so the dead

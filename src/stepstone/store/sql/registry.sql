@@ -66,10 +66,11 @@ WHERE scope = $1 AND definition_id = $2 AND version = $3 AND status = 'PUBLISHIN
 RETURNING status;
 
 -- name: live_pins
--- Instances pinned to exactly this scope's row of the version that may still run.
+-- Instances pinned to exactly this scope's row of the version that may still run: a FAILED one runs
+-- again when it is retried, a COMPENSATING one runs its compensations.
 SELECT count(*) FROM {{schema}}.instances
 WHERE definition_scope = $1 AND definition_id = $2 AND version = $3
-  AND status IN ('PENDING', 'RUNNING', 'WAITING');
+  AND status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED', 'COMPENSATING');
 
 -- name: activation_of
 SELECT scope, definition_id, target_scope, version, activated_at, activated_by
@@ -209,6 +210,14 @@ SELECT i.id, i.scope, i.definition_scope, i.definition_id, i.version, i.plan_has
            AS open_signals
 FROM {{schema}}.instances i WHERE i.id = $1;
 
+-- name: pinned_contract
+-- The contract of the version an instance is pinned to: the row of its definition scope.
+SELECT d.scope, d.definition_id, d.version, d.plan_hash, d.signal_names, d.message_names, d.input_schema
+FROM {{schema}}.instances i
+JOIN {{schema}}.definitions d ON d.scope = i.definition_scope AND d.definition_id = i.definition_id
+                              AND d.version = i.version
+WHERE i.id = $1;
+
 -- name: migration_candidates
 -- Instances of a definition version a batch migration considers (oldest first).
 SELECT i.id FROM {{schema}}.instances i
@@ -217,5 +226,9 @@ WHERE i.definition_id = $1 AND i.version = $2 AND ($3::text IS NULL OR i.scope =
 ORDER BY i.created_at, i.id
 LIMIT $4;
 
+-- name: reserve_command_seq
+-- A migration's place in the command order, taken when it is first planned (migration 0017).
+SELECT nextval('{{schema}}.command_seq');
+
 -- name: migrate_instance
-SELECT outcome, command_id FROM {{schema}}.migrate_instance($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
+SELECT outcome, command_id FROM {{schema}}.migrate_in_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
