@@ -249,11 +249,13 @@ END $$;
 
 -- An instance that completed or was cancelled keeps that status. A late command on one of its
 -- positions (a detached child reporting to a cancelled parent, say) commits a status derived from
--- its live positions, and with none live that derivation reads WAITING. Only a saga reopens an ended
--- instance (a completed child its parent compensates), and it marks the row (`saga`) before it
--- changes the status, so the saga's own trigger decides from then on.
+-- its live positions, and with none live that derivation reads WAITING. What reopens an ended
+-- instance on purpose clears its ended_at in the same update: a replay (replay_instance) or a saga
+-- (a completed child its parent compensates, which also marks the row `saga` first, so the saga's
+-- own trigger decides from then on). A commit never clears ended_at.
 CREATE TRIGGER instances_keep_ended_status
     BEFORE UPDATE OF status ON {{schema}}.instances
     FOR EACH ROW WHEN (OLD.saga IS NULL AND OLD.status IN ('COMPLETED', 'CANCELLED')
-                       AND OLD.status IS DISTINCT FROM NEW.status)
+                       AND OLD.status IS DISTINCT FROM NEW.status
+                       AND NEW.ended_at IS NOT DISTINCT FROM OLD.ended_at)
     EXECUTE FUNCTION {{schema}}.keep_saga_status();
