@@ -151,4 +151,15 @@ async def late(ctx: StepContext, state: Receipt) -> None:
     state.via = "timeout"
 
 
-registry = Registry(expense, review, parallel, receipt)
+# A call-back task put aside until its follow-up date: seconds from opening, or an instant, from the state.
+callback = Workflow("callback", version=1)
+callback.task("call", title="Call {customer} back", decisions={"called": "logged"}, candidate_groups=["desk"],
+              follow_up=from_state("call_at"), start=True)
+
+
+@callback.step(next=None)
+async def logged(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["called"] = True
+
+
+registry = Registry(expense, review, parallel, receipt, callback)
