@@ -162,4 +162,16 @@ async def logged(ctx: StepContext, state: dict[str, Any]) -> None:
     state["called"] = True
 
 
-registry = Registry(expense, review, parallel, receipt, callback)
+# Two waits in a row: a signal for the second, sent while the first waits, parks until the second.
+two_waits = Workflow("two_waits", version=1)
+two_waits.wait("first", signals={"go": "second"}, timeout=timedelta(minutes=10), on_timeout="second", start=True)
+two_waits.wait("second", signals={"later": "ended"})
+
+
+@two_waits.step(next=None)
+async def ended(ctx: StepContext, state: dict[str, Any]) -> None:
+    assert ctx.signal is not None
+    state["via"] = ctx.signal.name
+
+
+registry = Registry(expense, review, parallel, receipt, callback, two_waits)
