@@ -11,7 +11,7 @@ from click.testing import CliRunner, Result
 
 from stepstone.cli import cli
 from stepstone.testing import open_engine
-from tests.engine.task_workflows import Expense, Receipt, expense, receipt, registry
+from tests.engine.task_workflows import Expense, Receipt, callback, expense, receipt, registry
 
 APP = "tests.engine.task_workflows:registry"
 
@@ -79,6 +79,34 @@ def test_tasks_from_the_inbox_to_completion(database_url: str) -> None:
     assert again.exit_code == 0 and "repeated" in again.stdout
     shown = cli("tasks", "show", tid).stdout
     assert "COMPLETING" in shown and "approve by alice" in shown
+
+
+def test_saved_filters_and_follow_up_dates_on_the_command_line(database_url: str) -> None:
+    cli = Cli(database_url)
+    _run(database_url, (callback, {"customer": "ann", "call_at": None}),
+         (callback, {"customer": "cy", "call_at": "2100-01-01T09:00:00+00:00"}))
+    inbox = ("tasks", "list", "--user", "dee", "--group", "desk")
+    assert len(cli.json(*inbox)["tasks"]) == 2
+    [today] = cli.json(*inbox, "--hide-later-follow-ups")["tasks"]
+    assert today["title"] == "Call ann back"
+    assert len(cli.json(*inbox, "--follow-up-before", "2100-01-02")["tasks"]) == 2
+    shown = cli("tasks", "show", cli.json(*inbox, "--text", "cy")["tasks"][0]["id"]).stdout
+    assert "follow up" in shown and "2100-01-01" in shown
+
+    saved = cli("tasks", "filters", "save", "today", "--as", "dee", "--hide-later-follow-ups", "--workflow",
+                "callback")
+    assert saved.stdout.strip() == "saved task filter today: mode inbox; workflow=callback, hide_later_follow_ups=True"
+    assert [f["name"] for f in cli.json("tasks", "filters", "list", "--as", "dee")["filters"]] == ["today"]
+    assert cli("tasks", "filters", "list", "--as", "eli").stdout.strip() == \
+        "eli has no saved task filters in scope default"
+    [used] = cli.json(*inbox, "--filter", "today")["tasks"]
+    assert used["title"] == "Call ann back"
+    assert cli.json("tasks", "count", "--user", "dee", "--group", "desk", "--filter", "today") == {"count": 1}
+    assert "brings its own mode" in cli.error(*inbox, "--filter", "today", "--text", "x")
+    assert "no saved task filter 'nope'" in cli.error(*inbox, "--filter", "nope")
+    assert cli("tasks", "filters", "delete", "today", "--as", "dee").stdout.strip() == "deleted task filter today"
+    assert "no saved task filter 'today'" in cli.error("tasks", "filters", "delete", "today", "--as", "dee")
+    assert "who does this" in cli.error("tasks", "filters", "list")
 
 
 def test_messages_publish_says_what_happened(database_url: str) -> None:

@@ -35,7 +35,7 @@ def test_error_exports() -> None:
         "VersionNotAdmitted",
         # human tasks and messages (issue 11)
         "StateChangedSinceReview", "TaskHeld", "TaskNotFound", "TaskNotOpen", "TaskNotPermitted", "TaskRefused",
-        "UnknownDecision", "OpenSignalLimit",
+        "UnknownDecision", "OpenSignalLimit", "TaskFilterNotFound",
     ])
 
 

@@ -54,6 +54,7 @@ _IMPORTS = {
     "TaskInfo": "stepstone.client_tasks",
     "TaskPage": "stepstone.client_tasks",
     "TaskFilter": "stepstone.client_tasks",
+    "SavedTaskFilter": "stepstone.client_tasks",
     "TaskCompletion": "stepstone.client_tasks",
     "BulkReassignment": "stepstone.client_tasks",
     "Published": "stepstone.client_messages",

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from stepstone.authoring.workflow import Registry, Workflow
     from stepstone.client import Cancellation, InstanceInfo
     from stepstone.client_messages import Published, SignalledOrStarted
-    from stepstone.client_tasks import BulkReassignment, TaskCompletion, TaskFilter, TaskInfo, TaskPage
+    from stepstone.client_tasks import BulkReassignment, SavedTaskFilter, TaskCompletion, TaskFilter, TaskInfo, TaskPage
     from stepstone.config import Settings
     from stepstone.core.attribution import Actor
     from stepstone.core.limits import Limits
@@ -337,27 +337,48 @@ class SyncClient:
         *,
         user: str | None = None,
         groups: Sequence[str] = (),
-        mode: str = "inbox",
+        mode: str | None = None,
         where: TaskFilter | None = None,
         after: str | None = None,
         limit: int = 50,
+        saved_filter: str | None = None,
+        scope: str | None = None,
     ) -> TaskPage:
-        """Open tasks (OPEN or COMPLETING) in inbox order: priority first, then oldest. `mode`: inbox (the
-        user's tasks, and unassigned ones offered to the user or their groups), assigned, candidate, or
-        all (every open task; `user` and `groups` then filter by assignee and candidate group). `where`
-        narrows it further."""
-        return self._run(self._client.tasks(user=user, groups=groups, mode=mode, where=where, after=after, limit=limit))
+        """Open tasks (OPEN or COMPLETING) in inbox order: priority first, then oldest. `mode` (default
+        inbox): inbox (the user's tasks, and unassigned ones offered to the user or their groups),
+        assigned, candidate, or all (every open task; `user` and `groups` then filter by assignee and
+        candidate group). `where` narrows it further. `saved_filter` names a filter `user` saved in
+        `scope` (default scope unless given): its mode and its `where` (then neither may be passed)."""
+        return self._run(self._client.tasks(
+            user=user,
+            groups=groups,
+            mode=mode,
+            where=where,
+            after=after,
+            limit=limit,
+            saved_filter=saved_filter,
+            scope=scope,
+        ))
 
     def count_tasks(
         self,
         *,
         user: str | None = None,
         groups: Sequence[str] = (),
-        mode: str = "inbox",
+        mode: str | None = None,
         where: TaskFilter | None = None,
+        saved_filter: str | None = None,
+        scope: str | None = None,
     ) -> int:
         """How many open tasks `tasks` would list with the same arguments, without fetching them."""
-        return self._run(self._client.count_tasks(user=user, groups=groups, mode=mode, where=where))
+        return self._run(self._client.count_tasks(
+            user=user,
+            groups=groups,
+            mode=mode,
+            where=where,
+            saved_filter=saved_filter,
+            scope=scope,
+        ))
 
     def instance_tasks(self, instance_id: str) -> tuple[dict[str, Any], ...]:
         """Every task an instance opened, oldest first (id, position, step, visit, status, title, assignee)."""
@@ -473,6 +494,31 @@ class SyncClient:
             reason=reason,
             dry_run=dry_run,
         ))
+
+    def save_task_filter(
+        self,
+        name: str,
+        *,
+        user: str,
+        mode: str = "inbox",
+        where: TaskFilter | None = None,
+        scope: str = "default",
+    ) -> SavedTaskFilter:
+        """Save (or replace) the user's inbox filter `name` in `scope`. `where.scope`, when given, must be
+        `scope`: a filter only ever shows its own scope's tasks."""
+        return self._run(self._client.save_task_filter(name, user=user, mode=mode, where=where, scope=scope))
+
+    def task_filters(self, *, user: str, scope: str = "default") -> tuple[SavedTaskFilter, ...]:
+        """The user's saved filters in `scope`, by name."""
+        return self._run(self._client.task_filters(user=user, scope=scope))
+
+    def task_filter(self, name: str, *, user: str, scope: str = "default") -> SavedTaskFilter:
+        """One saved filter; `TaskFilterNotFound` when the user has none of that name in `scope`."""
+        return self._run(self._client.task_filter(name, user=user, scope=scope))
+
+    def delete_task_filter(self, name: str, *, user: str, scope: str = "default") -> bool:
+        """Delete a saved filter; False when there was none of that name."""
+        return self._run(self._client.delete_task_filter(name, user=user, scope=scope))
 
     def publish_message(
         self,

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from stepstone.authoring.workflow import Registry
+from stepstone.client_task_filters import SavedTaskFilter, TaskFilter, TaskFilterOperations
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.errors import (
     IdempotencyConflict,
@@ -36,7 +37,8 @@ from stepstone.errors import (
 from stepstone.store.port import ClientStore
 from stepstone.store.task_port import InboxMode, TaskQuery
 
-__all__ = ["BulkReassignment", "TaskCompletion", "TaskFilter", "TaskInfo", "TaskOperations", "TaskPage"]
+__all__ = ["BulkReassignment", "SavedTaskFilter", "TaskCompletion", "TaskFilter", "TaskInfo", "TaskOperations",
+           "TaskPage"]
 
 OPEN_STATUSES = ("OPEN", "COMPLETING")
 
@@ -92,18 +94,6 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
-class TaskFilter:
-    """Narrows an inbox: a workflow, a lowest priority, due before an instant, offered to a group, text
-    in the title (case-insensitive). Every field is optional."""
-
-    workflow: str | None = None
-    priority_at_least: int | None = None
-    due_before: datetime | None = None
-    candidate_group: str | None = None
-    text: str | None = None
-
-
-@dataclass(frozen=True)
 class TaskPage:
     """One page of an inbox, in inbox order; pass `next_cursor` as `after` for the next page."""
 
@@ -130,7 +120,7 @@ class BulkReassignment:
     dry_run: bool
 
 
-class TaskOperations:
+class TaskOperations(TaskFilterOperations):
     """The task half of `Client` (its attributes are set by `Client.__init__`)."""
 
     store: ClientStore
@@ -147,27 +137,52 @@ class TaskOperations:
         *,
         user: str | None = None,
         groups: Sequence[str] = (),
-        mode: str = "inbox",
+        mode: str | None = None,
         where: TaskFilter | None = None,
         after: str | None = None,
         limit: int = 50,
+        saved_filter: str | None = None,
+        scope: str | None = None,
     ) -> TaskPage:
-        """Open tasks (OPEN or COMPLETING) in inbox order: priority first, then oldest. `mode`: inbox (the
-        user's tasks, and unassigned ones offered to the user or their groups), assigned, candidate, or
-        all (every open task; `user` and `groups` then filter by assignee and candidate group). `where`
-        narrows it further."""
-        query = self._task_query(user, groups, mode, where or TaskFilter(), after, limit)
+        """Open tasks (OPEN or COMPLETING) in inbox order: priority first, then oldest. `mode` (default
+        inbox): inbox (the user's tasks, and unassigned ones offered to the user or their groups),
+        assigned, candidate, or all (every open task; `user` and `groups` then filter by assignee and
+        candidate group). `where` narrows it further. `saved_filter` names a filter `user` saved in
+        `scope` (default scope unless given): its mode and its `where` (then neither may be passed)."""
+        user, mode, where = await self._inbox_of(user, mode, where, saved_filter, scope)
+        query = self._task_query(user, groups, mode, where, after, limit)
         rows = await self.store.list_tasks(query)
         tasks = [TaskInfo.from_row(r) for r in rows]
         cursor = _cursor(tasks[-1]) if len(tasks) == query.limit else None
         return TaskPage(tasks, cursor)
 
     async def count_tasks(
-        self, *, user: str | None = None, groups: Sequence[str] = (), mode: str = "inbox",
-        where: TaskFilter | None = None,
+        self, *, user: str | None = None, groups: Sequence[str] = (), mode: str | None = None,
+        where: TaskFilter | None = None, saved_filter: str | None = None, scope: str | None = None,
     ) -> int:
         """How many open tasks `tasks` would list with the same arguments, without fetching them."""
-        return await self.store.count_tasks(self._task_query(user, groups, mode, where or TaskFilter(), None, 1))
+        user, mode, where = await self._inbox_of(user, mode, where, saved_filter, scope)
+        return await self.store.count_tasks(self._task_query(user, groups, mode, where, None, 1))
+
+    async def _inbox_of(
+        self, user: str | None, mode: str | None, where: TaskFilter | None, saved_filter: str | None,
+        scope: str | None,
+    ) -> tuple[str | None, str, TaskFilter]:
+        """The user, mode and filter of an inbox call: as passed, or those of the user's saved filter. A
+        saved filter of mode `all` is every open task its `where` keeps: its owner does not narrow it to
+        the owner's own tasks (as `user` does in mode all)."""
+        if saved_filter is None:
+            if scope is not None:
+                raise InvalidInput("scope names where a saved filter lives; pass it with saved_filter "
+                                   "(or filter by TaskFilter(scope=...))", what="scope")
+            return user, mode or "inbox", where or TaskFilter()
+        if where is not None or mode is not None:
+            raise InvalidInput("a saved filter brings its own mode and filter: pass saved_filter alone",
+                               what="saved_filter")
+        if user is None:
+            raise InvalidInput("a saved filter is a user's: pass user", what="user")
+        saved = await self.task_filter(saved_filter, user=user, **({} if scope is None else {"scope": scope}))
+        return (None if saved.mode == "all" else user), saved.mode, saved.where
 
     async def instance_tasks(self, instance_id: str) -> tuple[dict[str, Any], ...]:
         """Every task an instance opened, oldest first (id, position, step, visit, status, title, assignee)."""
@@ -341,7 +356,8 @@ class TaskOperations:
             raise InvalidInput(f"an inbox of mode {mode!r} needs a user", what="user")
         if not 1 <= limit <= 1000:
             raise InvalidInput(f"limit must be between 1 and 1000, got {limit}", what="limit")
-        for what, value in (("user", user), ("workflow", where.workflow), ("candidate group", where.candidate_group)):
+        for what, value in (("user", user), ("workflow", where.workflow), ("candidate group", where.candidate_group),
+                            ("scope", where.scope)):
             if value is not None:
                 self._task_text(what, value)
         if where.text is not None:
@@ -350,7 +366,9 @@ class TaskOperations:
         return TaskQuery(mode=modes[mode], user=user, groups=listed if (listed or mode != "all") else None,
                          workflow=where.workflow, priority_at_least=where.priority_at_least,
                          due_before=where.due_before, candidate_group=where.candidate_group,
-                         text=where.text or None, after=_decode_cursor(after), limit=limit)
+                         text=where.text or None, follow_up_before=where.follow_up_before,
+                         hide_later_follow_ups=where.hide_later_follow_ups, scope=where.scope,
+                         after=_decode_cursor(after), limit=limit)
 
     def _who(self, actor: str | None) -> str:
         who = actor if actor is not None else self.actor

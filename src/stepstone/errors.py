@@ -89,6 +89,7 @@ __all__ = [
     "StateChangedSinceReview",
     "StepstoneError",
     "TaskEnded",
+    "TaskFilterNotFound",
     "TaskHeld",
     "TaskLockRefused",
     "TaskNotFound",
@@ -436,3 +437,13 @@ class OpenSignalLimit(Conflict):
         super().__init__(message)
         self.instance_id = instance_id
         self.limit = limit
+
+
+class TaskFilterNotFound(NotFound):
+    """No saved inbox filter of that name for that user in that scope."""
+
+    def __init__(self, name: str, *, user: str, scope: str) -> None:
+        super().__init__(f"user {user} has no saved task filter {name!r} in scope {scope}")
+        self.name = name
+        self.user = user
+        self.scope = scope

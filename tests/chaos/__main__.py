@@ -51,13 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--fans", type=float, default=0.05, help="share of the workflows that are fan-outs")
     p.add_argument("--parents", type=float, default=0.05, help="share that are parents starting a child")
+    p.add_argument("--tasks", type=float, default=0.05,
+                   help="share that are human tasks with a correlated message (the rig completes and publishes)")
     p.add_argument("--restarts", type=int, default=2, help="server restarts, alternating -m fast / -m immediate")
     p.add_argument("--mutate-fencing", action="store_true", help="zombies with the fence removed (must fail)")
     args = p.parse_args(argv)
     names = list(SCENARIOS) if args.scenario == "all" else args.scenario.split(",")
     out = Path(args.out)
     opts = Options(size=args.size, workers=args.workers, lease=args.lease, concurrency=args.concurrency,
-                   seed=args.seed, fans=args.fans, parents=args.parents, workdir=out / "work",
+                   seed=args.seed, fans=args.fans, parents=args.parents, tasks=args.tasks, workdir=out / "work",
                    mutate_fencing=args.mutate_fencing,
                    restarts=tuple(("fast", "immediate")[n % 2] for n in range(args.restarts)))
     server = None

@@ -28,6 +28,9 @@ def _ok(report: dict[str, Any]) -> None:
     assert report["violations"] == [], report
     assert report["fan_outs"] > 0 and report["joins"] == report["fan_outs"], report  # forks ran and joined
     assert report["children"] > 0 and report["branch_steps"] > 0, report
+    # Human tasks were completed and their messages correlated while the workers were disturbed.
+    assert report["task_instances"] > 0, report
+    assert report["task_completions"] == report["messages_correlated"] == report["task_instances"], report
 
 
 async def test_kills_lose_nothing_and_commit_each_step_once(pg_server: PgServer, tmp_path: Path) -> None:

@@ -7,6 +7,9 @@
   chaosparent-1  s1, then the child step s2 starting a `chaos-2` child and waiting for it, then s3
   chaossaga-3    s1, s2 (each with a compensation that records its own effect), then s3 fails for good: the
                  saga compensates s2, then s1 (test_saga_kills.py; the scenarios' workload never starts it)
+  chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
+                 `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
+                 and publishes the messages while the workers are killed, paused or cut off)
 
 The ledger lives in schema ``chaos`` of the engine's database and is written on the handler's own
 connection (a small pool per process, not the store's), committed before the handler returns. One row per
@@ -54,6 +57,11 @@ class Chain(BaseModel):
 class Fan(BaseModel):
     items: list[int] = Field(default_factory=list)
     done: dict[str, int] = Field(default_factory=dict)
+
+
+class Ticket(BaseModel):
+    key: str = ""
+    got: str = ""
 
 
 class Parent(BaseModel):
@@ -226,8 +234,33 @@ def _saga() -> Workflow[Saga]:
     return wf
 
 
+TASK_GROUP = "chaos"
+RECEIPT = "chaos.receipt"
+TASK_STEPS = 2  # s1 and s2 commit a STEP_COMPLETED; the task and the wait are settled by their commands
+
+
+def _task() -> Workflow[Ticket]:
+    wf: Workflow[Ticket] = Workflow("chaostask-1", version=1, state=Ticket)
+    wf.task("review", title="Review {key}", decisions={"approve": "s1"}, candidate_groups=[TASK_GROUP],
+            start=True)
+
+    async def s1(ctx: StepContext, state: Ticket) -> None:
+        await _effect(ctx)
+
+    async def s2(ctx: StepContext, state: Ticket) -> None:
+        await _effect(ctx)
+        assert ctx.signal is not None and ctx.signal.name == RECEIPT, ctx.signal
+        state.got = str((ctx.signal.payload or {}).get("key"))
+
+    wf.step(s1, name="s1", next="receipt", retry=_RETRY)
+    wf.wait("receipt", messages={RECEIPT: "s2"}, correlation="key")
+    wf.step(s2, name="s2", next=None, retry=_RETRY)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
 SAGA: Workflow[Any] = _saga()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA)
+TASK: Workflow[Any] = _task()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK)

@@ -151,4 +151,27 @@ async def late(ctx: StepContext, state: Receipt) -> None:
     state.via = "timeout"
 
 
-registry = Registry(expense, review, parallel, receipt)
+# A call-back task put aside until its follow-up date: seconds from opening, or an instant, from the state.
+callback = Workflow("callback", version=1)
+callback.task("call", title="Call {customer} back", decisions={"called": "logged"}, candidate_groups=["desk"],
+              follow_up=from_state("call_at"), start=True)
+
+
+@callback.step(next=None)
+async def logged(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["called"] = True
+
+
+# Two waits in a row: a signal for the second, sent while the first waits, parks until the second.
+two_waits = Workflow("two_waits", version=1)
+two_waits.wait("first", signals={"go": "second"}, timeout=timedelta(minutes=10), on_timeout="second", start=True)
+two_waits.wait("second", signals={"later": "ended"})
+
+
+@two_waits.step(next=None)
+async def ended(ctx: StepContext, state: dict[str, Any]) -> None:
+    assert ctx.signal is not None
+    state["via"] = ctx.signal.name
+
+
+registry = Registry(expense, review, parallel, receipt, callback, two_waits)

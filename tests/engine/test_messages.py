@@ -11,7 +11,7 @@ import pytest
 
 from stepstone.errors import IdempotencyConflict, InvalidState, OpenSignalLimit
 from stepstone.testing import Engine, open_engine
-from tests.engine.task_workflows import Receipt, receipt, registry
+from tests.engine.task_workflows import Receipt, receipt, registry, two_waits
 
 
 @pytest.fixture
@@ -120,6 +120,33 @@ async def test_a_timeout_waits_for_a_signal_recorded_before_it(engine: Engine) -
     await engine.client.signal(late, "skip", {"n": 6})  # after the fire time: the timeout wins
     await engine.run_until_idle()
     assert (await engine.client.get(late)).state["via"] == "timeout"
+
+
+async def test_a_parked_signal_holds_no_timeout_back(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(two_waits, {})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "later", {})  # for the second wait: it parks, out of the first's queue
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).step == "first"
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'SIGNAL'") == "PARKED"
+    await engine.advance(timedelta(minutes=11))  # the first wait's timeout fires, then the parked signal applies
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["via"]) == ("COMPLETED", "later")
+
+
+async def test_the_open_signal_cap_is_1000_by_default(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await _waiting(engine, "o-cap-default")
+    assert await conn.fetchval("SELECT current_setting('stepstone.max_open_signals', true)") in (None, "")
+    recorded = await conn.fetchval(
+        "SELECT count(*) FROM generate_series(1, 1000) AS n, "
+        "LATERAL stepstone.signal_position($1::uuid, '', 'skip', NULL, 'd' || n, 'f', NULL)", iid)
+    assert recorded == 1000
+    with pytest.raises(OpenSignalLimit) as refused:
+        await engine.client.signal(iid, "skip", {"n": 1001}, dedup_key="one-more")
+    assert refused.value.limit == 1000
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE key = 'one-more'") == 0
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE kind = 'SIGNAL'") == 1000
 
 
 async def test_a_message_after_the_wait_was_left_is_not_delivered_to_it(engine: Engine) -> None:

@@ -11,7 +11,6 @@ import json
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from datetime import datetime
 from typing import Any, TypeVar
 
 import click
@@ -21,8 +20,10 @@ from stepstone.cli.app import app_option
 from stepstone.cli.common import FREE_TEXT, TEXT, CliError, emit, output_option, render_table, with_settings
 from stepstone.cli.instances import _jsonable, _time, _with_client, parse_json
 from stepstone.client import Client
-from stepstone.client_tasks import TaskFilter, TaskInfo
+from stepstone.client_task_filters import INBOX_MODES
+from stepstone.client_tasks import SavedTaskFilter, TaskFilter, TaskInfo
 from stepstone.config import Settings
+from stepstone.core.pin import DEFAULT_SCOPE
 
 __all__ = ["commands"]
 
@@ -94,32 +95,59 @@ def _inbox_table(tasks: list[TaskInfo], cursor: str | None) -> str:
     return text + (f"\nnext page: --after {cursor}" if cursor else "")
 
 
+_WHEN = click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"])
+
+
 def _filter_options(func: Callable[..., T]) -> Callable[..., T]:
+    """The inbox's narrowing options; a command receives them as keyword arguments for `_where`."""
     for option in reversed([
-        click.option("--user", type=TEXT, metavar="USER", help="Whose inbox (default: --as / STEPSTONE_ACTOR)."),
-        click.option("--group", "groups", type=TEXT, multiple=True, metavar="G",
-                     help="A group of the user (repeat for several)."),
-        click.option("--mode", type=click.Choice(["inbox", "assigned", "candidate", "all"]), default="inbox",
-                     show_default=True, help="inbox: assigned to the user or offered to them; all: every open task."),
         click.option("--workflow", type=TEXT, metavar="W", help="Only tasks of this workflow."),
         click.option("--priority-at-least", type=int, metavar="N", help="Only tasks of this priority or higher."),
-        click.option("--due-before", type=click.DateTime(["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d"]), metavar="WHEN",
-                     help="Only tasks due before this (ISO 8601)."),
+        click.option("--due-before", type=_WHEN, metavar="WHEN", help="Only tasks due before this (ISO 8601)."),
         click.option("--candidate-group", type=TEXT, metavar="G", help="Only tasks offered to this group."),
         click.option("--text", type=FREE_TEXT, metavar="T", help="Only tasks whose title contains this."),
+        click.option("--follow-up-before", type=_WHEN, metavar="WHEN",
+                     help="Hide tasks whose follow-up date is after this (ISO 8601)."),
+        click.option("--hide-later-follow-ups", is_flag=True,
+                     help="Hide tasks whose follow-up date is still to come (the database's now)."),
     ]):
         func = option(func)
     return func
 
 
-def _where(workflow: str | None, priority_at_least: int | None, due_before: datetime | None,
-           candidate_group: str | None, text: str | None) -> TaskFilter:
-    return TaskFilter(workflow=workflow, priority_at_least=priority_at_least, due_before=due_before,
-                      candidate_group=candidate_group, text=text or None)
+def _inbox_options(func: Callable[..., T]) -> Callable[..., T]:
+    """Whose inbox, how, and its filters: the options of `list` and `count`."""
+    for option in reversed([
+        click.option("--user", type=TEXT, metavar="USER", help="Whose inbox (default: --as / STEPSTONE_ACTOR)."),
+        click.option("--group", "groups", type=TEXT, multiple=True, metavar="G",
+                     help="A group of the user (repeat for several)."),
+        click.option("--mode", type=click.Choice(INBOX_MODES), default=None,
+                     help="inbox (default): assigned to the user or offered to them; all: every open task."),
+        click.option("--filter", "saved_filter", type=TEXT, metavar="NAME",
+                     help="Use the user's saved filter NAME (`stepstone tasks filters`) for mode and filters."),
+        click.option("--scope", type=TEXT, metavar="S",
+                     help="Only tasks of this scope; with --filter, the scope the filter was saved in."),
+    ]):
+        func = option(func)
+    return _filter_options(func)
 
 
-def _inbox_user(user: str | None, mode: str) -> str | None:
-    return user or os.environ.get(ACTOR_ENV) or (None if mode == "all" else _actor(None))
+def _where(**options: Any) -> TaskFilter:
+    values = {k: v for k, v in options.items() if v is not None}
+    if "text" in values:
+        values["text"] = values["text"] or None
+    return TaskFilter(**values)
+
+
+def _inbox_call(user: str | None, mode: str | None, saved_filter: str | None, scope: str | None,
+                filters: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of `Client.tasks` / `count_tasks` for the inbox options."""
+    who = user or os.environ.get(ACTOR_ENV) or (None if mode == "all" else _actor(None))
+    if saved_filter is None:
+        return {"user": who, "mode": mode, "where": _where(scope=scope, **filters)}
+    if mode is not None or any(v not in (None, False) for v in filters.values()):
+        raise CliError("--filter brings its own mode and filters: pass only --user, --group and --scope with it")
+    return {"user": who, "saved_filter": saved_filter, "scope": scope}
 
 
 @click.group("tasks")
@@ -128,34 +156,30 @@ def tasks_group() -> None:
 
 
 @tasks_group.command("list")
-@_filter_options
+@_inbox_options
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Rows per page.")
 @click.option("--after", metavar="CURSOR", help="Continue after the page that printed this cursor.")
 @output_option
 @with_settings
-def list_command(settings: Settings, output: str, user: str | None, groups: tuple[str, ...], mode: str,
-                 workflow: str | None, priority_at_least: int | None, due_before: datetime | None,
-                 candidate_group: str | None, text: str | None, limit: int, after: str | None) -> None:
+def list_command(settings: Settings, output: str, user: str | None, groups: tuple[str, ...], mode: str | None,
+                 saved_filter: str | None, scope: str | None, limit: int, after: str | None,
+                 **filters: Any) -> None:
     """List open tasks in inbox order (priority, then oldest), a page at a time."""
-    who = _inbox_user(user, mode)
-    where = _where(workflow, priority_at_least, due_before, candidate_group, text)
-    page = _run(settings, None, lambda c: c.tasks(user=who, groups=groups, mode=mode, where=where, after=after,
-                                                  limit=limit))
+    call = _inbox_call(user, mode, saved_filter, scope, filters)
+    page = _run(settings, None, lambda c: c.tasks(groups=groups, after=after, limit=limit, **call))
     emit({"tasks": [_task_json(t) for t in page.tasks], "next_cursor": page.next_cursor}, output,
          lambda: _inbox_table(page.tasks, page.next_cursor))
 
 
 @tasks_group.command("count")
-@_filter_options
+@_inbox_options
 @output_option
 @with_settings
-def count_command(settings: Settings, output: str, user: str | None, groups: tuple[str, ...], mode: str,
-                  workflow: str | None, priority_at_least: int | None, due_before: datetime | None,
-                  candidate_group: str | None, text: str | None) -> None:
+def count_command(settings: Settings, output: str, user: str | None, groups: tuple[str, ...], mode: str | None,
+                  saved_filter: str | None, scope: str | None, **filters: Any) -> None:
     """Count the open tasks `list` would show, without fetching them."""
-    who = _inbox_user(user, mode)
-    where = _where(workflow, priority_at_least, due_before, candidate_group, text)
-    n = _run(settings, None, lambda c: c.count_tasks(user=who, groups=groups, mode=mode, where=where))
+    call = _inbox_call(user, mode, saved_filter, scope, filters)
+    n = _run(settings, None, lambda c: c.count_tasks(groups=groups, **call))
     emit({"count": n}, output, lambda: str(n))
 
 
@@ -285,6 +309,71 @@ def reassign_all_command(settings: Settings, output: str, from_user: str, to_use
     verb = "would move" if dry_run else "moved"
     emit(asdict(done), output, lambda: f"{verb} {done.reassigned} task(s) from {from_user} to {to_user}"
          + (f"; {done.skipped} skipped (being completed)" if done.skipped else ""))
+
+
+@tasks_group.group("filters")
+def filters_group() -> None:
+    """Saved inbox filters: one user's named inboxes in one scope (`tasks list --filter NAME`)."""
+
+
+def _filter_owner_options(func: Callable[..., T]) -> Callable[..., T]:
+    func = click.option("--scope", type=TEXT, default=DEFAULT_SCOPE, show_default=True, metavar="S",
+                        help="The scope (tenant key) the filter belongs to; it shows only that scope's tasks.")(func)
+    return click.option("--user", type=TEXT, metavar="USER",
+                        help="Whose filter (default: --as / STEPSTONE_ACTOR).")(_actor_option(func))
+
+
+def _saved_json(saved: SavedTaskFilter) -> dict[str, Any]:
+    data: dict[str, Any] = _jsonable(asdict(saved))
+    return data
+
+
+def _saved_line(saved: SavedTaskFilter) -> str:
+    narrowing = ", ".join(f"{k}={v}" for k, v in asdict(saved.where).items()
+                          if v not in (None, False) and k != "scope")
+    return f"{saved.name}: mode {saved.mode}" + (f"; {narrowing}" if narrowing else "")
+
+
+@filters_group.command("save")
+@click.argument("name", type=TEXT)
+@_filter_owner_options
+@click.option("--mode", type=click.Choice(INBOX_MODES), default="inbox", show_default=True, help="The inbox mode.")
+@_filter_options
+@output_option
+@with_settings
+def filters_save_command(settings: Settings, output: str, name: str, user: str | None, actor: str | None,
+                         scope: str, mode: str, **filters: Any) -> None:
+    """Save (or replace) the inbox filter NAME: its mode and the filter options given."""
+    owner = user or _actor(actor)
+    where = _where(**filters)
+    saved = _run(settings, None, lambda c: c.save_task_filter(name, user=owner, mode=mode, where=where, scope=scope))
+    emit(_saved_json(saved), output, lambda: f"saved task filter {_saved_line(saved)}")
+
+
+@filters_group.command("list")
+@_filter_owner_options
+@output_option
+@with_settings
+def filters_list_command(settings: Settings, output: str, user: str | None, actor: str | None, scope: str) -> None:
+    """The user's saved filters in the scope, by name."""
+    owner = user or _actor(actor)
+    saved = _run(settings, None, lambda c: c.task_filters(user=owner, scope=scope))
+    emit({"filters": [_saved_json(f) for f in saved]}, output,
+         lambda: "\n".join(_saved_line(f) for f in saved) or f"{owner} has no saved task filters in scope {scope}")
+
+
+@filters_group.command("delete")
+@click.argument("name", type=TEXT)
+@_filter_owner_options
+@output_option
+@with_settings
+def filters_delete_command(settings: Settings, output: str, name: str, user: str | None, actor: str | None,
+                           scope: str) -> None:
+    """Delete the saved filter NAME (an unknown name is an error)."""
+    owner = user or _actor(actor)
+    if not _run(settings, None, lambda c: c.delete_task_filter(name, user=owner, scope=scope)):
+        raise CliError(f"user {owner} has no saved task filter {name!r} in scope {scope}")
+    emit({"deleted": name}, output, lambda: f"deleted task filter {name}")
 
 
 commands = [tasks_group]

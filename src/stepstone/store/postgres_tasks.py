@@ -80,7 +80,7 @@ class TaskQueries:
         if query.mode != "all" and groups is None:
             groups = []
         return [query.user, groups, query.workflow, query.priority_at_least, query.due_before,
-                query.candidate_group, query.text]
+                query.candidate_group, query.text, query.follow_up_before, query.hide_later_follow_ups, query.scope]
 
     async def list_tasks(self, query: TaskQuery) -> list[dict[str, Any]]:
         after = query.after
@@ -153,6 +153,20 @@ class TaskQueries:
                 signal_fingerprint,
             )
         return dict(row)
+
+    async def save_task_filter(self, scope: str, owner: str, name: str, mode: str,
+                               where: dict[str, Any]) -> dict[str, Any]:
+        return dict(await self._task_row("save_task_filter", scope, owner, name, mode, where))
+
+    async def task_filters(self, scope: str, owner: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._task_fetch("saved_task_filters", scope, owner)]
+
+    async def task_filter(self, scope: str, owner: str, name: str) -> dict[str, Any] | None:
+        rows = await self._task_fetch("saved_task_filter", scope, owner, name)
+        return dict(rows[0]) if rows else None
+
+    async def delete_task_filter(self, scope: str, owner: str, name: str) -> bool:
+        return bool(await self._task_fetch("delete_task_filter", scope, owner, name))
 
 
 def _task_uuid(value: str) -> uuid.UUID:

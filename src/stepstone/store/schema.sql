@@ -3563,6 +3563,22 @@ CREATE TABLE {{schema}}.api_tokens (
 -- the unpublished ones).
 CREATE INDEX outbox_instance ON {{schema}}.outbox (instance_id, id);
 
+-- ==== version 14 (migration 0014_task_filters) ====
+-- Saved inbox filters (issue 11): a user names a filter of the task inbox (its mode and its
+-- narrowing, as the client's TaskFilter spells it) and lists, uses and deletes it later. One row per
+-- (scope, owner, name); saving a name again replaces its filter. Nothing else reads or locks this
+-- table, so it takes no place in the lock order.
+CREATE TABLE {{schema}}.task_filters (
+    scope text NOT NULL,
+    owner text NOT NULL,
+    name text NOT NULL,
+    mode text NOT NULL,
+    filter jsonb NOT NULL,
+    created_at timestamptz NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (scope, owner, name)
+);
+
 -- ==== version 15 (migration 0015_redacted_payloads) ====
 -- Redaction of command payloads: a signal's, message's or task decision's payload may hold values its
 -- workflow marks sensitive (`wait(..., payloads=...)`, `task(..., payloads=...)`). The handler needs

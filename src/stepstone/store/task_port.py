@@ -29,6 +29,9 @@ class TaskQuery:
     due_before: datetime | None = None
     candidate_group: str | None = None
     text: str | None = None
+    follow_up_before: datetime | None = None
+    hide_later_follow_ups: bool = False
+    scope: str | None = None
     after: tuple[int, datetime, str] | None = None
     limit: int = 50
 
@@ -56,3 +59,8 @@ class TaskStore(Protocol):
     async def start_or_signal(
         self, new: Any, signal: str, payload: Any, *, dedup_key: str | None, signal_fingerprint: str,
     ) -> dict[str, Any]: ...
+    async def save_task_filter(self, scope: str, owner: str, name: str, mode: str,
+                               where: dict[str, Any]) -> dict[str, Any]: ...
+    async def task_filters(self, scope: str, owner: str) -> list[dict[str, Any]]: ...
+    async def task_filter(self, scope: str, owner: str, name: str) -> dict[str, Any] | None: ...
+    async def delete_task_filter(self, scope: str, owner: str, name: str) -> bool: ...

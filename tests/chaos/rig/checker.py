@@ -13,6 +13,11 @@ Violations (each a string in ``report["violations"]``; an empty list means the r
                   parent_id, position and visit (and that id), a child with no such visit, or a parent
                   without exactly one child
   parent_resumed  a parent without exactly one CHILD_COMPLETED, or whose s3 did not see its child's id
+  task_once       a task instance (chaostask) without exactly one task, COMPLETED, with exactly one
+                  TASK_COMPLETED in its history, or a task left OPEN / COMPLETING
+  message_once    a task instance without exactly one MESSAGE_CORRELATED, whose s2 did not see its own
+                  key's message, or a message delivered more than once (each key's message is published
+                  twice with one message id: the repeat must change nothing)
   open_position   a COMPLETED instance with a position still open, or instances.branches <> 0
   history_gap     history seq not exactly 1..n, or n != instances.history_seq
   outbox          outbox events != committed emits (one per STEP_COMPLETED of an odd step, same key)
@@ -45,7 +50,8 @@ EXPECTED_STEPS = (
     "CASE split_part(i.definition_id, '-', 1) "
     "WHEN 'chaos' THEN split_part(i.definition_id, '-', 2)::int "
     f"WHEN 'chaosfan' THEN {workflows.FAN_BRANCH_STEPS} * split_part(i.definition_id, '-', 2)::int + 1 "
-    "WHEN 'chaosparent' THEN 3 END")
+    "WHEN 'chaosparent' THEN 3 "
+    f"WHEN 'chaostask' THEN {workflows.TASK_STEPS} END")
 
 
 def split_key(key: str) -> tuple[str, str, str, int]:
@@ -128,6 +134,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         bad("steps_missing", f"{len(missing)} instances, e.g. {[dict(r) for r in missing[:5]]}")
 
     await _branches_and_children(conn, bad)
+    await _tasks_and_messages(conn, bad)
 
     gaps = await conn.fetch(
         "SELECT i.id, i.history_seq, count(h.*) AS n, min(h.seq) AS lo, max(h.seq) AS hi "
@@ -234,6 +241,11 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         "branch_steps": await conn.fetchval("SELECT count(*) FROM stepstone.history "
                                             "WHERE kind = 'STEP_COMPLETED' AND position <> ''"),
         "joins": await conn.fetchval("SELECT count(*) FROM stepstone.history WHERE kind = 'JOINED'"),
+        "task_instances": await conn.fetchval(
+            "SELECT count(*) FROM stepstone.instances WHERE definition_id = $1", workflows.TASK.id),
+        "task_completions": await conn.fetchval("SELECT count(*) FROM stepstone.history WHERE kind = 'TASK_COMPLETED'"),
+        "messages_correlated": await conn.fetchval(
+            "SELECT count(*) FROM stepstone.history WHERE kind = 'MESSAGE_CORRELATED'"),
         "statuses": statuses,
         "committed_steps": committed,
         "committed_emits": emitting,
@@ -318,6 +330,33 @@ async def _branches_and_children(conn: asyncpg.Connection, bad: Any) -> None:
         "WHERE i.status = 'COMPLETED' GROUP BY i.id, i.branches HAVING count(p.*) > 0 OR i.branches <> 0")
     if open_positions:
         bad("open_position", f"{len(open_positions)} instances, e.g. {[dict(r) for r in open_positions[:5]]}")
+
+
+async def _tasks_and_messages(conn: asyncpg.Connection, bad: Any) -> None:
+    """Each task instance's one task completed once, and its one message delivered once, to it."""
+    tasks = await conn.fetch(
+        "SELECT i.id, (SELECT count(*) FROM stepstone.tasks t WHERE t.instance_id = i.id) AS tasks, "
+        "       (SELECT count(*) FROM stepstone.tasks t "
+        "          WHERE t.instance_id = i.id AND t.status = 'COMPLETED') AS done, "
+        "       (SELECT count(*) FROM stepstone.history h WHERE h.instance_id = i.id "
+        "          AND h.kind = 'TASK_COMPLETED') AS completions "
+        "FROM stepstone.instances i WHERE i.definition_id = $1", workflows.TASK.id)
+    wrong = [dict(r) for r in tasks if (r["tasks"], r["done"], r["completions"]) != (1, 1, 1)]
+    left_open = await conn.fetchval("SELECT count(*) FROM stepstone.tasks WHERE status IN ('OPEN', 'COMPLETING')")
+    if wrong or left_open:
+        bad("task_once", f"{len(wrong)} task instances, {left_open} tasks left open; e.g. {wrong[:5]}")
+    messages = await conn.fetch(
+        "SELECT i.id, i.state->>'key' AS key, i.state->>'got' AS got, i.status, "
+        "       (SELECT count(*) FROM stepstone.history h WHERE h.instance_id = i.id "
+        "          AND h.kind = 'MESSAGE_CORRELATED') AS correlated "
+        "FROM stepstone.instances i WHERE i.definition_id = $1", workflows.TASK.id)
+    wrong = [dict(r) for r in messages
+             if r["correlated"] != 1 or (r["status"] == "COMPLETED" and r["got"] != r["key"])]
+    delivered_twice = await conn.fetchval(
+        "SELECT count(*) FROM stepstone.messages WHERE jsonb_array_length(deliveries) > 1")
+    if wrong or delivered_twice:
+        bad("message_once", f"{len(wrong)} task instances, {delivered_twice} messages delivered twice; "
+                            f"e.g. {wrong[:5]}")
 
 
 def _child_seen(state: Any) -> Any:

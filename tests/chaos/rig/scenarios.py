@@ -31,6 +31,7 @@ from stepstone.store.postgres import PostgresStore
 from tests._pg import url_for
 from tests.chaos import workflows
 from tests.chaos.rig import checker
+from tests.chaos.rig.driver import TaskDriver
 from tests.chaos.rig.fleet import Fleet
 from tests.chaos.rig.mutation import unfenced_commit_segment
 from tests.chaos.rig.proxy import Proxy
@@ -60,6 +61,7 @@ class Options:
     mutate_fencing: bool = False  # zombies only: run with commit_decision's fence removed (checker must fail)
     fans: float = 0.05  # share of the workflows that are fan-outs (chaosfan-K)
     parents: float = 0.05  # share that are parents starting a child (chaosparent-1)
+    tasks: float = 0.05  # share that are human tasks with a correlated message (chaostask-1; the driver acts)
     pauses: int = 10  # zombies
     restarts: tuple[str, ...] = ("fast", "immediate")  # restarts
     keep_database: bool = False  # leave the scenario's database behind for inspection
@@ -92,12 +94,16 @@ async def drop_database(admin_url: str, name: str) -> None:
         await admin.close()
 
 
-def workload(n: int, rng: random.Random, fans: float, parents: float) -> list[tuple[Any, dict[str, Any]]]:
+def workload(n: int, rng: random.Random, fans: float, parents: float,
+             tasks: float = 0.0) -> list[tuple[Any, dict[str, Any]]]:
     """`n` top-level workflows in a shuffled mix: chains of 1-5 steps, fan-outs over 4-8 items (`fans` of
-    them, at least one when the share is not 0), parents of one child each (`parents`, likewise)."""
+    them, at least one when the share is not 0), parents of one child each (`parents`, likewise), human
+    tasks each then waiting for its correlated message (`tasks`, likewise; each with a key of its own)."""
     n_fans = max(1, round(n * fans)) if fans > 0 and n >= 3 else 0
     n_parents = max(1, round(n * parents)) if parents > 0 and n >= 3 else 0
+    n_tasks = max(1, round(n * tasks)) if tasks > 0 and n >= 3 else 0
     mix: list[tuple[Any, dict[str, Any]]] = [(workflows.PARENT, {}) for _ in range(n_parents)]
+    mix += [(workflows.TASK, {"key": f"t-{rng.getrandbits(64):016x}"}) for _ in range(n_tasks)]
     for _ in range(n_fans):
         k = rng.randint(*workflows.FAN_ITEMS)
         mix.append((workflows.FANS[k], {"items": list(range(k))}))
@@ -106,14 +112,15 @@ def workload(n: int, rng: random.Random, fans: float, parents: float) -> list[tu
     return mix
 
 
-async def start_instances(url: str, n: int, rng: random.Random, fans: float = 0.0, parents: float = 0.0) -> list[str]:
+async def start_instances(url: str, n: int, rng: random.Random, fans: float = 0.0, parents: float = 0.0,
+                          tasks: float = 0.0) -> list[str]:
     store = await PostgresStore.open(url, max_size=8)
     try:
         client = Client(store, workflows.registry)
         for wf in workflows.registry:
             await store.register(pin_of(wf), wf.plan.document())
         ids: list[str] = []
-        mix = workload(n, rng, fans, parents)
+        mix = workload(n, rng, fans, parents, tasks)
         for lo in range(0, n, 64):
             batch = mix[lo:lo + 64]
             ids += await asyncio.gather(*(client.start(wf, state) for wf, state in batch))
@@ -174,8 +181,9 @@ async def scenario_database(target: Target, name: str, keep: bool = False) -> As
             await drop_database(target.admin_url, db)
 
 
-async def _finish(url: str, fleet: Fleet, opts: Options, *, expected: int, pauses: list[dict[str, Any]],
-                  started: float, extra: dict[str, Any]) -> dict[str, Any]:
+async def _finish(url: str, fleet: Fleet, driver: TaskDriver, opts: Options, *, expected: int,
+                  pauses: list[dict[str, Any]], started: float, extra: dict[str, Any]) -> dict[str, Any]:
+    await driver.stop()
     await asyncio.to_thread(fleet.stop)  # in a thread: a proxy on this loop must keep forwarding meanwhile
     stats = fleet.stats()
     fenced = [{**f, "pid": s["pid"]} for s in stats for f in s.get("fenced_log", [])]
@@ -197,7 +205,9 @@ async def _finish(url: str, fleet: Fleet, opts: Options, *, expected: int, pause
         "fenced_commits": sum(s["fenced"] for s in stats),
         "unknown_outcome_commits": sum(s["unknown_outcome"] for s in stats),
         "worker_claims": sum(s["claims"] for s in stats),
-        "config": {"size": opts.size, "fans": opts.fans, "parents": opts.parents, "workers": opts.workers,
+        **driver.report(),
+        "config": {"size": opts.size, "fans": opts.fans, "parents": opts.parents, "tasks": opts.tasks,
+                   "workers": opts.workers,
                    "lease_s": opts.lease, "concurrency": opts.concurrency, "poll_s": opts.poll, "seed": opts.seed},
         **extra,
     })
@@ -211,10 +221,12 @@ async def kills(target: Target, opts: Options) -> dict[str, Any]:
     rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
     started = time.monotonic()
     async with scenario_database(target, "kills", opts.keep_database) as url:
-        await start_instances(url, opts.size, rng, opts.fans, opts.parents)
+        await start_instances(url, opts.size, rng, opts.fans, opts.parents, opts.tasks)
         fleet = Fleet(url, opts.workdir / "kills", opts.workers, opts.lease, opts.concurrency, opts.poll,
                       env={workflows.PAUSE_ENV: "0.005"})
         fleet.start()
+        driver = TaskDriver(url)
+        driver.start()
         probe = Probe(url)
         deadline = time.monotonic() + (opts.timeout or 120 + opts.size * 0.06)
         try:
@@ -223,8 +235,9 @@ async def kills(target: Target, opts: Options) -> dict[str, Any]:
                 fleet.kill(rng.randrange(opts.workers))
             await wait_for(lambda: _all_done(probe, opts.size), deadline)
         finally:
+            await driver.stop()
             await probe.close()
-        return await _finish(url, fleet, opts, expected=opts.size, pauses=[], started=started, extra={})
+        return await _finish(url, fleet, driver, opts, expected=opts.size, pauses=[], started=started, extra={})
 
 
 async def _all_done(probe: Probe, n: int) -> bool:
@@ -262,7 +275,7 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
             finally:
                 await conn.close()
         total = min(opts.size, 1000)  # handlers linger 0.3 s here; more adds time, not coverage
-        await start_instances(url, total, rng, opts.fans, opts.parents)
+        await start_instances(url, total, rng, opts.fans, opts.parents, opts.tasks)
         fleet = Fleet(url, opts.workdir / (f"{name}-mutant" if opts.mutate_fencing else name), opts.workers,
                       opts.lease, opts.concurrency, opts.poll, env={workflows.PAUSE_ENV: "0.3"})
         proxies: list[Proxy] = []
@@ -275,6 +288,8 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
                 proxies.append(proxy)
                 fleet.slot_urls[slot] = proxy.url(db)
         fleet.start()
+        driver = TaskDriver(url)
+        driver.start()
         probe = Probe(url)
         pauses: list[dict[str, Any]] = []
         hold = 1.5 * opts.lease + 0.5
@@ -282,7 +297,7 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
         try:
             while len(pauses) < opts.pauses and time.monotonic() < deadline:
                 if await probe.completed() >= total - 10:  # keep work flowing for every pause
-                    await start_instances(url, 50, rng, opts.fans, opts.parents)
+                    await start_instances(url, 50, rng, opts.fans, opts.parents, opts.tasks)
                     total += 50
                 slot = rng.randrange(opts.workers)
                 pid = fleet.procs[slot].pid
@@ -305,10 +320,11 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
             await wait_for(lambda: _all_done(probe, total), settle)
             await asyncio.to_thread(fleet.stop)  # while the proxies still forward their goodbyes
         finally:
+            await driver.stop()
             await probe.close()
             for proxy in proxies:
                 await proxy.close()
-        report = await _finish(url, fleet, opts, expected=total, pauses=pauses, started=started,
+        report = await _finish(url, fleet, driver, opts, expected=total, pauses=pauses, started=started,
                                extra={"pauses": len(pauses), "pause_s": hold, "workflows": total,
                                       "mutated_fencing": opts.mutate_fencing})
         if not opts.mutate_fencing and report["fenced_commits"] == 0:
@@ -332,10 +348,12 @@ async def restarts(target: Target, opts: Options) -> dict[str, Any]:
     rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
     started = time.monotonic()
     async with scenario_database(target, "restarts", opts.keep_database) as url:
-        await start_instances(url, opts.size, rng, opts.fans, opts.parents)
+        await start_instances(url, opts.size, rng, opts.fans, opts.parents, opts.tasks)
         fleet = Fleet(url, opts.workdir / "restarts", opts.workers, opts.lease, opts.concurrency, opts.poll,
                       env={workflows.PAUSE_ENV: "0.005"})
         fleet.start()
+        driver = TaskDriver(url)
+        driver.start()
         probe = Probe(url)
         deadline = time.monotonic() + (opts.timeout or 180 + opts.size * 0.1)
         events: list[dict[str, Any]] = []
@@ -357,8 +375,9 @@ async def restarts(target: Target, opts: Options) -> dict[str, Any]:
                                "first_commit_after_restart_began_s": round(first - t0, 3)})
             await wait_for(lambda: _all_done(probe, opts.size), deadline)
         finally:
+            await driver.stop()
             await probe.close()
-        return await _finish(url, fleet, opts, expected=opts.size, pauses=[], started=started,
+        return await _finish(url, fleet, driver, opts, expected=opts.size, pauses=[], started=started,
                              extra={"restarts": events})
 
 
@@ -380,13 +399,15 @@ async def cuts(target: Target, opts: Options) -> dict[str, Any]:
     rng = random.Random(opts.seed)  # noqa: S311 - a reproducible chaos schedule, not a secret
     started = time.monotonic()
     async with scenario_database(target, "cuts", opts.keep_database) as url:
-        await start_instances(url, opts.size, rng, opts.fans, opts.parents)
+        await start_instances(url, opts.size, rng, opts.fans, opts.parents, opts.tasks)
         proxy = Proxy("127.0.0.1", server.port)
         await proxy.start()
         db = urlsplit(url).path.lstrip("/")
         fleet = Fleet(proxy.url(db), opts.workdir / "cuts", opts.workers, opts.lease, opts.concurrency, opts.poll,
                       env={workflows.PAUSE_ENV: "0.005"})
         fleet.start()
+        driver = TaskDriver(url)
+        driver.start()
         probe = Probe(url)  # direct, not through the proxy
         deadline = time.monotonic() + (opts.timeout or 180 + opts.size * 0.1)
         blackholed = False
@@ -418,6 +439,7 @@ async def cuts(target: Target, opts: Options) -> dict[str, Any]:
                 latencies.append({"listen_killed": killed, "found_s": round(time.monotonic() - t0, 3)})
             await asyncio.to_thread(fleet.stop)  # while the proxy still forwards their goodbyes
         finally:
+            await driver.stop()
             await probe.close()
             await proxy.close()
         # Every worker talks through the proxy: while it forwards nothing, nothing may commit. The edges
@@ -429,7 +451,7 @@ async def cuts(target: Target, opts: Options) -> dict[str, Any]:
                 "AND at BETWEEN to_timestamp($1) AND to_timestamp($2)", hole[0] + 0.5, hole[1] - 0.5)
         finally:
             await conn.close()
-        report = await _finish(url, fleet, opts, expected=opts.size + extra, pauses=[], started=started,
+        report = await _finish(url, fleet, driver, opts, expected=opts.size + extra, pauses=[], started=started,
                                extra={"resets": proxy.resets, "connections_reset": reset_conns,
                                       "blackhole_s": round(hole[1] - hole[0], 3),
                                       "commits_during_blackhole": during, "after_listen_killed": latencies})

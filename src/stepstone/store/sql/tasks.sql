@@ -3,7 +3,8 @@
 --   <task_select> <one task_mode_*> <task_filters> <task_page>, or <task_count> <mode> <task_filters>
 -- Parameters:
 --   $1 user  $2 groups  $3 workflow  $4 priority at least  $5 due before  $6 candidate group
---   $7 text in title  $8-$10 the keyset cursor (priority, created_at, id)  $11 limit
+--   $7 text in title  $8 follow-up before  $9 hide later follow-ups (db_now)  $10 scope
+--   $11-$13 the keyset cursor (priority, created_at, id)  $14 limit
 
 -- name: task_select
 SELECT t.id, t.instance_id, t.position, t.step, t.visit, t.definition_id, t.status, t.title, t.description,
@@ -41,12 +42,16 @@ AND ($4::integer IS NULL OR t.priority >= $4::integer)
 AND ($5::timestamptz IS NULL OR t.due_at < $5::timestamptz)
 AND ($6::text IS NULL OR t.candidate_groups @> ARRAY[$6::text])
 AND ($7::text IS NULL OR strpos(lower(t.title), lower($7::text)) > 0)
+-- A task with a follow-up date is put aside until then (no follow-up date: never put aside).
+AND ($8::timestamptz IS NULL OR t.follow_up_at IS NULL OR t.follow_up_at <= $8::timestamptz)
+AND (NOT $9::boolean OR t.follow_up_at IS NULL OR t.follow_up_at <= {{schema}}.db_now())
+AND ($10::text IS NULL OR t.scope = $10::text)
 
 -- name: task_page
-AND ($8::integer IS NULL OR t.priority < $8::integer
-     OR (t.priority = $8::integer AND (t.created_at, t.id) > ($9::timestamptz, $10::uuid)))
+AND ($11::integer IS NULL OR t.priority < $11::integer
+     OR (t.priority = $11::integer AND (t.created_at, t.id) > ($12::timestamptz, $13::uuid)))
 ORDER BY t.priority DESC, t.created_at, t.id
-LIMIT $11
+LIMIT $14
 
 -- name: get_task
 SELECT t.*, i.version, i.state_version AS current_version, i.status AS instance_status
@@ -75,3 +80,22 @@ FROM {{schema}}.start_or_signal($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $1
 
 -- name: business_key_instance
 SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND business_key = $3;
+
+-- name: save_task_filter
+-- Saving a name again replaces its filter (created_at stays the first save's).
+INSERT INTO {{schema}}.task_filters AS f (scope, owner, name, mode, filter, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now(), {{schema}}.db_now())
+ON CONFLICT (scope, owner, name) DO UPDATE SET mode = EXCLUDED.mode, filter = EXCLUDED.filter,
+    updated_at = EXCLUDED.updated_at
+RETURNING f.scope, f.owner, f.name, f.mode, f.filter, f.created_at, f.updated_at;
+
+-- name: saved_task_filters
+SELECT f.scope, f.owner, f.name, f.mode, f.filter, f.created_at, f.updated_at
+FROM {{schema}}.task_filters f WHERE f.scope = $1 AND f.owner = $2 ORDER BY f.name;
+
+-- name: saved_task_filter
+SELECT f.scope, f.owner, f.name, f.mode, f.filter, f.created_at, f.updated_at
+FROM {{schema}}.task_filters f WHERE f.scope = $1 AND f.owner = $2 AND f.name = $3;
+
+-- name: delete_task_filter
+DELETE FROM {{schema}}.task_filters f WHERE f.scope = $1 AND f.owner = $2 AND f.name = $3 RETURNING f.name;

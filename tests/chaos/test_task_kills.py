@@ -1,0 +1,126 @@
+"""Worker processes SIGKILLed between a task's reservation and its segment: `complete_task` has committed
+the reservation (task COMPLETING, completion command recorded); a worker claims that command and its
+segment commit is held (the test holds the task rows), then the worker is SIGKILLed and its server
+connection is gone before the rows are let go. Another worker takes the command over once the lease
+expires: every task completes exactly once, every instance moves on with its decision exactly once
+(one TASK_COMPLETED, one s1 effect), and the completion was committed by a worker that was not killed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import asyncpg
+
+from stepstone.client import Client
+from stepstone.core.pin import pin_of
+from stepstone.store.postgres import PostgresStore
+from tests._pg import PgServer
+from tests.chaos import workflows
+from tests.chaos.rig.fleet import Fleet
+from tests.chaos.rig.scenarios import Probe, Target, scenario_database, wait_for
+
+SIZE = 8
+WORKERS = 2
+APP = "taskkill-w"  # the application_name of slot N's connections is APP + N
+
+
+def _slot_url(url: str, slot: int) -> str:
+    # A server backend blocked on a lock notices its dead client only when it checks the socket: the
+    # check interval makes the killed worker's open transaction abort (and roll back) at once.
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}application_name={APP}{slot}&client_connection_check_interval=50"
+
+
+async def _count(probe: Probe, sql: str) -> int:
+    return int(await probe.fetchval(sql))
+
+
+async def test_a_worker_killed_between_reservation_and_segment_completes_the_task_once(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    async with scenario_database(Target(pg_server.admin_url), "taskkills") as url:
+        store = await PostgresStore.open(url, max_size=4)
+        client = Client(store, workflows.registry)
+        await store.register(pin_of(workflows.TASK), workflows.TASK.plan.document())
+        ids = [await client.start(workflows.TASK, workflows.Ticket(key=f"k{n}")) for n in range(SIZE)]
+        fleet = Fleet(url, tmp_path, WORKERS, lease=1.0, concurrency=4, poll=0.2,
+                      slot_urls={s: _slot_url(url, s) for s in range(WORKERS)})
+        fleet.start()
+        probe = Probe(url)
+        holder = await asyncpg.connect(url)
+        deadline = time.monotonic() + 90
+        try:
+            assert await wait_for(lambda: _opened(probe), deadline)
+            for slot in range(WORKERS):
+                fleet.pause(slot)  # nobody claims a completion before the rows are held
+            page = await client.tasks(mode="all", limit=100)
+            assert len(page.tasks) == SIZE
+            commands = {}
+            for task in page.tasks:
+                done = await client.complete_task(task.id, "approve", None, actor="rig", admin=True,
+                                                  idempotency_key=f"kill/{task.id}")
+                commands[task.id] = done.command_id
+            tx = holder.transaction()
+            await tx.start()
+            await holder.execute("SELECT 1 FROM stepstone.tasks FOR UPDATE")  # every segment commit waits here
+            for slot in range(WORKERS):
+                fleet.resume(slot)
+            me = await holder.fetchval("SELECT pg_backend_pid()")
+            blocked_sql = ("SELECT array_agg(DISTINCT application_name) FROM pg_stat_activity "
+                           f"WHERE {me} = ANY(pg_blocking_pids(pid)) AND application_name LIKE '{APP}%'")
+            assert await wait_for(lambda: _true(probe, blocked_sql), deadline, every=0.02)
+            names = await probe.fetchval(blocked_sql)
+            killed = [fleet.kill(int(name.removeprefix(APP))) for name in names]  # mid-segment, commit held
+            gone = (f"SELECT count(*) = 0 FROM pg_stat_activity WHERE application_name = ANY('{{{','.join(names)}}}') "
+                    f"AND backend_start < to_timestamp({min(k['at'] for k in killed)})")
+            assert await wait_for(lambda: _true(probe, gone), deadline, every=0.02), "the killed backends linger"
+            await tx.rollback()  # the rows are free: the survivors' commits, and the takeovers, go on
+            assert await wait_for(lambda: _approved(probe), deadline)
+            for n in range(SIZE):
+                await client.publish_message(workflows.RECEIPT, f"k{n}", {"key": f"k{n}"}, message_id=f"r{n}")
+            assert await wait_for(lambda: _completed(probe), deadline)
+        finally:
+            await holder.close()
+            await probe.close()
+            await store.close()
+            await asyncio.to_thread(fleet.stop)
+        assert fleet.crashed() == []
+        conn = await asyncpg.connect(url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM stepstone.tasks WHERE status = 'COMPLETED'") == SIZE
+            per_task = await conn.fetch("SELECT data->>'task_id' AS tid, count(*) AS n FROM stepstone.history "
+                                        "WHERE kind = 'TASK_COMPLETED' GROUP BY 1")
+            assert sorted(r["n"] for r in per_task) == [1] * SIZE
+            s1 = await conn.fetch("SELECT instance_id, count(*) AS n FROM chaos.ledger WHERE step = 's1' GROUP BY 1")
+            assert {str(r["instance_id"]): r["n"] for r in s1} == dict.fromkeys(ids, 1)
+            states = await conn.fetch("SELECT state->>'key' AS key, state->>'got' AS got, status "
+                                      "FROM stepstone.instances")
+            assert all(r["status"] == "COMPLETED" and r["got"] == r["key"] for r in states), states
+            claimed_by = await conn.fetch("SELECT claimed_by FROM stepstone.commands WHERE id = ANY($1::bigint[])",
+                                          list(commands.values()))
+        finally:
+            await conn.close()
+    dead = {k["pid"] for k in killed}
+    takeovers = [r["claimed_by"] for r in claimed_by if int(r["claimed_by"].rsplit(":", 1)[1]) in dead]
+    assert killed, "no worker was caught inside a task completion's segment"
+    assert takeovers == [], takeovers  # what a killed worker had claimed, another committed
+    print(f"task kills: {len(killed)} workers killed mid-segment")  # noqa: T201
+
+
+async def _opened(probe: Probe) -> bool:
+    return await _count(probe, "SELECT count(*) FROM stepstone.tasks WHERE status = 'OPEN'") == SIZE
+
+
+async def _true(probe: Probe, sql: str) -> bool:
+    return bool(await probe.fetchval(sql))
+
+
+async def _approved(probe: Probe) -> bool:
+    return await _count(probe, "SELECT count(*) FROM chaos.ledger WHERE step = 's1'") >= SIZE and \
+        await _count(probe, "SELECT count(*) FROM stepstone.tasks WHERE status = 'COMPLETED'") == SIZE
+
+
+async def _completed(probe: Probe) -> bool:
+    return await _count(probe, "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'") == SIZE
