@@ -247,3 +247,43 @@ async def test_complete_a_task_from_the_inbox_with_its_form(site: dict[str, Any]
     assert (state["outcome"], state["comment"]) == ("paid by mia", "within budget")
     await asyncio.to_thread(browser.refresh)
     await until(lambda: "No open tasks here." in browser.page_source, "the inbox without the completed task")
+
+
+async def test_bulk_retry_every_incident_a_filter_matches_and_read_each_result(
+    site: dict[str, Any], browser: Any, shots: Path,
+) -> None:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    engine, base = site["engine"], site["base"]
+    workflows.FAILING.update({"north-1", "north-2", "south-1"})
+    north = [await engine.client.start("job", {"name": n}, scope="north") for n in ("north-1", "north-2")]
+    south = await engine.client.start("job", {"name": "south-1"}, scope="south")
+    for iid in (*north, south):
+        await _settled(engine, iid, "FAILED")
+    workflows.FAILING.discard("north-1")  # "north-2" fails again on its retry
+
+    await sign_in(browser, f"{base}/ui/login", site["token"])
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, "Incidents").click())
+
+    def narrow() -> None:
+        field = browser.find_element(By.CSS_SELECTOR, "form.filters input[name=scope]")
+        field.send_keys("north")
+        browser.find_element(By.XPATH, "//form[@role='search']//button[text()='Filter']").click()
+
+    await asyncio.to_thread(narrow)
+    button = await until(lambda: browser.find_elements(
+        By.XPATH, "//button[text()='Retry every failed instance of scope north…']"), "the filtered incidents")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "input[name=instance]")) == 2
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-incidents-filtered.png"))
+    await asyncio.to_thread(button[0].click)
+    await until(lambda: "Retry 2 instance(s)?" in browser.page_source, "the honest count to confirm")
+    await asyncio.to_thread(lambda: browser.find_element(By.XPATH, "//button[text()='Retry every match']").click())
+    heading = await until(lambda: browser.find_elements(By.ID, "res-h"), "the results")
+    assert heading[0].text == "Retry results: 2 of 2 retried"
+    items = browser.find_elements(By.CSS_SELECTOR, ".results li")
+    assert sorted(i.text for i in items) == sorted(f"{iid[:8]} retried" for iid in north)
+    assert {i.get_attribute("data-outcome") for i in items} == {"retried"}
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-bulk-retry-filter.png"))
+    await _settled(engine, north[0], "WAITING")
+    await _settled(engine, north[1], "FAILED")
+    assert (await engine.client.get(south)).status == "FAILED"

@@ -19,13 +19,13 @@ from starlette.responses import RedirectResponse
 
 from stepstone.api.context import ApiContext
 from stepstone.api.problems import install_problem_handlers
-from stepstone.api.routes import definitions, instances, messages, meta, outbox, tasks
+from stepstone.api.routes import bulk, definitions, instances, messages, meta, outbox, tasks
 
 __all__ = ["API_PREFIX", "ROUTERS", "create_app"]
 
 API_PREFIX = "/api/v1"
 ROUTERS: list[APIRouter] = [meta.router, instances.router, outbox.router, definitions.router, tasks.router,
-                             messages.router]
+                             messages.router, bulk.router]
 """Every API router; a feature's module adds its own here (tasks, retention, bulk actions, ...)."""
 
 

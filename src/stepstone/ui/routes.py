@@ -24,7 +24,7 @@ from stepstone.api.auth import TOKEN_COOKIE, Principal, Unauthenticated, hash_to
 from stepstone.api.context import context_of, require, visible_instance
 from stepstone.api.problems import status_of
 from stepstone.errors import InvalidInput, StepstoneError
-from stepstone.ui import task_pages
+from stepstone.ui import incident_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
 from stepstone.ui.render import UI_PREFIX, page, patch_lines, ui_root
 from stepstone.ui.session import back, posted_form, signed_in
@@ -192,54 +192,6 @@ async def send_signal(request: Request, instance_id: str) -> Response:
     return back(request, f"/instances/{instance_id}", f"signal+{name}+sent")
 
 
-# -- incidents (failed instances, dead letters) and bulk retry --------------------------------------
-
-
-async def _incidents(request: Request, who: Principal, cursor: str | None) -> dict[str, Any]:
-    ctx = context_of(request)
-    failed = await ops.instances(ctx, who, status="FAILED", workflow=None, business_key=None, scope=None,
-                                 cursor=cursor, limit=100)
-    dead = await ops.dead_letters(ctx, who, cursor=None, limit=100)
-    return {"items": failed["items"], "next_cursor": failed["next_cursor"], "dead": dead["items"]}
-
-
-@router.get("/dead-letters")
-async def dead_letters_page(request: Request) -> Response:
-    who = await signed_in(request)
-    found = await _incidents(request, who, request.query_params.get("cursor") or None)
-    return page(request, "dead_letters.html", who, nav="dead", live="list", results=None, **found)
-
-
-@router.post("/dead-letters/confirm")
-async def confirm_bulk_retry(request: Request) -> Response:
-    who = await signed_in(request)
-    form = await posted_form(request, who)
-    chosen = sorted({str(v) for v in form.getlist("instance")})
-    root = ui_root(request)
-    if not chosen:
-        return back(request, "/dead-letters", "nothing+selected")
-    return page(request, "confirm.html", who, action="retry", heading=f"Retry {len(chosen)} instance(s)?",
-                question="The failed step of each runs again; each gets its own result.", items=chosen,
-                target=f"{root}/dead-letters/retry", back=f"{root}/dead-letters", confirm_label="Retry all",
-                danger=False, reason=False, hidden=[("instance", i) for i in chosen])
-
-
-@router.post("/dead-letters/retry")
-async def bulk_retry(request: Request) -> Response:
-    who = await signed_in(request)
-    form = await posted_form(request, who)
-    ctx = context_of(request)
-    results = []
-    for instance_id in sorted({str(v) for v in form.getlist("instance")}):
-        try:
-            await ops.retry(ctx, who, instance_id)
-            results.append({"id": instance_id, "ok": True, "result": "retry scheduled"})
-        except StepstoneError as exc:
-            results.append({"id": instance_id, "ok": False, "result": f"{type(exc).__name__}: {exc}"})
-    return page(request, "dead_letters.html", who, nav="dead", results=results,
-                **await _incidents(request, who, None))
-
-
 # -- definitions ----------------------------------------------------------------------------------
 
 
@@ -349,5 +301,6 @@ def html_error(request: Request, exc: StepstoneError) -> Response:
 def install_ui(app: FastAPI) -> None:
     app.include_router(router)
     app.include_router(task_pages.router)
+    app.include_router(incident_pages.router)
     app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"), name="ui-static")
     app.state.html_error = html_error
