@@ -40,7 +40,7 @@ async def test_start_or_signal_starts_once_then_signals(api: Api) -> None:
     assert (first.json()["started"], first.json()["scope"]) == (True, "default")
     await api.engine.run_until_idle()
     info = await api.engine.client.get(first.json()["instance_id"])
-    assert (info.status, info.state["got"]) == ("COMPLETED", "filed")
+    assert (info.status, info.state["got"]) == ("COMPLETED", "filed by v2")  # the latest version
     r = await api.http.post(f"{V1}/start-or-signal", headers=operator, json={**body, "signal": "nope"})
     assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
 

@@ -104,4 +104,15 @@ def filed(ctx: StepContext, state: Order) -> None:
     state.got = "filed"
 
 
-registry = Registry(job, expense, order)
+# Version 2 of the order (the migration tests move v1 instances to it): it also records who filed it.
+order_v2: Workflow[Order] = Workflow("order", version=2, state=Order)
+order_v2.step(start=True, next="await_receipt")(place)
+order_v2.wait("await_receipt", messages={"receipt": "filed"}, signals={"nudge": "filed"}, correlation="order_id")
+
+
+@order_v2.step(next=None, name="filed")
+def filed_v2(ctx: StepContext, state: Order) -> None:
+    state.got = "filed by v2"
+
+
+registry = Registry(job, expense, order, order_v2)
