@@ -18,7 +18,6 @@ from stepstone.api.context import ApiContext, require, visible_instance
 from stepstone.api.pagination import MAX_BIGINT, decode_cursor, decode_id_cursor, page
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.errors import DefinitionNotFound, InvalidInput
-from stepstone.ops.definitions import stranded_report
 
 __all__ = [
     "cancel",
@@ -162,7 +161,9 @@ async def definition_plan(
 
 async def stranded(ctx: ApiContext, who: Principal, within_seconds: float) -> list[dict[str, Any]]:
     """Pins of the visible scopes whose instances may still run but that no worker served lately."""
-    found = await stranded_report(ctx.store.definitions, within_seconds)
+    # The registry's port itself: `stepstone.ops.definitions.stranded_report` wraps the same call but
+    # brings the runtime along, which the API must not import.
+    found = await ctx.store.definitions.stranded(within_seconds)
     return [{"scope": s.pin.scope, "definition_id": s.pin.definition_id, "version": s.pin.version,
              "plan_hash": s.pin.plan_hash, "instances": s.instances, "deferred_commands": s.deferred_commands,
              "last_served": s.last_served} for s in found if who.sees(s.pin.scope)]

@@ -24,7 +24,7 @@ from stepstone.api.auth import TOKEN_COOKIE, Principal, Unauthenticated, hash_to
 from stepstone.api.context import context_of, require, visible_instance
 from stepstone.api.problems import status_of
 from stepstone.errors import InvalidInput, StepstoneError
-from stepstone.ui import incident_pages, task_pages
+from stepstone.ui import incident_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
 from stepstone.ui.render import UI_PREFIX, page, patch_lines, ui_root
 from stepstone.ui.session import back, posted_form, signed_in
@@ -35,6 +35,8 @@ router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
 STATUSES = ("PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "CANCELLED")
 _LIVE_POLL_SECONDS = 2.0
 _HISTORY_ON_PAGE = 500
+STRANDED_WITHIN = 300.0
+"""The definitions page's stranded report: versions no worker served in the last five minutes."""
 
 
 # -- sign in --------------------------------------------------------------------------------------
@@ -200,7 +202,9 @@ async def definitions_page(request: Request) -> Response:
     who = await signed_in(request)
     listing = await ops.definitions(context_of(request), who, cursor=request.query_params.get("cursor") or None,
                                     limit=100)
-    return page(request, "definitions.html", who, nav="definitions", plan=None, **listing)
+    stranded = await ops.stranded(context_of(request), who, STRANDED_WITHIN)
+    return page(request, "definitions.html", who, nav="definitions", plan=None, stranded=stranded,
+                stranded_within=int(STRANDED_WITHIN), **listing)
 
 
 @router.get("/definitions/{scope}/{definition_id}/{version}")
@@ -302,5 +306,6 @@ def install_ui(app: FastAPI) -> None:
     app.include_router(router)
     app.include_router(task_pages.router)
     app.include_router(incident_pages.router)
+    app.include_router(repair_pages.router)
     app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"), name="ui-static")
     app.state.html_error = html_error

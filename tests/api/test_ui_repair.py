@@ -1,0 +1,54 @@
+"""The UI's replay and migrate pages and the stranded report on the definitions page, through httpx."""
+
+from __future__ import annotations
+
+import re
+
+from tests.api import workflows
+from tests.api.conftest import Api
+
+
+async def _sign_in(api: Api, role: str = "operator") -> str:
+    token = (await api.token(role))["Authorization"].removeprefix("Bearer ")
+    assert (await api.http.post("/ui/login", data={"token": token})).status_code == 303
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', (await api.http.get("/ui/tasks")).text)
+    assert found
+    return found.group(1)
+
+
+async def test_replay_a_failed_instance_from_its_step(api: Api) -> None:
+    iid = await api.start("r", fail=True)
+    csrf = await _sign_in(api)
+    assert "Replay or migrate…" in (await api.http.get(f"/ui/instances/{iid}")).text
+    page = (await api.http.get(f"/ui/instances/{iid}/repair")).text
+    assert "<option>charge</option>" in page
+    workflows.FAILING.clear()
+    r = await api.http.post(f"/ui/instances/{iid}/replay", data={"csrf": csrf, "step": "charge"})
+    assert (r.status_code, r.headers["location"]) == (303, f"/ui/instances/{iid}?done=replaying+from+charge")
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).status == "WAITING"
+    r = await api.http.post(f"/ui/instances/{iid}/replay", data={"csrf": csrf, "step": "charge"})
+    assert r.status_code == 409 and "cancel it" in r.text  # a waiting instance is not replayed
+
+
+async def test_migrate_with_a_dry_run_first(api: Api) -> None:
+    iid = await api.engine.client.start(workflows.order, {"order_id": "u-1"})
+    await api.engine.run_until_idle()
+    csrf = await _sign_in(api)
+    page = (await api.http.get(f"/ui/instances/{iid}/repair")).text
+    assert '<option value="2">v2</option>' in page
+    dry = await api.http.post(f"/ui/instances/{iid}/migrate", data={"csrf": csrf, "version": "2", "dry_run": "1"})
+    assert "v2: would migrate; nothing was changed." in dry.text
+    assert (await api.engine.client.get(iid)).version == 1
+    r = await api.http.post(f"/ui/instances/{iid}/migrate", data={"csrf": csrf, "version": "2", "dry_run": "0"})
+    assert r.headers["location"] == f"/ui/instances/{iid}?done=migrated+to+v2"
+    assert (await api.engine.client.get(iid)).version == 2
+
+
+async def test_the_definitions_page_shows_stranded_versions(api: Api) -> None:
+    await api.start("s")
+    await _sign_in(api, "viewer")
+    page = (await api.http.get("/ui/definitions")).text
+    rows = re.findall(r"<tr><td><a href=\"/ui/\?workflow=(\w+)&amp;scope=default\">", page)
+    assert rows == ["job"]
+    assert "never" in page
