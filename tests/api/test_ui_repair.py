@@ -52,3 +52,25 @@ async def test_the_definitions_page_shows_stranded_versions(api: Api) -> None:
     rows = re.findall(r"<tr><td><a href=\"/ui/\?workflow=(\w+)&amp;scope=default\">", page)
     assert rows == ["job"]
     assert "never" in page
+
+
+async def test_maintenance_shows_what_is_stuck_and_sweeps_retention_with_a_dry_run(api: Api) -> None:
+    admin = await api.token("admin")
+    await api.http.put("/api/v1/retention/policies", headers=admin, json={
+        "workflow": "job", "status_class": "completed", "retain_for_seconds": 0})
+    done = await api.start("old")
+    await api.engine.client.signal(done, "approve")
+    await api.engine.run_until_idle()
+    csrf = await _sign_in(api, "admin")
+    page = (await api.http.get("/ui/maintenance")).text
+    assert "Nothing is stuck." in page and 'id="probe">Idle' in page
+    assert "<td>job</td><td>completed</td>" in page
+    dry = await api.http.post("/ui/maintenance/retention", data={"csrf": csrf, "dry_run": "1"})
+    assert "A sweep would archive 1 and purge 0 instance(s)" in dry.text
+    again = await api.http.post("/ui/maintenance/retention", data={"csrf": csrf, "dry_run": "1"})
+    assert "would archive 1 " in again.text  # the dry run archived nothing
+    swept = await api.http.post("/ui/maintenance/retention", data={"csrf": csrf, "dry_run": "0"})
+    assert "Archived 1, purged 0" in swept.text
+    await _sign_in(api, "operator")
+    page = (await api.http.get("/ui/maintenance")).text
+    assert "Run a sweep now" not in page  # a sweep needs the admin role

@@ -24,7 +24,7 @@ from stepstone.api.auth import TOKEN_COOKIE, Principal, Unauthenticated, hash_to
 from stepstone.api.context import context_of, require, visible_instance
 from stepstone.api.problems import status_of
 from stepstone.errors import InvalidInput, StepstoneError
-from stepstone.ui import incident_pages, repair_pages, task_pages
+from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
 from stepstone.ui.render import UI_PREFIX, page, patch_lines, ui_root
 from stepstone.ui.session import back, posted_form, signed_in
@@ -307,5 +307,6 @@ def install_ui(app: FastAPI) -> None:
     app.include_router(task_pages.router)
     app.include_router(incident_pages.router)
     app.include_router(repair_pages.router)
+    app.include_router(maintenance_pages.router)
     app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"), name="ui-static")
     app.state.html_error = html_error
