@@ -1,9 +1,10 @@
 """The UI in a real headless Chromium (Debian's chromium and chromium-driver), driven by Selenium.
 
 Clicks through: sign in, find a failed instance, see its graph with the failed step marked, retry it
-through the confirmation, watch it go on and complete live (no reload), then bulk-retry a selection
-of incidents and read the per-item result. Screenshots go to $STEPSTONE_UI_SCREENSHOTS when set
-(docs/images/ holds the ones the docs show), else to the test's temporary directory.
+through the confirmation, watch it go on and complete live (no reload); bulk-retry a selection
+of incidents and read the per-item result; complete a task from the inbox with its generated form.
+Screenshots go to $STEPSTONE_UI_SCREENSHOTS when set (docs/images/ holds the ones the docs show),
+else to the test's temporary directory.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ async def site(database_url: str) -> AsyncIterator[dict[str, Any]]:
         try:
             async with served(create_app(ctx)) as base:
                 token, _ = await create_token(ctx.management, role="operator", name="browser")
-                yield {"engine": engine, "base": base, "token": token}
+                yield {"engine": engine, "base": base, "token": token, "management": ctx.management}
         finally:
             await engine.worker.stop()
             await ctx.close()
@@ -211,3 +212,78 @@ async def test_bulk_retry_a_selection_of_incidents_and_read_each_result(
     await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-bulk-retry.png"))
     await _settled(engine, one, "WAITING")
     await _settled(engine, two, "FAILED")
+
+
+async def test_complete_a_task_from_the_inbox_with_its_form(site: dict[str, Any], browser: Any, shots: Path) -> None:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    engine, base = site["engine"], site["base"]
+    iid = await engine.client.start("expense", {"employee": "ann", "amount": 75})
+    token, _ = await create_token(site["management"], role="task_worker", name="mia")
+
+    await sign_in(browser, f"{base}/ui/login", token)
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, "Tasks").click())
+    link = await until(lambda: browser.find_elements(By.LINK_TEXT, "Approve ann's expense"), "the task in the inbox")
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-tasks.png"))
+    await asyncio.to_thread(link[0].click)
+    await until(lambda: browser.find_elements(By.CSS_SELECTOR, "form.decision[data-decision=approve]"), "the form")
+
+    def fill(amount: str) -> None:
+        form = browser.find_element(By.CSS_SELECTOR, "form.decision[data-decision=approve]")
+        form.find_element(By.NAME, "f.comment").clear()
+        form.find_element(By.NAME, "f.comment").send_keys("within budget")
+        form.find_element(By.NAME, "f.approved_amount").clear()
+        form.find_element(By.NAME, "f.approved_amount").send_keys(amount)
+
+    await asyncio.to_thread(fill, "70")
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-task-form.png"))
+    await asyncio.to_thread(lambda: browser.find_element(
+        By.CSS_SELECTOR, "form.decision[data-decision=approve] button[type=submit]").click())
+    flash = await until(lambda: browser.find_elements(By.CSS_SELECTOR, "p.flash"), "the completion's flash")
+    assert flash[0].text.startswith("completed ") and flash[0].text.endswith("with approve")
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-task-completed.png"))
+    await _settled(engine, iid, "COMPLETED")
+    state = (await engine.client.get(iid)).state
+    assert (state["outcome"], state["comment"]) == ("paid by mia", "within budget")
+    await asyncio.to_thread(browser.refresh)
+    await until(lambda: "No open tasks here." in browser.page_source, "the inbox without the completed task")
+
+
+async def test_bulk_retry_every_incident_a_filter_matches_and_read_each_result(
+    site: dict[str, Any], browser: Any, shots: Path,
+) -> None:
+    from selenium.webdriver.common.by import By  # noqa: PLC0415
+
+    engine, base = site["engine"], site["base"]
+    workflows.FAILING.update({"north-1", "north-2", "south-1"})
+    north = [await engine.client.start("job", {"name": n}, scope="north") for n in ("north-1", "north-2")]
+    south = await engine.client.start("job", {"name": "south-1"}, scope="south")
+    for iid in (*north, south):
+        await _settled(engine, iid, "FAILED")
+    workflows.FAILING.discard("north-1")  # "north-2" fails again on its retry
+
+    await sign_in(browser, f"{base}/ui/login", site["token"])
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, "Incidents").click())
+
+    def narrow() -> None:
+        field = browser.find_element(By.CSS_SELECTOR, "form.filters input[name=scope]")
+        field.send_keys("north")
+        browser.find_element(By.XPATH, "//form[@role='search']//button[text()='Filter']").click()
+
+    await asyncio.to_thread(narrow)
+    button = await until(lambda: browser.find_elements(
+        By.XPATH, "//button[text()='Retry every failed instance of scope north…']"), "the filtered incidents")
+    assert len(browser.find_elements(By.CSS_SELECTOR, "input[name=instance]")) == 2
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-incidents-filtered.png"))
+    await asyncio.to_thread(button[0].click)
+    await until(lambda: "Retry 2 instance(s)?" in browser.page_source, "the honest count to confirm")
+    await asyncio.to_thread(lambda: browser.find_element(By.XPATH, "//button[text()='Retry every match']").click())
+    heading = await until(lambda: browser.find_elements(By.ID, "res-h"), "the results")
+    assert heading[0].text == "Retry results: 2 of 2 retried"
+    items = browser.find_elements(By.CSS_SELECTOR, ".results li")
+    assert sorted(i.text for i in items) == sorted(f"{iid[:8]} retried" for iid in north)
+    assert {i.get_attribute("data-outcome") for i in items} == {"retried"}
+    await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-bulk-retry-filter.png"))
+    await _settled(engine, north[0], "WAITING")
+    await _settled(engine, north[1], "FAILED")
+    assert (await engine.client.get(south)).status == "FAILED"

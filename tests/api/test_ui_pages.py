@@ -101,7 +101,7 @@ async def test_bulk_retry_of_a_selection_reports_each_item(api: Api) -> None:
                                                                  "instance": [first, second, ok]})
     assert result.status_code == 200
     assert "Retry results: 2 of 3 retried" in result.text
-    assert "InvalidState" in result.text  # the instance that was not FAILED, with its reason
+    assert "only a FAILED instance can be retried" in result.text  # the one that was not FAILED, with its reason
 
 
 async def test_another_scope_is_a_not_found_page_and_read_only_refuses_posts(read_only_api: Api) -> None:
@@ -171,3 +171,25 @@ def test_the_diagram_marks_forks_joins_and_the_end() -> None:
     assert half.failed == {"right"} and "done" not in half.visited
     assert {(e.source, e.target) for e in half.edges if e.executed} == {("ship", "left")}
     assert render_svg(half).count("<g class=") == 6
+
+
+async def test_retry_every_match_of_a_filter_confirms_an_honest_count(api: Api) -> None:
+    here = await api.start("h1", fail=True)
+    also = await api.start("h2", fail=True)
+    elsewhere = await api.start("e1", scope="other", fail=True)
+    await _sign_in(api)
+    letters = await api.http.get("/ui/dead-letters", params={"scope": "default"})
+    assert here[:8] in letters.text and elsewhere[:8] not in letters.text
+    assert "Retry every failed instance of scope default…" in letters.text
+    workflows.FAILING.clear()
+    confirm = await api.http.post("/ui/dead-letters/confirm", data={"csrf": _csrf(letters.text), "every": "1",
+                                                                    "scope": "default"})
+    assert "Retry 2 instance(s)?" in confirm.text
+    assert (await api.engine.client.get(here)).status == "FAILED"  # the count was a dry run
+    result = await api.http.post("/ui/dead-letters/retry", data={"csrf": _csrf(confirm.text), "every": "1",
+                                                                 "scope": "default"})
+    assert "Retry results: 2 of 2 retried" in result.text
+    assert here[:8] in result.text and also[:8] in result.text
+    await api.engine.run_until_idle()
+    assert [(await api.engine.client.get(i)).status for i in (here, also, elsewhere)] == [
+        "WAITING", "WAITING", "FAILED"]

@@ -1,10 +1,11 @@
-"""Workflows the API and UI tests run: a job that can be made to fail, then waits for approval."""
+"""Workflows the API and UI tests run: a job that can be made to fail, then waits for approval; an
+expense a person approves in a task (with a payload form); an order that waits for a message."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow, from_state
 
 
 class Job(BaseModel):
@@ -44,4 +45,74 @@ def refund(ctx: StepContext, state: Job) -> None:
     state.log.append("refunded")
 
 
-registry = Registry(job)
+class Expense(BaseModel):
+    employee: str
+    amount: int
+    approver: str | None = None
+    outcome: str = ""
+    comment: str = ""
+
+
+class Approval(BaseModel):
+    comment: str
+    approved_amount: int
+
+
+expense: Workflow[Expense] = Workflow("expense", version=1, state=Expense)
+
+
+@expense.step(start=True, next="approve")
+def submit(ctx: StepContext, state: Expense) -> None:
+    state.outcome = "submitted"
+
+
+expense.task("approve", title="Approve {employee}'s expense", decisions={"approve": "pay", "reject": "decline"},
+             payloads={"approve": Approval}, assignee=from_state("approver"), candidate_users=["mia"],
+             candidate_groups=["finance"], show=("employee", "amount"), priority=60)
+
+
+@expense.step(next=None)
+def pay(ctx: StepContext, state: Expense) -> None:
+    assert ctx.task is not None
+    state.outcome = f"paid by {ctx.task.actor}"
+    state.comment = str((ctx.task.payload or {}).get("comment"))
+
+
+@expense.step(next=None)
+def decline(ctx: StepContext, state: Expense) -> None:
+    state.outcome = "declined"
+
+
+class Order(BaseModel):
+    order_id: str
+    got: str = ""
+
+
+order: Workflow[Order] = Workflow("order", version=1, state=Order)
+
+
+@order.step(start=True, next="await_receipt")
+def place(ctx: StepContext, state: Order) -> None:
+    state.got = ""
+
+
+order.wait("await_receipt", messages={"receipt": "filed"}, signals={"nudge": "filed"}, correlation="order_id")
+
+
+@order.step(next=None)
+def filed(ctx: StepContext, state: Order) -> None:
+    state.got = "filed"
+
+
+# Version 2 of the order (the migration tests move v1 instances to it): it also records who filed it.
+order_v2: Workflow[Order] = Workflow("order", version=2, state=Order)
+order_v2.step(start=True, next="await_receipt")(place)
+order_v2.wait("await_receipt", messages={"receipt": "filed"}, signals={"nudge": "filed"}, correlation="order_id")
+
+
+@order_v2.step(next=None, name="filed")
+def filed_v2(ctx: StepContext, state: Order) -> None:
+    state.got = "filed by v2"
+
+
+registry = Registry(job, expense, order, order_v2)

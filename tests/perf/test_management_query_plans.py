@@ -57,6 +57,7 @@ async def test_management_queries_use_indexes(database_url: str) -> None:
             "outbox events": (q["instance_outbox"], some, 0, 51),
             "dead letters": (q["dead_commands_page"], ["acme"], None, 51),
             "instance scope": (q["instance_scope"], some),
+            "scopes of a page of tasks' instances": (q["instance_scopes"], [some] * 50),
         }
         found = {name: await _seq_scans(conn, sql, *args) for name, (sql, *args) in cases.items()}
     finally:

@@ -19,12 +19,26 @@ from starlette.responses import RedirectResponse
 
 from stepstone.api.context import ApiContext
 from stepstone.api.problems import install_problem_handlers
-from stepstone.api.routes import definitions, instances, meta, outbox
+from stepstone.api.routes import (
+    bulk,
+    definitions,
+    instance_actions,
+    instances,
+    messages,
+    meta,
+    operator_queries,
+    outbox,
+    retention,
+    tasks,
+)
 
 __all__ = ["API_PREFIX", "ROUTERS", "create_app"]
 
 API_PREFIX = "/api/v1"
-ROUTERS: list[APIRouter] = [meta.router, instances.router, outbox.router, definitions.router]
+ROUTERS: list[APIRouter] = [
+    meta.router, instances.router, instance_actions.router, outbox.router, definitions.router, tasks.router,
+    messages.router, bulk.router, retention.router, operator_queries.router,
+]
 """Every API router; a feature's module adds its own here (tasks, retention, bulk actions, ...)."""
 
 

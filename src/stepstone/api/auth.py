@@ -65,10 +65,14 @@ class ReadOnly(StepstoneError):
 
 @dataclass(frozen=True)
 class Principal:
-    """An actor and the role it holds in each scope (``*``: every scope)."""
+    """An actor and the role it holds in each scope (``*``: every scope); for human tasks, the user
+    name and groups the tasks' assignees and candidates are matched against."""
 
     actor: str
     grants: Mapping[str, str] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+    user: str | None = None
+    """The name human tasks know this principal by (default: `actor`)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.grants.values()) - set(ROLES))
@@ -86,6 +90,10 @@ class Principal:
 
     def sees(self, scope: str) -> bool:
         return self.role_in(scope) is not None
+
+    @property
+    def task_user(self) -> str:
+        return self.user or self.actor
 
     @property
     def global_role(self) -> str | None:
@@ -121,7 +129,9 @@ def hash_token(token: str) -> str:
 
 
 def principal_of(record: TokenRecord) -> Principal:
-    return Principal(f"token:{record.name}", {record.scope: record.role})
+    """A token acts as ``token:<name>``; human tasks know it by its name (assign a task to ``mia`` and
+    a token named ``mia`` works on it)."""
+    return Principal(f"token:{record.name}", {record.scope: record.role}, user=record.name)
 
 
 class TokenAuth:

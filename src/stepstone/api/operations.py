@@ -33,6 +33,7 @@ __all__ = [
     "retry",
     "signal",
     "start",
+    "stranded",
 ]
 
 
@@ -156,6 +157,16 @@ async def definition_plan(
     if found is None:
         raise DefinitionNotFound(definition_id, version)
     return found
+
+
+async def stranded(ctx: ApiContext, who: Principal, within_seconds: float) -> list[dict[str, Any]]:
+    """Pins of the visible scopes whose instances may still run but that no worker served lately."""
+    # The registry's port itself: `stepstone.ops.definitions.stranded_report` wraps the same call but
+    # brings the runtime along, which the API must not import.
+    found = await ctx.store.definitions.stranded(within_seconds)
+    return [{"scope": s.pin.scope, "definition_id": s.pin.definition_id, "version": s.pin.version,
+             "plan_hash": s.pin.plan_hash, "instances": s.instances, "deferred_commands": s.deferred_commands,
+             "last_served": s.last_served} for s in found if who.sees(s.pin.scope)]
 
 
 async def start(

@@ -1,6 +1,6 @@
 """The one mapping from stepstone's error tree to HTTP: status codes and problem+json bodies (RFC 9457).
 
-    Unauthenticated 401   Forbidden 403   NotFound 404   ReadOnly 405   Conflict 409
+    Unauthenticated 401   Forbidden, TaskNotPermitted 403   NotFound 404   ReadOnly 405   Conflict 409
     InvalidInput 422      Unavailable 503 WaitTimeout 504  ConfigError, InternalError, anything else 500
 
 A body is ``{"type", "title", "status", "detail", "error", ...}``: ``error`` is the class name (what a
@@ -28,6 +28,7 @@ from stepstone.errors import (
     InvalidInput,
     NotFound,
     StepstoneError,
+    TaskNotPermitted,
     Unavailable,
     WaitTimeout,
 )
@@ -37,7 +38,9 @@ __all__ = ["PROBLEM_JSON", "install_problem_handlers", "problem", "status_of"]
 log = logging.getLogger("stepstone.api")
 PROBLEM_JSON = "application/problem+json"
 _STATUS: tuple[tuple[type[BaseException], int], ...] = (
-    (Unauthenticated, 401), (Forbidden, 403), (NotFound, 404), (ReadOnly, 405), (Conflict, 409),
+    # TaskNotPermitted is a refusal of who asks, not a conflict with what is stored: 403 before Conflict.
+    (Unauthenticated, 401), (Forbidden, 403), (TaskNotPermitted, 403), (NotFound, 404), (ReadOnly, 405),
+    (Conflict, 409),
     (InvalidInput, 422), (Unavailable, 503), (WaitTimeout, 504), (ConfigError, 500),
 )
 _KEBAB = re.compile(r"(?<!^)(?=[A-Z])")

@@ -64,6 +64,11 @@ class PostgresManagement:
         rows = await self._fetch("instance_scope", key)
         return str(rows[0]["scope"]) if rows else None
 
+    async def instance_scopes(self, instance_ids: Sequence[str]) -> dict[str, str]:
+        keys = [k for k in (_uuid(i) for i in set(instance_ids)) if k is not None]
+        rows = await self._fetch("instance_scopes", keys) if keys else []
+        return {str(r["id"]): str(r["scope"]) for r in rows}
+
     async def instance_stamp(self, instance_id: str) -> tuple[str, datetime] | None:
         key = _uuid(instance_id)
         rows = [] if key is None else await self._fetch("instance_stamp", key)

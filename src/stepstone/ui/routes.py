@@ -16,17 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from starlette.datastructures import FormData
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
 
 from stepstone.api import operations as ops
-from stepstone.api.auth import TOKEN_COOKIE, Forbidden, Principal, Unauthenticated, hash_token
-from stepstone.api.context import context_of, require, visible_instance, writable
+from stepstone.api.auth import TOKEN_COOKIE, Principal, Unauthenticated, hash_token
+from stepstone.api.context import context_of, require, visible_instance
 from stepstone.api.problems import status_of
 from stepstone.errors import InvalidInput, StepstoneError
+from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
-from stepstone.ui.render import UI_PREFIX, csrf_token, page, patch_lines, ui_root
+from stepstone.ui.render import UI_PREFIX, page, patch_lines, ui_root
+from stepstone.ui.session import back, posted_form, signed_in
 
 __all__ = ["install_ui", "router"]
 
@@ -34,31 +35,8 @@ router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
 STATUSES = ("PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "CANCELLED")
 _LIVE_POLL_SECONDS = 2.0
 _HISTORY_ON_PAGE = 500
-
-
-async def _who(request: Request) -> Principal:
-    request.state.ui = True
-    ctx = context_of(request)
-    found = await (ctx.authenticate_ui or ctx.authenticate)(request)
-    if found is None:
-        raise Unauthenticated("sign in first")
-    request.state.principal = found
-    return found
-
-
-async def _form(request: Request, who: Principal) -> FormData:
-    """The posted form of a state-changing UI request: read-only 405, CSRF value checked."""
-    writable(request)
-    form = await request.form()
-    if form.get("csrf") != csrf_token(request, who):
-        raise Forbidden("this form is stale or was not sent by this site; reload the page and try again",
-                        role="any", scope="*")
-    return form
-
-
-def _back(request: Request, path: str, done: str | None = None) -> RedirectResponse:
-    suffix = f"?done={done}" if done else ""
-    return RedirectResponse(f"{ui_root(request)}{path}{suffix}", status_code=303)
+STRANDED_WITHIN = 300.0
+"""The definitions page's stranded report: versions no worker served in the last five minutes."""
 
 
 # -- sign in --------------------------------------------------------------------------------------
@@ -75,7 +53,7 @@ async def login(request: Request) -> Response:
     record = await context_of(request).management.token_by_hash(hash_token(token)) if token else None
     if record is None:
         return page(request, "login.html", None, status_code=401, error="That token is unknown or revoked.")
-    response = _back(request, "/")
+    response = back(request, "/")
     response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https",
                         path=ui_root(request))
     return response
@@ -83,7 +61,7 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    response = _back(request, "/login")
+    response = back(request, "/login")
     response.delete_cookie(TOKEN_COOKIE, path=ui_root(request))
     return response
 
@@ -93,7 +71,7 @@ async def logout(request: Request) -> Response:
 
 @router.get("/")
 async def instances_page(request: Request) -> Response:
-    who = await _who(request)
+    who = await signed_in(request)
     ctx = context_of(request)
     q = request.query_params
     filters = {k: (q.get(k) or None) for k in ("status", "workflow", "business_key", "scope")}
@@ -112,7 +90,7 @@ async def instances_page(request: Request) -> Response:
 
 @router.get("/instances/{instance_id}")
 async def instance_page(request: Request, instance_id: str) -> Response:
-    who = await _who(request)
+    who = await signed_in(request)
     ctx = context_of(request)
     info = await ops.instance(ctx, who, instance_id)
     failed_only = request.query_params.get("failed") == "1"
@@ -157,7 +135,7 @@ _ACTIONS = {
 
 @router.get("/instances/{instance_id}/confirm/{action}")
 async def confirm_page(request: Request, instance_id: str, action: str) -> Response:
-    who = await _who(request)
+    who = await signed_in(request)
     if action not in _ACTIONS:
         raise InvalidInput(f"no action {action!r}", what="action")
     info = await ops.instance(context_of(request), who, instance_id)
@@ -171,23 +149,23 @@ async def confirm_page(request: Request, instance_id: str, action: str) -> Respo
 
 @router.post("/instances/{instance_id}/retry")
 async def retry(request: Request, instance_id: str) -> Response:
-    who = await _who(request)
-    await _form(request, who)
+    who = await signed_in(request)
+    await posted_form(request, who)
     await ops.retry(context_of(request), who, instance_id)
-    return _back(request, f"/instances/{instance_id}", "retry+scheduled")
+    return back(request, f"/instances/{instance_id}", "retry+scheduled")
 
 
 @router.post("/instances/{instance_id}/cancel")
 async def cancel(request: Request, instance_id: str) -> Response:
-    who = await _who(request)
-    form = await _form(request, who)
+    who = await signed_in(request)
+    form = await posted_form(request, who)
     await ops.cancel(context_of(request), who, instance_id, str(form.get("reason", "")))
-    return _back(request, f"/instances/{instance_id}", "cancelled")
+    return back(request, f"/instances/{instance_id}", "cancelled")
 
 
 @router.get("/instances/{instance_id}/signal")
 async def signal_page(request: Request, instance_id: str) -> Response:
-    who = await _who(request)
+    who = await signed_in(request)
     info = await ops.instance(context_of(request), who, instance_id)
     return _signal_form(request, who, info, "", "", None)
 
@@ -203,8 +181,8 @@ def _signal_form(request: Request, who: Principal, info: dict[str, Any], chosen:
 
 @router.post("/instances/{instance_id}/signal")
 async def send_signal(request: Request, instance_id: str) -> Response:
-    who = await _who(request)
-    form = await _form(request, who)
+    who = await signed_in(request)
+    form = await posted_form(request, who)
     ctx = context_of(request)
     name, text = str(form.get("name", "")), str(form.get("payload", "")).strip()
     try:
@@ -213,55 +191,7 @@ async def send_signal(request: Request, instance_id: str) -> Response:
         info = await ops.instance(ctx, who, instance_id)
         return _signal_form(request, who, info, name, text, f"The payload is not JSON: {exc.msg}.")
     await ops.signal(ctx, who, instance_id, name, payload, dedup_key=None, position=str(form.get("position", "")))
-    return _back(request, f"/instances/{instance_id}", f"signal+{name}+sent")
-
-
-# -- incidents (failed instances, dead letters) and bulk retry --------------------------------------
-
-
-async def _incidents(request: Request, who: Principal, cursor: str | None) -> dict[str, Any]:
-    ctx = context_of(request)
-    failed = await ops.instances(ctx, who, status="FAILED", workflow=None, business_key=None, scope=None,
-                                 cursor=cursor, limit=100)
-    dead = await ops.dead_letters(ctx, who, cursor=None, limit=100)
-    return {"items": failed["items"], "next_cursor": failed["next_cursor"], "dead": dead["items"]}
-
-
-@router.get("/dead-letters")
-async def dead_letters_page(request: Request) -> Response:
-    who = await _who(request)
-    found = await _incidents(request, who, request.query_params.get("cursor") or None)
-    return page(request, "dead_letters.html", who, nav="dead", live="list", results=None, **found)
-
-
-@router.post("/dead-letters/confirm")
-async def confirm_bulk_retry(request: Request) -> Response:
-    who = await _who(request)
-    form = await _form(request, who)
-    chosen = sorted({str(v) for v in form.getlist("instance")})
-    root = ui_root(request)
-    if not chosen:
-        return _back(request, "/dead-letters", "nothing+selected")
-    return page(request, "confirm.html", who, action="retry", heading=f"Retry {len(chosen)} instance(s)?",
-                question="The failed step of each runs again; each gets its own result.", items=chosen,
-                target=f"{root}/dead-letters/retry", back=f"{root}/dead-letters", confirm_label="Retry all",
-                danger=False, reason=False, hidden=[("instance", i) for i in chosen])
-
-
-@router.post("/dead-letters/retry")
-async def bulk_retry(request: Request) -> Response:
-    who = await _who(request)
-    form = await _form(request, who)
-    ctx = context_of(request)
-    results = []
-    for instance_id in sorted({str(v) for v in form.getlist("instance")}):
-        try:
-            await ops.retry(ctx, who, instance_id)
-            results.append({"id": instance_id, "ok": True, "result": "retry scheduled"})
-        except StepstoneError as exc:
-            results.append({"id": instance_id, "ok": False, "result": f"{type(exc).__name__}: {exc}"})
-    return page(request, "dead_letters.html", who, nav="dead", results=results,
-                **await _incidents(request, who, None))
+    return back(request, f"/instances/{instance_id}", f"signal+{name}+sent")
 
 
 # -- definitions ----------------------------------------------------------------------------------
@@ -269,15 +199,17 @@ async def bulk_retry(request: Request) -> Response:
 
 @router.get("/definitions")
 async def definitions_page(request: Request) -> Response:
-    who = await _who(request)
+    who = await signed_in(request)
     listing = await ops.definitions(context_of(request), who, cursor=request.query_params.get("cursor") or None,
                                     limit=100)
-    return page(request, "definitions.html", who, nav="definitions", plan=None, **listing)
+    stranded = await ops.stranded(context_of(request), who, STRANDED_WITHIN)
+    return page(request, "definitions.html", who, nav="definitions", plan=None, stranded=stranded,
+                stranded_within=int(STRANDED_WITHIN), **listing)
 
 
 @router.get("/definitions/{scope}/{definition_id}/{version}")
 async def definition_page(request: Request, scope: str, definition_id: str, version: int) -> Response:
-    who = await _who(request)
+    who = await signed_in(request)
     found = await ops.definition_plan(context_of(request), who, scope, definition_id, version)
     svg = render_svg(diagram(found["plan"], [], []), title=f"{definition_id} v{version}")
     return page(request, "definitions.html", who, nav="definitions", plan=found, svg=svg)
@@ -288,7 +220,7 @@ async def definition_page(request: Request, scope: str, definition_id: str, vers
 
 @router.get("/outbox")
 async def outbox_page(request: Request) -> Response:
-    who = await _who(request)
+    who = await signed_in(request)
     ctx = context_of(request)
     if ctx.outbox is None or not who.can("viewer", "*"):
         return page(request, "outbox.html", who, nav="outbox", forbidden=True)
@@ -300,13 +232,13 @@ async def outbox_page(request: Request) -> Response:
 
 @router.post("/outbox/requeue")
 async def outbox_requeue(request: Request) -> Response:
-    who = await _who(request)
-    form = await _form(request, who)
+    who = await signed_in(request)
+    form = await posted_form(request, who)
     require(who, "operator", "*")
     ctx = context_of(request)
     ids = sorted({int(str(v)) for v in form.getlist("id") if str(v).isdigit()})
     done = await ctx.outbox.requeue(ids) if ctx.outbox is not None and ids else []
-    return _back(request, "/outbox", f"requeued+{len(done)}+of+{len(ids)}+event(s)")
+    return back(request, "/outbox", f"requeued+{len(done)}+of+{len(ids)}+event(s)")
 
 
 # -- live updates ---------------------------------------------------------------------------------
@@ -316,7 +248,7 @@ async def outbox_requeue(request: Request) -> Response:
 async def events(request: Request) -> Response:
     """Server-sent events: ``changed`` with an instance id when one settles (LISTEN/NOTIFY), and for
     an instance page also when its status or update time moves (checked every 2 s as a fallback)."""
-    who = await _who(request)
+    who = await signed_in(request)
     ctx = context_of(request)
     watched = request.query_params.get("instance")
     if watched:
@@ -363,7 +295,7 @@ async def _stream(request: Request, watched: str | None, seen: str | None) -> As
 def html_error(request: Request, exc: StepstoneError) -> Response:
     """A UI request's error as a page (401: to the sign-in page)."""
     if isinstance(exc, Unauthenticated):
-        return _back(request, "/login")
+        return back(request, "/login")
     status = status_of(exc)
     who = getattr(request.state, "principal", None)
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -372,5 +304,9 @@ def html_error(request: Request, exc: StepstoneError) -> Response:
 
 def install_ui(app: FastAPI) -> None:
     app.include_router(router)
+    app.include_router(task_pages.router)
+    app.include_router(incident_pages.router)
+    app.include_router(repair_pages.router)
+    app.include_router(maintenance_pages.router)
     app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"), name="ui-static")
     app.state.html_error = html_error

@@ -1,4 +1,5 @@
-"""Definitions: the registered workflow versions of the visible scopes and their plans."""
+"""Definitions: the registered workflow versions of the visible scopes, their plans, and the stranded
+report."""
 
 from __future__ import annotations
 
@@ -21,6 +22,14 @@ async def list_definitions(
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
 ) -> dict[str, Any]:
     return await ops.definitions(context_of(request), who, cursor=cursor, limit=limit)
+
+
+@router.get("/stranded", summary="Versions whose instances may still run but that no worker served lately")
+async def stranded_definitions(
+    request: Request, who: Caller,
+    within_seconds: Annotated[float, Query(gt=0, le=365 * 86400, description="How recently served.")] = 300.0,
+) -> list[dict[str, Any]]:
+    return await ops.stranded(context_of(request), who, within_seconds)
 
 
 @router.get("/{scope}/{definition_id}/{version}", summary="One version's plan (its steps and transitions)")

@@ -29,6 +29,9 @@ SELECT count(*) FROM {{schema}}.api_tokens WHERE revoked_at IS NULL;
 -- name: instance_scope
 SELECT scope FROM {{schema}}.instances WHERE id = $1;
 
+-- name: instance_scopes
+SELECT id, scope FROM {{schema}}.instances WHERE id = ANY($1::uuid[]);
+
 -- name: instances_page
 -- Newest first on (created_at, id): scopes $1, status $2, definition $3, business key $4,
 -- after ($5, $6), at most $7 rows. A single scope uses instances_scope_newest.

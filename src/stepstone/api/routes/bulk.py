@@ -1,0 +1,75 @@
+"""Bulk actions: retry or cancel a selection of instances, or every instance a filter matches, with a
+dry run that counts and a result per instance (`stepstone.api.bulk_operations`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field, model_validator
+
+from stepstone.api.auth import Principal
+from stepstone.api.bulk_operations import Action, bulk
+from stepstone.api.context import Writer, context_of
+from stepstone.api.routes.instances import Status
+from stepstone.ops import InstanceFilter
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/bulk", tags=["bulk actions"])
+Name = str | None
+
+
+class Filter(BaseModel):
+    """Which instances: every given field must hold (an empty filter matches every instance)."""
+
+    status: list[Status] = Field(default_factory=list, max_length=20)
+    workflow: Name = Field(default=None, max_length=500)
+    version: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    scope: Name = Field(default=None, max_length=500)
+    business_key: Name = Field(default=None, max_length=500)
+    business_key_contains: Name = Field(default=None, max_length=500)
+    since: datetime | None = Field(default=None, description="Created at or after.")
+    until: datetime | None = Field(default=None, description="Created before.")
+    updated_since: datetime | None = None
+    updated_until: datetime | None = None
+    include_archived: bool = False
+
+    def as_filter(self) -> InstanceFilter:
+        return InstanceFilter(**{**self.model_dump(), "status": tuple(self.status)})
+
+
+class BulkRequest(BaseModel):
+    ids: list[uuid.UUID] | None = Field(default=None, max_length=10_000, description="These instances ...")
+    filter: Filter | None = Field(default=None, description="... or every instance this matches (not both).")
+    dry_run: bool = Field(default=False, description="Count what would be acted on; change nothing.")
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> BulkRequest:
+        if (self.ids is None) == (self.filter is None):
+            raise ValueError("give ids or a filter (not both)")
+        return self
+
+
+class BulkCancelRequest(BulkRequest):
+    reason: str = Field(default="", max_length=10_000)
+
+
+async def _bulk(
+    request: Request, who: Principal, action: Action, body: BulkRequest, reason: str = "",
+) -> dict[str, Any]:
+    return await bulk(context_of(request), who, action, ids=None if body.ids is None else [str(i) for i in body.ids],
+                      where=None if body.filter is None else body.filter.as_filter(), reason=reason,
+                      dry_run=body.dry_run)
+
+
+@router.post("/retry", summary="Retry the failed step of each selected instance (a result per instance)")
+async def bulk_retry(request: Request, who: Writer, body: BulkRequest) -> dict[str, Any]:
+    return await _bulk(request, who, "retry", body)
+
+
+@router.post("/cancel", summary="Cancel each selected instance (a result per instance)")
+async def bulk_cancel(request: Request, who: Writer, body: BulkCancelRequest) -> dict[str, Any]:
+    return await _bulk(request, who, "cancel", body, body.reason)

@@ -1,0 +1,47 @@
+"""The operator's queries: the execution probe (what is in flight, claimable, deferred, parked) and
+the stuck report (dead letters, retrying commands, commands open too long).
+
+The probe of one instance takes its scope's viewer role; the probe of everything takes a ``*``
+grant (it counts commands of every scope). The stuck report lists only the visible scopes' items.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from stepstone.api.auth import ALL_SCOPES
+from stepstone.api.context import Caller, context_of, require, visible_instance
+from stepstone.ops import Operations
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/operator", tags=["operator queries"])
+
+
+@router.get("/probe", summary="What is in flight, claimable, deferred and parked (of one instance, or all)")
+async def probe(
+    request: Request, who: Caller,
+    instance_id: Annotated[str | None, Query(max_length=100, description="Default: every instance.")] = None,
+) -> dict[str, Any]:
+    ctx = context_of(request)
+    if instance_id is None:
+        require(who, "viewer", ALL_SCOPES)
+    else:
+        await visible_instance(ctx, who, instance_id)
+    return (await Operations.on(ctx.store).probe(instance_id)).as_dict()
+
+
+@router.get("/stuck", summary="Dead letters, retrying commands and commands open for too long")
+async def stuck(
+    request: Request, who: Caller,
+    older_than_seconds: Annotated[float, Query(gt=0, le=365 * 86400)] = 900.0,
+) -> dict[str, Any]:
+    ctx = context_of(request)
+    report = (await Operations.on(ctx.store).stuck(timedelta(seconds=older_than_seconds))).as_dict()
+    if who.visible_scopes() is not None:
+        scopes = await ctx.management.instance_scopes([i["instance_id"] for i in report["items"]])
+        report["items"] = [i for i in report["items"] if who.sees(scopes.get(i["instance_id"], ""))]
+    return report

@@ -1,0 +1,97 @@
+"""The UI's incidents page: failed instances and dead-lettered commands, narrowed by a filter, with
+retry for one, a selection, or every instance the filter matches. Each goes through a confirmation
+that says how many instances it acts on (a dry run of the same bulk operation), and ends on a result
+per instance. Thin over `stepstone.api.bulk_operations`, as the API's bulk routes are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.datastructures import FormData
+from starlette.responses import Response
+
+from stepstone.api import operations as ops
+from stepstone.api.auth import Principal
+from stepstone.api.bulk_operations import bulk
+from stepstone.api.context import context_of
+from stepstone.ops import InstanceFilter
+from stepstone.ui.render import UI_PREFIX, page, ui_root
+from stepstone.ui.session import back, posted_form, signed_in
+
+__all__ = ["router"]
+
+router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
+FILTERS = ("workflow", "scope")
+"""What the page narrows the failed instances by (and a retry of every match uses)."""
+
+
+def _filters(values: Any) -> dict[str, str | None]:
+    return {k: (str(values.get(k) or "").strip() or None) for k in FILTERS}
+
+
+def _where(filters: dict[str, str | None]) -> InstanceFilter:
+    return InstanceFilter(status=("FAILED",), workflow=filters["workflow"], scope=filters["scope"])
+
+
+def _describe(filters: dict[str, str | None]) -> str:
+    named = [f"{k} {v}" for k, v in filters.items() if v]
+    return "every failed instance" + (f" of {' and '.join(named)}" if named else "")
+
+
+async def _incidents(request: Request, who: Principal, filters: dict[str, str | None],
+                     cursor: str | None) -> dict[str, Any]:
+    ctx = context_of(request)
+    failed = await ops.instances(ctx, who, status="FAILED", workflow=filters["workflow"], business_key=None,
+                                 scope=filters["scope"], cursor=cursor, limit=100)
+    dead = await ops.dead_letters(ctx, who, cursor=None, limit=100)
+    return {"items": failed["items"], "next_cursor": failed["next_cursor"], "dead": dead["items"],
+            "filters": filters, "described": _describe(filters)}
+
+
+@router.get("/dead-letters")
+async def dead_letters_page(request: Request) -> Response:
+    who = await signed_in(request)
+    found = await _incidents(request, who, _filters(request.query_params),
+                             request.query_params.get("cursor") or None)
+    return page(request, "dead_letters.html", who, nav="dead", live="list", report=None, **found)
+
+
+def _chosen(form: FormData) -> list[str]:
+    return sorted({str(v) for v in form.getlist("instance")})
+
+
+@router.post("/dead-letters/confirm")
+async def confirm_bulk_retry(request: Request) -> Response:
+    """How many instances the retry acts on, before it does: the selection, or a dry run of the filter."""
+    who = await signed_in(request)
+    form = await posted_form(request, who)
+    root = ui_root(request)
+    common: dict[str, Any] = {"action": "retry", "target": f"{root}/dead-letters/retry", "back": f"{root}/dead-letters",
+              "danger": False, "reason": False}
+    if form.get("every") == "1":
+        filters = _filters(form)
+        counted = await bulk(context_of(request), who, "retry", where=_where(filters), dry_run=True)
+        hidden = [("every", "1"), *((k, v) for k, v in filters.items() if v)]
+        return page(request, "confirm.html", who, heading=f"Retry {counted['matched']} instance(s)?",
+                    question=f"This retries {_describe(filters)}: {counted['matched']} now. Each gets its own "
+                             "result.", items=[], confirm_label="Retry every match", hidden=hidden, **common)
+    chosen = _chosen(form)
+    if not chosen:
+        return back(request, "/dead-letters", "nothing+selected")
+    return page(request, "confirm.html", who, heading=f"Retry {len(chosen)} instance(s)?",
+                question="The failed step of each runs again; each gets its own result.", items=chosen,
+                confirm_label="Retry all", hidden=[("instance", i) for i in chosen], **common)
+
+
+@router.post("/dead-letters/retry")
+async def bulk_retry(request: Request) -> Response:
+    who = await signed_in(request)
+    form = await posted_form(request, who)
+    ctx = context_of(request)
+    if form.get("every") == "1":
+        report = await bulk(ctx, who, "retry", where=_where(_filters(form)))
+    else:
+        report = await bulk(ctx, who, "retry", ids=_chosen(form))
+    return page(request, "dead_letters.html", who, nav="dead", report=report,
+                **await _incidents(request, who, _filters({}), None))

@@ -1,0 +1,39 @@
+"""What every UI page does first: learn the signed-in principal, check a posted form, redirect back."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from starlette.datastructures import FormData
+from starlette.responses import RedirectResponse
+
+from stepstone.api.auth import Forbidden, Principal, Unauthenticated
+from stepstone.api.context import context_of, writable
+from stepstone.ui.render import csrf_token, ui_root
+
+__all__ = ["back", "posted_form", "signed_in"]
+
+
+async def signed_in(request: Request) -> Principal:
+    """The principal of a UI request (its errors then render as pages); 401 goes to the sign-in page."""
+    request.state.ui = True
+    ctx = context_of(request)
+    found = await (ctx.authenticate_ui or ctx.authenticate)(request)
+    if found is None:
+        raise Unauthenticated("sign in first")
+    request.state.principal = found
+    return found
+
+
+async def posted_form(request: Request, who: Principal) -> FormData:
+    """The posted form of a state-changing UI request: read-only 405, CSRF value checked."""
+    writable(request)
+    form = await request.form()
+    if form.get("csrf") != csrf_token(request, who):
+        raise Forbidden("this form is stale or was not sent by this site; reload the page and try again",
+                        role="any", scope="*")
+    return form
+
+
+def back(request: Request, path: str, done: str | None = None) -> RedirectResponse:
+    suffix = f"?done={done}" if done else ""
+    return RedirectResponse(f"{ui_root(request)}{path}{suffix}", status_code=303)

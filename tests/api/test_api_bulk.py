@@ -1,0 +1,79 @@
+"""Bulk retry and cancel over HTTP: a selection or a filter, a dry run with an honest count, a result
+per instance, and only where the caller is operator."""
+
+from __future__ import annotations
+
+from tests.api import workflows
+from tests.api.conftest import Api
+
+V1 = "/api/v1"
+MISSING = "00000000-0000-0000-0000-000000000000"
+
+
+async def test_retry_by_filter_dry_run_counts_then_each_instance_gets_its_result(api: Api) -> None:
+    one = await api.start("one", fail=True)
+    two = await api.start("two", fail=True)
+    await api.start("fine")
+    operator = await api.token("operator")
+    body = {"filter": {"status": ["FAILED"], "workflow": "job"}, "dry_run": True}
+    dry = (await api.http.post(f"{V1}/bulk/retry", headers=operator, json=body)).json()
+    assert (dry["dry_run"], dry["matched"], dry["succeeded"], dry["items"]) == (True, 2, 0, [])
+    assert (await api.engine.client.get(one)).status == "FAILED"
+    workflows.FAILING.discard("one")
+    done = (await api.http.post(f"{V1}/bulk/retry", headers=operator, json={**body, "dry_run": False})).json()
+    assert (done["matched"], done["succeeded"], done["failed"]) == (2, 2, 0)
+    assert sorted(i["id"] for i in done["items"]) == sorted([one, two])
+    assert {i["outcome"] for i in done["items"]} == {"retried"}
+    await api.engine.run_until_idle()
+    assert [(await api.engine.client.get(i)).status for i in (one, two)] == ["WAITING", "FAILED"]
+
+
+async def test_retry_a_selection_reports_the_ones_that_cannot_be_retried(api: Api) -> None:
+    failed = await api.start("f", fail=True)
+    waiting = await api.start("w")
+    operator = await api.token("operator")
+    r = await api.http.post(f"{V1}/bulk/retry", headers=operator, json={"ids": [failed, waiting, MISSING]})
+    report = r.json()
+    by_id = {i["id"]: i for i in report["items"]}
+    assert (report["succeeded"], report["failed"]) == (1, 2)
+    assert by_id[failed]["ok"] and not by_id[waiting]["ok"]
+    assert by_id[waiting]["outcome"] == "not_failed" and "only a FAILED instance" in by_id[waiting]["reason"]
+    assert (by_id[MISSING]["outcome"], by_id[MISSING]["reason"]) == ("not_found", "no such instance")
+    r = await api.http.post(f"{V1}/bulk/retry", headers=operator, json={"ids": ["nope"]})
+    assert r.status_code == 422
+    r = await api.http.post(f"{V1}/bulk/retry", headers=operator, json={"ids": [failed], "filter": {}})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+
+
+async def test_bulk_cancel_by_filter_with_a_reason(api: Api) -> None:
+    a = await api.start("a")
+    b = await api.start("b")
+    operator = await api.token("operator")
+    r = await api.http.post(f"{V1}/bulk/cancel", headers=operator,
+                            json={"filter": {"status": ["WAITING"]}, "reason": "closing the shop"})
+    assert (r.json()["matched"], r.json()["succeeded"]) == (2, 2)
+    assert {(await api.engine.client.get(i)).status for i in (a, b)} == {"CANCELLED"}
+
+
+async def test_bulk_acts_only_where_the_caller_is_operator(api: Api) -> None:
+    mine = await api.start("m", scope="acme", fail=True)
+    theirs = await api.start("t", scope="globex", fail=True)
+    viewed = await api.start("v", scope="initech", fail=True)
+    acme = (await api.token("operator", scope="acme"))["Authorization"]
+    everything = {"filter": {"status": ["FAILED"]}, "dry_run": True}
+    r = await api.http.post(f"{V1}/bulk/retry", headers={"Authorization": acme}, json=everything)
+    assert r.json()["matched"] == 1  # only acme's: globex's and initech's are not counted
+    r = await api.http.post(f"{V1}/bulk/retry", headers={"Authorization": acme},
+                            json={"filter": {"scope": "globex"}, "dry_run": True})
+    assert r.json()["matched"] == 0
+    r = await api.http.post(f"{V1}/bulk/retry", headers={"Authorization": acme}, json={"ids": [mine, theirs]})
+    by_id = {i["id"]: i for i in r.json()["items"]}
+    assert by_id[mine]["ok"] and (by_id[theirs]["outcome"], by_id[theirs]["reason"]) == ("not_found",
+                                                                                         "no such instance")
+    viewer = await api.token("viewer", scope="initech")
+    for path in ("retry", "cancel"):
+        r = await api.http.post(f"{V1}/bulk/{path}", headers=viewer, json={"ids": [viewed]})
+        assert (r.status_code, r.json()["role"]) == (403, "operator")
+        assert (await api.http.post(f"{V1}/bulk/{path}", json={"ids": [viewed]})).status_code == 401
+    assert (await api.engine.client.get(theirs)).status == "FAILED"
+    assert (await api.engine.client.get(viewed)).status == "FAILED"

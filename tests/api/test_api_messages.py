@@ -1,0 +1,64 @@
+"""Messages and signal-with-start over HTTP, and who may send them."""
+
+from __future__ import annotations
+
+from tests.api.conftest import Api
+
+V1 = "/api/v1"
+
+
+async def test_publish_delivers_to_the_waiting_instance_buffers_and_dedups(api: Api) -> None:
+    operator = await api.token("operator")
+    iid = await api.engine.client.start("order", {"order_id": "o-1"})
+    await api.engine.run_until_idle()
+    body = {"name": "receipt", "correlation_key": "o-1", "payload": {"n": 1}, "message_id": "m-1"}
+    r = await api.http.post(f"{V1}/messages", headers=operator, json=body)
+    assert r.status_code == 200
+    assert r.json()["outcome"] == "delivered"
+    assert [d["instance_id"] for d in r.json()["deliveries"]] == [iid]
+    again = await api.http.post(f"{V1}/messages", headers=operator, json=body)
+    assert (again.json()["duplicate"], again.json()["deliveries"]) == (True, r.json()["deliveries"])
+    other = await api.http.post(f"{V1}/messages", headers=operator, json={**body, "payload": {"n": 2}})
+    assert (other.status_code, other.json()["error"]) == (409, "IdempotencyConflict")
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).state["got"] == "filed"
+    r = await api.http.post(f"{V1}/messages", headers=operator,
+                            json={"name": "receipt", "correlation_key": "o-2", "ttl": 60})
+    assert r.json()["outcome"] == "buffered" and r.json()["expires_at"]
+    r = await api.http.post(f"{V1}/messages", headers=operator, json={"name": "receipt", "correlation_key": "o-3"})
+    assert r.json()["outcome"] == "dropped"
+    r = await api.http.post(f"{V1}/messages", headers=operator, json={"name": "receipt", "correlation_key": "o",
+                                                                     "ttl": -1})
+    assert r.status_code == 422
+
+
+async def test_start_or_signal_starts_once_then_signals(api: Api) -> None:
+    operator = await api.token("operator", scope="default")
+    body = {"workflow": "order", "business_key": "b-1", "signal": "nudge", "input": {"order_id": "x"}}
+    first = await api.http.post(f"{V1}/start-or-signal", headers=operator, json=body)
+    assert first.status_code == 202
+    assert (first.json()["started"], first.json()["scope"]) == (True, "default")
+    await api.engine.run_until_idle()
+    info = await api.engine.client.get(first.json()["instance_id"])
+    assert (info.status, info.state["got"]) == ("COMPLETED", "filed by v2")  # the latest version
+    r = await api.http.post(f"{V1}/start-or-signal", headers=operator, json={**body, "signal": "nope"})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+
+
+async def test_who_may_send_messages_and_signals(api: Api) -> None:
+    body = {"name": "receipt", "correlation_key": "k"}
+    start = {"workflow": "order", "business_key": "b", "signal": "nudge", "input": {"order_id": "y"}}
+    assert (await api.http.post(f"{V1}/messages", json=body)).status_code == 401
+    assert (await api.http.post(f"{V1}/start-or-signal", json=start)).status_code == 401
+    scoped = await api.token("operator", scope="default")
+    r = await api.http.post(f"{V1}/messages", headers=scoped, json=body)
+    assert (r.status_code, r.json()["role"], r.json()["scope"]) == (403, "operator", "*")
+    other = await api.token("admin", scope="acme")
+    r = await api.http.post(f"{V1}/start-or-signal", headers=other, json=start)
+    assert (r.status_code, r.json()["error"]) == (404, "DefinitionNotFound")
+    viewer = await api.token("viewer")
+    for path, payload in (("messages", body), ("start-or-signal", start)):
+        assert (await api.http.post(f"{V1}/{path}", headers=viewer, json=payload)).status_code == 403
+    started = await api.ctx.management.instances_page(None, status=None, definition="order", business_key="b",
+                                                      after=None, limit=5)
+    assert started == []  # no refused call started anything

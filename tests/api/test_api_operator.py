@@ -1,0 +1,105 @@
+"""The operator's tools over HTTP: replay from a step, migrate to another version, retention policies
+and sweeps with a dry run, the probe, the stuck report and the stranded-version report; and who may."""
+
+from __future__ import annotations
+
+from tests.api import workflows
+from tests.api.conftest import Api
+
+V1 = "/api/v1"
+MISSING = "00000000-0000-0000-0000-000000000000"
+
+
+async def test_replay_runs_a_step_again_on_the_state_it_had(api: Api) -> None:
+    iid = await api.start("again", fail=True)
+    operator = await api.token("operator")
+    r = await api.http.post(f"{V1}/instances/{iid}/replay", headers=operator, json={"step": "nowhere"})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+    workflows.FAILING.clear()
+    r = await api.http.post(f"{V1}/instances/{iid}/replay", headers=operator, json={"step": "charge"})
+    assert r.status_code == 200
+    assert (r.json()["from_step"], r.json()["state"]["name"]) == ("charge", "again")
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).status == "WAITING"
+    history = await api.engine.client.history(iid)
+    assert any(h["actor"] == "token:token" or h["actor"].startswith("token:") for h in history
+               if "REPLAY" in h["kind"])
+
+
+async def test_migrate_checks_with_a_dry_run_then_moves_the_instance(api: Api) -> None:
+    iid = await api.engine.client.start(workflows.order, {"order_id": "m-1"})
+    await api.engine.run_until_idle()
+    operator = await api.token("operator")
+    dry = await api.http.post(f"{V1}/instances/{iid}/migrate", headers=operator, json={"to_version": 2,
+                                                                                      "dry_run": True})
+    assert (dry.json()["outcome"], dry.json()["dry_run"]) == ("would migrate", True)
+    assert (await api.engine.client.get(iid)).version == 1
+    r = await api.http.post(f"{V1}/instances/{iid}/migrate", headers=operator, json={"to_version": 2})
+    assert r.json()["outcome"] == "migrated"
+    await api.engine.client.signal(iid, "nudge")
+    await api.engine.run_until_idle()
+    info = await api.engine.client.get(iid)
+    assert (info.version, info.state["got"]) == (2, "filed by v2")
+    r = await api.http.post(f"{V1}/instances/{iid}/migrate", headers=operator, json={"to_version": 9})
+    assert (r.status_code, r.json()["error"]) == (404, "DefinitionNotFound")
+
+
+async def test_instance_actions_authorization(api: Api) -> None:
+    theirs = await api.start("t", scope="globex", fail=True)
+    acme = await api.token("admin", scope="acme")
+    for action, body in (("replay", {"step": "charge"}), ("migrate", {"to_version": 1})):
+        assert (await api.http.post(f"{V1}/instances/{theirs}/{action}", json=body)).status_code == 401
+        other = await api.http.post(f"{V1}/instances/{theirs}/{action}", headers=acme, json=body)
+        missing = await api.http.post(f"{V1}/instances/{MISSING}/{action}", headers=acme, json=body)
+        assert other.status_code == missing.status_code == 404
+        viewer = await api.token("viewer", scope="globex")
+        r = await api.http.post(f"{V1}/instances/{theirs}/{action}", headers=viewer, json=body)
+        assert (r.status_code, r.json()["role"]) == (403, "operator")
+    assert (await api.engine.client.get(theirs)).status == "FAILED"
+
+
+async def test_retention_policies_and_a_dry_run_sweep(api: Api) -> None:
+    admin = await api.token("admin")
+    policy = {"workflow": "job", "status_class": "completed", "retain_for_seconds": 3600,
+              "purge_after_seconds": 86400}
+    r = await api.http.put(f"{V1}/retention/policies", headers=admin, json=policy)
+    assert r.status_code == 200
+    listed = (await api.http.get(f"{V1}/retention/policies", headers=admin)).json()
+    assert any(p["workflow"] == "job" and p["status_class"] == "completed" for p in listed)
+    r = await api.http.put(f"{V1}/retention/policies", headers=admin, json={**policy, "status_class": "nope"})
+    assert r.status_code == 422
+    sweep = (await api.http.post(f"{V1}/retention/run", headers=admin, json={"dry_run": True})).json()
+    assert (sweep["dry_run"], sweep["archived"], sweep["purged"]) == (True, 0, 0)
+    operator = await api.token("operator")
+    assert (await api.http.put(f"{V1}/retention/policies", headers=operator, json=policy)).status_code == 403
+    assert (await api.http.post(f"{V1}/retention/run", headers=operator, json={})).status_code == 403
+    scoped = await api.token("admin", scope="acme")
+    assert (await api.http.get(f"{V1}/retention/policies", headers=scoped)).status_code == 403
+    assert (await api.http.get(f"{V1}/retention/policies")).status_code == 401
+
+
+async def test_probe_stuck_and_stranded_reports_keep_to_the_visible_scopes(api: Api) -> None:
+    mine = await api.start("p", scope="acme", fail=True)
+    theirs = await api.start("q", scope="globex", fail=True)
+    viewer = await api.token("viewer")
+    probe = (await api.http.get(f"{V1}/operator/probe", headers=viewer)).json()
+    assert probe["idle"] is True
+    one = (await api.http.get(f"{V1}/operator/probe", headers=viewer, params={"instance_id": mine})).json()
+    assert one["instance_id"] == mine
+    acme = await api.token("viewer", scope="acme")
+    assert (await api.http.get(f"{V1}/operator/probe", headers=acme)).status_code == 403
+    r = await api.http.get(f"{V1}/operator/probe", headers=acme, params={"instance_id": theirs})
+    assert r.status_code == 404
+    stuck = (await api.http.get(f"{V1}/operator/stuck", headers=viewer, params={"older_than_seconds": 1})).json()
+    seen = {i["instance_id"] for i in stuck["items"]}
+    scoped = (await api.http.get(f"{V1}/operator/stuck", headers=acme, params={"older_than_seconds": 1})).json()
+    assert {i["instance_id"] for i in scoped["items"]} <= {mine} and theirs not in str(scoped)
+    assert seen >= {i["instance_id"] for i in scoped["items"]}
+    await api.start("w")  # a waiting instance of job v1, whose plan no live worker serves
+    stranded = (await api.http.get(f"{V1}/definitions/stranded", headers=viewer,
+                                   params={"within_seconds": 60})).json()
+    assert [(s["scope"], s["definition_id"], s["version"]) for s in stranded] == [("default", "job", 1)]
+    assert stranded[0]["instances"] >= 1
+    globex = await api.token("viewer", scope="globex")
+    assert (await api.http.get(f"{V1}/definitions/stranded", headers=globex)).json() == []
+    assert (await api.http.get(f"{V1}/definitions/stranded")).status_code == 401

@@ -1,0 +1,180 @@
+"""Human tasks over HTTP: the inbox (mine, my groups'), count, claim, complete with the decision's
+payload, reassign, delegate and resolve; and who may not (401, 404 for another scope, 403, 405)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from stepstone.api import Principal, context_on, create_app
+from stepstone.testing import Engine, open_engine
+from tests.api import workflows
+from tests.api.conftest import Api
+
+V1 = "/api/v1"
+MISSING = "00000000-0000-0000-0000-000000000000"
+
+
+async def _expense(api: Api | Engine, employee: str, *, scope: str = "default", approver: str | None = None) -> str:
+    engine = api.engine if isinstance(api, Api) else api
+    iid = await engine.client.start("expense", {"employee": employee, "amount": 40, "approver": approver},
+                                    scope=scope)
+    await engine.run_until_idle()
+    return iid
+
+
+async def _task_of(engine: Engine, iid: str) -> str:
+    [task] = await engine.client.instance_tasks(iid)
+    return str(task["id"])
+
+
+async def test_inbox_lists_my_tasks_in_order_with_count_and_keyset_pages(api: Api) -> None:
+    mia = await api.token("task_worker", name="mia")
+    first = await _expense(api, "ann")
+    second = await _expense(api, "ben")
+    await _expense(api, "cy", approver="zoe")  # assigned to someone else: not in mia's inbox
+    r = await api.http.get(f"{V1}/tasks", headers=mia, params={"limit": 1})
+    assert r.status_code == 200
+    page = r.json()
+    assert [t["instance_id"] for t in page["items"]] == [first]
+    assert page["items"][0]["title"] == "Approve ann's expense"
+    assert page["items"][0]["data"] == {"employee": "ann", "amount": 40}
+    assert page["items"][0]["scope"] == "default"
+    assert "approve" in str(page["items"][0]["form"])
+    nxt = (await api.http.get(f"{V1}/tasks", headers=mia, params={"limit": 1, "cursor": page["next_cursor"]})).json()
+    assert [t["instance_id"] for t in nxt["items"]] == [second]
+    assert (await api.http.get(f"{V1}/tasks/count", headers=mia)).json()["count"] == 2
+    zoe = await api.token("task_worker", name="zoe")
+    assigned = (await api.http.get(f"{V1}/tasks", headers=zoe, params={"mode": "assigned"})).json()["items"]
+    assert [t["assignee"] for t in assigned] == ["zoe"]
+    found = (await api.http.get(f"{V1}/tasks", headers=mia, params={"text": "BEN"})).json()["items"]
+    assert [t["instance_id"] for t in found] == [second]
+    r = await api.http.get(f"{V1}/tasks", headers=mia, params={"cursor": "not-a-cursor"})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+
+
+async def test_claim_and_complete_with_the_decisions_payload_moves_the_instance(api: Api) -> None:
+    mia = await api.token("task_worker", name="mia")
+    iid = await _expense(api, "ann")
+    tid = await _task_of(api.engine, iid)
+    claimed = (await api.http.post(f"{V1}/tasks/{tid}/claim", headers=mia)).json()
+    assert claimed["assignee"] == "mia"
+    r = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=mia,
+                            json={"decision": "approve", "payload": {"comment": "fine"}})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+    assert "approved_amount" in r.json()["detail"]
+    r = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=mia,
+                            json={"decision": "approve", "payload": {"comment": "fine", "approved_amount": 40}})
+    assert r.status_code == 202
+    assert r.json()["task"]["status"] == "COMPLETING"
+    await api.engine.run_until_idle()
+    info = await api.engine.client.get(iid)
+    assert (info.status, info.state["outcome"], info.state["comment"]) == ("COMPLETED", "paid by mia", "fine")
+    again = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=mia, json={"decision": "reject"})
+    assert (again.status_code, again.json()["error"]) == (409, "TaskNotOpen")
+
+
+async def test_a_non_assignee_completing_is_403_and_an_admin_override_is_recorded(api: Api) -> None:
+    iid = await _expense(api, "ann", approver="zoe")
+    tid = await _task_of(api.engine, iid)
+    bob = await api.token("task_worker", name="bob")
+    r = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=bob, json={"decision": "reject"})
+    assert (r.status_code, r.json()["error"]) == (403, "TaskNotPermitted")
+    r = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=bob, json={"decision": "reject", "admin": True})
+    assert (r.status_code, r.json()["error"], r.json()["role"]) == (403, "Forbidden", "admin")
+    assert (await api.engine.client.task(tid)).status == "OPEN"
+    boss = await api.token("admin", name="boss")
+    r = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=boss, json={"decision": "reject", "admin": True})
+    assert r.status_code == 202
+    assert r.json()["task"]["completion"]["actor"] == "boss"
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).state["outcome"] == "declined"
+
+
+async def test_reassign_delegate_and_resolve(api: Api) -> None:
+    zoe = await api.token("task_worker", name="zoe")
+    kim = await api.token("task_worker", name="kim")
+    tid = await _task_of(api.engine, await _expense(api, "ann", approver="zoe"))
+    r = await api.http.post(f"{V1}/tasks/{tid}/delegate", headers=zoe, json={"to": "kim", "reason": "holiday"})
+    assert (r.json()["assignee"], r.json()["owner"], r.json()["delegation"]) == ("kim", "zoe", "PENDING")
+    r = await api.http.post(f"{V1}/tasks/{tid}/resolve", headers=kim)
+    assert (r.json()["assignee"], r.json()["delegation"]) == ("zoe", "RESOLVED")
+    r = await api.http.post(f"{V1}/tasks/{tid}/reassign", headers=kim, json={"to": "kim"})
+    assert (r.status_code, r.json()["error"]) == (403, "TaskNotPermitted")
+    r = await api.http.post(f"{V1}/tasks/{tid}/reassign", headers=zoe, json={"to": "kim"})
+    assert r.json()["assignee"] == "kim"
+    r = await api.http.post(f"{V1}/tasks/{tid}/unclaim", headers=kim)
+    assert r.json()["assignee"] is None
+    assert (await api.http.get(f"{V1}/tasks/{tid}", headers=kim)).json()["status"] == "OPEN"
+
+
+async def test_task_authorization_401_404_403_and_viewer(api: Api) -> None:
+    theirs = await _task_of(api.engine, await _expense(api, "g", scope="globex"))
+    mine = await _task_of(api.engine, await _expense(api, "a", scope="acme"))
+    acme = await api.token("admin", scope="acme", name="mia")
+    listed = (await api.http.get(f"{V1}/tasks", headers=acme)).json()["items"]
+    assert [t["id"] for t in listed] == [mine]
+    assert (await api.http.get(f"{V1}/tasks/count", headers=acme)).json()["count"] == 1
+    writes = [("claim", None), ("unclaim", None), ("complete", {"decision": "reject"}), ("reassign", {"to": "x"}),
+              ("delegate", {"to": "x"}), ("resolve", None)]
+    for action, body in [("", None), *writes]:
+        method = "POST" if action else "GET"
+        suffix = f"/{action}" if action else ""
+        assert (await api.http.request(method, f"{V1}/tasks/{mine}{suffix}", json=body)).status_code == 401
+        other = await api.http.request(method, f"{V1}/tasks/{theirs}{suffix}", headers=acme, json=body)
+        missing = await api.http.request(method, f"{V1}/tasks/{MISSING}{suffix}", headers=acme, json=body)
+        assert other.status_code == missing.status_code == 404, action
+        assert other.json()["detail"].replace(theirs, "X") == missing.json()["detail"].replace(MISSING, "X")
+    viewer = await api.token("viewer", scope="acme", name="mia")
+    assert (await api.http.get(f"{V1}/tasks/{mine}", headers=viewer)).status_code == 200
+    for action, body in writes:
+        r = await api.http.post(f"{V1}/tasks/{mine}/{action}", headers=viewer, json=body)
+        assert (r.status_code, r.json()["role"]) == (403, "task_worker"), action
+    assert (await api.engine.client.task(theirs)).status == "OPEN"
+    assert (await api.engine.client.task(mine)).assignee is None
+
+
+async def test_read_only_refuses_task_writes(read_only_api: Api) -> None:
+    tid = await _task_of(read_only_api.engine, await _expense(read_only_api, "r"))
+    mia = await read_only_api.token("admin", name="mia")
+    r = await read_only_api.http.post(f"{V1}/tasks/{tid}/complete", headers=mia, json={"decision": "reject"})
+    assert (r.status_code, r.json()["error"]) == (405, "ReadOnly")
+    assert (await read_only_api.http.get(f"{V1}/tasks/{tid}", headers=mia)).status_code == 200
+
+
+GROUPS: dict[str, Any] = {"lee": ("finance",), "max": ()}
+
+
+async def _host_user(request: Request) -> Principal | None:
+    user = request.headers.get("x-user", "")
+    return Principal(f"host:{user}", {"*": "task_worker"}, groups=GROUPS[user], user=user) if user in GROUPS else None
+
+
+@pytest.fixture
+async def host(database_url: str) -> AsyncIterator[tuple[Engine, httpx.AsyncClient]]:
+    async with open_engine(database_url, workflows.registry) as engine:
+        ctx = context_on(engine.store, registry=workflows.registry, authenticate=_host_user)
+        try:
+            transport = httpx.ASGITransport(app=create_app(ctx, ui=False))
+            async with httpx.AsyncClient(transport=transport, base_url="http://host") as http:
+                yield engine, http
+        finally:
+            await ctx.close()
+
+
+async def test_my_groups_tasks_come_from_the_hosts_principal(host: tuple[Engine, httpx.AsyncClient]) -> None:
+    engine, http = host
+    iid = await _expense(engine, "ann")
+    lee = (await http.get(f"{V1}/tasks", headers={"x-user": "lee"}, params={"mode": "candidate"})).json()
+    assert [t["instance_id"] for t in lee["items"]] == [iid]
+    assert (await http.get(f"{V1}/tasks", headers={"x-user": "max"})).json()["items"] == []
+    tid = lee["items"][0]["id"]
+    r = await http.post(f"{V1}/tasks/{tid}/complete", headers={"x-user": "max"}, json={"decision": "reject"})
+    assert r.status_code == 403
+    r = await http.post(f"{V1}/tasks/{tid}/complete", headers={"x-user": "lee"}, json={"decision": "reject"})
+    assert r.status_code == 202
+    assert r.json()["task"]["completion"]["actor"] == "lee"

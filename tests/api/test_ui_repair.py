@@ -1,0 +1,76 @@
+"""The UI's replay and migrate pages and the stranded report on the definitions page, through httpx."""
+
+from __future__ import annotations
+
+import re
+
+from tests.api import workflows
+from tests.api.conftest import Api
+
+
+async def _sign_in(api: Api, role: str = "operator") -> str:
+    token = (await api.token(role))["Authorization"].removeprefix("Bearer ")
+    assert (await api.http.post("/ui/login", data={"token": token})).status_code == 303
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', (await api.http.get("/ui/tasks")).text)
+    assert found
+    return found.group(1)
+
+
+async def test_replay_a_failed_instance_from_its_step(api: Api) -> None:
+    iid = await api.start("r", fail=True)
+    csrf = await _sign_in(api)
+    assert "Replay or migrate…" in (await api.http.get(f"/ui/instances/{iid}")).text
+    page = (await api.http.get(f"/ui/instances/{iid}/repair")).text
+    assert "<option>charge</option>" in page
+    workflows.FAILING.clear()
+    r = await api.http.post(f"/ui/instances/{iid}/replay", data={"csrf": csrf, "step": "charge"})
+    assert (r.status_code, r.headers["location"]) == (303, f"/ui/instances/{iid}?done=replaying+from+charge")
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).status == "WAITING"
+    r = await api.http.post(f"/ui/instances/{iid}/replay", data={"csrf": csrf, "step": "charge"})
+    assert r.status_code == 409 and "cancel it" in r.text  # a waiting instance is not replayed
+
+
+async def test_migrate_with_a_dry_run_first(api: Api) -> None:
+    iid = await api.engine.client.start(workflows.order, {"order_id": "u-1"})
+    await api.engine.run_until_idle()
+    csrf = await _sign_in(api)
+    page = (await api.http.get(f"/ui/instances/{iid}/repair")).text
+    assert '<option value="2">v2</option>' in page
+    dry = await api.http.post(f"/ui/instances/{iid}/migrate", data={"csrf": csrf, "version": "2", "dry_run": "1"})
+    assert "v2: would migrate; nothing was changed." in dry.text
+    assert (await api.engine.client.get(iid)).version == 1
+    r = await api.http.post(f"/ui/instances/{iid}/migrate", data={"csrf": csrf, "version": "2", "dry_run": "0"})
+    assert r.headers["location"] == f"/ui/instances/{iid}?done=migrated+to+v2"
+    assert (await api.engine.client.get(iid)).version == 2
+
+
+async def test_the_definitions_page_shows_stranded_versions(api: Api) -> None:
+    await api.start("s")
+    await _sign_in(api, "viewer")
+    page = (await api.http.get("/ui/definitions")).text
+    rows = re.findall(r"<tr><td><a href=\"/ui/\?workflow=(\w+)&amp;scope=default\">", page)
+    assert rows == ["job"]
+    assert "never" in page
+
+
+async def test_maintenance_shows_what_is_stuck_and_sweeps_retention_with_a_dry_run(api: Api) -> None:
+    admin = await api.token("admin")
+    await api.http.put("/api/v1/retention/policies", headers=admin, json={
+        "workflow": "job", "status_class": "completed", "retain_for_seconds": 0})
+    done = await api.start("old")
+    await api.engine.client.signal(done, "approve")
+    await api.engine.run_until_idle()
+    csrf = await _sign_in(api, "admin")
+    page = (await api.http.get("/ui/maintenance")).text
+    assert "Nothing is stuck." in page and 'id="probe">Idle' in page
+    assert "<td>job</td><td>completed</td>" in page
+    dry = await api.http.post("/ui/maintenance/retention", data={"csrf": csrf, "dry_run": "1"})
+    assert "A sweep would archive 1 and purge 0 instance(s)" in dry.text
+    again = await api.http.post("/ui/maintenance/retention", data={"csrf": csrf, "dry_run": "1"})
+    assert "would archive 1 " in again.text  # the dry run archived nothing
+    swept = await api.http.post("/ui/maintenance/retention", data={"csrf": csrf, "dry_run": "0"})
+    assert "Archived 1, purged 0" in swept.text
+    await _sign_in(api, "operator")
+    page = (await api.http.get("/ui/maintenance")).text
+    assert "Run a sweep now" not in page  # a sweep needs the admin role
