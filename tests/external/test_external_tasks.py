@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -188,9 +189,24 @@ async def test_concurrent_fetches_never_hand_one_task_to_two_workers(engine: Eng
     assert sum(1 for r in results if r) > 1  # the fetches did overlap
 
 
+def first_fetch(tasks: ExternalTasks) -> asyncio.Event:
+    """An event set once a fetch of `tasks` has answered: a long poll that found nothing waits then."""
+    answered = asyncio.Event()
+    fetch = tasks.db.fetch
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        out = await fetch(*args, **kwargs)
+        answered.set()
+        return out
+
+    tasks.db.fetch = counted  # type: ignore[method-assign]
+    return answered
+
+
 async def test_long_polling_wakes_when_a_task_opens(engine: Engine, tasks: ExternalTasks) -> None:
+    fetched = first_fetch(tasks)
     poll = asyncio.create_task(tasks.fetch_and_lock("w1", ["payments"], timeout=20))
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(fetched.wait(), 10)  # its first fetch found nothing: it waits now
     assert not poll.done()
     iid = await _started(engine)
     [task] = await asyncio.wait_for(poll, 10)

@@ -12,6 +12,7 @@ import pytest
 from stepstone.external import BusinessError, ExternalTasks, ExternalWorker, LockedTask
 from stepstone.testing import Engine, open_engine
 from tests.external import workflows
+from tests.external.test_external_tasks import first_fetch
 from tests.external.workflows import payment
 
 
@@ -76,8 +77,9 @@ async def test_run_stops_when_asked(engine: Engine) -> None:
     worker = ExternalWorker(ExternalTasks(engine.store, poll_interval=0.05), "idle", long_poll=20)
     worker.subscribe("payments")(lambda _task: None)
     stop = asyncio.Event()
+    fetched = first_fetch(worker.tasks)
     running = asyncio.create_task(worker.run(stop))
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(fetched.wait(), 10)  # the worker's long poll found nothing and waits
     stop.set()
     await asyncio.wait_for(running, 5)  # the long poll is given up at once
     await worker.tasks.close()
