@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import uuid
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.cli import cli
 from stepstone.core.pin import Pin, pin_of
 from stepstone.errors import PositionNotFound
 from stepstone.ops.migration import migrate_one
@@ -95,9 +98,12 @@ async def done_v2(_ctx: StepContext, state: Ran) -> None:
 ORDER_MAP = {"second": "second2", "done": "done2"}
 
 
+registry = Registry(p1, p2, o1, o2)
+
+
 @pytest.fixture
 async def engine(database_url: str) -> Any:
-    async with open_engine(database_url, Registry(p1, p2, o1, o2)) as e:
+    async with open_engine(database_url, registry) as e:
         yield e
 
 
@@ -225,6 +231,23 @@ async def test_a_migration_waits_behind_a_signal_queued_before_it(engine: Engine
     await engine.client.signal(iid, "go")
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).state == {"ran": "v2"}
+
+
+async def test_the_cli_migration_waits_as_long_as_its_patience(engine: Engine, database_url: str) -> None:
+    iid = await engine.client.start(o1, {})
+    await engine.run_until_idle()
+    await engine.store.definitions.heartbeat("a-v1-worker", [pin_of(o1)])
+    await engine.client.signal(iid, "go")  # queued before the migration, and a worker could run it
+    args = ["definitions", "migrate", iid, "--app", "tests.registry.test_migration_branches:registry",
+            "--workflow", "mig_order", "--to-version", "2", "--step-map", "second=second2",
+            "--step-map", "done=done2", "--patience", "0.5", "-o", "json", "--database-url", database_url]
+    result = await asyncio.to_thread(CliRunner().invoke, cli, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["counts"] == {"refused": 1}, report
+    # The answer names the patience it was given (the default would have waited 30 s).
+    assert "queued before the migration were not applied within 0.5 s" in report["instances"][0]["reason"]
+    assert (await engine.client.get(iid)).version == 1
 
 
 async def test_commands_no_live_worker_can_run_do_not_hold_a_migration_back(engine: Engine) -> None:

@@ -26,6 +26,7 @@ from stepstone.config import Settings
 from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.errors import StepstoneError
 from stepstone.ops import definitions as ops
+from stepstone.ops.migration import DEFAULT_PATIENCE
 
 __all__ = ["commands", "load_catalog"]
 
@@ -248,11 +249,14 @@ def _step_map(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--step-map", multiple=True, metavar="OLD=NEW", help="Where a step of the old version goes.")
 @click.option("--transform", default=None, metavar="MODULE:FUNC", help="A function old state -> new state.")
 @click.option("--dry-run", is_flag=True, help="Check every instance and report; change nothing.")
+@click.option("--patience", type=click.FloatRange(0), default=DEFAULT_PATIENCE, show_default=True,
+              help="Seconds a migration waits for its turn behind the instance's queued commands before it "
+                   "answers refused.")
 @output_option
 @with_settings
 def migrate_command(settings: Settings, instance_ids: tuple[str, ...], registry: Any, definition_id: str,
                     to_version: int, from_version: int | None, scope: str | None, step_map: tuple[str, ...],
-                    transform: str | None, dry_run: bool, output: str) -> None:
+                    transform: str | None, dry_run: bool, patience: float, output: str) -> None:
     """Move running instances to another version; each is checked first and answered migrated, refused
     (and why) or skipped."""
     from stepstone.client import Client  # noqa: PLC0415 - the CLI's other commands need no client
@@ -271,7 +275,7 @@ def migrate_command(settings: Settings, instance_ids: tuple[str, ...], registry:
             try:
                 return await client.migrate(list(instance_ids) or None, to=target, definition=definition_id,
                                             from_version=from_version, scope=scope, step_map=mapping,
-                                            state_transform=func, dry_run=dry_run)
+                                            state_transform=func, dry_run=dry_run, patience=patience)
             finally:
                 await client.detach()
 
