@@ -554,10 +554,12 @@ class SyncClient:
         *,
         input: Any = None,  # noqa: A002 - the same name as Client's parameter
         dedup_key: str | None = None,
+        scope: str = "default",
     ) -> SignalledOrStarted:
         """Signal the instance of `workflow` with `business_key`, starting it with `input` first when
         none has the key, in one transaction: two concurrent calls start one instance and both signal it.
-        A signal sent before the instance reaches a wait that takes it waits (parked) until it does."""
+        A signal sent before the instance reaches a wait that takes it waits (parked) until it does.
+        `scope` is the scope key (tenant) the business key belongs to, and the new instance's scope."""
         return self._run(self._client.start_or_signal(
             workflow,
             business_key,
@@ -565,4 +567,5 @@ class SyncClient:
             payload,
             input=input,
             dedup_key=dedup_key,
+            scope=scope,
         ))

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from stepstone.authoring.workflow import Workflow
 from stepstone.core.limits import Limits, PayloadRejected
-from stepstone.core.pin import pin_of
+from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import (
     BusinessKeyInUse,
     IdempotencyConflict,
@@ -120,10 +120,13 @@ class MessageOperations:
         *,
         input: Any = None,  # noqa: A002 - the instance's input, as in start
         dedup_key: str | None = None,
+        scope: str = DEFAULT_SCOPE,
     ) -> SignalledOrStarted:
         """Signal the instance of `workflow` with `business_key`, starting it with `input` first when
         none has the key, in one transaction: two concurrent calls start one instance and both signal it.
-        A signal sent before the instance reaches a wait that takes it waits (parked) until it does."""
+        A signal sent before the instance reaches a wait that takes it waits (parked) until it does.
+        `scope` is the scope key (tenant) the business key belongs to, and the new instance's scope."""
+        self._message_text("scope", scope)
         wf = self._workflow(workflow)
         self._message_text("business key", business_key)
         self._message_text("signal name", signal)
@@ -134,7 +137,8 @@ class MessageOperations:
         signal_text = self._message_encode("signal payload", payload)
         await self._ensure_registered(wf)
         new = NewInstance(
-            id=str(uuid.uuid4()), pin=pin_of(wf), state=state, start_step=wf.plan.start, business_key=business_key,
+            id=str(uuid.uuid4()), pin=pin_of(wf, scope), state=state, start_step=wf.plan.start,
+            business_key=business_key,
             idempotency_key=None, fingerprint=hashlib.sha256(json.dumps([text, business_key]).encode()).hexdigest(),
             actor=self.actor,
         )

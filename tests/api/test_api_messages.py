@@ -62,3 +62,21 @@ async def test_who_may_send_messages_and_signals(api: Api) -> None:
     started = await api.ctx.management.instances_page(None, status=None, definition="order", business_key="b",
                                                       after=None, limit=5)
     assert started == []  # no refused call started anything
+
+
+async def test_start_or_signal_keeps_a_business_key_per_scope(api: Api) -> None:
+    acme = await api.token("operator", scope="acme")
+    body = {"workflow": "order", "business_key": "b-7", "signal": "nudge", "input": {"order_id": "z"},
+            "scope": "acme"}
+    first = await api.http.post(f"{V1}/start-or-signal", headers=acme, json=body)
+    assert (first.status_code, first.json()["started"], first.json()["scope"]) == (202, True, "acme")
+    shown = await api.http.get(f"{V1}/instances/{first.json()['instance_id']}", headers=acme)
+    assert (shown.status_code, shown.json()["scope"]) == (200, "acme")
+    # The same key in the default scope is another instance; acme's token may not reach that scope.
+    r = await api.http.post(f"{V1}/start-or-signal", headers=acme, json={**body, "scope": "default"})
+    assert (r.status_code, r.json()["error"]) == (404, "DefinitionNotFound")
+    default = await api.token("operator", scope="default")
+    second = await api.http.post(f"{V1}/start-or-signal", headers=default, json={**body, "scope": "default"})
+    assert second.json()["started"] is True and second.json()["instance_id"] != first.json()["instance_id"]
+    again = await api.http.post(f"{V1}/start-or-signal", headers=acme, json=body)
+    assert (again.json()["started"], again.json()["instance_id"]) == (False, first.json()["instance_id"])

@@ -2,8 +2,8 @@
 key), to every one with `correlate_all`; signal the instance of a business key, starting it first.
 
 A message is addressed by name and key, not by instance, so it can reach instances of any scope: it
-takes the operator role in every scope (a ``*`` grant). Signal-with-start works in the default scope
-(the client's `start_or_signal` starts there), so it takes the operator role in that scope.
+takes the operator role in every scope (a ``*`` grant). Signal-with-start works in the scope the
+request names (the default scope when it names none), so it takes the operator role in that scope.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class StartOrSignalRequest(BaseModel):
     payload: Any = None
     input: Any = Field(default=None, description="The instance's input, when this call starts it.")
     dedup_key: str | None = Field(default=None, max_length=500)
+    scope: str = Field(default=DEFAULT_SCOPE, max_length=500,
+                       description="The scope key the business key belongs to, and the new instance's scope.")
 
 
 @router.post("/messages", summary="Publish a message (delivered, buffered for its ttl, or dropped)")
@@ -56,9 +58,10 @@ async def publish_message(request: Request, who: Writer, body: MessageRequest) -
 @router.post("/start-or-signal", status_code=status.HTTP_202_ACCEPTED,
              summary="Signal the instance of a business key, starting it first when there is none")
 async def start_or_signal(request: Request, who: Writer, body: StartOrSignalRequest) -> dict[str, Any]:
-    if not who.sees(DEFAULT_SCOPE):
+    if not who.sees(body.scope):
         raise DefinitionNotFound(body.workflow)
-    require(who, "operator", DEFAULT_SCOPE)
+    require(who, "operator", body.scope)
     done = await context_of(request).client(who.actor).start_or_signal(
-        body.workflow, body.business_key, body.signal, body.payload, input=body.input, dedup_key=body.dedup_key)
-    return {**asdict(done), "scope": DEFAULT_SCOPE}
+        body.workflow, body.business_key, body.signal, body.payload, input=body.input, dedup_key=body.dedup_key,
+        scope=body.scope)
+    return {**asdict(done), "scope": body.scope}
