@@ -10,7 +10,7 @@ recorded in the task's history. Task operations act as the principal's `task_use
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from stepstone.api.auth import Principal
@@ -51,11 +51,25 @@ def _arguments(who: Principal, mode: str) -> dict[str, Any]:
             "mode": mode}
 
 
+def _in_one_scope(who: Principal, where: TaskFilter) -> TaskFilter | None:
+    """The filter with the caller's scope in it when the caller sees exactly one scope (the inbox
+    query filters by it, keyset pages and counts stay exact); None otherwise (every scope, or several:
+    those are filtered after the query)."""
+    scopes = who.visible_scopes()
+    if scopes is None or len(scopes) != 1 or where.scope not in (None, scopes[0]):
+        return None
+    return replace(where, scope=scopes[0])
+
+
 async def inbox(
     ctx: ApiContext, who: Principal, *, mode: str, where: TaskFilter, cursor: str | None, limit: int,
 ) -> dict[str, Any]:
     """A page of open tasks in inbox order (priority, then oldest), of the scopes the caller sees."""
     client = ctx.client(who.actor)
+    scoped = _in_one_scope(who, where)
+    if scoped is not None:
+        found = await client.tasks(**_arguments(who, mode), where=scoped, after=cursor, limit=limit)
+        return {"items": [_plain(t, scoped.scope or "") for t in found.tasks], "next_cursor": found.next_cursor}
 
     async def fetch(after: str | None, n: int) -> TaskPage:
         return await client.tasks(**_arguments(who, mode), where=where, after=after, limit=n)
@@ -87,8 +101,9 @@ async def count(ctx: ApiContext, who: Principal, *, mode: str, where: TaskFilter
     """``{"count", "more_than_cap", "cap"}``: exact for a caller who sees every scope; for one limited
     to some scopes, their tasks counted up to COUNT_CAP."""
     client = ctx.client(who.actor)
-    if who.visible_scopes() is None:
-        n = await client.count_tasks(**_arguments(who, mode), where=where)
+    scoped = _in_one_scope(who, where)
+    if who.visible_scopes() is None or scoped is not None:
+        n = await client.count_tasks(**_arguments(who, mode), where=scoped or where)
         return {"count": n, "more_than_cap": False, "cap": None}
     n, after = 0, None
     while n <= COUNT_CAP:
