@@ -135,6 +135,25 @@ async def test_a_parked_signal_holds_no_timeout_back(engine: Engine, conn: async
     assert (info.status, info.state["via"]) == ("COMPLETED", "later")
 
 
+async def test_a_dead_lettered_signal_holds_no_timeout_back(engine: Engine, conn: asyncpg.Connection) -> None:
+    iid = await engine.client.start(two_waits, {})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "go", {})  # for the first wait: recorded before its timeout
+    for _ in range(5):  # five workers claim it and die before committing (their leases run out)
+        [claim] = await engine.store.claim(1, 30.0, "dies")
+        assert claim.command.kind == "SIGNAL"
+        await engine.advance(timedelta(seconds=31))
+    await engine.run_until_idle()  # the sixth claim is over max_claims (5): the signal is dead-lettered
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'SIGNAL'") == "DEAD"
+    assert (await engine.client.get(iid)).step == "first"  # a dead signal does not fail the wait
+    await engine.advance(timedelta(minutes=10))  # past the timeout: the dead signal holds nothing back
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.step) == ("WAITING", "second")
+    kinds = [h["kind"] for h in await engine.client.history(iid)]
+    assert "COMMAND_DEAD_LETTERED" in kinds and "SIGNAL_APPLIED" not in kinds
+
+
 async def test_the_open_signal_cap_is_1000_by_default(engine: Engine, conn: asyncpg.Connection) -> None:
     iid = await _waiting(engine, "o-cap-default")
     assert await conn.fetchval("SELECT current_setting('stepstone.max_open_signals', true)") in (None, "")
