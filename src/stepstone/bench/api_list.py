@@ -1,5 +1,6 @@
-"""The management API's instance list at scale: server-side time of ``GET /api/v1/instances`` pages,
-of the per-status counts, and of the UI's list page (which shows both).
+"""The management API's instance list and task inbox at scale: server-side time of
+``GET /api/v1/instances`` pages, of the per-status counts, of the UI's list page (which shows both),
+and of ``GET /api/v1/tasks`` pages and counts over `TASKS` open tasks (100,000 at full size).
 
 Seeds `sizes.scale_large` waiting instances (1,000,000 at full size; 10,000 for --quick, to keep CI's
 bench short) as the scale workload does,
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 BATCH = 200_000
 QUICK_SIZE = 10_000
+TASKS = 100_000
+"""Open tasks seeded on the instances (at most one each: all of them at --quick size)."""
 TARGET_MS = 100.0
 Call = Callable[[], Awaitable[None]]
 
@@ -42,8 +45,10 @@ async def run(ctx: BenchContext) -> list[Metric]:
                 async with conn.transaction():
                     await seed_waiting(conn, ctx.schema, pin, lo, min(size, lo + BATCH - 1))
             await conn.execute(named_queries("bench_api.sql", ctx.schema)["api_bench_spread"])
+            tasks = min(TASKS, size)
+            await conn.execute(named_queries("bench_api.sql", ctx.schema)["api_bench_tasks"], tasks)
             await conn.execute(bench_queries(ctx.schema)["analyze"])
-            ctx.say(f"api: seeded {size:,} instances in {time.monotonic() - started:.0f} s")
+            ctx.say(f"api: seeded {size:,} instances and {tasks:,} open tasks in {time.monotonic() - started:.0f} s")
         finally:
             await conn.close()
         # The api extra (FastAPI, httpx) only when this workload runs: `stepstone bench` works without it.
@@ -58,16 +63,17 @@ async def run(ctx: BenchContext) -> list[Metric]:
         try:
             everyone, _ = await create_token(api.management, role="viewer")
             acme, _ = await create_token(api.management, role="viewer", scope="acme")
+            mia, _ = await create_token(api.management, role="task_worker", name="mia")
             transport = httpx.ASGITransport(app=create_app(api))
             async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
-                return await _measure(ctx, http, everyone, acme, 200 if ctx.sizes.name == "full" else 40)
+                return await _measure(ctx, http, everyone, acme, mia, 200 if ctx.sizes.name == "full" else 40)
         finally:
             await api.close()
             await store.close()
 
 
 async def _measure(
-    ctx: BenchContext, http: httpx.AsyncClient, everyone: str, acme: str, requests: int,
+    ctx: BenchContext, http: httpx.AsyncClient, everyone: str, acme: str, mia: str, requests: int,
 ) -> list[Metric]:
     async def page(token: str, **params: str) -> dict[str, object]:
         r = await http.get("/api/v1/instances", params={"limit": "50", **params},
@@ -96,6 +102,10 @@ async def _measure(
     calls["counts, all scopes"] = get("/api/v1/instances/counts", bearer(everyone))
     calls["counts, one scope"] = get("/api/v1/instances/counts", bearer(acme))
     calls["UI list page (list and counts)"] = get("/ui/", {"Cookie": f"stepstone_token={everyone}"})
+    calls["inbox, my assigned tasks"] = get("/api/v1/tasks", bearer(mia), {"mode": "assigned"})
+    calls["inbox, every open task"] = get("/api/v1/tasks", bearer(mia), {"mode": "all"})
+    calls["inbox, every open task of one scope"] = get("/api/v1/tasks", bearer(acme), {"mode": "all"})
+    calls["inbox count, every open task"] = get("/api/v1/tasks/count", bearer(mia), {"mode": "all"})
     metrics = []
     for name, call in calls.items():
         times = []
