@@ -17,6 +17,7 @@
     │   ├── PositionNotFound        (instance_id, position): no such branch
     │   ├── DefinitionNotFound      (definition_id, version)
     │   ├── ExternalTaskNotFound    (task_id)
+    │   ├── TaskFilterNotFound      (name, user, scope): no saved inbox filter of that name
     │   └── TaskNotFound            (task_id)
     ├── Conflict                    the request contradicts what is stored
     │   ├── DefinitionConflict      same id and version registered with a different structure

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.cli import cli
 from stepstone.core.pin import Pin, pin_of
-from stepstone.errors import PositionNotFound
+from stepstone.errors import PositionNotFound, WaitTimeout
 from stepstone.ops.migration import migrate_one
 from stepstone.testing import Engine, open_engine
 
@@ -283,6 +283,22 @@ async def test_a_signal_sent_after_the_migration_is_planned_does_not_hold_it_bac
     assert (info.version, info.step) == (2, "second2")  # the later signal ran on v2
 
 
+async def _ended_or_shown(engine: Engine, iid: str) -> Any:
+    """The instance once it ends; if it does not within 60 s, a failure that shows its positions,
+    commands and history (this test failed once in CI, under load, with an instance left WAITING)."""
+    try:
+        return await engine.client.wait_for(iid, timeout=60)
+    except WaitTimeout:
+        pool = engine.store.pool  # type: ignore[attr-defined]
+        rows = await pool.fetch(
+            "SELECT 'position' AS what, path AS a, step AS b, status AS c, visit::text AS d "
+            "FROM stepstone.positions WHERE instance_id = $1 UNION ALL "
+            "SELECT 'command', position, kind || ' ' || coalesce(name, ''), state, coalesce(last_error, '') "
+            "FROM stepstone.commands WHERE instance_id = $1", uuid.UUID(iid))
+        kinds = [(h["kind"], h.get("position"), h.get("step")) for h in await engine.client.history(iid)]
+        pytest.fail(f"{iid} did not end: {[tuple(r) for r in rows]}; history {kinds}")
+
+
 def _pin(view: dict[str, Any]) -> Pin:
     return Pin(view["definition_scope"], view["definition_id"], int(view["version"]), view["plan_hash"])
 
@@ -311,7 +327,7 @@ async def test_migrating_branching_instances_under_load_loses_nothing_and_migrat
             # half the instances get their branch signals during the migrations, the others after them
             _, first, second = await asyncio.gather(signal_branches(ids[::2]), migrate_all(), migrate_all())
             await signal_branches(ids)  # a repeat is one signal per branch (its dedup key)
-            infos = [await engine.client.wait_for(iid, timeout=60) for iid in ids]
+            infos = [await _ended_or_shown(engine, iid) for iid in ids]
         finally:
             await worker.stop()
         assert [i.status for i in infos] == ["COMPLETED"] * len(ids)

@@ -1,7 +1,14 @@
 """Lock order on the saga paths: compensation commits, cancels (with and without compensation), an
 instance deadline firing and children completing into a parent that compensates, all at once on real
-connections, in opposite orders. No deadlock (SQLSTATE 40P01): not in any caller's exceptions, not in
-the workers' logs, not in PostgreSQL's own count for the database; and every instance still ends."""
+connections, in opposite orders. No deadlock (SQLSTATE 40P01) in any caller's exceptions or in any
+single commit of the workers; and every instance still ends.
+
+One kind is allowed and counted: a group commit (several segments in one transaction, each locking
+its own instance) holds the locks of its earlier segments while a later one waits, so no order
+inside the saga paths can rule out a cycle with a cancel of a parent whose child's commit is in the
+group. PostgreSQL aborts the group, nothing of it is written, and the worker commits its segments
+one by one (committer.py); those one-by-one commits must not deadlock. PostgreSQL's deadlock count
+for the database must equal the number of such group fallbacks: any other deadlock fails the test."""
 
 from __future__ import annotations
 
@@ -85,10 +92,13 @@ class _Deadlocks(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.seen: list[str] = []
+        self.group_fallbacks = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
-        if "deadlock" in text.lower() or "40P01" in text:
+        if text.startswith("group commit of") and "DeadlockDetectedError" in text:
+            self.group_fallbacks += 1  # aborted whole, then committed one by one (see the docstring)
+        elif "deadlock" in text.lower() or "40P01" in text:
             self.seen.append(text[:300])
 
 
@@ -163,4 +173,4 @@ async def test_saga_paths_take_locks_in_one_order(database_url: str, conn: async
     rows = await conn.fetch("SELECT status, attempts FROM stepstone.compensations")
     assert {(r["status"], r["attempts"]) for r in rows} <= {("COMPENSATED", 1), ("PENDING", 0)}, rows
     assert sum(r["status"] == "COMPENSATED" for r in rows) >= 2 * (INSTANCES // 3), rows  # the deadlines' at least
-    assert await _deadlocks(conn) == deadlocks_before
+    assert await _deadlocks(conn) - deadlocks_before == handler.group_fallbacks
