@@ -22,9 +22,10 @@ class Api:
     app: FastAPI
     http: httpx.AsyncClient
 
-    async def token(self, role: str, scope: str = "*", name: str | None = None) -> dict[str, str]:
+    async def token(self, role: str, scope: str = "*", name: str | None = None,
+                    groups: tuple[str, ...] = ()) -> dict[str, str]:
         """Authorization headers of a fresh token granting `role` in `scope`."""
-        token, _ = await create_token(self.ctx.management, role=role, scope=scope, name=name)
+        token, _ = await create_token(self.ctx.management, role=role, scope=scope, name=name, groups=groups)
         return {"Authorization": f"Bearer {token}"}
 
     async def start(self, name: str, *, scope: str = "default", fail: bool = False) -> str:

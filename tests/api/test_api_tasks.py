@@ -11,6 +11,7 @@ import pytest
 from starlette.requests import Request
 
 from stepstone.api import Principal, context_on, create_app
+from stepstone.api.tokens import list_tokens
 from stepstone.testing import Engine, open_engine
 from tests.api import workflows
 from tests.api.conftest import Api
@@ -55,6 +56,21 @@ async def test_inbox_lists_my_tasks_in_order_with_count_and_keyset_pages(api: Ap
     assert [t["instance_id"] for t in found] == [second]
     r = await api.http.get(f"{V1}/tasks", headers=mia, params={"cursor": "not-a-cursor"})
     assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+
+
+async def test_a_tokens_groups_offer_it_their_tasks(api: Api) -> None:
+    """The expense task is offered to the user mia and the group finance: a token of another name sees
+    it only when the token is in that group."""
+    iid = await _expense(api, "dee")
+    outsider = await api.token("task_worker", name="ola")
+    assert (await api.http.get(f"{V1}/tasks", headers=outsider)).json()["items"] == []
+    member = await api.token("task_worker", name="ola", groups=("finance", "finance"))
+    page = (await api.http.get(f"{V1}/tasks", headers=member)).json()["items"]
+    assert [t["instance_id"] for t in page] == [iid]
+    claimed = await api.http.post(f"{V1}/tasks/{page[0]['id']}/claim", headers=member)
+    assert (claimed.status_code, claimed.json()["assignee"]) == (200, "ola")
+    [record] = [t for t in await list_tokens(api.ctx.management) if t.groups]
+    assert record.groups == ("finance",)  # given twice, kept once
 
 
 async def test_claim_and_complete_with_the_decisions_payload_moves_the_instance(api: Api) -> None:

@@ -40,7 +40,7 @@ def test_the_bind_rule() -> None:
 async def test_tokens_create_list_revoke(database_url: str) -> None:
     url = ["--database-url", database_url]
     code, out, err = await asyncio.to_thread(invoke, "tokens", "create", "--role", "operator", "--scope", "acme",
-                                             "--name", "deploy", *url)
+                                             "--name", "deploy", "--group", "finance", "--group", "ops", *url)
     assert code == 0, err
     token = out.strip()
     assert token.startswith("sst_") and len(token) > 40
@@ -49,6 +49,7 @@ async def test_tokens_create_list_revoke(database_url: str) -> None:
     [listed] = json.loads(out)
     assert (listed["name"], listed["role"], listed["scope"], listed["revoked_at"]) == ("deploy", "operator", "acme",
                                                                                       None)
+    assert listed["groups"] == ["finance", "ops"]
     assert token not in out
     code, out, _ = await asyncio.to_thread(invoke, "tokens", "revoke", listed["id"], *url)
     assert (code, out.strip()) == (0, f"revoked deploy ({listed['id']})")

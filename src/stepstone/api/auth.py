@@ -131,7 +131,7 @@ def hash_token(token: str) -> str:
 def principal_of(record: TokenRecord) -> Principal:
     """A token acts as ``token:<name>``; human tasks know it by its name (assign a task to ``mia`` and
     a token named ``mia`` works on it)."""
-    return Principal(f"token:{record.name}", {record.scope: record.role}, user=record.name)
+    return Principal(f"token:{record.name}", {record.scope: record.role}, user=record.name, groups=record.groups)
 
 
 class TokenAuth:

@@ -25,16 +25,18 @@ def _text(what: str, value: str) -> str:
 
 async def create_token(
     store: ManagementStore, *, role: str, scope: str = ALL_SCOPES, name: str | None = None,
-    created_by: str | None = None,
+    created_by: str | None = None, groups: tuple[str, ...] = (),
 ) -> tuple[str, TokenRecord]:
-    """A new token granting `role` in `scope` (``*``: every scope): (the token, its record)."""
+    """A new token granting `role` in `scope` (``*``: every scope): (the token, its record). `groups`
+    are the groups its user belongs to: the task inbox offers it the tasks of those candidate groups."""
     if role not in ROLES:
         raise InvalidInput(f"unknown role {role!r}; roles are {', '.join(ROLES)}", what="role")
     _text("scope", scope)
+    groups = tuple(dict.fromkeys(_text("group", g) for g in groups))
     token_id = uuid.uuid4()
     label = _text("name", name) if name else f"{role}-{scope if scope != ALL_SCOPES else 'all'}-{token_id.hex[:8]}"
     token = new_token()
-    record = await store.create_token(token_id, label, hash_token(token), role, scope, created_by)
+    record = await store.create_token(token_id, label, hash_token(token), role, scope, created_by, groups)
     return token, record
 
 

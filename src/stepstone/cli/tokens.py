@@ -49,13 +49,16 @@ def tokens_group() -> None:
 @click.option("--role", type=click.Choice(ROLES), required=True, help="What the token may do.")
 @click.option("--scope", type=TEXT, default="*", show_default=True, help="The scope (tenant) it works in; * for all.")
 @click.option("--name", type=TEXT, default=None, help="A label, recorded as the actor token:NAME.")
+@click.option("--group", "groups", multiple=True, type=TEXT,
+              help="A group its user belongs to (repeatable): the task inbox offers it that group's tasks.")
 @output_option
 @with_settings
-def create_command(settings: Settings, output: str, role: str, scope: str, name: str | None) -> None:
+def create_command(settings: Settings, output: str, role: str, scope: str, name: str | None,
+                   groups: tuple[str, ...]) -> None:
     """Create a token and print it (once: only its hash is stored)."""
     tokens = _tokens()
     token, record = _with_management(settings, lambda m: tokens.create_token(
-        m, role=role, scope=scope, name=name, created_by=f"cli:{getpass.getuser()}"))
+        m, role=role, scope=scope, name=name, created_by=f"cli:{getpass.getuser()}", groups=groups))
     emit({"token": token, **record.as_dict()}, output, lambda: token)
     if output != "json":
         click.echo(f"token {record.name} ({record.id}): role {role} in scope {scope}; it is shown only now",
@@ -67,13 +70,13 @@ def create_command(settings: Settings, output: str, role: str, scope: str, name:
 @output_option
 @with_settings
 def list_command(settings: Settings, output: str, include_revoked: bool) -> None:
-    """List tokens (never the tokens themselves): id, name, role, scope, created, revoked."""
+    """List tokens (never the tokens themselves): id, name, role, scope, groups, created, revoked."""
     tokens = _tokens()
     rows = _with_management(settings, lambda m: tokens.list_tokens(m, include_revoked=include_revoked))
     emit([r.as_dict() for r in rows], output, lambda: render_table(
-        [[r.id, r.name, r.role, r.scope, f"{r.created_at:%Y-%m-%d %H:%M}" if r.created_at else "",
+        [[r.id, r.name, r.role, r.scope, ", ".join(r.groups), f"{r.created_at:%Y-%m-%d %H:%M}" if r.created_at else "",
           f"{r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else ""] for r in rows],
-        ["id", "name", "role", "scope", "created", "revoked"]) if rows else "no tokens")
+        ["id", "name", "role", "scope", "groups", "created", "revoked"]) if rows else "no tokens")
 
 
 @tokens_group.command("revoke")

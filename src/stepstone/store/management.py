@@ -41,7 +41,8 @@ def _row(record: asyncpg.Record) -> dict[str, Any]:
 
 def _token(record: asyncpg.Record) -> TokenRecord:
     return TokenRecord(str(record["id"]), record["name"], record["role"], record["scope"],
-                       record.get("created_at"), record.get("created_by"), record.get("revoked_at"))
+                       record.get("created_at"), record.get("created_by"), record.get("revoked_at"),
+                       tuple(record.get("groups") or ()))
 
 
 class PostgresManagement:
@@ -122,9 +123,10 @@ class PostgresManagement:
     # -- API tokens ---------------------------------------------------------------------------
 
     async def create_token(
-        self, token_id: uuid.UUID, name: str, token_hash: str, role: str, scope: str, created_by: str | None
+        self, token_id: uuid.UUID, name: str, token_hash: str, role: str, scope: str, created_by: str | None,
+        groups: tuple[str, ...] = (),
     ) -> TokenRecord:
-        rows = await self._fetch("token_insert", token_id, name, token_hash, role, scope, created_by)
+        rows = await self._fetch("token_insert", token_id, name, token_hash, role, scope, created_by, list(groups))
         return _token(rows[0])
 
     async def list_tokens(self, *, include_revoked: bool) -> list[TokenRecord]:

@@ -32,9 +32,11 @@ class TokenRecord:
     created_at: datetime | None = None
     created_by: str | None = None
     revoked_at: datetime | None = None
+    groups: tuple[str, ...] = ()
+    """The groups its user belongs to, for the task inbox (candidate groups)."""
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "groups": list(self.groups)}
 
 
 class ManagementStore(Protocol):
@@ -64,7 +66,8 @@ class ManagementStore(Protocol):
     async def definition_plan(self, scope: str, definition_id: str, version: int) -> dict[str, Any] | None: ...
 
     async def create_token(
-        self, token_id: uuid.UUID, name: str, token_hash: str, role: str, scope: str, created_by: str | None
+        self, token_id: uuid.UUID, name: str, token_hash: str, role: str, scope: str, created_by: str | None,
+        groups: tuple[str, ...] = (),
     ) -> TokenRecord: ...
     async def list_tokens(self, *, include_revoked: bool) -> list[TokenRecord]: ...
     async def revoke_token(self, token_id: str) -> TokenRecord | None: ...

@@ -4,12 +4,12 @@
 -- Lists are keyset-paginated: the caller passes the last row's key and gets the rows after it.
 
 -- name: token_insert
-INSERT INTO {{schema}}.api_tokens (id, name, token_hash, role, scope, created_at, created_by)
-VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now(), $6)
-RETURNING id, name, role, scope, created_at, created_by, revoked_at;
+INSERT INTO {{schema}}.api_tokens (id, name, token_hash, role, scope, created_at, created_by, groups)
+VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now(), $6, $7)
+RETURNING id, name, role, scope, created_at, created_by, revoked_at, groups;
 
 -- name: token_list
-SELECT id, name, role, scope, created_at, created_by, revoked_at
+SELECT id, name, role, scope, created_at, created_by, revoked_at, groups
 FROM {{schema}}.api_tokens
 WHERE $1 OR revoked_at IS NULL
 ORDER BY created_at, id;
@@ -18,10 +18,10 @@ ORDER BY created_at, id;
 -- Revoke the token $1 (idempotent: a revoked token keeps its first revocation time).
 UPDATE {{schema}}.api_tokens SET revoked_at = COALESCE(revoked_at, {{schema}}.db_now())
 WHERE id = $1
-RETURNING id, name, role, scope, created_at, created_by, revoked_at;
+RETURNING id, name, role, scope, created_at, created_by, revoked_at, groups;
 
 -- name: token_by_hash
-SELECT id, name, role, scope FROM {{schema}}.api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
+SELECT id, name, role, scope, groups FROM {{schema}}.api_tokens WHERE token_hash = $1 AND revoked_at IS NULL;
 
 -- name: token_active_count
 SELECT count(*) FROM {{schema}}.api_tokens WHERE revoked_at IS NULL;
