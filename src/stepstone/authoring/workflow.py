@@ -17,155 +17,39 @@ import copy
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from pydantic import BaseModel, ValidationError
 
 from stepstone.authoring.sensitive import sensitive_paths
-from stepstone.core.model import Event
-from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, RetryPolicy, Step
+from stepstone.authoring.step_context import (
+    BranchInfo,
+    ChildResult,
+    CompensationContext,
+    ExternalResult,
+    Retry,
+    Signal,
+    StepContext,
+    TaskOutcome,
+    _seconds,
+    from_item,
+    from_state,
+)
+from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, Step
 from stepstone.core.redaction import Redaction
 from stepstone.core.task_spec import TaskSpec
 from stepstone.errors import DefinitionError, InvalidInput
 
+__all__ = [  # the handler-facing types live in step_context and are re-exported here
+    "BranchInfo", "ChildResult", "CompensationContext", "ExternalResult", "Registry", "Retry", "Signal",
+    "StepContext", "TaskOutcome", "Workflow", "from_item", "from_state",
+]
+
 S = TypeVar("S")
 Handler = Callable[["StepContext", Any], "Awaitable[str | None] | str | None"]
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Retry policy of an action step: attempts, exponential backoff, errors never retried."""
-
-    max_attempts: int = 3
-    backoff: float | timedelta = 1.0
-    multiplier: float = 2.0
-    max_backoff: float | timedelta = 60.0
-    non_retryable: tuple[type[BaseException], ...] = ()
-
-    def policy(self) -> RetryPolicy:
-        return RetryPolicy(
-            max_attempts=self.max_attempts,
-            initial_backoff=_seconds(self.backoff),
-            multiplier=self.multiplier,
-            max_backoff=_seconds(self.max_backoff),
-            non_retryable=tuple(sorted(_type_name(t) for t in self.non_retryable)),
-        )
-
-
-@dataclass(frozen=True)
-class Signal:
-    """The signal that moved the instance out of its last wait."""
-
-    name: str
-    payload: Any
-
-
-@dataclass(frozen=True)
-class ChildResult:
-    """How the child workflow a child step waited for ended: COMPLETED (with its final state),
-    FAILED or CANCELLED (with its error)."""
-
-    instance_id: str
-    status: str
-    state: Any = None
-    error: Any = None
-
-
-@dataclass(frozen=True)
-class ExternalResult:
-    """How the external task the last step waited for was answered: `outcome` completed or error
-    (a business error, with its `error`: code, message, details)."""
-
-    task_id: str
-    outcome: str
-    error: Any = None
-
-
-@dataclass(frozen=True)
-class TaskOutcome:
-    """How the human task that led to this step was completed: its id, the decision, the payload
-    (JSON, validated against the decision's model) and who completed it."""
-
-    id: str
-    decision: str
-    payload: Any
-    actor: str | None
-
-
-def from_state(path: str) -> dict[str, str]:
-    """A task attribute computed from the instance's state when the task opens: the value at `path`
-    (dotted), e.g. ``assignee=from_state("manager")``."""
-    return {"state": path}
-
-
-def from_item(path: str = "") -> dict[str, str]:
-    """In a map branch, a task attribute read from the branch's item (the whole item by default),
-    e.g. ``assignee=from_item()`` over a list of user names."""
-    return {"item": path}
-
-
-@dataclass(frozen=True)
-class BranchInfo:
-    """The branch a handler runs in: its name (a static branch's name, or a map item's index),
-    its position path, and for a map fork the item it runs for."""
-
-    name: str
-    path: str
-    item: Any = None
-
-
-@dataclass
-class StepContext:
-    """What a handler knows about the step it runs.
-
-    `idempotency_key` is the same on every attempt of this visit of this step, on
-    any worker: hand it to the outside world so a repeated effect is recognised.
-    """
-
-    instance_id: str
-    workflow: str
-    step: str
-    attempt: int
-    idempotency_key: str
-    signal: Signal | None = None
-    child: ChildResult | None = None
-    branch: BranchInfo | None = None
-    external: ExternalResult | None = None
-    events: list[Event] = field(default_factory=list)
-    task: TaskOutcome | None = None
-    recorded: Any = None
-    """What `record` kept for this step's compensation."""
-
-    def record(self, value: Any) -> None:
-        """Keep `value` (JSON) with this step's completion: its compensation handler gets it."""
-        self.recorded = value
-
-    def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
-        """Stage an outbox event; it is written in this step's commit, or not at all."""
-        self.events.append(Event(type, payload, key))
-
-
-@dataclass
-class CompensationContext:
-    """What a compensation handler knows: the step it undoes, why (`cause`: failed, cancelled or
-    timed_out) and which attempt this is. `idempotency_key` is the same on every attempt of this
-    compensation, on any worker."""
-
-    instance_id: str
-    workflow: str
-    step: str
-    position: str
-    attempt: int
-    idempotency_key: str
-    cause: str | None = None
-    events: list[Event] = field(default_factory=list)
-
-    def emit(self, type: str, payload: Any, *, key: str | None = None) -> None:  # noqa: A002 - the event's type
-        """Stage an outbox event; it is written in this compensation's commit, or not at all."""
-        self.events.append(Event(type, payload, key))
 
 
 @dataclass(frozen=True)
@@ -592,9 +476,6 @@ class Registry:
         return wf
 
 
-def _seconds(value: timedelta | float) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
-
 
 def _names(value: Sequence[str] | dict[str, str]) -> Any:
     return value if isinstance(value, dict) else tuple(value)
@@ -603,9 +484,6 @@ def _names(value: Sequence[str] | dict[str, str]) -> Any:
 def _when(value: timedelta | float | dict[str, str] | None) -> Any:
     return _seconds(value) if isinstance(value, timedelta | int | float) else value
 
-
-def _type_name(t: type[BaseException]) -> str:
-    return t.__name__
 
 
 def _brief(exc: ValidationError) -> str:
