@@ -198,6 +198,20 @@ async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fa
     assert info.status == "COMPLETED"
 
 
+async def test_a_worker_never_claims_a_workflow_it_does_not_serve(engine: Engine) -> None:
+    # Workers serving different workflows share one database: each runs its own, the other's
+    # commands stay untouched (no deferral, no claim), so neither waits on the other's heartbeat.
+    other = flow(1, definition_id="invoices")
+    stranger, owner = Worker(engine.store, Registry(V1)), Worker(engine.store, Registry(other))
+    iid = await engine.client.start(other, {})
+    await stranger.run_until_idle()
+    row = await _command(engine, iid)
+    assert (row["state"], row["deferrals"], row["last_error"]) == ("PENDING", 0, None)
+    assert stranger.events.claims == 0
+    await owner.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+
+
 async def _command(engine: Engine, iid: str) -> dict[str, Any]:
     pool = engine.store.pool  # type: ignore[attr-defined]
     row = await pool.fetchrow(

@@ -182,7 +182,7 @@ async def test_the_claim_stays_one_statement_that_never_reads_the_waiting(
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1, init=logging)
     store = PostgresStore(pool, database_url, "stepstone")
     try:
-        assert await store.claim(16, 30, "probe") == []
+        assert await store.claim(16, 30, "probe", [long.plan.definition_id]) == []  # as a worker asks
     finally:
         await store.close()
     claim = queries("stepstone")["claim"]
@@ -194,7 +194,8 @@ async def test_the_claim_stays_one_statement_that_never_reads_the_waiting(
     explained = db.transaction()
     await explained.start()
     try:
-        [[plan]] = await db.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {claim}", 16, 30.0, "probe")
+        [[plan]] = await db.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {claim}", 16, 30.0, "probe",
+                                  [long.plan.definition_id])
     finally:
         await explained.rollback()  # EXPLAIN ANALYZE runs the claim: leave nothing behind
     plan = json.loads(plan) if isinstance(plan, str) else plan

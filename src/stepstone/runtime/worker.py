@@ -149,6 +149,11 @@ class Worker:
         """Every plan of the registry is recorded in the database (part of the readiness probe)."""
         return self._registered
 
+    @property
+    def _served(self) -> list[str]:
+        """The definition ids this worker claims work of (read per claim: a registry may grow)."""
+        return sorted({wf.plan.definition_id for wf in self.registry})
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def register(self) -> None:
@@ -239,7 +244,8 @@ class Worker:
             finished = self._finished
             claims = []
             if free > 0:
-                claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id)
+                claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id,
+                                                 self._served)
             if not claims and not self._tasks:
                 if self._finished != finished:
                     continue  # a segment ended during the claim: its commit may have queued work it missed
@@ -265,7 +271,8 @@ class Worker:
                 if self._listener is None or not self._listener.alive:
                     await self._open_listener()
                 last_claim = asyncio.get_running_loop().time()
-                claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id)
+                claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id,
+                                                 self._served)
                 failures = 0
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 failures += 1

@@ -12,7 +12,7 @@ import contracts in pyproject.toml keep them off the adapter and the driver. Not
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -110,7 +110,8 @@ class WorkerStore(Protocol):
     @property
     def definitions(self) -> DefinitionsPort: ...
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None: ...
-    async def claim(self, limit: int, lease_seconds: float, worker: str) -> list[Claim]: ...
+    async def claim(self, limit: int, lease_seconds: float, worker: str,
+                    definitions: Sequence[str] | None = None) -> list[Claim]: ...
     async def commit(self, request: CommitRequest, *, lease_seconds: float, worker: str) -> Committed | None: ...
     async def commit_many(
         self, requests: list[CommitRequest], *, lease_seconds: float, worker: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -146,8 +146,11 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
 
     # -- the hot path ---------------------------------------------------------------------
 
-    async def claim(self, limit: int, lease_seconds: float, worker: str) -> list[Claim]:
-        rows = await self._fetch("claim", limit, lease_seconds, worker)
+    async def claim(self, limit: int, lease_seconds: float, worker: str,
+                    definitions: Sequence[str] | None = None) -> list[Claim]:
+        """Claim up to `limit` queue heads; only of `definitions` (definition ids) when given."""
+        rows = await self._fetch("claim", limit, lease_seconds, worker,
+                                 None if definitions is None else list(definitions))
         return [_claim(r) for r in rows]
 
     async def commit(self, request: CommitRequest, *, lease_seconds: float, worker: str) -> Committed | None:

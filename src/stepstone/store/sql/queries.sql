@@ -19,6 +19,14 @@
 -- call, and planning cost ten times the execution (2.7 ms vs 0.3 ms a claim at 50,000 waiting
 -- instances). With the limit hidden, custom and generic plans cost the same and the generic one is
 -- kept after five calls.
+-- $4, when given, is the definition ids the worker serves: it never claims another workflow's work.
+-- A worker that claimed everything deferred what it could not run (backoff 5 s, doubling), and in a
+-- fleet where workers serve different workflows it kept winning the race for the others' commands
+-- that the serving workers' heartbeats made claimable again: an instance waited a heartbeat per lost
+-- race (over 60 s seen with two idle workers). A worker that knows the definition but not the pinned
+-- version still claims and defers (a rolling deploy, invariant 7). A scalar subquery, not EXISTS: under
+-- the OR, EXISTS became a hashed subplan over every instance (a sequential scan); this is one primary
+-- key lookup per candidate row.
 WITH clock AS MATERIALIZED (
     SELECT {{schema}}.db_now() AS now, $1::int AS batch
 ), expired AS (
@@ -34,6 +42,8 @@ WITH clock AS MATERIALIZED (
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
             AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock)))
+      AND ($4::text[] IS NULL OR (SELECT i.definition_id FROM {{schema}}.instances i WHERE i.id = c.instance_id)
+                                   = ANY ($4::text[]))
     ORDER BY c.available_at, c.id
     LIMIT (SELECT clock.batch FROM clock)
     FOR UPDATE OF p SKIP LOCKED
@@ -50,6 +60,8 @@ WITH clock AS MATERIALIZED (
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
             AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock)))
+      AND ($4::text[] IS NULL OR (SELECT i.definition_id FROM {{schema}}.instances i WHERE i.id = c.instance_id)
+                                   = ANY ($4::text[]))
     ORDER BY c.available_at, c.id
     LIMIT (SELECT clock.batch FROM clock)
     FOR UPDATE OF p SKIP LOCKED
