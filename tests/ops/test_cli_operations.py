@@ -59,6 +59,33 @@ async def test_find_inspect_history_and_stuck(engine: Engine, database_url: str)
     assert probe.exit_code == 0 and probe.stdout.startswith("idle")
 
 
+async def test_list_stuck_and_probe_take_the_filters_of_find(engine: Engine, database_url: str) -> None:
+    a, b = [await engine.client.start(workflows.flaky, {}, business_key=k) for k in ("fil-a", "fil-b")]
+    for iid in (a, b):
+        workflows.FAILURES[iid] = 2
+    await engine.run_until_idle()  # both wait out a retry backoff
+    fresh = await engine.client.start(workflows.flaky, {}, business_key="fil-c")  # claimable, not run
+    try:
+        stuck = await as_json(database_url, "stuck", "--business-key", "fil-a")
+        assert [(i["instance_id"], i["reason"]) for i in stuck["items"]] == [(a, "retrying")]
+        assert {i["instance_id"] for i in (await as_json(database_url, "stuck", "--key-contains", "FIL-"))["items"]} \
+            == {a, b}
+        assert (await run(database_url, "stuck", "--workflow", "ops_forky")).stdout.strip() == "nothing stuck"
+        idle = await run(database_url, "probe", "--business-key", "fil-a")
+        assert idle.exit_code == 0 and idle.stdout.startswith("idle"), idle.output
+        busy = await as_json(database_url, "probe", "--business-key", "fil-c")
+        assert [c["instance_id"] for c in busy["claimable"]] == [fresh]
+        assert (await run(database_url, "probe")).exit_code == 3  # all of them: fil-c can be claimed
+        both = await as_json(database_url, "list", "--status", "PENDING", "--status", "RUNNING",
+                             "--key-contains", "fil-")
+        assert {i["id"] for i in both["instances"]} == {a, b, fresh}
+        assert [i["id"] for i in (await as_json(database_url, "list", "--business-key", "fil-c"))["instances"]] \
+            == [fresh]
+    finally:
+        for iid in (a, b):
+            workflows.FAILURES.pop(iid, None)
+
+
 async def test_repair_retention_and_replay_from_the_cli(engine: Engine, database_url: str) -> None:
     failed = await _failed(engine, 2)
     dry = await as_json(database_url, "repair", "retry", "--status", "FAILED", "--dry-run")

@@ -31,7 +31,7 @@ OPERATOR_COMMANDS = [leaf for c in [*ops_cli.commands, ops_cli.grant_command] fo
 
 def test_every_operator_command_takes_output_json() -> None:
     assert {name for name, _ in OPERATOR_COMMANDS} == {
-        "find", "inspect", "history", "probe", "stuck", "retention policies", "retention set", "retention run",
+        "find", "list", "inspect", "history", "probe", "stuck", "retention policies", "retention set", "retention run",
         "repair retry", "repair cancel", "replay", "grant"}
     for name, command in OPERATOR_COMMANDS:
         output = _options(command).get("output")
@@ -46,7 +46,7 @@ def test_commands_that_select_instances_take_the_same_filters() -> None:
     expected = {p.name for p in getattr(reference, "__click_params__", [])}
     assert {"statuses", "workflow", "scope", "since", "until", "business_key"} <= expected
     selecting = {name: set(_options(c)) for name, c in OPERATOR_COMMANDS if "workflow" in _options(c)}
-    assert set(selecting) == {"find", "repair retry", "repair cancel"}
+    assert set(selecting) == {"find", "list", "probe", "stuck", "repair retry", "repair cancel"}
     for name, options in selecting.items():
         assert expected <= options, f"{name} lacks {expected - options}"
         status = _options(dict(OPERATOR_COMMANDS)[name])["statuses"]

@@ -176,10 +176,7 @@ async def test_the_canary_in_a_task_decision_and_a_message_stays_out(
     assert info.status == "COMPLETED" and (info.state["code"], info.state["ref"]) == (code, ref)
 
     tables = await _all_rows(conn)
-    # The published message's own row keeps its payload: it is the publisher's record, before any
-    # workflow (whose model says what is sensitive) received it (docs/operations.md, Redaction).
-    assert ref in tables.pop("messages")
-    for table, text in tables.items():
+    for table, text in tables.items():  # a delivered message's own row keeps no payload (migration 0020)
         assert "canary" not in text, f"a sensitive value is stored in {table}: {text[:400]}"
     completion = (await engine.client.task(str(task["id"]))).completion
     assert isinstance(completion, dict) and completion["payload"] == {"code": REDACTED, "note": "fine"}
@@ -191,3 +188,28 @@ async def test_the_canary_in_a_task_decision_and_a_message_stays_out(
             shown += result.output
     assert "canary" not in shown
     assert "canary" not in caplog.text
+
+
+async def test_a_buffered_message_keeps_its_payload_only_until_delivered_or_expired(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    kept = await engine.client.publish_message("paid", "nobody-waits", {"ref": "ref-canary-7"}, ttl=60)
+    taken = await engine.client.publish_message("paid", "k-2", {"ref": "ref-canary-8"}, ttl=60)
+    assert (kept.outcome, taken.outcome) == ("buffered", "buffered")
+    payloads = "SELECT correlation_key, status, payload FROM stepstone.messages ORDER BY id"
+    assert [(r["correlation_key"], r["status"], r["payload"] is not None) for r in await conn.fetch(payloads)] == [
+        ("nobody-waits", "BUFFERED", True), ("k-2", "BUFFERED", True)]  # the delivery needs it
+    iid = await engine.client.start(workflows.approval, {"key": "k-2"})
+    await engine.run_until_idle()
+    (task,) = await engine.client.instance_tasks(iid)
+    await engine.client.complete_task(str(task["id"]), "ok", {"code": "c", "note": ""}, actor="ann")
+    await engine.run_until_idle()  # the wait subscribes and takes the buffered message
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    await engine.advance(61)
+    dry = await ops.retention_run(dry_run=True)
+    assert dry.messages_expired == 1
+    report = await ops.retention_run()
+    assert report.messages_expired == 1
+    assert [(r["correlation_key"], r["status"], r["payload"]) for r in await conn.fetch(payloads)] == [
+        ("nobody-waits", "EXPIRED", None), ("k-2", "DELIVERED", None)]
+    assert "canary" not in json.dumps((await _all_rows(conn)), default=str)

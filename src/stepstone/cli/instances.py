@@ -310,38 +310,4 @@ def show_command(settings: Settings, output: str, instance_id: str) -> None:
     emit(data, output, lambda: _show_text(info, history))
 
 
-@click.command("list")
-@click.option("--status", type=click.Choice(STATUSES, case_sensitive=False), help="Only instances in this status.")
-@click.option("--workflow", type=TEXT, metavar="W", help="Only instances of this workflow.")
-@click.option("--business-key", type=TEXT, metavar="K", help="Only the instance with this business key.")
-@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Rows per page.")
-@click.option("--after", metavar="CURSOR", help="Continue after the page that printed this cursor.")
-@output_option
-@with_settings
-def list_command(
-    settings: Settings, output: str, status: str | None, workflow: str | None, business_key: str | None,
-    limit: int, after: str | None,
-) -> None:
-    """List instances, newest first, a page at a time."""
-    position = decode_cursor(after) if after else None
-
-    async def work(client: Client) -> list[dict[str, Any]]:
-        return await client.list(status=status.upper() if status else None, definition=workflow,
-                                 business_key=business_key, after=position, limit=limit + 1)
-
-    rows = _with_client(settings, None, work)
-    page, more = rows[:limit], len(rows) > limit
-    cursor = encode_cursor(page[-1]["created_at"], page[-1]["id"]) if more else None
-
-    def table() -> str:
-        lines = render_table(
-            [[r["id"], f"{r['definition_id']} v{r['version']}", r["status"], r["step"] or "-",
-              r["business_key"] or "", _time(r["created_at"])] for r in page],
-            ["id", "workflow", "status", "step", "business key", "created"],
-        ) if page else "no instances"
-        return lines + (f"\nnext page: --after {cursor}" if cursor else "")
-
-    emit({"instances": _jsonable(page), "next_cursor": cursor}, output, table)
-
-
-commands = [start_command, signal_command, cancel_command, retry_command, show_command, list_command]
+commands = [start_command, signal_command, cancel_command, retry_command, show_command]

@@ -140,37 +140,45 @@ def _actor(actor: str | None) -> str | None:
 # -- reading ---------------------------------------------------------------------------------------
 
 
-@click.command("find")
-@filter_options
-@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Rows per page.")
-@click.option("--after", metavar="CURSOR", help="Continue after the page that printed this cursor.")
-@click.option("--count", "with_count", is_flag=True, help="Also count every match, by status.")
-@output_option
-@with_settings
-def find_command(settings: Settings, output: str, limit: int, after: str | None, with_count: bool,
-                 **filters: Any) -> None:
-    """Find instances by status, workflow, version, scope, business key, parent and time; newest first."""
-    where = _where(filters)
-    position = decode_cursor(after) if after else None
+def _find_command(name: str, summary: str) -> click.Command:
+    @click.command(name, help=summary)
+    @filter_options
+    @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Rows per page.")
+    @click.option("--after", metavar="CURSOR", help="Continue after the page that printed this cursor.")
+    @click.option("--count", "with_count", is_flag=True, help="Also count every match, by status.")
+    @output_option
+    @with_settings
+    def command(settings: Settings, output: str, limit: int, after: str | None, with_count: bool,
+                **filters: Any) -> None:
+        where = _where(filters)
+        position = decode_cursor(after) if after else None
 
-    async def work(ops: Operations) -> tuple[Any, dict[str, int] | None]:
-        page = await ops.find(where, after=position, limit=limit)
-        return page, (await ops.count(where) if with_count else None)
+        async def work(ops: Operations) -> tuple[Any, dict[str, int] | None]:
+            page = await ops.find(where, after=position, limit=limit)
+            return page, (await ops.count(where) if with_count else None)
 
-    page, counts = _run(settings, work)
-    cursor = encode_cursor(*page.next_after) if page.next_after else None
+        page, counts = _run(settings, work)
+        cursor = encode_cursor(*page.next_after) if page.next_after else None
 
-    def table() -> str:
-        text = rich_table(["id", "workflow", "status", "step", "business key", "created", "updated"], [
-            [i.id, f"{i.workflow} v{i.version}", i.status + (" (archived)" if i.archived_at else ""), i.step or "-",
-             i.business_key or "", _t(i.created_at), _t(i.updated_at)] for i in page.items]) if page.items \
-            else "no instances"
-        if counts is not None:
-            text += "\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({sum(counts.values())} in all)"
-        return text + (f"\nnext page: --after {cursor}" if cursor else "")
+        def table() -> str:
+            text = rich_table(["id", "workflow", "status", "step", "business key", "created", "updated"], [
+                [i.id, f"{i.workflow} v{i.version}", i.status + (" (archived)" if i.archived_at else ""),
+                 i.step or "-", i.business_key or "", _t(i.created_at), _t(i.updated_at)] for i in page.items]) \
+                if page.items else "no instances"
+            if counts is not None:
+                text += "\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({sum(counts.values())} in all)"
+            return text + (f"\nnext page: --after {cursor}" if cursor else "")
 
-    emit({"instances": _json([i.as_dict() for i in page.items]), "next_cursor": cursor, "counts": counts},
-         output, table)
+        emit({"instances": _json([i.as_dict() for i in page.items]), "next_cursor": cursor, "counts": counts},
+             output, table)
+
+    return command
+
+
+# `list` is `find` under the name users try first: one command, one set of filters.
+find_command = _find_command(
+    "find", "Find instances by status, workflow, version, scope, business key, parent and time; newest first.")
+list_command = _find_command("list", "List instances, newest first, a page at a time (the filters of `find`).")
 
 
 @click.command("inspect")
@@ -240,12 +248,15 @@ def history_command(settings: Settings, output: str, instance_id: str, failed_on
 
 @click.command("probe")
 @click.argument("instance_id", required=False)
+@filter_options
 @output_option
 @with_settings
-def probe_command(settings: Settings, output: str, instance_id: str | None) -> None:
-    """Is anything in flight or claimable now (for one instance, or all)? Exit 3 when not idle."""
+def probe_command(settings: Settings, output: str, instance_id: str | None, **filters: Any) -> None:
+    """Is anything in flight or claimable now (for one instance, the instances the filters keep, or all)?
+    Exit 3 when not idle."""
     iid = None if instance_id is None else _uuid(instance_id)
-    report = _run(settings, lambda ops: ops.probe(iid))
+    where = _where(filters)
+    report = _run(settings, lambda ops: ops.probe(iid, where=where))
 
     def table() -> str:
         head = (f"{'idle' if report.idle else 'busy'}: {len(report.in_flight)} in flight, "
@@ -268,12 +279,15 @@ def probe_command(settings: Settings, output: str, instance_id: str | None) -> N
 @click.command("stuck")
 @click.option("--older-than", default="15m", show_default=True, metavar="DURATION",
               help="Commands open for longer than this count as stuck.")
+@filter_options
 @output_option
 @with_settings
-def stuck_command(settings: Settings, output: str, older_than: str) -> None:
-    """Dead letters, steps retrying, and commands open for longer than a threshold."""
+def stuck_command(settings: Settings, output: str, older_than: str, **filters: Any) -> None:
+    """Dead letters, steps retrying, and commands open for longer than a threshold (of the instances the
+    filters keep, or of all)."""
     threshold = parse_duration(older_than, "--older-than")
-    report = _run(settings, lambda ops: ops.stuck(threshold))
+    where = _where(filters)
+    report = _run(settings, lambda ops: ops.stuck(threshold, where=where))
 
     def table() -> str:
         if not report.items:
@@ -343,7 +357,8 @@ def _retention_text(r: RetentionReport) -> str:
             [f"{verb}archive", r.archived], [f"{verb}purge", r.purged], ["held back: unsent event", r.held_unsent],
             ["held back: dead-lettered event", r.held_dead], ["skipped: busy (locked or leased)", r.skipped_busy],
             ["skipped: active command", r.skipped_active]], header=False),
-        f"{verb}drop {r.outbox_purged} published outbox row(s); {r.batches} batch(es) in {r.seconds:.2f} s",
+        (f"{verb}drop {r.outbox_purged} published outbox row(s); {verb}expire {r.messages_expired} buffered "
+         f"message(s) past their TTL; {r.batches} batch(es) in {r.seconds:.2f} s"),
     ])
 
 
@@ -477,5 +492,5 @@ def grant_command(settings: Settings, output: str, role: str, read_only: bool, a
                    err=True)
 
 
-commands = [find_command, inspect_command, history_command, probe_command, stuck_command, retention_group,
+commands = [find_command, list_command, inspect_command, history_command, probe_command, stuck_command, retention_group,
             repair_group, replay_command]

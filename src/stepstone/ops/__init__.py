@@ -61,11 +61,12 @@ class Operations:
                       failed_only: bool = False) -> HistoryPage:
         return await queries.history_page(self.store, instance_id, after=after, limit=limit, failed_only=failed_only)
 
-    async def probe(self, instance_id: str | None = None) -> ProbeReport:
-        return await queries.probe(self.store, instance_id)
+    async def probe(self, instance_id: str | None = None, *, where: InstanceFilter | None = None) -> ProbeReport:
+        return await queries.probe(self.store, instance_id, where)
 
-    async def stuck(self, older_than: timedelta = timedelta(minutes=15)) -> StuckReport:
-        return await queries.stuck(self.store, older_than)
+    async def stuck(self, older_than: timedelta = timedelta(minutes=15), *,
+                    where: InstanceFilter | None = None) -> StuckReport:
+        return await queries.stuck(self.store, older_than, where)
 
     # -- retention ----------------------------------------------------------------------------
 

@@ -179,6 +179,8 @@ class RetentionReport(_Plain):
     archived: int = 0
     purged: int = 0
     outbox_purged: int = 0
+    messages_expired: int = 0
+    """Buffered messages past their TTL, marked EXPIRED (their payloads dropped)."""
     skipped_busy: int = 0
     skipped_active: int = 0
     held_unsent: int = 0

@@ -91,11 +91,13 @@ async def history_page(
     return HistoryPage(entries, entries[-1].seq if len(rows) > limit and entries else None)
 
 
-async def probe(store: OperationsStore, instance_id: str | None = None) -> ProbeReport:
-    """The execution probe: idle when nothing is in flight and nothing could be claimed now."""
+async def probe(store: OperationsStore, instance_id: str | None = None,
+                where: InstanceFilter | None = None) -> ProbeReport:
+    """The execution probe: idle when nothing is in flight and nothing could be claimed now (of one
+    instance, of the instances `where` keeps, or of all)."""
     if instance_id is not None:
         await store.instance_extra(instance_id)
-    rows = await store.open_commands(instance_id, MAX_REPORT)
+    rows = await store.open_commands(instance_id, MAX_REPORT, where)
     in_flight = [r for r in rows if r["in_flight"]]
     claimable = [r for r in rows if r["claimable"]]
     rest = [r for r in rows if not r["in_flight"] and not r["claimable"]]
@@ -106,9 +108,11 @@ async def probe(store: OperationsStore, instance_id: str | None = None) -> Probe
     )
 
 
-async def stuck(store: OperationsStore, older_than: timedelta = timedelta(minutes=15)) -> StuckReport:
-    """Commands open for longer than `older_than`, every dead letter, every step retrying."""
-    rows = await store.stuck(older_than, MAX_REPORT)
+async def stuck(store: OperationsStore, older_than: timedelta = timedelta(minutes=15),
+                where: InstanceFilter | None = None) -> StuckReport:
+    """Commands open for longer than `older_than`, every dead letter, every step retrying (of the
+    instances `where` keeps, or of all)."""
+    rows = await store.stuck(older_than, MAX_REPORT, where)
     return StuckReport(older_than.total_seconds(), [
         StuckItem(
             command_id=r["id"], instance_id=r["instance_id"], workflow=r["definition_id"],

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -43,7 +43,8 @@ async def set_policy(
 async def run(
     store: OperationsStore, *, dry_run: bool = False, batch_size: int = 500, progress: Progress | None = None,
 ) -> RetentionReport:
-    """One sweep: archive, then purge, then old published outbox rows; each batch its own transaction."""
+    """One sweep: archive, then purge, then old published outbox rows and expired buffered messages; each
+    batch its own transaction."""
     report = RetentionReport(dry_run=dry_run)
     started = time.perf_counter()
     holder = await store.try_retention_lock()
@@ -69,26 +70,30 @@ async def run(
                 after = batch["last_id"]
                 if progress is not None:
                     progress(phase, report)
-        await _outbox(store, report, dry_run, batch_size, progress)
+        await _in_batches(store.retention_outbox, "outbox_purged", report, dry_run, batch_size, progress)
+        # Expiring a buffered message drops its payload (migration 0020).
+        await _in_batches(store.retention_messages, "messages_expired", report, dry_run, batch_size, progress)
     finally:
         await store.release_retention_lock(holder)
     report.seconds = time.perf_counter() - started
     return report
 
 
-async def _outbox(
-    store: OperationsStore, report: RetentionReport, dry_run: bool, batch_size: int, progress: Progress | None
+async def _in_batches(
+    step: Callable[[int, bool], Awaitable[int]], field: str, report: RetentionReport, dry_run: bool,
+    batch_size: int, progress: Progress | None,
 ) -> None:
-    """Published outbox rows past their window, batch by batch (counted at once in a dry run)."""
+    """Rows past their window, batch by batch (counted at once in a dry run), added to `report.<field>`:
+    published outbox rows, buffered messages past their TTL."""
     if dry_run:
-        report.outbox_purged = await store.retention_outbox(2**31 - 1, True)
+        setattr(report, field, await step(2**31 - 1, True))
         return
     while True:
-        n = await store.retention_outbox(batch_size, False)
-        report.outbox_purged += n
+        n = await step(batch_size, False)
+        setattr(report, field, getattr(report, field) + n)
         report.batches += 1
         if progress is not None:
-            progress("outbox", report)
+            progress(field, report)
         if n < batch_size:
             return
 

@@ -42,6 +42,11 @@ def _filter_args(f: InstanceFilter) -> list[Any]:
     ]
 
 
+# The probe and the stuck report see archived instances too: an instance with work open is never
+# archived, so one that shows is one a retry or a replay woke.
+_EVERY = InstanceFilter(include_archived=True)
+
+
 def _row(r: asyncpg.Record) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in r.items()}
 
@@ -100,11 +105,14 @@ class PostgresOperations:
     async def full_history(self, instance_id: str) -> list[dict[str, Any]]:
         return await self._fetch("full_history", _id(instance_id))
 
-    async def open_commands(self, instance_id: str | None, limit: int) -> list[dict[str, Any]]:
-        return await self._fetch("open_commands", None if instance_id is None else _id(instance_id), limit)
+    async def open_commands(self, instance_id: str | None, limit: int,
+                            where: InstanceFilter | None = None) -> list[dict[str, Any]]:
+        return await self._fetch("open_commands", *_filter_args(where or _EVERY),
+                                 None if instance_id is None else _id(instance_id), limit)
 
-    async def stuck(self, older_than: timedelta, limit: int) -> list[dict[str, Any]]:
-        return await self._fetch("stuck", older_than.total_seconds(), limit)
+    async def stuck(self, older_than: timedelta, limit: int,
+                    where: InstanceFilter | None = None) -> list[dict[str, Any]]:
+        return await self._fetch("stuck", *_filter_args(where or _EVERY), older_than.total_seconds(), limit)
 
     async def retention_batch(self, phase: str, limit: int, after: str | None, dry_run: bool) -> dict[str, Any]:
         rows = await self._fetch("retention_batch", phase, limit, None if after is None else _id(after), dry_run)
@@ -115,6 +123,9 @@ class PostgresOperations:
     async def retention_outbox(self, limit: int, dry_run: bool) -> int:
         rows = await self._fetch("retention_outbox", limit, dry_run)
         return int(next(iter(rows[0].values())))
+
+    async def retention_messages(self, limit: int, dry_run: bool) -> int:
+        return int((await self._fetch("retention_messages", limit, dry_run))[0]["n"])
 
     async def retention_policies(self) -> list[dict[str, Any]]:
         return await self._fetch("retention_policies")

@@ -76,7 +76,8 @@ FROM {{schema}}.history h WHERE h.instance_id = $1 ORDER BY h.seq;
 -- The execution probe's view of the command log (one instance, $1, or all): every open command with
 -- whether an executor could claim it now (the claim's rule: head of its position's queue, available,
 -- PENDING, DEFERRED, or CLAIMED under an expired lease) and whether it is in flight (CLAIMED under a
--- live lease). Plain reads: no lock, no transaction held. At most $2 rows.
+-- live lease). Plain reads: no lock, no transaction held. $1-$12 the instance filter, $13 one instance
+-- (or NULL), at most $14 rows.
 SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
        c.last_error, c.claimed_by,
        c.state = 'CLAIMED' AND c.available_at > {{schema}}.db_now() AS in_flight,
@@ -88,14 +89,17 @@ SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.av
              AND (e.seq, e.id) < (c.seq, c.id)
              AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now())) AS claimable
 FROM {{schema}}.commands c
+JOIN {{schema}}.instances i ON i.id = c.instance_id
 WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
-  AND ($1::uuid IS NULL OR c.instance_id = $1)
+  AND ($13::uuid IS NULL OR c.instance_id = $13)
+  AND /*filter*/
 ORDER BY c.instance_id, c.seq, c.id
-LIMIT $2;
+LIMIT $14;
 
 -- name: stuck
--- Commands older than $1 seconds that are still open (a timer counts from its fire time), every dead
--- letter, and every step waiting out a retry backoff; at most $2 rows.
+-- Commands older than $13 seconds that are still open (a timer counts from its fire time), every dead
+-- letter, and every step waiting out a retry backoff, of the instances the filter ($1-$12) keeps; at
+-- most $14 rows.
 SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
        c.last_error, i.definition_id, i.status AS instance_status,
        CASE WHEN c.state = 'DEAD' THEN 'dead letter'
@@ -104,14 +108,15 @@ SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.av
             ELSE 'old' END AS reason
 FROM {{schema}}.commands c
 JOIN {{schema}}.instances i ON i.id = c.instance_id
-WHERE c.state = 'DEAD'
-   OR (c.state = 'PENDING' AND c.kind IN ('START', 'STEP', 'RETRY') AND c.attempt > 1
-       AND c.available_at > {{schema}}.db_now())
-   OR (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
-       AND CASE WHEN c.kind = 'TIMER' THEN c.available_at ELSE c.created_at END
-           < {{schema}}.db_now() - make_interval(secs => $1))
+WHERE (c.state = 'DEAD'
+       OR (c.state = 'PENDING' AND c.kind IN ('START', 'STEP', 'RETRY') AND c.attempt > 1
+           AND c.available_at > {{schema}}.db_now())
+       OR (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
+           AND CASE WHEN c.kind = 'TIMER' THEN c.available_at ELSE c.created_at END
+               < {{schema}}.db_now() - make_interval(secs => $13)))
+  AND /*filter*/
 ORDER BY c.instance_id, c.id
-LIMIT $2;
+LIMIT $14;
 
 -- name: retrying
 -- Steps of the instance waiting out a retry backoff: which step, which attempt comes next, when.
@@ -127,6 +132,18 @@ FROM {{schema}}.retention_batch($1, $2, $3, $4);
 
 -- name: retention_outbox
 SELECT {{schema}}.retention_outbox($1, $2);
+
+-- name: retention_messages
+-- Buffered messages past their TTL become EXPIRED (and lose their payload: a trigger, migration 0020),
+-- at most $1 a batch; $2: only count them.
+WITH due AS (
+    SELECT m.id FROM {{schema}}.messages m
+    WHERE m.status = 'BUFFERED' AND m.expires_at <= {{schema}}.db_now()
+    ORDER BY m.id LIMIT $1 FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE {{schema}}.messages m SET status = 'EXPIRED' FROM due WHERE m.id = due.id AND NOT $2 RETURNING m.id
+)
+SELECT CASE WHEN $2 THEN (SELECT count(*) FROM due) ELSE (SELECT count(*) FROM expired) END AS n;
 
 -- name: retention_policies
 SELECT workflow, status_class, retain_for, purge_after FROM {{schema}}.retention_policies
