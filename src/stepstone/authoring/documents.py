@@ -10,8 +10,10 @@
 A document is checked in this order, and the first problem is raised as `DocumentInvalid` naming the
 document path (``steps[2].next``) with its line and column: the size limit (default 256 KiB of UTF-8),
 the YAML/JSON syntax, the published JSON Schema (`SCHEMA`, shipped as
-``workflow-document.schema.json`` beside this module and in docs/), handler and state-model names
-against the catalog, then the graph rules every plan obeys. The plan hash covers structure only, so
+``workflow-document.schema.json`` beside this module and in docs/), the steps every transition
+names, handler and model names against the catalog, then the graph rules every plan obeys. Each step
+goes through the same `Workflow` call a Python author makes, so a document and its Python twin have
+one plan and one plan hash. The plan hash covers structure only, so
 the same document bound to other handler bodies keeps its version.
 """
 
@@ -27,6 +29,7 @@ import jsonschema
 import yaml
 
 from stepstone.authoring.workflow import Retry, Workflow
+from stepstone.core.plan import END
 from stepstone.errors import DefinitionError, DocumentInvalid
 
 __all__ = ["DEFAULT_MAX_BYTES", "Catalog", "DocumentWorkflow", "load_document", "schema"]
@@ -66,8 +69,8 @@ class DocumentWorkflow(Workflow[Any]):
     """A workflow loaded from a document: it keeps the text it came from, its format and its scope."""
 
     def __init__(self, id: str, *, version: int, state: type[Any] | None, scope: str,  # noqa: A002
-                 document_text: str, document_format: str) -> None:
-        super().__init__(id, version=version, state=state)
+                 document_text: str, document_format: str, deadline: float | None = None) -> None:
+        super().__init__(id, version=version, state=state, deadline=deadline)
         self.scope = scope
         self.document_text = document_text
         self.document_format = document_format
@@ -95,6 +98,7 @@ def load_document(
         raise DocumentInvalid(f"unknown document format {fmt!r} (yaml or json)")
     data, marks = _parse(text, fmt)
     _check_schema(data, marks)
+    _check_targets(data, marks)
     return _build(data, marks, catalog, text, fmt)
 
 
@@ -174,6 +178,31 @@ def _check_schema(data: Any, marks: dict[tuple[Any, ...], _Mark]) -> None:
     raise _invalid(message, path, marks)
 
 
+_TARGET_FIELDS = ("next", "on_timeout", "on_deadline", "on_failure", "on_expire", "branch")
+_ROUTE_FIELDS = ("signals", "messages", "decisions", "errors", "branches")
+
+
+def _check_targets(data: dict[str, Any], marks: dict[tuple[Any, ...], _Mark]) -> None:
+    """Every step a step may go to exists (or is $end): the first one that does not is named with its
+    place, before the graph rules (which know no lines) see the steps."""
+    names = {step["name"] for step in data["steps"]}
+    for n, step in enumerate(data["steps"]):
+        places: list[tuple[tuple[Any, ...], Any]] = []
+        for key in _TARGET_FIELDS:
+            value = step.get(key)
+            if isinstance(value, list):
+                places += [(("steps", n, key, i), t) for i, t in enumerate(value)]
+            elif value is not None:
+                places.append((("steps", n, key), value))
+        for key in _ROUTE_FIELDS:
+            places += [(("steps", n, key, route), t) for route, t in (step.get(key) or {}).items()]
+        for path, target in places:
+            if target != END and target not in names:
+                known = ", ".join(sorted(names))
+                raise _invalid(f"step {step['name']!r} goes to unknown step {target!r} (the steps are: {known})",
+                               path, marks)
+
+
 # -- building the workflow ----------------------------------------------------------------------
 
 
@@ -181,14 +210,18 @@ def _unbound(*_: Any) -> None:
     raise DefinitionError("this workflow was loaded without a catalog: its handlers are not bound")
 
 
-def _handler(step: dict[str, Any], n: int, catalog: Catalog | None, marks: dict[tuple[Any, ...], _Mark]) -> Any:
+def _handler(
+    step: dict[str, Any], n: int, catalog: Catalog | None, marks: dict[tuple[Any, ...], _Mark],
+    where: tuple[Any, ...] | None = None,
+) -> Any:
     name = step["handler"]
     if catalog is None:
         return _unbound
     found = catalog.handlers.get(name)
     if found is None:
         known = ", ".join(sorted(catalog.handlers)) or "none"
-        raise _invalid(f"unknown handler {name!r} (the catalog has: {known})", ("steps", n, "handler"), marks)
+        raise _invalid(f"unknown handler {name!r} (the catalog has: {known})", where or ("steps", n, "handler"),
+                       marks)
     return found
 
 
@@ -202,7 +235,7 @@ def _build(
             known = ", ".join(sorted(catalog.models)) or "none"
             raise _invalid(f"unknown state model {data['state']!r} (the catalog has: {known})", ("state",), marks)
     wf = DocumentWorkflow(data["id"], version=data["version"], state=model, scope=data.get("scope", "default"),
-                          document_text=text, document_format=fmt)
+                          document_text=text, document_format=fmt, deadline=data.get("deadline"))
     for n, step in enumerate(data["steps"]):
         _add_step(wf, step, n, catalog, marks)
     try:
@@ -216,21 +249,34 @@ def _add_step(
     wf: DocumentWorkflow, step: dict[str, Any], n: int, catalog: Catalog | None,
     marks: dict[tuple[Any, ...], _Mark],
 ) -> None:
+    """One step, through the same authoring call a Python workflow makes (so the plans are equal)."""
     name, kind, start = step["name"], step["kind"], bool(step.get("start", False))
+    deadline = {"deadline": step.get("deadline"), "on_deadline": step.get("on_deadline")}
     try:
         if kind == "action":
-            r = step.get("retry", {})
-            retry = Retry(max_attempts=r.get("max_attempts", 3), backoff=r.get("backoff", 1.0),
-                          multiplier=r.get("multiplier", 2.0), max_backoff=r.get("max_backoff", 60.0))
             nxt = step.get("next")
-            wf.step(name=name, next=nxt, start=start, retry=retry)(_handler(step, n, catalog, marks))
+            wf.step(name=name, next=nxt, start=start, retry=_retry(step), **deadline)(_handler(step, n, catalog, marks))
+            if "compensation" in step:
+                undo = step["compensation"]
+                wf.compensation(name, retry=_retry(undo), name=undo["handler"])(
+                    _handler(undo, n, catalog, marks, ("steps", n, "compensation", "handler")))
         elif kind == "timer":
-            wf.timer(name, next=step["next"], delay=step.get("delay"), until=step.get("until"), start=start)
+            wf.timer(name, next=step["next"], delay=step.get("delay"), until=step.get("until"), start=start,
+                     **deadline)
         elif kind == "wait":
+            routes = {**(step.get("signals") or {}), **(step.get("messages") or {})}
+            for route in step.get("payloads") or {}:
+                if route not in routes:
+                    raise _invalid(f"payload for {route!r}, which is none of the wait's signals and messages",
+                                   ("steps", n, "payloads", route), marks)
             wf.wait(name, signals=step.get("signals"), timeout=step.get("timeout"), on_timeout=step.get("on_timeout"),
-                    messages=step.get("messages"), correlation=step.get("correlation"), start=start)
+                    messages=step.get("messages"), correlation=step.get("correlation"), start=start,
+                    payloads=_models(step, "payloads", n, catalog, marks), **deadline)
         elif kind == "task":
             _add_task(wf, step, n, catalog, marks, start)
+        elif kind == "external":
+            wf.external(name, topic=step["topic"], next=step["next"], inputs=step.get("inputs"),
+                        errors=step.get("errors"), retry=_retry(step), start=start)
         elif kind == "fork":
             wf.fork(name, branches=step.get("branches"), map_over=step.get("map_over"), branch=step.get("branch"),
                     max_items=step.get("max_items", 10_000), start=start)
@@ -244,6 +290,29 @@ def _add_step(
         raise _invalid(str(exc), ("steps", n), marks) from None
 
 
+def _retry(step: dict[str, Any]) -> Retry:
+    """A step's `retry` (an action's, a compensation's or an external step's), with Retry's defaults."""
+    r = step.get("retry", {})
+    return Retry(max_attempts=r.get("max_attempts", 3), backoff=r.get("backoff", 1.0),
+                 multiplier=r.get("multiplier", 2.0), max_backoff=r.get("max_backoff", 60.0))
+
+
+def _models(
+    step: dict[str, Any], key: str, n: int, catalog: Catalog | None, marks: dict[tuple[Any, ...], _Mark],
+) -> dict[str, Any] | None:
+    """The payload models a step names (route name -> model name), looked up in the catalog."""
+    found = {}
+    for route, model_name in (step.get(key) or {}).items():
+        model = None if catalog is None else catalog.models.get(model_name)
+        if catalog is not None and model is None:
+            known = ", ".join(sorted(catalog.models)) or "none"
+            raise _invalid(f"unknown payload model {model_name!r} (the catalog has: {known})",
+                           ("steps", n, key, route), marks)
+        if model is not None:
+            found[route] = model
+    return found or None
+
+
 _TASK_FIELDS = ("description", "assignee", "owner", "priority", "due", "follow_up", "reminder", "escalate_to_user",
                 "escalate_to_group", "expire", "on_expire", "require_version_stability")
 
@@ -253,21 +322,14 @@ def _add_task(
     marks: dict[tuple[Any, ...], _Mark], start: bool,
 ) -> None:
     """A human task step; its decision payloads name pydantic models registered in the catalog."""
-    payloads = {}
-    for decision, model_name in (step.get("payloads") or {}).items():
+    for decision in step.get("payloads") or {}:
         if decision not in step["decisions"]:
             raise _invalid(f"payload for {decision!r}, which is not one of the task's decisions",
                            ("steps", n, "payloads", decision), marks)
-        model = None if catalog is None else catalog.models.get(model_name)
-        if catalog is not None and model is None:
-            known = ", ".join(sorted(catalog.models)) or "none"
-            raise _invalid(f"unknown payload model {model_name!r} (the catalog has: {known})",
-                           ("steps", n, "payloads", decision), marks)
-        if model is not None:
-            payloads[decision] = model
+    payloads = _models(step, "payloads", n, catalog, marks)
     extra = {k: step[k] for k in _TASK_FIELDS if k in step}
     for key in ("candidate_users", "candidate_groups", "show"):
         if key in step:
             extra[key] = step[key]
-    wf.task(step["name"], title=step["title"], decisions=step["decisions"], payloads=payloads or None, start=start,
+    wf.task(step["name"], title=step["title"], decisions=step["decisions"], payloads=payloads, start=start,
             **extra)

@@ -1,4 +1,4 @@
-"""The catalog of the document-defined workflows in docs/versions.md (approval, refund).
+"""The catalog of the document-defined workflows in docs/versions.md (approval, refund, parcel).
 
 A document names handlers by these registered names; every node that runs the document loads the
 same catalog (``--catalog stepstone.examples.document_catalog:catalog``).
