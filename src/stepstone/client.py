@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
-from stepstone.client_messages import MessageOperations
+from stepstone.client_messages import MessageOperations, deadline_fields
 from stepstone.client_tasks import TaskOperations
 from stepstone.config import Settings
 from stepstone.context import durable
@@ -184,7 +184,7 @@ class Client(TaskOperations, MessageOperations):
         state = wf.state_to_json({} if input is None else input)
         text = self._encode("input", state)
         await self._ensure_registered(wf)
-        at, seconds = _deadline(wf.deadline if deadline is None else deadline)
+        at, seconds = deadline_fields(wf.deadline if deadline is None else deadline)
         with tracing.span(f"stepstone.start {wf.id}", {"workflow": wf.id, "version": wf.version,
                                                        "business_key": business_key}) as span:
             new = NewInstance(
@@ -517,20 +517,6 @@ def _typed(exc: PayloadRejected) -> InvalidInput:
     if exc.reason == "too_deep":
         return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
     return InvalidInput(str(exc), what=exc.what)
-
-
-def _deadline(value: timedelta | float | datetime | None) -> tuple[datetime | None, float | None]:
-    """(instant, seconds from now): a deadline as the store takes it."""
-    if value is None:
-        return None, None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InvalidInput("deadline must be an instant with a time zone", what="deadline")
-        return value, None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds >= 0:
-        raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
-    return None, seconds
 
 
 def _fingerprint(*parts: str | None) -> str:

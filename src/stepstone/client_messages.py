@@ -13,11 +13,12 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Literal
 
 from stepstone.authoring.workflow import Workflow
+from stepstone.context import durable
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import (
@@ -136,11 +137,13 @@ class MessageOperations:
         text = self._message_encode("input", state)
         signal_text = self._message_encode("signal payload", payload)
         await self._ensure_registered(wf)
+        at, seconds = deadline_fields(wf.deadline)  # a started instance gets its deadlines as a start gives them
         new = NewInstance(
             id=str(uuid.uuid4()), pin=pin_of(wf, scope), state=state, start_step=wf.plan.start,
             business_key=business_key,
             idempotency_key=None, fingerprint=hashlib.sha256(json.dumps([text, business_key]).encode()).hexdigest(),
-            actor=self.actor,
+            actor=self.actor, deadline_at=at, deadline_seconds=seconds, start_deadline_seconds=wf.plan.start_deadline,
+            context=durable.capture(),
         )
         row = await self.store.start_or_signal(
             new, signal, payload, dedup_key=dedup_key,
@@ -183,3 +186,17 @@ class MessageOperations:
             return self.limits.encode(what, value)
         except PayloadRejected as exc:
             raise InvalidInput(str(exc), what=exc.what) from None
+
+
+def deadline_fields(value: timedelta | float | datetime | None) -> tuple[datetime | None, float | None]:
+    """(instant, seconds from now): a deadline as the store takes it (a start's, a signal-with-start's)."""
+    if value is None:
+        return None, None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput("deadline must be an instant with a time zone", what="deadline")
+        return value, None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds >= 0:
+        raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
+    return None, seconds

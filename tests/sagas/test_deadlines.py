@@ -213,3 +213,25 @@ async def test_the_guides_step_deadline_example_runs(database_url: str) -> None:
         await shipping.advance(days=3)  # nobody picked it up within two days
         info = await shipping.client.get(iid)
         assert (info.status, info.state) == ("COMPLETED", {"label": "L-1", "later": True})
+
+
+async def test_signal_with_start_gives_the_instance_its_deadlines(engine: Engine, conn: asyncpg.Connection) -> None:
+    # The instance it starts has the workflow's deadline and its start step's, as a plain start gives them.
+    started = await engine.client.start_or_signal(w.waiting, "trip-1", "go")
+    assert started.started
+    assert await conn.fetchval("SELECT deadline_at - created_at FROM stepstone.instances WHERE id = $1",
+                               started.instance_id) == timedelta(hours=1)
+    eager: Workflow[Trip] = Workflow("eager_signal", version=1, state=Trip)
+    eager.step(w.book, name="book", start=True, next="linger", deadline=60)
+    eager.wait("linger", signals={"go": END})
+    lingering = await engine.client.start_or_signal(eager, "trip-2", "go")
+    step_deadline = await conn.fetchval(
+        "SELECT c.available_at - i.created_at FROM stepstone.commands c JOIN stepstone.instances i "
+        "ON i.id = c.instance_id WHERE c.instance_id = $1 AND c.kind = 'TIMER' AND c.name = 'step_deadline'",
+        lingering.instance_id)
+    assert step_deadline == timedelta(seconds=60)
+    again = await engine.client.start_or_signal(w.waiting, "trip-1", "done")  # signalled, not started again
+    assert (again.instance_id, again.started) == (started.instance_id, False)
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1 AND name = 'deadline'",
+                               started.instance_id) == 1
+

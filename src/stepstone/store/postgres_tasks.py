@@ -150,7 +150,7 @@ class TaskQueries:
             row = await self._task_row(
                 "start_or_signal", uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
                 new.state, new.start_step, new.business_key, new.fingerprint, new.actor, signal, payload, dedup_key,
-                signal_fingerprint,
+                signal_fingerprint, new.context, new.deadline_at, new.deadline_seconds, new.start_deadline_seconds,
             )
         return dict(row)
 

@@ -75,8 +75,11 @@ SELECT reassigned, skipped FROM {{schema}}.task_reassign_all($1, $2, $3, $4, $5)
 SELECT outcome, deliveries, expires_at, status FROM {{schema}}.publish_message($1, $2, $3, $4, $5, $6, $7);
 
 -- name: start_or_signal
+-- $15 the caller's durable context, $16/$17 the instance deadline (instant, seconds), $18 the start
+-- step's deadline (seconds): used only when this call starts the instance (migration 0023).
 SELECT outcome, instance_id, started, command_id, status
-FROM {{schema}}.start_or_signal($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14);
+FROM {{schema}}.start_or_signal_with($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                                     $18);
 
 -- name: business_key_instance
 SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND business_key = $3;
