@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
@@ -27,6 +28,14 @@ class Api:
         """Authorization headers of a fresh token granting `role` in `scope`."""
         token, _ = await create_token(self.ctx.management, role=role, scope=scope, name=name, groups=groups)
         return {"Authorization": f"Bearer {token}"}
+
+    async def sign_in(self, role: str = "operator") -> str:
+        """Sign the UI in with a fresh token of `role` in every scope; the CSRF value of its forms."""
+        token = (await self.token(role))["Authorization"].removeprefix("Bearer ")
+        assert (await self.http.post("/ui/login", data={"token": token})).status_code == 303
+        found = re.search(r'name="csrf" value="([0-9a-f]+)"', (await self.http.get("/ui/tasks")).text)
+        assert found
+        return found.group(1)
 
     async def start(self, name: str, *, scope: str = "default", fail: bool = False) -> str:
         if fail:

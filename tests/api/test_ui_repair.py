@@ -8,17 +8,9 @@ from tests.api import workflows
 from tests.api.conftest import Api
 
 
-async def _sign_in(api: Api, role: str = "operator") -> str:
-    token = (await api.token(role))["Authorization"].removeprefix("Bearer ")
-    assert (await api.http.post("/ui/login", data={"token": token})).status_code == 303
-    found = re.search(r'name="csrf" value="([0-9a-f]+)"', (await api.http.get("/ui/tasks")).text)
-    assert found
-    return found.group(1)
-
-
 async def test_replay_a_failed_instance_from_its_step(api: Api) -> None:
     iid = await api.start("r", fail=True)
-    csrf = await _sign_in(api)
+    csrf = await api.sign_in()
     assert "Replay or migrate…" in (await api.http.get(f"/ui/instances/{iid}")).text
     page = (await api.http.get(f"/ui/instances/{iid}/repair")).text
     assert "<option>charge</option>" in page
@@ -34,7 +26,7 @@ async def test_replay_a_failed_instance_from_its_step(api: Api) -> None:
 async def test_migrate_with_a_dry_run_first(api: Api) -> None:
     iid = await api.engine.client.start(workflows.order, {"order_id": "u-1"})
     await api.engine.run_until_idle()
-    csrf = await _sign_in(api)
+    csrf = await api.sign_in()
     page = (await api.http.get(f"/ui/instances/{iid}/repair")).text
     assert '<option value="2">v2</option>' in page
     dry = await api.http.post(f"/ui/instances/{iid}/migrate", data={"csrf": csrf, "version": "2", "dry_run": "1"})
@@ -47,7 +39,7 @@ async def test_migrate_with_a_dry_run_first(api: Api) -> None:
 
 async def test_the_definitions_page_shows_stranded_versions(api: Api) -> None:
     await api.start("s")
-    await _sign_in(api, "viewer")
+    await api.sign_in("viewer")
     page = (await api.http.get("/ui/definitions")).text
     rows = re.findall(r"<tr><td><a href=\"/ui/\?workflow=(\w+)&amp;scope=default\">", page)
     assert rows == ["job"]
@@ -61,7 +53,7 @@ async def test_maintenance_shows_what_is_stuck_and_sweeps_retention_with_a_dry_r
     done = await api.start("old")
     await api.engine.client.signal(done, "approve")
     await api.engine.run_until_idle()
-    csrf = await _sign_in(api, "admin")
+    csrf = await api.sign_in("admin")
     page = (await api.http.get("/ui/maintenance")).text
     assert "Nothing is stuck." in page and 'id="probe">Idle' in page
     assert "<td>job</td><td>completed</td>" in page
@@ -71,6 +63,6 @@ async def test_maintenance_shows_what_is_stuck_and_sweeps_retention_with_a_dry_r
     assert "would archive 1 " in again.text  # the dry run archived nothing
     swept = await api.http.post("/ui/maintenance/retention", data={"csrf": csrf, "dry_run": "0"})
     assert "Archived 1, purged 0" in swept.text
-    await _sign_in(api, "operator")
+    await api.sign_in("operator")
     page = (await api.http.get("/ui/maintenance")).text
     assert "Run a sweep now" not in page  # a sweep needs the admin role

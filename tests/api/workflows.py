@@ -1,5 +1,6 @@
 """Workflows the API and UI tests run: a job that can be made to fail, then waits for approval; an
-expense a person approves in a task (with a payload form); an order that waits for a message."""
+expense a person approves in a task (with a payload form); an order that waits for a message (and
+can be made to fail at its first step, to migrate failed orders to v2 and retry them there)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ class Job(BaseModel):
 
 
 FAILING: set[str] = set()
-"""Job names whose `charge` step raises (a test clears a name to let its retry pass)."""
+"""Job names whose `charge` step raises, and order ids whose `place` does (a test clears one to let its
+retry pass)."""
 
 
 class Declined(Exception):
@@ -91,8 +93,10 @@ class Order(BaseModel):
 order: Workflow[Order] = Workflow("order", version=1, state=Order)
 
 
-@order.step(start=True, next="await_receipt")
+@order.step(start=True, next="await_receipt", retry=Retry(max_attempts=1))
 def place(ctx: StepContext, state: Order) -> None:
+    if state.order_id in FAILING:
+        raise Declined(f"no stock for {state.order_id}")
     state.got = ""
 
 
@@ -106,7 +110,7 @@ def filed(ctx: StepContext, state: Order) -> None:
 
 # Version 2 of the order (the migration tests move v1 instances to it): it also records who filed it.
 order_v2: Workflow[Order] = Workflow("order", version=2, state=Order)
-order_v2.step(start=True, next="await_receipt")(place)
+order_v2.step(start=True, next="await_receipt", retry=Retry(max_attempts=1))(place)
 order_v2.wait("await_receipt", messages={"receipt": "filed"}, signals={"nudge": "filed"}, correlation="order_id")
 
 

@@ -1,5 +1,6 @@
-"""Bulk retry and cancel for the API and the UI: authorize, then call `stepstone.ops` (which matches,
-acts in batches and reports one result per instance).
+"""Bulk actions for the API and the UI: authorize, then call `stepstone.ops` (which matches, acts in
+batches and reports one result per instance). Retry and cancel are here; migrate, which authorizes
+the same way (`authorized`), is `stepstone.api.bulk_migration`.
 
 A caller acts only where it holds the operator role. By ids: an instance it cannot see is reported
 "no such instance", exactly like a missing one; one it sees without the role is reported refused;
@@ -11,7 +12,7 @@ operator nowhere, or names a scope it sees without the role, is refused (Forbidd
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -20,7 +21,7 @@ from stepstone.api.context import ApiContext, require
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.ops.model import BulkItem, BulkReport
 
-__all__ = ["Action", "bulk"]
+__all__ = ["Action", "Run", "authorized", "bulk"]
 
 Action = Literal["retry", "cancel"]
 
@@ -39,17 +40,20 @@ def _merge(into: BulkReport, more: BulkReport) -> None:
     into.items.extend(more.items)
 
 
-async def bulk(
-    ctx: ApiContext, who: Principal, action: Action, *, ids: Sequence[str] | None = None,
-    where: InstanceFilter | None = None, reason: str = "", dry_run: bool = False,
-) -> dict[str, Any]:
-    """Retry or cancel the instances `ids`, or every one `where` matches; a dry run counts only."""
+Run = Callable[[Sequence[str] | None, InstanceFilter | None], Awaitable[BulkReport]]
+"""An operation on the instances `ids`, or on every one a filter matches (exactly one is given)."""
+
+
+async def authorized(
+    ctx: ApiContext, who: Principal, action: str, run: Run, *, ids: Sequence[str] | None,
+    where: InstanceFilter | None, dry_run: bool,
+) -> BulkReport:
+    """`run` on what the caller may act on (see the module docstring); the rest reported per instance."""
     if not any(who.can("operator", s) for s in who.grants):
         raise Forbidden(f"{who.actor} needs the operator role for a bulk {action}", role="operator",
                         scope=where.scope if where and where.scope else ALL_SCOPES)
     if where is not None and where.scope is not None and who.sees(where.scope):
         require(who, "operator", where.scope)
-    ops = Operations.on(ctx.store, actor=who.actor)
     report = BulkReport(action, dry_run)
     if ids is not None:
         unique = list(dict.fromkeys(ids))
@@ -63,13 +67,25 @@ async def bulk(
                                              else "no such instance"))
         report.failed += len(report.items)
         if allowed:
-            _merge(report, await _run(ops, action, ids=allowed, where=None, reason=reason, dry_run=dry_run))
-        return report.as_dict()
+            _merge(report, await run(allowed, None))
+        return report
     where = where or InstanceFilter()
     if who.can("operator", ALL_SCOPES):
-        return (await _run(ops, action, ids=None, where=where, reason=reason, dry_run=dry_run)).as_dict()
+        return await run(None, where)
     mine = sorted(s for s in who.grants if s != ALL_SCOPES and who.can("operator", s))
     for scope in mine if where.scope is None else [s for s in mine if s == where.scope]:
-        _merge(report, await _run(ops, action, ids=None, where=replace(where, scope=scope), reason=reason,
-                                  dry_run=dry_run))
-    return report.as_dict()
+        _merge(report, await run(None, replace(where, scope=scope)))
+    return report
+
+
+async def bulk(
+    ctx: ApiContext, who: Principal, action: Action, *, ids: Sequence[str] | None = None,
+    where: InstanceFilter | None = None, reason: str = "", dry_run: bool = False,
+) -> dict[str, Any]:
+    """Retry or cancel the instances `ids`, or every one `where` matches; a dry run counts only."""
+    ops = Operations.on(ctx.store, actor=who.actor)
+
+    async def run(chosen: Sequence[str] | None, matching: InstanceFilter | None) -> BulkReport:
+        return await _run(ops, action, ids=chosen, where=matching, reason=reason, dry_run=dry_run)
+
+    return (await authorized(ctx, who, action, run, ids=ids, where=where, dry_run=dry_run)).as_dict()

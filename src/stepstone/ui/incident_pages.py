@@ -1,7 +1,8 @@
 """The UI's incidents page: failed instances and dead-lettered commands, narrowed by a filter, with
-retry for one, a selection, or every instance the filter matches. Each goes through a confirmation
-that says how many instances it acts on (a dry run of the same bulk operation), and ends on a result
-per instance. Thin over `stepstone.api.bulk_operations`, as the API's bulk routes are."""
+retry or migrate for one, a selection, or every instance the filter matches. Each goes through a
+confirmation that says how many instances it acts on (a dry run of the same bulk operation; for a
+migration, the check of each instance against the target), and ends on a result per instance. Thin
+over `stepstone.api.bulk_operations` and `stepstone.api.bulk_migration`, as the API's bulk routes are."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from starlette.responses import Response
 
 from stepstone.api import operations as ops
 from stepstone.api.auth import Principal
+from stepstone.api.bulk_migration import bulk_migrate
 from stepstone.api.bulk_operations import bulk
 from stepstone.api.context import context_of
+from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter
 from stepstone.ui.render import UI_PREFIX, page, ui_root
 from stepstone.ui.session import back, posted_form, signed_in
@@ -95,3 +98,26 @@ async def bulk_retry(request: Request) -> Response:
         report = await bulk(ctx, who, "retry", ids=_chosen(form))
     return page(request, "dead_letters.html", who, nav="dead", report=report,
                 **await _incidents(request, who, _filters({}), None))
+
+
+@router.post("/dead-letters/migrate")
+async def bulk_migrate_failed(request: Request) -> Response:
+    """Check (dry run, with a button to go ahead) or migrate the selection or every match to a version."""
+    who = await signed_in(request)
+    form = await posted_form(request, who)
+    version = str(form.get("version") or "").strip()
+    if not version.isdigit() or not 1 <= int(version) < 2**31:
+        raise InvalidInput("choose the version to migrate to (a whole number, 1 or more)", what="version")
+    every = form.get("every") == "1"
+    filters = _filters(form) if every else _filters({})
+    chosen = [] if every else _chosen(form)
+    if not every and not chosen:
+        return back(request, "/dead-letters", "nothing+selected")
+    dry_run = form.get("dry_run") != "0"
+    report = await bulk_migrate(context_of(request), who, int(version), where=_where(filters) if every else None,
+                                ids=None if every else chosen, dry_run=dry_run)
+    hidden = [("every", "1"), *((k, v) for k, v in filters.items() if v)] if every else [
+        ("instance", i) for i in chosen]
+    return page(request, "dead_letters.html", who, nav="dead", report=report,
+                go_ahead=[*hidden, ("version", version), ("dry_run", "0")] if dry_run and report["succeeded"]
+                else None, **await _incidents(request, who, filters, None))

@@ -1,5 +1,5 @@
-"""Bulk actions: retry or cancel a selection of instances, or every instance a filter matches, with a
-dry run that counts and a result per instance (`stepstone.api.bulk_operations`)."""
+"""Bulk actions: retry, cancel or migrate a selection of instances, or every instance a filter matches,
+with a dry run and a result per instance (`stepstone.api.bulk_operations`, `stepstone.api.bulk_migration`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,12 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, model_validator
 
 from stepstone.api.auth import Principal
+from stepstone.api.bulk_migration import bulk_migrate
 from stepstone.api.bulk_operations import Action, bulk
 from stepstone.api.context import Writer, context_of
 from stepstone.api.routes.instances import Status
 from stepstone.ops import InstanceFilter
+from stepstone.ops.migration import DEFAULT_PATIENCE
 
 __all__ = ["router"]
 
@@ -57,10 +59,24 @@ class BulkCancelRequest(BulkRequest):
     reason: str = Field(default="", max_length=10_000)
 
 
+class BulkMigrateRequest(BulkRequest):
+    to_version: int = Field(ge=1, le=2**31 - 1, description="The version of each instance's workflow to move it to.")
+    step_map: dict[str, str] = Field(default_factory=dict, max_length=1000,
+                                     description="Old step -> new step, for steps the target renamed.")
+    patience_seconds: float = Field(
+        default=DEFAULT_PATIENCE, ge=0, le=300,
+        description="How long each migration waits for its turn behind the instance's queued commands before "
+                    "it is answered refused.")
+
+
+def _ids(body: BulkRequest) -> list[str] | None:
+    return None if body.ids is None else [str(i) for i in body.ids]
+
+
 async def _bulk(
     request: Request, who: Principal, action: Action, body: BulkRequest, reason: str = "",
 ) -> dict[str, Any]:
-    return await bulk(context_of(request), who, action, ids=None if body.ids is None else [str(i) for i in body.ids],
+    return await bulk(context_of(request), who, action, ids=_ids(body),
                       where=None if body.filter is None else body.filter.as_filter(), reason=reason,
                       dry_run=body.dry_run)
 
@@ -73,3 +89,12 @@ async def bulk_retry(request: Request, who: Writer, body: BulkRequest) -> dict[s
 @router.post("/cancel", summary="Cancel each selected instance (a result per instance)")
 async def bulk_cancel(request: Request, who: Writer, body: BulkCancelRequest) -> dict[str, Any]:
     return await _bulk(request, who, "cancel", body, body.reason)
+
+
+@router.post("/migrate", summary="Move each selected instance to another version of its workflow (a result each)",
+             description="A dry run checks each instance against the target and changes nothing. A filter without a "
+                         "status matches the instances that may still run; one matching more than 10,000 is refused.")
+async def bulk_migrate_instances(request: Request, who: Writer, body: BulkMigrateRequest) -> dict[str, Any]:
+    return await bulk_migrate(context_of(request), who, body.to_version, ids=_ids(body),
+                              where=None if body.filter is None else body.filter.as_filter(), step_map=body.step_map,
+                              dry_run=body.dry_run, patience=body.patience_seconds)

@@ -27,7 +27,8 @@ class Policy(BaseModel):
     retain_for_seconds: Seconds = Field(default=None, ge=0, le=_YEARS,
                                         description="Archive after this long (null: never on a timer).")
     purge_after_seconds: Seconds = Field(default=None, ge=0, le=_YEARS,
-                                         description="Delete this long after archiving (null: never).")
+                                         description="Delete this long after archiving (null: keep the "
+                                                     "policy's current purge window; 1 day for a new one).")
 
 
 class Sweep(BaseModel):
