@@ -4023,7 +4023,7 @@ CREATE TRIGGER messages_payload_while_buffered BEFORE INSERT OR UPDATE OF status
 
 UPDATE {{schema}}.messages SET payload = NULL WHERE status <> 'BUFFERED' AND payload IS NOT NULL;
 
--- ==== version 23 (migration 0023_start_or_signal_deadlines) ====
+-- ==== version 21 (migration 0021_start_or_signal_deadlines) ====
 -- Signal-with-start starts an instance as a start does: with the caller's durable context, the
 -- instance deadline (an instant or seconds from now; the workflow's default when the caller gives
 -- none) and the start step's deadline. start_or_signal (migration 0007) scheduled neither deadline,

@@ -76,7 +76,7 @@ SELECT outcome, deliveries, expires_at, status FROM {{schema}}.publish_message($
 
 -- name: start_or_signal
 -- $15 the caller's durable context, $16/$17 the instance deadline (instant, seconds), $18 the start
--- step's deadline (seconds): used only when this call starts the instance (migration 0023).
+-- step's deadline (seconds): used only when this call starts the instance (migration 0021).
 SELECT outcome, instance_id, started, command_id, status
 FROM {{schema}}.start_or_signal_with($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
                                      $18);
