@@ -230,9 +230,15 @@ async def kills(target: Target, opts: Options) -> dict[str, Any]:
         probe = Probe(url)
         deadline = time.monotonic() + (opts.timeout or 120 + opts.size * 0.06)
         try:
-            while time.monotonic() < deadline and await probe.completed() < opts.size:
-                await asyncio.sleep(rng.uniform(0.2, 1.0))  # the kill schedule
-                fleet.kill(rng.randrange(opts.workers))
+            # The kill schedule: every 0.2-1 s, but only once some instance completed since the last kill.
+            # On a loaded machine a worker can take longer to start than the schedule lets it live, and
+            # killing regardless then starved the whole fleet (a 600-instance run once hit its deadline).
+            done_at_kill = -1
+            while time.monotonic() < deadline and (done := await probe.completed()) < opts.size:
+                await asyncio.sleep(rng.uniform(0.2, 1.0))
+                if done > done_at_kill:
+                    fleet.kill(rng.randrange(opts.workers))
+                    done_at_kill = done
             await wait_for(lambda: _all_done(probe, opts.size), deadline)
         finally:
             await driver.stop()
