@@ -15,30 +15,12 @@ from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.errors import InvalidInput, TaskFilterNotFound
 from stepstone.store.port import ClientStore
+from stepstone.store.task_port import TaskFilter
 
 __all__ = ["INBOX_MODES", "SavedTaskFilter", "TaskFilter", "TaskFilterOperations"]
 
 INBOX_MODES = ("inbox", "assigned", "candidate", "all")
 _INSTANTS = ("due_before", "follow_up_before")
-
-
-@dataclass(frozen=True)
-class TaskFilter:
-    """Narrows an inbox: a workflow, a lowest priority, due before an instant, offered to a group, text
-    in the title (case-insensitive), a scope. Every field is optional.
-
-    Follow-up dates put a task aside until then: `follow_up_before` keeps only tasks without a follow-up
-    date or with one at or before that instant; `hide_later_follow_ups` does the same with the
-    database's now, read when the query runs (what a saved filter wants: "what is for me today")."""
-
-    workflow: str | None = None
-    priority_at_least: int | None = None
-    due_before: datetime | None = None
-    candidate_group: str | None = None
-    text: str | None = None
-    follow_up_before: datetime | None = None
-    hide_later_follow_ups: bool = False
-    scope: str | None = None
 
 
 @dataclass(frozen=True)

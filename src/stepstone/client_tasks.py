@@ -14,7 +14,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -81,6 +81,8 @@ class TaskInfo:
     ended_at: datetime | None
     version: int | None = None
     """The workflow version the task's instance is pinned to (set by `task`)."""
+    scope: str | None = None
+    """The scope (tenant key) of the task's instance."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> TaskInfo:
@@ -357,17 +359,15 @@ class TaskOperations(TaskFilterOperations):
         if not 1 <= limit <= 1000:
             raise InvalidInput(f"limit must be between 1 and 1000, got {limit}", what="limit")
         for what, value in (("user", user), ("workflow", where.workflow), ("candidate group", where.candidate_group),
-                            ("scope", where.scope)):
+                            ("scope", where.scope), *(("scope", s) for s in where.scopes or ())):
             if value is not None:
                 self._task_text(what, value)
         if where.text is not None:
             self._task_text("text", where.text, free=True)
         listed = self._groups(groups)
         return TaskQuery(mode=modes[mode], user=user, groups=listed if (listed or mode != "all") else None,
-                         workflow=where.workflow, priority_at_least=where.priority_at_least,
-                         due_before=where.due_before, candidate_group=where.candidate_group,
-                         text=where.text or None, follow_up_before=where.follow_up_before,
-                         hide_later_follow_ups=where.hide_later_follow_ups, scope=where.scope,
+                         where=replace(where, text=where.text or None, scopes=None if where.scopes is None
+                                       else tuple(where.scopes)),
                          after=_decode_cursor(after), limit=limit)
 
     def _who(self, actor: str | None) -> str:

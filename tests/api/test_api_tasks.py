@@ -164,12 +164,15 @@ async def test_read_only_refuses_task_writes(read_only_api: Api) -> None:
     assert (await read_only_api.http.get(f"{V1}/tasks/{tid}", headers=mia)).status_code == 200
 
 
-GROUPS: dict[str, Any] = {"lee": ("finance",), "max": ()}
+GROUPS: dict[str, Any] = {"lee": ("finance",), "max": (), "kim": ()}
+GRANTS: dict[str, dict[str, str]] = {"kim": {"acme": "task_worker", "globex": "viewer"}}
 
 
 async def _host_user(request: Request) -> Principal | None:
     user = request.headers.get("x-user", "")
-    return Principal(f"host:{user}", {"*": "task_worker"}, groups=GROUPS[user], user=user) if user in GROUPS else None
+    if user not in GROUPS:
+        return None
+    return Principal(f"host:{user}", GRANTS.get(user, {"*": "task_worker"}), groups=GROUPS[user], user=user)
 
 
 @pytest.fixture
@@ -196,3 +199,24 @@ async def test_my_groups_tasks_come_from_the_hosts_principal(host: tuple[Engine,
     r = await http.post(f"{V1}/tasks/{tid}/complete", headers={"x-user": "lee"}, json={"decision": "reject"})
     assert r.status_code == 202
     assert r.json()["task"]["completion"]["actor"] == "lee"
+
+
+async def test_a_caller_of_several_scopes_gets_exact_pages_and_counts(host: tuple[Engine, httpx.AsyncClient]) -> None:
+    # kim sees acme and globex, not initech: the inbox query keeps those two scopes itself, so every
+    # page is full and the count exact, with initech's tasks (older, in the same order) never read.
+    engine, http = host
+    for n in range(3):
+        await _expense(engine, f"i{n}", scope="initech")
+    ours = [await _expense(engine, f"{scope}{n}", scope=scope) for n in range(2) for scope in ("acme", "globex")]
+    kim, seen, cursor = {"x-user": "kim"}, [], None
+    while True:
+        page = (await http.get(f"{V1}/tasks", headers=kim, params={"mode": "all", "limit": 1,
+                                                                   **({"cursor": cursor} if cursor else {})})).json()
+        assert len(page["items"]) == 1 or (not page["items"] and page["next_cursor"] is None), page
+        seen += [(t["instance_id"], t["scope"]) for t in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted((iid, "acme" if n % 2 == 0 else "globex") for n, iid in enumerate(ours))
+    assert (await http.get(f"{V1}/tasks/count", headers=kim, params={"mode": "all"})).json() == {
+        "count": 4, "more_than_cap": False, "cap": None}

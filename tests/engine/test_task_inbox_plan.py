@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from stepstone.store.postgres import PostgresStore
-from stepstone.store.task_port import TaskQuery
+from stepstone.store.task_port import TaskFilter, TaskQuery
 
 _FILL = """
 INSERT INTO stepstone.tasks (id, instance_id, position, step, visit, scope, definition_id, status, title,
@@ -56,9 +56,9 @@ async def test_inbox_queries_use_the_task_indexes(database_url: str) -> None:
 
 async def _check(conn: asyncpg.Connection, store: PostgresStore, mode: Any) -> None:
     groups = ["group7", "group8"] if mode != "all" else ["group7"]
-    query = TaskQuery(mode=mode, user="user42", groups=groups, due_before=datetime(2100, 1, 1, tzinfo=UTC),
-                      text="number", follow_up_before=datetime(2100, 1, 1, tzinfo=UTC), hide_later_follow_ups=True,
-                      scope="default")
+    query = TaskQuery(mode=mode, user="user42", groups=groups, where=TaskFilter(
+        due_before=datetime(2100, 1, 1, tzinfo=UTC), text="number", follow_up_before=datetime(2100, 1, 1, tzinfo=UTC),
+        hide_later_follow_ups=True, scope="default", scopes=("default", "acme")))
     args = store._inbox_args(query)
     for cache_mode in ("force_custom_plan", "force_generic_plan"):
         await conn.execute(f"SET plan_cache_mode = {cache_mode}")

@@ -16,17 +16,10 @@ from typing import Any
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require
 from stepstone.client import Client
-from stepstone.client_tasks import TaskFilter, TaskInfo, TaskPage
+from stepstone.client_tasks import TaskFilter, TaskInfo
 from stepstone.errors import TaskNotFound
 
-__all__ = ["COUNT_CAP", "claim", "complete", "count", "delegate", "inbox", "reassign", "resolve", "task", "unclaim"]
-
-COUNT_CAP = 10_000
-"""A caller limited to some scopes has its tasks counted up to here (`more_than_cap` beyond)."""
-_SCAN_PAGES = 20
-"""A page for a caller limited to some scopes skips other scopes' tasks for at most this many reads;
-the page may then hold fewer tasks than asked, with a cursor to go on."""
-
+__all__ = ["claim", "complete", "count", "delegate", "inbox", "reassign", "resolve", "task", "unclaim"]
 
 def _plain(info: TaskInfo, scope: str) -> dict[str, Any]:
     return {**asdict(info), "scope": scope}
@@ -51,68 +44,27 @@ def _arguments(who: Principal, mode: str) -> dict[str, Any]:
             "mode": mode}
 
 
-def _in_one_scope(who: Principal, where: TaskFilter) -> TaskFilter | None:
-    """The filter with the caller's scope in it when the caller sees exactly one scope (the inbox
-    query filters by it, keyset pages and counts stay exact); None otherwise (every scope, or several:
-    those are filtered after the query)."""
+def _within(who: Principal, where: TaskFilter) -> TaskFilter:
+    """The filter narrowed to the scopes the caller sees: the inbox query filters by them, so pages and
+    counts are exact whatever the caller's grants."""
     scopes = who.visible_scopes()
-    if scopes is None or len(scopes) != 1 or where.scope not in (None, scopes[0]):
-        return None
-    return replace(where, scope=scopes[0])
+    return where if scopes is None else replace(where, scopes=tuple(scopes))
 
 
 async def inbox(
     ctx: ApiContext, who: Principal, *, mode: str, where: TaskFilter, cursor: str | None, limit: int,
 ) -> dict[str, Any]:
     """A page of open tasks in inbox order (priority, then oldest), of the scopes the caller sees."""
-    client = ctx.client(who.actor)
-    scoped = _in_one_scope(who, where)
-    if scoped is not None:
-        found = await client.tasks(**_arguments(who, mode), where=scoped, after=cursor, limit=limit)
-        return {"items": [_plain(t, scoped.scope or "") for t in found.tasks], "next_cursor": found.next_cursor}
-
-    async def fetch(after: str | None, n: int) -> TaskPage:
-        return await client.tasks(**_arguments(who, mode), where=where, after=after, limit=n)
-
-    if who.visible_scopes() is None:
-        found = await fetch(cursor, limit)
-        scopes = await ctx.management.instance_scopes([t.instance_id for t in found.tasks])
-        return {"items": [_plain(t, scopes.get(t.instance_id, "")) for t in found.tasks],
-                "next_cursor": found.next_cursor}
-    items: list[dict[str, Any]] = []
-    after = cursor
-    for _ in range(_SCAN_PAGES):
-        # Asking for exactly what is missing keeps the page's cursor right after the last task read.
-        found = await fetch(after, limit - len(items))
-        items += await _in_scopes(ctx, who, found)
-        after = found.next_cursor
-        if after is None or len(items) == limit:
-            break
-    return {"items": items, "next_cursor": after}
-
-
-async def _in_scopes(ctx: ApiContext, who: Principal, found: TaskPage) -> list[dict[str, Any]]:
-    scopes = await ctx.management.instance_scopes([t.instance_id for t in found.tasks])
-    return [_plain(t, scopes[t.instance_id]) for t in found.tasks
-            if t.instance_id in scopes and who.sees(scopes[t.instance_id])]
+    found = await ctx.client(who.actor).tasks(**_arguments(who, mode), where=_within(who, where), after=cursor,
+                                              limit=limit)
+    return {"items": [_plain(t, t.scope or "") for t in found.tasks], "next_cursor": found.next_cursor}
 
 
 async def count(ctx: ApiContext, who: Principal, *, mode: str, where: TaskFilter) -> dict[str, Any]:
-    """``{"count", "more_than_cap", "cap"}``: exact for a caller who sees every scope; for one limited
-    to some scopes, their tasks counted up to COUNT_CAP."""
-    client = ctx.client(who.actor)
-    scoped = _in_one_scope(who, where)
-    if who.visible_scopes() is None or scoped is not None:
-        n = await client.count_tasks(**_arguments(who, mode), where=scoped or where)
-        return {"count": n, "more_than_cap": False, "cap": None}
-    n, after = 0, None
-    while n <= COUNT_CAP:
-        found = await client.tasks(**_arguments(who, mode), where=where, after=after, limit=1000)
-        n += len(await _in_scopes(ctx, who, found))
-        after = found.next_cursor
-        if after is None:
-            break
-    return {"count": min(n, COUNT_CAP), "more_than_cap": n > COUNT_CAP, "cap": COUNT_CAP}
+    """``{"count", "more_than_cap", "cap"}``: the exact count of the caller's open tasks in the scopes it
+    sees (`more_than_cap` is always false and `cap` null: kept for the callers that read them)."""
+    n = await ctx.client(who.actor).count_tasks(**_arguments(who, mode), where=_within(who, where))
+    return {"count": n, "more_than_cap": False, "cap": None}
 
 
 async def _work(

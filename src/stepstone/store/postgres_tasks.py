@@ -79,8 +79,9 @@ class TaskQueries:
         groups = None if query.groups is None else list(query.groups)
         if query.mode != "all" and groups is None:
             groups = []
-        return [query.user, groups, query.workflow, query.priority_at_least, query.due_before,
-                query.candidate_group, query.text, query.follow_up_before, query.hide_later_follow_ups, query.scope]
+        w = query.where
+        return [query.user, groups, w.workflow, w.priority_at_least, w.due_before, w.candidate_group, w.text,
+                w.follow_up_before, w.hide_later_follow_ups, w.scope, None if w.scopes is None else list(w.scopes)]
 
     async def list_tasks(self, query: TaskQuery) -> list[dict[str, Any]]:
         after = query.after

@@ -12,18 +12,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-__all__ = ["InboxMode", "TaskQuery", "TaskStore"]
+__all__ = ["InboxMode", "TaskFilter", "TaskQuery", "TaskStore"]
 
 InboxMode = Literal["inbox", "assigned", "candidate", "all"]
 
 
 @dataclass(frozen=True)
-class TaskQuery:
-    """Which open tasks: the mode's user and groups, the filters, and the keyset page."""
+class TaskFilter:
+    """Narrows an inbox: a workflow, a lowest priority, due before an instant, offered to a group, text
+    in the title (case-insensitive), a scope, or any of several scopes. Every field is optional.
 
-    mode: InboxMode = "inbox"
-    user: str | None = None
-    groups: Sequence[str] | None = None
+    Follow-up dates put a task aside until then: `follow_up_before` keeps only tasks without a follow-up
+    date or with one at or before that instant; `hide_later_follow_ups` does the same with the
+    database's now, read when the query runs (what a saved filter wants: "what is for me today")."""
+
     workflow: str | None = None
     priority_at_least: int | None = None
     due_before: datetime | None = None
@@ -32,6 +34,19 @@ class TaskQuery:
     follow_up_before: datetime | None = None
     hide_later_follow_ups: bool = False
     scope: str | None = None
+    scopes: tuple[str, ...] | None = None
+    """Any of these scopes (and `scope`, when both are given): the HTTP API's callers limited to some."""
+
+
+
+@dataclass(frozen=True)
+class TaskQuery:
+    """Which open tasks: the mode's user and groups, the filter, and the keyset page."""
+
+    mode: InboxMode = "inbox"
+    user: str | None = None
+    groups: Sequence[str] | None = None
+    where: TaskFilter = TaskFilter()
     after: tuple[int, datetime, str] | None = None
     limit: int = 50
 

@@ -3,14 +3,14 @@
 --   <task_select> <one task_mode_*> <task_filters> <task_page>, or <task_count> <mode> <task_filters>
 -- Parameters:
 --   $1 user  $2 groups  $3 workflow  $4 priority at least  $5 due before  $6 candidate group
---   $7 text in title  $8 follow-up before  $9 hide later follow-ups (db_now)  $10 scope
---   $11-$13 the keyset cursor (priority, created_at, id)  $14 limit
+--   $7 text in title  $8 follow-up before  $9 hide later follow-ups (db_now)  $10 scope  $11 any of these scopes
+--   $12-$14 the keyset cursor (priority, created_at, id)  $15 limit
 
 -- name: task_select
 SELECT t.id, t.instance_id, t.position, t.step, t.visit, t.definition_id, t.status, t.title, t.description,
 t.assignee, t.owner, t.delegation, t.candidate_users, t.candidate_groups, t.priority, t.decisions, t.form,
 t.data, t.state_version, t.require_version_stability, t.due_at, t.follow_up_at, t.reminded_at, t.escalated_at,
-t.completion, t.created_at, t.updated_at, t.ended_at
+t.completion, t.created_at, t.updated_at, t.ended_at, t.scope
 FROM {{schema}}.tasks t
 WHERE
 
@@ -46,12 +46,13 @@ AND ($7::text IS NULL OR strpos(lower(t.title), lower($7::text)) > 0)
 AND ($8::timestamptz IS NULL OR t.follow_up_at IS NULL OR t.follow_up_at <= $8::timestamptz)
 AND (NOT $9::boolean OR t.follow_up_at IS NULL OR t.follow_up_at <= {{schema}}.db_now())
 AND ($10::text IS NULL OR t.scope = $10::text)
+AND ($11::text[] IS NULL OR t.scope = ANY ($11::text[]))
 
 -- name: task_page
-AND ($11::integer IS NULL OR t.priority < $11::integer
-     OR (t.priority = $11::integer AND (t.created_at, t.id) > ($12::timestamptz, $13::uuid)))
+AND ($12::integer IS NULL OR t.priority < $12::integer
+     OR (t.priority = $12::integer AND (t.created_at, t.id) > ($13::timestamptz, $14::uuid)))
 ORDER BY t.priority DESC, t.created_at, t.id
-LIMIT $14
+LIMIT $15
 
 -- name: get_task
 SELECT t.*, i.version, i.state_version AS current_version, i.status AS instance_status
