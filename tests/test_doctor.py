@@ -20,6 +20,8 @@ from stepstone.testing import open_engine
 kept: Workflow[Any] = Workflow("doctor_kept", version=1)
 stranded_v1: Workflow[Any] = Workflow("doctor_stranded", version=1)
 stranded_v2: Workflow[Any] = Workflow("doctor_stranded", version=2)
+# The worker serves v3 of doctor_stranded (so it claims that workflow's commands) but not v1 or v2.
+served_v3: Workflow[Any] = Workflow("doctor_stranded", version=3)
 
 
 @kept.step(start=True)
@@ -37,14 +39,20 @@ def stranded_step_2(ctx: StepContext, state: dict[str, Any]) -> None:
     state["ran"] = True
 
 
+@served_v3.step(start=True)
+def stranded_step_3(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["ran"] = True
+
+
 def doctor(database_url: str, *args: str) -> Result:
     return CliRunner().invoke(cli, ["--database-url", database_url, "doctor", *args], catch_exceptions=False)
 
 
 async def start_and_defer(database_url: str) -> tuple[int, int]:
-    """Start 2 instances of v1 and 1 of v2 of a workflow the worker lacks, and one it has; run the worker.
+    """Start 2 instances of v1 and 1 of v2 of a workflow whose v3 alone the worker has, and one of a workflow
+    it has; run the worker.
     Returns (deferrals the worker made, completed instances) and checks doctor in between."""
-    async with open_engine(database_url, Registry(kept), concurrency=4) as engine:
+    async with open_engine(database_url, Registry(kept, served_v3), concurrency=4) as engine:
         await engine.client.start(stranded_v1, {})
         await engine.client.start(stranded_v1, {})
         await engine.client.start(stranded_v2, {})

@@ -42,7 +42,10 @@ def _one_step(step_name: str, workflow_id: str = "conflicting", version: int = 3
 async def test_a_worker_without_the_pinned_plan_defers_and_never_fails(engine: Engine, rows: Rows) -> None:
     iid = await engine.client.start(hw.held_sync, {})
     before = await engine.client.get(iid)
-    lacking = Worker(engine.store, Registry(hw.emitter), WorkerConfig(worker_id="old-node", max_claims=2))
+    # A node that serves held_sync, but another version of it (a worker never claims a workflow it
+    # does not serve at all: tests/registry/test_registry.py).
+    lacking = Worker(engine.store, Registry(_one_step("other", "held_sync", version=2)),
+                     WorkerConfig(worker_id="old-node", max_claims=2))
     # More deferrals than max_claims: a deferral gives its claim back, so it never dead-letters.
     for n in range(1, 5):
         await lacking.run_until_idle()
