@@ -89,6 +89,9 @@ def test_the_block_parser_sees_markers(tmp_path: Path) -> None:
         ("sh", "echo 1", None), ("sh", "sleep 3600", "takes an hour"), ("console", "$ x", None)]
 
 
+# First pass only: the blocks drive the CLI and the HTTP API, whose SQL the store's own tests run against
+# each server; running every document again against a second PostgreSQL cost four minutes of CI.
+@pytest.mark.first_pass_only
 @pytest.mark.parametrize("path", [p for p in DOCS if any(b.lang == "sh" and b.not_run is None
                                                          for b in blocks(p))],
                          ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -26,10 +26,15 @@ from tests.api.serving import served
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None or CHROMEDRIVER is None,
+        reason="needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)",
+    ),
+    # First pass only: the clicks test the pages; their queries run against the second PostgreSQL in
+    # tests/api's other tests.
+    pytest.mark.first_pass_only,
+]
 WAIT = 20.0
 _DEBUG: list[Any] = []
 
