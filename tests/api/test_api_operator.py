@@ -70,6 +70,15 @@ async def test_retention_policies_and_a_dry_run_sweep(api: Api) -> None:
     assert r.status_code == 422
     sweep = (await api.http.post(f"{V1}/retention/run", headers=admin, json={"dry_run": True})).json()
     assert (sweep["dry_run"], sweep["archived"], sweep["purged"]) == (True, 0, 0)
+    iid = await api.engine.client.start("job", {"name": "n"}, scope="acme")
+    await api.engine.run_until_idle()
+    await api.engine.client.signal(iid, "approve")  # it waits for approval, then ships and completes
+    await api.engine.run_until_idle()
+    await api.engine.advance(7200)
+    narrowed = [(await api.http.post(f"{V1}/retention/run", headers=admin,
+                                     json={"dry_run": True, "workflow": "job", "scope": s})).json()["archived"]
+                for s in ("acme", "globex")]
+    assert narrowed == [1, 0]
     operator = await api.token("operator")
     assert (await api.http.put(f"{V1}/retention/policies", headers=operator, json=policy)).status_code == 403
     assert (await api.http.post(f"{V1}/retention/run", headers=operator, json={})).status_code == 403

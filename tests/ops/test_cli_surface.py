@@ -46,6 +46,8 @@ def test_commands_that_select_instances_take_the_same_filters() -> None:
     expected = {p.name for p in getattr(reference, "__click_params__", [])}
     assert {"statuses", "workflow", "scope", "since", "until", "business_key"} <= expected
     selecting = {name: set(_options(c)) for name, c in OPERATOR_COMMANDS if "workflow" in _options(c)}
+    # A retention sweep narrows by workflow and scope alone: the status classes are its policies'.
+    assert {"workflow", "scope"} <= selecting.pop("retention run")
     assert set(selecting) == {"find", "list", "probe", "stuck", "repair retry", "repair cancel"}
     for name, options in selecting.items():
         assert expected <= options, f"{name} lacks {expected - options}"

@@ -54,6 +54,26 @@ async def test_archive_then_purge_in_batches(engine: Engine, ops: Operations, co
     assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == 2
 
 
+async def test_a_sweep_narrowed_to_a_workflow_and_a_scope(engine: Engine, ops: Operations,
+                                                          conn: asyncpg.Connection, database_url: str) -> None:
+    await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))
+    acme = [await engine.client.start(workflows.flaky, {}, scope="acme") for _ in range(2)]
+    other = [await engine.client.start(workflows.flaky, {}) for _ in range(3)]
+    await engine.run_until_idle()
+    await engine.advance(2 * DAY)
+    assert (await ops.retention_run(dry_run=True, workflow="ops_forky")).archived == 0
+    dry = await ops.retention_run(dry_run=True, workflow="ops_flaky", scope="acme")
+    assert (dry.archived, dry.purged) == (2, 0)  # a dry run counts what its archive phase would take
+    report = await ops.retention_run(workflow="ops_flaky", scope="acme")
+    assert (report.archived, report.purged) == (2, 2)
+    left = {str(r["id"]) for r in await conn.fetch("SELECT id FROM stepstone.instances")}
+    assert left.isdisjoint(acme) and set(other) <= left
+    from tests.ops.test_cli_operations import as_json  # noqa: PLC0415 - the one CLI runner of these tests
+
+    by_cli = await as_json(database_url, "retention", "run", "--scope", "default", "--workflow", "ops_flaky")
+    assert (by_cli["archived"], by_cli["purged"]) == (3, 3)
+
+
 async def test_a_policy_per_workflow_and_never_for_waiting(engine: Engine, ops: Operations) -> None:
     await ops.set_retention_policy("ops_flaky", "completed", timedelta(days=1), timedelta(0))
     await _completed(engine, 2)

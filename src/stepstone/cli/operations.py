@@ -365,17 +365,21 @@ def _retention_text(r: RetentionReport) -> str:
 @retention_group.command("run")
 @click.option("--dry-run", is_flag=True, help="Count what would go, change nothing.")
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True)
+@click.option("--workflow", type=TEXT, metavar="W", help="Only instances of this workflow.")
+@click.option("--scope", type=TEXT, metavar="S", help="Only instances of this scope (tenant).")
 @output_option
 @with_settings
-def retention_run_command(settings: Settings, output: str, dry_run: bool, batch_size: int) -> None:
+def retention_run_command(settings: Settings, output: str, dry_run: bool, batch_size: int, workflow: str | None,
+                          scope: str | None) -> None:
     """Archive instances past their window, purge archived ones past theirs, drop old published events.
-    Instances with an unsent or dead-lettered event are never purged: the report says how many."""
+    Instances with an unsent or dead-lettered event are never purged: the report says how many.
+    `--workflow` and `--scope` narrow the instances swept (each status class keeps its policy's window)."""
     with progress_bar("retention", None, enabled=output != "json") as advance:
         def progress(_phase: str, report: RetentionReport) -> None:
             advance(report.archived + report.purged)
 
         report = _run(settings, lambda ops: ops.retention_run(dry_run=dry_run, batch_size=batch_size,
-                                                              progress=progress))
+                                                              progress=progress, workflow=workflow, scope=scope))
     emit(_json(report.as_dict()), output, lambda: _retention_text(report))
 
 

@@ -78,8 +78,10 @@ class Operations:
         return await retention.set_policy(self.store, workflow, status_class, retain_for, purge_after)
 
     async def retention_run(self, *, dry_run: bool = False, batch_size: int = 500,
-                            progress: retention.Progress | None = None) -> RetentionReport:
-        return await retention.run(self.store, dry_run=dry_run, batch_size=batch_size, progress=progress)
+                            progress: retention.Progress | None = None, workflow: str | None = None,
+                            scope: str | None = None) -> RetentionReport:
+        return await retention.run(self.store, dry_run=dry_run, batch_size=batch_size, progress=progress,
+                                   workflow=workflow, scope=scope)
 
     # -- repair -------------------------------------------------------------------------------
 

@@ -42,9 +42,11 @@ async def set_policy(
 
 async def run(
     store: OperationsStore, *, dry_run: bool = False, batch_size: int = 500, progress: Progress | None = None,
+    workflow: str | None = None, scope: str | None = None,
 ) -> RetentionReport:
     """One sweep: archive, then purge, then old published outbox rows and expired buffered messages; each
-    batch its own transaction."""
+    batch its own transaction. `workflow` and `scope` narrow the instances swept (not the outbox rows
+    nor the messages, which belong to no one instance filter)."""
     report = RetentionReport(dry_run=dry_run)
     started = time.perf_counter()
     holder = await store.try_retention_lock()
@@ -55,7 +57,7 @@ async def run(
         for phase in ("archive", "purge"):
             after: str | None = None
             while True:
-                batch = await store.retention_batch(phase, batch_size, after, dry_run)
+                batch = await store.retention_batch(phase, batch_size, after, dry_run, workflow, scope)
                 if not batch["scanned"]:
                     break
                 report.batches += 1

@@ -114,8 +114,10 @@ class PostgresOperations:
                     where: InstanceFilter | None = None) -> list[dict[str, Any]]:
         return await self._fetch("stuck", *_filter_args(where or _EVERY), older_than.total_seconds(), limit)
 
-    async def retention_batch(self, phase: str, limit: int, after: str | None, dry_run: bool) -> dict[str, Any]:
-        rows = await self._fetch("retention_batch", phase, limit, None if after is None else _id(after), dry_run)
+    async def retention_batch(self, phase: str, limit: int, after: str | None, dry_run: bool,
+                              workflow: str | None = None, scope: str | None = None) -> dict[str, Any]:
+        rows = await self._fetch("retention_batch", phase, limit, None if after is None else _id(after), dry_run,
+                                 workflow, scope)
         row = rows[0]
         row["done_ids"] = [str(i) for i in row["done_ids"] or []]
         return row

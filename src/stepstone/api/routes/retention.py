@@ -33,6 +33,8 @@ class Policy(BaseModel):
 
 class Sweep(BaseModel):
     dry_run: bool = Field(default=False, description="Count what the sweep would archive and purge.")
+    workflow: str | None = Field(default=None, max_length=500, description="Only instances of this workflow.")
+    scope: str | None = Field(default=None, max_length=500, description="Only instances of this scope.")
 
 
 def _delta(seconds: float | None) -> timedelta | None:
@@ -56,5 +58,6 @@ async def set_policy(request: Request, who: Writer, body: Policy) -> dict[str, A
 async def run_sweep(request: Request, who: Writer, body: Sweep | None = None) -> dict[str, Any]:
     require(who, "admin", ALL_SCOPES)
     report = await Operations.on(context_of(request).store, actor=who.actor).retention_run(
-        dry_run=bool(body and body.dry_run))
+        dry_run=bool(body and body.dry_run), workflow=body.workflow if body else None,
+        scope=body.scope if body else None)
     return report.as_dict()

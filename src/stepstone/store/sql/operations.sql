@@ -127,8 +127,9 @@ WHERE c.instance_id = $1 AND c.state = 'PENDING' AND c.kind IN ('START', 'STEP',
 ORDER BY c.position;
 
 -- name: retention_batch
+-- $5/$6: only instances of this workflow / scope (NULL: every one; migration 0022).
 SELECT last_id, scanned, done, busy, active, unsent, dead, done_ids
-FROM {{schema}}.retention_batch($1, $2, $3, $4);
+FROM {{schema}}.retention_batch($1, $2, $3, $4, $5, $6);
 
 -- name: retention_outbox
 SELECT {{schema}}.retention_outbox($1, $2);
