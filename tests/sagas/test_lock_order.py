@@ -1,20 +1,20 @@
 """Lock order on the saga paths: compensation commits, cancels (with and without compensation), an
 instance deadline firing and children completing into a parent that compensates, all at once on real
-connections, in opposite orders. No deadlock (SQLSTATE 40P01) in any caller's exceptions or in any
-single commit of the workers; and every instance still ends.
+connections, in opposite orders. No deadlock (SQLSTATE 40P01) in any caller's exceptions, in any
+commit of the workers (group commits included), nor in PostgreSQL's count for the database; and every
+instance still ends.
 
-One kind is allowed and counted: a group commit (several segments in one transaction, each locking
-its own instance) holds the locks of its earlier segments while a later one waits, so no order
-inside the saga paths can rule out a cycle with a cancel of a parent whose child's commit is in the
-group. PostgreSQL aborts the group, nothing of it is written, and the worker commits its segments
-one by one (committer.py); those one-by-one commits must not deadlock. PostgreSQL's deadlock count
-for the database must equal the number of such group fallbacks: any other deadlock fails the test."""
+A group commit (several segments in one transaction, each locking its own instance) holds the locks
+of its earlier segments while a later one waits; with a child's commit in it and its parent's after,
+it closed a cycle with a cancel of the parent (which takes the parent, then the child). A child's
+commit now goes alone (committer.py); the second test makes that cycle on purpose."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
+import uuid
 from typing import Any
 
 import asyncpg
@@ -22,9 +22,12 @@ from pydantic import BaseModel
 
 from stepstone.authoring.workflow import CompensationContext, Registry, Retry, StepContext, Workflow
 from stepstone.client import Client
-from stepstone.core.transitions import child_id
+from stepstone.core.model import Decision
+from stepstone.core.transitions import apply, child_id
 from stepstone.errors import InstanceNotFound, InvalidState
+from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.port import CommitRequest
 from stepstone.store.postgres import PostgresStore
 from stepstone.testing import open_engine
 
@@ -173,4 +176,56 @@ async def test_saga_paths_take_locks_in_one_order(database_url: str, conn: async
     rows = await conn.fetch("SELECT status, attempts FROM stepstone.compensations")
     assert {(r["status"], r["attempts"]) for r in rows} <= {("COMPENSATED", 1), ("PENDING", 0)}, rows
     assert sum(r["status"] == "COMPENSATED" for r in rows) >= 2 * (INSTANCES // 3), rows  # the deadlines' at least
-    assert await _deadlocks(conn) - deadlocks_before == handler.group_fallbacks
+    assert handler.group_fallbacks == 0
+    assert await _deadlocks(conn) == deadlocks_before
+
+
+async def test_a_group_never_holds_a_child_while_it_waits_for_its_parent(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """The cycle the group commit could close, made on purpose: a transaction holds a parent's row (as a
+    cancel does, which then takes the children), a worker's commits of that parent and of its child go
+    to the committer together, the child's id sorting first; the transaction then takes the child. A
+    group [child, parent] would hold the child while it waits for the parent: a deadlock. The child's
+    commit goes alone (committer.py), so none happens and every commit lands."""
+    async with open_engine(database_url, registry, concurrency=4, lease_seconds=30) as engine:
+        while True:  # a parent whose child's id sorts before its own, as a group orders them
+            pid = await engine.client.start(lo_parent, {})
+            await engine.run_until_idle()
+            cid = child_id(pid, "", "kid", 2)
+            if cid < pid:
+                break
+            await engine.client.cancel(pid, "not this one")
+            await engine.run_until_idle()
+        await engine.client.signal(cid, "go")
+        await engine.advance(DEADLINE + 1)  # the parent's deadline is due: both have a command to commit
+        claims = {c.instance.id: c for c in await engine.store.claim(8, 30, "grouper")}
+        assert set(claims) == {pid, cid}, claims
+        requests = []
+        for iid, wf in ((cid, lo_child), (pid, lo_parent)):
+            claim = claims[iid]
+            decision = apply(claim.instance, claim.command, wf.plan, claim.now)
+            assert isinstance(decision, Decision), decision
+            requests.append(CommitRequest(claim, claim.command.id, decision, claim.instance.visit,
+                                          claim.instance.state_version))
+        deadlocks_before = await _deadlocks(conn)
+        holder = await asyncpg.connect(database_url)
+        try:
+            held = holder.transaction()
+            await held.start()
+            await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1 FOR UPDATE", uuid.UUID(pid))
+            committer = GroupCommitter(engine.store, lease_seconds=30, worker="grouper")
+            both = asyncio.gather(*(committer.commit(r) for r in requests))  # queued in one tick: one batch
+            for _ in range(200):  # until a commit waits for the parent's row
+                if await conn.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("no commit came to wait for the parent's row")
+            await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1 FOR UPDATE", uuid.UUID(cid))
+            await held.commit()
+            results = await asyncio.wait_for(both, timeout=30)
+        finally:
+            await holder.close()
+        assert all(r is not None for r in results), results
+        assert await _deadlocks(conn) == deadlocks_before
