@@ -78,8 +78,9 @@ async def test_a_worker_killed_between_reservation_and_segment_completes_the_tas
             assert await wait_for(lambda: _true(probe, gone), deadline, every=0.02), "the killed backends linger"
             await tx.rollback()  # the rows are free: the survivors' commits, and the takeovers, go on
             assert await wait_for(lambda: _approved(probe), deadline)
-            for n in range(SIZE):
-                await client.publish_message(workflows.RECEIPT, f"k{n}", {"key": f"k{n}"}, message_id=f"r{n}")
+            for n in range(SIZE):  # buffered when s1's commit has not opened the wait yet (its effect came first)
+                await client.publish_message(workflows.RECEIPT, f"k{n}", {"key": f"k{n}"}, message_id=f"r{n}",
+                                             ttl=60)
             assert await wait_for(lambda: _completed(probe), deadline)
         finally:
             await holder.close()

@@ -258,12 +258,23 @@ async def test_a_publish_waits_out_a_busy_instance_inside_the_callers_transactio
             await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1 FOR UPDATE", waiting)
             publishing = asyncio.ensure_future(
                 engine.client.publish_message("arrived", "c-busy", {"n": 1}, connection=conn))
-            # The publish's own backend sleeps between attempts: the database says so.
-            while not await holder.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' "
-                    "AND query LIKE '%publish_in_caller_transaction%'"):
+            # The publish waits in the database, not in the client: one statement, still running on its
+            # backend a while after it began (between its attempts it sleeps there), while the row is held.
+            async def running() -> tuple[int, Any] | None:
+                await holder.execute("SELECT pg_stat_clear_snapshot()")
+                row = await holder.fetchrow(
+                    "SELECT pid, query_start FROM pg_stat_activity WHERE state = 'active' "
+                    "AND query LIKE '%publish_in_caller_transaction%' AND pid <> pg_backend_pid()")
+                return None if row is None else (row["pid"], row["query_start"])
+
+            first = await running()
+            while first is None:
                 assert not publishing.done(), publishing
                 await asyncio.sleep(0.01)
+                first = await running()
+            await asyncio.sleep(0.3)
+            assert not publishing.done(), publishing
+            assert await running() == first  # the same statement, still going
             await locked.commit()
             assert (await publishing).outcome == "delivered"
             await run("INSERT INTO orders VALUES ('after')")
