@@ -267,14 +267,18 @@ async def test_a_publish_waits_out_a_busy_instance_inside_the_callers_transactio
                     "AND query LIKE '%publish_in_caller_transaction%' AND pid <> pg_backend_pid()")
                 return None if row is None else (row["pid"], row["query_start"])
 
-            first = await running()
-            while first is None:
+            seen = await running()
+            while seen is None:  # (first seen, it may still be being prepared: a statement of its own)
                 assert not publishing.done(), publishing
                 await asyncio.sleep(0.01)
-                first = await running()
+                seen = await running()
+            await asyncio.sleep(0.3)
+            began = await running()
             await asyncio.sleep(0.3)
             assert not publishing.done(), publishing
-            assert await running() == first  # the same statement, still going
+            # The statement running 0.3 s ago is still the one running: the retries are inside it (a
+            # client retrying would send a new statement at least every 50 ms).
+            assert began is not None and await running() == began
             await locked.commit()
             assert (await publishing).outcome == "delivered"
             await run("INSERT INTO orders VALUES ('after')")
