@@ -117,6 +117,39 @@ def test_start_prints_only_the_id_and_reads_input_files(run: Cli, tmp_path: Path
     assert run.json("show", from_stdin.stdout.strip())["instance"]["state"]["name"] == "cy"
 
 
+def test_an_input_file_of_json_lines_starts_one_instance_per_line(run: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "inputs.jsonl"
+    path.write_text("".join(f'{{"name": "n{n}"}}\n' for n in range(1_205)) + "\n")  # a blank line is skipped
+    result = run("start", "hello", "--input-file", str(path), "--app", APP)
+    assert result.exit_code == 0, result.output
+    ids = result.stdout.split()
+    assert len(ids) == 1_205 and len(set(ids)) == 1_205
+    assert "started 1,205 of 1,205" in result.stderr  # progress, one line per batch of a thousand
+    assert run.json("show", ids[-1])["instance"]["state"]["name"] == "n1204"  # in line order
+    assert run.count("SELECT count(*) FROM stepstone.instances") == 1_205
+    as_json = run("start", "hello", "--input-file", "-", "--app", APP, "-o", "json",
+                  input='{"name": "a"}\n{"name": "b"}\n')
+    assert len(json.loads(as_json.stdout)["instance_ids"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "message"),
+    [
+        ('{"name": "a"}\n{"name":\n', (), "line 2 is not valid JSON"),
+        ('{"name": "a"}\n{"nom": 1}\n', (), "item 2 of 2"),
+        ('{"name": "a"}\n{"name": "b"}\n', ("--business-key", "k"), "an --input-file of 2 lines starts 2"),
+        ('{\n  "name":\n', (), "inputs.jsonl is not valid JSON"),
+    ],
+)
+def test_bad_json_lines_start_nothing(
+    run: Cli, tmp_path: Path, text: str, extra: tuple[str, ...], message: str
+) -> None:
+    path = tmp_path / "inputs.jsonl"
+    path.write_text(text)
+    assert message in run.error("start", "hello", "--input-file", str(path), "--app", APP, *extra)
+    assert run.count("SELECT count(*) FROM stepstone.instances") == 0
+
+
 def test_start_keys(run: Cli) -> None:
     first = run.json("start", "hello", "--input", '{"name": "a"}', "--idempotency-key", "k1", "--app", APP)
     again = run.json("start", "hello", "--input", '{"name": "a"}', "--idempotency-key", "k1", "--app", APP)

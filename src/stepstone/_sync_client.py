@@ -130,6 +130,41 @@ class SyncClient:
             connection=connection,
         ))
 
+    def start_many(
+        self,
+        workflow: Workflow[Any] | str,
+        inputs: Sequence[Any],
+        *,
+        idempotency_keys: Sequence[str | None] | None = None,
+        business_keys: Sequence[str | None] | None = None,
+        scope: str = "default",
+        deadline: timedelta | float | datetime | None = None,
+        batch_size: int = 1000,
+        on_batch: Callable[[int, int], Any] | None = None,
+    ) -> list[str]:
+        """Start one instance per input; returns their ids in input order. The instances are written
+        `batch_size` at a time, each batch in one statement and one transaction, two batches at a time
+        (docs/performance.md has the rates): every instance of a batch starts, or none does.
+
+        Each item follows `start`'s rules: `idempotency_keys[i]` and `business_keys[i]` (lists as long
+        as `inputs`; None where an item has none) work as the keyword arguments of `start` do. A key
+        used before with the same input gives the earlier instance's id; with other input the batch
+        holding it starts nothing and IdempotencyConflict is raised, as BusinessKeyInUse is for a
+        business key in use. Other batches may have started (the ones sent before, and the one in
+        flight beside it); calling again with the same inputs and idempotency keys starts only what
+        is missing. `on_batch(started, total)` is
+        called after each batch (progress for long inputs)."""
+        return self._run(self._client.start_many(
+            workflow,
+            inputs,
+            idempotency_keys=idempotency_keys,
+            business_keys=business_keys,
+            scope=scope,
+            deadline=deadline,
+            batch_size=batch_size,
+            on_batch=on_batch,
+        ))
+
     def signal(
         self,
         instance_id: str,

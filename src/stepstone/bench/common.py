@@ -60,11 +60,12 @@ class Sizes:
     fanout_seconds: float = 1.0
     fanout_repeats: int = 3
     map_items: int = 1_000
+    batch_starts: int = 100_000
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls("quick", 5, 2_000, 600, 5, 30, 500, 1_000, 50_000, 300, 20, 1_000,
-                   fanout_repeats=1, map_items=200)
+                   fanout_repeats=1, map_items=200, batch_starts=20_000)
 
     @classmethod
     def full(cls) -> Sizes:

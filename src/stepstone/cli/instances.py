@@ -32,7 +32,7 @@ from stepstone.cli.common import (
     with_settings,
 )
 from stepstone.cli.connection import open_store
-from stepstone.client import Client, InstanceInfo
+from stepstone.client import DEFAULT_START_BATCH, Client, InstanceInfo
 from stepstone.config import Settings
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
 from stepstone.errors import DefinitionNotFound
@@ -212,7 +212,8 @@ def start_command(
     deadline: float | None,
 ) -> None:
     """Start an instance of WORKFLOW (the version the scope's activation selects, docs/versions.md) and print
-    its id."""
+    its id. An --input-file of JSON lines (one input per line) starts one instance per line, a thousand
+    per statement, and prints their ids in order."""
     if input_text is not None and input_file is not None:
         raise CliError("give --input or --input-file, not both")
     if input_file is not None:
@@ -220,12 +221,18 @@ def start_command(
             text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text(encoding="utf-8")
         except OSError as exc:
             raise CliError(f"cannot read --input-file {input_file}: {exc.strerror}") from None
+        many = input_lines(text, f"--input-file {input_file}")
+        if many is not None:
+            if idempotency_key is not None or business_key is not None:
+                raise CliError("--idempotency-key and --business-key name one instance; an --input-file of "
+                               f"{len(many):,} lines starts {len(many):,}")
+            _known_workflow(registry, workflow)
+            _start_many(settings, registry, output, workflow, many, scope, deadline)
+            return
         data = parse_json(text, f"--input-file {input_file}")
     else:
         data = parse_json(input_text, "--input") if input_text is not None else None
-    if registry.latest(workflow) is None:
-        known = ", ".join(sorted({wf.id for wf in registry})) or "none"
-        raise CliError(f"{DefinitionNotFound(workflow)} (workflows here: {known})")
+    _known_workflow(registry, workflow)
 
     async def work(client: Client) -> str:
         return await client.start(workflow, data, idempotency_key=idempotency_key, business_key=business_key,
@@ -233,6 +240,46 @@ def start_command(
 
     instance_id = _with_client(settings, registry, work)
     emit({"instance_id": instance_id}, output, lambda: instance_id)
+
+
+def input_lines(text: str, what: str) -> list[Any] | None:
+    """The inputs of a JSON-lines file (one document per non-empty line), or None when the text is one
+    JSON document (which may span lines): a single start."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    except RecursionError:
+        raise CliError(f"{what} is nested too deeply") from None
+    else:
+        return None
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    try:
+        json.loads(lines[0][1]) if lines else None
+    except (json.JSONDecodeError, RecursionError):
+        lines = []
+    if len(lines) < 2:  # not JSON lines: one document that does not parse, and the error says where
+        parse_json(text, what)
+    return [parse_json(line, f"{what} line {number}") for number, line in lines]
+
+
+def _known_workflow(registry: Registry, workflow: str) -> None:
+    if registry.latest(workflow) is None:
+        known = ", ".join(sorted({wf.id for wf in registry})) or "none"
+        raise CliError(f"{DefinitionNotFound(workflow)} (workflows here: {known})")
+
+
+def _start_many(settings: Settings, registry: Registry, output: str, workflow: str, inputs: list[Any], scope: str,
+                deadline: float | None) -> None:
+    def progress(started: int, total: int) -> None:
+        if total > DEFAULT_START_BATCH:
+            click.echo(f"started {started:,} of {total:,}", err=True)
+
+    async def work(client: Client) -> list[str]:
+        return await client.start_many(workflow, inputs, scope=scope, deadline=deadline, on_batch=progress)
+
+    ids = _with_client(settings, registry, work)
+    emit({"instance_ids": ids}, output, lambda: "\n".join(ids))
 
 
 @click.command("signal")

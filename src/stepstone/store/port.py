@@ -96,6 +96,25 @@ class NewInstance:
     """What the caller bound when it started (stepstone.context): kept with the instance."""
 
 
+@dataclass(frozen=True)
+class NewInstances:
+    """Instances of one pinned version started by one statement (`ClientStore.start_many`): the per-item
+    lists align by index; the rest is the same for every item (as `NewInstance` has it)."""
+
+    pin: Pin
+    start_step: str
+    ids: Sequence[str]
+    states: Sequence[Any]
+    business_keys: Sequence[str | None]
+    idempotency_keys: Sequence[str | None]
+    fingerprints: Sequence[str]
+    actor: str | None = None
+    deadline_at: datetime | None = None
+    deadline_seconds: float | None = None
+    start_deadline_seconds: float | None = None
+    context: Any = None
+
+
 class Listener(Protocol):
     """The wake-up connection a worker holds; `close` ends it, a connection already gone included."""
 
@@ -135,6 +154,7 @@ class ClientStore(TaskStore, Protocol):
     def definitions(self) -> DefinitionsPort: ...
     async def register(self, pin: Pin, plan: dict[str, Any]) -> None: ...
     async def start(self, new: NewInstance) -> tuple[str, bool]: ...
+    async def start_many(self, new: NewInstances) -> list[tuple[str, bool]]: ...
     async def signal(
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,
         position: str = "", context: Any = None,

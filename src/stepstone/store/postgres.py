@@ -32,13 +32,16 @@ from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
 from stepstone.store.observing import ObservingQueries
 from stepstone.store.outcomes import signal_command_id
-from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, NewInstances, Pin
 from stepstone.store.postgres_tasks import TaskQueries, open_signal_limit
 from stepstone.store.queries import queries
 from stepstone.store.registry import PostgresRegistry
 from stepstone.store.scheduling import SchedulingQueries
 
 log = logging.getLogger("stepstone.store")
+
+IDEMPOTENCY_CLASH = "SSK01"
+"""start_batch: an idempotency key used before with other input (migration 0023)."""
 
 __all__ = ["Listener", "PostgresStore", "event_id"]
 
@@ -280,6 +283,30 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
                 instance_id=row["target"],
             )
         return row["target"], False
+
+    async def start_many(self, new: NewInstances) -> list[tuple[str, bool]]:
+        """Insert many instances of one version in one statement and one transaction: all or none.
+        Per item, in order: (id, True) when created, (the key's earlier instance, False) for a repeated
+        idempotency key with the same input."""
+        pin = new.pin
+        try:
+            rows = await self._fetch(
+                "start_batch", [uuid.UUID(i) for i in new.ids], pin.scope, pin.definition_id, pin.version,
+                pin.plan_hash, list(new.states), new.start_step, list(new.business_keys), list(new.idempotency_keys),
+                list(new.fingerprints), new.actor, new.context, new.deadline_at, new.deadline_seconds,
+                new.start_deadline_seconds)
+        except asyncpg.UniqueViolationError:
+            held = await self._fetchrow("business_keys_held", pin.scope, pin.definition_id,
+                                        [k for k in new.business_keys if k is not None])
+            if held is None:  # taken by a start that rolled back since: the batch may simply be retried
+                raise BusinessKeyInUse("(one of the batch's business keys)", "") from None
+            raise BusinessKeyInUse(held["business_key"], str(held["id"])) from None
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate != IDEMPOTENCY_CLASH:
+                raise
+            raise IdempotencyConflict(exc.args[0] if exc.args else str(exc),
+                                      instance_id=str(getattr(exc, "detail", "") or "")) from None
+        return [(str(r["instance_id"]), bool(r["created"])) for r in rows]
 
     async def signal(
         self, instance_id: str, name: str, payload: Any, *, dedup_key: str | None, fingerprint: str, actor: str | None,

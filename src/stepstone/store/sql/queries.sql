@@ -207,6 +207,16 @@ WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($11::tex
 SELECT {{schema}}.schedule_start_deadlines(
     {{schema}}.start_with_context($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12), $13, $14, $7, $15) FROM who;
 
+-- name: start_batch
+-- Many starts of one pinned version in one statement and one transaction (migration 0023).
+SELECT idx, instance_id, created
+FROM {{schema}}.start_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15);
+
+-- name: business_keys_held
+SELECT business_key, id FROM {{schema}}.instances
+WHERE scope = $1 AND definition_id = $2 AND business_key = ANY ($3::text[])
+LIMIT 1;
+
 -- name: start_key
 SELECT fingerprint, target FROM {{schema}}.dedup WHERE kind = 'START' AND namespace = $1 AND key = $2;
 

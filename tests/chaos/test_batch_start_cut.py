@@ -1,0 +1,69 @@
+"""A batch start whose connection is cut mid-statement starts nothing of that batch, and calling again with
+the same idempotency keys starts each instance exactly once (a real server backend is terminated while
+`start_batch` runs)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.errors import DatabaseUnavailable
+from stepstone.testing import open_engine
+
+wf: Workflow[Any] = Workflow("batch-cut", version=1)
+
+
+@wf.step(start=True, next=None)
+def only(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["done"] = True
+
+
+registry = Registry(wf)
+ITEMS = 10_000
+
+
+async def _cut_the_batch(conn: asyncpg.Connection) -> int:
+    """Terminate the backend running start_batch as soon as it is seen running; its pid."""
+    while True:
+        pid = await conn.fetchval("SELECT pid FROM pg_stat_activity WHERE state = 'active' "
+                                  "AND query LIKE '%start_batch(%' AND pid <> pg_backend_pid() LIMIT 1")
+        if pid is not None:
+            await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+            return int(pid)
+        await asyncio.sleep(0.001)
+
+
+async def test_a_cut_batch_starts_nothing_and_a_retry_starts_each_once(database_url: str) -> None:
+    inputs = [{"n": n} for n in range(ITEMS)]
+    keys = [f"item-{n}" for n in range(ITEMS)]
+    async with open_engine(database_url, registry, concurrency=2) as engine:
+        await engine.client.start(wf, {"warm": True})  # registers the workflow before the cut
+        conn = await asyncpg.connect(database_url)
+        try:
+            cutter = asyncio.create_task(_cut_the_batch(conn))
+            try:
+                await engine.client.start_many(wf, inputs, idempotency_keys=keys, batch_size=ITEMS)
+                raise AssertionError("the batch finished before it could be cut")
+            except DatabaseUnavailable:
+                pass
+            await asyncio.wait_for(cutter, timeout=30)
+            counts = await conn.fetchrow(
+                "SELECT (SELECT count(*) FROM stepstone.instances WHERE definition_id = 'batch-cut') AS instances, "
+                "(SELECT count(*) FROM stepstone.positions) AS positions, "
+                "(SELECT count(*) FROM stepstone.commands WHERE kind = 'START') AS starts, "
+                "(SELECT count(*) FROM stepstone.history WHERE kind = 'INSTANCE_STARTED') AS started, "
+                "(SELECT count(*) FROM stepstone.dedup WHERE kind = 'START') AS keys")
+            assert dict(counts) == {"instances": 1, "positions": 1, "starts": 1, "started": 1, "keys": 0}
+
+            ids = await engine.client.start_many(wf, inputs, idempotency_keys=keys, batch_size=2_500)
+            again = await engine.client.start_many(wf, inputs[:100], idempotency_keys=keys[:100])
+            assert again == ids[:100] and len(set(ids)) == ITEMS
+            assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == ITEMS + 1
+            assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE kind = 'START'") == ITEMS + 1
+        finally:
+            cutter.cancel()
+            await asyncio.gather(cutter, return_exceptions=True)
+            await conn.close()
