@@ -213,3 +213,21 @@ async def test_a_buffered_message_keeps_its_payload_only_until_delivered_or_expi
     assert [(r["correlation_key"], r["status"], r["payload"]) for r in await conn.fetch(payloads)] == [
         ("nobody-waits", "EXPIRED", None), ("k-2", "DELIVERED", None)]
     assert "canary" not in json.dumps((await _all_rows(conn)), default=str)
+
+
+async def test_an_instance_in_a_scope_without_its_own_registration_is_redacted_too(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    """A scope with no registration of its own runs the default scope's: its sensitive paths apply (the
+    baseline history and the operator's views read them from the registration the pin was admitted to)."""
+    holder = {"name": "Ann", "pin": PIN}
+    single = await engine.client.start(workflows.payment, {"order": "o-1", "card": workflows.SECRET,
+                                                            "holder": holder}, scope="tenant-a")
+    batch = await engine.client.start_many(workflows.payment, [{"order": "o-2", "card": workflows.SECRET,
+                                                                "holder": holder}], scope="tenant-a")
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances WHERE scope = 'tenant-a' "
+                               "AND definition_scope = 'default'") == 2
+    history = json.dumps([dict(r) for r in await conn.fetch("SELECT data FROM stepstone.history")], default=str)
+    assert "canary" not in history and REDACTED in history
+    shown = json.dumps([(await ops.detail(iid)).as_dict() for iid in (single, *batch)], default=str)
+    assert "canary" not in shown

@@ -107,7 +107,7 @@ BEGIN
     v_scope := {{schema}}.admitted_scope(p_definition, p_version, p_plan_hash, p_scope);
     -- The same lookup as redact_baseline's: nothing to redact, nothing the trigger would change.
     SELECT d.plan -> 'sensitive' INTO v_paths FROM {{schema}}.definitions d
-    WHERE d.scope = p_scope AND d.definition_id = p_definition AND d.version = p_version;
+    WHERE d.scope = COALESCE(v_scope, p_scope) AND d.definition_id = p_definition AND d.version = p_version;
     IF v_paths IS NULL OR jsonb_typeof(v_paths) <> 'array' OR jsonb_array_length(v_paths) = 0 THEN
         v_words := v_words || 'plain'::text;
     END IF;
@@ -215,4 +215,31 @@ BEGIN
         PERFORM {{schema}}.flow_admit_queued(v_inst.scope, v_inst.definition_id, v_key, v_now);
     END IF;
     RETURN NULL;
+END $$;
+
+-- The baseline's redaction read the sensitive paths of the registration in the instance's own scope,
+-- but an instance in a scope with no registration of its own runs the default scope's
+-- (definition_scope, set by the pin admission): it found no paths, and a sensitive input value was
+-- kept in the INSTANCE_STARTED entry. It now reads the registration the pin was admitted against.
+CREATE OR REPLACE FUNCTION {{schema}}.redact_baseline() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_paths jsonb;
+    v_path jsonb;
+    v_state jsonb;
+BEGIN
+    SELECT d.plan -> 'sensitive' INTO v_paths
+    FROM {{schema}}.instances i
+    JOIN {{schema}}.definitions d ON d.scope = COALESCE(i.definition_scope, i.scope)
+                                  AND d.definition_id = i.definition_id AND d.version = i.version
+    WHERE i.id = NEW.instance_id;
+    IF v_paths IS NULL OR jsonb_typeof(v_paths) <> 'array' OR NEW.data IS NULL OR NOT NEW.data ? 'state' THEN
+        RETURN NEW;
+    END IF;
+    v_state := NEW.data -> 'state';
+    FOR v_path IN SELECT jsonb_array_elements(v_paths) LOOP
+        v_state := {{schema}}.redact_path(v_state, ARRAY(SELECT jsonb_array_elements_text(v_path)));
+    END LOOP;
+    NEW.data := jsonb_set(NEW.data, '{state}', v_state);
+    RETURN NEW;
 END $$;

@@ -53,8 +53,9 @@ SELECT i.archived_at, i.scope, d.plan -> 'sensitive' AS sensitive,
        (SELECT jsonb_object_agg(s ->> 'name', (s -> 'retry' ->> 'max_attempts')::integer)
         FROM jsonb_array_elements(d.plan -> 'steps') s WHERE s ? 'retry') AS max_attempts
 FROM {{schema}}.instances i
-LEFT JOIN {{schema}}.definitions d
-       ON d.scope = i.scope AND d.definition_id = i.definition_id AND d.version = i.version
+LEFT JOIN {{schema}}.definitions d  -- the registration the pin was admitted against (a scope may use default's)
+       ON d.scope = COALESCE(i.definition_scope, i.scope) AND d.definition_id = i.definition_id
+      AND d.version = i.version
 WHERE i.id = $1;
 
 -- name: history_page
