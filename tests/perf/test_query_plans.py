@@ -21,6 +21,7 @@ from stepstone.client import Client
 from stepstone.core.pin import pin_of
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store import postgres
+from stepstone.store.database import connect, create_pool
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import queries
 
@@ -78,9 +79,8 @@ async def captured_plans(database_url: str) -> list[dict[str, Any]]:
     """Run three-step and signal workflows through a worker; the plans of every statement it sent."""
     plans: list[dict[str, Any]] = []
     _PlanCapture.sink = plans
-    pool = await asyncpg.create_pool(
-        database_url, min_size=1, max_size=4, init=postgres._init_connection,  # the store's codecs
-        connection_class=_PlanCapture,
+    pool = await create_pool(  # the store's pool: its codecs and its session settings
+        database_url, min_size=1, max_size=4, init=postgres._init_connection, connection_class=_PlanCapture,
     )
     store = PostgresStore(pool, database_url, "stepstone")
     try:
@@ -157,3 +157,36 @@ async def test_guard_fails_without_the_claim_indexes(seeded: str) -> None:
     found = seq_scans(await captured_plans(seeded))
     # Without them the claim falls back to a Seq Scan (on commands, or positions driving the join).
     assert found and all(s.split(":")[0] in GUARDED for s in found), found
+
+
+async def test_no_statement_is_compiled_by_jit(seeded: str) -> None:
+    """With a million waiting instances the claim's estimated cost passed jit_above_cost and each claim
+    spent ~55 ms compiling (docs/performance.md); the threshold is lowered to 0 here so that every plan
+    passes it, as the claim's did: the store's connections must compile none."""
+    conn = await asyncpg.connect(seeded)
+    try:
+        if not await conn.fetchval("SELECT pg_jit_available()"):
+            pytest.skip("this PostgreSQL has no JIT (built without LLVM): no statement can be compiled")
+        database = await conn.fetchval("SELECT current_database()")
+        await conn.execute(f'ALTER DATABASE "{database}" SET jit_above_cost = 0')
+    finally:
+        await conn.close()
+    plans = await captured_plans(seeded)
+    assert plans, "plans were captured"
+    assert [_norm(p.get("Query Text", ""))[:120] for p in plans if "JIT" in p] == []
+
+
+@pytest.mark.parametrize("served", [None, ["bench_three"]], ids=["all definitions", "served definitions"])
+async def test_the_claim_settles_on_its_generic_plan(seeded: str, served: list[str] | None) -> None:
+    """A claim planned anew on every call cost 1.3-1.4 ms against 0.2 ms with its cached plan
+    (docs/performance.md): whatever a caller passes, PostgreSQL keeps the generic plan after five custom ones."""
+    claim = queries("stepstone")["claim"]
+    conn = await connect(seeded)
+    try:
+        for _ in range(10):
+            await conn.fetch(claim, 8, 30.0, "plans", served)
+        row = await conn.fetchrow(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1", claim)
+    finally:
+        await conn.close()
+    assert row is not None and (row["custom_plans"], row["generic_plans"]) == (5, 5)

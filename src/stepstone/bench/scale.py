@@ -63,6 +63,11 @@ async def run(ctx: BenchContext) -> list[Metric]:
             Metric("scale", f"{label} p50, {large:,} waiting", b, "ms", "within 25%", growth <= 0.25,
                    note=f"{growth:+.1%} vs {small:,} waiting"),
         ]
+    a, b = results[small]["wal_per_workflow"], results[large]["wal_per_workflow"]
+    ctx.say(f"scale: WAL {a:,.0f} bytes a workflow at {small:,}, {b:,.0f} at {large:,} ({b / a - 1:+.0%})")
+    metrics += [Metric("scale", f"WAL bytes per three-step workflow, {n:,} waiting", v, "bytes",
+                       note="server-wide, checkpoints' full-page images included")
+                for n, v in ((small, a), (large, b))]
     metrics.append(Metric("scale", "bytes on disk per waiting instance", per_instance, "bytes",
                           note="instances + commands + history, indexes included"))
     return metrics
@@ -85,13 +90,15 @@ async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict
     track_commits(store, progress)
     worker = Worker(store, registry, WorkerConfig(concurrency=ctx.concurrency, worker_id="bench-scale"))
     try:
-        for _ in range(EMPTY_CLAIMS):
-            await store.claim(ctx.concurrency, 30.0, "bench-scale")
+        for _ in range(EMPTY_CLAIMS):  # as the worker claims: only the definitions it serves
+            await store.claim(ctx.concurrency, 30.0, "bench-scale", worker.served)
         empty = statistics.median(stats.seconds("claim"))
         await worker.start()
         await closed_loop(client, progress, 50, 4 * ctx.concurrency)
         stats.clear()
+        wal_from = await conn.fetchval(q["wal_position"])
         await closed_loop(client, progress, ctx.sizes.scale_workflows, 4 * ctx.concurrency)
+        wal = int(await conn.fetchval(q["wal_bytes_since"], wal_from))
         await worker.stop()
     finally:
         await client_store.close()
@@ -102,4 +109,5 @@ async def measure(ctx: BenchContext, url: str, conn: asyncpg.Connection, q: dict
         # A commit statement carries one step commit or, grouped, several: the median statement.
         "commit_ms": statistics.median(stats.seconds("commit") + stats.seconds("commit_many")) * 1000,
         "empty_claim_ms": empty * 1000,
+        "wal_per_workflow": wal / ctx.sizes.scale_workflows,
     }

@@ -150,7 +150,7 @@ class Worker:
         return self._registered
 
     @property
-    def _served(self) -> list[str]:
+    def served(self) -> list[str]:
         """The definition ids this worker claims work of (read per claim: a registry may grow)."""
         return sorted({wf.plan.definition_id for wf in self.registry})
 
@@ -245,7 +245,7 @@ class Worker:
             claims = []
             if free > 0:
                 claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id,
-                                                 self._served)
+                                                 self.served)
             if not claims and not self._tasks:
                 if self._finished != finished:
                     continue  # a segment ended during the claim: its commit may have queued work it missed
@@ -272,7 +272,7 @@ class Worker:
                     await self._open_listener()
                 last_claim = asyncio.get_running_loop().time()
                 claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id,
-                                                 self._served)
+                                                 self.served)
                 failures = 0
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 failures += 1

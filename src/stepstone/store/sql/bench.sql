@@ -103,6 +103,13 @@ SELECT pg_total_relation_size('{{schema}}.instances'::regclass)
      + pg_total_relation_size('{{schema}}.commands'::regclass)
      + pg_total_relation_size('{{schema}}.history'::regclass);
 
+-- name: wal_position
+SELECT pg_current_wal_lsn()::text;
+
+-- name: wal_bytes_since
+-- WAL written server-wide since position $1 (autovacuum and checkpoints included).
+SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint;
+
 -- name: analyze
 ANALYZE {{schema}}.instances, {{schema}}.positions, {{schema}}.commands, {{schema}}.history;
 
