@@ -34,6 +34,7 @@ from stepstone.errors import (
     UnknownSignal,
     WaitTimeout,
 )
+from stepstone.ids import new_instance_id
 from stepstone.observability import tracing
 from stepstone.ops import InstanceFilter, Operations, migration
 from stepstone.ops.contracts import explain_unknown_signal
@@ -190,7 +191,7 @@ class Client(TaskOperations, MessageOperations):
         with tracing.span(f"stepstone.start {wf.id}", {"workflow": wf.id, "version": wf.version,
                                                        "business_key": business_key}) as span:
             new = NewInstance(
-                id=str(uuid.uuid4()),
+                id=new_instance_id(),
                 pin=replace(pin_of(wf), scope=scope),
                 state=state,
                 start_step=wf.plan.start,
@@ -271,7 +272,7 @@ class Client(TaskOperations, MessageOperations):
                     lo, hi = batches[n]
                     started = await self.store.start_many(NewInstances(
                         pin=pin, start_step=wf.plan.start,
-                        ids=[str(uuid.uuid4()) for _ in range(lo, hi)],
+                        ids=[new_instance_id() for _ in range(lo, hi)],
                         states=[state for state, _ in prepared[lo:hi]],
                         business_keys=business[lo:hi], idempotency_keys=keys[lo:hi],
                         fingerprints=[fingerprint for _, fingerprint in prepared[lo:hi]],

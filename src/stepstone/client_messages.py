@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -30,6 +29,7 @@ from stepstone.errors import (
     OpenSignalLimit,
     UnknownSignal,
 )
+from stepstone.ids import new_instance_id
 from stepstone.store.caller_transaction import CallerTransactionStore
 from stepstone.store.port import ClientStore, NewInstance
 
@@ -139,7 +139,7 @@ class MessageOperations:
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline)  # a started instance gets its deadlines as a start gives them
         new = NewInstance(
-            id=str(uuid.uuid4()), pin=pin_of(wf, scope), state=state, start_step=wf.plan.start,
+            id=new_instance_id(), pin=pin_of(wf, scope), state=state, start_step=wf.plan.start,
             business_key=business_key,
             idempotency_key=None, fingerprint=hashlib.sha256(json.dumps([text, business_key]).encode()).hexdigest(),
             actor=self.actor, deadline_at=at, deadline_seconds=seconds, start_deadline_seconds=wf.plan.start_deadline,

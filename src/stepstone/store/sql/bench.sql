@@ -52,9 +52,11 @@ FROM i, n;
 -- name: seed_waiting_instances
 -- Instances $1..$2 waiting as the engine leaves them: even ones on a timer,
 -- odd ones on a signal wait with a timeout; pinned to ($3, $4, $5).
+-- Their ids are UUIDv7 as the client makes them (stepstone/ids.py), instance g started at millisecond g
+-- after 2023-11-14: older than any instance the workload starts, so they fill the indexes' left side.
 INSERT INTO {{schema}}.instances (id, definition_id, version, plan_hash, status, state, step, visit, wait,
                                   next_seq, history_seq, created_at, updated_at)
-SELECT md5('w' || g)::uuid, $3, $4, $5, 'WAITING',
+SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, $3, $4, $5, 'WAITING',
        jsonb_build_object('n', g, 'payload', repeat('x', 80)),
        CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
        CASE WHEN g % 2 = 0
@@ -68,17 +70,17 @@ FROM generate_series($1::bigint, $2::bigint) AS g;
 INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, wait, created_at, updated_at)
 SELECT i.id, '', 'WAITING', i.step, i.visit, i.wait, i.created_at, i.updated_at
 FROM {{schema}}.instances i
-WHERE i.id IN (SELECT md5('w' || g)::uuid FROM generate_series($1::bigint, $2::bigint) AS g);
+WHERE i.id IN (SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid FROM generate_series($1::bigint, $2::bigint) AS g);
 
 -- name: seed_waiting_commands
 -- Their settled START command and their pending timer (fire or timeout), for instances $1..$2.
 INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, name, claims, available_at,
                                  token, claimed_by, created_at, settled_at)
-SELECT md5('w' || g)::uuid, 1, 'START', 'COMPLETE', 'first', 1, NULL, 1, now(), md5('s' || g)::uuid,
+SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, 1, 'START', 'COMPLETE', 'first', 1, NULL, 1, now(), md5('s' || g)::uuid,
        'seed', now(), now()
 FROM generate_series($1::bigint, $2::bigint) AS g
 UNION ALL
-SELECT md5('w' || g)::uuid, 2, 'TIMER', 'PENDING', CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
+SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, 2, 'TIMER', 'PENDING', CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
        CASE WHEN g % 2 = 0 THEN 'fire' ELSE 'timeout' END, 0, now() + interval '30 days', NULL, NULL,
        now(), NULL
 FROM generate_series($1::bigint, $2::bigint) AS g;
@@ -87,7 +89,7 @@ FROM generate_series($1::bigint, $2::bigint) AS g;
 -- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them
 -- (baseline of version $3, plan hash $4).
 INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, data)
-SELECT md5('w' || g)::uuid, k.seq, now(), k.kind, k.step, k.visit,
+SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, k.seq, now(), k.kind, k.step, k.visit,
        CASE k.seq
            WHEN 1 THEN jsonb_build_object('state', jsonb_build_object('n', g, 'payload', repeat('x', 80)),
                                           'version', $3::integer, 'plan_hash', $4::text)

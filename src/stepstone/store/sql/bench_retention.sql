@@ -3,7 +3,7 @@
 -- name: complete_seeded
 -- The seeded waiting instances $1..$2 (bench.sql seed_waiting_*) as the engine leaves a completed
 -- one: instance and root position COMPLETED, its timer superseded.
-WITH ids AS (SELECT md5('w' || g)::uuid AS id FROM generate_series($1::bigint, $2::bigint) AS g),
+WITH ids AS (SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid AS id FROM generate_series($1::bigint, $2::bigint) AS g),
 inst AS (
     UPDATE {{schema}}.instances i SET status = 'COMPLETED', wait = NULL, ended_at = now(), updated_at = now()
     FROM ids WHERE i.id = ids.id RETURNING i.id

@@ -1,0 +1,24 @@
+"""Instance ids are UUIDv7: time-ordered, so new instances land on the right edge of every index."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from stepstone.ids import new_instance_id
+
+
+def test_an_id_is_a_version_7_uuid_carrying_its_creation_millisecond() -> None:
+    before = time.time_ns() // 1_000_000
+    value = uuid.UUID(new_instance_id())
+    after = time.time_ns() // 1_000_000
+    assert (value.version, value.variant) == (7, uuid.RFC_4122)
+    assert before <= value.int >> 80 <= after
+
+
+def test_ids_sort_by_creation_time_and_do_not_repeat() -> None:
+    first = [new_instance_id() for _ in range(5_000)]
+    time.sleep(0.002)
+    later = [new_instance_id() for _ in range(5_000)]
+    assert len(set(first + later)) == 10_000
+    assert max(first) < min(later)  # the text form sorts as the uuid does (fixed-width lowercase hex)
