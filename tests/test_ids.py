@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from stepstone.ids import new_instance_id
+from stepstone.ids import new_instance_id, short_id
 
 
 def test_an_id_is_a_version_7_uuid_carrying_its_creation_millisecond() -> None:
@@ -22,3 +22,9 @@ def test_ids_sort_by_creation_time_and_do_not_repeat() -> None:
     later = [new_instance_id() for _ in range(5_000)]
     assert len(set(first + later)) == 10_000
     assert max(first) < min(later)  # the text form sorts as the uuid does (fixed-width lowercase hex)
+
+
+def test_the_short_form_tells_apart_instances_started_together() -> None:
+    ids = [new_instance_id() for _ in range(1_000)]
+    assert len({i[:8] for i in ids}) <= 2  # the start time, one value per 65.5 s: not the short form
+    assert len({short_id(i) for i in ids}) == 1_000

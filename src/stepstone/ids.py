@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 
-__all__ = ["new_instance_id"]
+__all__ = ["new_instance_id", "short_id"]
 
 
 def new_instance_id() -> str:
@@ -22,3 +22,9 @@ def new_instance_id() -> str:
     value = value & ~(0xF << 76) | 0x7 << 76  # version 7
     value = value & ~(0x3 << 62) | 0x2 << 62  # variant RFC 9562
     return str(uuid.UUID(int=value))
+
+
+def short_id(instance_id: str) -> str:
+    """The eight characters that tell instances apart at a glance: the id's last ones, which are random
+    (its first ones are the start time, the same for every instance started within a minute)."""
+    return str(instance_id)[-8:]

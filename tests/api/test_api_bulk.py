@@ -77,3 +77,16 @@ async def test_bulk_acts_only_where_the_caller_is_operator(api: Api) -> None:
         assert (await api.http.post(f"{V1}/bulk/{path}", json={"ids": [viewed]})).status_code == 401
     assert (await api.engine.client.get(theirs)).status == "FAILED"
     assert (await api.engine.client.get(viewed)).status == "FAILED"
+
+
+async def test_a_nul_character_in_a_bulk_request_is_refused_not_a_server_error(api: Api) -> None:
+    """PostgreSQL text cannot hold NUL; the fuzzed API test once sent one in a bulk cancel (a 500)."""
+    waiting = await api.start("n")
+    operator = await api.token("operator")
+    for path, body in (("cancel", {"ids": [waiting], "reason": "a\x00b"}),
+                       ("cancel", {"filter": {"workflow": "job\x00"}}),
+                       ("retry", {"filter": {"business_key_contains": "\x00"}}),
+                       ("migrate", {"ids": [waiting], "to_version": 1, "step_map": {"a\x00": "b"}})):
+        r = await api.http.post(f"{V1}/bulk/{path}", headers=operator, json=body)
+        assert (path, r.status_code) == (path, 422), r.text
+    assert (await api.engine.client.get(waiting)).status == "WAITING"

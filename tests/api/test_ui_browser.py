@@ -143,7 +143,7 @@ async def test_find_a_failed_instance_retry_it_and_see_it_complete_live(
 
     await asyncio.to_thread(open_failed)
     links = await until(lambda: browser.find_elements(By.CSS_SELECTOR, "table.list tbody a.mono"), "failed ones")
-    assert [a.text for a in links] == [failed[:8]]
+    assert [a.text for a in links] == [failed[-8:]]
 
     def save_view() -> None:
         browser.find_element(By.CSS_SELECTOR, "[data-save-view]").click()
@@ -154,7 +154,7 @@ async def test_find_a_failed_instance_retry_it_and_see_it_complete_live(
     await asyncio.to_thread(save_view)
     saved = await until(lambda: browser.find_elements(By.LINK_TEXT, "failed ones"), "the saved view")
     assert saved[0].get_attribute("href").endswith("/ui/?status=FAILED")
-    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, failed[:8]).click())
+    await asyncio.to_thread(lambda: browser.find_element(By.LINK_TEXT, failed[-8:]).click())
     await until(lambda: browser.find_elements(By.CSS_SELECTOR, "svg.diagram"), "the graph")
     marked = browser.find_elements(By.CSS_SELECTOR, 'svg.diagram g.node.failed[data-step="charge"]')
     assert len(marked) == 1
@@ -213,7 +213,7 @@ async def test_bulk_retry_a_selection_of_incidents_and_read_each_result(
     heading = await until(lambda: browser.find_elements(By.ID, "res-h"), "the results")
     assert heading[0].text == "Retry results: 2 of 2 retried"
     items = browser.find_elements(By.CSS_SELECTOR, ".results li")
-    assert sorted(i.text.split()[0] for i in items) == sorted([one[:8], two[:8]])
+    assert sorted(i.text.split()[0] for i in items) == sorted([one[-8:], two[-8:]])
     await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-bulk-retry.png"))
     await _settled(engine, one, "WAITING")
     await _settled(engine, two, "FAILED")
@@ -286,7 +286,7 @@ async def test_bulk_retry_every_incident_a_filter_matches_and_read_each_result(
     heading = await until(lambda: browser.find_elements(By.ID, "res-h"), "the results")
     assert heading[0].text == "Retry results: 2 of 2 retried"
     items = browser.find_elements(By.CSS_SELECTOR, ".results li")
-    assert sorted(i.text for i in items) == sorted(f"{iid[:8]} retried" for iid in north)
+    assert sorted(i.text for i in items) == sorted(f"{iid[-8:]} retried" for iid in north)
     assert {i.get_attribute("data-outcome") for i in items} == {"retried"}
     await asyncio.to_thread(browser.save_screenshot, str(shots / "ui-bulk-retry-filter.png"))
     await _settled(engine, north[0], "WAITING")

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from stepstone.ids import short_id
+
 __all__ = ["END_NODE", "Diagram", "diagram", "render_svg"]
 
 END_NODE = "$end"
@@ -224,7 +226,7 @@ def render_svg(d: Diagram, *, title: str = "workflow", link: str = "") -> str:
         parts.append("</g>")
         for n, child in enumerate(d.children.get(node, [])[:3]):
             cy = y + NODE_H + 14 + 14 * n
-            inner = f'<text x="{x + 4}" y="{cy}" class="child-link">child {escape(child[:8])}</text>'
+            inner = f'<text x="{x + 4}" y="{cy}" class="child-link">child {escape(short_id(child))}</text>'
             parts.append(f'<a href="{escape(link + child)}">{inner}</a>' if link else inner)
     parts.append("</svg>")
     return "\n".join(parts)

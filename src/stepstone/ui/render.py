@@ -17,6 +17,7 @@ from stepstone.api.app import API_PREFIX
 from stepstone.api.auth import TOKEN_COOKIE, Principal
 from stepstone.api.context import context_of
 from stepstone.core.attribution import Actor
+from stepstone.ids import short_id
 
 __all__ = ["UI_PREFIX", "csrf_token", "page", "patch_lines", "ui_root"]
 
@@ -34,6 +35,7 @@ def _who(actor: str | None) -> str:
 
 
 _env.filters["who"] = _who
+_env.filters["short"] = short_id
 
 
 def _when(value: datetime | None, millis: bool = False) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field, model_validator
+from pydantic import AfterValidator, BaseModel, Field, model_validator
 
 from stepstone.api.auth import Principal
 from stepstone.api.bulk_migration import bulk_migrate
@@ -21,7 +21,17 @@ from stepstone.ops.migration import DEFAULT_PATIENCE
 __all__ = ["router"]
 
 router = APIRouter(prefix="/bulk", tags=["bulk actions"])
-Name = str | None
+
+
+def _no_nul(value: str) -> str:
+    """PostgreSQL text cannot hold NUL: refused here (422) rather than failing the statement (500)."""
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+Name = Text | None
 
 
 class Filter(BaseModel):
@@ -56,12 +66,12 @@ class BulkRequest(BaseModel):
 
 
 class BulkCancelRequest(BulkRequest):
-    reason: str = Field(default="", max_length=10_000)
+    reason: Text = Field(default="", max_length=10_000)
 
 
 class BulkMigrateRequest(BulkRequest):
     to_version: int = Field(ge=1, le=2**31 - 1, description="The version of each instance's workflow to move it to.")
-    step_map: dict[str, str] = Field(default_factory=dict, max_length=1000,
+    step_map: dict[Text, Text] = Field(default_factory=dict, max_length=1000,
                                      description="Old step -> new step, for steps the target renamed.")
     patience_seconds: float = Field(
         default=DEFAULT_PATIENCE, ge=0, le=300,
