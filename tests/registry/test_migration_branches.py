@@ -340,3 +340,32 @@ async def test_migrating_branching_instances_under_load_loses_nothing_and_migrat
             assert info.state["ran"].endswith("/v2" if entries else "/v1")
         assert first.counts.get("migrated", 0) + second.counts.get("migrated", 0) == migrated >= len(ids) // 2
         assert "refused" not in first.counts and "refused" not in second.counts, (first.outcomes, second.outcomes)
+
+
+async def test_a_branch_that_reported_while_the_migration_was_planned_is_not_forgotten(engine: Engine) -> None:
+    """The interleaving CI once hit under load: the migration reads the instance while the right branch's
+    position has completed but its report (BRANCH_DONE) is not yet applied to the fork's position; the
+    report then lands, which changes the fork's join counts but nothing the fence compares. The join must
+    still count that branch: without it the instance waited forever at the fork."""
+    iid = await engine.client.start(p1, {})
+    await engine.run_until_idle()
+    definitions = engine.store.definitions
+    read = definitions.migration_view
+    earlier = await read(iid)  # the fork's wait before any branch reported
+    await engine.client.signal(iid, "go", position="split/right")
+    await engine.run_until_idle()
+
+    async def read_mid_report(instance_id: str) -> dict[str, Any]:
+        view = await read(instance_id)  # the right branch's position COMPLETED, the state as it is now
+        stale_root = next(p for p in earlier["positions"] if p["path"] == "")
+        return {**view, "positions": [{**p, "wait": stale_root["wait"]} if p["path"] == "" else p
+                                      for p in view["positions"]]}
+
+    definitions.migration_view = read_mid_report  # type: ignore[method-assign]
+    outcome = await migrate_one(definitions, iid, to=p2, step_map=PAR_MAP, state_transform=None, patience=0)
+    definitions.migration_view = read  # type: ignore[method-assign]
+    assert outcome.outcome == "migrated", outcome
+    await engine.client.signal(iid, "go", position="split/left")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.version, info.step, info.status) == (2, "hold", "WAITING")  # the join fired: both counted
