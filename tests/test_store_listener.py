@@ -5,6 +5,7 @@ The worker used to catch the driver's exception itself; the port's `Listener.clo
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -62,5 +63,27 @@ async def test_close_after_the_server_ended_the_connection(database_url: str) ->
             await killer.close()
         await listener.close()  # whether or not the driver has noticed yet, and mid-UNLISTEN included
         assert not listener.alive
+    finally:
+        await store.close()
+
+
+async def test_listen_due_reports_seconds_until_the_notified_time(database_url: str) -> None:
+    """The commands channel's payload is an available time on the server's clock; `listen_due` turns it
+    into seconds from now on this process's clock, and an unreadable payload into "due now"."""
+    store = await open_store(database_url)
+    got: asyncio.Queue[float] = asyncio.Queue()
+    try:
+        listener = await store.listen_due(got.put_nowait)
+        notifier = await asyncpg.connect(database_url)
+        try:
+            at = "(extract(epoch FROM clock_timestamp() + make_interval(secs => $2)) * 1000)::bigint::text"
+            for ahead in (30.0, -5.0):
+                await notifier.execute(f"SELECT pg_notify($1, {at})", store.channel, ahead)
+                assert abs(await asyncio.wait_for(got.get(), 10) - ahead) < 0.5
+            await notifier.execute("SELECT pg_notify($1, 'not a time')", store.channel)
+            assert await asyncio.wait_for(got.get(), 10) == 0.0
+        finally:
+            await notifier.close()
+        await listener.close()
     finally:
         await store.close()

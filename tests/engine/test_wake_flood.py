@@ -16,26 +16,33 @@ from stepstone.testing import Engine
 NOTIFIES = 1500
 
 
-@pytest.mark.parametrize("interval", [WorkerConfig().min_wake_interval, 0.05])
-async def test_a_notify_flood_makes_few_claims(engine: Engine, database_url: str, interval: float) -> None:
-    worker = engine.new_worker(concurrency=2, poll_interval=60, min_wake_interval=interval)
+def _timed_claims(engine: Engine) -> tuple[list[float], asyncio.Event]:
+    """Record the loop time of every claim statement the engine's store sends; the event is set on each."""
     claims: list[float] = []
+    claimed = asyncio.Event()
     inner = engine.store.claim
     loop = asyncio.get_running_loop()
-
-    claimed = asyncio.Event()
 
     async def counted(*args: Any) -> list[Claim]:
         claims.append(loop.time())
         claimed.set()
         return await inner(*args)
 
+    engine.store.claim = counted  # type: ignore[method-assign]
+    return claims, claimed
+
+
+@pytest.mark.parametrize("interval", [WorkerConfig().min_wake_interval, 0.05])
+async def test_a_notify_flood_makes_few_claims(engine: Engine, database_url: str, interval: float) -> None:
+    worker = engine.new_worker(concurrency=2, poll_interval=60, min_wake_interval=interval)
+    claims, claimed = _timed_claims(engine)
+    loop = asyncio.get_running_loop()
+
     async def claim_after(moment: float) -> None:
         while not (claims and claims[-1] > moment):
             claimed.clear()
             await claimed.wait()
 
-    engine.store.claim = counted  # type: ignore[method-assign]
     flooder = await asyncpg.connect(database_url)
     try:
         await worker.start()
@@ -59,3 +66,36 @@ async def test_a_notify_flood_makes_few_claims(engine: Engine, database_url: str
     gaps = [b - a for a, b in zip(claims[before:], claims[before + 1:], strict=False)]
     assert all(gap >= interval * 0.99 for gap in gaps), sorted(gaps)[:5]  # never two within one interval
 
+
+
+@pytest.mark.parametrize("ahead", [0.3, 120.0])
+async def test_a_future_command_wakes_no_idle_worker_before_it_is_due(
+    engine: Engine, database_url: str, ahead: float
+) -> None:
+    """A wait with a timeout inserts a timer due later; its notification must not cost an idle worker an
+    empty claim (that claim's coalescing interval delayed the signal that followed). A timer due within
+    the poll interval wakes the worker when it is due; one due after it is left to the poll."""
+    poll = 1.0
+    worker = engine.new_worker(concurrency=2, poll_interval=poll)
+    claims, claimed = _timed_claims(engine)
+    loop = asyncio.get_running_loop()
+    notifier = await asyncpg.connect(database_url)
+    try:
+        await worker.start()
+        while not claims:  # the first claim at start
+            await asyncio.wait_for(claimed.wait(), timeout=10)
+        claimed.clear()
+        sent = loop.time()
+        await notifier.execute(
+            "SELECT pg_notify($1, (extract(epoch FROM clock_timestamp() + make_interval(secs => $2)) * 1000)"
+            "::bigint::text)", engine.store.channel, ahead)
+        await asyncio.wait_for(claimed.wait(), timeout=10)
+    finally:
+        await notifier.close()
+        await worker.stop()
+    woke = claims[-1] - sent
+    # Without the due time the next claim follows the notification within milliseconds.
+    if ahead < poll:  # woken when it is due
+        assert ahead - 0.02 <= woke <= ahead + 0.5, f"claimed {woke:.3f} s after the notification"
+    else:  # the poll's own round, `poll` after the previous claim
+        assert claims[-1] - claims[-2] >= poll * 0.95, f"claimed {woke:.3f} s after the notification"

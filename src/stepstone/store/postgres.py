@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -232,6 +233,38 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
 
         await conn.add_listener(channel or self.channel, on_notify)
         return Listener(conn, channel or self.channel, on_notify)
+
+    async def listen_due(self, callback: Callable[[float], None]) -> Listener:
+        """A LISTEN connection on the commands channel whose `callback` gets, per notification, the
+        seconds until the notified command is due on this process's clock (0 or less: now).
+
+        The trigger's payload is the command's `available_at` on the server's clock (epoch ms); the
+        server's offset from this process's clock is measured once, when the connection opens (half a
+        round trip of error). A worker uses it to re-arm its timer for a future command instead of
+        claiming: a wait with a timeout inserts such a timer, and the empty claim it would cost an
+        idle worker delayed the signal that followed by the worker's wake-up coalescing interval.
+        An unreadable payload counts as due now: the payload is a hint, the claim decides."""
+        with translate_errors(self.url):
+            conn = await asyncpg.connect(self.url)
+        try:
+            with translate_errors(self.url):
+                sent = time.time()
+                server = float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+                offset = server - (sent + time.time()) / 2
+
+            def on_notify(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
+                try:
+                    due_in = float(str(payload)) / 1000 - offset - time.time()
+                except ValueError:
+                    due_in = 0.0
+                callback(due_in)
+
+            with translate_errors(self.url):
+                await conn.add_listener(self.channel, on_notify)
+        except BaseException:
+            await conn.close()
+            raise
+        return Listener(conn, self.channel, on_notify)
 
     async def listen_settled(self, callback: Callable[[str], None]) -> Listener:
         """A LISTEN connection on the channel an instance notifies when it completes, fails or is
