@@ -101,6 +101,8 @@ class BenchContext:
     processes: int
     bin_dir: str
     ceiling: float | None = None
+    serial_ceiling: float | None = None
+    """The ceiling's script from one client: the floor for one-at-a-time work (`ceiling.py`)."""
     max_workflows_per_s: float | None = None
     log: list[str] = field(default_factory=list)
 

@@ -44,10 +44,12 @@ async def run(ctx: BenchContext) -> list[Metric]:
             await store.close()
     ctx.say(f"enqueue: {serial:,.0f} starts/s one at a time, {concurrent:,.0f} with {ctx.concurrency} tasks, "
             f"{batched:,.0f} in batches")
-    ceiling = ctx.ceiling
+    ceiling, serial_ceiling = ctx.ceiling, ctx.serial_ceiling
     return [
         Metric("enqueue", "starts/s, one at a time", serial, "starts/s", ">= 4000", serial >= 4000,
                ratio=serial / ceiling if ceiling else None),
+        Metric("enqueue", "one-at-a-time starts per one-client ceiling commit", serial / serial_ceiling
+               if serial_ceiling else None, "x", note="1.00 = as fast as a one-statement commit from one client"),
         Metric("enqueue", f"starts/s, {ctx.concurrency} concurrent", concurrent, "starts/s",
                ratio=concurrent / ceiling if ceiling else None),
         Metric("enqueue", f"starts/s, start_many of {batch:,}", batched, "starts/s", ">= 20000", batched >= 20000,
