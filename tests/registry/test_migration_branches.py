@@ -330,7 +330,12 @@ async def test_migrating_branching_instances_under_load_loses_nothing_and_migrat
             infos = [await _ended_or_shown(engine, iid) for iid in ids]
         finally:
             await worker.stop()
-        assert [i.status for i in infos] == ["COMPLETED"] * len(ids)
+        # Seen once (a full local run with a benchmark loading the server): an instance FAILED. Its error
+        # and history go into the failure, so that the next occurrence says why.
+        ended = {i.id: (i.status, i.error) for i in infos if i.status != "COMPLETED"}
+        shown = {iid: [(h["kind"], h.get("position"), h.get("step"), h.get("data")) for h in
+                       await engine.client.history(iid)] for iid in ended}
+        assert ended == {}, f"did not complete: {ended}; history {shown}"
         migrated = 0
         for iid, info in zip(ids, infos, strict=True):
             entries = [h for h in await engine.client.history(iid) if h["kind"] == "INSTANCE_MIGRATED"]
