@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from stepstone import errors
-from stepstone.client import _typed
+from stepstone.client_base import _typed
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.examples import orders
 from stepstone.store.database import connect

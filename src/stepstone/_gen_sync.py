@@ -3,9 +3,10 @@
     python -m stepstone._gen_sync            # rewrite the module
     python -m stepstone._gen_sync --check    # exit 1 when the checked-in module is stale
 
-Every public coroutine method of `Client` (in source order) becomes a method of `SyncClient` with the
-same signature and docstring; `Client.connect`'s parameters become the constructor's. The module is
-checked in, so type checkers see every method; `tests/test_sync_client.py` fails when it is stale.
+Every public coroutine method of `Client` (the starts, then Client's own, then its other bases', each in
+source order) becomes a method of `SyncClient` with the same signature and docstring; `Client.connect`'s
+parameters become the constructor's. The module is checked in, so type checkers see every method;
+`tests/test_sync_client.py` fails when it is stale.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from stepstone.client import Client
+from stepstone.client_starts import StartOperations
 
 __all__ = ["TARGET", "generate", "main"]
 
@@ -198,10 +200,14 @@ def generate() -> str:
     """The text of `_sync_client.py` for the `Client` imported now."""
     annotations: list[str] = []
     methods: list[str] = []
-    members = {}  # Client's own methods first, then those of its bases (tasks, messages), each in source order
-    for klass in (Client, *Client.__mro__[1:-1]):
-        members.update({k: v for k, v in vars(klass).items() if k not in members})
-    for name, member in members.items():
+    # The starts first (where an instance begins), then Client's own methods (steering it), then those of its
+    # other bases in resolution order (schedules, tasks, messages); each class's in source order. Each name
+    # stands for what Client resolves it to.
+    names: dict[str, None] = {}
+    for klass in (StartOperations, *Client.__mro__[:-1]):
+        names.update(dict.fromkeys(vars(klass)))
+    for name in names:
+        member = inspect.getattr_static(Client, name)
         if name.startswith("_") or name in _SKIP or not inspect.iscoroutinefunction(member):
             continue
         sig = inspect.signature(member)

@@ -91,11 +91,6 @@ class SyncClient:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def detach(self, ) -> None:
-        """Close what this client opened beside its store (the listener `wait_for` uses), leaving the
-        store open: for a client made on a store its caller owns and closes."""
-        self._run(self._client.detach())
-
     def start(
         self,
         workflow: Workflow[Any] | str,
@@ -164,6 +159,11 @@ class SyncClient:
             batch_size=batch_size,
             on_batch=on_batch,
         ))
+
+    def detach(self, ) -> None:
+        """Close what this client opened beside its store (the listener `wait_for` uses), leaving the
+        store open: for a client made on a store its caller owns and closes."""
+        self._run(self._client.detach())
 
     def signal(
         self,

@@ -1,5 +1,7 @@
-"""Public operations on workflow instances: start, signal, cancel, retry, inspect, wait; human tasks
-(`client_tasks.TaskOperations`) and messages (`client_messages.MessageOperations`).
+"""Public operations on workflow instances: signal, cancel, retry, inspect, wait, migrate, and the operator's
+calls of `stepstone.ops`. `Client` has the rest from its bases: starts (`client_starts.StartOperations`),
+schedules and flow limits (`client_schedules.ScheduleOperations`), human tasks (`client_tasks.TaskOperations`)
+and messages (`client_messages.MessageOperations`); what they share is `client_base.ClientBase`.
 
 `Client` is async; `SyncClient` (`stepstone/_sync_client.py`) is generated from it by
 `python -m stepstone._gen_sync`, never kept by hand. The CLI and the HTTP API call these same methods.
@@ -9,54 +11,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
-from stepstone.client_messages import MessageOperations, deadline_fields
+from stepstone.client_base import _fingerprint
+from stepstone.client_messages import MessageOperations
+from stepstone.client_schedules import ScheduleOperations
 from stepstone.client_tasks import TaskOperations
 from stepstone.config import Settings
 from stepstone.context import durable
 from stepstone.core.attribution import Actor
-from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.limits import Limits
 from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, TERMINAL
-from stepstone.core.pin import DEFAULT_SCOPE, pin_of
-from stepstone.errors import (
-    DefinitionNotFound,
-    InvalidInput,
-    PayloadTooDeep,
-    PayloadTooLarge,
-    UnknownSignal,
-    WaitTimeout,
-)
-from stepstone.ids import new_instance_id
+from stepstone.errors import UnknownSignal, WaitTimeout
 from stepstone.observability import tracing
 from stepstone.ops import InstanceFilter, Operations, migration
 from stepstone.ops.contracts import explain_unknown_signal
 from stepstone.ops.migration import DEFAULT_PATIENCE, MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
-from stepstone.scheduling import operations as scheduling
-from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
-from stepstone.scheduling.schedule import Schedule
-from stepstone.store.caller_transaction import CallerTransactionStore
 from stepstone.store.factory import open_ready_store
-from stepstone.store.port import ClientStore, NewInstance, NewInstances
-from stepstone.store.scheduling_port import SchedulingStore
+from stepstone.store.port import ClientStore
 from stepstone.store.settled import SettledWatch
 
 SETTLED = TERMINAL | {FAILED, COMPENSATION_FAILED}
-DEFAULT_START_BATCH = 1_000
-"""Instances per statement of `start_many`: past about a thousand the rate hardly grows, while a
-failing batch (a business key in use) takes more with it (docs/performance.md, "Batch starts")."""
-MAX_START_BATCH = 10_000
-START_BATCHES_IN_FLIGHT = 2
-"""`start_many` sends two batches at a time, on two connections: a batch statement keeps one server
-process busy, and two use both cores of a small server (12,000 -> 15,000-24,000 starts/s here)."""
 """Statuses `wait_for` returns on: the instance will not move without an operator."""
 
 
@@ -104,9 +85,9 @@ class Cancellation:
         return self.outcome != "unchanged"
 
 
-class Client(TaskOperations, MessageOperations):
-    """Start and steer workflow instances, work on their human tasks and publish messages. Open with
-    `await Client.connect(...)`."""
+class Client(ScheduleOperations, TaskOperations, MessageOperations):
+    """Start and steer workflow instances, schedule them, work on their human tasks and publish messages.
+    Open with `await Client.connect(...)`."""
 
     def __init__(
         self, store: ClientStore, registry: Registry | None = None, *, limits: Limits | None = None,
@@ -157,139 +138,6 @@ class Client(TaskOperations, MessageOperations):
         await self.close()
 
     # -- operations -----------------------------------------------------------------------------
-
-    async def start(
-        self,
-        workflow: Workflow[Any] | str,
-        input: Any = None,  # noqa: A002 - the instance's input
-        *,
-        idempotency_key: str | None = None,
-        business_key: str | None = None,
-        scope: str = DEFAULT_SCOPE,
-        deadline: timedelta | float | datetime | None = None,
-        connection: Any = None,
-    ) -> str:
-        """Start an instance; returns its id. The same key with the same input returns the
-        same instance; the same key with other input raises IdempotencyConflict.
-
-        A workflow named by id runs the version the scope's activation selects (the default scope's when
-        the scope has none; the highest AVAILABLE version when nothing was activated); a `Workflow`
-        runs its own version. Either way the instance is pinned to that version, and a version that is
-        not AVAILABLE is refused (VersionNotAdmitted). `deadline` (a duration from now on the database
-        clock, or an instant; default the workflow's) times the instance out: it becomes TIMED_OUT after
-        compensating what it completed.
-
-        With `connection` (asyncpg, psycopg 3, or a SQLAlchemy connection or session) the start is
-        written by the caller's own transaction: it happens when that commits and not at all when it
-        rolls back (docs/integrations.md)."""
-        self._texts(scope=scope)
-        wf = await self._selected(workflow, scope)
-        self._texts(idempotency_key=idempotency_key, business_key=business_key)
-        state, fingerprint = self._start_state(wf, input, business_key)
-        await self._ensure_registered(wf)
-        at, seconds = deadline_fields(wf.deadline if deadline is None else deadline)
-        with tracing.span(f"stepstone.start {wf.id}", {"workflow": wf.id, "version": wf.version,
-                                                       "business_key": business_key}) as span:
-            new = NewInstance(
-                id=new_instance_id(),
-                pin=replace(pin_of(wf), scope=scope),
-                state=state,
-                start_step=wf.plan.start,
-                business_key=business_key,
-                idempotency_key=idempotency_key,
-                fingerprint=fingerprint,
-                actor=self.actor,
-                deadline_at=at,
-                deadline_seconds=seconds,
-                start_deadline_seconds=wf.plan.start_deadline,
-                context=durable.capture(),  # inside the span: the steps' spans are its children
-            )
-            if connection is not None:
-                instance_id, _ = await self._caller_transaction().start_in(connection, new)
-            else:
-                instance_id, _ = await self.store.start(new)
-            span.set_attribute("stepstone.instance_id", instance_id)
-        return instance_id
-
-    async def start_many(
-        self,
-        workflow: Workflow[Any] | str,
-        inputs: Sequence[Any],
-        *,
-        idempotency_keys: Sequence[str | None] | None = None,
-        business_keys: Sequence[str | None] | None = None,
-        scope: str = DEFAULT_SCOPE,
-        deadline: timedelta | float | datetime | None = None,
-        batch_size: int = DEFAULT_START_BATCH,
-        on_batch: Callable[[int, int], Any] | None = None,
-    ) -> list[str]:
-        """Start one instance per input; returns their ids in input order. The instances are written
-        `batch_size` at a time, each batch in one statement and one transaction, two batches at a time
-        (docs/performance.md has the rates): every instance of a batch starts, or none does.
-
-        Each item follows `start`'s rules: `idempotency_keys[i]` and `business_keys[i]` (lists as long
-        as `inputs`; None where an item has none) work as the keyword arguments of `start` do. A key
-        used before with the same input gives the earlier instance's id; with other input the batch
-        holding it starts nothing and IdempotencyConflict is raised, as BusinessKeyInUse is for a
-        business key in use. Other batches may have started (the ones sent before, and the one in
-        flight beside it); calling again with the same inputs and idempotency keys starts only what
-        is missing. `on_batch(started, total)` is
-        called after each batch (progress for long inputs)."""
-        items = list(inputs)
-        keys = _per_item("idempotency_keys", idempotency_keys, len(items))
-        business = _per_item("business_keys", business_keys, len(items))
-        if not 1 <= batch_size <= MAX_START_BATCH:
-            raise InvalidInput(f"batch_size must be between 1 and {MAX_START_BATCH:,}, not {batch_size}",
-                               what="batch size")
-        held = [k for k in business if k is not None]
-        if len(set(held)) != len(held):
-            twice = next(k for k in held if held.count(k) > 1)
-            raise InvalidInput(f"business key {twice!r} is given to more than one item", what="business keys")
-        self._texts(scope=scope)
-        wf = await self._selected(workflow, scope)
-        for key, bkey in zip(keys, business, strict=True):
-            self._texts(idempotency_key=key, business_key=bkey)
-        prepared = []
-        for n, (item, bkey) in enumerate(zip(items, business, strict=True), start=1):
-            try:
-                prepared.append(self._start_state(wf, item, bkey))
-            except InvalidInput as exc:  # nothing was started: say which item, as a file's line
-                raise type(exc)(f"item {n} of {len(items)}: {exc}", what=exc.what) from None
-        await self._ensure_registered(wf)
-        at, seconds = deadline_fields(wf.deadline if deadline is None else deadline)
-        pin = replace(pin_of(wf), scope=scope)
-        batches = [(lo, min(lo + batch_size, len(items))) for lo in range(0, len(items), batch_size)]
-        results: list[list[str]] = [[] for _ in batches]
-        done = 0
-        with tracing.span(f"stepstone.start_many {wf.id}", {"workflow": wf.id, "version": wf.version,
-                                                            "count": len(items)}):
-            context = durable.capture()
-            pending = iter(range(len(batches)))
-
-            async def send() -> None:  # one of START_BATCHES_IN_FLIGHT senders, each on its own connection
-                nonlocal done
-                for n in pending:
-                    lo, hi = batches[n]
-                    started = await self.store.start_many(NewInstances(
-                        pin=pin, start_step=wf.plan.start,
-                        ids=[new_instance_id() for _ in range(lo, hi)],
-                        states=[state for state, _ in prepared[lo:hi]],
-                        business_keys=business[lo:hi], idempotency_keys=keys[lo:hi],
-                        fingerprints=[fingerprint for _, fingerprint in prepared[lo:hi]],
-                        actor=self.actor, deadline_at=at, deadline_seconds=seconds,
-                        start_deadline_seconds=wf.plan.start_deadline, context=context,
-                    ))
-                    results[n] = [instance_id for instance_id, _ in started]
-                    done += hi - lo
-                    if on_batch is not None:
-                        on_batch(done, len(items))
-
-            senders = [asyncio.create_task(send()) for _ in range(min(START_BATCHES_IN_FLIGHT, len(batches)))]
-            outcomes = await asyncio.gather(*senders, return_exceptions=True)  # let the others finish first
-            failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-            if failed is not None:
-                raise failed
-        return [instance_id for batch in results for instance_id in batch]
 
     async def signal(
         self, instance_id: str, name: str, payload: Any = None, *, dedup_key: str | None = None, position: str = "",
@@ -475,150 +323,3 @@ class Client(TaskOperations, MessageOperations):
         self._texts(empty=True, instance_id=instance_id)
         self._text("step", step)
         return await self.operations.replay(instance_id, step)
-
-    # -- schedules and flow limits (docs/schedules.md) ----------------------------------------
-
-    async def schedule(self, schedule: Schedule) -> ScheduleInfo:
-        """Create or replace a schedule; any worker that has its workflow fires it. Declaring it again
-        unchanged (at every deploy) keeps its next tick."""
-        self._text("schedule name", schedule.name)
-        state = schedule.input
-        wf = self.registry.latest(schedule.workflow_id) if isinstance(schedule.workflow, str) else schedule.workflow
-        if wf is not None:
-            state = wf.state_to_json({} if schedule.input is None else schedule.input, what="schedule input")
-            await self._ensure_registered(wf)
-        self._encode("schedule input", state)
-        return await scheduling.put_schedule(self._scheduling(), schedule, state)
-
-    async def schedules(self, name: str | None = None) -> Schedules:
-        """Every schedule by name (or the one named; ScheduleNotFound when there is none)."""
-        return await scheduling.list_schedules(self._scheduling(), name)
-
-    async def pause_schedule(self, name: str) -> None:
-        await scheduling.pause_schedule(self._scheduling(), name)
-
-    async def resume_schedule(self, name: str) -> ScheduleInfo:
-        """Resume from the next tick after now: ticks missed while paused do not fire."""
-        return await scheduling.resume_schedule(self._scheduling(), name)
-
-    async def delete_schedule(self, name: str) -> None:
-        await scheduling.delete_schedule(self._scheduling(), name)
-
-    async def trigger_schedule(self, name: str) -> str:
-        """Start the schedule's workflow now, with its input, outside its ticks; returns the instance id."""
-        info = (await scheduling.list_schedules(self._scheduling(), name))[0]
-        return await self.start(info.workflow, info.input, idempotency_key=f"schedule:{name}:trigger:{uuid.uuid4()}")
-
-    async def set_flow_limit(
-        self, workflow: Workflow[Any] | str, *, max_running: int | None = None, key: str | None = None,
-        min_interval: float | None = None,
-    ) -> int:
-        """At most `max_running` instances of the workflow run at once (per value of `key`: 'business_key' or a
-        top-level state field), starts at least `min_interval` seconds apart; the rest wait as rows, in start
-        order. Returns how many waiting instances the new limit admitted at once."""
-        workflow_id = workflow if isinstance(workflow, str) else workflow.id
-        self._text("workflow", workflow_id)
-        return await scheduling.put_flow_limit(
-            self._scheduling(), workflow_id, max_running=max_running, key=key, min_interval=min_interval,
-        )
-
-    async def remove_flow_limit(self, workflow: Workflow[Any] | str) -> int:
-        """Remove the workflow's limit; returns how many waiting instances it released."""
-        workflow_id = workflow if isinstance(workflow, str) else workflow.id
-        return (await self._scheduling().delete_flow_limit(workflow_id))[1]
-
-    async def flow_limits(self, workflow: str | None = None) -> FlowLimits:
-        """The flow limits, with how many instances of each workflow run and wait now."""
-        return await scheduling.flow_limits(self._scheduling(), workflow)
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    async def _selected(self, workflow: Workflow[Any] | str, scope: str) -> Workflow[Any]:
-        """The workflow a start runs: a `Workflow` as given, an id through the registry's selection."""
-        if isinstance(workflow, Workflow):
-            return workflow
-        self._text("workflow", workflow)
-        chosen = await self.store.definitions.select_version(scope, workflow)
-        if chosen is None:
-            return self._workflow(workflow)
-        _, version, plan_hash = chosen
-        found = self.registry.find(workflow, version, plan_hash)
-        if found is None:
-            raise DefinitionNotFound(workflow, version, reason=f"is the version scope {scope} selects, and this "
-                                     "client's registry lacks it (or holds another structure under that version)")
-        return found
-
-    def _start_state(self, wf: Workflow[Any], input: Any, business_key: str | None) -> tuple[Any, str]:  # noqa: A002
-        """A start's input checked and as the state model keeps it, and its idempotency fingerprint."""
-        try:  # before the state model sees it: validating a 10,000-deep document is costly
-            self.limits.check_depth("input", input)
-        except PayloadRejected as exc:
-            raise _typed(exc) from None
-        state = wf.state_to_json({} if input is None else input)
-        return state, _fingerprint(self._encode("input", state), business_key)
-
-    def _caller_transaction(self) -> CallerTransactionStore:
-        if not isinstance(self.store, CallerTransactionStore):
-            raise TypeError(f"{type(self.store).__name__} cannot write in the caller's transaction")
-        return self.store
-
-    def _scheduling(self) -> SchedulingStore:
-        if not isinstance(self.store, SchedulingStore):
-            raise TypeError(f"{type(self.store).__name__} does not keep schedules or flow limits")
-        return self.store
-
-    def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
-        if isinstance(workflow, Workflow):
-            return workflow
-        self._text("workflow", workflow)
-        found = self.registry.latest(workflow)
-        if found is None:
-            raise DefinitionNotFound(workflow)
-        return found
-
-    async def _ensure_registered(self, wf: Workflow[Any], scope: str = DEFAULT_SCOPE) -> None:
-        key = (scope, wf.id, wf.version)
-        if key not in self._registered:
-            await self.store.register(pin_of(wf, getattr(wf, "scope", DEFAULT_SCOPE)), wf.registration_document())
-            self._registered.add(key)
-
-    def _encode(self, what: str, value: Any) -> str:
-        try:
-            return self.limits.encode(what, value)
-        except PayloadRejected as exc:
-            raise _typed(exc) from None
-
-    def _text(self, what: str, value: Any, *, free: bool = False, empty: bool = False) -> str:
-        """The one check of a text argument (see `Limits.check_text`), as a typed InvalidInput."""
-        try:
-            return self.limits.check_text(what, value, free=free, empty=empty)
-        except PayloadRejected as exc:
-            raise _typed(exc) from None
-
-    def _texts(self, *, empty: bool = False, **arguments: str | None) -> None:
-        """Check each argument given (None means not given); the keyword names the argument.
-        An empty id or filter is let through: it matches nothing, which the store then says."""
-        for name, value in arguments.items():
-            if value is not None:
-                self._text(name.replace("_", " "), value, empty=empty)
-
-
-def _typed(exc: PayloadRejected) -> InvalidInput:
-    if exc.reason == "too_large":
-        return PayloadTooLarge(str(exc), what=exc.what, reason=exc.reason)
-    if exc.reason == "too_deep":
-        return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
-    return InvalidInput(str(exc), what=exc.what)
-
-
-def _per_item(what: str, values: Sequence[str | None] | None, count: int) -> list[str | None]:
-    if values is None:
-        return [None] * count
-    if isinstance(values, str) or len(values) != count:
-        raise InvalidInput(f"{what} must be a list with one entry per input ({count}), None where there is none",
-                           what=what.replace("_", " "))
-    return list(values)
-
-
-def _fingerprint(*parts: str | None) -> str:
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import partial
 from typing import Any, Literal
 
 from stepstone.authoring.workflow import Workflow
+from stepstone.client_base import ClientBase, deadline_fields
 from stepstone.context import durable
-from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.limits import PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import (
     BusinessKeyInUse,
@@ -30,8 +31,7 @@ from stepstone.errors import (
     UnknownSignal,
 )
 from stepstone.ids import new_instance_id
-from stepstone.store.caller_transaction import CallerTransactionStore
-from stepstone.store.port import ClientStore, NewInstance
+from stepstone.store.port import NewInstance
 
 __all__ = ["Delivery", "MessageOperations", "Published", "SignalledOrStarted"]
 
@@ -65,12 +65,8 @@ class SignalledOrStarted:
     command_id: int
 
 
-class MessageOperations:
+class MessageOperations(ClientBase):
     """The message half of `Client` (its attributes are set by `Client.__init__`)."""
-
-    store: ClientStore
-    limits: Limits
-    actor: str | None
 
     async def publish_message(
         self,
@@ -165,16 +161,6 @@ class MessageOperations:
             raise InstanceNotFound(iid)
         raise BusinessKeyInUse(business_key, iid)
 
-    # Client provides these.
-    def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
-        raise NotImplementedError
-
-    async def _ensure_registered(self, wf: Workflow[Any]) -> None:
-        raise NotImplementedError
-
-    def _caller_transaction(self) -> CallerTransactionStore:
-        raise NotImplementedError
-
     def _message_text(self, what: str, value: Any) -> str:
         try:
             return self.limits.check_text(what, value)
@@ -186,17 +172,3 @@ class MessageOperations:
             return self.limits.encode(what, value)
         except PayloadRejected as exc:
             raise InvalidInput(str(exc), what=exc.what) from None
-
-
-def deadline_fields(value: timedelta | float | datetime | None) -> tuple[datetime | None, float | None]:
-    """(instant, seconds from now): a deadline as the store takes it (a start's, a signal-with-start's)."""
-    if value is None:
-        return None, None
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            raise InvalidInput("deadline must be an instant with a time zone", what="deadline")
-        return value, None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds >= 0:
-        raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
-    return None, seconds

@@ -32,7 +32,8 @@ from stepstone.cli.common import (
     with_settings,
 )
 from stepstone.cli.connection import open_store
-from stepstone.client import DEFAULT_START_BATCH, Client, InstanceInfo
+from stepstone.client import Client, InstanceInfo
+from stepstone.client_starts import DEFAULT_START_BATCH
 from stepstone.config import Settings
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
 from stepstone.errors import DefinitionNotFound

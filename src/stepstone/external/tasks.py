@@ -24,7 +24,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from stepstone.client import _typed  # the client's one mapping of a rejected payload to its typed error
+from stepstone.client_base import _typed  # the client's one mapping of a rejected payload to its typed error
 from stepstone.config import Settings
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.plan import valid_name

@@ -1,0 +1,97 @@
+"""What the parts of `Client` share: its store, registry, limits and actor (`ClientBase`), and the helpers
+several parts need: the checks of text and JSON arguments with their typed errors, registering a definition
+before it runs, the workflow a name stands for, the caller's transaction, fingerprints and deadlines.
+
+`ClientBase` is a base of the starts, schedules and messages parts and so of `Client`, whose `__init__` sets
+the attributes declared here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.pin import DEFAULT_SCOPE, pin_of
+from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge
+from stepstone.store.caller_transaction import CallerTransactionStore
+from stepstone.store.port import ClientStore
+
+
+class ClientBase:
+    """The attributes and helpers of `Client` its parts use (the attributes are set by `Client.__init__`)."""
+
+    store: ClientStore
+    registry: Registry
+    limits: Limits
+    actor: str | None
+    _registered: set[tuple[str, str, int]]
+
+    def _caller_transaction(self) -> CallerTransactionStore:
+        if not isinstance(self.store, CallerTransactionStore):
+            raise TypeError(f"{type(self.store).__name__} cannot write in the caller's transaction")
+        return self.store
+
+    def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:
+        if isinstance(workflow, Workflow):
+            return workflow
+        self._text("workflow", workflow)
+        found = self.registry.latest(workflow)
+        if found is None:
+            raise DefinitionNotFound(workflow)
+        return found
+
+    async def _ensure_registered(self, wf: Workflow[Any], scope: str = DEFAULT_SCOPE) -> None:
+        key = (scope, wf.id, wf.version)
+        if key not in self._registered:
+            await self.store.register(pin_of(wf, getattr(wf, "scope", DEFAULT_SCOPE)), wf.registration_document())
+            self._registered.add(key)
+
+    def _encode(self, what: str, value: Any) -> str:
+        try:
+            return self.limits.encode(what, value)
+        except PayloadRejected as exc:
+            raise _typed(exc) from None
+
+    def _text(self, what: str, value: Any, *, free: bool = False, empty: bool = False) -> str:
+        """The one check of a text argument (see `Limits.check_text`), as a typed InvalidInput."""
+        try:
+            return self.limits.check_text(what, value, free=free, empty=empty)
+        except PayloadRejected as exc:
+            raise _typed(exc) from None
+
+    def _texts(self, *, empty: bool = False, **arguments: str | None) -> None:
+        """Check each argument given (None means not given); the keyword names the argument.
+        An empty id or filter is let through: it matches nothing, which the store then says."""
+        for name, value in arguments.items():
+            if value is not None:
+                self._text(name.replace("_", " "), value, empty=empty)
+
+
+def _typed(exc: PayloadRejected) -> InvalidInput:
+    if exc.reason == "too_large":
+        return PayloadTooLarge(str(exc), what=exc.what, reason=exc.reason)
+    if exc.reason == "too_deep":
+        return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
+    return InvalidInput(str(exc), what=exc.what)
+
+
+def _fingerprint(*parts: str | None) -> str:
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def deadline_fields(value: timedelta | float | datetime | None) -> tuple[datetime | None, float | None]:
+    """(instant, seconds from now): a deadline as the store takes it (a start's, a signal-with-start's)."""
+    if value is None:
+        return None, None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InvalidInput("deadline must be an instant with a time zone", what="deadline")
+        return value, None
+    seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not seconds >= 0:
+        raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
+    return None, seconds
