@@ -15,6 +15,8 @@ from click.testing import CliRunner
 from stepstone.cli import cli
 from stepstone.client import Client
 from stepstone.errors import InvalidInput, PayloadTooLarge
+from stepstone.ops import InstanceFilter, Operations
+from stepstone.store.factory import operations_store
 from stepstone.store.postgres import PostgresStore
 from tests import cli_apps
 
@@ -71,6 +73,34 @@ async def test_length_is_bounded_for_free_text_too(client: Client) -> None:
     with pytest.raises(PayloadTooLarge, match="business key"):
         await client.list(business_key="k" * (client.limits.max_name_length + 1))
     assert await client.cancel(instance_id, "a fine reason, ünïcode included") == "CANCELLED"
+
+
+OPS_OPERATIONS: dict[str, Callable[[Operations, str, str], Awaitable[Any]]] = {
+    "retention policy workflow": lambda o, _, bad: o.set_retention_policy(bad, "completed", None),
+    "retention sweep scope": lambda o, _, bad: o.retention_run(dry_run=True, scope=bad),
+    "find workflow": lambda o, _, bad: o.find(InstanceFilter(workflow=bad)),
+    "count business key": lambda o, _, bad: o.count(InstanceFilter(business_key_contains=bad)),
+    "cancel reason": lambda o, iid, bad: o.cancel([iid], reason=bad),
+    "cancel filter status": lambda o, _, bad: o.cancel(where=InstanceFilter(status=(bad,))),
+    "replay step": lambda o, iid, bad: o.replay(iid, bad),
+    "probe instance": lambda o, _, bad: o.probe(bad),
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+@pytest.mark.parametrize("operation", list(OPS_OPERATIONS))
+async def test_operations_refuse_bad_text_with_a_typed_error(client: Client, operation: str, kind: str) -> None:
+    instance_id = await started(client)
+    with pytest.raises(InvalidInput) as caught:
+        await OPS_OPERATIONS[operation](Operations.on(client.store), instance_id, BAD[kind])
+    assert caught.value.what is not None
+    assert (await client.get(instance_id)).status == "PENDING"
+
+
+async def test_a_nul_that_reaches_a_statement_is_refused_at_the_store_boundary(client: Client) -> None:
+    """The net under a path that skipped the check: the driver's SQLSTATE 22021 becomes InvalidInput."""
+    with pytest.raises(InvalidInput, match="cannot store"):
+        await operations_store(client.store).set_retention_policy("a\x00b", "completed", None, None)
 
 
 def test_client_refuses_a_bad_actor(client: Client) -> None:

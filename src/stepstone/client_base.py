@@ -16,7 +16,7 @@ from typing import Any
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
-from stepstone.errors import DefinitionNotFound, InvalidInput, PayloadTooDeep, PayloadTooLarge
+from stepstone.errors import DefinitionNotFound, InvalidInput, refused
 from stepstone.store.caller_transaction import CallerTransactionStore
 from stepstone.store.port import ClientStore
 
@@ -54,29 +54,23 @@ class ClientBase:
         try:
             return self.limits.encode(what, value)
         except PayloadRejected as exc:
-            raise _typed(exc) from None
+            raise refused(exc) from None
 
     def _text(self, what: str, value: Any, *, free: bool = False, empty: bool = False) -> str:
         """The one check of a text argument (see `Limits.check_text`), as a typed InvalidInput."""
         try:
             return self.limits.check_text(what, value, free=free, empty=empty)
         except PayloadRejected as exc:
-            raise _typed(exc) from None
+            raise refused(exc) from None
 
     def _texts(self, *, empty: bool = False, **arguments: str | None) -> None:
         """Check each argument given (None means not given); the keyword names the argument.
         An empty id or filter is let through: it matches nothing, which the store then says."""
-        for name, value in arguments.items():
-            if value is not None:
-                self._text(name.replace("_", " "), value, empty=empty)
+        try:
+            self.limits.check_texts(arguments, empty=empty)
+        except PayloadRejected as exc:
+            raise refused(exc) from None
 
-
-def _typed(exc: PayloadRejected) -> InvalidInput:
-    if exc.reason == "too_large":
-        return PayloadTooLarge(str(exc), what=exc.what, reason=exc.reason)
-    if exc.reason == "too_deep":
-        return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
-    return InvalidInput(str(exc), what=exc.what)
 
 
 def _fingerprint(*parts: str | None) -> str:

@@ -29,6 +29,7 @@ from stepstone.errors import (
     InvalidState,
     OpenSignalLimit,
     UnknownSignal,
+    refused,
 )
 from stepstone.ids import new_instance_id
 from stepstone.store.port import NewInstance
@@ -165,10 +166,10 @@ class MessageOperations(ClientBase):
         try:
             return self.limits.check_text(what, value)
         except PayloadRejected as exc:
-            raise InvalidInput(str(exc), what=exc.what) from None
+            raise refused(exc) from None
 
     def _message_encode(self, what: str, value: Any) -> str:
         try:
             return self.limits.encode(what, value)
         except PayloadRejected as exc:
-            raise InvalidInput(str(exc), what=exc.what) from None
+            raise refused(exc) from None

@@ -15,11 +15,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.authoring.workflow import Workflow
-from stepstone.client_base import ClientBase, _fingerprint, _typed, deadline_fields
+from stepstone.client_base import ClientBase, _fingerprint, deadline_fields
 from stepstone.context import durable
 from stepstone.core.limits import PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
-from stepstone.errors import DefinitionNotFound, InvalidInput
+from stepstone.errors import DefinitionNotFound, InvalidInput, refused
 from stepstone.ids import new_instance_id
 from stepstone.observability import tracing
 from stepstone.store.port import NewInstance, NewInstances
@@ -193,7 +193,7 @@ class StartOperations(ClientBase):
         try:  # before the state model sees it: validating a 10,000-deep document is costly
             self.limits.check_depth("input", input)
         except PayloadRejected as exc:
-            raise _typed(exc) from None
+            raise refused(exc) from None
         state = wf.state_to_json({} if input is None else input)
         return state, _fingerprint(self._encode("input", state), business_key)
 

@@ -33,6 +33,7 @@ from stepstone.errors import (
     TaskNotPermitted,
     TaskRefused,
     UnknownDecision,
+    refused,
 )
 from stepstone.store.port import ClientStore
 from stepstone.store.task_port import InboxMode, TaskQuery
@@ -334,7 +335,7 @@ class TaskOperations(TaskFilterOperations):
         try:
             self.limits.encode("task payload", payload)
         except PayloadRejected as exc:
-            raise InvalidInput(str(exc), what=exc.what) from None
+            raise refused(exc) from None
         wf = self.registry.find(str(row["definition_id"]), int(row["version"]))
         model = wf.payload_model(str(row["step"]), decision) if wf is not None else None
         if model is not None:
@@ -386,7 +387,7 @@ class TaskOperations(TaskFilterOperations):
         try:
             return self.limits.check_text(what, value, free=free, empty=free)
         except PayloadRejected as exc:
-            raise InvalidInput(str(exc), what=exc.what) from None
+            raise refused(exc) from None
 
 
 def _check_form(form: Any, decision: str, payload: Any) -> Any:

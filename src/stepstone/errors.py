@@ -55,6 +55,11 @@ both a ConfigError and a DatabaseError. Messages are one line and never contain 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stepstone.core.limits import PayloadRejected
+
 __all__ = [
     "BrokerUnavailable",
     "BusinessKeyInUse",
@@ -291,6 +296,15 @@ class PayloadTooDeep(InvalidInput):
     def __init__(self, message: str, *, what: str | None = None, reason: str = "too_deep") -> None:
         super().__init__(message, what=what)
         self.reason = reason
+
+
+def refused(exc: PayloadRejected) -> InvalidInput:
+    """The typed error of a value `Limits` refused (too large, too deep, or not storable)."""
+    if exc.reason == "too_large":
+        return PayloadTooLarge(str(exc), what=exc.what, reason=exc.reason)
+    if exc.reason == "too_deep":
+        return PayloadTooDeep(str(exc), what=exc.what, reason=exc.reason)
+    return InvalidInput(str(exc), what=exc.what)
 
 
 class UnknownSignal(InvalidInput):

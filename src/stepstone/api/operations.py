@@ -17,7 +17,7 @@ from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require, visible_instance
 from stepstone.api.pagination import MAX_BIGINT, decode_cursor, decode_id_cursor, page
 from stepstone.core.limits import Limits, PayloadRejected
-from stepstone.errors import DefinitionNotFound, InvalidInput
+from stepstone.errors import DefinitionNotFound, InvalidInput, refused
 
 __all__ = [
     "cancel",
@@ -39,12 +39,10 @@ __all__ = [
 
 def _checked(**arguments: str | None) -> None:
     """The client's one check of a text argument (no NUL, no undecodable bytes, within its limit)."""
-    for name, value in arguments.items():
-        if value is not None:
-            try:
-                Limits().check_text(name.replace("_", " "), value, empty=True)
-            except PayloadRejected as exc:
-                raise InvalidInput(str(exc), what=exc.what) from None
+    try:
+        Limits().check_texts(arguments, empty=True)
+    except PayloadRejected as exc:
+        raise refused(exc) from None
 
 
 def _bad_cursor() -> InvalidInput:

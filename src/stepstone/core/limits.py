@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,3 +99,9 @@ class Limits:
         if len(value) > limit:
             raise PayloadRejected(what, "too_large", f"{len(value)} characters exceeds the limit of {limit}")
         return value
+
+    def check_texts(self, arguments: Mapping[str, object], *, free: bool = False, empty: bool = False) -> None:
+        """`check_text` of each argument given (None means not given); the keyword names the argument."""
+        for name, value in arguments.items():
+            if value is not None:
+                self.check_text(name.replace("_", " "), value, free=free, empty=empty)

@@ -24,7 +24,6 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from stepstone.client_base import _typed  # the client's one mapping of a rejected payload to its typed error
 from stepstone.config import Settings
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.plan import valid_name
@@ -36,6 +35,7 @@ from stepstone.errors import (
     StepstoneError,
     TaskEnded,
     TaskLockRefused,
+    refused,
 )
 from stepstone.store.external import Answer, LockedTask, PostgresExternalTasks
 from stepstone.store.factory import open_ready_store
@@ -245,14 +245,14 @@ class ExternalTasks:
         try:
             self.limits.encode(what, value)
         except PayloadRejected as exc:
-            raise _typed(exc) from None
+            raise refused(exc) from None
         return value
 
     def _text(self, what: str, value: Any, *, free: bool = False, empty: bool = False) -> str:
         try:
             return self.limits.check_text(what, value, free=free, empty=empty)
         except PayloadRejected as exc:
-            raise _typed(exc) from None
+            raise refused(exc) from None
 
 
 def _number(what: str, value: Any, low: float, high: float, *, integer: bool = False) -> None:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from stepstone.core.attribution import Actor
+from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.errors import refused
 from stepstone.ops import queries, repair, retention
 from stepstone.ops.model import (
     BulkReport,
@@ -49,10 +51,10 @@ class Operations:
 
     async def find(self, where: InstanceFilter | None = None, *, after: tuple[datetime, str] | None = None,
                    limit: int = 50) -> InstancePage:
-        return await queries.find(self.store, where or InstanceFilter(), after=after, limit=limit)
+        return await queries.find(self.store, _checked_filter(where or InstanceFilter()), after=after, limit=limit)
 
     async def count(self, where: InstanceFilter | None = None) -> dict[str, int]:
-        return await queries.count(self.store, where or InstanceFilter())
+        return await queries.count(self.store, _checked_filter(where or InstanceFilter()))
 
     async def detail(self, instance_id: str, *, reveal: bool = False) -> InstanceDetail:
         return await queries.detail(self.store, instance_id, reveal=reveal)
@@ -62,11 +64,12 @@ class Operations:
         return await queries.history_page(self.store, instance_id, after=after, limit=limit, failed_only=failed_only)
 
     async def probe(self, instance_id: str | None = None, *, where: InstanceFilter | None = None) -> ProbeReport:
-        return await queries.probe(self.store, instance_id, where)
+        _checked(instance_id=instance_id)
+        return await queries.probe(self.store, instance_id, _checked_filter(where))
 
     async def stuck(self, older_than: timedelta = timedelta(minutes=15), *,
                     where: InstanceFilter | None = None) -> StuckReport:
-        return await queries.stuck(self.store, older_than, where)
+        return await queries.stuck(self.store, older_than, _checked_filter(where))
 
     # -- retention ----------------------------------------------------------------------------
 
@@ -75,11 +78,13 @@ class Operations:
 
     async def set_retention_policy(self, workflow: str, status_class: str, retain_for: timedelta | None,
                                    purge_after: timedelta | None = None) -> dict[str, Any]:
+        _checked(workflow=workflow, status_class=status_class)
         return await retention.set_policy(self.store, workflow, status_class, retain_for, purge_after)
 
     async def retention_run(self, *, dry_run: bool = False, batch_size: int = 500,
                             progress: retention.Progress | None = None, workflow: str | None = None,
                             scope: str | None = None) -> RetentionReport:
+        _checked(workflow=workflow, scope=scope)
         return await retention.run(self.store, dry_run=dry_run, batch_size=batch_size, progress=progress,
                                    workflow=workflow, scope=scope)
 
@@ -88,16 +93,18 @@ class Operations:
     async def retry(self, ids: Sequence[str] | None = None, *, where: InstanceFilter | None = None,
                     dry_run: bool = False, batch_size: int = 500,
                     progress: repair.Progress | None = None) -> BulkReport:
-        return await repair.retry(self.store, ids=ids, where=where, dry_run=dry_run, actor=self.actor,
+        return await repair.retry(self.store, ids=ids, where=_checked_filter(where), dry_run=dry_run, actor=self.actor,
                                   batch_size=batch_size, progress=progress)
 
     async def cancel(self, ids: Sequence[str] | None = None, *, where: InstanceFilter | None = None,
                      reason: str = "", dry_run: bool = False, batch_size: int = 500,
                      progress: repair.Progress | None = None) -> BulkReport:
-        return await repair.cancel(self.store, ids=ids, where=where, reason=reason, dry_run=dry_run,
+        _checked(reason=reason, free=True)
+        return await repair.cancel(self.store, ids=ids, where=_checked_filter(where), reason=reason, dry_run=dry_run,
                                    actor=self.actor, batch_size=batch_size, progress=progress)
 
     async def replay(self, instance_id: str, step: str) -> ReplayResult:
+        _checked(instance_id=instance_id, step=step)
         return await repair.replay(self.store, instance_id, step, actor=self.actor)
 
     # -- least privilege ----------------------------------------------------------------------
@@ -115,3 +122,26 @@ class Operations:
         """(this connection's role, whether it can change the schema: owner, CREATE or superuser)."""
         p = await self.store.role_privileges()
         return str(p.get("role")), bool(p.get("superuser") or p.get("owns_schema") or p.get("can_create"))
+
+
+_LIMITS = Limits()
+_Filter = TypeVar("_Filter", InstanceFilter, InstanceFilter | None)
+
+
+def _checked(*, free: bool = False, **arguments: str | None) -> None:
+    """Each text argument as every operation checks it (`Limits.check_text`), refused as InvalidInput
+    before it reaches a statement: PostgreSQL text cannot hold a NUL."""
+    try:
+        _LIMITS.check_texts(arguments, free=free, empty=True)
+    except PayloadRejected as exc:
+        raise refused(exc) from None
+
+
+def _checked_filter(where: _Filter) -> _Filter:
+    if where is not None:
+        _checked(workflow=where.workflow, scope=where.scope, business_key=where.business_key,
+                 business_key_contains=where.business_key_contains, parent=where.parent)
+        for status in where.status:
+            _checked(status=status)
+    return where
+

@@ -23,6 +23,7 @@ from stepstone.errors import (
     DefinitionDrift,
     InsufficientPrivilege,
     InvalidDatabaseUrl,
+    InvalidInput,
     SchemaNotReady,
     StepstoneError,
     VersionNotAdmitted,
@@ -105,9 +106,17 @@ def _check_url(url: str) -> None:
         raise _malformed(url, reason)
 
 
-_REGISTRY_REFUSALS: dict[str, Callable[[str], StepstoneError]] = {
-    "SSR01": VersionNotAdmitted,
+def _unstorable_text(message: str) -> StepstoneError:
+    # Every text argument is checked before it reaches a statement (Limits.check_text); this is the
+    # net under a path that missed it, so the caller is refused (422 in the API) instead of failing.
+    return InvalidInput(f"a text argument holds a character PostgreSQL cannot store ({message})")
+
+
+_REFUSALS: dict[str, Callable[[str], StepstoneError]] = {
+    "SSR01": VersionNotAdmitted,  # the registry's refusals (migration 0008) carry their own SQLSTATE
     "SSR02": lambda message: DefinitionDrift(message, definition_id="", version=0),
+    "22021": _unstorable_text,  # character_not_in_repertoire: a NUL in a text parameter
+    "22P05": _unstorable_text,  # untranslatable_character: \u0000 in a jsonb value
 }
 
 
@@ -141,8 +150,8 @@ def translate_errors(url: str = "") -> Iterator[None]:
         if "closed" in str(exc) or "connection" in str(exc):
             raise _unavailable(url, str(exc)) from exc
         raise
-    except asyncpg.PostgresError as exc:  # the registry's refusals (migration 0008) carry their own SQLSTATE
-        refusal = _REGISTRY_REFUSALS.get(str(getattr(exc, "sqlstate", "")))
+    except asyncpg.PostgresError as exc:
+        refusal = _REFUSALS.get(str(getattr(exc, "sqlstate", "")))
         if refusal is None:
             raise
         raise refusal(str(exc).splitlines()[0] if str(exc) else refusal.__name__) from None
