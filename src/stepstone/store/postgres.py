@@ -38,6 +38,7 @@ from stepstone.store.postgres_tasks import TaskQueries, open_signal_limit
 from stepstone.store.queries import queries
 from stepstone.store.registry import PostgresRegistry
 from stepstone.store.scheduling import SchedulingQueries
+from stepstone.store.start_groups import StartGroups
 
 log = logging.getLogger("stepstone.store")
 
@@ -112,6 +113,7 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         self.q = queries(schema)
         self.channel = f"stepstone_{schema}"
         self._definitions = PostgresRegistry(pool, url, schema)
+        self._starts = StartGroups(self._start_one, self.start_many)
 
     @property
     def definitions(self) -> PostgresRegistry:
@@ -292,7 +294,11 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         await self._definitions.record(pin, plan)
 
     async def start(self, new: NewInstance) -> tuple[str, bool]:
-        """Insert the instance; (id, True) when created, (existing id, False) for a repeated key."""
+        """Insert the instance; (id, True) when created, (existing id, False) for a repeated key.
+        Concurrent starts of one version share a statement (`stepstone.store.start_groups`)."""
+        return await self._starts.start(new)
+
+    async def _start_one(self, new: NewInstance) -> tuple[str, bool]:
         pin = new.pin
         try:
             args = (uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
