@@ -8,7 +8,6 @@ from datetime import timedelta
 import pytest
 
 from stepstone import errors
-from stepstone.client_base import _typed
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.examples import orders
 from stepstone.store.database import connect
@@ -91,7 +90,7 @@ def test_payload_errors_keep_what_and_reason(value: object, cls: type[errors.Inv
     limits = Limits(max_depth=3)
     with pytest.raises(PayloadRejected) as caught:
         limits.encode("signal payload", value)
-    typed = _typed(caught.value)
+    typed = errors.refused(caught.value)
     assert type(typed) is cls
     assert typed.what == "signal payload"
     assert getattr(typed, "reason", None) == reason
