@@ -27,8 +27,10 @@ registry = Registry(wf)
 CALLERS, STARTS_EACH, KILLS = 16, 25, 25
 
 
-async def _killer(conn: asyncpg.Connection, stop: asyncio.Event) -> int:
-    """Terminate backends seen running a start, KILLS of them spaced out, until `stop`; how many."""
+async def _killer(conn: asyncpg.Connection, stop: asyncio.Event, progress: asyncio.Condition,
+                  started: list[int]) -> int:
+    """Terminate backends seen running a start, KILLS of them, until `stop`; how many. After each cut
+    it waits for ten more starts to succeed, so groups also get through between cuts."""
     killed = 0
     while not stop.is_set() and killed < KILLS:
         pid = await conn.fetchval("SELECT pid FROM pg_stat_activity WHERE state = 'active' "
@@ -36,14 +38,16 @@ async def _killer(conn: asyncpg.Connection, stop: asyncio.Event) -> int:
                                   "AND (query LIKE '%start_batch(%' OR query LIKE '%start_instance(%') LIMIT 1")
         if pid is not None and await conn.fetchval("SELECT pg_terminate_backend($1)", pid):
             killed += 1
-            await asyncio.sleep(0.02)  # let some groups through between cuts
-        await asyncio.sleep(0.001)
+            goal = started[0] + 10
+            async with progress:
+                await progress.wait_for(lambda goal=goal: started[0] >= goal or stop.is_set())
     return killed
 
 
 async def test_cut_group_starts_lose_nothing_and_start_nothing_twice(database_url: str) -> None:
     RAN.clear()
     failures = 0
+    started, progress = [0], asyncio.Condition()
 
     async def caller(c: int) -> dict[str, str]:
         nonlocal failures
@@ -53,21 +57,26 @@ async def test_cut_group_starts_lose_nothing_and_start_nothing_twice(database_ur
             while True:
                 try:
                     got[key] = await engine.client.start(wf, {"n": c * STARTS_EACH + s}, idempotency_key=key)
-                    break
                 except DatabaseUnavailable:
-                    failures += 1
-                    await asyncio.sleep(0.001)
+                    failures += 1  # called again at once: the pool opens a new connection
+                    continue
+                started[0] += 1
+                async with progress:
+                    progress.notify_all()
+                break
         return got
 
     async with open_engine(database_url, registry, concurrency=4) as engine:
         await engine.client.start(wf, {"n": -1})  # registers the workflow before the cuts
         conn = await asyncpg.connect(database_url)
         stop = asyncio.Event()
-        killer = asyncio.create_task(_killer(conn, stop))
+        killer = asyncio.create_task(_killer(conn, stop, progress, started))
         try:
             results = await asyncio.wait_for(asyncio.gather(*(caller(c) for c in range(CALLERS))), timeout=240)
         finally:
             stop.set()
+            async with progress:
+                progress.notify_all()
             killed = await killer
         try:
             assert killed > 0 and failures > 0, "no start was cut: the test proved nothing"

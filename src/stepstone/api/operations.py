@@ -16,8 +16,8 @@ from typing import Any
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require, visible_instance
 from stepstone.api.pagination import MAX_BIGINT, decode_cursor, decode_id_cursor, page
-from stepstone.core.limits import Limits, PayloadRejected
-from stepstone.errors import DefinitionNotFound, InvalidInput, refused
+from stepstone.errors import DefinitionNotFound, InvalidInput
+from stepstone.ops import check_texts
 
 __all__ = [
     "cancel",
@@ -37,14 +37,6 @@ __all__ = [
 ]
 
 
-def _checked(**arguments: str | None) -> None:
-    """The client's one check of a text argument (no NUL, no undecodable bytes, within its limit)."""
-    try:
-        Limits().check_texts(arguments, empty=True)
-    except PayloadRejected as exc:
-        raise refused(exc) from None
-
-
 def _bad_cursor() -> InvalidInput:
     return InvalidInput("cursor is not one this API returned", what="cursor")
 
@@ -53,7 +45,7 @@ async def instances(
     ctx: ApiContext, who: Principal, *, status: str | None, workflow: str | None, business_key: str | None,
     scope: str | None, cursor: str | None, limit: int,
 ) -> dict[str, Any]:
-    _checked(status=status, workflow=workflow, business_key=business_key, scope=scope)
+    check_texts(status=status, workflow=workflow, business_key=business_key, scope=scope)
     scopes = who.visible_scopes()
     if scope is not None:
         scopes = [scope] if who.sees(scope) else []
@@ -78,7 +70,7 @@ COUNT_CAP = 10_000
 async def counts(ctx: ApiContext, who: Principal, workflow: str | None) -> dict[str, Any]:
     """``{"counts": {status: n}, "more_than": [statuses with more than COUNT_CAP], "cap": COUNT_CAP}``:
     each status counted up to the cap, so the cost does not grow with the table."""
-    _checked(workflow=workflow)
+    check_texts(workflow=workflow)
     scopes = who.visible_scopes()
     found = {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow, COUNT_CAP)
     more = sorted(s for s, n in found.items() if n > COUNT_CAP)
@@ -141,7 +133,7 @@ async def definitions(ctx: ApiContext, who: Principal, *, cursor: str | None, li
         scope, definition, version = decode_cursor(cursor, 3)
         if not isinstance(version, int) or not 0 <= version <= MAX_BIGINT:
             raise _bad_cursor()
-        _checked(cursor=str(scope) + str(definition))
+        check_texts(cursor=str(scope) + str(definition))
         after = (str(scope), str(definition), version)
     rows = [] if scopes == [] else await ctx.management.definitions_page(scopes, after=after, limit=limit + 1)
     return page(rows, limit, lambda r: (r["scope"], r["definition_id"], r["version"]))
@@ -150,7 +142,7 @@ async def definitions(ctx: ApiContext, who: Principal, *, cursor: str | None, li
 async def definition_plan(
     ctx: ApiContext, who: Principal, scope: str, definition_id: str, version: int
 ) -> dict[str, Any]:
-    _checked(scope=scope, workflow=definition_id)
+    check_texts(scope=scope, workflow=definition_id)
     found = await ctx.management.definition_plan(scope, definition_id, version) if who.sees(scope) else None
     if found is None:
         raise DefinitionNotFound(definition_id, version)
@@ -171,7 +163,7 @@ async def start(
     ctx: ApiContext, who: Principal, workflow: str, data: Any, *, scope: str | None,
     idempotency_key: str | None, business_key: str | None,
 ) -> dict[str, Any]:
-    _checked(scope=scope)
+    check_texts(scope=scope)
     target = scope if scope is not None else who.home_scope(ctx.default_scope)
     if not who.sees(target):
         raise DefinitionNotFound(workflow)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
@@ -32,7 +32,7 @@ from stepstone.ops.model import (
 from stepstone.store.factory import operations_store
 from stepstone.store.operations_port import InstanceFilter, OperationsStore
 
-__all__ = ["Actor", "InstanceFilter", "Operations"]
+__all__ = ["Actor", "InstanceFilter", "Operations", "check_texts"]
 
 
 class Operations:
@@ -51,10 +51,12 @@ class Operations:
 
     async def find(self, where: InstanceFilter | None = None, *, after: tuple[datetime, str] | None = None,
                    limit: int = 50) -> InstancePage:
-        return await queries.find(self.store, _checked_filter(where or InstanceFilter()), after=after, limit=limit)
+        _check_filter(where)
+        return await queries.find(self.store, where or InstanceFilter(), after=after, limit=limit)
 
     async def count(self, where: InstanceFilter | None = None) -> dict[str, int]:
-        return await queries.count(self.store, _checked_filter(where or InstanceFilter()))
+        _check_filter(where)
+        return await queries.count(self.store, where or InstanceFilter())
 
     async def detail(self, instance_id: str, *, reveal: bool = False) -> InstanceDetail:
         return await queries.detail(self.store, instance_id, reveal=reveal)
@@ -64,12 +66,14 @@ class Operations:
         return await queries.history_page(self.store, instance_id, after=after, limit=limit, failed_only=failed_only)
 
     async def probe(self, instance_id: str | None = None, *, where: InstanceFilter | None = None) -> ProbeReport:
-        _checked(instance_id=instance_id)
-        return await queries.probe(self.store, instance_id, _checked_filter(where))
+        check_texts(instance_id=instance_id)
+        _check_filter(where)
+        return await queries.probe(self.store, instance_id, where)
 
     async def stuck(self, older_than: timedelta = timedelta(minutes=15), *,
                     where: InstanceFilter | None = None) -> StuckReport:
-        return await queries.stuck(self.store, older_than, _checked_filter(where))
+        _check_filter(where)
+        return await queries.stuck(self.store, older_than, where)
 
     # -- retention ----------------------------------------------------------------------------
 
@@ -78,13 +82,13 @@ class Operations:
 
     async def set_retention_policy(self, workflow: str, status_class: str, retain_for: timedelta | None,
                                    purge_after: timedelta | None = None) -> dict[str, Any]:
-        _checked(workflow=workflow, status_class=status_class)
+        check_texts(workflow=workflow, status_class=status_class)
         return await retention.set_policy(self.store, workflow, status_class, retain_for, purge_after)
 
     async def retention_run(self, *, dry_run: bool = False, batch_size: int = 500,
                             progress: retention.Progress | None = None, workflow: str | None = None,
                             scope: str | None = None) -> RetentionReport:
-        _checked(workflow=workflow, scope=scope)
+        check_texts(workflow=workflow, scope=scope)
         return await retention.run(self.store, dry_run=dry_run, batch_size=batch_size, progress=progress,
                                    workflow=workflow, scope=scope)
 
@@ -93,18 +97,20 @@ class Operations:
     async def retry(self, ids: Sequence[str] | None = None, *, where: InstanceFilter | None = None,
                     dry_run: bool = False, batch_size: int = 500,
                     progress: repair.Progress | None = None) -> BulkReport:
-        return await repair.retry(self.store, ids=ids, where=_checked_filter(where), dry_run=dry_run, actor=self.actor,
+        _check_filter(where)
+        return await repair.retry(self.store, ids=ids, where=where, dry_run=dry_run, actor=self.actor,
                                   batch_size=batch_size, progress=progress)
 
     async def cancel(self, ids: Sequence[str] | None = None, *, where: InstanceFilter | None = None,
                      reason: str = "", dry_run: bool = False, batch_size: int = 500,
                      progress: repair.Progress | None = None) -> BulkReport:
-        _checked(reason=reason, free=True)
-        return await repair.cancel(self.store, ids=ids, where=_checked_filter(where), reason=reason, dry_run=dry_run,
+        check_texts(reason=reason, free=True)
+        _check_filter(where)
+        return await repair.cancel(self.store, ids=ids, where=where, reason=reason, dry_run=dry_run,
                                    actor=self.actor, batch_size=batch_size, progress=progress)
 
     async def replay(self, instance_id: str, step: str) -> ReplayResult:
-        _checked(instance_id=instance_id, step=step)
+        check_texts(instance_id=instance_id, step=step)
         return await repair.replay(self.store, instance_id, step, actor=self.actor)
 
     # -- least privilege ----------------------------------------------------------------------
@@ -125,23 +131,21 @@ class Operations:
 
 
 _LIMITS = Limits()
-_Filter = TypeVar("_Filter", InstanceFilter, InstanceFilter | None)
 
 
-def _checked(*, free: bool = False, **arguments: str | None) -> None:
-    """Each text argument as every operation checks it (`Limits.check_text`), refused as InvalidInput
-    before it reaches a statement: PostgreSQL text cannot hold a NUL."""
+def check_texts(*, free: bool = False, **arguments: str | None) -> None:
+    """Each text argument given (None: not given) as every operation checks it (`Limits.check_text`),
+    refused as InvalidInput before it reaches a statement: PostgreSQL text cannot hold a NUL. The
+    operations here and the API's routes share it."""
     try:
         _LIMITS.check_texts(arguments, free=free, empty=True)
     except PayloadRejected as exc:
         raise refused(exc) from None
 
 
-def _checked_filter(where: _Filter) -> _Filter:
+def _check_filter(where: InstanceFilter | None) -> None:
     if where is not None:
-        _checked(workflow=where.workflow, scope=where.scope, business_key=where.business_key,
-                 business_key_contains=where.business_key_contains, parent=where.parent)
+        check_texts(workflow=where.workflow, scope=where.scope, business_key=where.business_key,
+                    business_key_contains=where.business_key_contains, parent=where.parent)
         for status in where.status:
-            _checked(status=status)
-    return where
-
+            check_texts(status=status)

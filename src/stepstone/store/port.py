@@ -95,6 +95,12 @@ class NewInstance:
     context: Any = None
     """What the caller bound when it started (stepstone.context): kept with the instance."""
 
+    @property
+    def plain(self) -> bool:
+        """No durable context and no deadline: the one-statement start, and one a group can share."""
+        return self.context is None and self.deadline_at is None and self.deadline_seconds is None \
+            and self.start_deadline_seconds is None
+
 
 @dataclass(frozen=True)
 class NewInstances:

@@ -303,8 +303,7 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         try:
             args = (uuid.UUID(new.id), pin.scope, pin.definition_id, pin.version, pin.plan_hash,
                     new.state, new.start_step, new.business_key, new.idempotency_key, new.fingerprint)
-            if new.context is None and new.deadline_at is None and new.deadline_seconds is None \
-                    and new.start_deadline_seconds is None:
+            if new.plain:
                 created = await self._fetchval("start", *args, None, new.actor)
             else:  # a durable context kept on the instance (stepstone/context.py), an instance or start deadline
                 created = await self._fetchval("start_with", *args, new.actor, new.context, new.deadline_at,

@@ -48,8 +48,7 @@ class StartGroups:
         self._flushers: dict[_Key, asyncio.Task[None]] = {}
 
     async def start(self, new: NewInstance) -> Started:
-        if new.context is not None or new.deadline_at is not None or new.deadline_seconds is not None \
-                or new.start_deadline_seconds is not None:
+        if not new.plain:
             return await self._one(new)
         key = _Key(new.pin, new.start_step, new.actor)
         queue = self._queues.get(key)
