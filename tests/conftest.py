@@ -63,7 +63,7 @@ def database_url(pg_server: PgServer) -> Iterator[str]:
     try:
         yield pg_server.url_for(name)
     finally:
-        pg_server.drop_database(name)
+        pg_server.drop_later(name)
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def empty_database_url(pg_server: PgServer) -> Iterator[str]:
     try:
         yield pg_server.url_for(name)
     finally:
-        pg_server.drop_database(name)
+        pg_server.drop_later(name)
 
 
 @pytest.fixture
