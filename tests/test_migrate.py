@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import uuid
 
 import asyncpg
@@ -118,11 +119,43 @@ async def test_pending_sql_runs_as_is(empty_database_url: str) -> None:
     assert "{{schema}}" not in text and '"wf".schema_migrations' in text
     conn = await asyncpg.connect(empty_database_url)
     try:
-        await conn.execute(text)
+        # As psql runs it: each statement of a migration marked to run outside a transaction block on
+        # its own (one query string of several statements is one implicit transaction).
+        for chunk in re.split(r"^(?=-- \d{4}_)", text, flags=re.MULTILINE):
+            if "(run these statements outside a transaction block)" in chunk:
+                for statement in re.split(r";\s*$", chunk, flags=re.MULTILINE):
+                    if re.sub(r"^--[^\n]*$", "", statement, flags=re.MULTILINE).strip():
+                        await conn.execute(statement)
+            elif chunk.strip():
+                await conn.execute(chunk)
         assert (await m.status(conn, "wf")).pending == []
     finally:
         await conn.close()
     assert "0001_" not in m.pending_sql("wf", frozenset({1}))
+
+
+async def test_a_migration_outside_a_transaction_runs_each_statement_on_its_own(
+    empty_database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    contract = _fake(9002, f"{m.OUTSIDE_A_TRANSACTION}\n-- builds an index, then drops it, without blocking writers\n"
+                           "CREATE INDEX CONCURRENTLY IF NOT EXISTS extra_id ON {{schema}}.extra (id);\n"
+                           "DROP INDEX CONCURRENTLY IF EXISTS {{schema}}.extra_id;\n")
+    assert not contract.transactional and len(contract.statements("wf")) == 2
+    shipped = (*m.shipped_migrations(), _fake(9001, "CREATE TABLE {{schema}}.extra (id int);"), contract)
+    monkeypatch.setattr(m, "shipped_migrations", lambda: shipped)
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        applied = await m.migrate(conn, "wf")
+        assert [x.version for x in applied][-2:] == [9001, 9002]
+        assert await conn.fetchval("SELECT to_regclass('wf.extra_id')") is None
+        assert (await m.status(conn, "wf")).pending == []
+        # Interrupted after its first statement: the next migrator runs the file again, to the end.
+        await conn.execute("DELETE FROM wf.schema_migrations WHERE version = 9002")
+        await conn.execute('CREATE INDEX extra_id ON "wf".extra (id)')
+        assert [x.version for x in await m.migrate(conn, "wf")] == [9002]
+        assert await conn.fetchval("SELECT to_regclass('wf.extra_id')") is None
+    finally:
+        await conn.close()
 
 
 def test_lock_key_is_stable_and_per_schema() -> None:

@@ -149,7 +149,7 @@ async def test_guard_fails_without_the_claim_indexes(seeded: str) -> None:
     conn = await asyncpg.connect(seeded)
     try:
         await conn.execute(
-            'DROP INDEX "stepstone".commands_ready, "stepstone".commands_queue, "stepstone".commands_position_queue'
+            'DROP INDEX "stepstone".commands_ready, "stepstone".commands_position_queue'
         )
         await conn.execute('ANALYZE "stepstone".commands')
     finally:

@@ -3,6 +3,13 @@
 Each pending file runs in its own transaction while the migrator holds a session-level advisory lock
 derived from the schema name, so concurrent migrators apply every version exactly once. A history that records
 versions this stepstone does not ship is refused with :class:`SchemaTooNew` before anything runs.
+
+A file whose first line is ``-- stepstone: outside a transaction`` is the contract step of an
+expand/contract change (``DROP INDEX CONCURRENTLY IF EXISTS``, which PostgreSQL refuses inside a
+transaction block, and which neither blocks the workers nor breaks an older release still running):
+its statements run one at a time, each on its own, and the version is recorded after the last. Each
+statement must be idempotent (``IF EXISTS``): a migrator interrupted half-way runs the file again.
+Such a file holds plain statements, each ending with a semicolon at the end of a line.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = [
 ]
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+OUTSIDE_A_TRANSACTION = "-- stepstone: outside a transaction"
 
 _BOOTSTRAP = """\
 CREATE SCHEMA IF NOT EXISTS {{schema}};
@@ -59,6 +67,16 @@ class Migration:
     def rendered(self, schema: str) -> str:
         """The SQL to run for ``schema``."""
         return render(self.sql, schema)
+
+    @property
+    def transactional(self) -> bool:
+        """False for a contract step that must run outside a transaction block (see the module)."""
+        return not self.sql.startswith(OUTSIDE_A_TRANSACTION)
+
+    def statements(self, schema: str) -> list[str]:
+        """The statements of a migration that runs outside a transaction, one by one."""
+        body = re.sub(r"^--[^\n]*$", "", self.rendered(schema), flags=re.MULTILINE)
+        return [part.strip() for part in re.split(r";\s*$", body, flags=re.MULTILINE) if part.strip()]
 
 
 @dataclass(frozen=True)
@@ -124,8 +142,9 @@ def pending_sql(schema: str, applied: frozenset[int] = frozenset()) -> str:
     for migration in shipped_migrations():
         if migration.version in applied:
             continue
+        outside = "" if migration.transactional else "-- (run these statements outside a transaction block)\n"
         chunks.append(
-            f"-- {migration.version:04d}_{migration.name}\n{migration.rendered(schema).rstrip()}\n"
+            f"-- {migration.version:04d}_{migration.name}\n{outside}{migration.rendered(schema).rstrip()}\n"
             f"INSERT INTO {quote_ident(schema)}.schema_migrations (version, name, checksum)"
             f" VALUES ({migration.version}, '{migration.name}', '{migration.checksum}');\n"
         )
@@ -194,6 +213,15 @@ def too_new(schema: str, unknown: list[int]) -> SchemaTooNew:
     )
 
 
+async def _record(conn: asyncpg.Connection, schema: str, migration: Migration) -> None:
+    await conn.execute(
+        render("INSERT INTO {{schema}}.schema_migrations (version, name, checksum) VALUES ($1, $2, $3)", schema),
+        migration.version,
+        migration.name,
+        migration.checksum,
+    )
+
+
 async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
     """Apply pending migrations to ``schema``, each in its own transaction under a lock; return them.
 
@@ -229,14 +257,14 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
                     if not current.pending:
                         return applied_now
                     migration = current.pending[0]
-                    await conn.execute(migration.rendered(schema))
-                    await conn.execute(
-                        render("INSERT INTO {{schema}}.schema_migrations (version, name, checksum) "
-                               "VALUES ($1, $2, $3)", schema),
-                        migration.version,
-                        migration.name,
-                        migration.checksum,
-                    )
+                    if migration.transactional:
+                        await conn.execute(migration.rendered(schema))
+                        await _record(conn, schema, migration)
+                if not migration.transactional:
+                    for statement in migration.statements(schema):
+                        await conn.execute(statement)
+                    async with conn.transaction():
+                        await _record(conn, schema, migration)
                 applied_now.append(migration)
         finally:
             if not conn.is_closed():

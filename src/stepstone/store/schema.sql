@@ -91,8 +91,6 @@ CREATE INDEX commands_ready ON {{schema}}.commands (available_at, id)
     WHERE state IN ('PENDING', 'DEFERRED');
 CREATE INDEX commands_leased ON {{schema}}.commands (available_at, id)
     WHERE state = 'CLAIMED';
-CREATE INDEX commands_queue ON {{schema}}.commands (instance_id, seq, id)
-    WHERE state IN ('PENDING', 'DEFERRED', 'CLAIMED');
 CREATE INDEX commands_parked ON {{schema}}.commands (instance_id, seq, id)
     WHERE state IN ('PARKED', 'DEAD');
 CREATE INDEX commands_instance ON {{schema}}.commands (instance_id, id);
@@ -4554,3 +4552,7 @@ BEGIN
                                'step_map', p_step_map, 'positions', p_positions, 'state', p_state));
     RETURN QUERY SELECT 'migrated', v_id;
 END $$;
+
+-- ==== version 26 (migration 0026_drop_superseded_queue_index) ====
+-- The per-instance queue index of version 1 (commands_queue) is gone: commands_position_queue
+-- (version 2) serves every queue read. The migration drops it CONCURRENTLY, outside a transaction.
