@@ -17,7 +17,7 @@ import copy
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Generic, TypeVar, overload
 
@@ -56,6 +56,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 class _ActionSpec:
     handler: Callable[..., Any]
     non_retryable: tuple[type[BaseException], ...]
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:  # asked on every step: inspect once, at registration
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.handler))
 
 
 class Workflow(Generic[S]):
@@ -372,7 +376,7 @@ class Workflow(Generic[S]):
         return self._actions[step].handler
 
     def is_async(self, step: str) -> bool:
-        return inspect.iscoroutinefunction(self._actions[step].handler)
+        return self._actions[step].is_async
 
     def compensation_handler(self, step: str) -> Callable[..., Any] | None:
         spec = self._compensations.get(step)
@@ -392,18 +396,23 @@ class Workflow(Generic[S]):
         it, so a handler may have left it in a shape the model forbids. `what` names the value
         in the error (the start input, or the state a step left).
         """
+        return self.state_document(value, what=what)[0]
+
+    def state_document(self, value: Any, *, what: str = "input") -> tuple[Any, str | None]:
+        """`state_to_json`, with the JSON text the state model wrote on the way (None without a model):
+        the state a step leaves is checked against the limits from that text, not encoded again."""
         model = self.state_model
         if model is None:
             if not isinstance(value, dict):
                 raise InvalidInput(f"workflow {self.id!r} takes a JSON object as {what}, got {type(value).__name__}")
-            return value
+            return value, None
         if isinstance(model, type) and issubclass(model, BaseModel):
             try:
                 if isinstance(value, model):
                     text = value.model_dump_json()
                     model.model_validate_json(text)
-                    return json.loads(text)
-                return model.model_validate(value).model_dump(mode="json")
+                    return json.loads(text), text
+                return model.model_validate(value).model_dump(mode="json"), None
             except ValidationError as exc:
                 raise InvalidInput(f"{what} for workflow {self.id!r} is invalid: {_brief(exc)}") from None
             except (ValueError, UnicodeError, RecursionError) as exc:  # too deep, lone surrogates

@@ -29,13 +29,15 @@ class Limits:
     """The state and the events one step leaves, together (each is also bound by max_payload_bytes)."""
     max_text_length: int = 2000  # free text such as a cancel reason
 
-    def encode(self, what: str, value: Any) -> str:
-        """JSON text of `value`, or PayloadRejected when it is deep, large or not JSON."""
+    def encode(self, what: str, value: Any, text: str | None = None) -> str:
+        """JSON text of `value`, or PayloadRejected when it is deep, large or not JSON. `text`, when the
+        caller has it already (a state model's own JSON of `value`), is checked instead of encoding again."""
         self.check_depth(what, value)
-        try:
-            text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            raise PayloadRejected(what, "invalid", f"not JSON-serializable ({exc})") from None
+        if text is None:
+            try:
+                text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise PayloadRejected(what, "invalid", f"not JSON-serializable ({exc})") from None
         if "\\u0000" in text:
             raise PayloadRejected(what, "invalid", "contains a NUL character (\\u0000), which PostgreSQL cannot store")
         try:
@@ -53,7 +55,7 @@ class Limits:
         stack: list[tuple[Any, int]] = [(value, 1)]
         while stack:
             item, depth = stack.pop()
-            if isinstance(item, dict | list):
+            if isinstance(item, (dict, list)):  # a tuple: `dict | list` would build a union per item
                 if depth > self.max_depth:
                     raise PayloadRejected(
                         what, "too_deep", f"nesting deeper than the limit of {self.max_depth} levels"

@@ -111,8 +111,8 @@ def _left(
 ) -> StepSucceeded | StepFailed:
     """What the handler left, as the commit will store it, or why it cannot be stored."""
     try:
-        new_state = workflow.state_to_json(state, what=f"state left by step {step!r}")
-        size = len(limits.encode("state", new_state).encode()) + check_events(limits, events)
+        new_state, text = workflow.state_document(state, what=f"state left by step {step!r}")
+        size = len(limits.encode("state", new_state, text).encode()) + check_events(limits, events)
         limits.check_commit(f"step {step!r}", size)
     except PayloadRejected as exc:
         return _failed("PayloadRejected", str(exc), retryable=False)
