@@ -22,7 +22,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -130,6 +130,9 @@ class Worker:
         self._dues: list[float] = []  # loop times of notified future commands, a heap (see _on_due)
         self._due: asyncio.TimerHandle | None = None  # the wake-up armed for the earliest of them
         self._slot_free = asyncio.Event()
+        # Segments whose last commit is in flight: their slots are as good as free, so the claim loop
+        # claims for them while that commit's round trip runs instead of after it (see `_ends_with`).
+        self._ending = 0
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
         self._listener: Listener | None = None
@@ -267,7 +270,7 @@ class Worker:
         failures = 0
         last_claim = 0.0
         while not self._stopping:
-            free = self.config.concurrency - len(self._tasks)
+            free = self.config.concurrency - len(self._tasks) + self._ending
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
@@ -465,7 +468,7 @@ class Worker:
                 else:
                     decision = external_state.checked(workflow, instance, command, outcome)
                 decision = workflow.redaction.decision(decision, instance.state, command)  # never the live state
-                with observe.commit(instance, decision) as seen_commit:
+                with observe.commit(instance, decision) as seen_commit, self._ends_with(decision):
                     committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
                     seen_commit.result(committed)
             if committed is not None and not committed.conflict:
@@ -475,6 +478,24 @@ class Worker:
             await self.events.bump("conflicts")
             instance = replace(instance, state=committed.state, state_version=committed.state_version)
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
+
+    @contextlib.contextmanager
+    def _ends_with(self, decision: Decision) -> Iterator[None]:
+        """While the commit that ends a segment is in flight, its slot counts as free: the next claim
+        goes out beside that commit instead of one round trip after it. Measured on the in-process
+        throughput bench (docs/performance.md, "Claims beside the last commit"). A handler starts only
+        once the claim returns, by when the commit has mostly returned too; only a commit that comes
+        back as a state conflict (its step runs again) can briefly run one handler more than
+        `concurrency`."""
+        if decision.continuation is not None:
+            yield
+            return
+        self._ending += 1
+        self._slot_free.set()
+        try:
+            yield
+        finally:
+            self._ending -= 1
 
     async def _alert(self, decision: Decision) -> None:
         """The commit gave a compensation up: raise the alert hook (once: only one commit wins)."""

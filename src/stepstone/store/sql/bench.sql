@@ -115,9 +115,6 @@ SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint;
 -- name: analyze
 ANALYZE {{schema}}.instances, {{schema}}.positions, {{schema}}.commands, {{schema}}.history;
 
--- name: completed_count
-SELECT count(*) FROM {{schema}}.instances WHERE status = 'COMPLETED' AND definition_id = $1;
-
 -- name: held_count
 SELECT count(*) FROM {{schema}}.instances
 WHERE lease_owner = $1 AND lease_until > {{schema}}.db_now() AND status = 'RUNNING';

@@ -1,0 +1,85 @@
+"""A segment's last commit and the claim of the slot it frees go out together.
+
+While the commit that ends a segment is in flight, the claim loop already claims for that slot
+(`Worker._ends_with`): a freed slot does not wait one more round trip for its next command. Handlers
+still never run more than `concurrency` at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.store.port import Claim, CommitRequest, Committed
+from stepstone.testing import open_engine
+
+one_step: Workflow[Any] = Workflow("one_step_claims", version=1)
+RUNNING: dict[str, int] = {"now": 0, "most": 0}
+
+
+@one_step.step(start=True)
+async def work(_ctx: StepContext, state: dict[str, Any]) -> None:
+    RUNNING["now"] += 1
+    RUNNING["most"] = max(RUNNING["most"], RUNNING["now"])
+    await asyncio.sleep(0.002)
+    RUNNING["now"] -= 1
+    state["done"] = True
+
+
+registry = Registry(one_step)
+
+
+async def test_the_next_claim_goes_out_while_the_last_commit_is_in_flight(database_url: str) -> None:
+    async with open_engine(database_url, registry, concurrency=1, lease_seconds=30, poll_interval=0.05) as engine:
+        first = await engine.client.start(one_step, {})
+        second = await engine.client.start(one_step, {})
+        held = asyncio.Event()
+        release = asyncio.Event()
+        claimed: list[str] = []
+        store: Any = engine.store
+        commit_one, commit_many, claim = store.commit, store.commit_many, store.claim
+
+        async def hold(requests: list[CommitRequest]) -> None:
+            if any(r.claim.instance.id == first for r in requests):
+                held.set()
+                await release.wait()
+
+        async def one(request: CommitRequest, **kwargs: Any) -> Committed | None:
+            await hold([request])
+            return await commit_one(request, **kwargs)
+
+        async def many(requests: list[CommitRequest], **kwargs: Any) -> list[Committed | None]:
+            await hold(requests)
+            return await commit_many(requests, **kwargs)
+
+        async def claiming(*args: Any) -> list[Claim]:
+            found = await claim(*args)
+            claimed.extend(c.instance.id for c in found)
+            return found
+
+        store.commit, store.commit_many, store.claim = one, many, claiming
+        await engine.worker.start()
+        try:
+            await asyncio.wait_for(held.wait(), 10)
+            # The only slot's segment waits for its last commit: the claim loop takes the next START.
+            await engine.worker.events.wait_until(lambda: second in claimed, timeout=10)
+            assert engine.worker.events.commits == 0
+            release.set()
+            await engine.worker.events.wait_until(lambda: engine.worker.events.commits >= 2, timeout=10)
+        finally:
+            release.set()
+            await engine.worker.stop()
+        assert [await store.status(i) for i in (first, second)] == ["COMPLETED", "COMPLETED"]
+
+
+async def test_handlers_never_run_more_than_concurrency_at_once(database_url: str) -> None:
+    RUNNING.update(now=0, most=0)
+    async with open_engine(database_url, registry, concurrency=2, lease_seconds=30, poll_interval=0.05) as engine:
+        await engine.client.start_many(one_step, [{}] * 60)
+        await engine.worker.start()
+        try:
+            await engine.worker.events.wait_until(lambda: engine.worker.events.commits >= 60, timeout=60)
+        finally:
+            await engine.worker.stop()
+    assert RUNNING["most"] == 2
