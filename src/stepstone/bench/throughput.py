@@ -11,12 +11,15 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import asyncpg
+
 from stepstone.bench.common import (
     BenchContext,
     Metric,
     Progress,
     StatementLog,
     bench_database,
+    bench_queries,
     track_commits,
 )
 from stepstone.bench.procs import WorkerProcess
@@ -135,6 +138,7 @@ async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) ->
     try:
         async with engine(ctx, url, processes, progress) as stats:
             await closed_loop(client, progress, warmup, window)
+            await _analyze(url, ctx.schema)
             if stats is not None:
                 stats.clear()
             started, cpu = time.monotonic(), time.process_time()
@@ -145,6 +149,17 @@ async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) ->
     finally:
         await client_store.close()
     return total / elapsed, log
+
+
+async def _analyze(url: str, schema: str) -> None:
+    """Measure the steady state: the tables analyzed, as autovacuum (or the workers, `refresh_statistics`)
+    keep them in a running system. A database this young would otherwise be measured on plans made while
+    its tables were empty."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(bench_queries(schema)["analyze"])
+    finally:
+        await conn.close()
 
 
 async def closed_loop(client: Client, progress: Progress, count: int, window: int) -> None:

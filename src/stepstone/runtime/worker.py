@@ -34,7 +34,7 @@ from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, S
 from stepstone.core.pin import pin_of  # noqa: F401 - kept importable from here for callers and tests
 from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
 from stepstone.core.transitions import advance, apply, complete_step
-from stepstone.errors import DatabaseUnavailable
+from stepstone.errors import DatabaseUnavailable, InsufficientPrivilege
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.compensations import run_compensation
@@ -73,6 +73,8 @@ class WorkerConfig:
     heartbeat_seconds: float = 10.0
     # How often the worker looks for due schedules at most (it also wakes for the next known tick).
     schedule_interval: float = 1.0
+    # How often a worker looks whether the engine's tables still lack statistics (until they have them).
+    statistics_interval: float = 2.0
     worker_id: str = field(default_factory=default_worker_id)
     on_compensation_failed: Callable[[dict[str, Any]], Any] | None = None
     """The alert hook (sync or async): called once, by the worker whose commit gave a compensation up,
@@ -180,6 +182,7 @@ class Worker:
         self._loops = [
             asyncio.create_task(self._claim_loop(), name="stepstone-claim"),
             asyncio.create_task(self._lease_loop(), name="stepstone-lease"),
+            asyncio.create_task(self._statistics_loop(), name="stepstone-statistics"),
             asyncio.create_task(serving.heartbeat_loop(self.store.definitions, self.config.worker_id, pins,
                                                        self.config.heartbeat_seconds), name="stepstone-heartbeat"),
         ]
@@ -322,6 +325,22 @@ class Worker:
                 if seg is not None:
                     seg.lost = True
                     log.warning("lost the lease on instance %s position %r; its segment will be abandoned", *key)
+
+    async def _statistics_loop(self) -> None:
+        """Until the engine's tables have statistics, analyze them once they have grown. The plans a fresh
+        database's statements keep are made while its tables are empty; autovacuum's first ANALYZE comes
+        within its nap time (a minute by default), and until then a claim read and sorted the whole
+        backlog to take the oldest few (docs/performance.md, "Plans made on empty tables")."""
+        while True:
+            await asyncio.sleep(self.config.statistics_interval)
+            try:
+                if await self.store.refresh_statistics():
+                    return
+            except InsufficientPrivilege as exc:
+                log.info("not analyzing the engine's tables (%s); autovacuum will", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
+                log.warning("statistics check failed (%s: %s)", type(exc).__name__, exc)
 
     async def _open_listener(self) -> None:
         try:

@@ -42,6 +42,9 @@ from stepstone.store.start_groups import StartGroups
 
 log = logging.getLogger("stepstone.store")
 
+STATISTICS_ROWS = 1_000
+"""A hot table never analyzed is analyzed by the worker once it holds this many rows (`refresh_statistics`)."""
+
 IDEMPOTENCY_CLASH = "SSK01"
 """start_batch: an idempotency key used before with other input (migration 0023)."""
 
@@ -223,6 +226,21 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
     async def next_available(self) -> float | None:
         value = await self._fetchval("next_available")
         return None if value is None else float(value)
+
+    async def refresh_statistics(self, rows: int = STATISTICS_ROWS) -> bool:
+        """ANALYZE the engine's hot tables when one that was never analyzed holds `rows` rows or more;
+        True once none is left unanalyzed (there is nothing more to do). A role that may not ANALYZE
+        them raises InsufficientPrivilege: autovacuum will, within its nap time."""
+        row = await self._one("statistics_due", rows)
+        if not row["due"]:
+            return not row["never"]
+        with translate_errors(self.url):
+            await self.pool.execute(self.q["analyze_hot_tables"])
+        if (await self._one("statistics_due", rows))["due"]:  # PostgreSQL skips, with a warning, what it may not
+            log.info("could not analyze the engine's tables (this role does not own them); autovacuum will")
+        else:
+            log.info("analyzed the engine's tables: one had %d rows or more and no statistics yet", rows)
+        return True
 
     async def listen(self, callback: Callable[[], None], channel: str | None = None) -> Listener:
         """Open a dedicated wake-up connection on `channel` (default: commands); `callback` runs on every

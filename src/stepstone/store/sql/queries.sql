@@ -190,6 +190,21 @@ SELECT EXTRACT(EPOCH FROM (LEAST(
      WHERE c.state = 'CLAIMED' AND c.available_at > {{schema}}.db_now()
      ORDER BY c.available_at LIMIT 1)) - {{schema}}.db_now()))::float8;
 
+-- name: statistics_due
+-- The engine's hot tables that were never analyzed (by ANALYZE or autovacuum): how many, and how many
+-- of them already hold $1 rows or more. Until a table is analyzed the planner takes it for nearly
+-- empty, and the claim's cached plan read and sorted every ready command to take the oldest few
+-- (docs/performance.md, "Plans made on empty tables").
+SELECT count(*) FILTER (WHERE s.last_analyze IS NULL AND s.last_autoanalyze IS NULL) AS never,
+       count(*) FILTER (WHERE s.last_analyze IS NULL AND s.last_autoanalyze IS NULL
+                          AND s.n_live_tup >= $1) AS due
+FROM pg_stat_user_tables s
+WHERE s.relid IN ('{{schema}}.instances'::regclass, '{{schema}}.positions'::regclass,
+                  '{{schema}}.commands'::regclass, '{{schema}}.history'::regclass);
+
+-- name: analyze_hot_tables
+ANALYZE {{schema}}.instances, {{schema}}.positions, {{schema}}.commands, {{schema}}.history;
+
 -- name: register_definition
 INSERT INTO {{schema}}.definitions (scope, definition_id, version, plan_hash, plan, registered_at)
 VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now())
