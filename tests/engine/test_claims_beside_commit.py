@@ -1,7 +1,7 @@
 """A segment's last commit and the claim of the slot it frees go out together.
 
 While the commit that ends a segment is in flight, the claim loop already claims for that slot
-(`Worker._ends_with`): a freed slot does not wait one more round trip for its next command. Handlers
+(`Worker._decide_and_commit`): a freed slot does not wait one more round trip for its next command. Handlers
 still never run more than `concurrency` at a time.
 """
 

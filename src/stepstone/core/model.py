@@ -8,6 +8,7 @@ out a `Decision` in one fenced commit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 from stepstone.core.effects import Effect, EmitEvent, EndInstance, Enqueue
@@ -176,12 +177,17 @@ class Decision:
         return [e for e in self.effects if isinstance(e, kind)]
 
     def first(self, kind: type[E]) -> E | None:
-        return next((e for e in self.effects if isinstance(e, kind)), None)
+        # Asked several times per step (the worker, the store, sagas, redaction) of an immutable tuple:
+        # each kind is looked for once. The cache lives beside the fields, outside eq, hash and repr.
+        found: dict[type[Effect], Effect | None] = self.__dict__.setdefault("_first", {})
+        if kind not in found:
+            found[kind] = next((e for e in self.effects if isinstance(e, kind)), None)
+        return found[kind]  # type: ignore[return-value]
 
-    @property
+    @cached_property
     def continuation(self) -> Enqueue | None:
         return next((e for e in self.effects if isinstance(e, Enqueue) and e.continuation), None)
 
     @property
     def ended(self) -> bool:
-        return any(isinstance(e, EndInstance) for e in self.effects)
+        return self.first(EndInstance) is not None

@@ -22,7 +22,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -133,7 +133,7 @@ class Worker:
         self._due: asyncio.TimerHandle | None = None  # the wake-up armed for the earliest of them
         self._slot_free = asyncio.Event()
         # Segments whose last commit is in flight: their slots are as good as free, so the claim loop
-        # claims for them while that commit's round trip runs instead of after it (see `_ends_with`).
+        # claims for them while that commit's round trip runs instead of after it (`_decide_and_commit`).
         self._ending = 0
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
@@ -487,9 +487,22 @@ class Worker:
                 else:
                     decision = external_state.checked(workflow, instance, command, outcome)
                 decision = workflow.redaction.decision(decision, instance.state, command)  # never the live state
-                with observe.commit(instance, decision) as seen_commit, self._ends_with(decision):
-                    committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
-                    seen_commit.result(committed)
+                # While the commit that ends a segment is in flight its slot counts as free: the next claim
+                # goes out beside that commit instead of one round trip after it (docs/performance.md,
+                # "Claims beside the last commit"). A handler starts only once that claim returns, by when
+                # the commit has mostly returned too; only a commit that comes back as a state conflict
+                # (its step runs again) can briefly run one handler more than `concurrency`.
+                ending = decision.continuation is None
+                if ending:
+                    self._ending += 1
+                    self._slot_free.set()
+                try:
+                    with observe.commit(instance, decision) as seen_commit:
+                        committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+                        seen_commit.result(committed)
+                finally:
+                    if ending:
+                        self._ending -= 1
             if committed is not None and not committed.conflict:
                 await self._alert(decision)
             if committed is None or not committed.conflict:
@@ -497,24 +510,6 @@ class Worker:
             await self.events.bump("conflicts")
             instance = replace(instance, state=committed.state, state_version=committed.state_version)
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
-
-    @contextlib.contextmanager
-    def _ends_with(self, decision: Decision) -> Iterator[None]:
-        """While the commit that ends a segment is in flight, its slot counts as free: the next claim
-        goes out beside that commit instead of one round trip after it. Measured on the in-process
-        throughput bench (docs/performance.md, "Claims beside the last commit"). A handler starts only
-        once the claim returns, by when the commit has mostly returned too; only a commit that comes
-        back as a state conflict (its step runs again) can briefly run one handler more than
-        `concurrency`."""
-        if decision.continuation is not None:
-            yield
-            return
-        self._ending += 1
-        self._slot_free.set()
-        try:
-            yield
-        finally:
-            self._ending -= 1
 
     async def _alert(self, decision: Decision) -> None:
         """The commit gave a compensation up: raise the alert hook (once: only one commit wins)."""
