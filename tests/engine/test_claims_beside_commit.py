@@ -1,8 +1,9 @@
 """A segment's last commit and the claim of the slot it frees go out together.
 
 While the commit that ends a segment is in flight, the claim loop already claims for that slot
-(`Worker._decide_and_commit`): a freed slot does not wait one more round trip for its next command. Handlers
-still never run more than `concurrency` at a time.
+(`Worker._decide_and_commit`): a freed slot does not wait one more round trip for its next command.
+What it claims runs only once the slot is given back, so at most `concurrency` segments run a handler
+or wait for their commit at once (a killed worker repeats at most that many effects).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from stepstone.testing import open_engine
 
 one_step: Workflow[Any] = Workflow("one_step_claims", version=1)
 RUNNING: dict[str, int] = {"now": 0, "most": 0}
+STARTED: list[str] = []
 
 
 @one_step.step(start=True)
-async def work(_ctx: StepContext, state: dict[str, Any]) -> None:
+async def work(ctx: StepContext, state: dict[str, Any]) -> None:
+    STARTED.append(ctx.instance_id)
     RUNNING["now"] += 1
     RUNNING["most"] = max(RUNNING["most"], RUNNING["now"])
     await asyncio.sleep(0.002)
@@ -31,12 +34,14 @@ registry = Registry(one_step)
 
 
 async def test_the_next_claim_goes_out_while_the_last_commit_is_in_flight(database_url: str) -> None:
+    STARTED.clear()
     async with open_engine(database_url, registry, concurrency=1, lease_seconds=30, poll_interval=0.05) as engine:
         first = await engine.client.start(one_step, {})
         second = await engine.client.start(one_step, {})
         held = asyncio.Event()
         release = asyncio.Event()
         claimed: list[str] = []
+        second_claimed = asyncio.Event()
         store: Any = engine.store
         commit_one, commit_many, claim = store.commit, store.commit_many, store.claim
 
@@ -56,15 +61,19 @@ async def test_the_next_claim_goes_out_while_the_last_commit_is_in_flight(databa
         async def claiming(*args: Any) -> list[Claim]:
             found = await claim(*args)
             claimed.extend(c.instance.id for c in found)
+            if second in claimed:
+                second_claimed.set()
             return found
 
         store.commit, store.commit_many, store.claim = one, many, claiming
         await engine.worker.start()
         try:
             await asyncio.wait_for(held.wait(), 10)
-            # The only slot's segment waits for its last commit: the claim loop takes the next START.
-            await engine.worker.events.wait_until(lambda: second in claimed, timeout=10)
-            assert engine.worker.events.commits == 0
+            # The only slot's segment waits for its last commit: the claim loop takes the next START,
+            # which runs once the slot is given back.
+            await asyncio.wait_for(second_claimed.wait(), 10)
+            await asyncio.sleep(0.2)  # time for a wrongly started handler to show
+            assert engine.worker.events.commits == 0 and second not in STARTED
             release.set()
             await engine.worker.events.wait_until(lambda: engine.worker.events.commits >= 2, timeout=10)
         finally:

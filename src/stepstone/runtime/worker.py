@@ -134,7 +134,10 @@ class Worker:
         self._slot_free = asyncio.Event()
         # Segments whose last commit is in flight: their slots are as good as free, so the claim loop
         # claims for them while that commit's round trip runs instead of after it (`_decide_and_commit`).
+        # What it claims waits for a slot (`_slots`) before it runs anything: at most `concurrency`
+        # segments run or wait for their commit at once, so a kill repeats at most that many effects.
         self._ending = 0
+        self._slots = asyncio.Semaphore(self.config.concurrency)
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
         self._listener: Listener | None = None
@@ -409,7 +412,8 @@ class Worker:
         """Run a segment; a crash stops renewing its lease, so another claim retries it (and a
         command that keeps crashing is dead-lettered after max_claims)."""
         try:
-            await self._segment(claim)
+            async with self._slots:
+                await self._segment(claim)
         except asyncio.CancelledError:
             raise  # drain: stop() releases what is still held
         except BaseException as exc:  # no segment may take the worker down
@@ -489,9 +493,8 @@ class Worker:
                 decision = workflow.redaction.decision(decision, instance.state, command)  # never the live state
                 # While the commit that ends a segment is in flight its slot counts as free: the next claim
                 # goes out beside that commit instead of one round trip after it (docs/performance.md,
-                # "Claims beside the last commit"). A handler starts only once that claim returns, by when
-                # the commit has mostly returned too; only a commit that comes back as a state conflict
-                # (its step runs again) can briefly run one handler more than `concurrency`.
+                # "Claims beside the last commit"); what it claims starts once this segment gives the slot
+                # back (`_slots`).
                 ending = decision.continuation is None
                 if ending:
                     self._ending += 1
