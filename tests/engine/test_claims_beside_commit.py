@@ -9,7 +9,10 @@ or wait for their commit at once (a killed worker repeats at most that many effe
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+import pytest
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.store.port import Claim, CommitRequest, Committed
@@ -92,3 +95,38 @@ async def test_handlers_never_run_more_than_concurrency_at_once(database_url: st
         finally:
             await engine.worker.stop()
     assert RUNNING["most"] == 2
+
+
+async def test_a_renewal_that_crosses_the_last_commit_reports_no_lost_lease(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The last commit lands (and releases the lease) while its reply is held back; renewals run every
+    # 0.1 s meanwhile and find the lease gone. That is the segment ending, not a lost lease.
+    async with open_engine(database_url, registry, concurrency=1, lease_seconds=0.3, poll_interval=0.05) as engine:
+        first = await engine.client.start(one_step, {})
+        store: Any = engine.store
+        commit_one, commit_many = store.commit, store.commit_many
+        landed = asyncio.Event()
+
+        async def one(request: CommitRequest, **kwargs: Any) -> Committed | None:
+            result = await commit_one(request, **kwargs)
+            landed.set()
+            await asyncio.sleep(0.5)
+            return result
+
+        async def many(requests: list[CommitRequest], **kwargs: Any) -> list[Committed | None]:
+            results = await commit_many(requests, **kwargs)
+            landed.set()
+            await asyncio.sleep(0.5)
+            return results
+
+        store.commit, store.commit_many = one, many
+        with caplog.at_level(logging.WARNING, logger="stepstone"):
+            await engine.worker.start()
+            try:
+                await asyncio.wait_for(landed.wait(), 10)
+                await engine.worker.events.wait_until(lambda: engine.worker.events.commits >= 1, timeout=10)
+            finally:
+                await engine.worker.stop()
+        assert await store.status(first) == "COMPLETED"
+        assert not [r for r in caplog.records if "lost the lease" in r.getMessage()]

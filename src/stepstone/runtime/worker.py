@@ -104,6 +104,9 @@ class _Segment:
     position: str
     token: Any
     lost: bool = False
+    # Its last commit is in flight: that commit releases the lease, so a renewal that crosses it finds the
+    # lease gone without anything being lost.
+    ending: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -315,7 +318,7 @@ class Worker:
     async def _lease_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.lease_seconds / 3)
-            held = {s.key: s.token for s in self._segments.values() if not s.lost}
+            held = {s.key: s.token for s in self._segments.values() if not (s.lost or s.ending)}
             if not held:
                 continue
             try:
@@ -325,7 +328,7 @@ class Worker:
                 continue
             for key in held.keys() - kept:
                 seg = self._segments.get(key)
-                if seg is not None:
+                if seg is not None and not seg.ending:
                     seg.lost = True
                     log.warning("lost the lease on instance %s position %r; its segment will be abandoned", *key)
 
@@ -496,9 +499,12 @@ class Worker:
                 # "Claims beside the last commit"); what it claims starts once this segment gives the slot
                 # back (`_slots`).
                 ending = decision.continuation is None
+                segment = self._segments.get((claim.instance.id, claim.instance.position))
                 if ending:
                     self._ending += 1
                     self._slot_free.set()
+                if segment is not None:
+                    segment.ending = ending
                 try:
                     with observe.commit(instance, decision) as seen_commit:
                         committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
@@ -506,6 +512,8 @@ class Worker:
                 finally:
                     if ending:
                         self._ending -= 1
+                if segment is not None and committed is not None and committed.conflict:
+                    segment.ending = False  # the step runs again on fresh state; the lease is still held
             if committed is not None and not committed.conflict:
                 await self._alert(decision)
             if committed is None or not committed.conflict:
