@@ -1,0 +1,121 @@
+"""Three-step workflows/s of whichever stepstone is importable, for interleaved A/B runs of two trees.
+
+Not a test (pytest does not collect it): the harness behind the A/B tables of docs/performance.md.
+It runs the `throughput` workload's shape on its own, with nothing that differs between versions:
+a fresh database on the server at --admin-url, an in-process worker of 8 slots, 8 starters in a closed
+loop (at most 32 unfinished), 300 workflows of warm-up, ANALYZE (the steady state), then --total
+measured. Completions are counted by a trigger this harness adds to `instances` (notifying with the
+instance id: PostgreSQL folds identical notifications of one transaction into one), so both sides are
+counted alike even when one has no completion channel of its own.
+
+    git worktree add /tmp/before <commit>
+    for i in 1 2 3 4; do
+        PYTHONPATH=/tmp/before/src python tests/perf/ab_throughput.py before
+        python tests/perf/ab_throughput.py main
+    done
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+
+import asyncpg
+
+from stepstone.bench.workflows import registry, three
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.migrate import migrate
+from stepstone.store.postgres import PostgresStore
+
+SCHEMA = "stepstone"
+STARTERS = SLOTS = 8
+TRIGGER = f"""
+CREATE FUNCTION public.ab_completed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status = 'COMPLETED' AND OLD.status IS DISTINCT FROM NEW.status THEN
+        PERFORM pg_notify('ab_completed', NEW.id::text);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER ab_completed AFTER UPDATE OF status ON {SCHEMA}.instances
+    FOR EACH ROW EXECUTE FUNCTION public.ab_completed();
+"""
+
+
+async def measure(url: str, total: int) -> float:
+    conn = await asyncpg.connect(url)
+    await migrate(conn, SCHEMA)
+    await conn.execute(TRIGGER)
+    completed = [0]
+    changed = asyncio.Event()
+
+    def on_completed(*_: object) -> None:
+        completed[0] += 1
+        changed.set()
+
+    await conn.add_listener("ab_completed", on_completed)
+    worker_store = await PostgresStore.open(url, SCHEMA, max_size=SLOTS + 4)
+    client_store = await PostgresStore.open(url, SCHEMA, max_size=STARTERS + 2)
+    client = Client(client_store, registry)
+    worker = Worker(worker_store, registry, WorkerConfig(concurrency=SLOTS, worker_id="ab"))
+    await worker.start()
+
+    async def until(condition: Callable[[], bool]) -> None:
+        while not condition():
+            changed.clear()
+            await changed.wait()
+
+    async def closed_loop(count: int) -> float:
+        base, started = completed[0], [0]
+        began = time.monotonic()
+
+        def room() -> bool:
+            return started[0] - (completed[0] - base) < 4 * SLOTS
+
+        async def starter() -> None:
+            while True:
+                await until(room)
+                if started[0] >= count:
+                    return
+                started[0] += 1
+                await client.start(three, {})
+
+        await asyncio.gather(*(starter() for _ in range(STARTERS)))
+        await until(lambda: completed[0] - base >= count)
+        return count / (time.monotonic() - began)
+
+    try:
+        await closed_loop(300)
+        await conn.execute("ANALYZE")
+        return await closed_loop(total)
+    finally:
+        await worker.stop()
+        await worker_store.close()
+        await client_store.close()
+        await conn.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("label", help="printed before the result")
+    parser.add_argument("--total", type=int, default=3000, help="workflows measured after the warm-up")
+    parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    args = parser.parse_args()
+    name = f"stepstone_ab_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(args.admin_url)
+    await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        url = args.admin_url.rsplit("/", 1)[0] + f"/{name}"
+        rate = await measure(url, args.total)
+        print(f"{args.label} {rate:.0f} workflows/s", flush=True)  # noqa: T201 - the result is the output
+    finally:
+        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        await admin.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
