@@ -5,15 +5,18 @@ derived from the schema name, so concurrent migrators apply every version exactl
 versions this stepstone does not ship is refused with :class:`SchemaTooNew` before anything runs.
 
 A file whose first line is ``-- stepstone: outside a transaction`` is the contract step of an
-expand/contract change (``DROP INDEX CONCURRENTLY IF EXISTS``, which PostgreSQL refuses inside a
-transaction block, and which neither blocks the workers nor breaks an older release still running):
-its statements run one at a time, each on its own, and the version is recorded after the last. Each
-statement must be idempotent (``IF EXISTS``): a migrator interrupted half-way runs the file again.
+expand/contract change (``CREATE INDEX CONCURRENTLY`` and ``DROP INDEX CONCURRENTLY IF EXISTS``, which
+PostgreSQL refuses inside a transaction block, and which neither block the workers nor break an older
+release still running): its statements run one at a time, each on its own, and the version is recorded
+after the last. The file must be safe to run again from the top (``IF EXISTS``; a ``CREATE INDEX
+CONCURRENTLY`` preceded by a drop of the same name, which clears the invalid index an interrupted build
+leaves): a migrator interrupted half-way runs it again.
 Such a file holds plain statements, each ending with a semicolon at the end of a line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from contextlib import suppress
@@ -43,6 +46,7 @@ __all__ = [
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 OUTSIDE_A_TRANSACTION = "-- stepstone: outside a transaction"
+LOCK_POLL_SECONDS = 0.05  # how often a migrator waiting for another one tries the lock again
 
 _BOOTSTRAP = """\
 CREATE SCHEMA IF NOT EXISTS {{schema}};
@@ -222,6 +226,16 @@ async def _record(conn: asyncpg.Connection, schema: str, migration: Migration) -
     )
 
 
+async def _lock(conn: asyncpg.Connection, key: int) -> None:
+    """Take the migrators' lock by polling, not by waiting inside pg_advisory_lock: a session blocked in
+    that call holds a snapshot for as long as it waits, and CREATE INDEX CONCURRENTLY in the holder's
+    contract step waits for every older snapshot to go, so two migrators would deadlock."""
+    while True:
+        if await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+            return
+        await asyncio.sleep(LOCK_POLL_SECONDS)
+
+
 async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
     """Apply pending migrations to ``schema``, each in its own transaction under a lock; return them.
 
@@ -242,7 +256,7 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
                 return applied_now
         # A session lock, so that every transaction below starts after the lock is held and so sees
         # (with fresh catalog caches) whatever a concurrent migrator committed before releasing it.
-        await conn.execute("SELECT pg_advisory_lock($1)", key)
+        await _lock(conn, key)
         try:
             while True:
                 async with conn.transaction():

@@ -54,8 +54,8 @@ CREATE TABLE {{schema}}.instances (
 
 CREATE UNIQUE INDEX instances_business_key
     ON {{schema}}.instances (scope, definition_id, business_key) WHERE business_key IS NOT NULL;
-CREATE INDEX instances_newest ON {{schema}}.instances (created_at DESC, id DESC);
-CREATE INDEX instances_status_newest ON {{schema}}.instances (status, created_at DESC, id DESC);
+CREATE INDEX instances_created ON {{schema}}.instances (created_at, id);  -- read backwards: newest first
+CREATE INDEX instances_status_created ON {{schema}}.instances (status, created_at, id);
 
 -- The per-instance ordered command log. A command is claimable when it is the
 -- head of its instance's queue (ordered by seq, then id; a continuation inherits
@@ -2410,7 +2410,7 @@ CREATE INDEX worker_plans_pin ON {{schema}}.worker_plans (definition_id, version
 -- definition row it is pinned to (its own scope's row of that version when there is one, else the
 -- default scope's), set by pin admission.
 ALTER TABLE {{schema}}.instances ADD COLUMN definition_scope text NOT NULL DEFAULT 'default';
-CREATE INDEX instances_scope_newest ON {{schema}}.instances (scope, created_at DESC, id DESC);
+CREATE INDEX instances_scope_created ON {{schema}}.instances (scope, created_at, id);
 
 -- The one advisory lock of a definition id (two int4 keys: a namespace and the id's hash).
 CREATE FUNCTION {{schema}}.define_lock_key(p_definition text) RETURNS integer
@@ -2628,8 +2628,8 @@ ALTER TABLE {{schema}}.instances ADD COLUMN archived_at timestamptz;
 
 -- Queries: the filters `stepstone instances find` offers, on columns an instance never changes after
 -- its start (so commits stay HOT updates), newest first like the keyset pagination.
-CREATE INDEX instances_definition_newest ON {{schema}}.instances (definition_id, created_at DESC, id DESC);
--- (Newest first within a scope: instances_scope_newest, from migration 0008.)
+CREATE INDEX instances_definition_created ON {{schema}}.instances (definition_id, created_at, id);
+-- (Newest first within a scope: instances_scope_created, from migration 0008, read backwards.)
 -- Retention candidates: ended instances by age, archived ones by archive time.
 CREATE INDEX instances_ended ON {{schema}}.instances (ended_at) WHERE ended_at IS NOT NULL AND archived_at IS NULL;
 CREATE INDEX instances_archived ON {{schema}}.instances (archived_at) WHERE archived_at IS NOT NULL;
@@ -3555,7 +3555,7 @@ CREATE TABLE {{schema}}.api_tokens (
 );
 
 -- The instances list of one scope, newest first (the API's keyset pagination on (created_at, id)).
--- (Newest first within a scope: instances_scope_newest, from migration 0008.)
+-- (Newest first within a scope: instances_scope_created (migration 0027), read backwards.)
 
 -- One instance's events, published or not (the instance page; outbox_unsent_instance covers only
 -- the unpublished ones).
@@ -4556,3 +4556,9 @@ END $$;
 -- ==== version 26 (migration 0026_drop_superseded_queue_index) ====
 -- The per-instance queue index of version 1 (commands_queue) is gone: commands_position_queue
 -- (version 2) serves every queue read. The migration drops it CONCURRENTLY, outside a transaction.
+
+-- ==== version 27 (migration 0027_ascending_listing_indexes) ====
+-- The listing indexes of instances (instances_created, instances_status_created, instances_scope_created,
+-- instances_definition_created) are ascending and read backwards for newest-first listings: new entries
+-- land at their right edge, whose pages split 90/10, where descending ones left half-empty pages. They
+-- replaced the *_newest indexes of versions 1, 8 and 9, built and dropped CONCURRENTLY.

@@ -34,7 +34,7 @@ SELECT id, scope FROM {{schema}}.instances WHERE id = ANY($1::uuid[]);
 
 -- name: instances_page
 -- Newest first on (created_at, id): scopes $1, status $2, definition $3, business key $4,
--- after ($5, $6), at most $7 rows. A single scope uses instances_scope_newest.
+-- after ($5, $6), at most $7 rows. A single scope reads instances_scope_created backwards.
 SELECT i.id, i.scope, i.definition_id, i.version, i.status, i.step, i.business_key, i.parent_id,
        i.created_at, i.updated_at, i.ended_at, i.error
 FROM {{schema}}.instances i
@@ -50,7 +50,7 @@ LIMIT $7;
 -- How many instances of the scopes $1 (and definition $2) are in each status, counting at most
 -- $3 + 1 of each: a status with more shows as $3 + 1 ("more than $3"), so the counts cost about the
 -- same at a million instances as at a thousand. One branch per status, each naming its status as a
--- literal, so the planner knows how common it is (a rare one is read through instances_status_newest).
+-- literal, so the planner knows how common it is (a rare one is read through instances_status_created).
 SELECT 'PENDING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'PENDING'
     AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'RUNNING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'RUNNING'
