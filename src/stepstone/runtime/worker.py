@@ -135,11 +135,11 @@ class Worker:
         self._dues: list[float] = []  # loop times of notified future commands, a heap (see _on_due)
         self._due: asyncio.TimerHandle | None = None  # the wake-up armed for the earliest of them
         self._slot_free = asyncio.Event()
-        # Segments whose last commit is in flight: their slots are as good as free, so the claim loop
-        # claims for them while that commit's round trip runs instead of after it (`_decide_and_commit`).
-        # What it claims waits for a slot (`_slots`) before it runs anything: at most `concurrency`
-        # segments run or wait for their commit at once, so a kill repeats at most that many effects.
-        self._ending = 0
+        # A segment whose last commit is in flight (`_Segment.ending`) holds a slot that is as good as free,
+        # so the claim loop claims for it while that commit's round trip runs instead of after it
+        # (`_decide_and_commit`). What it claims waits for a slot (`_slots`) before it runs anything: at
+        # most `concurrency` segments run or wait for their commit at once, so a kill repeats at most that
+        # many effects.
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
@@ -279,7 +279,7 @@ class Worker:
         failures = 0
         last_claim = 0.0
         while not self._stopping:
-            free = self.config.concurrency - len(self._tasks) + self._ending
+            free = self.config.concurrency - len(self._tasks) + sum(s.ending for s in self._segments.values())
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
@@ -500,18 +500,13 @@ class Worker:
                 # back (`_slots`).
                 ending = decision.continuation is None
                 segment = self._segments.get((claim.instance.id, claim.instance.position))
-                if ending:
-                    self._ending += 1
-                    self._slot_free.set()
                 if segment is not None:
                     segment.ending = ending
-                try:
-                    with observe.commit(instance, decision) as seen_commit:
-                        committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
-                        seen_commit.result(committed)
-                finally:
-                    if ending:
-                        self._ending -= 1
+                if ending:
+                    self._slot_free.set()
+                with observe.commit(instance, decision) as seen_commit:
+                    committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
+                    seen_commit.result(committed)
                 if segment is not None and committed is not None and committed.conflict:
                     segment.ending = False  # the step runs again on fresh state; the lease is still held
             if committed is not None and not committed.conflict:
