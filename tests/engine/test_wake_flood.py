@@ -64,7 +64,12 @@ async def test_a_notify_flood_makes_few_claims(engine: Engine, database_url: str
     print(f"{NOTIFIES} notifications in {elapsed:.2f} s -> {during} claim statements")  # noqa: T201
     assert 1 <= during <= allowed, f"{during} claims for {NOTIFIES} notifications in {elapsed:.2f} s"
     gaps = [b - a for a, b in zip(claims[before:], claims[before + 1:], strict=False)]
-    assert all(gap >= interval * 0.99 for gap in gaps), sorted(gaps)[:5]  # never two within one interval
+    # Never two claims within one interval, as the claim loop's clock sees them. This wrapper reads the
+    # clock a moment after the loop does, and on a loaded machine the OS may pause the process between the
+    # two reads (seen in CI: one gap of 2.97 ms at 5 ms, while the loop's own reads were 5 ms apart), so
+    # a few gaps may measure short by such a pause. Without coalescing nearly every gap is short.
+    short = [gap for gap in gaps if gap < interval * 0.99]
+    assert len(short) <= max(1, len(gaps) // 10), sorted(gaps)[:5]
 
 
 
