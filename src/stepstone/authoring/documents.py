@@ -23,14 +23,17 @@ import json
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import Any, TypeVar
-
-import jsonschema
-import yaml
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepstone.authoring.workflow import Retry, Workflow
 from stepstone.core.plan import END
 from stepstone.errors import DefinitionError, DocumentInvalid
+
+if TYPE_CHECKING:
+    import yaml
+
+# yaml and jsonschema (with referencing and attrs) are imported where a document is read: together they
+# were 60 ms of every `stepstone` command's start-up, and most commands never read a document.
 
 __all__ = ["DEFAULT_MAX_BYTES", "Catalog", "DocumentWorkflow", "load_document", "schema"]
 
@@ -114,6 +117,8 @@ def _parse(text: str, fmt: str) -> tuple[Any, dict[tuple[Any, ...], _Mark]]:
                                   line=exc.lineno, column=exc.colno) from None
         except RecursionError:
             raise DocumentInvalid("the document is nested too deeply") from None
+    import yaml  # noqa: PLC0415 - see the module's imports
+
     try:  # JSON is YAML: one parser gives the marks of both
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
@@ -132,6 +137,8 @@ def _parse(text: str, fmt: str) -> tuple[Any, dict[tuple[Any, ...], _Mark]]:
 
 def _walk(node: yaml.Node, path: tuple[Any, ...], marks: dict[tuple[Any, ...], _Mark]) -> None:
     marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    import yaml  # noqa: PLC0415 - see the module's imports
+
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             name = key.value
@@ -161,6 +168,8 @@ def _invalid(message: str, path: tuple[Any, ...], marks: dict[tuple[Any, ...], _
 
 
 def _check_schema(data: Any, marks: dict[tuple[Any, ...], _Mark]) -> None:
+    import jsonschema  # noqa: PLC0415 - see the module's imports
+
     validator = jsonschema.Draft202012Validator(schema())
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is None:
