@@ -1,0 +1,121 @@
+"""Where an idle signal's time goes before its next step starts: a breakdown of the latency workload's
+"signal -> next step, idle" figure (issue 17's p99 <= 3 ms target).
+
+Not a test (pytest does not collect it): a diagnostic behind docs/performance.md. On a fresh database at
+--admin-url, with an in-process worker of 8 slots, it starts one `bench_signal` instance at a time, waits
+until it waits, sends its signal and records, on this process's monotonic clock from the send:
+
+    signal sent     the client's signal returned (its command committed)
+    notified        the worker's wake-up notification arrived
+    claim sent      the claim statement that took the signal went out
+    claim back      that claim returned
+    transition      the worker began the step after the signal's own commit (the signal is applied to the
+                    wait and committed first; the step runs as that commit's continuation)
+    step            the step's handler started (what the latency workload reports)
+
+It wraps the worker's internals (its claim, its wake-up callback and its decide-and-commit) to read
+the clock, so it follows their names.
+
+    python tests/perf/signal_path.py --samples 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+
+from stepstone.bench.common import Progress, track_commits
+from stepstone.bench.workflows import SIGNAL_SEEN, registry, signal_wf
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.migrate import migrate
+from stepstone.store.postgres import PostgresStore
+
+SCHEMA = "stepstone"
+MARKS = ("signal sent", "notified", "claim sent", "claim back", "transition", "step")
+
+
+def _instrument(worker: Worker, store: PostgresStore) -> tuple[list[float], dict[str, dict[str, float]]]:
+    """Wrap the worker's wake-up, claim and decide-and-commit; returns the notification times and, per
+    instance, when its last claim went out and came back and when its last decide-and-commit began."""
+    notified: list[float] = []
+    seen: dict[str, dict[str, float]] = {}
+    on_due, claim, decide = worker._on_due, store.claim, worker._decide_and_commit
+
+    def timed_on_due(due_in: float) -> None:
+        notified.append(time.monotonic())
+        on_due(due_in)
+
+    async def timed_claim(*args: Any) -> Any:
+        sent = time.monotonic()
+        claims = await claim(*args)
+        for c in claims:
+            seen[c.instance.id] = {"claim sent": sent, "claim back": time.monotonic()}
+        return claims
+
+    async def timed_decide(c: Any, *args: Any) -> Any:
+        seen.setdefault(c.instance.id, {})["transition"] = time.monotonic()
+        return await decide(c, *args)
+
+    worker._on_due = timed_on_due  # type: ignore[method-assign]
+    store.claim = timed_claim  # type: ignore[method-assign]
+    worker._decide_and_commit = timed_decide  # type: ignore[method-assign]
+    return notified, seen
+
+
+async def main(admin_url: str, samples: int) -> None:
+    name = f"signal_path_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(admin_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        conn = await asyncpg.connect(url)
+        await migrate(conn, SCHEMA)
+        await conn.close()
+        worker_store = await PostgresStore.open(url, SCHEMA, max_size=12)
+        client_store = await PostgresStore.open(url, SCHEMA, max_size=4)
+        progress = Progress()
+        track_commits(worker_store, progress)
+        client = Client(client_store, registry)
+        worker = Worker(worker_store, registry, WorkerConfig(concurrency=8, worker_id="signal-path"))
+        notified, seen = _instrument(worker, worker_store)
+        await worker.start()
+        rows: list[dict[str, float]] = []
+        try:
+            for _ in range(samples):
+                iid = await client.start(signal_wf, {})
+                await progress.wait_until(lambda iid=iid: iid in progress.waiting, timeout=60)
+                notified.clear()
+                sent = time.monotonic()
+                await client.signal(iid, "go")
+                returned = time.monotonic()
+                await progress.wait_until(lambda iid=iid: iid in progress.ended, timeout=60)
+                marks = seen.pop(iid)
+                first = next((t for t in notified if t >= sent), float("nan"))
+                rows.append({"signal sent": returned, "notified": first, **marks, "step": SIGNAL_SEEN.pop(iid)}
+                            | {"origin": sent})
+        finally:
+            await worker.stop()
+            await client_store.close()
+            await worker_store.close()
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+    print(f"{samples} idle signals, ms from the send:")  # noqa: T201
+    for mark in MARKS:
+        xs = sorted((r[mark] - r["origin"]) * 1000 for r in rows)
+        print(f"  {mark:12s} p50 {xs[len(xs) // 2]:6.2f}  p90 {xs[int(len(xs) * 0.9)]:6.2f}  "  # noqa: T201
+              f"p99 {xs[min(len(xs) - 1, int(len(xs) * 0.99))]:6.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--samples", type=int, default=300)
+    args = parser.parse_args()
+    asyncio.run(main(args.admin_url, args.samples))
