@@ -29,6 +29,7 @@ from typing import Any
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.context import durable
 from stepstone.core.effects import SetState
+from stepstone.core.folding import fold, foldable
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
 from stepstone.core.pin import pin_of  # noqa: F401 - kept importable from here for callers and tests
@@ -463,52 +464,39 @@ class Worker:
             now = committed.committed_at
 
     async def _decide_and_commit(
-        self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any
+        self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any,
+        transition: Decision | None = None,
     ) -> tuple[Decision, Committed | None]:
         """Decide, run the handler if the step has one, and commit. When another position changed the
         shared state first, the commit carries this change onto the current state when the two touch
         different parts of it; when they touch the same part, the step runs again on the current state
-        (its effects may repeat, as after any retry)."""
+        (its effects may repeat, as after any retry).
+
+        `transition`: the uncommitted decision that entered this step (`core.folding`); the step's
+        decision is committed with it as one, or after it when the step does not complete."""
         for _ in range(_MAX_STATE_CONFLICTS):
-            outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
-            visit = instance.visit
             with durable.bound(claim.context):  # the caller's trace and registered values (stepstone.context)
-                if isinstance(outcome, RunStep):
-                    cause = command.payload if isinstance(command.payload, dict) else None
-                    with observe.step(workflow, instance, outcome, command) as seen:
-                        result = await run_handler(
-                            workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
-                            registry=self.registry,
-                        )
-                        seen.result(result)
-                    decision = complete_step(instance, command, workflow.plan, result, now)
-                    visit = outcome.visit
-                elif isinstance(outcome, RunCompensation):
-                    # A worker that lost its lease never runs a compensation: another may be running it.
-                    if not await self.store.holds_lease(instance.id, instance.position, claim.token):
-                        return Decision(Settle("COMPLETE")), None
-                    compensated = await run_compensation(workflow, instance, outcome, executor=self._executor,
-                                                          limits=self.limits)
-                    decision = complete_compensation(instance, workflow.plan, outcome, compensated)
-                    visit = command.id  # the events of each compensation command get ids of their own
-                else:
-                    decision = external_state.checked(workflow, instance, command, outcome)
-                decision = workflow.redaction.decision(decision, instance.state, command)  # never the live state
-                # While the commit that ends a segment is in flight its slot counts as free: the next claim
-                # goes out beside that commit instead of one round trip after it (docs/performance.md,
-                # "Claims beside the last commit"); what it claims starts once this segment gives the slot
-                # back (`_slots`).
-                ending = decision.continuation is None
-                segment = self._segments.get((claim.instance.id, claim.instance.position))
-                if segment is not None:
-                    segment.ending = ending
-                if ending:
-                    self._slot_free.set()
-                with observe.commit(instance, decision) as seen_commit:
-                    committed = await self._commit(claim, command.id, decision, visit, instance.state_version)
-                    seen_commit.result(committed)
-                if segment is not None and committed is not None and committed.conflict:
-                    segment.ending = False  # the step runs again on fresh state; the lease is still held
+                decided = await self._decide(claim, workflow, instance, command, now)
+                if decided is None:
+                    return Decision(Settle("COMPLETE")), None
+                decision, visit = decided
+                if transition is None and foldable(decision) and not self._stopping:
+                    entered = self._entered_step(workflow, instance, command, now, decision)
+                    if entered is not None:
+                        return await self._decide_and_commit(claim, workflow, *entered, now, decision)
+                if transition is not None:
+                    folded = fold(transition, decision)
+                    if folded is None:  # the step retries or fails under a command of its own: the transition first
+                        first = await self._observed_commit(claim, instance, command.id, transition, visit,
+                                                            instance.state_version)
+                        if first is None or first.continuation is None:
+                            return transition, first
+                        await self.events.bump("commits")
+                        command, transition = replace(command, id=first.continuation), None
+                    else:
+                        decision = folded  # on a conflict the step runs again and folds again
+                committed = await self._observed_commit(claim, instance, command.id, decision, visit,
+                                                        instance.state_version)
             if committed is not None and not committed.conflict:
                 await self._alert(decision)
             if committed is None or not committed.conflict:
@@ -516,6 +504,68 @@ class Worker:
             await self.events.bump("conflicts")
             instance = replace(instance, state=committed.state, state_version=committed.state_version)
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
+
+    async def _decide(
+        self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any
+    ) -> tuple[Decision, int] | None:
+        """The decision (redacted) and the visit that names its events; None when a compensation finds its
+        lease gone."""
+        outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
+        visit = instance.visit
+        if isinstance(outcome, RunStep):
+            cause = command.payload if isinstance(command.payload, dict) else None
+            with observe.step(workflow, instance, outcome, command) as seen:
+                result = await run_handler(
+                    workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
+                    registry=self.registry,
+                )
+                seen.result(result)
+            decision = complete_step(instance, command, workflow.plan, result, now)
+            visit = outcome.visit
+        elif isinstance(outcome, RunCompensation):
+            # A worker that lost its lease never runs a compensation: another may be running it.
+            if not await self.store.holds_lease(instance.id, instance.position, claim.token):
+                return None
+            compensated = await run_compensation(workflow, instance, outcome, executor=self._executor,
+                                                  limits=self.limits)
+            decision = complete_compensation(instance, workflow.plan, outcome, compensated)
+            visit = command.id  # the events of each compensation command get ids of their own
+        else:
+            decision = external_state.checked(workflow, instance, command, outcome)
+        return workflow.redaction.decision(decision, instance.state, command), visit  # never the live state
+
+    def _entered_step(
+        self, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any, transition: Decision
+    ) -> tuple[InstanceView, CommandView] | None:
+        """The instance and command of the step a plain transition enters, when that step runs a handler:
+        it runs at once and commits with the transition (`core.folding`), under the claimed command."""
+        follow = transition.continuation
+        assert follow is not None  # foldable
+        entered = advance(instance, transition, instance.state_version)
+        step = CommandView(command.id, "STEP", follow.step, follow.visit, None, follow.payload, actor=command.actor)
+        if not isinstance(apply(entered, step, workflow.plan, now, self.config.max_claims), RunStep):
+            return None
+        return entered, step
+
+    async def _observed_commit(
+        self, claim: Claim, instance: InstanceView, command_id: int, decision: Decision, visit: int,
+        state_version: int,
+    ) -> Committed | None:
+        # While the commit that ends a segment is in flight its slot counts as free: the next claim goes
+        # out beside that commit instead of one round trip after it (docs/performance.md, "Claims beside
+        # the last commit"); what it claims starts once this segment gives the slot back (`_slots`).
+        ending = decision.continuation is None
+        segment = self._segments.get((claim.instance.id, claim.instance.position))
+        if segment is not None:
+            segment.ending = ending
+        if ending:
+            self._slot_free.set()
+        with observe.commit(instance, decision) as seen_commit:
+            committed = await self._commit(claim, command_id, decision, visit, state_version)
+            seen_commit.result(committed)
+        if segment is not None and committed is not None and committed.conflict:
+            segment.ending = False  # the step runs again on fresh state; the lease is still held
+        return committed
 
     async def _alert(self, decision: Decision) -> None:
         """The commit gave a compensation up: raise the alert hook (once: only one commit wins)."""

@@ -1,0 +1,56 @@
+"""Which transitions fold into the step they enter, and what the folded decision holds (core.folding)."""
+
+from __future__ import annotations
+
+from stepstone.core.effects import CloseTimers, Enqueue, MovePosition, RecordHistory, SetState
+from stepstone.core.folding import fold, foldable
+from stepstone.core.model import CommandView, Decision, Settle, StepFailed, StepSucceeded
+from stepstone.core.transitions import advance, apply, complete_step
+from tests.core.test_transitions import NOW, PLAN, waiting_at
+
+
+def _signal(name: str) -> Decision:
+    out = apply(waiting_at("await_pay"), CommandView(7, "SIGNAL", name=name, payload={"p": 1}), PLAN, NOW)
+    assert isinstance(out, Decision)
+    return out
+
+
+def _step(transition: Decision, outcome: StepSucceeded | StepFailed) -> Decision:
+    follow = transition.continuation
+    assert follow is not None
+    entered = advance(waiting_at("await_pay"), transition, 0)
+    return complete_step(entered, CommandView(7, "STEP", follow.step, follow.visit, payload=follow.payload), PLAN,
+                         outcome, NOW)
+
+
+def test_a_signal_into_an_action_step_folds() -> None:
+    assert foldable(_signal("paid"))
+
+
+def test_a_signal_to_the_end_or_a_transition_with_more_than_a_move_does_not_fold() -> None:
+    assert not foldable(_signal("void"))  # no continuation: the instance ends in that commit
+    plain = _signal("paid")
+    assert not foldable(Decision(plain.settle, (*plain.effects, SetState({"n": 2}))))
+    assert not foldable(Decision(plain.settle, (*plain.effects, Enqueue("TIMER", "ship", 4, name="x", delay=1))))
+    assert not foldable(Decision(Settle("PARKED"), plain.effects))
+
+
+def test_the_folded_decision_settles_the_signal_and_keeps_the_steps_move_and_continuation() -> None:
+    transition = _signal("paid")
+    step = _step(transition, StepSucceeded(None, {"n": 2}))
+    folded = fold(transition, step)
+    assert folded is not None and folded.settle == transition.settle
+    assert [h.kind for h in folded.of(RecordHistory)] == ["SIGNAL_APPLIED", "STEP_COMPLETED", "INSTANCE_COMPLETED"]
+    assert folded.of(MovePosition) == step.of(MovePosition) and folded.continuation is None
+    assert folded.of(CloseTimers) == [CloseTimers()] and folded.first(SetState) == step.first(SetState)
+    moved = folded.first(MovePosition)
+    assert moved is not None and (moved.status, moved.step) == ("COMPLETED", None)  # "ship" goes to the end
+
+
+def test_a_step_that_retries_or_fails_does_not_fold() -> None:
+    """Its own command carries the retry (put back) or the failure: the transition commits first."""
+    transition = _signal("paid")
+    failed = _step(transition, StepFailed("Boom", "no", retryable=False))
+    assert failed.settle.state == "FAILED" and fold(transition, failed) is None
+    retry = Decision(Settle("RETRY", "Boom: no", retry_delay=1.0), (RecordHistory("STEP_FAILED", "ship", 4),))
+    assert fold(transition, retry) is None
