@@ -80,10 +80,12 @@ overlap.fork("both", branches={"a": "bump", "b": "bump"}, start=True)
 @overlap.step(next="met")
 def bump(ctx: StepContext, state: Fan) -> None:
     barrier = BARRIER.get("overlap")
-    if barrier is not None and ctx.attempt == 1 and barrier.n_waiting < barrier.parties:
-        # Both branches read the same state version before either commits (first run only).
+    if barrier is not None:
+        # Both branches read the same state version before either commits (first runs only: the barrier
+        # is gone once they have met, so the one the conflict refused runs again at once).
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=10)
+        BARRIER.pop("overlap", None)
     state.counter += 1
     state.log.append(f"bump:{ctx.branch.name if ctx.branch else '?'}")
 
