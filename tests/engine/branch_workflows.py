@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -96,6 +97,45 @@ overlap.join("met", fork="both", next="finish")
 @overlap.step(next=None)
 def finish(ctx: StepContext, state: Fan) -> None:
     state.log.append("finish")
+
+
+# -- a conflict whose re-run changes nothing, then a step after it in the same segment ------------
+
+claim_once: Workflow[Fan] = Workflow("claim_once", version=1, state=Fan)
+claim_once.fork("both", branches={"a": "claim_a", "b": "claim_b"}, start=True)
+
+
+def _claim(ctx: StepContext, state: Fan, owner: int, after: float) -> None:
+    barrier = BARRIER.get("claim_once")
+    if barrier is not None:  # both read the same state before either commits (first runs only)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=10)
+        time.sleep(after)  # b commits after a, so b is the one refused
+        if owner == 2:
+            BARRIER.pop("claim_once", None)
+    if "owner" not in state.results:  # b, run again on fresh state, finds it taken: no change this time
+        state.results["owner"] = owner
+
+
+@claim_once.step(next="park")
+def claim_a(ctx: StepContext, state: Fan) -> None:
+    _claim(ctx, state, 1, 0.0)
+
+
+claim_once.wait("park", signals={"go": "met"})
+
+
+@claim_once.step(next="note")
+def claim_b(ctx: StepContext, state: Fan) -> None:
+    _claim(ctx, state, 2, 0.5)
+
+
+@claim_once.step(next="met")
+def note(ctx: StepContext, state: Fan) -> None:
+    state.log.append("note")
+
+
+claim_once.join("met", fork="both", next=END)
 
 
 # -- join any: the fast branch wins, the waiting one is cancelled --------------------------------
@@ -263,5 +303,5 @@ def use_too(ctx: StepContext, state: Job) -> None:
 
 
 registry = Registry(
-    static, mapped, overlap, race, gated, nested, looping, job, parent, strict_parent, abandoning
+    static, mapped, overlap, claim_once, race, gated, nested, looping, job, parent, strict_parent, abandoning
 )

@@ -96,6 +96,25 @@ async def test_two_branches_changing_the_same_field_both_land(engine: Engine) ->
     assert steps_completed(history)[("both/a", "bump")] == 1 and steps_completed(history)[("both/b", "bump")] == 1
 
 
+async def test_a_step_after_a_conflict_whose_re_run_changed_nothing_sees_the_fresh_state(engine: Engine) -> None:
+    """The refused branch runs its step again on the current state, changes nothing this time, and goes on
+    to its next step in the same segment: that step must see the state the conflict returned, not the
+    state the segment was claimed with, or its commit would write the other branch's change away."""
+    bw.BARRIER["claim_once"] = threading.Barrier(2)
+    try:
+        iid = await engine.client.start(bw.claim_once, {})
+        await engine.run_until_idle()
+    finally:
+        bw.BARRIER.clear()
+    assert engine.worker.events.conflicts == 1
+    await engine.client.signal(iid, "go", position="both/a")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED", info.error
+    assert info.state["results"] == {"owner": 1}, f"an update was lost: {info.state}"
+    assert info.state["log"] == ["note"]
+
+
 async def test_join_any_cancels_the_loser_and_the_ended_instance_takes_no_signal(engine: Engine, rows: Rows) -> None:
     iid = await engine.client.start(bw.race, {})
     await engine.run_until_idle()

@@ -45,6 +45,19 @@ def shaky(ctx: StepContext, state: Log) -> None:
     state.log.append(f"shaky:{ctx.attempt}")
 
 
+chain: Workflow[Log] = Workflow("folding_chain", version=1, state=Log)
+
+
+@chain.step(start=True, next="second")
+def first(_ctx: StepContext, _state: Log) -> None:
+    """Changes nothing: its completion is as plain as a signal's transition, but a handler ran for it."""
+
+
+@chain.step(next=None)
+def second(_ctx: StepContext, state: Log) -> None:
+    state.log.append("second")
+
+
 BARRIER = threading.Barrier(2)
 ARRIVED: set[str] = set()
 RUNS: list[str] = []
@@ -75,7 +88,7 @@ def closed(_ctx: StepContext, state: Log) -> None:
 
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[Engine]:
-    async with open_engine(database_url, Registry(signalled, retried, gates), concurrency=4,
+    async with open_engine(database_url, Registry(signalled, retried, gates, chain), concurrency=4,
                            lease_seconds=30) as e:
         yield e
 
@@ -143,3 +156,16 @@ async def test_a_folded_commit_refused_by_a_conflict_folds_again_on_fresh_state(
     applied = sorted(h["position"] for h in history if h["kind"] == "SIGNAL_APPLIED")
     completed = sorted(h["position"] for h in history if h["kind"] == "STEP_COMPLETED" and h["step"] == "passed")
     assert applied == ["gates/g1", "gates/g2"] and completed == ["gates/g1", "gates/g2"]
+
+
+async def test_a_steps_completion_never_folds_into_the_next_step(engine: Engine, rows: Rows) -> None:
+    """Only a decision no handler ran for folds: a step's completion commits before the next step runs,
+    so a crash in the next step never repeats this one."""
+    iid = await engine.client.start(chain, {})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["log"] == ["second"]
+    done = await rows.conn.fetch(
+        "SELECT step, command_id FROM stepstone.history WHERE instance_id = $1::uuid AND kind = 'STEP_COMPLETED' "
+        "ORDER BY seq", iid)
+    assert [r["step"] for r in done] == ["first", "second"]
+    assert done[0]["command_id"] != done[1]["command_id"]  # the second ran on the first's continuation

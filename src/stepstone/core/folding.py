@@ -26,7 +26,9 @@ _PLAIN = (RecordHistory, CloseTimers, MovePosition, Enqueue)
 
 
 def foldable(transition: Decision) -> bool:
-    """A plain transition into a step that continues in the same segment."""
+    """A plain transition into a step that continues in the same segment. Asked only of a decision no
+    handler ran for: a step's completion may look as plain (a step that changed nothing), but it
+    commits before the next step runs, so a crash repeats at most the step in flight."""
     return (
         transition.settle.state == "COMPLETE"
         and transition.continuation is not None

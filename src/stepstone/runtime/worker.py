@@ -445,7 +445,7 @@ class Worker:
         instance, command, now = claim.instance, claim.command, claim.now
         observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
         while True:
-            decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
+            decided_on, decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:
                 self._forget(claim)
                 await self.events.bump("fenced")
@@ -456,7 +456,9 @@ class Worker:
                 if follow is None or committed.continuation is None:
                     self._forget(claim)
                 return
-            instance = advance(instance, decision, committed.state_version)
+            # From the instance the decision was made on: after a conflict that is the state the commit
+            # returned, not the one this segment was claimed with.
+            instance = advance(decided_on, decision, committed.state_version)
             if committed.state is not None:  # the change was carried onto a newer state: go on from that
                 instance = replace(instance, state=committed.state)
             command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload,
@@ -466,8 +468,9 @@ class Worker:
     async def _decide_and_commit(
         self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any,
         transition: Decision | None = None,
-    ) -> tuple[Decision, Committed | None]:
-        """Decide, run the handler if the step has one, and commit. When another position changed the
+    ) -> tuple[InstanceView, Decision, Committed | None]:
+        """Decide, run the handler if the step has one, and commit; returns the instance view the
+        committed decision was made on, the decision and its commit. When another position changed the
         shared state first, the commit carries this change onto the current state when the two touch
         different parts of it; when they touch the same part, the step runs again on the current state
         (its effects may repeat, as after any retry).
@@ -478,9 +481,9 @@ class Worker:
             with durable.bound(claim.context):  # the caller's trace and registered values (stepstone.context)
                 decided = await self._decide(claim, workflow, instance, command, now)
                 if decided is None:
-                    return Decision(Settle("COMPLETE")), None
-                decision, visit = decided
-                if transition is None and foldable(decision) and not self._stopping:
+                    return instance, Decision(Settle("COMPLETE")), None
+                decision, visit, handled = decided
+                if transition is None and not handled and foldable(decision) and not self._stopping:
                     entered = self._entered_step(workflow, instance, command, now, decision)
                     if entered is not None:
                         return await self._decide_and_commit(claim, workflow, *entered, now, decision)
@@ -490,7 +493,7 @@ class Worker:
                         first = await self._observed_commit(claim, instance, command.id, transition, visit,
                                                             instance.state_version)
                         if first is None or first.continuation is None:
-                            return transition, first
+                            return instance, transition, first
                         await self.events.bump("commits")
                         command, transition = replace(command, id=first.continuation), None
                     else:
@@ -500,16 +503,18 @@ class Worker:
             if committed is not None and not committed.conflict:
                 await self._alert(decision)
             if committed is None or not committed.conflict:
-                return decision, committed
+                return instance, decision, committed
             await self.events.bump("conflicts")
             instance = replace(instance, state=committed.state, state_version=committed.state_version)
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
 
     async def _decide(
         self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any
-    ) -> tuple[Decision, int] | None:
-        """The decision (redacted) and the visit that names its events; None when a compensation finds its
-        lease gone."""
+    ) -> tuple[Decision, int, bool] | None:
+        """The decision (redacted), the visit that names its events, and whether a handler (a step's or
+        a compensation's) ran for it; None when a compensation finds its lease gone. Only a decision no
+        handler ran for is a transition that may fold: a step's completion always commits before the
+        next step runs, so a crash repeats at most the one step in flight."""
         outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
         visit = instance.visit
         if isinstance(outcome, RunStep):
@@ -532,7 +537,8 @@ class Worker:
             visit = command.id  # the events of each compensation command get ids of their own
         else:
             decision = external_state.checked(workflow, instance, command, outcome)
-        return workflow.redaction.decision(decision, instance.state, command), visit  # never the live state
+        handled = not isinstance(outcome, Decision)
+        return workflow.redaction.decision(decision, instance.state, command), visit, handled  # never the live state
 
     def _entered_step(
         self, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any, transition: Decision
