@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -105,13 +104,17 @@ claim_once: Workflow[Fan] = Workflow("claim_once", version=1, state=Fan)
 claim_once.fork("both", branches={"a": "claim_a", "b": "claim_b"}, start=True)
 
 
-def _claim(ctx: StepContext, state: Fan, owner: int, after: float) -> None:
+A_COMMITTED = threading.Event()
+"""Set by the test when branch a's commit has returned: b's first run waits for it, so b is refused."""
+
+
+def _claim(ctx: StepContext, state: Fan, owner: int) -> None:
     barrier = BARRIER.get("claim_once")
     if barrier is not None:  # both read the same state before either commits (first runs only)
         with contextlib.suppress(threading.BrokenBarrierError):
             barrier.wait(timeout=10)
-        time.sleep(after)  # b commits after a, so b is the one refused
         if owner == 2:
+            A_COMMITTED.wait(timeout=10)
             BARRIER.pop("claim_once", None)
     if "owner" not in state.results:  # b, run again on fresh state, finds it taken: no change this time
         state.results["owner"] = owner
@@ -119,7 +122,7 @@ def _claim(ctx: StepContext, state: Fan, owner: int, after: float) -> None:
 
 @claim_once.step(next="park")
 def claim_a(ctx: StepContext, state: Fan) -> None:
-    _claim(ctx, state, 1, 0.0)
+    _claim(ctx, state, 1)
 
 
 claim_once.wait("park", signals={"go": "met"})
@@ -127,7 +130,7 @@ claim_once.wait("park", signals={"go": "met"})
 
 @claim_once.step(next="note")
 def claim_b(ctx: StepContext, state: Fan) -> None:
-    _claim(ctx, state, 2, 0.5)
+    _claim(ctx, state, 2)
 
 
 @claim_once.step(next="met")

@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -96,11 +97,28 @@ async def test_two_branches_changing_the_same_field_both_land(engine: Engine) ->
     assert steps_completed(history)[("both/a", "bump")] == 1 and steps_completed(history)[("both/b", "bump")] == 1
 
 
+def _when_committed(engine: Engine, position: str, done: threading.Event) -> None:
+    """Set `done` once a commit of `position` has returned (grouped or alone)."""
+    for name in ("commit", "commit_many"):
+        inner = getattr(engine.store, name)
+
+        async def wrapped(requests: Any, *args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            out = await _inner(requests, *args, **kwargs)
+            if any(r.claim.instance.position == position for r in (requests if isinstance(requests, list)
+                                                                   else [requests])):
+                done.set()
+            return out
+
+        setattr(engine.store, name, wrapped)
+
+
 async def test_a_step_after_a_conflict_whose_re_run_changed_nothing_sees_the_fresh_state(engine: Engine) -> None:
     """The refused branch runs its step again on the current state, changes nothing this time, and goes on
     to its next step in the same segment: that step must see the state the conflict returned, not the
     state the segment was claimed with, or its commit would write the other branch's change away."""
     bw.BARRIER["claim_once"] = threading.Barrier(2)
+    bw.A_COMMITTED.clear()
+    _when_committed(engine, "both/a", bw.A_COMMITTED)
     try:
         iid = await engine.client.start(bw.claim_once, {})
         await engine.run_until_idle()

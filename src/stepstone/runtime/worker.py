@@ -18,12 +18,8 @@ import asyncio
 import contextlib
 import heapq
 import logging
-import os
 import random
-import socket
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
@@ -32,19 +28,21 @@ from stepstone.core.effects import SetState
 from stepstone.core.folding import fold, foldable
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
-from stepstone.core.pin import pin_of  # noqa: F401 - kept importable from here for callers and tests
+from stepstone.core.pin import pin_of  # kept importable from here for callers and tests (__all__)
 from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
 from stepstone.core.transitions import advance, apply, complete_step
 from stepstone.errors import DatabaseUnavailable, InsufficientPrivilege
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.compensations import run_compensation
-from stepstone.runtime.counters import Counters
 from stepstone.runtime.handlers import describe_error, run_handler
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
+from stepstone.runtime.worker_config import WorkerConfig, WorkerEvents
 from stepstone.store.port import Claim, CommitRequest, Committed, Listener, WorkerStore
 from stepstone.store.scheduling_port import SchedulingStore
+
+__all__ = ["Worker", "WorkerConfig", "WorkerEvents", "pin_of"]
 
 log = logging.getLogger("stepstone.worker")
 
@@ -54,49 +52,6 @@ _MAX_STATE_CONFLICTS = 50
 # Future commands a worker keeps a wake-up for (those due within the poll interval); beyond it, the poll
 # covers them: a flood of notifications cannot grow a worker without bound.
 _MAX_DUES = 1024
-
-
-def default_worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    concurrency: int = 8
-    lease_seconds: float = 30.0
-    poll_interval: float = 1.0
-    max_claims: int = 5
-    drain_timeout: float = 10.0
-    # Any role that can connect may NOTIFY the wake-up channel: after a claim that found nothing, claim
-    # again at most once per this interval however many notifications arrive.
-    min_wake_interval: float = 0.005
-    # How often the worker says which pins it serves (the stranded report reads it; see runtime/serving.py).
-    heartbeat_seconds: float = 10.0
-    # How often the worker looks for due schedules at most (it also wakes for the next known tick).
-    schedule_interval: float = 1.0
-    # How often a worker looks whether the engine's tables still lack statistics (until they have them).
-    statistics_interval: float = 2.0
-    worker_id: str = field(default_factory=default_worker_id)
-    on_compensation_failed: Callable[[dict[str, Any]], Any] | None = None
-    """The alert hook (sync or async): called once, by the worker whose commit gave a compensation up,
-    with instance_id, workflow, step, compensation, attempts and last_error (`core.saga`). The outbox
-    event `stepstone.compensation_failed` carries the same in that commit."""
-
-
-@dataclass
-class WorkerEvents(Counters):
-    """Counters tests can wait on (`wait_until`), instead of sleeping."""
-
-    claims: int = 0
-    commits: int = 0
-    fenced: int = 0
-    released: int = 0
-    deferred: int = 0
-    crashed: int = 0
-    conflicts: int = 0
-
-    async def bump(self, name: str) -> None:
-        self.count(name)
 
 
 @dataclass

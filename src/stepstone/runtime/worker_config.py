@@ -1,0 +1,58 @@
+"""A worker's settings (`WorkerConfig`) and the counters it bumps for tests and probes (`WorkerEvents`).
+`stepstone.runtime.worker` re-exports both."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepstone.runtime.counters import Counters
+
+__all__ = ["WorkerConfig", "WorkerEvents", "default_worker_id"]
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    concurrency: int = 8
+    lease_seconds: float = 30.0
+    poll_interval: float = 1.0
+    max_claims: int = 5
+    drain_timeout: float = 10.0
+    # Any role that can connect may NOTIFY the wake-up channel: after a claim that found nothing, claim
+    # again at most once per this interval however many notifications arrive.
+    min_wake_interval: float = 0.005
+    # How often the worker says which pins it serves (the stranded report reads it; see runtime/serving.py).
+    heartbeat_seconds: float = 10.0
+    # How often the worker looks for due schedules at most (it also wakes for the next known tick).
+    schedule_interval: float = 1.0
+    # How often a worker looks whether the engine's tables still lack statistics (until they have them).
+    statistics_interval: float = 2.0
+    worker_id: str = field(default_factory=default_worker_id)
+    on_compensation_failed: Callable[[dict[str, Any]], Any] | None = None
+    """The alert hook (sync or async): called once, by the worker whose commit gave a compensation up,
+    with instance_id, workflow, step, compensation, attempts and last_error (`core.saga`). The outbox
+    event `stepstone.compensation_failed` carries the same in that commit."""
+
+
+@dataclass
+class WorkerEvents(Counters):
+    """Counters tests can wait on (`wait_until`), instead of sleeping."""
+
+    claims: int = 0
+    commits: int = 0
+    fenced: int = 0
+    released: int = 0
+    deferred: int = 0
+    crashed: int = 0
+    conflicts: int = 0
+
+    async def bump(self, name: str) -> None:
+        self.count(name)
