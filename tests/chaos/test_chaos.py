@@ -58,10 +58,10 @@ async def test_zombie_writes_are_refused(pg_server: PgServer, tmp_path: Path) ->
 
 async def test_checker_catches_zombie_writes_when_the_fence_is_removed(pg_server: PgServer, tmp_path: Path) -> None:
     """The mutation: commit_decision without its fence predicates, in this test's database only.
-    Eight pauses, not four: a pause whose lease nobody took over before the zombie resumed leaves no
-    trace, and four pauses once all fell that way (CI, 2026-12-02)."""
+    Twelve pauses: a pause whose lease nobody took over before the zombie resumed leaves no trace;
+    four pauses once all fell that way (CI, 2026-12-02), and eight once did too (CI, 2026-12-03)."""
     report = await zombies(Target(pg_server.admin_url),
-                           Options(size=100, lease=1.0, pauses=8, workdir=tmp_path, mutate_fencing=True,
+                           Options(size=100, lease=1.0, pauses=12, workdir=tmp_path, mutate_fencing=True,
                                    **_mix(100)))
     kinds = {v.split(":", 1)[0] for v in report["violations"]}
     # A zombie's unfenced commit shows as a step committed twice, a lost or doubled effect, a gap, or
