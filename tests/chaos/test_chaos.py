@@ -53,16 +53,19 @@ async def test_zombie_writes_are_refused(pg_server: PgServer, tmp_path: Path) ->
     report = await zombies(Target(pg_server.admin_url), Options(size=100, lease=1.0, workdir=tmp_path, **_mix(100)))
     _ok(report)
     assert report["pauses"] == 10
-    assert report["fenced_commits"] > 0
+    assert report["taken_over"] > 0 and report["fenced_commits"] > 0, report
 
 
 async def test_checker_catches_zombie_writes_when_the_fence_is_removed(pg_server: PgServer, tmp_path: Path) -> None:
     """The mutation: commit_decision without its fence predicates, in this test's database only.
-    Twelve pauses: a pause whose lease nobody took over before the zombie resumed leaves no trace;
-    four pauses once all fell that way (CI, 2026-12-02), and eight once did too (CI, 2026-12-03)."""
+    Every pause lasts until another worker has taken the paused step over, so each one leaves a zombie
+    whose commit only the fence can refuse (with a fixed pause, one that nobody took over in time left
+    no trace: all four, then all eight pauses of a run fell that way in CI). With the fence removed,
+    each of 4 runs of 4 pauses reported `step_twice` (2026-12-03)."""
     report = await zombies(Target(pg_server.admin_url),
-                           Options(size=100, lease=1.0, pauses=12, workdir=tmp_path, mutate_fencing=True,
+                           Options(size=100, lease=1.0, pauses=4, workdir=tmp_path, mutate_fencing=True,
                                    **_mix(100)))
+    assert report["taken_over"] > 0, report
     kinds = {v.split(":", 1)[0] for v in report["violations"]}
     # A zombie's unfenced commit shows as a step committed twice, a lost or doubled effect, a gap, or
     # (when the zombie's effect ran but no kill, pause or fenced commit explains it) an unexplained
@@ -77,7 +80,7 @@ async def test_partitioned_worker_writes_are_refused(rig_pg: RigServer, tmp_path
     report = await partitions(Target(rig_pg.url(), rig_pg), opts)
     _ok(report)
     assert report["pauses"] == 10
-    assert report["fenced_commits"] > 0
+    assert report["taken_over"] > 0 and report["fenced_commits"] > 0, report
 
 
 async def test_postgres_restarts_lose_nothing(rig_pg: RigServer, tmp_path: Path) -> None:

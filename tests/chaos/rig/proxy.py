@@ -1,9 +1,9 @@
 """A TCP proxy between the workers and PostgreSQL that cuts connections on demand.
 
 ``reset_all()`` aborts every proxied connection on both sides (the peers see a reset);
-``blackhole(seconds)`` stops forwarding any byte in either direction and holds new connections for that
-long, the way a partition shorter than TCP's retransmission timeout looks: nothing arrives, nothing
-fails, then everything queued is delivered.
+``blackhole(seconds)`` (or ``cut()`` then ``heal()``) stops forwarding any byte in either direction and
+holds new connections for that long, the way a partition shorter than TCP's retransmission timeout looks:
+nothing arrives, nothing fails, then everything queued is delivered.
 """
 
 from __future__ import annotations
@@ -59,11 +59,19 @@ class Proxy:
 
     async def blackhole(self, seconds: float) -> None:
         """Forward nothing for `seconds` (then resume, delivering what was queued)."""
-        self._open.clear()
+        self.cut()
         try:
             await asyncio.sleep(seconds)  # the length of the partition itself
         finally:
-            self._open.set()
+            self.heal()
+
+    def cut(self) -> None:
+        """Forward nothing, in either direction, until `heal()`; new connections wait too."""
+        self._open.clear()
+
+    def heal(self) -> None:
+        """Forward again, delivering what was queued during the cut."""
+        self._open.set()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._open.wait()

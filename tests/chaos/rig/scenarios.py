@@ -298,7 +298,10 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
         driver.start()
         probe = Probe(url)
         pauses: list[dict[str, Any]] = []
-        hold = 1.5 * opts.lease + 0.5
+        # A pause lasts until another worker has run the paused step (its lease expired and was taken
+        # over), then the zombie resumes and tries its writes. A fixed pause sometimes ended before any
+        # worker took over (expired leases are found by polling), and such a pause tests nothing.
+        most = 3 * opts.lease + opts.poll + 2.0
         deadline = time.monotonic() + (opts.timeout or 180 + opts.size * 0.2)
         try:
             while len(pauses) < opts.pauses and time.monotonic() < deadline:
@@ -308,17 +311,20 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
                 slot = rng.randrange(opts.workers)
                 pid = fleet.procs[slot].pid
                 # In the middle of a handler: its effect is committed and it is lingering before returning.
-                busy = await wait_for(lambda pid=pid: _mid_handler(probe, pid), time.monotonic() + 5, every=0.02)
-                if not busy:
+                key = await _handler_in_flight(probe, pid, time.monotonic() + 5)
+                if key is None:
                     continue
                 t0 = time.time()
-                if partition:
-                    await proxies[slot].blackhole(hold)  # cut off longer than the lease; then heal
-                else:
-                    fleet.pause(slot)
-                    await asyncio.sleep(hold)  # the pause itself: longer than the lease, so another worker takes over
-                    fleet.resume(slot)
-                pauses.append({"pid": pid, "from": t0, "to": time.time()})
+                # A partitioned worker runs on, and nothing it sends or is sent arrives.
+                cut, heal = ((proxies[slot].cut, proxies[slot].heal) if partition
+                             else (lambda slot=slot: fleet.pause(slot), lambda slot=slot: fleet.resume(slot)))
+                cut()
+                try:
+                    taken = await wait_for(lambda key=key, pid=pid: _taken_over(probe, key, pid),
+                                           time.monotonic() + most, every=0.05)
+                finally:
+                    heal()
+                pauses.append({"pid": pid, "from": t0, "to": time.time(), "taken_over": taken})
                 await asyncio.sleep(0.5)  # let the zombie try its writes before the next pause
             # The mutant leaves instances stuck (a join counted twice waits forever): the checker needs
             # the tables, not the full deadline.
@@ -331,17 +337,34 @@ async def _zombies(target: Target, opts: Options, *, partition: bool) -> dict[st
             for proxy in proxies:
                 await proxy.close()
         report = await _finish(url, fleet, driver, opts, expected=total, pauses=pauses, started=started,
-                               extra={"pauses": len(pauses), "pause_s": hold, "workflows": total,
+                               extra={"pauses": len(pauses), "taken_over": sum(p["taken_over"] for p in pauses),
+                                      "pause_s": _mean([p["to"] - p["from"] for p in pauses]), "workflows": total,
                                       "mutated_fencing": opts.mutate_fencing})
         if not opts.mutate_fencing and report["fenced_commits"] == 0:
             report["violations"].append("no_zombie_write: no pause produced a fenced commit; nothing was tested")
         return report
 
 
-async def _mid_handler(probe: Probe, pid: int) -> bool:
-    n = await probe.fetchval(
-        "SELECT count(*) FROM chaos.ledger WHERE pid = $1 AND at > clock_timestamp() - interval '150 ms'", pid)
-    return bool(n)
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 2) if values else 0.0
+
+
+async def _handler_in_flight(probe: Probe, pid: int, deadline: float) -> str | None:
+    """The key of a step whose handler `pid` is running (its effect recorded in the last 150 ms)."""
+    while time.monotonic() < deadline:
+        key = await probe.fetchval(
+            "SELECT key FROM chaos.ledger WHERE pid = $1 AND at > clock_timestamp() - interval '150 ms' "
+            "ORDER BY at DESC LIMIT 1", pid)
+        if key is not None:
+            return str(key)
+        await asyncio.sleep(0.02)
+    return None
+
+
+async def _taken_over(probe: Probe, key: str, pid: int) -> bool:
+    """Another worker ran the step `pid` was paused in: it claimed the command after the lease expired."""
+    return bool(await probe.fetchval("SELECT EXISTS (SELECT 1 FROM chaos.ledger WHERE key = $1 AND pid <> $2)",
+                                     key, pid))
 
 
 # -- restarts ---------------------------------------------------------------------------------------
