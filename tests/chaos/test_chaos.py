@@ -2,9 +2,11 @@
 
     python -m tests.chaos --scenario all --size 10000 --out results/
 
-Kills and zombies run on the suite's server (embedded PostgreSQL or STEPSTONE_TEST_DATABASE_URL), so both
-CI runs exercise them; restarts and cut connections run on a server the rig owns (it restarts it and puts
-a TCP proxy in front of it).
+Kills and zombies run on the suite's server (embedded PostgreSQL or STEPSTONE_TEST_DATABASE_URL);
+restarts, partitions and cut connections run on a server the rig owns (it restarts it and puts a TCP proxy
+in front of it). CI's second pass (PostgreSQL 15) runs the zombies, whose refused writes are the fence's
+SQL; the kills run in the first pass only: what they test (a process dying between its effect and its
+commit) does not change with the server's version, and they were 33 s of that pass.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def _ok(report: dict[str, Any]) -> None:
     assert report["task_completions"] == report["messages_correlated"] == report["task_instances"], report
 
 
+@pytest.mark.first_pass_only  # see the module's docstring
 async def test_kills_lose_nothing_and_commit_each_step_once(pg_server: PgServer, tmp_path: Path) -> None:
     report = await kills(Target(pg_server.admin_url), Options(size=1000, workdir=tmp_path, **_mix(1000)))
     _ok(report)
@@ -40,6 +43,7 @@ async def test_kills_lose_nothing_and_commit_each_step_once(pg_server: PgServer,
     assert report["duplicate_effects"] == report["duplicates_explained_by"].get("killed", 0)
 
 
+@pytest.mark.first_pass_only  # see the module's docstring
 async def test_kills_at_concurrency_one_repeat_at_most_one_effect_each(pg_server: PgServer, tmp_path: Path) -> None:
     opts = Options(size=600, concurrency=1, workdir=tmp_path, **_mix(600, each=2))
     report = await kills(Target(pg_server.admin_url), opts)
