@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -69,10 +70,10 @@ def _summaries(args: list[str]) -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("args", [["--help"], ["db", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["db", "--help"], ["demo", "--help"]])
 def test_help_lists_whole_summaries(args: list[str]) -> None:
     summaries = _summaries(args)
-    assert "worker" in summaries or "migrate" in summaries
+    assert {"worker", "migrate", "fanout"} & set(summaries)
     for name, summary in summaries.items():
         assert not summary.endswith("..."), f"{name}: {summary!r} is cut"
         assert summary.endswith((".", ")")), f"{name}: {summary!r}"
@@ -114,3 +115,32 @@ async def test_the_testing_snippet_runs_as_written(database_url: str) -> None:
     tests = [value for name, value in namespace.items() if name.startswith("test_")]
     assert len(tests) == 1
     await tests[0](database_url)
+
+
+def test_the_root_names_every_command_of_every_module() -> None:
+    """COMMANDS (what the root loads on use) and the modules' own `commands` lists agree."""
+    import importlib  # noqa: PLC0415
+
+    from stepstone.cli import COMMANDS  # noqa: PLC0415
+
+    declared: dict[str, str] = {}
+    for module in sorted({target.split(":")[0] for target in COMMANDS.values()}):
+        for command in importlib.import_module(f"stepstone.cli.{module}").commands:
+            declared[command.name] = module
+    assert {name: target.split(":")[0] for name, target in COMMANDS.items()} == declared
+    for name in COMMANDS:
+        assert cli.get_command(click.Context(cli), name).name == name  # type: ignore[union-attr]
+
+
+def test_a_command_line_loads_only_its_own_commands_module() -> None:
+    """`stepstone --version` imports neither the client nor any command module; `stepstone db ...`
+    not the demos (their example workflows were 0.1 s of every start-up)."""
+    probe = ("import sys; from stepstone.cli import main\n"
+             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('stepstone.cli.', 'stepstone.client'))))")
+    loaded = subprocess.run([sys.executable, "-c", probe, "--version"], capture_output=True, text=True,
+                            timeout=60, check=True).stdout
+    assert "stepstone.client" not in loaded and "stepstone.cli.db" not in loaded, loaded
+    loaded = subprocess.run([sys.executable, "-c", probe, "db", "--help"], capture_output=True, text=True,
+                            timeout=60, check=True).stdout
+    assert "stepstone.cli.db" in loaded and "stepstone.cli.demo" not in loaded, loaded

@@ -1,52 +1,58 @@
-"""The ``stepstone`` command line: the root group and the registry of command modules.
+"""The ``stepstone`` command line: the root group and where each command lives.
 
 To add commands, write a module in this package exposing ``commands`` (a list of click commands or
-groups) and append it to ``_COMMAND_MODULES``.
+groups) and name each of them in ``COMMANDS`` (tests/test_cli_surface.py checks the two agree). A
+command's module is imported only when that command runs or ``--help`` lists it.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
-from typing import Any
 
 import click
 
 from stepstone import __version__
-from stepstone.cli import (
-    bench,
-    db,
-    definitions,
-    demo,
-    demo_approval,
-    demo_fanout,
-    demo_outbox,
-    demo_rolling,
-    demo_saga,
-    doctor,
-    external,
-    instances,
-    messages,
-    operations,
-    outbox,
-    schedules,
-    serve,
-    tasks,
-    tokens,
-    worker,
-)
 from stepstone.cli.common import RootOptions, settings_options
+from stepstone.cli.lazy import LazyGroup
 from stepstone.errors import StepstoneError
 
-__all__ = ["cli", "main"]
+__all__ = ["COMMANDS", "cli", "main"]
 
-_COMMAND_MODULES: list[Any] = [
-    db, doctor, instances, operations, worker, outbox, definitions, demo, bench, external, schedules, tasks,
-    messages, serve, tokens,
-]
+# name -> "module:attribute" in this package
+COMMANDS = {
+    "bench": "bench:bench_command",
+    "cancel": "instances:cancel_command",
+    "db": "db:db_group",
+    "definitions": "definitions:definitions_group",
+    "demo": "demo:demo_command",
+    "doctor": "doctor:doctor_command",
+    "external": "external:external_group",
+    "find": "operations:find_command",
+    "history": "operations:history_command",
+    "inspect": "operations:inspect_command",
+    "limits": "schedules:limits_group",
+    "list": "operations:list_command",
+    "messages": "messages:messages_group",
+    "outbox": "outbox:outbox_group",
+    "probe": "operations:probe_command",
+    "relay": "outbox:relay_command",
+    "repair": "operations:repair_group",
+    "replay": "operations:replay_command",
+    "retention": "operations:retention_group",
+    "retry": "instances:retry_command",
+    "schedules": "schedules:schedules_group",
+    "serve": "serve:serve_command",
+    "show": "instances:show_command",
+    "signal": "instances:signal_command",
+    "start": "instances:start_command",
+    "stuck": "operations:stuck_command",
+    "tasks": "tasks:tasks_group",
+    "tokens": "tokens:tokens_group",
+    "worker": "worker:worker_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @settings_options
 @click.option("--app", default=None, metavar="MODULE:ATTR",
               help="The Registry (or Workflow) commands work with, e.g. myapp.flows:registry [env STEPSTONE_APP].")
@@ -55,29 +61,6 @@ _COMMAND_MODULES: list[Any] = [
 def cli(ctx: click.Context, database_url: str | None, schema: str | None, app: str | None) -> None:
     """stepstone: durable workflows on PostgreSQL."""
     ctx.obj = RootOptions(database_url=database_url, schema=schema, app=app)
-
-
-def _summarize(command: click.Command) -> None:
-    """List a command by its whole first sentence (wrapped), never by one click cut at 45 characters."""
-    if command.short_help is None and command.help:
-        paragraph = inspect.cleandoc(command.help).split("\n\n")[0].replace("\n", " ")
-        end = paragraph.find(". ")
-        command.short_help = paragraph if end < 0 else paragraph[: end + 1]
-    if isinstance(command, click.Group):
-        for sub in command.commands.values():
-            _summarize(sub)
-
-
-db.db_group.add_command(operations.grant_command)
-for _module in _COMMAND_MODULES:
-    for _command in _module.commands:
-        _summarize(_command)
-        cli.add_command(_command)
-demo.demo_command.add_command(demo_outbox.demo_outbox_command)
-demo.demo_command.add_command(demo_fanout.demo_fanout_command)
-demo.demo_command.add_command(demo_rolling.demo_rolling_command)
-demo.demo_command.add_command(demo_saga.demo_saga_command)
-demo.demo_command.add_command(demo_approval.demo_approval_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from stepstone.cli.common import CliError, emit, output_option, run_async, with_settings
+from stepstone.cli.lazy import LazyGroup
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
 from stepstone.store import embedded
@@ -16,7 +17,7 @@ from stepstone.store.database import connect
 __all__ = ["commands"]
 
 
-@click.group("db")
+@click.group("db", cls=LazyGroup, lazy={"grant": "operations:grant_command"})
 def db_group() -> None:
     """Manage the database schema."""
 

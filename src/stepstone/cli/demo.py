@@ -17,6 +17,7 @@ import click
 
 from stepstone.cli.common import CliError, run_async, with_settings
 from stepstone.cli.connection import open_store
+from stepstone.cli.lazy import LazyGroup
 from stepstone.client import SETTLED, Client
 from stepstone.config import Settings
 from stepstone.core.model import COMPLETED, WAITING
@@ -131,7 +132,13 @@ async def _run_order(client: Client, worker: Worker) -> None:
                f"payment {state['payment_id']}, shipment {state['shipment_id']}")
 
 
-@click.group("demo", invoke_without_command=True)
+@click.group("demo", invoke_without_command=True, cls=LazyGroup, lazy={
+    "approval": "demo_approval:demo_approval_command",
+    "fanout": "demo_fanout:demo_fanout_command",
+    "outbox": "demo_outbox:demo_outbox_command",
+    "rolling-deploy": "demo_rolling:demo_rolling_command",
+    "saga": "demo_saga:demo_saga_command",
+})
 @with_settings
 @click.pass_context
 def demo_command(ctx: click.Context, settings: Settings) -> None:
