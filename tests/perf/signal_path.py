@@ -68,7 +68,7 @@ def _instrument(worker: Worker, store: PostgresStore) -> tuple[list[float], dict
     return notified, seen
 
 
-async def main(admin_url: str, samples: int) -> None:
+async def main(admin_url: str, samples: int, min_wake: float) -> None:
     name = f"signal_path_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(admin_url)
     await admin.execute(f'CREATE DATABASE "{name}"')
@@ -82,7 +82,8 @@ async def main(admin_url: str, samples: int) -> None:
         progress = Progress()
         track_commits(worker_store, progress)
         client = Client(client_store, registry)
-        worker = Worker(worker_store, registry, WorkerConfig(concurrency=8, worker_id="signal-path"))
+        worker = Worker(worker_store, registry, WorkerConfig(concurrency=8, worker_id="signal-path",
+                                                                  min_wake_interval=min_wake))
         notified, seen = _instrument(worker, worker_store)
         await worker.start()
         rows: list[dict[str, float]] = []
@@ -117,5 +118,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--min-wake", type=float, default=WorkerConfig.min_wake_interval,
+                        help="the worker's min_wake_interval (coalescing of wake-ups after an empty claim)")
     args = parser.parse_args()
-    asyncio.run(main(args.admin_url, args.samples))
+    asyncio.run(main(args.admin_url, args.samples, args.min_wake))
