@@ -112,6 +112,20 @@ async def main(admin_url: str, samples: int, min_wake: float) -> None:
         xs = sorted((r[mark] - r["origin"]) * 1000 for r in rows)
         print(f"  {mark:12s} p50 {xs[len(xs) // 2]:6.2f}  p90 {xs[int(len(xs) * 0.9)]:6.2f}  "  # noqa: T201
               f"p99 {xs[min(len(xs) - 1, int(len(xs) * 0.99))]:6.2f}")
+    _tail(rows)
+
+
+def _tail(rows: list[dict[str, float]]) -> None:
+    """Where the slowest twentieth spent its time: the mean gap before each mark, beside the median's."""
+    rows = sorted(rows, key=lambda r: r["step"] - r["origin"])
+    slow = rows[int(len(rows) * 0.95):]
+    print(f"gap before each mark, ms: median signal / mean of the slowest {len(slow)}:")  # noqa: T201
+    previous = "origin"
+    for mark in MARKS:
+        gaps = sorted((r[mark] - r[previous]) * 1000 for r in rows)
+        slow_gap = sum((r[mark] - r[previous]) * 1000 for r in slow) / len(slow)
+        print(f"  {mark:12s} {gaps[len(gaps) // 2]:6.2f} / {slow_gap:6.2f}")  # noqa: T201
+        previous = mark if mark != "signal sent" else "origin"  # the client's return is beside, not before
 
 
 if __name__ == "__main__":

@@ -1089,7 +1089,8 @@ BEGIN
         -- outcome was unknown that this claim did settle it.
         last_error = d->'settle'->>'reason',
         settled_at = CASE WHEN v_settle IN ('RETRY', 'PARKED', 'DEAD') THEN NULL ELSE v_now END
-    WHERE c.id = v_cmd AND c.token = v_token AND c.state = 'CLAIMED'
+    -- IS TRUE: the lookup goes through the primary key, never a scan of a partial index (migration 0028).
+    WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE
     RETURNING c.seq INTO v_cur_seq;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'stepstone: command % is not claimed under the token that holds instance % position %',

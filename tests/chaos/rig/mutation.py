@@ -18,7 +18,7 @@ COMMIT_FUNCTION = "commit_decision"
 FENCE = (
     ("p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token",
      "p.instance_id = v_id AND p.path = v_pos", 2),
-    ("WHERE c.id = v_cmd AND c.token = v_token AND c.state = 'CLAIMED'", "WHERE c.id = v_cmd", 1),
+    ("WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE", "WHERE c.id = v_cmd", 1),
 )
 
 

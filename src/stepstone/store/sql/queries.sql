@@ -81,7 +81,10 @@ WITH clock AS MATERIALIZED (
         claims = c.claims + 1
     FROM cand
     WHERE c.id = cand.id
-      AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+      -- IS TRUE: each row through the primary key. A bare state test proves the predicate of the partial
+      -- `commands_position_queue`, and a plan made when ANALYZE found it nearly empty read all of it for
+      -- every candidate (a nested loop joining on id), however long the queue had grown (migration 0028).
+      AND (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
       AND c.available_at <= (SELECT clock.now FROM clock)
     RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
               c.token, c.last_error, c.actor, c.context
