@@ -1103,7 +1103,9 @@ BEGIN
             last_error = 'WAIT_LEFT'
         WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
                        WHERE x.instance_id = v_id AND x.position = v_pos AND x.kind = 'TIMER'
-                         AND x.state IN ('PENDING', 'DEFERRED') ORDER BY x.id FOR UPDATE);
+                         -- the queue index, by instance and position (migration 0028)
+                         AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                       ORDER BY x.id FOR UPDATE);
     END IF;
     IF v_end IS NOT NULL THEN
         UPDATE {{schema}}.commands c SET state = 'REJECTED', token = NULL, settled_at = v_now,
@@ -1187,7 +1189,9 @@ BEGIN
     IF NOT v_cont AND v_end IS NULL THEN
         IF EXISTS (SELECT 1 FROM {{schema}}.commands x
                    WHERE x.instance_id = v_id AND x.position = v_pos
-                     AND x.state IN ('PENDING', 'DEFERRED') AND x.available_at <= v_now) THEN
+                     -- the queue index, by instance and position (migration 0028)
+                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                     AND x.available_at <= v_now) THEN
             PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
                                                WHERE c.oid = '{{schema}}.commands'::regclass),
                               (extract(epoch FROM v_now) * 1000)::bigint::text);
@@ -2036,7 +2040,8 @@ BEGIN
     UPDATE {{schema}}.commands c SET seq = nextval('{{schema}}.command_seq')
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
                    WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position AND x.kind = 'TIMER'
-                     AND x.state IN ('PENDING', 'DEFERRED') AND x.seq < NEW.seq
+                     -- the queue index, by instance and position (migration 0028)
+                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE AND x.seq < NEW.seq
                      AND (NEW.kind = 'TASK_COMPLETION' OR (x.name = 'timeout' AND x.available_at > NEW.created_at))
                    ORDER BY x.id FOR UPDATE);
     RETURN NEW;

@@ -9,6 +9,15 @@
 -- had 40 pages and the settle took 93.5 µs a call, a third of commit_decision's time
 -- (pg_stat_statements; docs/performance.md, "Lookups by id"). Written `(c.state = 'CLAIMED') IS TRUE`,
 -- the same test no longer proves the partial predicate, and the lookup goes through `commands_pkey`.
+--
+-- Three more statements find the queued commands of one position: in commit_decision, the timers a
+-- wait closes and the work a segment was blocking; in command_recorded (the trigger on every signal,
+-- message and task completion), the timers that move behind it. Their test `x.state IN ('PENDING',
+-- 'DEFERRED')` proves the predicate of `commands_ready (available_at, id)` too, whose plan reads every
+-- ready command (all of them, or all of those due) and filters by instance: a backlog's worth of work
+-- for each such commit while the statistics say the queue is empty. They now name the states of
+-- `commands_position_queue (instance_id, position, seq, id)`, the index they should read, and narrow
+-- them with IS TRUE, which no index predicate can use.
 -- The rest of commit_decision is as migration 0005 left it.
 CREATE OR REPLACE FUNCTION {{schema}}.commit_decision(d jsonb)
 RETURNS TABLE (outcome text, continuation bigint, lease_until timestamptz, committed_at timestamptz,
@@ -145,7 +154,9 @@ BEGIN
             last_error = 'WAIT_LEFT'
         WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
                        WHERE x.instance_id = v_id AND x.position = v_pos AND x.kind = 'TIMER'
-                         AND x.state IN ('PENDING', 'DEFERRED') ORDER BY x.id FOR UPDATE);
+                         -- the queue index, by instance and position (migration 0028)
+                         AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                       ORDER BY x.id FOR UPDATE);
     END IF;
     IF v_end IS NOT NULL THEN
         UPDATE {{schema}}.commands c SET state = 'REJECTED', token = NULL, settled_at = v_now,
@@ -229,7 +240,9 @@ BEGIN
     IF NOT v_cont AND v_end IS NULL THEN
         IF EXISTS (SELECT 1 FROM {{schema}}.commands x
                    WHERE x.instance_id = v_id AND x.position = v_pos
-                     AND x.state IN ('PENDING', 'DEFERRED') AND x.available_at <= v_now) THEN
+                     -- the queue index, by instance and position (migration 0028)
+                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                     AND x.available_at <= v_now) THEN
             PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
                                                WHERE c.oid = '{{schema}}.commands'::regclass),
                               (extract(epoch FROM v_now) * 1000)::bigint::text);
@@ -244,4 +257,31 @@ BEGIN
     state_version := v_version;
     state := v_state;  -- the merged state, when this change was carried onto a newer one
     RETURN NEXT;
+END $$;
+
+-- A signal, message or task completion recorded for a position: as migration 0007 left it, but for the
+-- lookup of the timers that move behind it, which reads the queue index by instance and position.
+CREATE OR REPLACE FUNCTION {{schema}}.command_recorded() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cap integer;
+BEGIN
+    IF NEW.kind <> 'TASK_COMPLETION' THEN
+        v_cap := {{schema}}.max_open_signals();
+        IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
+                                  WHERE c.instance_id = NEW.instance_id AND c.kind IN ('SIGNAL', 'MESSAGE')
+                                    AND c.state IN ('PENDING', 'DEFERRED', 'PARKED')
+                                  LIMIT v_cap) AS open_ones) >= v_cap THEN
+            RAISE EXCEPTION 'stepstone: instance % holds % open signals and messages, the most it may',
+                NEW.instance_id, v_cap USING ERRCODE = 'SC429', DETAIL = v_cap::text;
+        END IF;
+    END IF;
+    UPDATE {{schema}}.commands c SET seq = nextval('{{schema}}.command_seq')
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position AND x.kind = 'TIMER'
+                     -- the queue index, by instance and position (migration 0028)
+                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE AND x.seq < NEW.seq
+                     AND (NEW.kind = 'TASK_COMPLETION' OR (x.name = 'timeout' AND x.available_at > NEW.created_at))
+                   ORDER BY x.id FOR UPDATE);
+    RETURN NEW;
 END $$;

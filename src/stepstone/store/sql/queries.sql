@@ -1,5 +1,16 @@
 -- Named queries of the engine. Each starts with "-- name: <name>"; {{schema}}
 -- is replaced by the quoted schema identifier when the file is loaded.
+--
+-- Commands found by their key test their state as `(c.state = ...) IS TRUE`. A bare state test proves
+-- the predicate of a partial queue index (commands_ready, commands_leased, commands_position_queue),
+-- and the planner then may read that whole index instead of the key's: whenever the last ANALYZE
+-- found the queue empty, the index looks free, however much it holds now (a backlog that came after
+-- it, or the entries of every claim since the last vacuum). `IS TRUE` means the same in a WHERE clause
+-- and proves nothing, so only the claim's ordered walks use those indexes (docs/performance.md,
+-- "Lookups by id"; migration 0028 does the same in the commit path). A lookup of one instance's or one
+-- position's queued commands names the states of commands_position_queue, the index it should read,
+-- and narrows them with IS TRUE: `c.state IN ('PENDING', 'DEFERRED')` alone would let it walk all of
+-- commands_ready looking for them.
 
 -- name: claim
 -- Claim up to $1 heads of position queues for worker $3 with a lease of $2
@@ -10,8 +21,12 @@
 -- so a command settled since the snapshot is not claimed, and the lease is
 -- taken only for commands actually claimed.
 -- The two branches repeat the queue-head rule on purpose: each needs its own
--- index scan and LIMIT, and moving the rule into a SQL function turned the
--- anti-join into a per-row subplan (392 vs 595-633 workflows/s, measured).
+-- index scan and LIMIT (a SQL function holding the rule cost 392 vs 595-633 workflows/s).
+-- The rule is a lookup per candidate, in the queue index by (instance, position): `OFFSET 0`
+-- keeps its NOT EXISTS a correlated subquery. As an anti-join, the plan made when the last
+-- ANALYZE found the queue empty read the whole queue index for every candidate: 66 ms a
+-- claim with 20,000 ready commands that came after that ANALYZE, 0.9 ms as a subquery
+-- (docs/performance.md, "Lookups by id").
 -- The clock is read once per claim (the clock CTE, used through scalar subqueries, which the plans
 -- evaluate once): db_now() in each filter ran once per row and call site (issue 17, docs/performance.md).
 -- The batch size goes through the same CTE so that no plan knows it: with a bare `LIMIT $1` every
@@ -43,7 +58,8 @@ WITH clock AS MATERIALIZED (
           WHERE e.instance_id = c.instance_id AND e.position = c.position
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
-            AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock)))
+            AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock))
+          OFFSET 0)  -- a lookup per candidate, never an anti-join (see above)
       AND ((SELECT clock.served FROM clock) IS NULL
            OR (SELECT i.definition_id FROM {{schema}}.instances i WHERE i.id = c.instance_id)
               = ANY ((SELECT clock.served FROM clock)::text[]))  -- an array, not a subquery to ANY
@@ -62,7 +78,8 @@ WITH clock AS MATERIALIZED (
           WHERE e.instance_id = c.instance_id AND e.position = c.position
             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
             AND (e.seq, e.id) < (c.seq, c.id)
-            AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock)))
+            AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock))
+          OFFSET 0)  -- a lookup per candidate, never an anti-join (see above)
       AND ((SELECT clock.served FROM clock) IS NULL
            OR (SELECT i.definition_id FROM {{schema}}.instances i WHERE i.id = c.instance_id)
               = ANY ((SELECT clock.served FROM clock)::text[]))  -- an array, not a subquery to ANY
@@ -81,9 +98,8 @@ WITH clock AS MATERIALIZED (
         claims = c.claims + 1
     FROM cand
     WHERE c.id = cand.id
-      -- IS TRUE: each row through the primary key. A bare state test proves the predicate of the partial
-      -- `commands_position_queue`, and a plan made when ANALYZE found it nearly empty read all of it for
-      -- every candidate (a nested loop joining on id), however long the queue had grown (migration 0028).
+      -- IS TRUE (see the head of this file): a plan made when ANALYZE found the queue empty read the whole
+      -- of commands_position_queue for every candidate here.
       AND (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
       AND c.available_at <= (SELECT clock.now FROM clock)
     RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
@@ -119,7 +135,7 @@ FROM {{schema}}.commit_decisions($1);
 -- name: held_command
 SELECT c.id FROM {{schema}}.commands c
 JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
-WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND c.state = 'CLAIMED';
+WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND (c.state = 'CLAIMED') IS TRUE;
 
 -- name: holds_lease
 -- Whether this token still holds the position's lease, unexpired, on the database clock.
@@ -150,7 +166,7 @@ WITH held AS (
     UPDATE {{schema}}.commands c SET available_at = pos.lease_until
     FROM pos
     WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = pos.lease_token
-      AND c.state = 'CLAIMED'
+      AND (c.state = 'CLAIMED') IS TRUE
     RETURNING c.instance_id
 )
 SELECT instance_id, path FROM pos;
@@ -166,7 +182,7 @@ WITH pos AS (
 UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = {{schema}}.db_now(),
     claims = GREATEST(c.claims - 1, 0)
 FROM pos
-WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = $3 AND c.state = 'CLAIMED'
+WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = $3 AND (c.state = 'CLAIMED') IS TRUE
 RETURNING c.id;
 
 -- name: defer
@@ -179,7 +195,7 @@ SELECT command_id AS id FROM {{schema}}.defer_command($1, $2, $3, $4);
 -- letter of a command that keeps crashing names the cause. Only the command row
 -- is touched (nothing before it in the lock order is taken).
 UPDATE {{schema}}.commands c SET last_error = $3
-WHERE c.instance_id = $1 AND c.token = $2 AND c.state = 'CLAIMED'
+WHERE c.instance_id = $1 AND c.token = $2 AND (c.state = 'CLAIMED') IS TRUE
 RETURNING c.id;
 
 -- name: next_available
@@ -271,7 +287,9 @@ FROM {{schema}}.compensations WHERE instance_id = $1 ORDER BY id;
 SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state, i.step, i.visit, i.wait,
        i.error, i.business_key, i.parent_id, i.created_at, i.updated_at, i.ended_at,
        (SELECT min(c.available_at) FROM {{schema}}.commands c
-        WHERE c.instance_id = i.id AND c.kind = 'TIMER' AND c.state IN ('PENDING', 'DEFERRED')) AS next_timer_at,
+        WHERE c.instance_id = i.id AND c.kind = 'TIMER'  -- the queue index, by instance (head of this file)
+          AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
+       ) AS next_timer_at,
        (SELECT count(*) FROM {{schema}}.commands c
         WHERE c.instance_id = i.id AND c.state = 'PARKED') AS parked_signals,
        i.parent_position,
