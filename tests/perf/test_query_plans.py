@@ -17,7 +17,7 @@ import pytest
 
 from stepstone.authoring.workflow import Registry
 from stepstone.bench.common import bench_queries, seed_waiting
-from stepstone.bench.workflows import registry, signal_wf, three, waiting
+from stepstone.bench.workflows import fanout, registry, signal_wf, three, waiting
 from stepstone.client import Client
 from stepstone.core.pin import pin_of
 from stepstone.runtime.worker import Worker, WorkerConfig
@@ -242,6 +242,10 @@ async def test_claims_and_commits_after_a_backlog_arrived(database_url: str) -> 
             await client.signal(iid, "go")
             await signals.run_until_idle()
         assert [(await client.get(i)).status for i in waiting_ids] == ["COMPLETED"] * len(waiting_ids)
+        branches = Worker(store, Registry(fanout), WorkerConfig(concurrency=4, worker_id="branches"))
+        fans = [await client.start(fanout, {"items": [0] * 4}) for _ in range(3)]
+        await branches.run_until_idle()  # forks, branch commits and joins
+        assert [(await client.get(i)).status for i in fans] == ["COMPLETED"] * len(fans)
     finally:
         await store.close()
     claim = _norm(queries("stepstone")["claim"])
