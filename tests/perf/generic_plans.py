@@ -44,21 +44,32 @@ async def _generic_plan(conn: asyncpg.Connection, sql: str) -> dict[str, Any] | 
         await conn.execute("DEALLOCATE audited")
 
 
-async def main(url: str, schema: str) -> None:
-    conn = await asyncpg.connect(url)
+async def whole_index_reads(conn: asyncpg.Connection, schema: str) -> list[tuple[str, str, str]]:
+    """(file, query, what it reads) for each generic-plan index scan on `commands` that reads a whole index:
+    no index condition, or a condition on `id` alone in an index that does not begin with it."""
+    found = []
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
     try:
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
         for filename in FILES:
             for name, sql in named_queries(filename, schema).items():
                 plan = await _generic_plan(conn, sql)
                 for node in _nodes(plan) if plan else ():
-                    if node.get("Node Type") not in ("Index Scan", "Index Only Scan") \
-                            or node.get("Relation Name") != "commands":
+                    if node.get("Relation Name") != "commands" or "Index" not in node.get("Node Type", ""):
                         continue
                     cond = node.get("Index Cond")
                     if cond is None or (cond.startswith("(id =") and node["Index Name"] != "commands_pkey"):
-                        print(f"{filename} {name}: {node['Index Name']}, condition {cond}, "  # noqa: T201
-                              f"filter {node.get('Filter')}")
+                        what = f"{node['Index Name']}, condition {cond}, filter {node.get('Filter')}"
+                        found.append((filename, name, what))
+    finally:
+        await conn.execute("RESET plan_cache_mode")
+    return found
+
+
+async def main(url: str, schema: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        for filename, name, what in await whole_index_reads(conn, schema):
+            print(f"{filename} {name}: {what}")  # noqa: T201
     finally:
         await conn.close()
 

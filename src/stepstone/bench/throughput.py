@@ -10,6 +10,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import asyncpg
 
@@ -32,6 +33,20 @@ STEPS = 3
 STARTERS = 4
 LAST_CPU_PER_WORKFLOW = [0.0]
 """CPU seconds this process spent per workflow in the last `measure` (starts, claims, steps, commits)."""
+LAST_MACHINE_BUSY: list[float | None] = [None]
+"""The share of the machine's CPU time that was busy during the last `measure` (None off Linux)."""
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, all) CPU ticks of the whole machine since boot, from /proc/stat; None where it is missing.
+    Busy is user, nice, system, irq and softirq; idle and iowait are not; steal is left out of both."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, idle, iowait, irq, softirq = fields
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait
 
 
 async def run(ctx: BenchContext) -> list[Metric]:
@@ -39,7 +54,7 @@ async def run(ctx: BenchContext) -> list[Metric]:
     async with bench_database(ctx) as url:
         rate, stats = await measure(ctx, url, ctx.sizes.workflows, processes=0)
     ctx.max_workflows_per_s = rate
-    metrics += _metrics(ctx, "in-process worker", rate)
+    metrics += _metrics(ctx, "in-process worker", rate) + _busy_metric("in-process worker")
     cpu_us = LAST_CPU_PER_WORKFLOW[0] / STEPS * 1e6
     metrics.append(Metric("throughput", "engine CPU per step commit (in-process)", cpu_us, "us",
                           note="process CPU time of client + worker / step commits; steadier than wall time"))
@@ -53,8 +68,18 @@ async def run(ctx: BenchContext) -> list[Metric]:
     if ctx.processes:
         async with bench_database(ctx) as url:
             rate, _ = await measure(ctx, url, ctx.sizes.workflows, processes=ctx.processes)
-        metrics += _metrics(ctx, f"{ctx.processes} worker processes", rate)
+        metrics += _metrics(ctx, f"{ctx.processes} worker processes", rate) + _busy_metric(
+            f"{ctx.processes} worker processes")
     return metrics
+
+
+def _busy_metric(label: str) -> list[Metric]:
+    """Below 100% the run was bound by latency (slots waiting for their commits), not by CPU."""
+    busy = LAST_MACHINE_BUSY[0]
+    if busy is None:
+        return []
+    return [Metric("throughput", f"machine CPU busy ({label})", 100 * busy, "%",
+                   note="all processes on this machine, server included, over the measured interval")]
 
 
 def _metrics(ctx: BenchContext, label: str, rate: float) -> list[Metric]:
@@ -141,10 +166,13 @@ async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) ->
             await _analyze(url, ctx.schema)
             if stats is not None:
                 stats.clear()
-            started, cpu = time.monotonic(), time.process_time()
+            started, cpu, ticks = time.monotonic(), time.process_time(), _cpu_ticks()
             await closed_loop(client, progress, total, window)
             elapsed = time.monotonic() - started
             LAST_CPU_PER_WORKFLOW[0] = (time.process_time() - cpu) / total
+            after = _cpu_ticks()
+            LAST_MACHINE_BUSY[0] = None if ticks is None or after is None or after[1] == ticks[1] \
+                else (after[0] - ticks[0]) / (after[1] - ticks[1])
             log = stats if stats is not None else StatementLog(client_store)
     finally:
         await client_store.close()

@@ -1,0 +1,43 @@
+"""No named query of the store reads a whole queue index to find a few commands, on the plans a database
+analyzed with an empty queue gives it (docs/performance.md, "Lookups by id"). `generic_plans.py` is the
+audit; this runs it over every named query, so a new one is checked without a workload that sends it."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from stepstone.bench.common import bench_queries
+from stepstone.bench.workflows import registry, three
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker
+from stepstone.store.postgres import PostgresStore
+from tests.perf.generic_plans import whole_index_reads
+
+# Operators' reads that want every deferred or dead command: for them the partial index is the read.
+WANT_THE_WHOLE_QUEUE = {
+    ("management.sql", "dead_commands_page"),
+    ("schedules.sql", "delete_flow_limit"),
+    ("health.sql", "deferred_pins"),
+    ("registry.sql", "resume_deferred"),
+    ("registry.sql", "stranded"),
+}
+
+
+async def test_no_lookup_reads_a_whole_queue_index(database_url: str) -> None:
+    store = await PostgresStore.open(database_url, "stepstone", max_size=2)
+    try:
+        client = Client(store, registry)
+        worker = Worker(store, registry)
+        await worker.register()
+        await client.start_many(three, [{} for _ in range(1_000)])
+        await worker.run_until_idle()  # thousands of rows in every table, none of them queued
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(bench_queries("stepstone")["analyze"])
+        found = await whole_index_reads(conn, "stepstone")
+    finally:
+        await conn.close()
+    assert [f for f in found if f[:2] not in WANT_THE_WHOLE_QUEUE] == []
+    assert {f[:2] for f in found} <= WANT_THE_WHOLE_QUEUE
