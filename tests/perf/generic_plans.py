@@ -25,10 +25,20 @@ FILES = ("queries.sql", "caller_transaction.sql", "tasks.sql", "external.sql", "
          "management.sql", "schedules.sql", "health.sql", "observe.sql", "registry.sql")
 
 
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
     yield plan
     for child in plan.get("Plans", []):
-        yield from _nodes(child)
+        yield from plan_nodes(child)
+
+
+def reads_whole_index(node: dict[str, Any]) -> bool:
+    """An index scan on `commands` that reads a whole index to find a few rows: no index condition, or a
+    condition on `id` alone in an index that does not begin with it."""
+    if node.get("Relation Name") != "commands" or "Index" not in node.get("Node Type", ""):
+        return False
+    cond = node.get("Index Cond")
+    return cond is None or (cond.startswith("(id =") and node["Index Name"] != "commands_pkey")
 
 
 async def _generic_plan(conn: asyncpg.Connection, sql: str) -> dict[str, Any] | None:
@@ -53,12 +63,9 @@ async def whole_index_reads(conn: asyncpg.Connection, schema: str) -> list[tuple
         for filename in FILES:
             for name, sql in named_queries(filename, schema).items():
                 plan = await _generic_plan(conn, sql)
-                for node in _nodes(plan) if plan else ():
-                    if node.get("Relation Name") != "commands" or "Index" not in node.get("Node Type", ""):
-                        continue
-                    cond = node.get("Index Cond")
-                    if cond is None or (cond.startswith("(id =") and node["Index Name"] != "commands_pkey"):
-                        what = f"{node['Index Name']}, condition {cond}, filter {node.get('Filter')}"
+                for node in plan_nodes(plan) if plan else ():
+                    if reads_whole_index(node):
+                        what = f"{node['Index Name']}, condition {node.get('Index Cond')}, filter {node.get('Filter')}"
                         found.append((filename, name, what))
     finally:
         await conn.execute("RESET plan_cache_mode")

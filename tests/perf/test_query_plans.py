@@ -26,15 +26,13 @@ from stepstone.store.database import connect, create_pool
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import queries
 from tests._pg import PgServer
+from tests.perf.generic_plans import plan_nodes as _nodes
+from tests.perf.generic_plans import reads_whole_index
 
 WAITING = 20_000
 GUARDED = {"commands", "instances", "positions"}
 
 
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
 
 
 def seq_scans(plans: list[dict[str, Any]]) -> list[str]:
@@ -193,12 +191,10 @@ def whole_index_scans(plans: list[dict[str, Any]]) -> list[str]:
     for entry in plans:
         text = _norm(entry.get("Query Text", ""))
         for node in _nodes(entry["Plan"]):
-            if node.get("Relation Name") != "commands" or "Index" not in node.get("Node Type", ""):
-                continue
-            index, cond = node["Index Name"], node.get("Index Cond")
-            if cond is None or (cond.startswith("(id =") and index != "commands_pkey") \
-                    or (index in QUEUE_WALKS and text not in walks):
-                found.append(f"{index}: {text[:200]}")
+            walk_elsewhere = node.get("Relation Name") == "commands" and node.get("Index Name") in QUEUE_WALKS \
+                and text not in walks
+            if reads_whole_index(node) or walk_elsewhere:
+                found.append(f"{node['Index Name']}: {text[:200]}")
     return found
 
 
