@@ -85,10 +85,22 @@ async def test_cancel_and_failure_wake_a_waiter(engine: Engine, monkeypatch: pyt
     assert (await asyncio.wait_for(waiter, timeout=20)).status == "CANCELLED"
 
 
-async def test_several_waiters_share_one_listener(engine: Engine) -> None:
+async def test_several_waiters_share_one_listener(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     client = engine.client
     ids = [await client.start("hello", {"name": str(n)}) for n in range(3)]
+    all_watching, watch = asyncio.Event(), client._settled.watch
+
+    async def counted_watch(instance_id: str) -> asyncio.Event:
+        event = await watch(instance_id)
+        if sum(len(events) for events in client._settled.waiters.values()) == 2 * len(ids):
+            all_watching.set()
+        return event
+
+    monkeypatch.setattr(client._settled, "watch", counted_watch)
     waiters = [asyncio.create_task(client.wait_for(i, timeout=30)) for i in ids * 2]
+    # Every waiter watches before the worker runs: a waiter that first reads its instance already settled
+    # opens nothing, and a fast enough worker left no waiter to share the listener (a flaky failure).
+    await asyncio.wait_for(all_watching.wait(), timeout=20)
     await engine.run_until_idle()
     infos = await asyncio.wait_for(asyncio.gather(*waiters), timeout=20)
     assert {i.status for i in infos} == {"COMPLETED"}
