@@ -31,7 +31,7 @@ UNION ALL
 SELECT 'function', p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')', pg_get_functiondef(p.oid)
   FROM pg_proc p WHERE p.pronamespace = $1::text::regnamespace
 UNION ALL
-SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid)
+SELECT 'trigger', tgrelid::regclass::text || '.' || tgname, pg_get_triggerdef(oid) || ' enabled ' || tgenabled::text
   FROM pg_trigger WHERE NOT tgisinternal AND tgrelid IN
        (SELECT oid FROM pg_class WHERE relnamespace = $1::text::regnamespace)
 UNION ALL

@@ -4568,3 +4568,48 @@ END $$;
 -- instances_definition_created) are ascending and read backwards for newest-first listings: new entries
 -- land at their right edge, whose pages split 90/10, where descending ones left half-empty pages. They
 -- replaced the *_newest indexes of versions 1, 8 and 9, built and dropped CONCURRENTLY.
+
+-- ==== version 29 (migration 0029_fewer_trigger_conditions) ====
+-- One trigger for what a change of an instance's status does (the four it replaced are disabled: migrations
+-- do not drop), and the wake-up of a command made ready by an update without the batch test. Each
+-- trigger's WHEN is read back and prepared for every statement that may fire it (see the migration).
+CREATE FUNCTION {{schema}}.instance_status_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- Once a saga has begun only the saga decides the status, and an instance that completed or was
+    -- cancelled keeps its status, unless this update reopens it: it sets or clears ended_at (a replay,
+    -- a saga compensating a completed child), or a live saga moves to one of its own statuses.
+    IF (OLD.saga IS NOT NULL
+        OR (OLD.status IN ('COMPLETED', 'CANCELLED') AND NEW.ended_at IS NOT DISTINCT FROM OLD.ended_at))
+       AND NOT (OLD.ended_at IS NULL AND (NEW.status IN ('COMPENSATING', 'COMPENSATION_FAILED')
+                                          OR NEW.ended_at IS DISTINCT FROM OLD.ended_at)) THEN
+        NEW.status := OLD.status;
+        RETURN NEW;
+    END IF;
+    -- wait_for returns on these. Sent from a BEFORE trigger, as this update's last word on the row: a
+    -- notification is delivered only if the transaction (and any savepoint around the update) commits.
+    IF NEW.status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT', 'COMPENSATION_FAILED') THEN
+        PERFORM pg_notify(left('stepstone.settled.' || TG_TABLE_SCHEMA, 63), NEW.id::text);
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER instances_status_changed
+    BEFORE UPDATE OF status ON {{schema}}.instances
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION {{schema}}.instance_status_changed();
+
+ALTER TABLE {{schema}}.instances DISABLE TRIGGER instances_keep_saga_status;
+ALTER TABLE {{schema}}.instances DISABLE TRIGGER instances_keep_ended_status;
+ALTER TABLE {{schema}}.instances DISABLE TRIGGER instances_notify_settled;
+ALTER TABLE {{schema}}.instances DISABLE TRIGGER instances_notify_saga_settled;
+
+CREATE OR REPLACE TRIGGER commands_notify
+    AFTER INSERT ON {{schema}}.commands
+    FOR EACH ROW WHEN (NEW.state IN ('PENDING', 'DEFERRED') AND strpos(COALESCE(current_setting('stepstone.batch', true), ''), 'notified') = 0)
+    EXECUTE FUNCTION {{schema}}.notify_command();
+
+CREATE TRIGGER commands_notify_requeued
+    AFTER UPDATE OF state, available_at ON {{schema}}.commands
+    FOR EACH ROW WHEN (NEW.state IN ('PENDING', 'DEFERRED'))
+    EXECUTE FUNCTION {{schema}}.notify_command();
