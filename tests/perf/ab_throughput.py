@@ -13,6 +13,11 @@ counted alike even when one has no completion channel of its own.
         PYTHONPATH=/tmp/before/src python tests/perf/ab_throughput.py before
         python tests/perf/ab_throughput.py main
     done
+
+With --timings it also prints, for each store call of the measured run (claims, commits, group
+commits, starts), how many there were, their items (the segments of a group commit), their round
+trips, and the share of the run some call of that kind was in flight ("The group committer's rhythm"
+in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import asyncpg
 
@@ -46,7 +52,41 @@ CREATE TRIGGER ab_completed AFTER UPDATE OF status ON {SCHEMA}.instances
 """
 
 
-async def measure(url: str, total: int) -> float:
+class Timings:
+    """Wraps PostgresStore's statement methods to record when each call of the measured run went out."""
+
+    METHODS = ("claim", "commit", "commit_many", "start", "start_many")
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[tuple[float, float, int]]] = {name: [] for name in self.METHODS}
+        for name in self.METHODS:
+            setattr(PostgresStore, name, self._timed(name, getattr(PostgresStore, name)))
+
+    def _timed(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        async def timed(store: PostgresStore, *args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            result = await method(store, *args, **kwargs)
+            items = len(args[0]) if name == "commit_many" else 1  # a start_many's batch is not counted
+            self.calls[name].append((began, time.perf_counter(), items))
+            return result
+        return timed
+
+    def report(self, since: float, until: float) -> None:
+        for name, every in self.calls.items():
+            calls = sorted(c for c in every if c[0] >= since)
+            if not calls:
+                continue
+            busy, reached = 0.0, since
+            for began, ended, _ in calls:  # the union of the calls' intervals
+                busy += max(0.0, ended - max(began, reached))
+                reached = max(reached, ended)
+            trips = sorted(ended - began for began, ended, _ in calls)
+            print(f"  {name:12} {len(calls):6,} calls {sum(c[2] for c in calls):7,} items"  # noqa: T201
+                  f"  round trip p50 {trips[len(trips) // 2] * 1e3:.2f} ms"
+                  f"  in flight {busy / (until - since):.0%} of the run")
+
+
+async def measure(url: str, total: int, timings: Timings | None = None) -> float:
     conn = await asyncpg.connect(url)
     await migrate(conn, SCHEMA)
     await conn.execute(TRIGGER)
@@ -91,7 +131,11 @@ async def measure(url: str, total: int) -> float:
     try:
         await closed_loop(300)
         await conn.execute("ANALYZE")
-        return await closed_loop(total)
+        began = time.perf_counter()
+        rate = await closed_loop(total)
+        if timings is not None:
+            timings.report(began, time.perf_counter())
+        return rate
     finally:
         await worker.stop()
         await worker_store.close()
@@ -104,13 +148,14 @@ async def main() -> None:
     parser.add_argument("label", help="printed before the result")
     parser.add_argument("--total", type=int, default=3000, help="workflows measured after the warm-up")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--timings", action="store_true", help="time the store's calls (see the docstring)")
     args = parser.parse_args()
     name = f"stepstone_ab_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(args.admin_url)
     await admin.execute(f"CREATE DATABASE {name}")
     try:
         url = args.admin_url.rsplit("/", 1)[0] + f"/{name}"
-        rate = await measure(url, args.total)
+        rate = await measure(url, args.total, Timings() if args.timings else None)
         print(f"{args.label} {rate:.0f} workflows/s", flush=True)  # noqa: T201 - the result is the output
     finally:
         await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
