@@ -39,5 +39,5 @@ async def run(ctx: BenchContext) -> list[Metric]:
     return [
         Metric("memory", "idle worker RSS", ready["maxrss_kb"] / 1024, "MB"),
         Metric("memory", f"worker peak RSS, {n:,} in flight", mb, "MB", "<= 200", mb <= 200,
-               note="ru_maxrss of the worker process, through drain"),
+               note="VmHWM of the worker process (its own peak, not its parent's), through drain"),
     ]
