@@ -8,6 +8,7 @@ measured. Completions are counted by a trigger this harness adds to `instances` 
 instance id: PostgreSQL folds identical notifications of one transaction into one), so both sides are
 counted alike even when one has no completion channel of its own.
 
+    python tests/perf/ab_pairs.py --before <commit> --pairs 4   # does the following
     git worktree add /tmp/before <commit>
     for i in 1 2 3 4; do
         PYTHONPATH=/tmp/before/src python tests/perf/ab_throughput.py before
