@@ -8,12 +8,10 @@ measured. Completions are counted by a trigger this harness adds to `instances` 
 instance id: PostgreSQL folds identical notifications of one transaction into one), so both sides are
 counted alike even when one has no completion channel of its own.
 
-    python tests/perf/ab_pairs.py --before <commit> --pairs 4   # does the following
-    git worktree add /tmp/before <commit>
-    for i in 1 2 3 4; do
-        PYTHONPATH=/tmp/before/src python tests/perf/ab_throughput.py before
-        python tests/perf/ab_throughput.py main
-    done
+    python tests/perf/ab_pairs.py --before <commit> --pairs 4
+
+(runs this harness on a worktree of <commit>, its `src` first on PYTHONPATH, and on the working tree,
+alternately).
 
 With --timings it also prints, for each store call of the measured run (claims, commits, group
 commits, starts), how many there were, their items (the segments of a group commit), their round
