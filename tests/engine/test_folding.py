@@ -165,7 +165,7 @@ async def test_a_steps_completion_never_folds_into_the_next_step(engine: Engine,
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).state["log"] == ["second"]
     done = await rows.conn.fetch(
-        "SELECT step, command_id FROM stepstone.history WHERE instance_id = $1::uuid AND kind = 'STEP_COMPLETED' "
+        "SELECT step, at FROM stepstone.history WHERE instance_id = $1::uuid AND kind = 'STEP_COMPLETED' "
         "ORDER BY seq", iid)
     assert [r["step"] for r in done] == ["first", "second"]
-    assert done[0]["command_id"] != done[1]["command_id"]  # the second ran on the first's continuation
+    assert done[0]["at"] < done[1]["at"]  # two commits (one transaction writes one `at`): the first came first

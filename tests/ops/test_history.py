@@ -33,7 +33,9 @@ async def test_entries_name_actor_command_position_step_outcome_and_patch(engine
     assert work.command_id is not None and work.command_kind == "START"
     assert (work.position, work.step, work.outcome) == ("", "work", "completed")
     assert work.patch == [{"op": "replace", "path": "/log", "value": ["work@1"]}]
-    assert done.command_kind == "STEP" and done.actor is not None and done.actor.on_behalf_of is not None
+    # The next step went on in the START's row (migration 0030): the same command, what began the run.
+    assert done.command_id == work.command_id and done.command_kind == "START"
+    assert done.actor is not None and done.actor.on_behalf_of is not None
     # Replaying the patches on the baseline gives the state the instance ended with.
     info = await engine.client.get(iid)
     assert state_at(page.entries, page.entries[-1].seq + 1) == info.state

@@ -39,7 +39,7 @@ from stepstone.runtime.handlers import describe_error, run_handler
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
 from stepstone.runtime.worker_config import WorkerConfig, WorkerEvents
-from stepstone.store.port import Claim, CommitRequest, Committed, Listener, WorkerStore
+from stepstone.store.port import Claim, CommitRequest, Committed, HeldCommand, Listener, WorkerStore
 from stepstone.store.scheduling_port import SchedulingStore
 
 __all__ = ["Worker", "WorkerConfig", "WorkerEvents", "pin_of"]
@@ -560,12 +560,20 @@ class Worker:
                     break
                 except DatabaseUnavailable:
                     continue
-            if held == command_id:
+            if held is not None and held.id == command_id and not _went_on_in(held, decision):
                 continue  # not committed and still ours: commit again
             if held is not None:
                 # Committed, with a continuation. The version is a lower bound: a stale one only costs a rebase.
                 bumped = state_version + (1 if decision.first(SetState) is not None else 0)
-                return Committed(held, await self.store.db_now(), bumped)
+                return Committed(held.id, await self.store.db_now(), bumped)
             if await self.store.settled_by(command_id, claim.token):
                 return Committed(None, await self.store.db_now())  # committed; the position waits or ended
             return None  # never committed, and the lease is gone: fenced
+
+
+def _went_on_in(held: HeldCommand, decision: Decision) -> bool:
+    """Whether the held command now names the decision's continuation: the commit went on in the claimed
+    row (migration 0030). Before the commit the row names an earlier visit, since a continuation always
+    enters its step on a visit of its own."""
+    follow = decision.continuation
+    return follow is not None and (held.step, held.visit) == (follow.step, follow.visit)

@@ -93,10 +93,14 @@ def _history(e: RecordHistory, doc: _Doc) -> None:
 
 
 def _enqueue(e: Enqueue, doc: _Doc) -> None:
-    doc.append("commands", {
+    command = {
         "kind": e.kind, "step": e.step, "visit": e.visit, "name": e.name, "payload": e.payload,
         "delay": e.delay, "at": e.at, "continuation": e.continuation, "position": e.position,
-    })
+    }
+    if e.continuation:  # its own key: the commit may carry it out in the claimed command's row
+        doc.body["next"] = command
+    else:
+        doc.append("commands", command)
 
 
 def _close_timers(_: CloseTimers, doc: _Doc) -> None:

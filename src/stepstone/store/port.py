@@ -28,6 +28,7 @@ __all__ = [
     "CommitRequest",
     "Committed",
     "DefinitionsPort",
+    "HeldCommand",
     "Listener",
     "NewInstance",
     "Pin",
@@ -63,6 +64,17 @@ class Committed:
     state_version: int = 0
     conflict: bool = False
     state: Any = None
+
+
+@dataclass(frozen=True)
+class HeldCommand:
+    """The command a lease token holds on its position, and the step and visit it names now: a
+    continuation from a step's own command goes on in that row (migration 0030), so after a commit of
+    unknown outcome the same id naming the continuation's step and visit means the commit happened."""
+
+    id: int
+    step: str | None
+    visit: int | None
 
 
 @dataclass(frozen=True)
@@ -141,7 +153,7 @@ class WorkerStore(Protocol):
     async def commit_many(
         self, requests: list[CommitRequest], *, lease_seconds: float, worker: str
     ) -> list[Committed | None]: ...
-    async def held_command(self, instance_id: str, position: str, token: Any) -> int | None: ...
+    async def held_command(self, instance_id: str, position: str, token: Any) -> HeldCommand | None: ...
     async def settled_by(self, command_id: int, token: Any) -> bool: ...
     async def holds_lease(self, instance_id: str, position: str, token: Any) -> bool: ...
     async def renew(self, held: dict[tuple[str, str], Any], lease_seconds: float) -> set[tuple[str, str]]: ...

@@ -33,7 +33,7 @@ from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
 from stepstone.store.observing import ObservingQueries
 from stepstone.store.outcomes import signal_command_id
-from stepstone.store.port import Claim, CommitRequest, Committed, NewInstance, NewInstances, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, HeldCommand, NewInstance, NewInstances, Pin
 from stepstone.store.postgres_tasks import TaskQueries, open_signal_limit
 from stepstone.store.queries import queries
 from stepstone.store.registry import PostgresRegistry
@@ -192,10 +192,10 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
             )
         return results
 
-    async def held_command(self, instance_id: str, position: str, token: Any) -> int | None:
+    async def held_command(self, instance_id: str, position: str, token: Any) -> HeldCommand | None:
         """The command this token holds on the position now: re-reads a commit of unknown outcome."""
-        value = await self._fetchval("held_command", uuid.UUID(instance_id), position, token)
-        return None if value is None else int(value)
+        row = await self._fetchrow("held_command", uuid.UUID(instance_id), position, token)
+        return None if row is None else HeldCommand(int(row["id"]), row["step"], row["visit"])
 
     async def holds_lease(self, instance_id: str, position: str, token: Any) -> bool:
         return bool(await self._fetchval("holds_lease", _uuid(instance_id), position, token))

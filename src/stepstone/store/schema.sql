@@ -987,6 +987,8 @@ DECLARE
     v_end text := d->'end'->>'status';
     v_actor text := d->>'actor';
     v_lease timestamptz := CASE WHEN v_cont THEN v_now + make_interval(secs => (d->>'lease_seconds')::float8) END;
+    v_follow jsonb := d->'next';
+    v_commands jsonb := COALESCE(d->'commands', '[]'::jsonb);
     v_version bigint;
     v_branches integer;
     v_hist integer;
@@ -1077,24 +1079,44 @@ BEGIN
     WHERE i.id = v_id
     RETURNING i.state_version INTO v_version;
 
-    -- 5. Settle the claimed command, fenced on the same token.
-    UPDATE {{schema}}.commands c SET
-        state = CASE v_settle WHEN 'RETRY' THEN 'PENDING' ELSE v_settle END,
-        available_at = CASE v_settle
-            WHEN 'RETRY' THEN v_now + make_interval(secs => (d->'settle'->>'retry_delay')::float8)
-            ELSE c.available_at END,
-        attempt = CASE v_settle WHEN 'RETRY' THEN c.attempt + 1 ELSE c.attempt END,
-        claims = CASE WHEN v_settle IN ('RETRY', 'PARKED') THEN 0 ELSE c.claims END,
-        -- The token stays on the settled row: it tells a worker whose commit
-        -- outcome was unknown that this claim did settle it.
-        last_error = d->'settle'->>'reason',
-        settled_at = CASE WHEN v_settle IN ('RETRY', 'PARKED', 'DEAD') THEN NULL ELSE v_now END
-    -- IS TRUE: the lookup goes through the primary key, never a scan of a partial index (migration 0028).
-    WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE
-    RETURNING c.seq INTO v_cur_seq;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'stepstone: command % is not claimed under the token that holds instance % position %',
-            v_cmd, v_id, v_pos USING ERRCODE = 'P0001';
+    -- 5. Settle the claimed command, fenced on the same token; or, for a continuation from a step's own
+    -- command (START, STEP, RETRY), go on in that row, which keeps its kind (what began the run): one
+    -- update of the row the worker holds, where a settle and an insert of the next step's command wrote
+    -- two rows and six index entries (docs/performance.md, "The continuation in place"). What arrived
+    -- from outside (a signal, a message, a timer, a child's or task's completion) stays settled as its
+    -- own record, and so does a row whose payload this commit redacts. Fenced on the same token either way.
+    IF v_follow IS NOT NULL AND NOT COALESCE(d->'ext' ? 'redacted_payloads', false) THEN
+        UPDATE {{schema}}.commands c SET
+            step = v_follow->>'step', visit = (v_follow->>'visit')::integer,
+            payload = NULLIF(v_follow->'payload', 'null'::jsonb),
+            attempt = 1, claims = 1, deferrals = 0, available_at = v_lease, claimed_by = d->>'worker',
+            last_error = NULL, created_at = v_now
+        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE
+          AND c.kind IN ('START', 'STEP', 'RETRY')
+        RETURNING c.id INTO v_next;
+    END IF;
+    IF v_next IS NULL THEN
+        UPDATE {{schema}}.commands c SET
+            state = CASE v_settle WHEN 'RETRY' THEN 'PENDING' ELSE v_settle END,
+            available_at = CASE v_settle
+                WHEN 'RETRY' THEN v_now + make_interval(secs => (d->'settle'->>'retry_delay')::float8)
+                ELSE c.available_at END,
+            attempt = CASE v_settle WHEN 'RETRY' THEN c.attempt + 1 ELSE c.attempt END,
+            claims = CASE WHEN v_settle IN ('RETRY', 'PARKED') THEN 0 ELSE c.claims END,
+            -- The token stays on the settled row: it tells a worker whose commit
+            -- outcome was unknown that this claim did settle it.
+            last_error = d->'settle'->>'reason',
+            settled_at = CASE WHEN v_settle IN ('RETRY', 'PARKED', 'DEAD') THEN NULL ELSE v_now END
+        -- IS TRUE: the lookup goes through the primary key, never a scan of a partial index (migration 0028).
+        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE
+        RETURNING c.seq INTO v_cur_seq;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'stepstone: command % is not claimed under the token that holds instance % position %',
+                v_cmd, v_id, v_pos USING ERRCODE = 'P0001';
+        END IF;
+        IF v_follow IS NOT NULL THEN
+            v_commands := v_commands || jsonb_build_array(v_follow);  -- inserted below, already claimed
+        END IF;
     END IF;
 
     -- 6. Other commands of this instance, in ascending id order.
@@ -1122,7 +1144,7 @@ BEGIN
                         AND x.name IN (SELECT jsonb_array_elements_text(d->'requeue'))
                       ORDER BY x.seq, x.id LIMIT 1);
     END IF;
-    IF jsonb_array_length(d->'commands') > 0 THEN
+    IF jsonb_array_length(v_commands) > 0 THEN
         WITH ins AS (
             INSERT INTO {{schema}}.commands AS c
                 (instance_id, position, seq, kind, state, step, visit, name, payload, attempt, claims,
@@ -1141,11 +1163,11 @@ BEGIN
                    CASE WHEN (x.c->>'continuation')::boolean THEN v_token END,
                    CASE WHEN (x.c->>'continuation')::boolean THEN d->>'worker' END,
                    v_now
-            FROM jsonb_array_elements(d->'commands') WITH ORDINALITY AS x(c, ord)
+            FROM jsonb_array_elements(v_commands) WITH ORDINALITY AS x(c, ord)
             ORDER BY x.ord
             RETURNING c.id, c.state
         )
-        SELECT ins.id INTO v_next FROM ins WHERE ins.state = 'CLAIMED';
+        SELECT COALESCE((SELECT ins.id FROM ins WHERE ins.state = 'CLAIMED'), v_next) INTO v_next;
     END IF;
 
     -- 7. Child instances: started by this step, or told that this one ended.
@@ -4613,3 +4635,7 @@ CREATE TRIGGER commands_notify_requeued
     AFTER UPDATE OF state, available_at ON {{schema}}.commands
     FOR EACH ROW WHEN (NEW.state IN ('PENDING', 'DEFERRED'))
     EXECUTE FUNCTION {{schema}}.notify_command();
+
+-- ==== version 30 (migration 0030_continuation_in_place) ====
+-- commit_decision (in the version 5 section) goes on in the claimed command's row when a step's own
+-- command (START, STEP, RETRY) continues to the next step, instead of settling it and inserting another.

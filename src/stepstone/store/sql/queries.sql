@@ -133,7 +133,8 @@ SELECT idx, outcome, continuation, lease_until, committed_at, state_version, sta
 FROM {{schema}}.commit_decisions($1);
 
 -- name: held_command
-SELECT c.id FROM {{schema}}.commands c
+-- The command this token holds on the position, and the step and visit it names now.
+SELECT c.id, c.step, c.visit FROM {{schema}}.commands c
 JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
 WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND (c.state = 'CLAIMED') IS TRUE;
 
