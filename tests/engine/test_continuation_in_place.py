@@ -14,6 +14,7 @@ from stepstone import Registry, Retry, StepContext, Workflow
 from stepstone.authoring.sensitive import Sensitive
 from stepstone.core.effects import Enqueue, MovePosition
 from stepstone.core.model import RUNNING, Decision, Settle
+from stepstone.ops import Operations
 from stepstone.store.effects import commit_document
 from stepstone.testing import open_engine
 from tests.engine.conftest import Rows
@@ -152,3 +153,27 @@ async def test_a_document_of_an_earlier_worker_is_carried_out_as_before(database
         assert went_on != claimed
         assert [(c["id"], c["step"], c["state"]) for c in commands] == [
             (claimed, "one", "COMPLETE"), (went_on, "two", "CLAIMED")]
+
+
+async def test_the_lease_is_the_positions_after_a_continuation_in_place(database_url: str, rows: Rows) -> None:
+    """The update leaves the command's expiry where the claim put it and moves the position's on: a claim,
+    an idle worker's wake-up and the execution probe all go by the position's."""
+    async with open_engine(database_url, registry) as engine:
+        iid = await engine.client.start(run, {})
+        [claim] = await engine.store.claim(1, 30, "a-worker")
+        decision = Decision(Settle("COMPLETE"), (
+            MovePosition(RUNNING, "two", 2), Enqueue("STEP", "two", 2, continuation=True)))
+        doc = commit_document(decision, instance_id=iid, position="", command_id=claim.command.id,
+                              token=claim.token, visit=1, state_version=claim.instance.state_version,
+                              lease_seconds=300, worker="a-worker")
+        row = await rows.conn.fetchrow("SELECT * FROM stepstone.commit_decision($1::jsonb)", json.dumps(doc))
+        assert row is not None and row["continuation"] == claim.command.id
+        await engine.advance(31)  # past the command's expiry (the claim's 30 s), not the position's (300 s)
+        assert await engine.store.claim(1, 30, "b-worker") == []
+        upcoming = await engine.store.next_available()
+        assert upcoming is not None and 260 < upcoming <= 270
+        report = await Operations.on(engine.store).probe(iid)
+        assert [c["id"] for c in report.in_flight] == [claim.command.id] and report.claimable == []
+        await engine.advance(270)
+        [taken] = await engine.store.claim(1, 30, "b-worker")
+        assert (taken.command.id, taken.command.step, taken.command.claims) == (claim.command.id, "two", 2)

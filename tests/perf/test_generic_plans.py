@@ -14,7 +14,10 @@ from stepstone.store.postgres import PostgresStore
 from tests.perf.generic_plans import whole_index_reads
 
 # Operators' reads that want every deferred or dead command: for them the partial index is the read.
+# And an idle worker's wake-up, which wants every claimed command (the ones in flight) to find the
+# earliest lease expiry, a position's (migration 0030).
 WANT_THE_WHOLE_QUEUE = {
+    ("queries.sql", "next_available"),
     ("management.sql", "dead_commands_page"),
     ("schedules.sql", "delete_flow_limit"),
     ("health.sql", "deferred_pins"),

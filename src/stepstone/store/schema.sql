@@ -61,8 +61,9 @@ CREATE INDEX instances_status_created ON {{schema}}.instances (status, created_a
 -- head of its instance's queue (ordered by seq, then id; a continuation inherits
 -- its predecessor's seq so it runs before anything queued behind it), available
 -- (available_at <= db_now()) and PENDING, DEFERRED or CLAIMED under an expired
--- lease. For a CLAIMED command available_at is its lease expiry. A TIMER before
--- its fire time blocks nothing.
+-- lease. For a CLAIMED command available_at is the lease expiry its claim or the
+-- last renewal set; the lease itself is the position's (a continuation in place
+-- moves only that one on, version 30). A TIMER before its fire time blocks nothing.
 CREATE TABLE {{schema}}.commands (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     instance_id uuid NOT NULL,
@@ -1086,11 +1087,14 @@ BEGIN
     -- from outside (a signal, a message, a timer, a child's or task's completion) stays settled as its
     -- own record, and so does a row whose payload this commit redacts. Fenced on the same token either way.
     IF v_follow IS NOT NULL AND NOT COALESCE(d->'ext' ? 'redacted_payloads', false) THEN
+        -- No indexed column changes, so the update may be HOT: the lease expiry stays where the claim or
+        -- the last renewal put it (the renewals move it on); the position's lease, moved above, is the
+        -- one a claim of an expired lease goes by.
         UPDATE {{schema}}.commands c SET
             step = v_follow->>'step', visit = (v_follow->>'visit')::integer,
             payload = NULLIF(v_follow->'payload', 'null'::jsonb),
-            attempt = 1, claims = 1, deferrals = 0, available_at = v_lease, claimed_by = d->>'worker',
-            last_error = NULL, created_at = v_now
+            attempt = 1, claims = 1, deferrals = 0, claimed_by = d->>'worker', last_error = NULL,
+            created_at = v_now
         WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE
           AND c.kind IN ('START', 'STEP', 'RETRY')
         RETURNING c.id INTO v_next;

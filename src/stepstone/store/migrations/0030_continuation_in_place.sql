@@ -4,7 +4,9 @@
 -- already claimed by the same worker under the same token: two rows and six index entries for one
 -- delivery of work going on. When the claimed command is a step's own (START, STEP, RETRY), the commit
 -- now updates that row to name the next step instead (step, visit, payload; attempt and claims from 1;
--- the lease moved on; its kind stays, as what began the run), and returns its id as the continuation.
+-- its kind stays, as what began the run), and returns its id as the continuation. No indexed column of
+-- the row changes, so the update may be HOT: the command's lease expiry is left where the claim or the
+-- last renewal put it, and the position's, which the commit moves on, is the one claims go by.
 -- History rows keep naming the command that ran each step, which is now the same row for a run of
 -- steps. A signal's, message's, timer's or completion's command is the record of what arrived, so it is
 -- still settled and the next step gets a row of its own; so is a command whose payload this commit
@@ -131,11 +133,14 @@ BEGIN
     -- from outside (a signal, a message, a timer, a child's or task's completion) stays settled as its
     -- own record, and so does a row whose payload this commit redacts. Fenced on the same token either way.
     IF v_follow IS NOT NULL AND NOT COALESCE(d->'ext' ? 'redacted_payloads', false) THEN
+        -- No indexed column changes, so the update may be HOT: the lease expiry stays where the claim or
+        -- the last renewal put it (the renewals move it on); the position's lease, moved above, is the
+        -- one a claim of an expired lease goes by.
         UPDATE {{schema}}.commands c SET
             step = v_follow->>'step', visit = (v_follow->>'visit')::integer,
             payload = NULLIF(v_follow->'payload', 'null'::jsonb),
-            attempt = 1, claims = 1, deferrals = 0, available_at = v_lease, claimed_by = d->>'worker',
-            last_error = NULL, created_at = v_now
+            attempt = 1, claims = 1, deferrals = 0, claimed_by = d->>'worker', last_error = NULL,
+            created_at = v_now
         WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE
           AND c.kind IN ('START', 'STEP', 'RETRY')
         RETURNING c.id INTO v_next;

@@ -77,12 +77,14 @@ FROM {{schema}}.history h WHERE h.instance_id = $1 ORDER BY h.seq;
 -- The execution probe's view of the command log (one instance, $1, or all): every open command with
 -- whether an executor could claim it now (the claim's rule: head of its position's queue, available,
 -- PENDING, DEFERRED, or CLAIMED under an expired lease) and whether it is in flight (CLAIMED under a
--- live lease). Plain reads: no lock, no transaction held. $1-$12 the instance filter, $13 one instance
--- (or NULL), at most $14 rows.
+-- live lease). A lease is the position's, as for the claim (a continuation in place moves it on without
+-- the command's expiry). Plain reads: no lock, no transaction held. $1-$12 the instance filter, $13 one
+-- instance (or NULL), at most $14 rows.
 SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
        c.last_error, c.claimed_by,
-       c.state = 'CLAIMED' AND c.available_at > {{schema}}.db_now() AS in_flight,
+       c.state = 'CLAIMED' AND p.lease_until > {{schema}}.db_now() AS in_flight,
        c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND c.available_at <= {{schema}}.db_now()
+       AND (p.lease_until IS NULL OR p.lease_until <= {{schema}}.db_now())
        AND NOT EXISTS (
            SELECT 1 FROM {{schema}}.commands e
            WHERE e.instance_id = c.instance_id AND e.position = c.position
@@ -91,6 +93,7 @@ SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.av
              AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now())) AS claimable
 FROM {{schema}}.commands c
 JOIN {{schema}}.instances i ON i.id = c.instance_id
+LEFT JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
 WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
   AND ($13::uuid IS NULL OR c.instance_id = $13)
   AND /*filter*/

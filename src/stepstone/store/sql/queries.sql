@@ -201,14 +201,17 @@ RETURNING c.id;
 
 -- name: next_available
 -- Seconds from the database clock to the earliest future availability (a queued
--- command's or a lease's expiry), or NULL.
+-- command's or a lease's expiry), or NULL. A lease's expiry is the position's: a
+-- continuation in place (migration 0030) moves it on without the command's, which
+-- the claim and the renewals set. Claimed commands are the ones in flight, few.
 SELECT EXTRACT(EPOCH FROM (LEAST(
     (SELECT c.available_at FROM {{schema}}.commands c
      WHERE c.state IN ('PENDING', 'DEFERRED') AND c.available_at > {{schema}}.db_now()
      ORDER BY c.available_at LIMIT 1),
-    (SELECT c.available_at FROM {{schema}}.commands c
-     WHERE c.state = 'CLAIMED' AND c.available_at > {{schema}}.db_now()
-     ORDER BY c.available_at LIMIT 1)) - {{schema}}.db_now()))::float8;
+    (SELECT p.lease_until FROM {{schema}}.commands c
+     JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
+     WHERE c.state = 'CLAIMED' AND p.lease_until > {{schema}}.db_now()
+     ORDER BY p.lease_until LIMIT 1)) - {{schema}}.db_now()))::float8;
 
 -- name: statistics_due
 -- The engine's hot tables that were never analyzed (by ANALYZE or autovacuum): how many, and how many
