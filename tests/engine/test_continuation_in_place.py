@@ -16,6 +16,7 @@ from stepstone.core.effects import Enqueue, MovePosition
 from stepstone.core.model import RUNNING, Decision, Settle
 from stepstone.ops import Operations
 from stepstone.store.effects import commit_document
+from stepstone.store.port import Claim
 from stepstone.testing import open_engine
 from tests.engine.conftest import Rows
 
@@ -84,6 +85,19 @@ async def _commands(rows: Rows, iid: str) -> list[dict[str, Any]]:
     return [dict(r) for r in await rows.commands(iid)]
 
 
+def _on_to_two(claim: Claim, lease_seconds: float) -> dict[str, Any]:
+    """The commit document of step one of `run` completing and going on to `two` under this claim."""
+    moved, queued = MovePosition(RUNNING, "two", 2), Enqueue("STEP", "two", 2, continuation=True)
+    decision = Decision(Settle("COMPLETE"), (moved, queued))
+    return commit_document(decision, instance_id=claim.instance.id, position="", command_id=claim.command.id,
+                           token=claim.token, visit=1, state_version=claim.instance.state_version,
+                           lease_seconds=lease_seconds, worker="a-worker")
+
+
+async def _commit(rows: Rows, doc: dict[str, Any]) -> Any:
+    return await rows.conn.fetchrow("SELECT * FROM stepstone.commit_decision($1::jsonb)", json.dumps(doc))
+
+
 async def test_a_run_of_steps_is_one_command_row(database_url: str, rows: Rows) -> None:
     async with open_engine(database_url, registry) as engine:
         iid = await engine.client.start(run, {})
@@ -136,14 +150,10 @@ async def test_a_document_of_an_earlier_worker_is_carried_out_as_before(database
         results = {}
         in_start_order = sorted(claims, key=lambda c: ids.index(c.instance.id))
         for claim, shape in zip(in_start_order, ("now", "earlier"), strict=True):
-            decision = Decision(Settle("COMPLETE"), (
-                MovePosition(RUNNING, "two", 2), Enqueue("STEP", "two", 2, continuation=True)))
-            doc = commit_document(decision, instance_id=claim.instance.id, position="", command_id=claim.command.id,
-                                  token=claim.token, visit=1, state_version=claim.instance.state_version,
-                                  lease_seconds=30, worker="a-worker")
+            doc = _on_to_two(claim, 30)
             if shape == "earlier":
                 doc["commands"] = [doc.pop("next")]
-            row = await rows.conn.fetchrow("SELECT * FROM stepstone.commit_decision($1::jsonb)", json.dumps(doc))
+            row = await _commit(rows, doc)
             assert row is not None and row["outcome"] == "ok"
             results[shape] = (claim.command.id, row["continuation"], await _commands(rows, claim.instance.id))
         claimed, went_on, commands = results["now"]
@@ -161,12 +171,7 @@ async def test_the_lease_is_the_positions_after_a_continuation_in_place(database
     async with open_engine(database_url, registry) as engine:
         iid = await engine.client.start(run, {})
         [claim] = await engine.store.claim(1, 30, "a-worker")
-        decision = Decision(Settle("COMPLETE"), (
-            MovePosition(RUNNING, "two", 2), Enqueue("STEP", "two", 2, continuation=True)))
-        doc = commit_document(decision, instance_id=iid, position="", command_id=claim.command.id,
-                              token=claim.token, visit=1, state_version=claim.instance.state_version,
-                              lease_seconds=300, worker="a-worker")
-        row = await rows.conn.fetchrow("SELECT * FROM stepstone.commit_decision($1::jsonb)", json.dumps(doc))
+        row = await _commit(rows, _on_to_two(claim, 300))
         assert row is not None and row["continuation"] == claim.command.id
         await engine.advance(31)  # past the command's expiry (the claim's 30 s), not the position's (300 s)
         assert await engine.store.claim(1, 30, "b-worker") == []
