@@ -85,6 +85,10 @@ async def test_cut_group_starts_lose_nothing_and_start_nothing_twice(database_ur
             rows = await conn.fetch("SELECT d.key, d.target FROM stepstone.dedup d WHERE d.kind = 'START'")
             assert {r["key"]: r["target"] for r in rows} == ids  # one instance per key, the one its caller holds
             assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == len(ids) + 1
+            # A backend terminated mid-statement can leave its pooled connection unusable for one more
+            # call ("cannot switch to state 11; another operation is in progress", asyncpg issue 784):
+            # a worker's loops retry it, run_until_idle does not. The cuts are over: fresh connections.
+            await engine.store.pool.expire_connections()
             await engine.run_until_idle()
         finally:
             await conn.close()
