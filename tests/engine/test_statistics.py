@@ -1,17 +1,28 @@
-"""A fresh database's tables get statistics once they have grown, without waiting for autovacuum.
+"""A young database's tables get statistics as they grow, without waiting for autovacuum.
 
 Until a table is analyzed the planner takes it for nearly empty, and the claim's cached plan read and
-sorted the whole backlog for every batch it took.
+sorted the whole backlog for every batch it took. A table analyzed small keeps plans made for that size
+until it is analyzed again: the claim's re-check of the commands it takes read all of `commands`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from stepstone.bench.workflows import registry as bench_registry
+from stepstone.bench.workflows import three
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker
+from stepstone.store.port import Store
+from stepstone.store.postgres import PostgresStore
+from stepstone.store.queries import queries
 from stepstone.testing import Engine
 from tests.engine import workflows
+from tests.perf.generic_plans import plan_nodes
 
 HOT = ("instances", "positions", "commands", "history")
 
@@ -23,6 +34,26 @@ async def _analyzed(conn: asyncpg.Connection) -> dict[str, bool]:
     return {r["relname"]: r["done"] for r in rows}
 
 
+async def _counted(conn: asyncpg.Connection) -> dict[str, float]:
+    """The rows each hot table's last analysis counted."""
+    rows = await conn.fetch("SELECT relname, reltuples FROM pg_class WHERE relnamespace = 'stepstone'::regnamespace "
+                            "AND relname = ANY($1::text[])", list(HOT))
+    return {r["relname"]: r["reltuples"] for r in rows}
+
+
+async def _refresh_until(store: Store, done: Callable[[], Awaitable[bool]], *, timeout: float = 30) -> None:
+    """Call refresh_statistics until `done()` holds. The row counts reach pg_stat_user_tables when the
+    inserting backends flush their statistics (at most every second while busy, within ten seconds when
+    idle): look until they have."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        await store.refresh_statistics()
+        if await done():
+            return
+        assert asyncio.get_running_loop().time() < deadline, "the grown tables were never analyzed"
+        await asyncio.sleep(0.2)
+
+
 async def test_small_tables_are_left_to_autovacuum_and_grown_ones_are_analyzed(engine: Engine,
                                                                                database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
@@ -32,13 +63,55 @@ async def test_small_tables_are_left_to_autovacuum_and_grown_ones_are_analyzed(e
         assert not any((await _analyzed(conn)).values())
 
         await engine.client.start_many(workflows.waiter, [{"order_id": f"o-{n}"} for n in range(1_200)])
-        # The row counts reach pg_stat_user_tables when the inserting backends flush their statistics
-        # (at most every second while busy, within ten seconds when idle): look until they have.
-        deadline = asyncio.get_running_loop().time() + 30
-        while not await engine.store.refresh_statistics():
-            assert asyncio.get_running_loop().time() < deadline, "the grown tables were never analyzed"
-            await asyncio.sleep(0.2)
-        assert await _analyzed(conn) == dict.fromkeys(HOT, True)
-        assert await engine.store.refresh_statistics() is True  # and nothing more to do
+
+        async def all_analyzed() -> bool:
+            return await _analyzed(conn) == dict.fromkeys(HOT, True)
+
+        await _refresh_until(engine.store, all_analyzed)
+        first = await _counted(conn)
+        assert first["instances"] >= 1_200
+        # Young still (analyzed with fewer than 100,000 rows): look again later, but nothing is due now.
+        assert await engine.store.refresh_statistics() is False
+        assert await _counted(conn) == first
+
+        # Twice the rows: analyzed again, for the new size.
+        await engine.client.start_many(workflows.waiter, [{"order_id": f"p-{n}"} for n in range(1_300)])
+
+        async def grown() -> bool:
+            return (await _counted(conn))["instances"] >= 2_500
+
+        await _refresh_until(engine.store, grown)
+        # Analyzed with at least `settled` rows, every table is left to autovacuum: nothing more to do.
+        assert await engine.store.refresh_statistics(settled=1_000) is True
     finally:
         await conn.close()
+
+
+async def test_a_table_analyzed_small_gets_plans_for_its_size_once_it_has_grown(database_url: str) -> None:
+    store = await PostgresStore.open(database_url, "stepstone", max_size=2)
+    conn = await asyncpg.connect(database_url)
+    try:
+        client = Client(store, bench_registry)
+        worker = Worker(store, bench_registry)
+        await worker.register()
+        await client.start_many(three, [{} for _ in range(300)])
+        await worker.run_until_idle()
+        await conn.execute("ANALYZE")  # as autovacuum may, early in a young database's life
+        await client.start_many(three, [{} for _ in range(1_200)])
+        await worker.run_until_idle()
+
+        async def regrown() -> bool:
+            return (await _counted(conn))["commands"] >= 1_500
+
+        await _refresh_until(store, regrown)
+        # The claim's generic plan, as a worker's connection caches it: it re-checks the commands it
+        # takes by id, not by reading the whole table (which it did, planned for 300 rows).
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE claim(int, float8, text, text[]) AS {queries('stepstone')['claim']}")
+        plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) EXECUTE claim(8, 30, 'w', NULL)"))[0]["Plan"]
+        scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "commands"]
+        assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"]
+    finally:
+        await conn.close()
+        await store.close()
+

@@ -289,10 +289,12 @@ class Worker:
                     log.warning("lost the lease on instance %s position %r; its segment will be abandoned", *key)
 
     async def _statistics_loop(self) -> None:
-        """Until the engine's tables have statistics, analyze them once they have grown. The plans a fresh
-        database's statements keep are made while its tables are empty; autovacuum's first ANALYZE comes
-        within its nap time (a minute by default), and until then a claim read and sorted the whole
-        backlog to take the oldest few (docs/performance.md, "Plans made on empty tables")."""
+        """While the engine's tables are young, analyze them when they have grown: first at 1,000 rows,
+        then whenever one has doubled since, until each was analyzed with 100,000 rows. The plans a young
+        database's statements keep are made for the size its tables had at the last ANALYZE; autovacuum's
+        comes within its nap time (a minute by default), and until then a claim read and sorted the whole
+        backlog, or read all of `commands` to re-check the few it took (docs/performance.md, "Plans made
+        on empty tables", "Plans of a young database")."""
         while True:
             await asyncio.sleep(self.config.statistics_interval)
             try:

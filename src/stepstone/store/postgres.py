@@ -45,6 +45,10 @@ log = logging.getLogger("stepstone.store")
 STATISTICS_ROWS = 1_000
 """A hot table never analyzed is analyzed by the worker once it holds this many rows (`refresh_statistics`)."""
 
+STATISTICS_SETTLED = 100_000
+"""A hot table last analyzed with this many rows is left to autovacuum, whose re-analysis after a tenth
+of it has changed keeps its plans as they are; until then the worker analyzes it whenever it doubles."""
+
 IDEMPOTENCY_CLASH = "SSK01"
 """start_batch: an idempotency key used before with other input (migration 0023)."""
 
@@ -227,20 +231,23 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         value = await self._fetchval("next_available")
         return None if value is None else float(value)
 
-    async def refresh_statistics(self, rows: int = STATISTICS_ROWS) -> bool:
-        """ANALYZE the engine's hot tables when one that was never analyzed holds `rows` rows or more;
-        True once none is left unanalyzed (there is nothing more to do). A role that may not ANALYZE
-        them raises InsufficientPrivilege: autovacuum will, within its nap time."""
-        row = await self._one("statistics_due", rows)
+    async def refresh_statistics(self, rows: int = STATISTICS_ROWS, settled: int = STATISTICS_SETTLED) -> bool:
+        """ANALYZE the engine's hot tables when one holds `rows` rows or more and was never analyzed, or
+        has doubled since it was, while it is young (last analyzed with fewer than `settled` rows); True
+        once none is young (there is nothing more to do), or when this role may not analyze them. A role
+        that may not ANALYZE them raises InsufficientPrivilege: autovacuum will, within its nap time."""
+        row = await self._one("statistics_due", rows, settled)
         if not row["due"]:
-            return not row["never"]
+            return not row["young"]
         with translate_errors(self.url):
-            await self.pool.execute(self.q["analyze_hot_tables"])
-        if (await self._one("statistics_due", rows))["due"]:  # PostgreSQL skips, with a warning, what it may not
+            # The names come from the catalog (regclass output, quoted where needed), not from input.
+            await self.pool.execute(f"ANALYZE {', '.join(row['due'])}")
+        after = await self._one("statistics_due", rows, settled)
+        if after["due"]:  # PostgreSQL skips, with a warning, what it may not
             log.info("could not analyze the engine's tables (this role does not own them); autovacuum will")
-        else:
-            log.info("analyzed the engine's tables: one had %d rows or more and no statistics yet", rows)
-        return True
+            return True
+        log.info("analyzed %s: %d rows or more, never analyzed or doubled since", ", ".join(row["due"]), rows)
+        return not after["young"]
 
     async def listen(self, callback: Callable[[], None], channel: str | None = None) -> Listener:
         """Open a dedicated wake-up connection on `channel` (default: commands); `callback` runs on every

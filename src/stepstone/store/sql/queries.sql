@@ -214,19 +214,27 @@ SELECT EXTRACT(EPOCH FROM (LEAST(
      ORDER BY p.lease_until LIMIT 1)) - {{schema}}.db_now()))::float8;
 
 -- name: statistics_due
--- The engine's hot tables that were never analyzed (by ANALYZE or autovacuum): how many, and how many
--- of them already hold $1 rows or more. Until a table is analyzed the planner takes it for nearly
--- empty, and the claim's cached plan read and sorted every ready command to take the oldest few
--- (docs/performance.md, "Plans made on empty tables").
-SELECT count(*) FILTER (WHERE s.last_analyze IS NULL AND s.last_autoanalyze IS NULL) AS never,
-       count(*) FILTER (WHERE s.last_analyze IS NULL AND s.last_autoanalyze IS NULL
-                          AND s.n_live_tup >= $1) AS due
+-- The engine's hot tables whose statistics lag their size: how many are still young (never analyzed,
+-- or last analyzed with fewer than $2 rows), and how many of those are due, holding $1 rows or more
+-- and never analyzed or twice the rows their last analysis counted. Until a table is analyzed the
+-- planner takes it for nearly empty, and the claim's cached plan read and sorted the whole backlog; a
+-- table analyzed small and grown since keeps plans made for its old size: with `commands` analyzed at
+-- 300 rows, the claim's re-check of the commands it takes read the whole table (a sequential scan,
+-- 1.5 ms a claim at 6,000 rows) until the next ANALYZE (docs/performance.md, "Plans made on empty
+-- tables", "Plans of a young database"). Autovacuum re-analyzes after a tenth of a table has changed,
+-- but only once per nap time (a minute), in which a young table can grow tenfold.
+-- `due` names them (schema-qualified and quoted, as regclass prints a name) for refresh_statistics to
+-- analyze: only those, since an ANALYZE of the four took 80-120 ms at a few thousand rows each.
+SELECT count(*) FILTER (WHERE f.young) AS young,
+       COALESCE(array_agg(s.relid::regclass::text ORDER BY s.relid)
+                    FILTER (WHERE f.young AND s.n_live_tup >= $1 AND (f.never OR s.n_live_tup >= 2 * c.reltuples)),
+                '{}') AS due
 FROM pg_stat_user_tables s
+JOIN pg_class c ON c.oid = s.relid
+CROSS JOIN LATERAL (SELECT s.last_analyze IS NULL AND s.last_autoanalyze IS NULL AS never) AS n
+CROSS JOIN LATERAL (SELECT n.never, n.never OR c.reltuples < $2 AS young) AS f
 WHERE s.relid IN ('{{schema}}.instances'::regclass, '{{schema}}.positions'::regclass,
                   '{{schema}}.commands'::regclass, '{{schema}}.history'::regclass);
-
--- name: analyze_hot_tables
-ANALYZE {{schema}}.instances, {{schema}}.positions, {{schema}}.commands, {{schema}}.history;
 
 -- name: register_definition
 INSERT INTO {{schema}}.definitions (scope, definition_id, version, plan_hash, plan, registered_at)
