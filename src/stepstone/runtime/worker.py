@@ -303,6 +303,8 @@ class Worker:
             except InsufficientPrivilege as exc:
                 log.info("not analyzing the engine's tables (%s); autovacuum will", exc)
                 return
+            except DatabaseUnavailable:  # the claim loop says so; this loop keeps looking, quietly
+                continue
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 log.warning("statistics check failed (%s: %s)", type(exc).__name__, exc)
 
