@@ -236,6 +236,10 @@ CROSS JOIN LATERAL (SELECT n.never, n.never OR c.reltuples < $2 AS young) AS f
 WHERE s.relid IN ('{{schema}}.instances'::regclass, '{{schema}}.positions'::regclass,
                   '{{schema}}.commands'::regclass, '{{schema}}.history'::regclass);
 
+-- name: statistics_lock
+-- Taken by the worker that analyzes the hot tables, until its transaction ends; another skips its turn.
+SELECT pg_try_advisory_xact_lock(hashtextextended('stepstone.statistics:' || $1::text, 0));
+
 -- name: register_definition
 INSERT INTO {{schema}}.definitions (scope, definition_id, version, plan_hash, plan, registered_at)
 VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now())
