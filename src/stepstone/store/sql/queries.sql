@@ -223,18 +223,18 @@ SELECT EXTRACT(EPOCH FROM (LEAST(
 -- 1.5 ms a claim at 6,000 rows) until the next ANALYZE (docs/performance.md, "Plans made on empty
 -- tables", "Plans of a young database"). Autovacuum re-analyzes after a tenth of a table has changed,
 -- but only once per nap time (a minute), in which a young table can grow tenfold.
--- `due` names them (schema-qualified and quoted, as regclass prints a name) for refresh_statistics to
--- analyze: only those, since an ANALYZE of the four took 80-120 ms at a few thousand rows each.
-SELECT count(*) FILTER (WHERE f.young) AS young,
-       COALESCE(array_agg(s.relid::regclass::text ORDER BY s.relid)
-                    FILTER (WHERE f.young AND s.n_live_tup >= $1 AND (f.never OR s.n_live_tup >= 2 * c.reltuples)),
-                '{}') AS due
-FROM pg_stat_user_tables s
-JOIN pg_class c ON c.oid = s.relid
-CROSS JOIN LATERAL (SELECT s.last_analyze IS NULL AND s.last_autoanalyze IS NULL AS never) AS n
-CROSS JOIN LATERAL (SELECT n.never, n.never OR c.reltuples < $2 AS young) AS f
-WHERE s.relid IN ('{{schema}}.instances'::regclass, '{{schema}}.positions'::regclass,
-                  '{{schema}}.commands'::regclass, '{{schema}}.history'::regclass);
+-- `due` names them as regclass prints a name (quoted where needed, qualified unless on the search path)
+-- for refresh_statistics to analyze only those: an ANALYZE of the four took 80-120 ms at a few thousand rows each.
+SELECT count(*) FILTER (WHERE t.young) AS young,
+       COALESCE(array_agg(t.name ORDER BY t.name)
+                    FILTER (WHERE t.young AND t.live >= $1 AND (t.never OR t.live >= 2 * t.counted)), '{}') AS due
+FROM (SELECT s.relid::regclass::text AS name, s.n_live_tup AS live, c.reltuples AS counted,
+             n.never, n.never OR c.reltuples < $2 AS young
+      FROM pg_stat_user_tables s
+      JOIN pg_class c ON c.oid = s.relid
+      CROSS JOIN LATERAL (SELECT s.last_analyze IS NULL AND s.last_autoanalyze IS NULL AS never) AS n
+      WHERE s.relid IN ('{{schema}}.instances'::regclass, '{{schema}}.positions'::regclass,
+                        '{{schema}}.commands'::regclass, '{{schema}}.history'::regclass)) AS t;
 
 -- name: statistics_lock
 -- Taken by the worker that analyzes the hot tables, until its transaction ends; another skips its turn.
