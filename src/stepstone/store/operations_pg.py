@@ -179,7 +179,9 @@ class PostgresOperations:
         return rows[0] if rows else {}
 
     async def grants(self, role: str, *, read_only: bool) -> list[str]:
-        return grant_statements(self.schema, role, read_only=read_only)
+        with translate_errors(self.url):
+            version = int(await self.pool.fetchval("SELECT current_setting('server_version_num')"))
+        return grant_statements(self.schema, role, read_only=read_only, maintain=version >= MAINTAIN_SINCE)
 
     async def apply_grants(self, statements: list[str]) -> None:
         with translate_errors(self.url):
@@ -191,10 +193,19 @@ class PostgresOperations:
         return await self.store.db_now()
 
 
-def grant_statements(schema: str, role: str, *, read_only: bool = False) -> list[str]:
-    """The GRANT statements of the runtime (or read-only) role, identifiers quoted."""
-    text = render(read_text("sql", "grants.sql"), schema)
-    block = text.split("-- name: read_only" if read_only else "-- name: runtime", 1)[1]
-    block = block.split("-- name:", 1)[0]
-    body = render_identifier(block, "role", role)
-    return [line.strip() for line in body.splitlines() if line.strip() and not line.lstrip().startswith("--")]
+MAINTAIN_SINCE = 170_000
+"""The server_version_num of the first PostgreSQL with the MAINTAIN privilege (17)."""
+
+
+def grant_statements(schema: str, role: str, *, read_only: bool = False, maintain: bool = False) -> list[str]:
+    """The GRANT statements of the runtime (or read-only) role, identifiers quoted; with `maintain` (a
+    server that has the privilege), the runtime role's MAINTAIN on the hot tables too."""
+    text = render_identifier(render(read_text("sql", "grants.sql"), schema), "role", role)
+
+    def block(name: str) -> list[str]:
+        body = text.split(f"-- name: {name}\n", 1)[1].split("-- name:", 1)[0]
+        return [line.strip() for line in body.splitlines() if line.strip() and not line.lstrip().startswith("--")]
+
+    if read_only:
+        return block("read_only")
+    return block("runtime") + (block("maintain") if maintain else [])

@@ -17,3 +17,10 @@ ALTER DEFAULT PRIVILEGES IN SCHEMA {{schema}} GRANT EXECUTE ON FUNCTIONS TO {{ro
 GRANT USAGE ON SCHEMA {{schema}} TO {{role}};
 GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO {{role}};
 ALTER DEFAULT PRIVILEGES IN SCHEMA {{schema}} GRANT SELECT ON TABLES TO {{role}};
+
+-- name: maintain
+-- PostgreSQL 17 and later, with the runtime grants: MAINTAIN on the engine's hot tables, so that the
+-- workers may ANALYZE them while the database is young (docs/internals.md, "Statistics of a fresh
+-- database"); without it they leave that to autovacuum. MAINTAIN allows VACUUM, ANALYZE, REINDEX,
+-- CLUSTER and LOCK TABLE on these tables; it alters and creates nothing.
+GRANT MAINTAIN ON {{schema}}.instances, {{schema}}.positions, {{schema}}.commands, {{schema}}.history TO {{role}};
