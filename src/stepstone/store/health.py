@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
+from asyncpg import Record
+from asyncpg.pool import PoolConnectionProxy
 
 from stepstone.core.pin import Pin
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
 
-__all__ = ["DeferredPin", "deferred_pins", "role_can_alter_schema", "server_version"]
+__all__ = ["DeferredPin", "deferred_pins", "role_can_alter_schema", "server_version", "server_version_num"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,12 @@ class DeferredPin:
 async def server_version(conn: asyncpg.Connection, schema: str) -> str:
     with translate_errors():
         return str(await conn.fetchval(named_queries("health.sql", schema)["server_version"]))
+
+
+async def server_version_num(conn: asyncpg.Connection | PoolConnectionProxy[Record], schema: str) -> int:
+    """The server's version as a number: 170000 for PostgreSQL 17.0."""
+    with translate_errors():
+        return int(await conn.fetchval(named_queries("health.sql", schema)["server_version_num"]))
 
 
 async def deferred_pins(conn: asyncpg.Connection, schema: str) -> list[DeferredPin]:

@@ -13,6 +13,7 @@ import asyncpg
 
 from stepstone.errors import InstanceNotFound, InvalidInput
 from stepstone.store.database import translate_errors
+from stepstone.store.health import server_version_num
 from stepstone.store.operations_port import InstanceFilter
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import named_queries
@@ -180,7 +181,8 @@ class PostgresOperations:
 
     async def grants(self, role: str, *, read_only: bool) -> list[str]:
         with translate_errors(self.url):
-            version = int(await self.pool.fetchval("SELECT current_setting('server_version_num')"))
+            async with self.pool.acquire() as conn:
+                version = await server_version_num(conn, self.schema)
         return grant_statements(self.schema, role, read_only=read_only, maintain=version >= MAINTAIN_SINCE)
 
     async def apply_grants(self, statements: list[str]) -> None:

@@ -4,6 +4,10 @@
 -- name: server_version
 SELECT current_setting('server_version');
 
+-- name: server_version_num
+-- As a number (170000 for 17.0): what a feature of a later release is checked against.
+SELECT current_setting('server_version_num')::integer;
+
 -- name: deferred_pins
 -- Commands DEFERRED because the workers that claimed them lack their plan (the
 -- worker's reason starts with the kind NOT_RUNNABLE), grouped by the pin of their

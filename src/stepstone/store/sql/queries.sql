@@ -227,7 +227,7 @@ SELECT EXTRACT(EPOCH FROM (LEAST(
 -- for refresh_statistics to analyze only those: an ANALYZE of the four took 80-120 ms at a few thousand rows each.
 SELECT count(*) FILTER (WHERE t.young) AS young,
        COALESCE(array_agg(t.name ORDER BY t.name)
-                    FILTER (WHERE t.young AND t.live >= $1 AND (t.never OR t.live >= 2 * t.counted)), '{}') AS due
+                    FILTER (WHERE t.young AND t.live >= $1 AND (t.never OR t.live >= 2 * GREATEST(t.counted, 1))), '{}') AS due
 FROM (SELECT s.relid::regclass::text AS name, s.n_live_tup AS live, c.reltuples AS counted,
              n.never, n.never OR c.reltuples < $2 AS young
       FROM pg_stat_user_tables s
