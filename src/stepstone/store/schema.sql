@@ -4643,3 +4643,11 @@ CREATE TRIGGER commands_notify_requeued
 -- ==== version 30 (migration 0030_continuation_in_place) ====
 -- commit_decision (in the version 5 section) goes on in the claimed command's row when a step's own
 -- command (START, STEP, RETRY) continues to the next step, instead of settling it and inserting another.
+
+-- ==== version 31 (migration 0031_waiting_rows_fill_pages) ====
+-- Waiting instances fill their pages: an instance's status changes are never HOT (instances_status_created
+-- reads status) and its other updates were HOT as often at fillfactor 100 as at 70; a position's updates
+-- touch no indexed column and stay HOT with a tenth of the page free. The slack followed every waiting
+-- instance on disk (docs/performance.md, "Waiting rows fill their pages").
+ALTER TABLE {{schema}}.instances SET (fillfactor = 100);
+ALTER TABLE {{schema}}.positions SET (fillfactor = 90);

@@ -73,11 +73,12 @@ FROM {{schema}}.instances i
 WHERE i.id IN (SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid FROM generate_series($1::bigint, $2::bigint) AS g);
 
 -- name: seed_waiting_commands
--- Their settled START command and their pending timer (fire or timeout), for instances $1..$2.
+-- Their settled START command and their pending timer (fire or timeout), for instances $1..$2. The
+-- START names the worker that ran it, with an id of the default's shape (host:pid:hex6, one of eight).
 INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, name, claims, available_at,
                                  token, claimed_by, created_at, settled_at)
 SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, 1, 'START', 'COMPLETE', 'first', 1, NULL, 1, now(), md5('s' || g)::uuid,
-       'seed', now(), now()
+       'stepstone-worker-' || g % 8 || ':4242:' || substr(md5('k' || g % 8), 1, 6), now(), now()
 FROM generate_series($1::bigint, $2::bigint) AS g
 UNION ALL
 SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, 2, 'TIMER', 'PENDING', CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
@@ -86,18 +87,26 @@ SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g),
 FROM generate_series($1::bigint, $2::bigint) AS g;
 
 -- name: seed_waiting_history
--- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them
--- (baseline of version $3, plan hash $4).
-INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, data)
-SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, k.seq, now(), k.kind, k.step, k.visit,
+-- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them (baseline of
+-- version $3, plan hash $4): the start's entry has no actor and no command, the segment's name the
+-- worker that committed it and the START command it ran (seeded above, before these).
+INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data, position)
+SELECT c.instance_id, k.seq, now(), k.kind, k.step, k.visit,
+       CASE WHEN k.seq > 1 THEN c.id END,
+       CASE WHEN k.seq > 1 THEN '{"kind":"worker","id":"' || c.claimed_by || '"}' END,
        CASE k.seq
            WHEN 1 THEN jsonb_build_object('state', jsonb_build_object('n', g, 'payload', repeat('x', 80)),
                                           'version', $3::integer, 'plan_hash', $4::text)
            WHEN 2 THEN '{"attempt": 1, "patch": [{"op": "replace", "path": "/n", "value": 1}]}'::jsonb
-           ELSE '{"kind": "timer", "delay_seconds": 2592000, "until": null}'::jsonb END
-FROM generate_series($1::bigint, $2::bigint) AS g,
+           ELSE '{"kind": "timer", "delay_seconds": 2592000, "until": null}'::jsonb END,
+       ''
+FROM generate_series($1::bigint, $2::bigint) AS g
+JOIN {{schema}}.commands c
+  ON c.instance_id = (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid
+ AND c.seq = 1,
      (VALUES (1, 'INSTANCE_STARTED', 'first', 1), (2, 'STEP_COMPLETED', 'first', 1),
-             (3, 'WAITING', 'sleep', 2)) AS k(seq, kind, step, visit);
+             (3, 'WAITING', 'sleep', 2)) AS k(seq, kind, step, visit)
+ORDER BY g, k.seq;
 
 -- name: relation_bytes
 SELECT pg_total_relation_size('{{schema}}.instances'::regclass)
