@@ -109,10 +109,11 @@ JOIN {{schema}}.commands c
 ORDER BY g, k.seq;
 
 -- name: relation_bytes
-SELECT pg_total_relation_size('{{schema}}.instances'::regclass)
-     + pg_total_relation_size('{{schema}}.positions'::regclass)
-     + pg_total_relation_size('{{schema}}.commands'::regclass)
-     + pg_total_relation_size('{{schema}}.history'::regclass);
+-- Bytes on disk of each table a waiting instance has rows in: its rows (TOAST included), its indexes.
+SELECT t.name, pg_table_size(format('{{schema}}.%I', t.name)::regclass) AS rows,
+       pg_indexes_size(format('{{schema}}.%I', t.name)::regclass) AS indexes
+FROM unnest(ARRAY['instances', 'positions', 'commands', 'history']) AS t(name)
+ORDER BY t.name;
 
 -- name: wal_position
 SELECT pg_current_wal_lsn()::text;
