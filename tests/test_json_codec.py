@@ -1,5 +1,5 @@
-"""The store's json/jsonb encoder (orjson, the standard encoder as fallback) writes what the standard
-encoder wrote, including what orjson alone refuses."""
+"""The engine's JSON text (stepstone.core.json_text, the store's json/jsonb encoder): orjson, the standard
+encoder as fallback, writes what the standard encoder wrote, including what orjson alone refuses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from stepstone.store.postgres import _dumps
+from stepstone.core.json_text import dumps, size
 
 
 def _standard(value: Any) -> str:
@@ -24,8 +24,13 @@ def _standard(value: Any) -> str:
     "text with \"quotes\" and \u2028",
 ])
 def test_same_json_as_the_standard_encoder(value: Any) -> None:
-    assert json.loads(_dumps(value)) == json.loads(_standard(value))
+    assert json.loads(dumps(value)) == json.loads(_standard(value))
 
 
 def test_big_integers_stay_exact() -> None:
-    assert json.loads(_dumps({"n": 2**70 + 1}))["n"] == 2**70 + 1
+    assert json.loads(dumps({"n": 2**70 + 1}))["n"] == 2**70 + 1
+
+
+@pytest.mark.parametrize("value", [{"big": 2**70}, {"state": {"name": "Zoë"}, "n": [1, 2.5]}, {1: "int key"}])
+def test_size_is_the_bytes_of_the_text(value: Any) -> None:
+    assert size(value) == len(dumps(value).encode())

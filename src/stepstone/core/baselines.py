@@ -8,11 +8,9 @@ patches after it.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import orjson
-
+from stepstone.core import json_text
 from stepstone.core.effects import RecordHistory
 
 __all__ = ["PATCH_LIMIT", "step_completed"]
@@ -25,18 +23,9 @@ def step_completed(step: str, visit: int, attempt: int, patch: list[dict[str, An
                    after: Any) -> tuple[RecordHistory, ...]:
     """The STEP_COMPLETED entry of a step whose state change is `patch` (`diff(before, after)`, which
     the caller computes once for this entry and for the commit's SetState), and a baseline when needed."""
-    if _json_size(patch) <= PATCH_LIMIT:
+    if json_text.size(patch) <= PATCH_LIMIT:
         return (RecordHistory("STEP_COMPLETED", step, visit, {"attempt": attempt, "patch": patch}),)
     return (
         RecordHistory("STEP_COMPLETED", step, visit, {"attempt": attempt, "patch": None, "oversized": True}),
         RecordHistory("STATE_BASELINE", step, visit, {"state": after, "reason": "oversized change"}),
     )
-
-
-def _json_size(value: Any) -> int:
-    """Bytes of `value` as JSON; orjson (a step's patch is measured on every commit), the standard
-    encoder for what orjson refuses (an integer beyond 64 bits)."""
-    try:
-        return len(orjson.dumps(value))
-    except TypeError:
-        return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
