@@ -1,6 +1,7 @@
 """JSON text of the engine's documents: orjson, and the standard encoder for what orjson refuses (an
 integer beyond 64 bits). orjson encodes a commit group about 5x faster than `json.dumps` (19 vs 95 µs for
-four three-step commit documents), and a step's patch is measured on every commit.
+four three-step commit documents), and a step's patch is measured on every commit. NaN never reaches the
+store's encoder: `Limits.encode` refuses it first.
 
 Decoding stays with `json.loads`: orjson reads an integer beyond 64 bits as a float, and a guard that
 finds such integers in the text (a search for 19 digits in a row) cost as much as orjson saved; msgspec
