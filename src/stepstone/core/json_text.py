@@ -5,7 +5,7 @@ store's encoder: `Limits.encode` refuses it first.
 
 Decoding stays with `json.loads`: orjson reads an integer beyond 64 bits as a float, and a guard that
 finds such integers in the text (a search for 19 digits in a row) cost as much as orjson saved; msgspec
-reads them exactly and 6x faster, but a step commit decodes 1.7 documents, about 7 µs of the engine's
+reads them exactly and 6x faster, but a step commit decodes 1.7 documents, 6-9 µs of the engine's
 CPU a step: not worth another dependency (docs/performance.md, "Not done yet").
 """
 
