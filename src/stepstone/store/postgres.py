@@ -31,6 +31,7 @@ from stepstone.errors import (
 from stepstone.store.caller_transaction import CallerTransactionQueries
 from stepstone.store.database import create_pool, translate_errors
 from stepstone.store.effects import commit_document, event_id
+from stepstone.store.kept_connection import KeptConnection
 from stepstone.store.observing import ObservingQueries
 from stepstone.store.outcomes import signal_command_id
 from stepstone.store.port import Claim, CommitRequest, Committed, HeldCommand, NewInstance, NewInstances, Pin
@@ -110,6 +111,7 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         self.channel = f"stepstone_{schema}"
         self._definitions = PostgresRegistry(pool, url, schema)
         self._starts = StartGroups(self._start_one, self.start_many)
+        self._kept = KeptConnection(pool)
 
     @property
     def definitions(self) -> PostgresRegistry:
@@ -118,22 +120,26 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
 
     @classmethod
     async def open(cls, url: str, schema: str = "stepstone", *, max_size: int = 10) -> PostgresStore:
+        """A store on a pool of `max_size` connections for concurrent calls, and one more that its
+        one-statement calls keep (`stepstone.store.kept_connection`): without it, a pool of one would
+        leave a transaction waiting forever behind a connection kept idle."""
         queries(schema)  # validates the schema name before a pool exists that would then leak
         pool = await create_pool(
-            url, min_size=1, max_size=max_size, init=_init_connection, reset=_reset_connection
+            url, min_size=1, max_size=max_size + 1, init=_init_connection, reset=_reset_connection
         )
         return cls(pool, url, schema)
 
     async def close(self) -> None:
+        await self._kept.close()
         await self.pool.close()
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
         with translate_errors(self.url):
-            return await self.pool.fetch(self.q[name], *args)
+            return await self._kept.fetch(self.q[name], *args)
 
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
         with translate_errors(self.url):
-            return await self.pool.fetchrow(self.q[name], *args)
+            return await self._kept.fetchrow(self.q[name], *args)
 
     async def _one(self, name: str, *args: Any) -> asyncpg.Record:
         """A statement that returns exactly one row (the store's functions do)."""
@@ -144,7 +150,7 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
 
     async def _fetchval(self, name: str, *args: Any) -> Any:
         with translate_errors(self.url):
-            return await self.pool.fetchval(self.q[name], *args)
+            return await self._kept.fetchval(self.q[name], *args)
 
     # -- the hot path ---------------------------------------------------------------------
 
