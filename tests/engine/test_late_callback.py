@@ -3,6 +3,12 @@
 The join needs any one branch: `l` reaches it while `r` waits for a child it abandons when cancelled
 (`cancel_with_parent=False`). The join cancels `r`; the abandoned child runs on, and its end reports to
 the closed position `f/r` after the parent moved on to a wait.
+
+The worker runs one segment at a time, so the order is fixed: the fork queues both branches' first steps,
+and `l`'s arrival at the join is a command queued after them, so `r1` has started the child before the
+join cancels `r`. With several slots both branches ran at once, and a slow `r1` could still be running
+when `l`'s arrival was claimed and the join closed `r`: its commit was then refused and no child was
+started (seen once in CI, under load).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ registry = Registry(parent, kid)
 
 
 async def test_an_abandoned_childs_end_on_a_cancelled_branch_is_recorded_and_ignored(database_url: str) -> None:
-    async with open_engine(database_url, registry) as engine:
+    async with open_engine(database_url, registry, concurrency=1) as engine:
         iid = await engine.client.start(parent, {})
         await engine.run_until_idle()
         pool = engine.store.pool
