@@ -44,6 +44,14 @@ from stepstone.store.scheduling_port import SchedulingStore
 
 __all__ = ["Worker", "WorkerConfig", "WorkerEvents", "pin_of"]
 
+_COALESCE_CLAIMS = 0.002
+"""While the queue is deep (the last claim filled every free slot) and fewer than half the slots are free,
+the claim loop waits this long once before claiming, so that segments ending at about the same time go
+out in one claim. Without it a saturated worker fell, in some runs, into claiming one or two commands at
+a time (0.3-0.5 claim statements a three-step workflow instead of 0.25), and stayed there
+(docs/performance.md, "Claims that wait for a second slot"). A worker with few slots, or one that is not
+saturated, never waits."""
+
 log = logging.getLogger("stepstone.worker")
 
 
@@ -234,12 +242,18 @@ class Worker:
     async def _claim_loop(self) -> None:
         failures = 0
         last_claim = 0.0
+        queue_deep = coalesced = False  # the last claim filled every free slot: more work is likely waiting
         while not self._stopping:
             free = self.config.concurrency - len(self._tasks) + sum(s.ending for s in self._segments.values())
             if free <= 0:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
+            if queue_deep and free < self.config.concurrency // 2 and not coalesced:
+                coalesced = True  # let the segments ending beside this one free their slots too, then claim
+                await asyncio.sleep(_COALESCE_CLAIMS)
+                continue
+            coalesced = False
             self._wake.clear()
             try:
                 if self._listener is None or not self._listener.alive:
@@ -256,7 +270,8 @@ class Worker:
                 continue
             for claim in claims:
                 self._spawn(claim)
-            if len(claims) == free:
+            queue_deep = len(claims) == free
+            if queue_deep:
                 continue
             delay = self.config.poll_interval
             if not claims:
