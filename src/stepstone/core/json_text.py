@@ -21,15 +21,16 @@ __all__ = ["dumps", "size"]
 
 def dumps(value: Any) -> str:
     """Compact JSON text of `value`; non-string keys become strings, as with the standard encoder."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
-    except TypeError:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _encoded(value).decode()
 
 
 def size(value: Any) -> int:
     """Bytes of `value`'s compact JSON text (UTF-8)."""
+    return len(_encoded(value))
+
+
+def _encoded(value: Any) -> bytes:
     try:
-        return len(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))
-    except TypeError:
-        return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError:  # an integer beyond 64 bits
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
