@@ -1,11 +1,14 @@
-"""Generate `stepstone/_sync_client.py`, the blocking `SyncClient`, from `Client`.
+"""Generate `stepstone/_sync_client.py`, the blocking `SyncClient`, and its `_sync_*` mixins from `Client`.
 
     python -m stepstone._gen_sync            # rewrite the module
     python -m stepstone._gen_sync --check    # exit 1 when the checked-in module is stale
 
 Every public coroutine method of `Client` (the starts, then Client's own, then its other bases', each in
 source order) becomes a method of `SyncClient` with the same signature and docstring; `Client.connect`'s
-parameters become the constructor's. The module is checked in, so type checkers see every method;
+parameters become the constructor's. The starts and Client's own are written into `_sync_client.py`; each
+other base's into a mixin module named like the base's (`client_tasks` -> `_sync_tasks`), so that the
+blocking side is split as the async one is. The event loop thread they run on is `_sync_loop.SyncLoop`,
+kept by hand. The module is checked in, so type checkers see every method;
 `tests/test_sync_client.py` fails when it is stale.
 """
 
@@ -64,66 +67,57 @@ _IMPORTS = {
 }
 _BUILTINS = {"str", "int", "float", "bool", "None", "list", "dict", "tuple", "set", "bytes", "object", "Client"}
 
-_HEADER = '''\
+_GENERATED = """\
 # Generated from stepstone.client.Client by `python -m stepstone._gen_sync`: do not edit by hand.
 # tests/test_sync_client.py fails when this file no longer matches Client.
-"""The blocking face of `Client`: the same methods, run on a private event loop thread."""
+"""
+
+_CLIENT_HEADER = _GENERATED + '''"""The blocking face of `Client`: the same methods, run on a private event loop thread.
+
+The starts and `Client`'s own operations are here; those of its other bases are in the `_sync_*`
+modules named like theirs, mixed in."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
-from stepstone.client import Client
+from stepstone._sync_loop import SyncLoop
+{mixin_imports}from stepstone.client import Client
 
 if TYPE_CHECKING:
 {type_imports}
 
 __all__ = ["SyncClient"]
 
-T = TypeVar("T")
 
-
-class SyncClient:
+class SyncClient({bases}):
     """`Client`'s operations as blocking calls; open it like `Client.connect`, close it (or use `with`)."""
 
 {init}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="stepstone-client", daemon=True)
-        self._thread.start()
+        self._start_loop()
         try:
 {init_call}
         except BaseException:
             self._stop_loop()
             raise
+'''
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+_MIXIN_HEADER = _GENERATED + '''"""The blocking face of `{base}` (`{module}`), mixed into `SyncClient`."""
 
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+from __future__ import annotations
 
-    @property
-    def client(self) -> Client:
-        """The async `Client` underneath (its coroutines run on this object's loop thread only)."""
-        return self._client
+from typing import TYPE_CHECKING
 
-    def close(self) -> None:
-        """Close the connection pool and stop the loop thread."""
-        try:
-            self._run(self._client.close())
-        finally:
-            self._stop_loop()
+from stepstone._sync_loop import SyncLoop
 
-    def __enter__(self) -> SyncClient:
-        return self
+if TYPE_CHECKING:
+{type_imports}
 
-    def __exit__(self, *_: object) -> None:
-        self.close()
+__all__ = ["{name}"]
+
+
+class {name}(SyncLoop):
+    """`{base}`'s operations as blocking calls."""
 '''
 
 
@@ -196,20 +190,67 @@ def _noqa(sig: inspect.Signature) -> dict[str, str]:
     return {p: "  # noqa: A002 - the same name as Client's parameter" for p in sig.parameters if p in {"input", "id"}}
 
 
-def generate() -> str:
-    """The text of `_sync_client.py` for the `Client` imported now."""
-    annotations: list[str] = []
-    methods: list[str] = []
+def generate() -> dict[Path, str]:
+    """The text of `_sync_client.py` and of each mixin module, by path, for the `Client` imported now."""
     # The starts first (where an instance begins), then Client's own methods (steering it), then those of its
     # other bases in resolution order (schedules, tasks, messages); each class's in source order. Each name
-    # stands for what Client resolves it to.
+    # stands for what Client resolves it to, and goes to the module of the class that defines that.
     names: dict[str, None] = {}
     for klass in (StartOperations, *Client.__mro__[:-1]):
         names.update(dict.fromkeys(vars(klass)))
+    owners: dict[type, list[str]] = {}
     for name in names:
         member = inspect.getattr_static(Client, name)
         if name.startswith("_") or name in _SKIP or not inspect.iscoroutinefunction(member):
             continue
+        owner = next(k for k in Client.__mro__ if name in vars(k))
+        owners.setdefault(Client if owner in (Client, StartOperations) else owner, []).append(name)
+    texts: dict[Path, str] = {}
+    mixins: list[tuple[str, str]] = []  # (module, class) of each mixin, in resolution order
+    for owner, members in owners.items():
+        if owner is Client:
+            continue
+        module, name = _mixin(owner)
+        annotations, methods = _methods(members)
+        texts[TARGET.parent / f"{module}.py"] = _MIXIN_HEADER.format(
+            base=owner.__name__, module=owner.__module__, name=name, type_imports=_type_imports(annotations),
+        ) + "".join(f"\n{m}" for m in methods)
+        mixins.append((module, name))
+    annotations, methods = _methods(owners.get(Client, []))
+    connect = inspect.signature(inspect.unwrap(Client.connect))
+    declared, passed = _parameters(connect.replace(parameters=[
+        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *connect.parameters.values()
+    ]))
+    annotations += [str(p.annotation) for p in connect.parameters.values() if p.annotation is not p.empty]
+    init = _def("__init__", declared, "None", noqa={})
+    init += "\n" + _docstring(Client.connect.__doc__).rstrip("\n")
+    init_call = _call("            self._client: Client = self._run(", "Client.connect", passed, ")", indent=16)
+    texts[TARGET] = _CLIENT_HEADER.format(
+        type_imports=_type_imports(annotations), init=init, init_call=init_call,
+        mixin_imports="".join(f"from stepstone.{module} import {name}\n" for module, name in sorted(mixins)),
+        bases=_bases([name for _, name in mixins] + ["SyncLoop"]),
+    ) + "".join(f"\n{m}" for m in methods)
+    return texts
+
+
+def _bases(names: list[str]) -> str:
+    one = ", ".join(names)
+    if len(f"class SyncClient({one}):") <= _LINE:
+        return one
+    return "\n" + "".join(f"    {name},\n" for name in names)
+
+
+def _mixin(owner: type) -> tuple[str, str]:
+    """The module and class of the blocking face of one of Client's bases: client_tasks -> _sync_tasks."""
+    return "_sync_" + owner.__module__.rsplit(".", 1)[-1].removeprefix("client_"), f"Sync{owner.__name__}"
+
+
+def _methods(members: list[str]) -> tuple[list[str], list[str]]:
+    """(the annotations they use, the text of each blocking method) for these names of Client's."""
+    annotations: list[str] = []
+    methods: list[str] = []
+    for name in members:
+        member = inspect.getattr_static(Client, name)
         sig = inspect.signature(member)
         declared, passed = _parameters(sig)
         annotations += [str(p.annotation) for p in sig.parameters.values() if p.annotation is not p.empty]
@@ -218,29 +259,21 @@ def generate() -> str:
         lead = "        return self._run(" if returns != "None" else "        self._run("
         body = _call(lead, f"self._client.{name}", passed, ")")
         methods.append(f"{_def(name, declared, returns, noqa=_noqa(sig))}\n{_docstring(member.__doc__)}{body}\n")
-    connect = inspect.signature(inspect.unwrap(Client.connect))
-    declared, passed = _parameters(connect.replace(parameters=[
-        inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *connect.parameters.values()
-    ]))
-    annotations += [str(p.annotation) for p in connect.parameters.values() if p.annotation is not p.empty]
-    init = _def("__init__", declared, "None", noqa={})
-    init += "\n" + _docstring(Client.connect.__doc__).rstrip("\n")
+    return annotations, methods
+
+
+def _type_imports(annotations: list[str]) -> str:
     modules: dict[str, list[str]] = {}
     for imported in sorted(_names(annotations) - {"Any"}):
         modules.setdefault(_IMPORTS[imported], []).append(imported)
-    type_imports = "\n".join(
-        f"    from {module} import {', '.join(sorted(names))}" for module, names in sorted(
-            modules.items(), key=lambda item: (not item[0].startswith("stepstone"), item[0])
-        )
-    )
-    lines = sorted(type_imports.splitlines(), key=_import_order)
+    if "Any" in _names(annotations):
+        modules.setdefault("typing", []).append("Any")
+    lines = sorted((f"    from {module} import {', '.join(sorted(names))}" for module, names in modules.items()),
+                   key=_import_order)
     first_party = next((n for n, line in enumerate(lines) if _import_order(line)[0]), len(lines))
     if 0 < first_party < len(lines):
         lines.insert(first_party, "")  # stdlib, then stepstone, as isort groups them
-    type_imports = "\n".join(lines)
-    init_call = _call("            self._client: Client = self._run(", "Client.connect", passed, ")", indent=16)
-    header = _HEADER.format(type_imports=type_imports, init=init, init_call=init_call)
-    return header + "".join(f"\n{m}" for m in methods)
+    return "\n".join(lines) or "    pass"
 
 
 def _import_order(line: str) -> tuple[int, str]:
@@ -250,16 +283,18 @@ def _import_order(line: str) -> tuple[int, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    text = generate()
+    texts = generate()
     if args == ["--check"]:
-        if not TARGET.exists() or TARGET.read_text(encoding="utf-8") != text:
-            sys.stderr.write(f"{TARGET} is stale: run `python -m stepstone._gen_sync`\n")
-            return 1
-        return 0
+        stale = [path for path, text in texts.items()
+                 if not path.exists() or path.read_text(encoding="utf-8") != text]
+        for path in stale:
+            sys.stderr.write(f"{path} is stale: run `python -m stepstone._gen_sync`\n")
+        return 1 if stale else 0
     if args:
         sys.stderr.write("usage: python -m stepstone._gen_sync [--check]\n")
         return 2
-    TARGET.write_text(text, encoding="utf-8")
+    for path, text in texts.items():
+        path.write_text(text, encoding="utf-8")
     return 0
 
 

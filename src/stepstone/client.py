@@ -3,7 +3,7 @@ calls of `stepstone.ops`. `Client` has the rest from its bases: starts (`client_
 schedules and flow limits (`client_schedules.ScheduleOperations`), human tasks (`client_tasks.TaskOperations`)
 and messages (`client_messages.MessageOperations`); what they share is `client_base.ClientBase`.
 
-`Client` is async; `SyncClient` (`stepstone/_sync_client.py`) is generated from it by
+`Client` is async; `SyncClient` (`stepstone/_sync_client.py` and its `_sync_*` mixins) is generated from it by
 `python -m stepstone._gen_sync`, never kept by hand. The CLI and the HTTP API call these same methods.
 """
 

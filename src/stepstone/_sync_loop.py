@@ -1,0 +1,55 @@
+"""The private event loop thread `SyncClient` runs `Client`'s coroutines on (its generated methods and
+mixins call `_run`; see `stepstone._gen_sync`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+if TYPE_CHECKING:
+    from stepstone.client import Client
+
+__all__ = ["SyncLoop"]
+
+T = TypeVar("T")
+
+
+class SyncLoop:
+    """A loop thread and the async `Client` on it; `SyncClient.__init__` starts both."""
+
+    _client: Client
+    _loop: asyncio.AbstractEventLoop
+    _thread: threading.Thread
+
+    def _start_loop(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stepstone-client", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    @property
+    def client(self) -> Client:
+        """The async `Client` underneath (its coroutines run on this object's loop thread only)."""
+        return self._client
+
+    def close(self) -> None:
+        """Close the connection pool and stop the loop thread."""
+        try:
+            self._run(self._client.close())
+        finally:
+            self._stop_loop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
