@@ -12,6 +12,8 @@ import pytest
 from stepstone.store.kept_connection import KeptConnection
 
 PID = "SELECT pg_backend_pid()"
+RUNNING = ("SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
+           "WHERE pid = $1 AND state = 'active' AND query LIKE '%pg_sleep(30)%')")
 
 
 @pytest.fixture
@@ -62,15 +64,15 @@ async def test_a_cancelled_call_gives_its_connection_back_and_leaves_nothing_run
     kept = KeptConnection(pool)
     pid = await kept.fetchval(PID)
     call = asyncio.create_task(kept.fetchval("SELECT pg_sleep(30)"))
-    await asyncio.sleep(0.2)
+    async with pool.acquire() as probe:  # cancel once the server is running it
+        while not await probe.fetchval(RUNNING, pid):
+            pass
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
     assert await kept.fetchval("SELECT 3") == 3
     async with pool.acquire() as probe:
-        assert await probe.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%pg_sleep(30)%' AND state = 'active'",
-            pid) == 0
+        assert not await probe.fetchval(RUNNING, pid)
     await kept.close()
 
 
@@ -78,13 +80,15 @@ async def test_a_kept_connection_cut_while_idle_is_replaced_before_the_next_call
         pool: asyncpg.Pool, database_url: str) -> None:
     kept = KeptConnection(pool)
     pid = await kept.fetchval(PID)
+    cut = asyncio.Event()
+    assert kept._idle is not None
+    kept._idle.add_termination_listener(lambda _conn: cut.set())  # the driver's own signal that it was cut
     admin = await asyncpg.connect(database_url)
     try:
         assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
     finally:
         await admin.close()
-    for _ in range(50):  # the driver reads the server's goodbye on its next pass over the socket
-        await asyncio.sleep(0.02)
+    await asyncio.wait_for(cut.wait(), timeout=10)
     new = await kept.fetchval(PID)  # no error: the cut connection was not used
     assert new != pid
     await kept.close()
