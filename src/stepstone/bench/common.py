@@ -231,7 +231,7 @@ async def seed_waiting(conn: asyncpg.Connection, schema: str, pin: Pin, first: i
     await conn.execute(q["seed_waiting_instances"], first, last, pin.definition_id, pin.version, pin.plan_hash)
     await conn.execute(q["seed_waiting_positions"], first, last)
     await conn.execute(q["seed_waiting_commands"], first, last)
-    await conn.execute(q["seed_waiting_history"], first, last, pin.version, pin.plan_hash)
+    await conn.execute(q["seed_waiting_history"], first, last)
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -36,7 +36,7 @@ CREATE TABLE {{schema}}.instances (
     state jsonb NOT NULL,
     step text,
     visit integer NOT NULL DEFAULT 1,
-    wait jsonb,
+    wait jsonb,  -- written until version 32; what an instance waits for is its root position's wait
     error jsonb,
     business_key text,
     parent_id uuid,
@@ -697,9 +697,7 @@ BEGIN
             VALUES ((c->>'id')::uuid, '', 1, 'START', 'PENDING', c->>'step', 1, p_now, p_now);
             INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
             VALUES ((c->>'id')::uuid, 1, p_now, 'INSTANCE_STARTED', c->>'step', 1, p_actor,
-                    jsonb_build_object('state', c->'state', 'version', (c->>'version')::integer,
-                                       'plan_hash', c->>'plan_hash', 'parent', p_instance,
-                                       'parent_position', p_position));
+                    jsonb_build_object('state', c->'state', 'parent', p_instance, 'parent_position', p_position));
         END IF;
     END LOOP;
 END $$;
@@ -1054,6 +1052,7 @@ BEGIN
     END IF;
 
     -- 4. The instance: shared state, status (the root's alone, or all live positions'), history count.
+    -- What the instance waits for is its positions' (the root's `wait`), not a copy here (migration 0032).
     -- (IF, not one CASE: a CASE holding a subquery runs as a query on every commit.)
     IF v_end IS NOT NULL THEN
         v_status := v_end;
@@ -1072,7 +1071,6 @@ BEGIN
         error = CASE WHEN v_pstatus = 'FAILED' THEN v_move->'error' ELSE i.error END,
         step = CASE WHEN v_pos = '' AND v_move IS NOT NULL THEN v_move->>'step' ELSE i.step END,
         visit = CASE WHEN v_pos = '' AND v_move IS NOT NULL THEN (v_move->>'visit')::integer ELSE i.visit END,
-        wait = CASE WHEN v_pos = '' AND v_move IS NOT NULL THEN NULLIF(v_move->'wait', 'null'::jsonb) ELSE i.wait END,
         history_seq = i.history_seq + v_nhist,
         branches = v_branches,
         updated_at = v_now,
@@ -3554,7 +3552,7 @@ BEGIN
     ), hist AS (
         INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
         SELECT p_id, 1, go.now, 'INSTANCE_STARTED', p_step, 1, p_actor,
-               jsonb_build_object('state', p_state, 'version', p_version, 'plan_hash', p_plan_hash) FROM go
+               jsonb_build_object('state', p_state) FROM go
     )
     SELECT inst.id FROM inst
     INTO v_id;
@@ -4381,7 +4379,7 @@ BEGIN
     ), hist AS (
         INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
         SELECT go.id, 1, v_now, 'INSTANCE_STARTED', p_step, 1, p_actor,
-               jsonb_build_object('state', go.state, 'version', p_version, 'plan_hash', p_plan_hash) FROM go
+               jsonb_build_object('state', go.state) FROM go
     )
     SELECT array_agg(inst.id) FROM inst INTO v_created;
     PERFORM set_config('stepstone.batch', '', true);
@@ -4565,7 +4563,6 @@ BEGIN
         state_version = i.state_version + 1,
         step = COALESCE((SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
                         i.step),
-        wait = (SELECT p.wait FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
         history_seq = i.history_seq + 1, updated_at = v_now
     WHERE i.id = p_instance;
     INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, payload, available_at, created_at,
@@ -4651,3 +4648,10 @@ CREATE TRIGGER commands_notify_requeued
 -- "Waiting rows fill more of their pages").
 ALTER TABLE {{schema}}.instances SET (fillfactor = 80);
 ALTER TABLE {{schema}}.positions SET (fillfactor = 80);
+
+-- ==== version 32 (migration 0032_stored_once) ====
+-- What an instance waits for is stored once, on its root position: commit_decision and migrate_instance
+-- (in the version 5 and 25 sections) no longer copy it into instances.wait. The start entry's data is the
+-- baseline state alone (and a child's parent): the pin an instance started on is its row's, or the first
+-- INSTANCE_MIGRATED entry's `from_version` and `from_plan_hash` (start_children, start_instance and
+-- start_batch in the version 2, 12 and 23 sections).

@@ -54,21 +54,22 @@ FROM i, n;
 -- odd ones on a signal wait with a timeout; pinned to ($3, $4, $5).
 -- Their ids are UUIDv7 as the client makes them (stepstone/ids.py), instance g started at millisecond g
 -- after 2023-11-14: older than any instance the workload starts, so they fill the indexes' left side.
-INSERT INTO {{schema}}.instances (id, definition_id, version, plan_hash, status, state, step, visit, wait,
+INSERT INTO {{schema}}.instances (id, definition_id, version, plan_hash, status, state, step, visit,
                                   next_seq, history_seq, created_at, updated_at)
 SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, $3, $4, $5, 'WAITING',
        jsonb_build_object('n', g, 'payload', repeat('x', 80)),
        CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
-       CASE WHEN g % 2 = 0
-            THEN '{"kind": "timer", "delay_seconds": 2592000, "until": null}'::jsonb
-            ELSE '{"kind": "signal", "signals": {"go": "last"}, "timeout_seconds": 2592000}'::jsonb END,
        3, 3, now(), now()
 FROM generate_series($1::bigint, $2::bigint) AS g;
 
 -- name: seed_waiting_positions
--- Their root positions, waiting where the instances wait.
+-- Their root positions, waiting where the instances wait, on what the step waits for.
 INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, wait, created_at, updated_at)
-SELECT i.id, '', 'WAITING', i.step, i.visit, i.wait, i.created_at, i.updated_at
+SELECT i.id, '', 'WAITING', i.step, i.visit,
+       CASE WHEN i.step = 'sleep'
+            THEN '{"kind": "timer", "delay_seconds": 2592000.0, "until": null}'::jsonb
+            ELSE '{"kind": "signal", "signals": {"go": "last"}, "timeout_seconds": 2592000.0}'::jsonb END,
+       i.created_at, i.updated_at
 FROM {{schema}}.instances i
 WHERE i.id IN (SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid FROM generate_series($1::bigint, $2::bigint) AS g);
 
@@ -87,19 +88,18 @@ SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g),
 FROM generate_series($1::bigint, $2::bigint) AS g;
 
 -- name: seed_waiting_history
--- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them (baseline of
--- version $3, plan hash $4): the start's entry has no actor and no command, the segment's name the
+-- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them: the start's entry
+-- holds the baseline state and has no actor, no command and no position, the segment's name the
 -- worker that committed it and the START command it ran (seeded above, before these).
 INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data, position)
 SELECT c.instance_id, k.seq, now(), k.kind, k.step, k.visit,
        CASE WHEN k.seq > 1 THEN c.id END,
        CASE WHEN k.seq > 1 THEN '{"kind":"worker","id":"' || c.claimed_by || '"}' END,
        CASE k.seq
-           WHEN 1 THEN jsonb_build_object('state', jsonb_build_object('n', g, 'payload', repeat('x', 80)),
-                                          'version', $3::integer, 'plan_hash', $4::text)
+           WHEN 1 THEN jsonb_build_object('state', jsonb_build_object('n', g, 'payload', repeat('x', 80)))
            WHEN 2 THEN '{"attempt": 1, "patch": [{"op": "replace", "path": "/n", "value": 1}]}'::jsonb
-           ELSE '{"kind": "timer", "delay_seconds": 2592000, "until": null}'::jsonb END,
-       ''
+           ELSE '{"kind": "timer", "delay_seconds": 2592000.0, "until": null}'::jsonb END,
+       CASE WHEN k.seq > 1 THEN '' END
 FROM generate_series($1::bigint, $2::bigint) AS g
 JOIN {{schema}}.commands c
   ON c.instance_id = (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid

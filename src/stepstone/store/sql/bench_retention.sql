@@ -5,7 +5,7 @@
 -- one: instance and root position COMPLETED, its timer superseded.
 WITH ids AS (SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid AS id FROM generate_series($1::bigint, $2::bigint) AS g),
 inst AS (
-    UPDATE {{schema}}.instances i SET status = 'COMPLETED', wait = NULL, ended_at = now(), updated_at = now()
+    UPDATE {{schema}}.instances i SET status = 'COMPLETED', ended_at = now(), updated_at = now()
     FROM ids WHERE i.id = ids.id RETURNING i.id
 ), pos AS (
     UPDATE {{schema}}.positions p SET status = 'COMPLETED', wait = NULL

@@ -300,7 +300,9 @@ SELECT id, position, step, visit, recorded, status, attempts, last_error, comple
 FROM {{schema}}.compensations WHERE instance_id = $1 ORDER BY id;
 
 -- name: get_instance
-SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state, i.step, i.visit, i.wait,
+SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state, i.step, i.visit,
+       (SELECT p.wait FROM {{schema}}.positions p  -- stored once, on the root position (migration 0032)
+        WHERE p.instance_id = i.id AND p.path = '' AND p.status = 'WAITING') AS wait,
        i.error, i.business_key, i.parent_id, i.created_at, i.updated_at, i.ended_at,
        (SELECT min(c.available_at) FROM {{schema}}.commands c
         WHERE c.instance_id = i.id AND c.kind = 'TIMER'  -- the queue index, by instance (head of this file)
