@@ -4655,3 +4655,9 @@ ALTER TABLE {{schema}}.positions SET (fillfactor = 80);
 -- baseline state alone (and a child's parent): the pin an instance started on is its row's, or the first
 -- INSTANCE_MIGRATED entry's `from_version` and `from_plan_hash` (start_children, start_instance and
 -- start_batch in the version 2, 12 and 23 sections).
+
+-- ==== version 33 (migration 0033_deferred_not_runnable_index) ====
+-- Commands deferred because the workers that claimed them lacked the plan, found by resume_deferred at
+-- every heartbeat without reading the pending timers of waiting instances in commands_ready.
+CREATE INDEX commands_not_runnable ON {{schema}}.commands (available_at, id)
+    WHERE state = 'DEFERRED' AND last_error LIKE 'NOT\_RUNNABLE%';

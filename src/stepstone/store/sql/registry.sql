@@ -157,7 +157,9 @@ DELETE FROM {{schema}}.worker_plans WHERE worker_id = $1;
 
 -- name: resume_deferred
 -- A worker that serves these pins came up (or is alive): commands deferred because the workers that
--- claimed them lacked the plan become claimable now instead of after their backoff.
+-- claimed them lacked the plan become claimable now instead of after their backoff. Every heartbeat of
+-- every worker runs it: its conditions on the command are commands_not_runnable's predicate, so it reads
+-- that index alone, never the timers of waiting instances (migration 0033).
 UPDATE {{schema}}.commands c SET available_at = {{schema}}.db_now()
 FROM {{schema}}.instances i,
      unnest($1::text[], $2::integer[], $3::text[]) AS s(definition_id, version, plan_hash)
