@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from pathlib import Path
+import logging
+import sys
 from typing import Any
 
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+
+# Under "stepstone", so `stepstone worker` writes it to stderr with its own lines: a test reads it there.
+log = logging.getLogger(f"stepstone.{__name__}")
 
 
 class Greeting(BaseModel):
@@ -63,13 +66,13 @@ slow: Workflow[Nap] = Workflow("slow", state=Nap)
 
 @slow.step(next=None)
 async def nap(ctx: StepContext, state: Nap) -> None:
+    log.info("step of %s in flight", ctx.instance_id)
     # Stands for a long call to the outside world, so a drain has something in flight.
     await asyncio.sleep(state.seconds)
     state.napped = True
 
 
 class Held(BaseModel):
-    release: str  # a file the test creates to let the step finish
     done: bool = False
 
 
@@ -78,9 +81,10 @@ held: Workflow[Held] = Workflow("held", state=Held)
 
 @held.step(next=None)
 def hold(ctx: StepContext, state: Held) -> None:
-    # In flight until the test says so: a drain is tested on a step that is certainly still running.
-    while not Path(state.release).exists():
-        time.sleep(0.01)
+    log.info("step of %s in flight", ctx.instance_id)
+    # In flight until the test writes a line to the worker's stdin (or closes it): a drain is tested on a
+    # step that is certainly still running.
+    sys.stdin.readline()
     state.done = True
 
 

@@ -53,44 +53,32 @@ class WorkerProcess:
         return await asyncio.wait_for(self.proc.wait(), timeout)
 
 
-async def start_worker(database_url: str, *args: str) -> WorkerProcess:
+async def spawn(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+    """`stepstone *args` as a process whose stderr lines a test waits on (its stdin a pipe the test may write)."""
     proc = await asyncio.create_subprocess_exec(
-        *STEPSTONE, "worker", "--app", "tests.cli_apps:registry", "--database-url", database_url,
-        "--poll-interval", "0.2", *args,
-        cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        *STEPSTONE, *args, cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
     )
     return WorkerProcess(proc)
+
+
+async def start_worker(database_url: str, *args: str) -> WorkerProcess:
+    return await spawn("worker", "--app", "tests.cli_apps:registry", "--database-url", database_url,
+                       "--poll-interval", "0.2", *args)
 
 
 @pytest.fixture
 async def client(database_url: str) -> AsyncIterator[Client]:
     store = await PostgresStore.open(database_url)
-    yield Client(store, cli_apps.registry)
+    client = Client(store, cli_apps.registry)
+    yield client
+    await client.detach()  # its LISTEN connection, if a wait opened one
     await store.close()
 
 
-async def wait_for_status(client: Client, instance_id: str, *statuses: str) -> str:
-    """Poll the instance's status until it is one of ``statuses`` (with a deadline)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    while (status := await client.store.status(instance_id)) not in statuses:
-        assert loop.time() < deadline, f"instance {instance_id} still {status}"
-        await asyncio.sleep(0.02)
-    return status
-
-
-async def wait_for_claim(client: Client, instance_id: str) -> None:
-    """Poll until a worker holds the instance's command (its step is in flight)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    async with client.store.pool.acquire() as conn:
-        while not await conn.fetchval(
-            "SELECT count(*) FROM stepstone.commands WHERE instance_id = $1 AND state = 'CLAIMED'",
-            uuid.UUID(instance_id),
-        ):
-            assert loop.time() < deadline, "the worker never claimed the instance"
-            await asyncio.sleep(0.02)
+async def step_in_flight(worker: WorkerProcess, instance_id: str) -> None:
+    """Until the worker's handler of the instance's step has begun (it says so on stderr)."""
+    await worker.line_containing(f"step of {instance_id} in flight")
 
 
 async def test_runs_work_and_exits_0_on_sigterm(database_url: str, client: Client) -> None:
@@ -99,8 +87,8 @@ async def test_runs_work_and_exits_0_on_sigterm(database_url: str, client: Clien
         started = await worker.line_containing("started")
         assert "concurrency 3" in started and "workflows hello v1" in started
         instance_id = await client.start("hello", {"name": "w"})
-        assert await wait_for_status(client, instance_id, "COMPLETED", "FAILED") == "COMPLETED"
-        assert (await client.get(instance_id)).state["greeting"] == "hello w"
+        done = await client.wait_for(instance_id, timeout=DEADLINE)  # wakes on the instance's settle notification
+        assert (done.status, done.state["greeting"]) == ("COMPLETED", "hello w")
         worker.proc.send_signal(signal.SIGTERM)
         await worker.line_containing("SIGTERM received: draining")
         assert await worker.exit_code(timeout=5 + 5) == 0
@@ -111,16 +99,17 @@ async def test_runs_work_and_exits_0_on_sigterm(database_url: str, client: Clien
             await worker.proc.wait()
 
 
-async def test_drain_finishes_in_flight_steps(database_url: str, client: Client, tmp_path: Path) -> None:
+async def test_drain_finishes_in_flight_steps(database_url: str, client: Client) -> None:
     worker = await start_worker(database_url, "--drain-timeout", "20")
-    release = tmp_path / "release"
     try:
         await worker.line_containing("started")
-        instance_id = await client.start("held", {"release": str(release)})
-        await wait_for_claim(client, instance_id)
+        instance_id = await client.start("held", {})
+        await step_in_flight(worker, instance_id)
         worker.proc.send_signal(signal.SIGTERM)
         await worker.line_containing("draining 1 in-flight step(s)")  # the step is held: still in flight
-        release.touch()  # let it finish inside the drain
+        assert worker.proc.stdin is not None
+        worker.proc.stdin.write(b"release\n")  # let it finish inside the drain
+        await worker.proc.stdin.drain()
         assert await worker.exit_code(timeout=20 + 5) == 0
         assert await client.store.status(instance_id) == "COMPLETED"
         assert (await client.get(instance_id)).state["done"] is True  # finished by the draining worker
@@ -135,7 +124,7 @@ async def test_drain_timeout_releases_the_claim(database_url: str, client: Clien
     try:
         await worker.line_containing("started")
         instance_id = await client.start("slow", {"seconds": 120})
-        await wait_for_claim(client, instance_id)
+        await step_in_flight(worker, instance_id)
         worker.proc.send_signal(signal.SIGINT)
         assert await worker.exit_code(timeout=0.5 + 10) == 0
         assert "1 claim(s) released" in "".join(worker.lines)
@@ -154,7 +143,7 @@ async def test_second_signal_exits_at_once(database_url: str, client: Client) ->
     try:
         await worker.line_containing("started")
         instance_id = await client.start("slow", {"seconds": 120})
-        await wait_for_claim(client, instance_id)
+        await step_in_flight(worker, instance_id)
         worker.proc.send_signal(signal.SIGTERM)
         await worker.line_containing("draining")
         worker.proc.send_signal(signal.SIGINT)
