@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
-import subprocess
-import time
 
 import httpx
 import pytest
@@ -15,8 +12,11 @@ from click.testing import CliRunner
 
 from stepstone.api.binding import check_bind, is_loopback
 from stepstone.cli import cli
+from stepstone.client import Client
 from stepstone.errors import ConfigError
-from tests.test_cli_worker import STEPSTONE
+from stepstone.store.postgres import PostgresStore
+from tests.api import workflows
+from tests.test_cli_worker import spawn
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -74,63 +74,52 @@ def test_serve_refuses_a_public_address_without_any_token(database_url: str) -> 
     assert "no API token exists, so nobody could sign in" in err
 
 
-def test_serve_answers_on_loopback_and_needs_a_token(database_url: str) -> None:
-    env = {**os.environ, "STEPSTONE_DATABASE_URL": database_url}
+def free_port() -> int:
     with socket.socket() as probe:  # a free port (a race with another process is unlikely and would fail loudly)
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([*STEPSTONE, "serve", "--port", str(port), "--read-only"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=1)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "stepstone serve did not answer"
-                time.sleep(0.1)
-        assert r.json() == {"status": "ok", "read_only": True}
-        assert httpx.get(f"http://127.0.0.1:{port}/api/v1/instances").status_code == 401
-        assert httpx.post(f"http://127.0.0.1:{port}/api/v1/instances", json={}).status_code == 405
-    finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=20)
-    assert proc.returncode == 0, err
-    assert f"serving http://127.0.0.1:{port}/ui/" in err
-    assert "no API token exists yet" in err
+        return int(probe.getsockname()[1])
 
 
-def test_worker_serve_runs_the_workflows_and_the_api_in_one_process(database_url: str) -> None:
-    env = {**os.environ, "STEPSTONE_DATABASE_URL": database_url}
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = subprocess.Popen([*STEPSTONE, "worker", "--app", "tests.api.workflows:registry", "--serve", "--no-auth",
-                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+async def test_serve_answers_on_loopback_and_needs_a_token(database_url: str) -> None:
+    port = free_port()
+    proc = await spawn("serve", "--port", str(port), "--read-only", env={"STEPSTONE_DATABASE_URL": database_url})
     try:
-        base = f"http://127.0.0.1:{port}/api/v1"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                httpx.get(f"{base}/health", timeout=1)
-                break
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.communicate()[1]
-                assert time.monotonic() < deadline, "stepstone worker --serve did not answer"
-                time.sleep(0.1)
-        iid = httpx.post(f"{base}/instances", json={"workflow": "job", "input": {"name": "w"}}).json()["id"]
-        while httpx.get(f"{base}/instances/{iid}").json()["status"] != "WAITING":
-            assert time.monotonic() < deadline, "the worker did not run the instance"
-            time.sleep(0.05)
-        history = httpx.get(f"{base}/instances/{iid}/history").json()["items"]
-        assert history[0]["actor"] == "local"
+        await proc.line_containing(f"serving http://127.0.0.1:{port}/ui/")  # logged once uvicorn listens
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=10) as http:
+            assert (await http.get("/health")).json() == {"status": "ok", "read_only": True}
+            assert (await http.get("/instances")).status_code == 401
+            assert (await http.post("/instances", json={})).status_code == 405
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    assert "serving http://127.0.0.1" in err and "drained" in err
+        if proc.proc.returncode is None:
+            proc.proc.terminate()
+    assert await proc.exit_code(timeout=20) == 0, "".join(proc.lines)
+    assert "no API token exists yet" in "".join(proc.lines)
+
+
+async def test_worker_serve_runs_the_workflows_and_the_api_in_one_process(database_url: str) -> None:
+    port = free_port()
+    proc = await spawn("worker", "--app", "tests.api.workflows:registry", "--serve", "--no-auth", "--port", str(port),
+                       env={"STEPSTONE_DATABASE_URL": database_url})
+    store = await PostgresStore.open(database_url)
+    client = Client(store, workflows.registry)
+    try:
+        await proc.line_containing("serving http://127.0.0.1")
+        await proc.line_containing("started: concurrency")  # the worker, after the API it serves beside
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=10) as http:
+            iid = (await http.post("/instances", json={"workflow": "job", "input": {"name": "w"}})).json()["id"]
+            # Parked until the instance reaches its approval wait, which the worker runs it to.
+            assert (await http.post(f"/instances/{iid}/signals", json={"name": "approve"})).status_code == 202
+            done = await client.wait_for(iid, timeout=30)  # wakes on the instance's settle notification
+            assert (done.status, done.state["log"]) == ("COMPLETED", ["charged", "shipped"])
+            history = (await http.get(f"/instances/{iid}/history")).json()["items"]
+            assert history[0]["actor"] == "local"
+    finally:
+        await client.detach()
+        await store.close()
+        if proc.proc.returncode is None:
+            proc.proc.terminate()
+    assert await proc.exit_code(timeout=30) == 0, "".join(proc.lines)
+    assert "drained" in "".join(proc.lines)
 
 
 def test_worker_serve_refuses_no_auth_off_loopback() -> None:
