@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from types import SimpleNamespace
 
+import pytest
+
+from stepstone import ids
 from stepstone.ids import new_instance_id, short_id
 
 
@@ -16,9 +20,11 @@ def test_an_id_is_a_version_7_uuid_carrying_its_creation_millisecond() -> None:
     assert before <= value.int >> 80 <= after
 
 
-def test_ids_sort_by_creation_time_and_do_not_repeat() -> None:
-    first = [new_instance_id() for _ in range(5_000)]
-    time.sleep(0.002)
+def test_ids_sort_by_creation_time_and_do_not_repeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [time.time_ns()]
+    monkeypatch.setattr(ids, "time", SimpleNamespace(time_ns=lambda: now[0]))
+    first = [new_instance_id() for _ in range(5_000)]  # all in one millisecond of the stopped clock
+    now[0] += 1_000_000  # the next millisecond
     later = [new_instance_id() for _ in range(5_000)]
     assert len(set(first + later)) == 10_000
     assert max(first) < min(later)  # the text form sorts as the uuid does (fixed-width lowercase hex)
