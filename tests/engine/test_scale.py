@@ -31,15 +31,6 @@ async def in_chunks(n: int, make: Callable[[int], Awaitable[Any]], size: int = 2
     return out
 
 
-async def poll(check: Callable[[], Awaitable[bool]], deadline: float, what: str) -> None:
-    """Poll the database until `check` holds; fail after `deadline` seconds."""
-    end = time.monotonic() + deadline
-    while not await check():
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {deadline} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 @pytest.fixture
 def worker_processes(database_url: str) -> Iterator[list[subprocess.Popen[str]]]:
     procs = [
@@ -71,10 +62,9 @@ async def test_two_worker_processes_commit_every_step_once(
 
     ids = await in_chunks(200, lambda i: engine.client.start(three, {"order_id": f"mp-{i}"}))
 
-    async def all_completed() -> bool:
-        return await rows.count("SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'") == len(ids)
-
-    await poll(all_completed, 60, "200 instances to complete")
+    # Each wait wakes on its instance's settle notification (the client's one LISTEN connection).
+    settled = await asyncio.gather(*(engine.client.wait_for(i, timeout=60) for i in ids))
+    assert {s.status for s in settled} == {"COMPLETED"}
 
     for p in worker_processes:
         p.send_signal(signal.SIGTERM)
@@ -110,13 +100,22 @@ class CountingClaims:
     def __init__(self, store: PostgresStore) -> None:
         self.rounds = 0
         self._claim = store.claim
+        self._round = asyncio.Event()
 
         async def claim(*args: Any, **kwargs: Any) -> Any:
             out = await self._claim(*args, **kwargs)
             self.rounds += 1
+            self._round.set()
             return out
 
         store.claim = claim  # type: ignore[method-assign]
+
+    async def until(self, rounds: int, timeout: float) -> None:
+        """Until `rounds` claim rounds have returned, woken by each one."""
+        async with asyncio.timeout(timeout):
+            while self.rounds < rounds:
+                self._round.clear()
+                await self._round.wait()
 
 
 # Since the features of 2026-12-01 merged, 10,000 starts on the durable PostgreSQL 15 can outlast this
@@ -141,7 +140,7 @@ async def test_ten_thousand_waiting_instances_hold_no_worker_slot(engine: Engine
         ) == 0
 
         claims, rounds = worker.events.claims, counting.rounds
-        await poll(lambda: _true_after(counting, rounds + 5), 30, "five more claim rounds")
+        await counting.until(rounds + 5, timeout=30)  # five more claim rounds
         assert worker.events.claims == claims == n
         assert worker.in_flight == 0
 
@@ -162,6 +161,3 @@ async def test_ten_thousand_waiting_instances_hold_no_worker_slot(engine: Engine
     assert await rows.count("SELECT count(*) FROM stepstone.history WHERE kind = 'SIGNAL_APPLIED'") == n
     assert worker.events.fenced == 0
 
-
-async def _true_after(counting: CountingClaims, rounds: int) -> bool:
-    return counting.rounds >= rounds
