@@ -8,6 +8,7 @@ left on an ended instance. STEPSTONE_CHAOS_SEED picks another interleaving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 from typing import Any
@@ -47,7 +48,8 @@ async def test_tasks_and_messages_under_concurrent_operations(database_url: str)
         await doomed.start()
         await other.start()
         try:
-            await asyncio.sleep(0.3)
+            # Stopped mid-way: once it has a step of its own in flight.
+            await doomed.events.wait_until(lambda: doomed.events.claims >= 1, timeout=30)
             doomed_task = asyncio.ensure_future(doomed.stop(drain_timeout=0))  # its leases die with it
             ops: list[Any] = []
             for n in range(N):
@@ -68,7 +70,7 @@ async def test_tasks_and_messages_under_concurrent_operations(database_url: str)
                 rng.shuffle(calls)
                 await asyncio.gather(*(attempt(c) for c in calls))
             await doomed_task
-            await _finish_what_chaos_left(client, expenses + receipts, attempt)
+            await _finish_what_chaos_left(client, other, expenses + receipts, attempt)
             for iid in expenses + receipts:
                 try:
                     await client.wait_for(iid, timeout=30)
@@ -110,12 +112,14 @@ async def test_tasks_and_messages_under_concurrent_operations(database_url: str)
         await conn.close()
 
 
-async def _finish_what_chaos_left(client: Any, instances: list[str], attempt: Any) -> None:
+async def _finish_what_chaos_left(client: Any, worker: Worker, instances: list[str], attempt: Any) -> None:
     """Complete the tasks and skip the receipt waits the chaos left open, until every instance ended.
-    In rounds: a step the stopped worker held reaches its task or wait only once its lease expired."""
+    In rounds: a step the stopped worker held reaches its task or wait only once its lease expired and
+    `worker` (the only one left) took it over, so each round after the first waits for its next commit."""
     open_, skipped = set(instances), set()
     deadline = asyncio.get_running_loop().time() + 60
-    while open_ and asyncio.get_running_loop().time() < deadline:
+    while open_:
+        commits = worker.events.commits  # before the reads: a commit from here on starts another round
         for task in (await client.tasks(mode="all", limit=100)).tasks:
             await attempt(client.complete_task(task.id, "reject", None, actor="admin", admin=True))
         for iid in sorted(open_):
@@ -125,4 +129,8 @@ async def _finish_what_chaos_left(client: Any, instances: list[str], attempt: An
             elif info.status == "WAITING" and info.step == "await_receipt" and iid not in skipped:
                 skipped.add(iid)
                 await attempt(client.signal(iid, "skip", {"n": "s"}))
-        await asyncio.sleep(0.2)
+        remaining = deadline - asyncio.get_running_loop().time()
+        if not open_ or remaining <= 0:
+            return  # what is still open fails the waits that follow
+        with contextlib.suppress(TimeoutError):
+            await worker.events.wait_until(lambda seen=commits: worker.events.commits > seen, timeout=remaining)
