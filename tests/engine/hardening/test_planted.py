@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import timedelta
+from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
+import pytest
 
 from stepstone.core.effects import EmitEvent, EndInstance, MovePosition, RecordHistory
 from stepstone.core.model import Decision, Settle
+from stepstone.runtime.counters import Counters
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine
 from tests.engine.conftest import Rows
@@ -24,23 +27,29 @@ from tests.engine.hardening import workflows as hw
 DEADLINE = 30.0
 
 
-async def _db_clock_passes(engine: Engine, seconds: float) -> None:
-    """Wait until `seconds` have passed on the database clock (bounded; the clock is not moved)."""
-    start = await engine.store.db_now()
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + seconds + DEADLINE
-    while await engine.store.db_now() < start + timedelta(seconds=seconds):
-        assert loop.time() < give_up, "the database clock did not advance"
-        await asyncio.sleep(0.05)
+@dataclass
+class Renewals(Counters):
+    """Lease renewals that kept a lease, counted as the store answers them."""
+
+    kept: int = 0
 
 
 # -- the worker renews its leases -----------------------------------------------------------------------------
 
 
 async def test_a_step_held_past_two_renewal_periods_is_claimed_once_and_never_fenced(
-    engine: Engine, rows: Rows
+    engine: Engine, rows: Rows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     iid = await engine.client.start(hw.held_async, {})
+    renewals, renew = Renewals(), engine.store.renew
+
+    async def counted(held: dict[tuple[str, str], Any], lease_seconds: float) -> set[tuple[str, str]]:
+        kept = await renew(held, lease_seconds)
+        if any(key[0] == iid for key in kept):
+            renewals.count("kept")
+        return kept
+
+    monkeypatch.setattr(engine.store, "renew", counted)
     gate = hw.GATE[iid] = hw.Gate()
     holder = engine.new_worker(concurrency=2, lease_seconds=1.0, poll_interval=0.05, worker_id="holder")
     rival = engine.new_worker(concurrency=2, lease_seconds=1.0, poll_interval=0.05, worker_id="rival")
@@ -48,7 +57,9 @@ async def test_a_step_held_past_two_renewal_periods_is_claimed_once_and_never_fe
     try:
         await asyncio.wait_for(gate.async_entered.wait(), DEADLINE)
         await rival.start()  # claims whatever the holder stops renewing
-        await _db_clock_passes(engine, 2.5)  # 2.5 leases, 7.5 renewal periods
+        # 8 renewal periods (2.7 leases): a lease the holder did not renew would have expired long
+        # before, and the rival, polling every 0.05 s, taken the step over.
+        await renewals.wait_until(lambda: renewals.kept >= 8, timeout=DEADLINE)
         gate.async_opened.set()
         await holder.events.wait_until(lambda: holder.events.commits >= 1, timeout=DEADLINE)
     finally:
