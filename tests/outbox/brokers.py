@@ -117,6 +117,7 @@ class _Recorder(BaseHTTPRequestHandler):
             refused = key in self.server.poisoned and body["type"].startswith("poison.")
             if not refused:
                 self.server.received.append((self.headers["idempotency-key"], key, body, dict(self.headers)))
+                self.server.wake()
         self.send_response(422 if refused else 200)
         self.send_header("content-length", "0")
         self.end_headers()
@@ -133,6 +134,33 @@ class _HookServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.received: list[tuple[str, str | None, dict[str, Any], dict[str, str]]] = []
         self.poisoned: set[str] = set()
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def wake(self) -> None:
+        """Under `lock`, after a message was recorded: resolve the waits it completes."""
+        for count, loop, future in self._waiters:
+            if len(self.received) >= count:
+                loop.call_soon_threadsafe(_resolve, future)
+
+    async def received_at_least(self, count: int, timeout: float) -> None:
+        """Until `count` messages were received (woken by the request that brings the count there)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        waiter = (count, loop, future)
+        with self.lock:
+            if len(self.received) >= count:
+                return
+            self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(future, timeout)
+        finally:
+            with self.lock:
+                self._waiters.remove(waiter)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _webhook(tag: str) -> Kind:
