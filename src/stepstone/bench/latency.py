@@ -19,7 +19,6 @@ from stepstone.bench.common import (
     percentile,
     track_commits,
 )
-from stepstone.bench.throughput import STARTERS
 from stepstone.bench.workflows import SIGNAL_SEEN, registry, signal_wf, three
 from stepstone.client import Client
 from stepstone.runtime.worker import Worker, WorkerConfig
@@ -28,6 +27,8 @@ from stepstone.store.postgres import PostgresStore
 
 DEFAULT_MAX = 500.0
 """Workflows/s assumed when the throughput workload did not run first."""
+IN_FLIGHT = 16
+"""Starts the open loop has outstanding at most (a start due while 16 are in flight waits its turn)."""
 
 
 async def run(ctx: BenchContext) -> list[Metric]:
@@ -85,7 +86,7 @@ async def open_loop(client: Client, progress: Progress, rate: float, seconds: fl
     """Start workflows at `rate`/s for `seconds`; each one's completion time minus its scheduled start."""
     count = max(1, int(rate * seconds))
     scheduled: dict[str, float] = {}
-    sem = asyncio.Semaphore(STARTERS * 4)
+    sem = asyncio.Semaphore(IN_FLIGHT)
 
     async def start(at: float) -> None:
         async with sem:

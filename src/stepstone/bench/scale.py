@@ -155,7 +155,7 @@ async def one_round(ctx: BenchContext, url: str, q: dict[str, str], workflows: i
     commits' round trips (s), and the loop's WAL (bytes)."""
     progress = Progress()
     store = await PostgresStore.open(url, ctx.schema, max_size=ctx.concurrency + 4)
-    client_store = await open_store(url, ctx.schema, max_size=6)
+    client_store = await open_store(url, ctx.schema, max_size=ctx.concurrency + 2)
     conn = await asyncpg.connect(url)
     client = Client(client_store, registry)
     stats = StatementLog(store)
@@ -163,10 +163,10 @@ async def one_round(ctx: BenchContext, url: str, q: dict[str, str], workflows: i
     worker = Worker(store, registry, WorkerConfig(concurrency=ctx.concurrency, worker_id="bench-scale"))
     try:
         await worker.start()
-        await closed_loop(client, progress, WARM_UP, 4 * ctx.concurrency)
+        await closed_loop(client, progress, WARM_UP, 4 * ctx.concurrency, ctx.concurrency)
         stats.clear()
         wal_from = await conn.fetchval(q["wal_position"])
-        await closed_loop(client, progress, workflows, 4 * ctx.concurrency)
+        await closed_loop(client, progress, workflows, 4 * ctx.concurrency, ctx.concurrency)
         wal = float(await conn.fetchval(q["wal_bytes_since"], wal_from))
         await worker.stop()
         return {"claim": stats.seconds("claim"),

@@ -1,6 +1,10 @@
 """Throughput: N three-step workflows in a closed loop, with an in-process worker (and optionally
 worker processes). Starters keep at most a window of unfinished workflows outstanding; each one
 finished lets the next start, so the engine runs saturated but never builds an unbounded backlog.
+There is one starter per worker slot: the slots a group commit frees all at once are refilled at
+once. With 4 starters for 8 slots the arrivals came in fours, and the worker's claims and group
+commits followed them (4 to 6.7 step commits a statement against 8 with 8 starters; docs/performance.md,
+"A starter for every slot").
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.postgres import PostgresStore
 
 STEPS = 3
-STARTERS = 4
 LAST_CPU_PER_WORKFLOW = [0.0]
 """CPU seconds this process spent per workflow in the last `measure` (starts, claims, steps, commits)."""
 LAST_MACHINE_BUSY: list[float | None] = [None]
@@ -156,18 +159,19 @@ async def _poll_completed(url: str, schema: str, progress: Progress) -> None:
 async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) -> tuple[float, StatementLog]:
     """Workflows per second over `total` workflows after a short warm-up; and the worker's statements."""
     progress = Progress()
-    client_store = await PostgresStore.open(url, ctx.schema, max_size=STARTERS + 2)
+    starters = ctx.concurrency * max(1, processes)
+    client_store = await PostgresStore.open(url, ctx.schema, max_size=starters + 2)
     client = Client(client_store, registry)
-    window = 4 * ctx.concurrency * max(1, processes)
+    window = 4 * starters
     warmup = min(200, max(20, total // 10))
     try:
         async with engine(ctx, url, processes, progress) as stats:
-            await closed_loop(client, progress, warmup, window)
+            await closed_loop(client, progress, warmup, window, starters)
             await _analyze(url, ctx.schema)
             if stats is not None:
                 stats.clear()
             started, cpu, ticks = time.monotonic(), time.process_time(), _cpu_ticks()
-            await closed_loop(client, progress, total, window)
+            await closed_loop(client, progress, total, window, starters)
             elapsed = time.monotonic() - started
             LAST_CPU_PER_WORKFLOW[0] = (time.process_time() - cpu) / total
             after = _cpu_ticks()
@@ -190,8 +194,9 @@ async def _analyze(url: str, schema: str) -> None:
         await conn.close()
 
 
-async def closed_loop(client: Client, progress: Progress, count: int, window: int) -> None:
-    """Start `count` bench_three workflows, never more than `window` unfinished; wait for all."""
+async def closed_loop(client: Client, progress: Progress, count: int, window: int, starters: int) -> None:
+    """Start `count` bench_three workflows from `starters` tasks, never more than `window` unfinished; wait
+    for all."""
     base = progress.done
     started = 0
 
@@ -207,5 +212,5 @@ async def closed_loop(client: Client, progress: Progress, count: int, window: in
             started += 1
             await client.start(three, {})
 
-    await asyncio.gather(*(starter() for _ in range(STARTERS)))
+    await asyncio.gather(*(starter() for _ in range(starters)))
     await progress.wait_until(lambda: progress.done - base >= count, timeout=300)
