@@ -258,27 +258,20 @@ async def test_a_publish_waits_out_a_busy_instance_inside_the_callers_transactio
             await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1 FOR UPDATE", waiting)
             publishing = asyncio.ensure_future(
                 engine.client.publish_message("arrived", "c-busy", {"n": 1}, connection=conn))
-            # The publish waits in the database, not in the client: one statement, still running on its
-            # backend a while after it began (between its attempts it sleeps there), while the row is held.
-            async def running() -> tuple[int, Any] | None:
+            # The publish waits in the database, not in the client: its one statement is seen sleeping
+            # between its attempts on its backend (pg_sleep), while the row is held. A client retrying
+            # would sleep on its own side and send a new statement for each attempt.
+            async def in_statement_sleep() -> bool:
                 await holder.execute("SELECT pg_stat_clear_snapshot()")
-                row = await holder.fetchrow(
-                    "SELECT pid, query_start FROM pg_stat_activity WHERE state = 'active' "
-                    "AND query LIKE '%publish_in_caller_transaction%' AND pid <> pg_backend_pid()")
-                return None if row is None else (row["pid"], row["query_start"])
+                return bool(await holder.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event = 'PgSleep' "
+                    "AND query LIKE '%publish_in_caller_transaction%' AND pid <> pg_backend_pid()"))
 
-            seen = await running()
-            while seen is None:  # (first seen, it may still be being prepared: a statement of its own)
+            # PostgreSQL tells no one when a statement begins to wait: look at pg_stat_activity until then.
+            while not await in_statement_sleep():
                 assert not publishing.done(), publishing
                 await asyncio.sleep(0.01)
-                seen = await running()
-            await asyncio.sleep(0.3)
-            began = await running()
-            await asyncio.sleep(0.3)
             assert not publishing.done(), publishing
-            # The statement running 0.3 s ago is still the one running: the retries are inside it (a
-            # client retrying would send a new statement at least every 50 ms).
-            assert began is not None and await running() == began
             await locked.commit()
             assert (await publishing).outcome == "delivered"
             await run("INSERT INTO orders VALUES ('after')")
