@@ -75,7 +75,9 @@ async def test_the_next_claim_goes_out_while_the_last_commit_is_in_flight(databa
             # The only slot's segment waits for its last commit: the claim loop takes the next START,
             # which runs once the slot is given back.
             await asyncio.wait_for(second_claimed.wait(), 10)
-            await asyncio.sleep(0.2)  # time for a wrongly started handler to show
+            # Time for a wrongly started handler to show. A sleep, as nothing the worker does comes after
+            # such a start: its claim loop now waits for a free slot, and the commit is held.
+            await asyncio.sleep(0.2)
             assert engine.worker.events.commits == 0 and second not in STARTED
             release.set()
             await engine.worker.events.wait_until(lambda: engine.worker.events.commits >= 2, timeout=10)
@@ -101,7 +103,9 @@ async def test_a_renewal_that_crosses_the_last_commit_reports_no_lost_lease(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The last commit lands (and releases the lease) while its reply is held back; renewals run every
-    # 0.1 s meanwhile and find the lease gone. That is the segment ending, not a lost lease.
+    # 0.1 s meanwhile and find the lease gone. That is the segment ending, not a lost lease. The reply is
+    # held for a time (a slow network), not until an event: the lease loop ticks on its own clock and,
+    # done right, leaves an ending segment out of its renewals, so there is no renewal to wait for.
     async with open_engine(database_url, registry, concurrency=1, lease_seconds=0.3, poll_interval=0.05) as engine:
         first = await engine.client.start(one_step, {})
         store: Any = engine.store

@@ -216,7 +216,9 @@ async def test_a_group_never_holds_a_child_while_it_waits_for_its_parent(
             await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1 FOR UPDATE", uuid.UUID(pid))
             committer = GroupCommitter(engine.store, lease_seconds=30, worker="grouper")
             both = asyncio.gather(*(committer.commit(r) for r in requests))  # queued in one tick: one batch
-            for _ in range(200):  # until a commit waits for the parent's row
+            # Until a commit waits for the parent's row: PostgreSQL tells no one when a session begins to
+            # wait for a lock, so pg_locks is looked at until it shows one.
+            for _ in range(200):
                 if await conn.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"):
                     break
                 await asyncio.sleep(0.02)

@@ -102,7 +102,8 @@ async def test_a_command_settled_while_the_claim_waits_for_its_lock_is_not_claim
 
 
 async def _blocked_on_a_lock(rows: Rows, holder: asyncpg.Connection) -> None:
-    """Wait until some session waits for a lock `holder` holds (bounded)."""
+    """Wait until some session waits for a lock `holder` holds (bounded). PostgreSQL tells no one when a
+    session begins to wait for a lock: pg_stat_activity is looked at until it shows one."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + DEADLINE
     pid = holder.get_server_pid()
