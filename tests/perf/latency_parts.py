@@ -4,8 +4,11 @@ Not a test (pytest does not collect it): the probe behind "Not done yet", item 6
 It makes a fresh database on the server at --admin-url, runs one in-process worker of 8 slots, starts
 three-step workflows on a fixed timetable at --rate for --seconds (at most 16 starts in flight, as the
 bench's open loop), and prints for the median, p90 and p99 workflow the parts of its time: waiting for
-a start slot, the start's round trip, and from the start's return to the commit that ended it; and
-the collections of Python's garbage collector during the run.
+a start slot, the start's round trip, and from the start's return to the commit that ended it; the
+collections of Python's garbage collector during the run; and the worker's ANALYZEs of its young tables
+(`refresh_statistics`), each a burst of server work that slow workflows cluster around. `--freeze`
+freezes the objects alive after the warm-up (`gc.freeze()`), which takes the full collections' pause
+away (an experiment: docs/performance.md, "Documents without statistics").
 
     python tests/perf/latency_parts.py --rate 480 --seconds 10
 """
@@ -57,13 +60,24 @@ class Collections:
                       f"longest {pauses[-1]:.1f} ms")
 
 
-async def measure(url: str, rate: float, seconds: float) -> None:
+async def measure(url: str, rate: float, seconds: float, freeze: bool) -> None:
     conn = await asyncpg.connect(url)
     await migrate(conn, SCHEMA)
     progress = Progress()
     worker_store = await PostgresStore.open(url, SCHEMA, max_size=12)
     client_store = await open_store(url, SCHEMA, max_size=IN_FLIGHT)
     track_commits(worker_store, progress)
+    analyses: list[tuple[float, float]] = []  # (began, ms) of each refresh that ran ANALYZE
+    refresh = worker_store.refresh_statistics
+
+    async def timed_refresh(*args: Any, **kwargs: Any) -> bool:
+        began = time.monotonic()
+        done = await refresh(*args, **kwargs)
+        if time.monotonic() - began > 0.005:  # a look that found nothing due takes about a millisecond
+            analyses.append((began, (time.monotonic() - began) * 1e3))
+        return done
+
+    worker_store.refresh_statistics = timed_refresh  # type: ignore[method-assign]
     client = Client(client_store, registry)
     worker = Worker(worker_store, registry, WorkerConfig(concurrency=8, worker_id="latency-parts"))
     await worker.start()
@@ -71,6 +85,9 @@ async def measure(url: str, rate: float, seconds: float) -> None:
         warm = [await client.start(three, {}) for _ in range(WARM_UP)]
         await progress.wait_until(lambda: all(i in progress.ended for i in warm), timeout=120)
         await conn.execute("ANALYZE")
+        if freeze:
+            gc.collect()
+            gc.freeze()
         slots = asyncio.Semaphore(IN_FLIGHT)
         times: dict[str, tuple[float, float, float]] = {}  # id -> (scheduled, start sent, start returned)
 
@@ -100,6 +117,8 @@ async def measure(url: str, rate: float, seconds: float) -> None:
                    for i, (at, sent, back) in times.items())
     n = len(parts)
     print(f"{n} workflows at {rate:g}/s")  # noqa: T201
+    print("worker's ANALYZEs (s into the run, ms):",  # noqa: T201
+          ", ".join(f"{began - origin:.1f} s {ms:.0f} ms" for began, ms in analyses if began >= origin) or "none")
     for q in (50, 90, 99):
         total, slot, trip, run = parts[min(n - 1, n * q // 100)]
         print(f"p{q}: {total * 1e3:.1f} ms = a start slot {slot * 1e3:.1f} + the start {trip * 1e3:.1f} "  # noqa: T201
@@ -114,13 +133,14 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=480.0, help="workflows started a second")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--freeze", action="store_true", help="freeze the objects alive after the warm-up")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     name = f"stepstone_parts_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(args.admin_url)
     await admin.execute(f"CREATE DATABASE {name}")
     try:
-        await measure(args.admin_url.rsplit("/", 1)[0] + f"/{name}", args.rate, args.seconds)
+        await measure(args.admin_url.rsplit("/", 1)[0] + f"/{name}", args.rate, args.seconds, args.freeze)
     finally:
         await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
         await admin.close()

@@ -4661,3 +4661,18 @@ ALTER TABLE {{schema}}.positions SET (fillfactor = 80);
 -- every heartbeat without reading the pending timers of waiting instances in commands_ready.
 CREATE INDEX commands_not_runnable ON {{schema}}.commands (available_at, id)
     WHERE state = 'DEFERRED' AND last_error LIKE 'NOT\_RUNNABLE%';
+
+-- ==== version 34 (migration 0034_documents_without_statistics) ====
+-- Documents carry no column statistics: no statement filters, joins or sorts on one, and sorting jsonb
+-- for a histogram was most of an ANALYZE of history.
+ALTER TABLE {{schema}}.instances ALTER COLUMN state SET STATISTICS 0,
+                                 ALTER COLUMN wait SET STATISTICS 0,
+                                 ALTER COLUMN error SET STATISTICS 0,
+                                 ALTER COLUMN saga SET STATISTICS 0,
+                                 ALTER COLUMN context SET STATISTICS 0;
+ALTER TABLE {{schema}}.positions ALTER COLUMN wait SET STATISTICS 0,
+                                 ALTER COLUMN error SET STATISTICS 0,
+                                 ALTER COLUMN item SET STATISTICS 0;
+ALTER TABLE {{schema}}.commands ALTER COLUMN payload SET STATISTICS 0,
+                                ALTER COLUMN context SET STATISTICS 0;
+ALTER TABLE {{schema}}.history ALTER COLUMN data SET STATISTICS 0;
