@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,6 +39,13 @@ LAST_CPU_PER_WORKFLOW = [0.0]
 """CPU seconds this process spent per workflow in the last `measure` (starts, claims, steps, commits)."""
 LAST_MACHINE_BUSY: list[float | None] = [None]
 """The share of the machine's CPU time that was busy during the last `measure` (None off Linux)."""
+LAST_OTHER_CPU_PER_WORKFLOW: list[float | None] = [None]
+"""CPU seconds the rest of the machine (the server, on a machine that runs nothing else) spent per
+workflow in the last `measure`: busy CPU time of the whole machine less this process's (None off Linux)."""
+
+
+def _busy_seconds(ticks: int) -> float:
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_ticks() -> tuple[int, int] | None:
@@ -61,6 +69,10 @@ async def run(ctx: BenchContext) -> list[Metric]:
     cpu_us = LAST_CPU_PER_WORKFLOW[0] / STEPS * 1e6
     metrics.append(Metric("throughput", "engine CPU per step commit (in-process)", cpu_us, "us",
                           note="process CPU time of client + worker / step commits; steadier than wall time"))
+    if (other := LAST_OTHER_CPU_PER_WORKFLOW[0]) is not None:
+        metrics.append(Metric("throughput", "server CPU per step commit (in-process)", other / STEPS * 1e6, "us",
+                              note="busy CPU time of the machine less this process's / step commits: PostgreSQL's "
+                                   "share where nothing else runs"))
     workflows = ctx.sizes.workflows
     statements = stats.count("commit") + stats.count("commit_many")
     if statements:
@@ -173,10 +185,13 @@ async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) ->
             started, cpu, ticks = time.monotonic(), time.process_time(), _cpu_ticks()
             await closed_loop(client, progress, total, window, starters)
             elapsed = time.monotonic() - started
-            LAST_CPU_PER_WORKFLOW[0] = (time.process_time() - cpu) / total
+            own = time.process_time() - cpu
+            LAST_CPU_PER_WORKFLOW[0] = own / total
             after = _cpu_ticks()
-            LAST_MACHINE_BUSY[0] = None if ticks is None or after is None or after[1] == ticks[1] \
-                else (after[0] - ticks[0]) / (after[1] - ticks[1])
+            LAST_MACHINE_BUSY[0] = LAST_OTHER_CPU_PER_WORKFLOW[0] = None
+            if ticks is not None and after is not None and after[1] > ticks[1]:
+                LAST_MACHINE_BUSY[0] = (after[0] - ticks[0]) / (after[1] - ticks[1])
+                LAST_OTHER_CPU_PER_WORKFLOW[0] = (_busy_seconds(after[0] - ticks[0]) - own) / total
             log = stats if stats is not None else StatementLog(client_store)
     finally:
         await client_store.close()
