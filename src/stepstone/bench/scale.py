@@ -163,10 +163,10 @@ async def one_round(ctx: BenchContext, url: str, q: dict[str, str], workflows: i
     worker = Worker(store, registry, WorkerConfig(concurrency=ctx.concurrency, worker_id="bench-scale"))
     try:
         await worker.start()
-        await closed_loop(client, progress, WARM_UP, 4 * ctx.concurrency, ctx.concurrency)
+        await closed_loop(client, progress, WARM_UP, ctx.concurrency)
         stats.clear()
         wal_from = await conn.fetchval(q["wal_position"])
-        await closed_loop(client, progress, workflows, 4 * ctx.concurrency, ctx.concurrency)
+        await closed_loop(client, progress, workflows, ctx.concurrency)
         wal = float(await conn.fetchval(q["wal_bytes_since"], wal_from))
         await worker.stop()
         return {"claim": stats.seconds("claim"),

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -35,13 +36,23 @@ from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.postgres import PostgresStore
 
 STEPS = 3
-LAST_CPU_PER_WORKFLOW = [0.0]
-"""CPU seconds this process spent per workflow in the last `measure` (starts, claims, steps, commits)."""
-LAST_MACHINE_BUSY: list[float | None] = [None]
-"""The share of the machine's CPU time that was busy during the last `measure` (None off Linux)."""
-LAST_OTHER_CPU_PER_WORKFLOW: list[float | None] = [None]
-"""CPU seconds the rest of the machine (the server, on a machine that runs nothing else) spent per
-workflow in the last `measure`: busy CPU time of the whole machine less this process's (None off Linux)."""
+WINDOW_PER_STARTER = 4
+"""Unfinished workflows a closed loop keeps outstanding, per starter."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured closed loop."""
+
+    workflows_per_s: float
+    statements: StatementLog
+    cpu_per_workflow: float
+    """CPU seconds this process spent per workflow (starts, claims, steps, commits)."""
+    machine_busy: float | None
+    """The share of the machine's CPU time that was busy (None off Linux)."""
+    other_cpu_per_workflow: float | None
+    """CPU seconds the rest of the machine (the server, on a machine that runs nothing else) spent per
+    workflow: busy CPU time of the whole machine less this process's (None off Linux)."""
 
 
 def _busy_seconds(ticks: int) -> float:
@@ -63,17 +74,17 @@ def _cpu_ticks() -> tuple[int, int] | None:
 async def run(ctx: BenchContext) -> list[Metric]:
     metrics: list[Metric] = []
     async with bench_database(ctx) as url:
-        rate, stats = await measure(ctx, url, ctx.sizes.workflows, processes=0)
-    ctx.max_workflows_per_s = rate
-    metrics += _metrics(ctx, "in-process worker", rate) + _busy_metric("in-process worker")
-    cpu_us = LAST_CPU_PER_WORKFLOW[0] / STEPS * 1e6
+        local = await measure(ctx, url, ctx.sizes.workflows, processes=0)
+    ctx.max_workflows_per_s = local.workflows_per_s
+    metrics += _metrics(ctx, "in-process worker", local)
+    cpu_us = local.cpu_per_workflow / STEPS * 1e6
     metrics.append(Metric("throughput", "engine CPU per step commit (in-process)", cpu_us, "us",
                           note="process CPU time of client + worker / step commits; steadier than wall time"))
-    if (other := LAST_OTHER_CPU_PER_WORKFLOW[0]) is not None:
+    if (other := local.other_cpu_per_workflow) is not None:
         metrics.append(Metric("throughput", "server CPU per step commit (in-process)", other / STEPS * 1e6, "us",
                               note="busy CPU time of the machine less this process's / step commits: PostgreSQL's "
                                    "share where nothing else runs"))
-    workflows = ctx.sizes.workflows
+    workflows, stats = ctx.sizes.workflows, local.statements
     statements = stats.count("commit") + stats.count("commit_many")
     if statements:
         metrics.append(Metric("throughput", "claim statements per workflow", stats.count("claim") / workflows,
@@ -82,23 +93,15 @@ async def run(ctx: BenchContext) -> list[Metric]:
                               "commits", note="group commit: > 1 when commits are flushed together"))
     if ctx.processes:
         async with bench_database(ctx) as url:
-            rate, _ = await measure(ctx, url, ctx.sizes.workflows, processes=ctx.processes)
-        metrics += _metrics(ctx, f"{ctx.processes} worker processes", rate) + _busy_metric(
-            f"{ctx.processes} worker processes")
+            spread = await measure(ctx, url, ctx.sizes.workflows, processes=ctx.processes)
+        metrics += _metrics(ctx, f"{ctx.processes} worker processes", spread)
     return metrics
 
 
-def _busy_metric(label: str) -> list[Metric]:
-    """Below 100% the run was bound by latency (slots waiting for their commits), not by CPU."""
-    busy = LAST_MACHINE_BUSY[0]
-    if busy is None:
-        return []
-    return [Metric("throughput", f"machine CPU busy ({label})", 100 * busy, "%",
-                   note="all processes on this machine, server included, over the measured interval")]
-
-
-def _metrics(ctx: BenchContext, label: str, rate: float) -> list[Metric]:
-    ceiling = ctx.ceiling
+def _metrics(ctx: BenchContext, label: str, measured: Run) -> list[Metric]:
+    """Workflows/s, step commits/s against the ceiling, and how busy the machine was (below 100% the run
+    was bound by latency, slots waiting for their commits, not by CPU)."""
+    ceiling, rate = ctx.ceiling, measured.workflows_per_s
     commits = rate * STEPS
     ratio = commits / ceiling if ceiling else None
     ctx.say(f"throughput ({label}): {rate:,.0f} workflows/s, {commits:,.0f} step commits/s"
@@ -107,7 +110,10 @@ def _metrics(ctx: BenchContext, label: str, rate: float) -> list[Metric]:
         Metric("throughput", f"workflows/s ({label})", rate, "workflows/s", ">= 500", rate >= 500),
         Metric("throughput", f"step commits/s ({label})", commits, "commits/s", ">= 1500 and >= 0.5 x ceiling",
                commits >= 1500 and (ratio is None or ratio >= 0.5), ratio=ratio),
-    ]
+    ] + ([] if measured.machine_busy is None else [
+        Metric("throughput", f"machine CPU busy ({label})", 100 * measured.machine_busy, "%",
+               note="all processes on this machine, server included, over the measured interval"),
+    ])
 
 
 @asynccontextmanager
@@ -168,34 +174,32 @@ async def _poll_completed(url: str, schema: str, progress: Progress) -> None:
         await store.close()
 
 
-async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) -> tuple[float, StatementLog]:
-    """Workflows per second over `total` workflows after a short warm-up; and the worker's statements."""
+async def measure(ctx: BenchContext, url: str, total: int, *, processes: int) -> Run:
+    """`total` workflows after a short warm-up: their rate, the worker's statements, the CPU they took."""
     progress = Progress()
     starters = ctx.concurrency * max(1, processes)
     client_store = await PostgresStore.open(url, ctx.schema, max_size=starters + 2)
     client = Client(client_store, registry)
-    window = 4 * starters
     warmup = min(200, max(20, total // 10))
     try:
         async with engine(ctx, url, processes, progress) as stats:
-            await closed_loop(client, progress, warmup, window, starters)
+            await closed_loop(client, progress, warmup, starters)
             await _analyze(url, ctx.schema)
             if stats is not None:
                 stats.clear()
             started, cpu, ticks = time.monotonic(), time.process_time(), _cpu_ticks()
-            await closed_loop(client, progress, total, window, starters)
+            await closed_loop(client, progress, total, starters)
             elapsed = time.monotonic() - started
             own = time.process_time() - cpu
-            LAST_CPU_PER_WORKFLOW[0] = own / total
             after = _cpu_ticks()
-            LAST_MACHINE_BUSY[0] = LAST_OTHER_CPU_PER_WORKFLOW[0] = None
+            busy = other = None
             if ticks is not None and after is not None and after[1] > ticks[1]:
-                LAST_MACHINE_BUSY[0] = (after[0] - ticks[0]) / (after[1] - ticks[1])
-                LAST_OTHER_CPU_PER_WORKFLOW[0] = (_busy_seconds(after[0] - ticks[0]) - own) / total
+                busy = (after[0] - ticks[0]) / (after[1] - ticks[1])
+                other = (_busy_seconds(after[0] - ticks[0]) - own) / total
             log = stats if stats is not None else StatementLog(client_store)
     finally:
         await client_store.close()
-    return total / elapsed, log
+    return Run(total / elapsed, log, own / total, busy, other)
 
 
 async def _analyze(url: str, schema: str) -> None:
@@ -209,9 +213,10 @@ async def _analyze(url: str, schema: str) -> None:
         await conn.close()
 
 
-async def closed_loop(client: Client, progress: Progress, count: int, window: int, starters: int) -> None:
-    """Start `count` bench_three workflows from `starters` tasks, never more than `window` unfinished; wait
-    for all."""
+async def closed_loop(client: Client, progress: Progress, count: int, starters: int) -> None:
+    """Start `count` bench_three workflows from `starters` tasks, never more than `WINDOW_PER_STARTER` a
+    starter unfinished; wait for all."""
+    window = WINDOW_PER_STARTER * starters
     base = progress.done
     started = 0
 
