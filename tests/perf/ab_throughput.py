@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 import asyncpg
+from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
 from stepstone.bench.workflows import registry, three
 from stepstone.client import Client
@@ -149,16 +149,9 @@ async def main() -> None:
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--timings", action="store_true", help="time the store's calls (see the docstring)")
     args = parser.parse_args()
-    name = f"stepstone_ab_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(args.admin_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        url = args.admin_url.rsplit("/", 1)[0] + f"/{name}"
+    async with scratch_database(args.admin_url, "stepstone_ab") as url:
         rate = await measure(url, args.total, Timings() if args.timings else None)
-        print(f"{args.label} {rate:.0f} workflows/s", flush=True)  # noqa: T201 - the result is the output
-    finally:
-        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        await admin.close()
+    print(f"{args.label} {rate:.0f} workflows/s", flush=True)  # noqa: T201 - the result is the output
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import uuid
 
 import asyncpg
+from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
 from stepstone.bench.scale import seed
 from stepstone.bench.workflows import registry, waiting
@@ -64,14 +64,8 @@ async def main() -> None:
     parser.add_argument("--count", type=int, default=200_000, help="waiting instances seeded")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
-    name = f"stepstone_heartbeat_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(args.admin_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        await measure(args.admin_url.rsplit("/", 1)[0] + f"/{name}", args.count)
-    finally:
-        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(args.admin_url, "stepstone_heartbeat") as url:
+        await measure(url, args.count)
 
 
 if __name__ == "__main__":

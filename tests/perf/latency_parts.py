@@ -19,10 +19,10 @@ import argparse
 import asyncio
 import gc
 import time
-import uuid
 from typing import Any
 
 import asyncpg
+from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
 from stepstone.bench.common import Progress, track_commits
 from stepstone.bench.workflows import registry, three
@@ -136,14 +136,8 @@ async def main() -> None:
     parser.add_argument("--freeze", action="store_true", help="freeze the objects alive after the warm-up")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
-    name = f"stepstone_parts_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(args.admin_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        await measure(args.admin_url.rsplit("/", 1)[0] + f"/{name}", args.rate, args.seconds, args.freeze)
-    finally:
-        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(args.admin_url, "stepstone_parts") as url:
+        await measure(url, args.rate, args.seconds, args.freeze)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-import uuid
 from typing import Any
 
 import asyncpg
+from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
 from stepstone.bench.common import Progress, track_commits
 from stepstone.bench.workflows import SIGNAL_SEEN, registry, signal_wf
@@ -69,11 +69,7 @@ def _instrument(worker: Worker, store: PostgresStore) -> tuple[list[float], dict
 
 
 async def main(admin_url: str, samples: int, min_wake: float) -> None:
-    name = f"signal_path_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
-    try:
+    async with scratch_database(admin_url, "signal_path") as url:
         conn = await asyncpg.connect(url)
         await migrate(conn, SCHEMA)
         await conn.close()
@@ -104,9 +100,6 @@ async def main(admin_url: str, samples: int, min_wake: float) -> None:
             await worker.stop()
             await client_store.close()
             await worker_store.close()
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
     print(f"{samples} idle signals, ms from the send:")  # noqa: T201
     for mark in MARKS:
         xs = sorted((r[mark] - r["origin"]) * 1000 for r in rows)

@@ -19,9 +19,9 @@ import argparse
 import asyncio
 import re
 import statistics
-import uuid
 
 import asyncpg
+from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
 from stepstone.store.migrate import migrate
 
@@ -95,14 +95,8 @@ async def main() -> None:
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/postgres",
                         help="a server where this may create (and drops) a database")
     args = parser.parse_args()
-    admin = await asyncpg.connect(args.url)
-    name = f"stepstone_triggers_{uuid.uuid4().hex[:8]}"
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        await measure(args.url.rsplit("/", 1)[0] + "/" + name)
-    finally:
-        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(args.url, "stepstone_triggers") as url:
+        await measure(url)
 
 
 if __name__ == "__main__":

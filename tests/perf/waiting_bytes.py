@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import uuid
 
 import asyncpg
+from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
 from stepstone.bench.common import seed_waiting
 from stepstone.bench.workflows import waiting
@@ -71,14 +71,8 @@ async def main() -> None:
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--setup", help="SQL run after migrating, before seeding")
     args = parser.parse_args()
-    name = f"stepstone_bytes_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(args.admin_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        await measure(args.admin_url.rsplit("/", 1)[0] + f"/{name}", args.count, args.setup)
-    finally:
-        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        await admin.close()
+    async with scratch_database(args.admin_url, "stepstone_bytes") as url:
+        await measure(url, args.count, args.setup)
 
 
 if __name__ == "__main__":
