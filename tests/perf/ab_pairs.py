@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "tests" / "perf" / "ab_throughput.py"
 
 
-def one_run(label: str, src: Path, total: int, admin_url: str) -> float:
+def one_run(label: str, src: Path, total: int, admin_url: str, extra: list[str]) -> float:
     env = {**os.environ, "PYTHONPATH": str(src)}  # ahead of the editable install
     out = subprocess.run(
-        [sys.executable, str(HARNESS), label, "--total", str(total), "--admin-url", admin_url],
+        [sys.executable, str(HARNESS), label, "--total", str(total), "--admin-url", admin_url, *extra],
         capture_output=True, text=True, check=True, env=env,
     ).stdout
     found = re.search(rf"^{label} (\d+) workflows/s$", out, re.MULTILINE)
@@ -41,7 +41,10 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--total", type=int, default=6000, help="workflows measured in each run")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--waiting", action="store_true",
+                        help="the harness's --waiting: workflows that enter a timed wait")
     args = parser.parse_args()
+    extra = ["--waiting"] if args.waiting else []
     with tempfile.TemporaryDirectory(prefix="stepstone-ab-") as scratch:
         before_tree = Path(scratch) / "before"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(before_tree), args.before],
@@ -49,8 +52,8 @@ def main() -> None:
         try:
             results: list[tuple[float, float]] = []
             for n in range(1, args.pairs + 1):
-                before = one_run("before", before_tree / "src", args.total, args.admin_url)
-                after = one_run("after", ROOT / "src", args.total, args.admin_url)
+                before = one_run("before", before_tree / "src", args.total, args.admin_url, extra)
+                after = one_run("after", ROOT / "src", args.total, args.admin_url, extra)
                 results.append((before, after))
                 print(f"pair {n}: before {before:.0f}, after {after:.0f} workflows/s", flush=True)  # noqa: T201
         finally:

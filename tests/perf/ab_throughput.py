@@ -8,6 +8,10 @@ measured. Completions are counted by a trigger this harness adds to `instances` 
 instance id: PostgreSQL folds identical notifications of one transaction into one), so both sides are
 counted alike even when one has no completion channel of its own.
 
+With --waiting the workflows are `bench_waiting`'s instead: one step, then a timer of 30 days, and a
+workflow counts when its instance reaches WAITING (what entering a timed wait costs: "The timer in place"
+in docs/performance.md). Either way it also prints the WAL the measured run wrote, per workflow.
+
     python tests/perf/ab_pairs.py --before <commit> --pairs 4
 
 (runs this harness on a worktree of <commit>, its `src` first on PYTHONPATH, and on the working tree,
@@ -30,7 +34,7 @@ from typing import Any
 import asyncpg
 from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
-from stepstone.bench.workflows import registry, three
+from stepstone.bench.workflows import registry, three, waiting
 from stepstone.client import Client
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.migrate import migrate
@@ -38,15 +42,15 @@ from stepstone.store.postgres import PostgresStore
 
 SCHEMA = "stepstone"
 STARTERS = SLOTS = 8
-TRIGGER = f"""
+TRIGGER = """
 CREATE FUNCTION public.ab_completed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.status = 'COMPLETED' AND OLD.status IS DISTINCT FROM NEW.status THEN
+    IF NEW.status = '{status}' AND OLD.status IS DISTINCT FROM NEW.status THEN
         PERFORM pg_notify('ab_completed', NEW.id::text);
     END IF;
     RETURN NULL;
 END $$;
-CREATE TRIGGER ab_completed AFTER UPDATE OF status ON {SCHEMA}.instances
+CREATE TRIGGER ab_completed AFTER UPDATE OF status ON {schema}.instances
     FOR EACH ROW EXECUTE FUNCTION public.ab_completed();
 """
 
@@ -85,10 +89,12 @@ class Timings:
                   f"  in flight {busy / (until - since):.0%} of the run")
 
 
-async def measure(url: str, total: int, timings: Timings | None = None) -> float:
+async def measure(url: str, total: int, timings: Timings | None = None, *, wait: bool = False) -> tuple[float, float]:
+    """(workflows/s, WAL bytes a workflow) of the measured run."""
     conn = await asyncpg.connect(url)
     await migrate(conn, SCHEMA)
-    await conn.execute(TRIGGER)
+    await conn.execute(TRIGGER.format(status="WAITING" if wait else "COMPLETED", schema=SCHEMA))
+    workflow = waiting if wait else three
     completed = [0]
     changed = asyncio.Event()
 
@@ -121,7 +127,7 @@ async def measure(url: str, total: int, timings: Timings | None = None) -> float
                 if started[0] >= count:
                     return
                 started[0] += 1
-                await client.start(three, {})
+                await client.start(workflow, {})
 
         await asyncio.gather(*(starter() for _ in range(STARTERS)))
         await until(lambda: completed[0] - base >= count)
@@ -131,10 +137,12 @@ async def measure(url: str, total: int, timings: Timings | None = None) -> float
         await closed_loop(300)
         await conn.execute("ANALYZE")
         began = time.perf_counter()
+        wal = await conn.fetchval("SELECT pg_current_wal_lsn()")
         rate = await closed_loop(total)
         if timings is not None:
             timings.report(began, time.perf_counter())
-        return rate
+        wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal)
+        return rate, float(wal_bytes) / total
     finally:
         await worker.stop()
         await worker_store.close()
@@ -148,9 +156,11 @@ async def main() -> None:
     parser.add_argument("--total", type=int, default=3000, help="workflows measured after the warm-up")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--timings", action="store_true", help="time the store's calls (see the docstring)")
+    parser.add_argument("--waiting", action="store_true", help="workflows that enter a timed wait (see above)")
     args = parser.parse_args()
     async with scratch_database(args.admin_url, "stepstone_ab") as url:
-        rate = await measure(url, args.total, Timings() if args.timings else None)
+        rate, wal = await measure(url, args.total, Timings() if args.timings else None, wait=args.waiting)
+    print(f"  WAL {wal:,.0f} bytes a workflow", flush=True)  # noqa: T201
     print(f"{args.label} {rate:.0f} workflows/s", flush=True)  # noqa: T201 - the result is the output
 
 

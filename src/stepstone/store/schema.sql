@@ -996,6 +996,9 @@ DECLARE
     v_cur_seq bigint;
     v_next bigint;
     v_state jsonb;
+    v_timer jsonb;
+    v_timer_at integer;
+    v_in_place bigint;
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
@@ -1097,7 +1100,39 @@ BEGIN
           AND c.kind IN ('START', 'STEP', 'RETRY')
         RETURNING c.id INTO v_next;
     END IF;
-    IF v_next IS NULL THEN
+    -- A step's own command whose step ends in a timed wait on its position becomes the wait's first timer
+    -- (migration 0035): one update of the claimed row, where a settle and an insert wrote two rows, and a
+    -- waiting instance keeps one command row, not two (docs/performance.md, "The timer in place"). The
+    -- timer takes a fresh seq (it queues behind what arrived while the step ran, as an inserted one did)
+    -- and every column an inserted timer sets; the token stays, so `settled_by` still tells a worker whose
+    -- commit outcome was lost that its claim settled (until the timer's own claim replaces it). Not when
+    -- the commit closes timers (it would close this one), ends the instance, or redacts the payload.
+    IF v_next IS NULL AND v_follow IS NULL AND v_settle = 'COMPLETE' AND v_end IS NULL
+       AND NOT COALESCE((d->>'close_timers')::boolean, false)
+       AND NOT COALESCE(d->'ext' ? 'redacted_payloads', false) AND jsonb_array_length(v_commands) > 0 THEN
+        SELECT x.ord - 1, x.c INTO v_timer_at, v_timer
+        FROM jsonb_array_elements(v_commands) WITH ORDINALITY AS x(c, ord)
+        WHERE x.c->>'kind' = 'TIMER' AND COALESCE(x.c->>'position', v_pos) = v_pos
+        ORDER BY x.ord LIMIT 1;
+        IF v_timer IS NOT NULL THEN
+            UPDATE {{schema}}.commands c SET
+                seq = nextval('{{schema}}.command_seq'), kind = 'TIMER', state = 'PENDING',
+                step = v_timer->>'step', visit = (v_timer->>'visit')::integer, name = v_timer->>'name',
+                payload = NULLIF(v_timer->'payload', 'null'::jsonb), dedup_key = NULL, attempt = 1, claims = 0,
+                deferrals = 0,
+                available_at = COALESCE((v_timer->>'at')::timestamptz,
+                                        v_now + make_interval(secs => COALESCE((v_timer->>'delay')::float8, 0))),
+                claimed_by = NULL, last_error = NULL, created_at = v_now, settled_at = NULL, actor = NULL,
+                context = NULL
+            WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE
+              AND c.kind IN ('START', 'STEP', 'RETRY')
+            RETURNING c.id INTO v_in_place;
+            IF v_in_place IS NOT NULL THEN
+                v_commands := v_commands - v_timer_at;
+            END IF;
+        END IF;
+    END IF;
+    IF v_next IS NULL AND v_in_place IS NULL THEN
         UPDATE {{schema}}.commands c SET
             state = CASE v_settle WHEN 'RETRY' THEN 'PENDING' ELSE v_settle END,
             available_at = CASE v_settle
@@ -4676,3 +4711,8 @@ ALTER TABLE {{schema}}.positions ALTER COLUMN wait SET STATISTICS 0,
 ALTER TABLE {{schema}}.commands ALTER COLUMN payload SET STATISTICS 0,
                                 ALTER COLUMN context SET STATISTICS 0;
 ALTER TABLE {{schema}}.history ALTER COLUMN data SET STATISTICS 0;
+
+-- ==== version 35 (migration 0035_timer_in_place) ====
+-- commit_decision (in the version 5 section) turns the claimed command of a step's own (START, STEP,
+-- RETRY) into the first timer of its position when the step ends in a timed wait, instead of settling
+-- it and inserting the timer.

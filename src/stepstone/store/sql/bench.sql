@@ -74,27 +74,26 @@ FROM {{schema}}.instances i
 WHERE i.id IN (SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid FROM generate_series($1::bigint, $2::bigint) AS g);
 
 -- name: seed_waiting_commands
--- Their settled START command and their pending timer (fire or timeout), for instances $1..$2. The
--- START names the worker that ran it, with an id of the default's shape (host:pid:hex6, one of eight).
+-- Their pending timer (fire or timeout), for instances $1..$2: the first segment's claimed START turned
+-- into the timer (migration 0035), so it keeps that claim's token and a seq past the START's.
 INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, name, claims, available_at,
-                                 token, claimed_by, created_at, settled_at)
-SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, 1, 'START', 'COMPLETE', 'first', 1, NULL, 1, now(), md5('s' || g)::uuid,
-       'stepstone-worker-' || g % 8 || ':4242:' || substr(md5('k' || g % 8), 1, 6), now(), now()
-FROM generate_series($1::bigint, $2::bigint) AS g
-UNION ALL
+                                 token, created_at)
 SELECT (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid, 2, 'TIMER', 'PENDING', CASE WHEN g % 2 = 0 THEN 'sleep' ELSE 'await' END, 2,
-       CASE WHEN g % 2 = 0 THEN 'fire' ELSE 'timeout' END, 0, now() + interval '30 days', NULL, NULL,
-       now(), NULL
+       CASE WHEN g % 2 = 0 THEN 'fire' ELSE 'timeout' END, 0, now() + interval '30 days', md5('s' || g)::uuid,
+       now()
 FROM generate_series($1::bigint, $2::bigint) AS g;
 
 -- name: seed_waiting_history
 -- INSTANCE_STARTED, STEP_COMPLETED and WAITING, as their first segment wrote them: the start's entry
 -- holds the baseline state and has no actor, no command and no position, the segment's name the
--- worker that committed it and the START command it ran (seeded above, before these).
+-- worker that committed it (an id of the default's shape, host:pid:hex6, one of eight) and the command
+-- it ran, which is the timer now (seeded above, before these).
 INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data, position)
 SELECT c.instance_id, k.seq, now(), k.kind, k.step, k.visit,
        CASE WHEN k.seq > 1 THEN c.id END,
-       CASE WHEN k.seq > 1 THEN '{"kind":"worker","id":"' || c.claimed_by || '"}' END,
+       CASE WHEN k.seq > 1
+            THEN '{"kind":"worker","id":"stepstone-worker-' || g % 8 || ':4242:' || substr(md5('k' || g % 8), 1, 6) || '"}'
+       END,
        CASE k.seq
            WHEN 1 THEN jsonb_build_object('state', jsonb_build_object('n', g, 'payload', repeat('x', 80)))
            WHEN 2 THEN '{"attempt": 1, "patch": [{"op": "replace", "path": "/n", "value": 1}]}'::jsonb
@@ -103,7 +102,7 @@ SELECT c.instance_id, k.seq, now(), k.kind, k.step, k.visit,
 FROM generate_series($1::bigint, $2::bigint) AS g
 JOIN {{schema}}.commands c
   ON c.instance_id = (lpad(to_hex(1700000000000 + g), 12, '0') || '7' || substr(md5('w' || g), 14, 3) || '8' || substr(md5('w' || g), 18, 15))::uuid
- AND c.seq = 1,
+ AND c.seq = 2,
      (VALUES (1, 'INSTANCE_STARTED', 'first', 1), (2, 'STEP_COMPLETED', 'first', 1),
              (3, 'WAITING', 'sleep', 2)) AS k(seq, kind, step, visit)
 ORDER BY g, k.seq;
