@@ -1100,7 +1100,7 @@ BEGIN
           AND c.kind IN ('START', 'STEP', 'RETRY')
         RETURNING c.id INTO v_next;
     END IF;
-    -- A step's own command whose step ends in a timed wait on its position becomes the wait's first timer
+    -- A step's own command whose step ends in a timed wait on its position becomes the wait's timer
     -- (migration 0035): one update of the claimed row, where a settle and an insert wrote two rows, and a
     -- waiting instance keeps one command row, not two (docs/performance.md, "The timer in place"). The
     -- timer takes a fresh seq (it queues behind what arrived while the step ran, as an inserted one did)
@@ -1110,11 +1110,12 @@ BEGIN
     IF v_next IS NULL AND v_follow IS NULL AND v_settle = 'COMPLETE' AND v_end IS NULL
        AND NOT COALESCE((d->>'close_timers')::boolean, false)
        AND NOT COALESCE(d->'ext' ? 'redacted_payloads', false) AND jsonb_array_length(v_commands) > 0 THEN
+        -- The position's first new command, when it is a timer: its queue then orders as it did.
         SELECT x.ord - 1, x.c INTO v_timer_at, v_timer
         FROM jsonb_array_elements(v_commands) WITH ORDINALITY AS x(c, ord)
-        WHERE x.c->>'kind' = 'TIMER' AND COALESCE(x.c->>'position', v_pos) = v_pos
+        WHERE COALESCE(x.c->>'position', v_pos) = v_pos
         ORDER BY x.ord LIMIT 1;
-        IF v_timer IS NOT NULL THEN
+        IF v_timer->>'kind' = 'TIMER' THEN
             UPDATE {{schema}}.commands c SET
                 seq = nextval('{{schema}}.command_seq'), kind = 'TIMER', state = 'PENDING',
                 step = v_timer->>'step', visit = (v_timer->>'visit')::integer, name = v_timer->>'name',
@@ -4714,5 +4715,5 @@ ALTER TABLE {{schema}}.history ALTER COLUMN data SET STATISTICS 0;
 
 -- ==== version 35 (migration 0035_timer_in_place) ====
 -- commit_decision (in the version 5 section) turns the claimed command of a step's own (START, STEP,
--- RETRY) into the first timer of its position when the step ends in a timed wait, instead of settling
--- it and inserting the timer.
+-- RETRY) into the timer it queues first on its position when the step ends in a timed wait, instead of
+-- settling it and inserting the timer.

@@ -5,9 +5,10 @@
 -- rows for every instance that waits on a timer, the settled one kept for as long as the instance
 -- lives. When the claimed command is a step's own (START, STEP, RETRY, as for "the continuation in
 -- place", migration 0030) and the commit neither closes timers nor ends the instance nor redacts the
--- payload, the commit now updates that row into the first timer of its position: a fresh seq (behind
--- whatever arrived while the step ran, as an inserted timer was), kind TIMER, PENDING, and every column
--- an inserted timer sets or leaves at its default. The rest of the document's commands are inserted as
+-- payload, and the first command the document queues on that position is a timer, the commit now
+-- updates that row into the timer: a fresh seq (behind whatever arrived while the step ran, and ahead
+-- of the document's other commands, as the inserted timer was), kind TIMER, PENDING, and every column an
+-- inserted timer sets or leaves at its default. The rest of the document's commands are inserted as
 -- before. The token stays on the row, so `settled_by` still tells a worker whose commit outcome was lost
 -- that its claim settled (until the timer is claimed, when that worker reads the commit as fenced and
 -- drops it, which is what it does for any claim it no longer holds). The update of `state` wakes idle
@@ -153,7 +154,7 @@ BEGIN
           AND c.kind IN ('START', 'STEP', 'RETRY')
         RETURNING c.id INTO v_next;
     END IF;
-    -- A step's own command whose step ends in a timed wait on its position becomes the wait's first timer
+    -- A step's own command whose step ends in a timed wait on its position becomes the wait's timer
     -- (migration 0035): one update of the claimed row, where a settle and an insert wrote two rows, and a
     -- waiting instance keeps one command row, not two (docs/performance.md, "The timer in place"). The
     -- timer takes a fresh seq (it queues behind what arrived while the step ran, as an inserted one did)
@@ -163,11 +164,12 @@ BEGIN
     IF v_next IS NULL AND v_follow IS NULL AND v_settle = 'COMPLETE' AND v_end IS NULL
        AND NOT COALESCE((d->>'close_timers')::boolean, false)
        AND NOT COALESCE(d->'ext' ? 'redacted_payloads', false) AND jsonb_array_length(v_commands) > 0 THEN
+        -- The position's first new command, when it is a timer: its queue then orders as it did.
         SELECT x.ord - 1, x.c INTO v_timer_at, v_timer
         FROM jsonb_array_elements(v_commands) WITH ORDINALITY AS x(c, ord)
-        WHERE x.c->>'kind' = 'TIMER' AND COALESCE(x.c->>'position', v_pos) = v_pos
+        WHERE COALESCE(x.c->>'position', v_pos) = v_pos
         ORDER BY x.ord LIMIT 1;
-        IF v_timer IS NOT NULL THEN
+        IF v_timer->>'kind' = 'TIMER' THEN
             UPDATE {{schema}}.commands c SET
                 seq = nextval('{{schema}}.command_seq'), kind = 'TIMER', state = 'PENDING',
                 step = v_timer->>'step', visit = (v_timer->>'visit')::integer, name = v_timer->>'name',
