@@ -34,7 +34,23 @@ def b(ctx: StepContext, state: dict[str, Any]) -> None:
     ctx.emit("done", {})
 
 
-registry = Registry(wf)
+timed: Workflow[Any] = Workflow("unknown-outcome-timed", version=1)
+
+
+@timed.step(start=True, next="nap")
+def first(ctx: StepContext, state: dict[str, Any]) -> None:
+    runs.append(ctx.idempotency_key)
+
+
+timed.timer("nap", delay=timedelta(minutes=5), next="last")
+
+
+@timed.step(next=None)
+def last(ctx: StepContext, state: dict[str, Any]) -> None:
+    runs.append(ctx.idempotency_key)
+
+
+registry = Registry(wf, timed)
 
 
 class LossyStore:
@@ -59,12 +75,14 @@ class LossyStore:
         raise DatabaseUnavailable("connection lost (test)", host="test", port=None)
 
 
-async def _run(database_url: str, nth: int, where: str, before_raise: Any = None) -> tuple[Any, Worker]:
+async def _run(
+    database_url: str, nth: int, where: str, before_raise: Any = None, workflow: Workflow[Any] = wf
+) -> tuple[Any, Worker]:
     runs.clear()
     async with open_engine(database_url, registry) as engine:
         lossy = LossyStore(engine.store, nth, where, before_raise)
         worker = Worker(lossy, registry, WorkerConfig(concurrency=1, lease_seconds=5))  # type: ignore[arg-type]
-        iid = await engine.client.start(wf, {})
+        iid = await engine.client.start(workflow, {})
         await worker.run_until_idle()
         info = await engine.client.get(iid)
         kinds = [h["kind"] for h in await engine.client.history(iid)]
@@ -100,34 +118,12 @@ async def test_unknown_outcome_after_a_takeover_is_fenced(database_url: str) -> 
     assert kinds == ["INSTANCE_STARTED"]  # the zombie's commit wrote nothing
 
 
-timed: Workflow[Any] = Workflow("unknown-outcome-timed", version=1)
-
-
-@timed.step(start=True, next="nap")
-def first(ctx: StepContext, state: dict[str, Any]) -> None:
-    runs.append(ctx.idempotency_key)
-
-
-timed.timer("nap", delay=timedelta(minutes=5), next="last")
-
-
-@timed.step(next=None)
-def last(ctx: StepContext, state: dict[str, Any]) -> None:
-    runs.append(ctx.idempotency_key)
-
-
 async def test_unknown_outcome_of_a_step_that_entered_a_timed_wait(database_url: str) -> None:
     """The acknowledgement of a commit that turned the claimed command into the wait's timer (migration
     0035) was lost: the re-read finds the claim's token on the timer and reports the commit, so the
     worker neither runs the step again nor counts itself fenced."""
-    runs.clear()
-    async with open_engine(database_url, Registry(timed)) as engine:
-        lossy = LossyStore(engine.store, 1, "ack")
-        worker = Worker(lossy, Registry(timed), WorkerConfig(concurrency=1, lease_seconds=5))  # type: ignore[arg-type]
-        iid = await engine.client.start(timed, {})
-        await worker.run_until_idle()
-        assert (await engine.client.get(iid)).status == "WAITING"
-        assert [h["kind"] for h in await engine.client.history(iid)] == [
-            "INSTANCE_STARTED", "STEP_COMPLETED", "WAITING"]
-        assert len(runs) == 1
-        assert worker.events.fenced == 0
+    (status, kinds, _), worker = await _run(database_url, 1, "ack", workflow=timed)
+    assert status == "WAITING"
+    assert kinds == ["INSTANCE_STARTED", "STEP_COMPLETED", "WAITING"]
+    assert len(runs) == 1
+    assert worker.events.fenced == 0

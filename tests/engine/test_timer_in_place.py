@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -70,17 +69,13 @@ def end(_ctx: StepContext, state: Log) -> None:
 registry = Registry(napping, asking, told)
 
 
-async def _commands(rows: Rows, iid: str) -> list[dict[str, Any]]:
-    return [dict(r) for r in await rows.commands(iid)]
-
-
 async def test_a_step_that_ends_in_a_timed_wait_turns_its_command_into_the_timer(
     database_url: str, rows: Rows
 ) -> None:
     async with open_engine(database_url, registry) as engine:
         iid = await engine.client.start(napping, {})
         await engine.run_until_idle()
-        [timer] = await _commands(rows, iid)  # the START, become the timer: no settled row beside it
+        [timer] = await rows.commands(iid)  # the START, become the timer: no settled row beside it
         assert (timer["kind"], timer["state"], timer["name"], timer["step"]) == ("TIMER", "PENDING", "fire", "nap")
         assert timer["seq"] > 1  # a fresh seq: behind anything queued while the step ran
         assert (timer["attempt"], timer["claims"], timer["deferrals"]) == (1, 0, 0)
@@ -104,15 +99,15 @@ async def test_a_signal_that_ends_the_wait_closes_the_timer_and_stays_its_own_re
     async with open_engine(database_url, registry) as engine:
         iid = await engine.client.start(asking, {})
         await engine.run_until_idle()
-        [timer] = await _commands(rows, iid)
+        [timer] = await rows.commands(iid)
         assert (timer["kind"], timer["state"], timer["name"]) == ("TIMER", "PENDING", "timeout")
 
         await engine.client.signal(iid, "yes", {"by": "lee"})
         await engine.run_until_idle()
         assert (await engine.client.get(iid)).state["log"] == ["ask", "agreed"]
-        found = [(c["kind"], c["state"]) for c in await _commands(rows, iid)]
+        found = [(c["kind"], c["state"]) for c in await rows.commands(iid)]
         assert ("TIMER", "SUPERSEDED") in found  # the wait's timeout, closed when the signal ended it
-        [signal] = [c for c in await _commands(rows, iid) if c["kind"] == "SIGNAL"]
+        [signal] = [c for c in await rows.commands(iid) if c["kind"] == "SIGNAL"]
         assert (signal["state"], json.loads(signal["payload"])) == ("COMPLETE", {"by": "lee"})
 
         await engine.advance(61)  # the closed timer never fires
@@ -136,7 +131,7 @@ async def test_a_timer_after_a_signal_gets_a_row_of_its_own(database_url: str, r
         await engine.run_until_idle()
         await engine.client.signal(iid, "go", {})
         await engine.run_until_idle()
-        found = [(c["kind"], c["state"]) for c in await _commands(rows, iid)]
+        found = [(c["kind"], c["state"]) for c in await rows.commands(iid)]
         assert found == [("START", "COMPLETE"), ("SIGNAL", "COMPLETE"), ("TIMER", "PENDING")]
 
         await engine.advance(31)
