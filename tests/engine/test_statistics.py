@@ -19,10 +19,9 @@ from stepstone.client import Client
 from stepstone.runtime.worker import Worker
 from stepstone.store.port import Store
 from stepstone.store.postgres import PostgresStore
-from stepstone.store.queries import queries
 from stepstone.testing import Engine
 from tests.engine import workflows
-from tests.perf.generic_plans import plan_nodes
+from tests.perf.generic_plans import function_statement, plan_nodes
 
 HOT = ("instances", "positions", "commands", "history")
 
@@ -107,7 +106,7 @@ async def test_a_table_analyzed_small_gets_plans_for_its_size_once_it_has_grown(
         # The claim's generic plan, as a worker's connection caches it: it re-checks the commands it
         # takes by id, not by reading the whole table (which it did, planned for 300 rows).
         await conn.execute("SET plan_cache_mode = force_generic_plan")
-        await conn.execute(f"PREPARE claim(int, float8, text, text[]) AS {queries('stepstone')['claim']}")
+        await conn.execute(f"PREPARE claim AS {await function_statement(conn, 'claim_heads')}")
         plan = json.loads(await conn.fetchval("EXPLAIN (FORMAT JSON) EXECUTE claim(8, 30, 'w', NULL)"))[0]["Plan"]
         scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "commands"]
         assert scans and not [n for n in scans if n["Node Type"] == "Seq Scan"]

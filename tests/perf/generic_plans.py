@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,15 +55,41 @@ async def _generic_plan(conn: asyncpg.Connection, sql: str) -> dict[str, Any] | 
         await conn.execute("DEALLOCATE audited")
 
 
+async def function_statement(conn: asyncpg.Connection, function: str, schema: str = "stepstone") -> str:
+    """The statement a plpgsql function runs as its RETURN QUERY, its arguments made the parameters $1..$n
+    (each cast to the argument's type), so that PREPARE and EXPLAIN show that statement's own plan: the
+    claim's statement is the body of `claim_heads` (migration 0036)."""
+    row = await conn.fetchrow(
+        "SELECT p.prosrc, p.proargnames[1:p.pronargs] AS names,"
+        " ARRAY(SELECT format_type(t.oid, NULL) FROM unnest(p.proargtypes) WITH ORDINALITY AS t(oid, n)"
+        " ORDER BY t.n) AS types"
+        " FROM pg_proc p WHERE p.proname = $1 AND p.pronamespace = $2::regnamespace", function, schema)
+    assert row is not None, f"no function {schema}.{function}"
+    statement = row["prosrc"].split("RETURN QUERY", 1)[1].rsplit(";", 1)[0]
+    for n, (name, type_) in enumerate(zip(row["names"], row["types"], strict=True), start=1):
+        statement = re.sub(rf"\b{name}\b", f"${n}::{type_}", statement)
+    return statement
+
+
+STATEMENT_FUNCTIONS = ("claim_heads",)
+"""Functions whose body is the one statement a named query runs (queries.sql, `claim`), audited as that
+statement."""
+
+
 async def whole_index_reads(conn: asyncpg.Connection, schema: str) -> list[tuple[str, str, str]]:
     """(file, query, what it reads) for each generic-plan index scan on `commands` that reads a whole index:
-    no index condition, or a condition on `id` alone in an index that does not begin with it."""
+    no index condition, or a condition on `id` alone in an index that does not begin with it. The statements
+    of STATEMENT_FUNCTIONS are audited as ("functions", <name>)."""
     found = []
+    audited = [(filename, named_queries(filename, schema)) for filename in FILES]
+    audited.append(("functions", {f: await function_statement(conn, f, schema) for f in STATEMENT_FUNCTIONS}))
     await conn.execute("SET plan_cache_mode = force_generic_plan")
     try:
-        for filename in FILES:
-            for name, sql in named_queries(filename, schema).items():
+        for filename, named in audited:
+            for name, sql in named.items():
                 plan = await _generic_plan(conn, sql)
+                if plan is None and filename == "functions":
+                    raise AssertionError(f"the statement of {name} does not prepare alone: {sql[:200]}")
                 for node in plan_nodes(plan) if plan else ():
                     if reads_whole_index(node):
                         what = f"{node['Index Name']}, condition {node.get('Index Cond')}, filter {node.get('Filter')}"

@@ -17,6 +17,11 @@ It wraps the worker's internals (its claim, its wake-up callback and its decide-
 the clock, so it follows their names.
 
     python tests/perf/signal_path.py --samples 300
+    python tests/perf/signal_path.py --samples 300 --waiting 100000
+
+With --waiting, that many waiting instances are seeded (as the scale bench seeds them) and analyzed
+after the worker has started and claimed on the empty database: the worker's connections then claim
+on tables that grew after their first claims ("The claim on its generic plan" in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from typing import Any
 import asyncpg
 from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
-from stepstone.bench.common import Progress, track_commits
-from stepstone.bench.workflows import SIGNAL_SEEN, registry, signal_wf
+from stepstone.bench.common import Progress, seed_waiting, track_commits
+from stepstone.bench.workflows import SIGNAL_SEEN, registry, signal_wf, waiting
 from stepstone.client import Client
+from stepstone.core.pin import pin_of
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.migrate import migrate
 from stepstone.store.postgres import PostgresStore
@@ -68,7 +74,17 @@ def _instrument(worker: Worker, store: PostgresStore) -> tuple[list[float], dict
     return notified, seen
 
 
-async def main(admin_url: str, samples: int, min_wake: float) -> None:
+async def _grow(url: str, size: int) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        for lo in range(1, size + 1, 200_000):
+            await seed_waiting(conn, SCHEMA, pin_of(waiting), lo, min(size, lo + 199_999))
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def main(admin_url: str, samples: int, min_wake: float, grown: int) -> None:
     async with scratch_database(admin_url, "signal_path") as url:
         conn = await asyncpg.connect(url)
         await migrate(conn, SCHEMA)
@@ -84,6 +100,14 @@ async def main(admin_url: str, samples: int, min_wake: float) -> None:
         await worker.start()
         rows: list[dict[str, float]] = []
         try:
+            if grown:
+                for _ in range(10):  # the worker's claims on the empty database
+                    iid = await client.start(signal_wf, {})
+                    await progress.wait_until(lambda iid=iid: iid in progress.waiting, timeout=60)
+                    await client.signal(iid, "go")
+                    await progress.wait_until(lambda iid=iid: iid in progress.ended, timeout=60)
+                    SIGNAL_SEEN.pop(iid, None)
+                await _grow(url, grown)
             for _ in range(samples):
                 iid = await client.start(signal_wf, {})
                 await progress.wait_until(lambda iid=iid: iid in progress.waiting, timeout=60)
@@ -127,5 +151,7 @@ if __name__ == "__main__":
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--min-wake", type=float, default=WorkerConfig.min_wake_interval,
                         help="the worker's min_wake_interval (coalescing of wake-ups after an empty claim)")
+    parser.add_argument("--waiting", type=int, default=0,
+                        help="waiting instances seeded and analyzed after the worker's first claims")
     args = parser.parse_args()
-    asyncio.run(main(args.admin_url, args.samples, args.min_wake))
+    asyncio.run(main(args.admin_url, args.samples, args.min_wake, args.waiting))

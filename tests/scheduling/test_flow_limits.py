@@ -16,6 +16,7 @@ from stepstone.store import postgres
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import queries
 from stepstone.testing import Engine
+from tests.perf.generic_plans import function_statement
 from tests.scheduling.workflows import busy, long
 
 # A test-only observer: after every change of a slot (every admission and release, serialized by the
@@ -191,10 +192,11 @@ async def test_the_claim_stays_one_statement_that_never_reads_the_waiting(
     # Its search for work reads none of the held commands: they are passed over by the index, not
     # read and filtered row by row. (The plan of the UPDATE that takes the found rows depends on the
     # table's size, here small; tests/perf/test_query_plans.py guards it with 20,000 rows.)
+    search = await function_statement(db, "claim_heads")  # the claim's statement (migration 0036)
     explained = db.transaction()
     await explained.start()
     try:
-        [[plan]] = await db.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {claim}", 16, 30.0, "probe",
+        [[plan]] = await db.fetch(f"EXPLAIN (ANALYZE, FORMAT JSON) {search}", 16, 30.0, "probe",
                                   [long.plan.definition_id])
     finally:
         await explained.rollback()  # EXPLAIN ANALYZE runs the claim: leave nothing behind

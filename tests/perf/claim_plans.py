@@ -1,0 +1,137 @@
+"""Claims on a worker's connection that first claimed while the database was small, of whichever stepstone
+is importable.
+
+Not a test (pytest does not collect it): the harness behind "The claim on its generic plan" in
+docs/performance.md. PostgreSQL keeps a prepared statement's generic plan only while it costs less than
+the average of every custom plan the connection made for it; a claim's estimated cost grows with the
+queue, so a connection whose first claims found small tables could plan each claim anew once the tables
+had grown and been analyzed. Two modes, each on a fresh database on the server at --admin-url:
+
+    python tests/perf/claim_plans.py empty --waiting 100000   # p50 of 200 empty claims, after growth
+    python tests/perf/claim_plans.py drain --backlog 20000    # an idle worker drains a backlog
+
+`empty`: a store claims ten times on the empty database, then --waiting instances are seeded (as the
+scale bench seeds them) and analyzed, and the same store claims 200 times more (finding nothing).
+`empty` also prints the claim statement's plans on the store's kept connection (`pg_prepared_statements`;
+from migration 0036 on that statement is the call of `claim_heads`, whose own statement always runs on
+its generic plan). `drain`: an in-process worker of 8 slots runs 20 workflows one at a time, then
+--backlog three-step workflows are started in one batch and analyzed (as autovacuum would), and the
+drain is timed. For an A/B run it on each tree alternately, the
+other tree's `src` first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import asyncpg
+from scratch_database import scratch_database  # a sibling: see scratch_database.py
+
+from stepstone.bench.common import seed_waiting
+from stepstone.bench.workflows import registry, three, waiting
+from stepstone.client import Client
+from stepstone.core.pin import pin_of
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.migrate import migrate
+from stepstone.store.postgres import PostgresStore
+
+SCHEMA = "stepstone"
+PLANS = """SELECT custom_plans, generic_plans FROM pg_prepared_statements
+WHERE (statement LIKE '%claim_heads(%' OR statement LIKE '-- Claim up to%')
+  AND statement NOT LIKE '%pg_prepared_statements%'"""
+
+
+async def planned(store: PostgresStore) -> str:
+    """The claim statement's plans on the store's kept connection, which made every claim of `empty`."""
+    rows = await store._kept.fetch(PLANS)
+    return ", ".join(f"{r['custom_plans']} custom and {r['generic_plans']} generic plans" for r in rows)
+
+
+async def empty(url: str, size: int) -> None:
+    conn = await asyncpg.connect(url)
+    store = await PostgresStore.open(url, SCHEMA, max_size=2)
+    try:
+        worker = Worker(store, registry)
+        await worker.register()
+        for _ in range(10):
+            await store.claim(8, 30.0, "probe", worker.served)
+        for lo in range(1, size + 1, 200_000):
+            await seed_waiting(conn, SCHEMA, pin_of(waiting), lo, min(size, lo + 199_999))
+        await conn.execute("ANALYZE")
+        took = []
+        for _ in range(200):
+            began = time.perf_counter()
+            assert await store.claim(8, 30.0, "probe", worker.served) == []
+            took.append(time.perf_counter() - began)
+        print(f"  {await planned(store)}")  # noqa: T201
+        print(f"empty claim at {size:,} waiting: p50 {statistics.median(took) * 1e3:.2f} ms")  # noqa: T201
+    finally:
+        await store.close()
+        await conn.close()
+
+
+class Ended:
+    """Counts the instances that end, as the store's settled channel announces them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = asyncio.Event()
+
+    def __call__(self, _instance_id: str) -> None:
+        self.count += 1
+        self.changed.set()
+
+    async def reach(self, count: int) -> None:
+        while self.count < count:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def drain(url: str, backlog: int) -> None:
+    conn = await asyncpg.connect(url)
+    store = await PostgresStore.open(url, SCHEMA, max_size=12)
+    client_store = await PostgresStore.open(url, SCHEMA, max_size=4)
+    ended = Ended()
+    listener = await client_store.listen_settled(ended)
+    worker = Worker(store, registry, WorkerConfig(concurrency=8, worker_id="drain"))
+    await worker.start()
+    try:
+        client = Client(client_store, registry)
+        for n in range(1, 21):  # an idle worker's claims: they see small tables
+            await client.start(three, {})
+            await ended.reach(n)
+        await client.start_many(three, [{} for _ in range(backlog)])
+        await conn.execute("ANALYZE")
+        began = time.monotonic()
+        await ended.reach(20 + backlog)
+        rate = backlog / (time.monotonic() - began)
+        print(f"drained {backlog:,}: {rate:.0f} workflows/s")  # noqa: T201
+    finally:
+        await worker.stop()
+        await listener.close()
+        await store.close()
+        await client_store.close()
+        await conn.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["empty", "drain"])
+    parser.add_argument("--waiting", type=int, default=100_000, help="instances seeded (empty)")
+    parser.add_argument("--backlog", type=int, default=20_000, help="workflows started at once (drain)")
+    parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    args = parser.parse_args()
+    async with scratch_database(args.admin_url, "stepstone_claims") as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await migrate(conn, SCHEMA)
+        finally:
+            await conn.close()
+        await (empty(url, args.waiting) if args.mode == "empty" else drain(url, args.backlog))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
