@@ -10,7 +10,8 @@ counted alike even when one has no completion channel of its own.
 
 With --waiting the workflows are `bench_waiting`'s instead: one step, then a timer of 30 days, and a
 workflow counts when its instance reaches WAITING (what entering a timed wait costs: "The timer in place"
-in docs/performance.md). Either way it also prints the WAL the measured run wrote, per workflow.
+in docs/performance.md). Either way it also prints the WAL the measured run wrote, per workflow, and
+this process's CPU time (the starters and the worker, as the bench's "engine CPU") per step commit.
 
     python tests/perf/ab_pairs.py --before <commit> --pairs 4
 
@@ -89,8 +90,10 @@ class Timings:
                   f"  in flight {busy / (until - since):.0%} of the run")
 
 
-async def measure(url: str, total: int, timings: Timings | None = None, *, wait: bool = False) -> tuple[float, float]:
-    """(workflows/s, WAL bytes a workflow) of the measured run."""
+async def measure(
+    url: str, total: int, timings: Timings | None = None, *, wait: bool = False
+) -> tuple[float, float, float]:
+    """(workflows/s, WAL bytes a workflow, this process's CPU seconds a step commit) of the measured run."""
     conn = await asyncpg.connect(url)
     await migrate(conn, SCHEMA)
     await conn.execute(TRIGGER.format(status="WAITING" if wait else "COMPLETED", schema=SCHEMA))
@@ -138,11 +141,13 @@ async def measure(url: str, total: int, timings: Timings | None = None, *, wait:
         await conn.execute("ANALYZE")
         began = time.perf_counter()
         wal = await conn.fetchval("SELECT pg_current_wal_lsn()")
+        cpu = time.process_time()
         rate = await closed_loop(total)
+        cpu = time.process_time() - cpu
         if timings is not None:
             timings.report(began, time.perf_counter())
         wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal)
-        return rate, float(wal_bytes) / total
+        return rate, float(wal_bytes) / total, cpu / (total * (1 if wait else 3))
     finally:
         await worker.stop()
         await worker_store.close()
@@ -159,8 +164,9 @@ async def main() -> None:
     parser.add_argument("--waiting", action="store_true", help="workflows that enter a timed wait (see above)")
     args = parser.parse_args()
     async with scratch_database(args.admin_url, "stepstone_ab") as url:
-        rate, wal = await measure(url, args.total, Timings() if args.timings else None, wait=args.waiting)
+        rate, wal, cpu = await measure(url, args.total, Timings() if args.timings else None, wait=args.waiting)
     print(f"  WAL {wal:,.0f} bytes a workflow", flush=True)  # noqa: T201
+    print(f"  CPU {cpu * 1e6:.0f} us a step commit (this process: starts, worker, commits)", flush=True)  # noqa: T201
     print(f"{args.label} {rate:.0f} workflows/s", flush=True)  # noqa: T201 - the result is the output
 
 
