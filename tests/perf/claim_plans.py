@@ -30,7 +30,7 @@ import time
 import asyncpg
 from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
-from stepstone.bench.common import seed_waiting
+from stepstone.bench.scale import seed
 from stepstone.bench.workflows import registry, three, waiting
 from stepstone.client import Client
 from stepstone.core.pin import pin_of
@@ -58,9 +58,7 @@ async def empty(url: str, size: int) -> None:
         await worker.register()
         for _ in range(10):
             await store.claim(8, 30.0, "probe", worker.served)
-        for lo in range(1, size + 1, 200_000):
-            await seed_waiting(conn, SCHEMA, pin_of(waiting), lo, min(size, lo + 199_999))
-        await conn.execute("ANALYZE")
+        await seed(conn, SCHEMA, pin_of(waiting), 1, size)  # and analyzed, as the scale bench does
         took = []
         for _ in range(200):
             began = time.perf_counter()

@@ -34,7 +34,8 @@ from typing import Any
 import asyncpg
 from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
-from stepstone.bench.common import Progress, seed_waiting, track_commits
+from stepstone.bench.common import Progress, track_commits
+from stepstone.bench.scale import seed
 from stepstone.bench.workflows import SIGNAL_SEEN, registry, signal_wf, waiting
 from stepstone.client import Client
 from stepstone.core.pin import pin_of
@@ -77,9 +78,7 @@ def _instrument(worker: Worker, store: PostgresStore) -> tuple[list[float], dict
 async def _grow(url: str, size: int) -> None:
     conn = await asyncpg.connect(url)
     try:
-        for lo in range(1, size + 1, 200_000):
-            await seed_waiting(conn, SCHEMA, pin_of(waiting), lo, min(size, lo + 199_999))
-        await conn.execute("ANALYZE")
+        await seed(conn, SCHEMA, pin_of(waiting), 1, size)  # and analyzed, as the scale bench does
     finally:
         await conn.close()
 
