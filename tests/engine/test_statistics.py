@@ -40,17 +40,24 @@ async def _counted(conn: asyncpg.Connection) -> dict[str, float]:
     return {r["relname"]: r["reltuples"] for r in rows}
 
 
-async def _refresh_until(store: Store, done: Callable[[], Awaitable[bool]], *, timeout: float = 30) -> None:
-    """Call refresh_statistics until `done()` holds. The row counts reach pg_stat_user_tables when the
-    inserting backends flush their statistics (at most every second while busy, within ten seconds when
-    idle): look until they have."""
+async def _until(done: Callable[[], Awaitable[bool]], *, each: Callable[[], Awaitable[object]] | None = None,
+                 failure: str, timeout: float = 30) -> None:
+    """Until `done()` holds, calling `each()` before every look. The row counts reach pg_stat_user_tables
+    when the inserting backends flush their statistics (at most every second while busy, within ten
+    seconds when idle): look until they have."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        await store.refresh_statistics()
+        if each is not None:
+            await each()
         if await done():
             return
-        assert asyncio.get_running_loop().time() < deadline, "the grown tables were never analyzed"
+        assert asyncio.get_running_loop().time() < deadline, failure
         await asyncio.sleep(0.2)
+
+
+async def _refresh_until(store: Store, done: Callable[[], Awaitable[bool]], *, timeout: float = 30) -> None:
+    """Call refresh_statistics until `done()` holds."""
+    await _until(done, each=store.refresh_statistics, failure="the grown tables were never analyzed", timeout=timeout)
 
 
 async def test_small_tables_are_left_to_autovacuum_and_grown_ones_are_analyzed(engine: Engine,
@@ -114,6 +121,42 @@ async def test_a_table_analyzed_small_gets_plans_for_its_size_once_it_has_grown(
         await conn.close()
         await store.close()
 
+
+
+async def test_statistics_rolled_back_with_their_transaction_are_gathered_again(engine: Engine,
+                                                                              database_url: str) -> None:
+    """An ANALYZE whose transaction rolls back (its connection cut before the commit) loses the statistics
+    it wrote but not last_analyze or pg_class.reltuples, which are not transactional: judged by those the
+    tables looked analyzed at their size and were left without statistics until they doubled, and the
+    claim read and sorted the whole backlog meanwhile (docs/performance.md, "Statistics lost with their
+    transaction")."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await engine.client.start_many(workflows.waiter, [{"order_id": f"o-{n}"} for n in range(1_200)])
+
+        async def counted() -> bool:  # the inserts' counts have arrived: nothing doubles them later
+            rows = await conn.fetch("SELECT n_live_tup FROM pg_stat_user_tables WHERE schemaname = 'stepstone' "
+                                    "AND relname = ANY($1::text[])", list(HOT))
+            return len(rows) == len(HOT) and all(r["n_live_tup"] >= 1_200 for r in rows)
+
+        await _until(counted, failure="the row counts never reached pg_stat_user_tables")
+        cut = conn.transaction()
+        await cut.start()
+        await conn.execute(f"ANALYZE {', '.join(f'stepstone.{t}' for t in HOT)}")
+        await cut.rollback()
+        assert await _analyzed(conn) == dict.fromkeys(HOT, True)  # as the counters tell it
+        assert await _with_statistics(conn) == dict.fromkeys(HOT, False)
+        assert await engine.store.refresh_statistics() is False  # analyzed again; young still
+        assert await _with_statistics(conn) == dict.fromkeys(HOT, True)
+    finally:
+        await conn.close()
+
+
+async def _with_statistics(conn: asyncpg.Connection) -> dict[str, bool]:
+    """Whether the planner has statistics of each hot table (pg_stats)."""
+    rows = await conn.fetch("SELECT t AS relname, EXISTS (SELECT 1 FROM pg_stats s WHERE s.schemaname = 'stepstone' "
+                            "AND s.tablename = t) AS has FROM unnest($1::text[]) AS t", list(HOT))
+    return {r["relname"]: r["has"] for r in rows}
 
 
 async def test_one_worker_analyzes_at_a_time(engine: Engine, database_url: str) -> None:

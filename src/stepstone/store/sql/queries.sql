@@ -118,6 +118,13 @@ SELECT EXTRACT(EPOCH FROM (LEAST(
 -- but only once per nap time (a minute), in which a young table can grow tenfold.
 -- `due` names them as regclass prints a name (quoted where needed, qualified unless on the search path)
 -- for refresh_statistics to analyze only those: an ANALYZE of the four took 80-120 ms at a few thousand rows each.
+-- "Never analyzed" also covers a table that holds rows and has no planner statistics (pg_stats): an
+-- ANALYZE whose transaction rolls back (its connection cut before the commit, as the chaos rig's
+-- proxy did) loses the statistics it wrote but keeps last_analyze, the reset count of changes and
+-- pg_class.reltuples, which are not transactional. Judged by those, the tables looked analyzed at
+-- their size, and a young database's claims read and sorted the whole backlog until autovacuum
+-- analyzed it a minute later, or never with autovacuum off (docs/performance.md, "Statistics lost
+-- with their transaction"). A table analyzed empty has none either, and counted 0 rows.
 SELECT count(*) FILTER (WHERE t.young) AS young,
        COALESCE(array_agg(t.name ORDER BY t.name)
                     FILTER (WHERE t.young AND t.live >= $1 AND (t.never OR t.live >= 2 * GREATEST(t.counted, 1))), '{}') AS due
@@ -125,7 +132,11 @@ FROM (SELECT s.relid::regclass::text AS name, s.n_live_tup AS live, c.reltuples 
              n.never, n.never OR c.reltuples < $2 AS young
       FROM pg_stat_user_tables s
       JOIN pg_class c ON c.oid = s.relid
-      CROSS JOIN LATERAL (SELECT s.last_analyze IS NULL AND s.last_autoanalyze IS NULL AS never) AS n
+      CROSS JOIN LATERAL (SELECT (s.last_analyze IS NULL AND s.last_autoanalyze IS NULL)
+                                 OR (c.reltuples > 0 AND NOT EXISTS (SELECT 1 FROM pg_stats p
+                                                                     WHERE p.schemaname = s.schemaname
+                                                                       AND p.tablename = s.relname))
+                                 AS never) AS n
       WHERE s.relid IN ('{{schema}}.instances'::regclass, '{{schema}}.positions'::regclass,
                         '{{schema}}.commands'::regclass, '{{schema}}.history'::regclass)) AS t;
 
