@@ -122,7 +122,6 @@ async def test_a_table_analyzed_small_gets_plans_for_its_size_once_it_has_grown(
         await store.close()
 
 
-
 async def test_statistics_rolled_back_with_their_transaction_are_gathered_again(engine: Engine,
                                                                               database_url: str) -> None:
     """An ANALYZE whose transaction rolls back (its connection cut before the commit) loses the statistics
