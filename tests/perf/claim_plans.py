@@ -16,8 +16,7 @@ scale bench seeds them) and analyzed, and the same store claims 200 times more (
 from migration 0036 on that statement is the call of `claim_heads`, whose own statement always runs on
 its generic plan). `drain`: an in-process worker of 8 slots runs 20 workflows one at a time, then
 --backlog three-step workflows are started in one batch and analyzed (as autovacuum would), and the
-drain is timed. For an A/B run it on each tree alternately, the
-other tree's `src` first on PYTHONPATH.
+drain is timed. For an A/B, run it on each tree alternately, the other tree's `src` first on PYTHONPATH.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
 -- first cheap plans hold down, finds it dearer, and plans the claim anew on every call until the average
 -- catches up: 305 custom plans in 305 claims after three rounds of 10,000 queued starts and ANALYZE,
 -- where a fresh connection took 5 (the same plan either way: generic and custom cost 5,776, 11,822 and
--- 17,232). Planning the claim costs about 1 ms, its execution 0.2-0.7 ms. In the throughput bench's
--- worker 297-321 of about 790 claims were planned anew in three of five runs.
+-- 17,232). Planning the claim costs about 1 ms, its execution 0.2-0.7 ms. In the worker of
+-- tests/perf/ab_throughput.py 297-321 of about 790 claims were planned anew in three of five runs.
 --
 -- `SET plan_cache_mode = force_generic_plan` on the function applies to the statements it runs and to
 -- nothing else on the connection (the operators' listings keep their custom plans, which their optional
