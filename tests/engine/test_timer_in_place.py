@@ -12,27 +12,12 @@ from pydantic import BaseModel, Field
 
 from stepstone import Registry, StepContext, Workflow
 from stepstone.testing import open_engine
+from tests.engine import workflows
 from tests.engine.conftest import Rows
 
 
 class Log(BaseModel):
     log: list[str] = Field(default_factory=list)
-
-
-napping: Workflow[Log] = Workflow("in_place_nap", version=1, state=Log)
-
-
-@napping.step(start=True, next="nap")
-def before(_ctx: StepContext, state: Log) -> None:
-    state.log.append("before")
-
-
-napping.timer("nap", delay=timedelta(seconds=30), next="after")
-
-
-@napping.step(next=None)
-def after(_ctx: StepContext, state: Log) -> None:
-    state.log.append("after")
 
 
 asking: Workflow[Log] = Workflow("in_place_ask", version=1, state=Log)
@@ -66,14 +51,14 @@ def end(_ctx: StepContext, state: Log) -> None:
     state.log.append("end")
 
 
-registry = Registry(napping, asking, told)
+registry = Registry(workflows.timed, asking, told)  # timed: a step, a timer of 5 minutes, a step
 
 
 async def test_a_step_that_ends_in_a_timed_wait_turns_its_command_into_the_timer(
     database_url: str, rows: Rows
 ) -> None:
     async with open_engine(database_url, registry) as engine:
-        iid = await engine.client.start(napping, {})
+        iid = await engine.client.start(workflows.timed, {"order_id": "o-1"})
         await engine.run_until_idle()
         [timer] = await rows.commands(iid)  # the START, become the timer: no settled row beside it
         assert (timer["kind"], timer["state"], timer["name"], timer["step"]) == ("TIMER", "PENDING", "fire", "nap")
@@ -87,7 +72,7 @@ async def test_a_step_that_ends_in_a_timed_wait_turns_its_command_into_the_timer
             "SELECT command_id FROM stepstone.history WHERE instance_id = $1::uuid AND kind = 'STEP_COMPLETED'", iid)
         assert step_done == timer["id"]
 
-        await engine.advance(31)
+        await engine.advance(301)
         await engine.run_until_idle()
         info = await engine.client.get(iid)
         assert (info.status, info.state["log"]) == ("COMPLETED", ["before", "after"])
