@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -19,14 +20,29 @@ def rich_table(
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    table = Table(*headers, title=title, box=SIMPLE_HEAD if header else None, title_justify="left",
-                  pad_edge=False, show_header=header)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    table = Table(title=title, box=SIMPLE_HEAD if header else None, title_justify="left", pad_edge=False,
+                  show_header=header)
+    for n, name in enumerate(headers):
+        # A column is never narrower than its longest word: an instance id cut to "2221e445-e69…" cannot
+        # be copied into the next command. Columns wrap between words instead.
+        table.add_column(name, min_width=max((len(word) for row in cells if n < len(row)
+                                              for word in row[n].split()), default=0))
+    for row in cells:
+        table.add_row(*row)
     out = io.StringIO()
-    width = max(shutil.get_terminal_size((160, 24)).columns, 120)
-    Console(file=out, width=width, color_system=None, force_terminal=False, soft_wrap=False).print(table)
+    console = Console(file=out, width=_UNBOUNDED, color_system=None, force_terminal=False, soft_wrap=False)
+    fits = console.measure(table)
+    # Piped, a table is as wide as its rows (a script reads whole lines); on a terminal, as wide as the
+    # terminal, or wider when its words do not fit (the terminal then wraps the lines, cutting nothing).
+    width = max(shutil.get_terminal_size().columns, fits.minimum) if sys.stdout.isatty() else fits.maximum
+    console.width = max(width, 1)
+    console.print(table)
     return out.getvalue().rstrip("\n")
+
+
+_UNBOUNDED = 100_000
+"""The width a table is measured at: wider than any row it holds."""
 
 
 @contextmanager
