@@ -180,7 +180,9 @@ async def test_concurrent_fetches_never_hand_one_task_to_two_workers(engine: Eng
         got: list[str] = []
         while batch := await fetchers[n].fetch_and_lock(f"w{n}", ["payments"], max_tasks=4):
             got += [t.id for t in batch]
-            await asyncio.sleep(0)
+            # A pause between batches lets the other fetchers in: with none, a fetcher that got its round
+            # trips first took all 60 tasks alone in one of four runs of `pytest -n 2` (2026-12-05).
+            await asyncio.sleep(0.01)
         return got
 
     results = await asyncio.gather(*(drain(n) for n in range(6)))
