@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from stepstone.core.effects import CloseTimers, Enqueue, MovePosition, RecordHistory, RequeueSignals, SetState
+from stepstone.core.effects import (
+    CloseTimers,
+    Enqueue,
+    MovePosition,
+    RecordHistory,
+    RequeueSignals,
+    SetState,
+    SettleQueued,
+)
 from stepstone.core.model import (
     CommandView,
     Decision,
@@ -270,3 +278,55 @@ def test_a_change_python_equality_misses_is_still_stored() -> None:
     d = complete_step(before, CommandView(1, "START"), PLAN, StepSucceeded("give_up", {"flags": [0]}), NOW)
     assert d.instance is not None and d.instance.state == {"flags": [0]}
     assert d.history[0].data["patch"] == [{"op": "replace", "path": "/flags", "value": [0]}]
+
+
+# -- joins: the branch reports queued behind the claimed one (migration 0037) ---------------------------
+
+MAP = Plan.build("m", 1, "spread", [
+    Step("spread", "fork", map_over="items", branch_step="work"),
+    Step("work", "action", ("gather",)),
+    Step("gather", "join", ("done",), fork="spread"),
+    Step("done", "action", (END,)),
+])
+
+
+def at_join(done: int, need: int, total: int = 10) -> InstanceView:
+    wait = {"kind": "join", "fork": "spread", "join": "gather", "total": total, "need": need, "done": done}
+    return inst("WAITING", "spread", 1, wait=wait)
+
+
+def report(n: int, *, visit: int = 1, behind: tuple[CommandView, ...] = ()) -> CommandView:
+    return CommandView(100 + n, "BRANCH_DONE", "spread", visit, payload={"fork": "spread", "branch": f"spread/{n}"},
+                       behind=behind)
+
+
+def joined(d: D) -> list[tuple[object, object]]:
+    return [(h.data["branch"], h.data["done"]) for h in d.history if h.kind == "BRANCH_JOINED"]
+
+
+def test_a_report_alone_joins_one_branch_and_waits_on() -> None:
+    d = decide(at_join(2, 10), report(0), MAP)
+    assert joined(d) == [("spread/0", 3)] and not d.decision.of(SettleQueued)
+    assert d.instance is not None and d.instance.status == "WAITING" and d.instance.wait["done"] == 3
+
+
+def test_the_reports_queued_behind_join_in_the_same_commit_in_queue_order() -> None:
+    d = decide(at_join(0, 10), report(0, behind=(report(1), report(2), report(3))), MAP)
+    assert joined(d) == [("spread/0", 1), ("spread/1", 2), ("spread/2", 3), ("spread/3", 4)]
+    assert [e.command_ids for e in d.decision.of(SettleQueued)] == [(101, 102, 103)]
+    assert d.instance is not None and d.instance.wait["done"] == 4 and d.settle.state == "COMPLETE"
+
+
+def test_a_join_takes_no_more_reports_than_it_needs_and_fires_once() -> None:
+    d = decide(at_join(1, 3), report(0, behind=tuple(report(n) for n in range(1, 6))), MAP)
+    assert joined(d) == [("spread/0", 2), ("spread/1", 3)]
+    assert [e.command_ids for e in d.decision.of(SettleQueued)] == [(101,)]  # the other four stay queued
+    assert hist(d).count("JOINED") == 1 and d.continuation is not None and d.continuation.step == "done"
+
+
+def test_no_report_overtakes_a_command_queued_before_it() -> None:
+    signal = CommandView(150, "SIGNAL", None, 1, "poke")
+    d = decide(at_join(0, 10), report(0, behind=(report(1), signal, report(2))), MAP)
+    assert joined(d) == [("spread/0", 1), ("spread/1", 2)]
+    stale = decide(at_join(0, 10), report(0, behind=(report(1, visit=2), report(2))), MAP)
+    assert joined(stale) == [("spread/0", 1)] and not stale.decision.of(SettleQueued)

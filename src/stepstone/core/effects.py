@@ -81,6 +81,15 @@ class Enqueue(Effect):
 
 
 @dataclass(frozen=True)
+class SettleQueued(Effect):
+    """Commands queued right behind the claimed one on this position that the decision carried out
+    with it (a join's `BRANCH_DONE` reports, `CommandView.behind`): settled COMPLETE by the same commit,
+    which the position's lease fences, so none of them is ever applied twice."""
+
+    command_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class CloseTimers(Effect):
     """Leaving a wait or timer: this position's pending timer commands are superseded."""
 

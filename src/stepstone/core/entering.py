@@ -151,17 +151,24 @@ def _reach_join(instance: InstanceView, join: Step, visit: int) -> list[Effect]:
     ]
 
 
-def join_branch(instance: InstanceView, plan: Plan, wait: dict[str, Any], branch: str, now: datetime) -> list[Effect]:
-    """A branch of the fork this position waits at reached the join."""
+def join_branch(
+    instance: InstanceView, plan: Plan, wait: dict[str, Any], branches: list[str], now: datetime
+) -> list[Effect]:
+    """Branches of the fork this position waits at reached the join, in the order they reported; the
+    caller passes no more of them than the join still needs."""
     fork = str(wait["fork"])
-    done, total, need = int(wait["done"]) + 1, int(wait["total"]), int(wait["need"])
-    joined = RecordHistory("BRANCH_JOINED", fork, instance.visit, {"branch": branch, "done": done, "need": need})
+    done, total, need = int(wait["done"]), int(wait["total"]), int(wait["need"])
+    joined: list[Effect] = []
+    for branch in branches:
+        done += 1
+        joined.append(RecordHistory("BRANCH_JOINED", fork, instance.visit,
+                                    {"branch": branch, "done": done, "need": need}))
     if done < need:
-        return [MovePosition(WAITING, fork, instance.visit, wait={**wait, "done": done}), joined]
+        return [MovePosition(WAITING, fork, instance.visit, wait={**wait, "done": done}), *joined]
     losers = [CloseBranches(branch_prefix(instance.position, fork), "JOIN_COMPLETE")] if done < total else []
     join = plan.join_of(fork)
     fired = RecordHistory("JOINED", join.name, instance.visit, {"done": done, "total": total})
-    return [joined, *losers, fired, *enter(instance, plan, join.next[0], instance.state, now)]
+    return [*joined, *losers, fired, *enter(instance, plan, join.next[0], instance.state, now)]
 
 
 def child_failed(instance: InstanceView, step: str, payload: dict[str, Any]) -> list[Effect]:

@@ -99,6 +99,9 @@ class CommandView:
     """The error its last settle, deferral or crashed segment recorded, for the dead letter."""
     actor: str | None = None
     """Who recorded it (`core.attribution`): the worker's history entries name it as on whose behalf."""
+    behind: tuple[CommandView, ...] = ()
+    """For a join's `BRANCH_DONE`: the ready commands queued right behind it on its position, in queue
+    order, which its decision may carry out too (`SettleQueued`); empty for every other kind."""
 
 
 @dataclass(frozen=True)

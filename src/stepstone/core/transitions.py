@@ -12,6 +12,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from itertools import islice, takewhile
+from typing import Any
 
 from stepstone.core.baselines import step_completed
 from stepstone.core.effects import (
@@ -20,6 +22,7 @@ from stepstone.core.effects import (
     NotifyParent,
     RecordHistory,
     SetState,
+    SettleQueued,
     StartChild,
     state_change,
 )
@@ -220,11 +223,25 @@ def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: dateti
 
 def _branch_done(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
     wait = instance.wait or {}
-    payload = command.payload if isinstance(command.payload, dict) else {}
-    if wait.get("kind") != "join" or command.visit != instance.visit or payload.get("fork") != wait.get("fork"):
+    if not _reports_to_join(instance, wait, command):
         return _ignored(instance, command, "JOIN_NOT_WAITING")
-    effects = join_branch(instance, plan, wait, str(payload.get("branch")), now)
+    # The reports queued right behind this one join in the same commit: a map's branches finish faster
+    # than its fork's position takes one report a segment, and each segment read the whole state
+    # (docs/branches.md, "Large maps"). Only as many as the join still needs, in queue order, and none
+    # past the first command that is not such a report, so nothing overtakes what queued before it.
+    needed = int(wait["need"]) - int(wait["done"]) - 1
+    more = list(islice(takewhile(lambda c: _reports_to_join(instance, wait, c), command.behind), max(needed, 0)))
+    effects = join_branch(instance, plan, wait, [str(c.payload.get("branch")) for c in (command, *more)], now)
+    if more:
+        effects.append(SettleQueued(tuple(c.id for c in more)))
     return Decision(settled(effects), tuple(effects))
+
+
+def _reports_to_join(instance: InstanceView, wait: dict[str, Any], command: CommandView) -> bool:
+    """A branch's report that the join this position waits at counts: its fork, this visit."""
+    payload = command.payload if isinstance(command.payload, dict) else {}
+    return (command.kind == "BRANCH_DONE" and wait.get("kind") == "join" and command.visit == instance.visit
+            and payload.get("fork") == wait.get("fork"))
 
 
 def _child_done(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:

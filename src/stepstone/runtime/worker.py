@@ -57,6 +57,9 @@ log = logging.getLogger("stepstone.worker")
 
 _CLAIM_LOOP_EXIT_SECONDS = 10.0
 _MAX_STATE_CONFLICTS = 50
+_JOIN_BATCH = 500
+"""Branch reports a join takes in one commit at most, beside the one it claimed: a commit document of
+about 50 kB at the most (a history entry each)."""
 # Future commands a worker keeps a wake-up for (those due within the poll interval); beyond it, the poll
 # covers them: a flood of notifications cannot grow a worker without bound.
 _MAX_DUES = 1024
@@ -418,6 +421,9 @@ class Worker:
             return
         instance, command, now = claim.instance, claim.command, claim.now
         observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
+        if command.kind == "BRANCH_DONE":  # the reports queued behind it may join in the same commit
+            behind = await self.store.queued_behind(instance.id, instance.position, command.id, _JOIN_BATCH)
+            command = replace(command, behind=tuple(behind))
         while True:
             decided_on, decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:
@@ -433,7 +439,9 @@ class Worker:
             # From the instance the decision was made on: after a conflict that is the state the commit
             # returned, not the one this segment was claimed with.
             instance = advance(decided_on, decision, committed.state_version)
-            if committed.state is not None:  # the change was carried onto a newer state: go on from that
+            # The change was carried onto a newer state, or the decision wrote none and another position
+            # moved the state on meanwhile (migration 0037): go on from the state the commit returned.
+            if committed.state is not None:
                 instance = replace(instance, state=committed.state)
             command = CommandView(committed.continuation, "STEP", follow.step, follow.visit, None, follow.payload,
                                   actor=command.actor)

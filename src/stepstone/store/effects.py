@@ -40,6 +40,7 @@ from stepstone.core.effects import (
     RequeueSignals,
     ScheduleStepDeadline,
     SetState,
+    SettleQueued,
     StartChild,
     Subscribe,
 )
@@ -183,6 +184,10 @@ def _subscribe(e: Subscribe, doc: _Doc) -> None:
     doc.extend("subscriptions", {"names": list(e.names), "key": e.key, "visit": e.visit})
 
 
+def _settle_queued(e: SettleQueued, doc: _Doc) -> None:
+    doc.body.setdefault("queued", []).extend(e.command_ids)
+
+
 WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     MovePosition: _move,
     SetState: _state,
@@ -205,6 +210,7 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     ChangeTask: _change_task,
     Subscribe: _subscribe,
     RedactClaimedPayload: _redact_payload,
+    SettleQueued: _settle_queued,
 }
 """Effect type -> the writer of its section of the commit document."""
 
@@ -230,6 +236,7 @@ SECTION_SQL: dict[type[Effect], str] = {
     ChangeTask: feature_section("tasks"),
     Subscribe: feature_section("subscriptions"),
     RedactClaimedPayload: feature_section("redacted_payloads"),
+    SettleQueued: "d->'queued'",
 }
 """Effect type -> the SQL in `commit_decision` that carries out its section (checked by a test)."""
 

@@ -196,6 +196,17 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         row = await self._fetchrow("held_command", uuid.UUID(instance_id), position, token)
         return None if row is None else HeldCommand(int(row["id"]), row["step"], row["visit"])
 
+    async def queued_behind(self, instance_id: str, position: str, command_id: int, limit: int) -> list[CommandView]:
+        """The ready commands queued right behind this claimed one on its position, in queue order, up to
+        `limit`: none past the first that is not ready (`CommandView.behind`)."""
+        behind = []
+        for r in await self._fetch("queued_behind", uuid.UUID(instance_id), position, command_id, limit):
+            if not r["ready"]:
+                break
+            behind.append(CommandView(r["id"], r["kind"], r["step"], r["visit"], r["name"], r["payload"],
+                                      r["attempt"], r["claims"], r["last_error"], r["actor"]))
+        return behind
+
     async def holds_lease(self, instance_id: str, position: str, token: Any) -> bool:
         return bool(await self._fetchval("holds_lease", _uuid(instance_id), position, token))
 

@@ -1158,6 +1158,17 @@ BEGIN
     END IF;
 
     -- 6. Other commands of this instance, in ascending id order.
+    IF d ? 'queued' THEN
+        -- Join reports queued behind the claimed one, carried out with it (SettleQueued, migration 0037);
+        -- before the blocks below, which would reject them as leftovers of an instance this commit ends.
+        UPDATE {{schema}}.commands c SET state = 'COMPLETE', settled_at = v_now, claimed_by = d->>'worker'
+        WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                       WHERE x.id IN (SELECT jsonb_array_elements_text(d->'queued')::bigint)
+                         AND x.instance_id = v_id AND x.position = v_pos
+                         -- IS TRUE: by the primary key, never a scan of a partial index (migration 0028)
+                         AND (x.state = 'PENDING') IS TRUE
+                       ORDER BY x.id FOR UPDATE);
+    END IF;
     IF (d->>'close_timers')::boolean THEN
         UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
             last_error = 'WAIT_LEFT'
@@ -1256,6 +1267,14 @@ BEGIN
                                                WHERE c.oid = '{{schema}}.commands'::regclass),
                               (extract(epoch FROM v_now) * 1000)::bigint::text);
         END IF;
+    END IF;
+
+    -- A decision that wrote no state, made on a version another position has moved on since: the worker
+    -- goes on from the current state, not the one it claimed (migration 0037). Else a join that fires
+    -- while a branch commits would hand its next step the state from before that branch's change, under
+    -- the new version, and the step's commit would write over the change.
+    IF NOT v_has_state AND v_version <> (d->>'state_version')::bigint THEN
+        v_state := (SELECT i.state FROM {{schema}}.instances i WHERE i.id = v_id);
     END IF;
 
     -- (OUT parameters and RETURN NEXT, not RETURN QUERY: no query to run for the one row.)
@@ -4820,3 +4839,8 @@ BEGIN
     JOIN leased ON leased.instance_id = claimed.instance_id AND leased.path = claimed.position
     JOIN {{schema}}.instances i ON i.id = claimed.instance_id;
 END $$;
+
+-- ==== version 37 (migration 0037_joins_take_queued_reports) ====
+-- commit_decision (in the version 5 section) settles the branch reports a join's decision carried out
+-- with the one it claimed (SettleQueued), and returns the current state to a decision that wrote none on
+-- a version that has moved on since; why: the migration's header.

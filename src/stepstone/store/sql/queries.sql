@@ -31,6 +31,18 @@ SELECT c.id, c.step, c.visit FROM {{schema}}.commands c
 JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
 WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND (c.state = 'CLAIMED') IS TRUE;
 
+-- name: queued_behind
+-- The commands queued right behind claimed command $3 on position $2 of instance $1, in queue order, up to
+-- $4 of them, each with whether it is ready (PENDING and due): a join's decision takes the ready
+-- BRANCH_DONE reports at their head (migration 0037). By the queue index, from the claimed command's place.
+SELECT c.id, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims, c.last_error, c.actor,
+       c.state = 'PENDING' AND c.available_at <= {{schema}}.db_now() AS ready
+FROM {{schema}}.commands c
+WHERE c.instance_id = $1 AND c.position = $2 AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+  AND (c.seq, c.id) > (SELECT h.seq, h.id FROM {{schema}}.commands h WHERE h.id = $3)
+ORDER BY c.seq, c.id
+LIMIT $4;
+
 -- name: holds_lease
 -- Whether this token still holds the position's lease, unexpired, on the database clock.
 SELECT EXISTS (SELECT 1 FROM {{schema}}.positions p
