@@ -1,6 +1,6 @@
 """A join takes the branch reports queued behind the one it claimed in the same commit (migration 0037),
-on PostgreSQL: every branch joins once, in the order it reported, the join fires once, and a join that
-needs fewer takes no more than it needs.
+on PostgreSQL: every branch joins once, in the order it reported, the join fires once, a join that
+needs fewer takes no more than it needs, and the step after the join sees every joined branch's change.
 
 One worker slot makes the queue deterministic: the branches' step commands were queued at the fork, before
 any report, so every branch runs before the fork's position claims its first report, and the reports of
@@ -8,12 +8,18 @@ all the others are queued behind it by then."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from pydantic import BaseModel, Field
 
 from stepstone import Registry, StepContext, Workflow
+from stepstone.client import Client
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.port import Queued
+from stepstone.store.postgres import PostgresStore
 from stepstone.testing import Engine, open_engine
 from tests.engine.conftest import Rows
 
@@ -93,3 +99,70 @@ async def test_a_join_that_needs_five_takes_five_and_the_rest_are_left_as_before
         " GROUP BY state", iid)
     # The instance ended at `add`, which rejected the reports the join did not need.
     assert {r["state"]: r["n"] for r in states} == {"COMPLETE": 5, "REJECTED": 15}
+
+
+RELEASE: dict[str, asyncio.Event] = {}
+
+held: Workflow[Items] = Workflow("join_batch_held", version=1, state=Items)
+held.fork("spread", map_over="items", branch="slow_square", start=True)
+
+
+@held.step(next="gather", name="slow_square")
+async def slow_square(ctx: StepContext, state: Items) -> None:
+    assert ctx.branch is not None
+    if ctx.branch.item != 1:  # every branch but the first waits for the test
+        await RELEASE["branches"].wait()
+    state.squares[ctx.branch.name] = int(ctx.branch.item) ** 2
+
+
+held.join("gather", fork="spread", next="add_held")
+
+
+@held.step(next=None, name="add_held")
+def add_held(_ctx: StepContext, state: Items) -> None:
+    state.total = sum(state.squares.values())
+
+
+class PausingStore(PostgresStore):
+    """Holds the first read of the reports queued behind a claimed one until the test says go: by then
+    that claim has read the state, and the other branches commit their changes and reports meanwhile."""
+
+    paused: asyncio.Event
+    go: asyncio.Event
+
+    async def queued_behind(self, *args: Any) -> Queued:
+        if not self.go.is_set():
+            self.paused.set()
+            await self.go.wait()
+        return await super().queued_behind(*args)
+
+
+async def test_the_step_after_the_join_sees_what_the_joined_branches_wrote(database_url: str, rows: Rows) -> None:
+    RELEASE["branches"] = asyncio.Event()
+    store = await PausingStore.open(database_url, max_size=8)
+    store.paused, store.go = asyncio.Event(), asyncio.Event()
+    worker = Worker(store, Registry(held), WorkerConfig(concurrency=4, worker_id="join-held"))
+    await worker.start()
+    try:
+        iid = await Client(store, Registry(held)).start(held, Items(items=[1, 2, 3]))
+        await asyncio.wait_for(store.paused.wait(), 30)  # the first branch's report claimed, the state read
+        RELEASE["branches"].set()
+        queued = "SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid AND kind = 'BRANCH_DONE'"
+        for _ in range(3000):
+            if await rows.count(queued, iid) == 3:
+                break
+            await asyncio.sleep(0.01)
+        store.go.set()  # the claimed report's segment reads the two reports behind it
+        for _ in range(3000):
+            if (info := await Client(store, Registry(held)).get(iid)).status == "COMPLETED":
+                break
+            await asyncio.sleep(0.01)
+        assert info.status == "COMPLETED", info.error
+        joins = await _joins(rows, iid)
+        assert len(joins) == 3 and len({c for _, _, c in joins}) == 1  # all three in the paused segment
+        assert info.state["total"] == 1 + 4 + 9  # not 1: the state the claim read held the first branch only
+    finally:
+        RELEASE["branches"].set()
+        store.go.set()
+        await worker.stop()
+        await store.close()

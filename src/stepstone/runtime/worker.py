@@ -422,8 +422,12 @@ class Worker:
         instance, command, now = claim.instance, claim.command, claim.now
         observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
         if command.kind == "BRANCH_DONE":  # the reports queued behind it may join in the same commit
-            behind = await self.store.queued_behind(instance.id, instance.position, command.id, _JOIN_BATCH)
-            command = replace(command, behind=tuple(behind))
+            queued = await self.store.queued_behind(instance.id, instance.position, command.id, _JOIN_BATCH)
+            command = replace(command, behind=queued.commands)
+            if queued.commands:
+                # Their branches committed after this claim read the state: the join and the step it enters
+                # decide on a state that holds those branches' changes, read with the reports.
+                instance = replace(instance, state=queued.state, state_version=queued.state_version)
         while True:
             decided_on, decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:

@@ -32,6 +32,7 @@ __all__ = [
     "Listener",
     "NewInstance",
     "Pin",
+    "Queued",
     "Store",
     "WorkerStore",
 ]
@@ -65,6 +66,17 @@ class Committed:
     state_version: int = 0
     conflict: bool = False
     state: Any = None
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The ready commands queued right behind a claimed one on its position (`WorkerStore.queued_behind`),
+    and the instance's shared state and its version, read in the same snapshot: a state that holds what
+    every one of those commands' writers committed with it."""
+
+    commands: tuple[CommandView, ...]
+    state: Any
+    state_version: int
 
 
 @dataclass(frozen=True)
@@ -156,9 +168,7 @@ class WorkerStore(Protocol):
     ) -> list[Committed | None]: ...
     async def held_command(self, instance_id: str, position: str, token: Any) -> HeldCommand | None: ...
     async def settled_by(self, command_id: int, token: Any) -> bool: ...
-    async def queued_behind(
-        self, instance_id: str, position: str, command_id: int, limit: int
-    ) -> list[CommandView]: ...
+    async def queued_behind(self, instance_id: str, position: str, command_id: int, limit: int) -> Queued: ...
     async def holds_lease(self, instance_id: str, position: str, token: Any) -> bool: ...
     async def renew(self, held: dict[tuple[str, str], Any], lease_seconds: float) -> set[tuple[str, str]]: ...
     async def release(self, instance_id: str, position: str, token: Any) -> bool: ...

@@ -34,7 +34,7 @@ from stepstone.store.effects import commit_document, event_id
 from stepstone.store.kept_connection import KeptConnection
 from stepstone.store.observing import ObservingQueries
 from stepstone.store.outcomes import signal_command_id
-from stepstone.store.port import Claim, CommitRequest, Committed, HeldCommand, NewInstance, NewInstances, Pin
+from stepstone.store.port import Claim, CommitRequest, Committed, HeldCommand, NewInstance, NewInstances, Pin, Queued
 from stepstone.store.postgres_tasks import TaskQueries, open_signal_limit
 from stepstone.store.queries import queries
 from stepstone.store.registry import PostgresRegistry
@@ -196,16 +196,20 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         row = await self._fetchrow("held_command", uuid.UUID(instance_id), position, token)
         return None if row is None else HeldCommand(int(row["id"]), row["step"], row["visit"])
 
-    async def queued_behind(self, instance_id: str, position: str, command_id: int, limit: int) -> list[CommandView]:
+    async def queued_behind(self, instance_id: str, position: str, command_id: int, limit: int) -> Queued:
         """The ready commands queued right behind this claimed one on its position, in queue order, up to
-        `limit`: none past the first that is not ready (`CommandView.behind`)."""
+        `limit` (none past the first that is not ready: `CommandView.behind`), with the instance's state
+        and version read in the same snapshot."""
+        rows = await self._fetch("queued_behind", uuid.UUID(instance_id), position, command_id, limit)
+        if not rows:
+            raise InstanceNotFound(instance_id)
         behind = []
-        for r in await self._fetch("queued_behind", uuid.UUID(instance_id), position, command_id, limit):
-            if not r["ready"]:
+        for r in rows:
+            if r["id"] is None or not r["ready"]:
                 break
             behind.append(CommandView(r["id"], r["kind"], r["step"], r["visit"], r["name"], r["payload"],
                                       r["attempt"], r["claims"], r["last_error"], r["actor"]))
-        return behind
+        return Queued(tuple(behind), rows[0]["state"], int(rows[0]["state_version"]))
 
     async def holds_lease(self, instance_id: str, position: str, token: Any) -> bool:
         return bool(await self._fetchval("holds_lease", _uuid(instance_id), position, token))

@@ -5,7 +5,8 @@
 -- every branch. A map's branches finish faster than that, so the reports piled up (1,495 of a 1,500-item
 -- map at once) and the instance spent most of its run draining them one by one, while every claim meanwhile
 -- walked past the queued ones in time order (5.5 ms a claim). The worker now reads the ready commands
--- queued right behind a claimed BRANCH_DONE (queries.sql, `queued_behind`), the decision counts the
+-- queued right behind a claimed BRANCH_DONE, with the instance's state in the same snapshot, which holds
+-- what their branches committed with them (queries.sql, `queued_behind`); the decision counts the
 -- reports among them that the join still needs, in queue order (core/transitions.py, `_branch_done`),
 -- and commit_decision settles those COMPLETE in the same commit (the effect SettleQueued, the document's
 -- `queued`), before it rejects the leftovers of an instance the commit ends. The position's lease fences

@@ -33,15 +33,26 @@ WHERE c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND (c.state = 'CL
 
 -- name: queued_behind
 -- The commands queued right behind claimed command $3 on position $2 of instance $1, in queue order, up to
--- $4 of them, each with whether it is ready (PENDING and due): a join's decision takes the ready
--- BRANCH_DONE reports at their head (migration 0037). By the queue index, from the claimed command's place.
-SELECT c.id, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims, c.last_error, c.actor,
-       c.state = 'PENDING' AND c.available_at <= {{schema}}.db_now() AS ready
-FROM {{schema}}.commands c
-WHERE c.instance_id = $1 AND c.position = $2 AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-  AND (c.seq, c.id) > (SELECT h.seq, h.id FROM {{schema}}.commands h WHERE h.id = $3)
-ORDER BY c.seq, c.id
-LIMIT $4;
+-- $4 of them, each with whether it is ready (PENDING and due), and on the first row (or the only one,
+-- when none is queued) the instance's state and version: a join's decision takes the ready BRANCH_DONE
+-- reports at their head (migration 0037), and decides on a state read in the same snapshot as them, so
+-- that it holds every change their branches committed with them. By the queue index, from the claimed
+-- command's place in it.
+SELECT q.id, q.kind, q.step, q.visit, q.name, q.payload, q.attempt, q.claims, q.last_error, q.actor, q.ready,
+       CASE WHEN COALESCE(q.n, 1) = 1 THEN i.state END AS state, i.state_version
+FROM {{schema}}.instances i
+LEFT JOIN LATERAL (
+    SELECT c.id, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims, c.last_error, c.actor,
+           c.state = 'PENDING' AND c.available_at <= {{schema}}.db_now() AS ready,
+           row_number() OVER (ORDER BY c.seq, c.id) AS n
+    FROM {{schema}}.commands c
+    WHERE c.instance_id = $1 AND c.position = $2 AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+      AND (c.seq, c.id) > (SELECT h.seq, h.id FROM {{schema}}.commands h WHERE h.id = $3)
+    ORDER BY c.seq, c.id
+    LIMIT $4
+) q ON true
+WHERE i.id = $1
+ORDER BY q.n;
 
 -- name: holds_lease
 -- Whether this token still holds the position's lease, unexpired, on the database clock.
