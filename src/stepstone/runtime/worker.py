@@ -7,7 +7,8 @@
                  through continuations already claimed by the same commit
     lease loop   renews every held lease at TTL/3 in one statement; a lease it can no
                  longer renew marks its segment lost (its commit will be refused)
-    waker        one dedicated LISTEN connection; polling covers its absence
+    waker        one dedicated LISTEN connection; polling covers its absence; when to claim
+                 again after a notification: runtime/wakeups.py
 
 Tests wait on `WorkerEvents`, never on sleeps.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import logging
 import random
 from dataclasses import dataclass, replace
@@ -38,6 +38,7 @@ from stepstone.runtime.compensations import run_compensation
 from stepstone.runtime.handlers import describe_error, run_handler
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
+from stepstone.runtime.wakeups import WakeUps
 from stepstone.runtime.worker_config import WorkerConfig, WorkerEvents
 from stepstone.store.port import Claim, CommitRequest, Committed, HeldCommand, Listener, WorkerStore
 from stepstone.store.scheduling_port import SchedulingStore
@@ -60,9 +61,6 @@ _MAX_STATE_CONFLICTS = 50
 _JOIN_BATCH = 500
 """Branch reports a join takes in one commit at most, beside the one it claimed: a commit document of
 about 50 kB at the most (a history entry each)."""
-# Future commands a worker keeps a wake-up for (those due within the poll interval); beyond it, the poll
-# covers them: a flood of notifications cannot grow a worker without bound.
-_MAX_DUES = 1024
 
 
 @dataclass
@@ -98,9 +96,8 @@ class Worker:
         self._segments: dict[tuple[str, str], _Segment] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._finished = 0  # segments ended, so run_until_idle can tell a claim raced one
-        self._wake = asyncio.Event()
-        self._dues: list[float] = []  # loop times of notified future commands, a heap (see _on_due)
-        self._due: asyncio.TimerHandle | None = None  # the wake-up armed for the earliest of them
+        self._wakeups = WakeUps(self.config)
+        self._wake = self._wakeups.event
         self._slot_free = asyncio.Event()
         # A segment whose last commit is in flight (`_Segment.ending`) holds a slot that is as good as free,
         # so the claim loop claims for it while that commit's round trip runs instead of after it
@@ -335,36 +332,10 @@ class Worker:
                         type(exc).__name__, self.config.poll_interval)
 
     def _on_due(self, due_in: float) -> None:
-        """A notification: claim now for a command due now (or within the coalescing interval), else
-        wake up when it is due. Measured on the signal->step bench: without this, the timer a wait with
-        a timeout inserts woke every idle worker for an empty claim, and the signal that followed
-        waited out `min_wake_interval` behind it. A command due after the poll interval needs no
-        wake-up of its own: the poll claims before then, and a claim that finds nothing looks up the
-        next due time."""
-        if due_in <= self.config.min_wake_interval:
-            self._wake.set()
-        elif due_in <= self.config.poll_interval and len(self._dues) < _MAX_DUES:
-            loop = asyncio.get_running_loop()
-            when = loop.time() + due_in
-            heapq.heappush(self._dues, when)
-            if self._due is None or when < self._due.when():
-                self._arm(loop)
-
-    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._due is not None:
-            self._due.cancel()
-        self._due = loop.call_at(self._dues[0], self._due_now) if self._dues else None
-
-    def _due_now(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._dues and self._dues[0] <= loop.time() + self.config.min_wake_interval:
-            heapq.heappop(self._dues)
-        self._wake.set()
-        self._arm(loop)
+        self._wakeups.notified(due_in)
 
     async def _close_listener(self) -> None:
-        self._dues.clear()
-        self._arm(asyncio.get_running_loop())
+        self._wakeups.forget()
         listener, self._listener = self._listener, None
         if listener is not None:
             try:
