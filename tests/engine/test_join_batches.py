@@ -142,21 +142,17 @@ async def test_the_step_after_the_join_sees_what_the_joined_branches_wrote(datab
     store = await PausingStore.open(database_url, max_size=8)
     store.paused, store.go = asyncio.Event(), asyncio.Event()
     worker = Worker(store, Registry(held), WorkerConfig(concurrency=4, worker_id="join-held"))
+    client = Client(store, Registry(held))
     await worker.start()
     try:
-        iid = await Client(store, Registry(held)).start(held, Items(items=[1, 2, 3]))
+        iid = await client.start(held, Items(items=[1, 2, 3]))
         await asyncio.wait_for(store.paused.wait(), 30)  # the first branch's report claimed, the state read
+        committed = worker.events.commits
         RELEASE["branches"].set()
-        queued = "SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid AND kind = 'BRANCH_DONE'"
-        for _ in range(3000):
-            if await rows.count(queued, iid) == 3:
-                break
-            await asyncio.sleep(0.01)
+        # The two held branches commit their changes and their reports while that segment waits.
+        await worker.events.wait_until(lambda: worker.events.commits >= committed + 2)
         store.go.set()  # the claimed report's segment reads the two reports behind it
-        for _ in range(3000):
-            if (info := await Client(store, Registry(held)).get(iid)).status == "COMPLETED":
-                break
-            await asyncio.sleep(0.01)
+        info = await client.wait_for(iid)
         assert info.status == "COMPLETED", info.error
         joins = await _joins(rows, iid)
         assert len(joins) == 3 and len({c for _, _, c in joins}) == 1  # all three in the paused segment
@@ -165,4 +161,5 @@ async def test_the_step_after_the_join_sees_what_the_joined_branches_wrote(datab
         RELEASE["branches"].set()
         store.go.set()
         await worker.stop()
+        await client.detach()
         await store.close()

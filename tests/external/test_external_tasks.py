@@ -175,14 +175,17 @@ async def test_concurrent_fetches_never_hand_one_task_to_two_workers(engine: Eng
     ids = [await engine.client.start(payment, {"order_id": f"o-{n}", "amount": n}) for n in range(60)]
     await engine.run_until_idle()
     fetchers = [ExternalTasks(engine.store, poll_interval=0.05) for _ in range(6)]
+    # Every fetcher fetches once before any fetches again, so they overlap whoever gets round trips first
+    # (without it one took all 60 tasks alone in one of four runs of `pytest -n 2`, 2026-12-05).
+    first_round = asyncio.Barrier(len(fetchers))
 
     async def drain(n: int) -> list[str]:
         got: list[str] = []
-        while batch := await fetchers[n].fetch_and_lock(f"w{n}", ["payments"], max_tasks=4):
+        batch = await fetchers[n].fetch_and_lock(f"w{n}", ["payments"], max_tasks=4)
+        await first_round.wait()
+        while batch:
             got += [t.id for t in batch]
-            # A pause between batches lets the other fetchers in: with none, a fetcher that got its round
-            # trips first took all 60 tasks alone in one of four runs of `pytest -n 2` (2026-12-05).
-            await asyncio.sleep(0.01)
+            batch = await fetchers[n].fetch_and_lock(f"w{n}", ["payments"], max_tasks=4)
         return got
 
     results = await asyncio.gather(*(drain(n) for n in range(6)))
