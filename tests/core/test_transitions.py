@@ -25,7 +25,7 @@ from stepstone.core.model import (
     StepSucceeded,
 )
 from stepstone.core.plan import END, Plan, RetryPolicy, Step
-from stepstone.core.transitions import advance, apply
+from stepstone.core.transitions import advance, apply, reports_wanted
 from stepstone.core.transitions import complete_step as core_complete_step
 
 
@@ -330,3 +330,10 @@ def test_no_report_overtakes_a_command_queued_before_it() -> None:
     assert joined(d) == [("spread/0", 1), ("spread/1", 2)]
     stale = decide(at_join(0, 10), report(0, behind=(report(1, visit=2), report(2))), MAP)
     assert joined(stale) == [("spread/0", 1)] and not stale.decision.of(SettleQueued)
+
+
+def test_the_reports_a_join_could_take_behind_the_claimed_one() -> None:
+    assert reports_wanted(at_join(2, 10), report(0)) == 7
+    assert reports_wanted(at_join(9, 10), report(0)) == 0  # this report completes the join: no look behind it
+    assert reports_wanted(at_join(2, 10), report(0, visit=2)) == 0  # not a report this join waits for
+    assert reports_wanted(inst("WAITING", "spread", 1, wait={"kind": "signal"}), report(0)) == 0

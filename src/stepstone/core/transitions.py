@@ -229,12 +229,21 @@ def _branch_done(instance: InstanceView, command: CommandView, plan: Plan, now: 
     # than its fork's position takes one report a segment, and each segment read the whole state
     # (docs/branches.md, "Large maps"). Only as many as the join still needs, in queue order, and none
     # past the first command that is not such a report, so nothing overtakes what queued before it.
-    needed = int(wait["need"]) - int(wait["done"]) - 1
-    more = list(islice(takewhile(lambda c: _reports_to_join(instance, wait, c), command.behind), max(needed, 0)))
+    more = list(islice(takewhile(lambda c: _reports_to_join(instance, wait, c), command.behind),
+                       reports_wanted(instance, command)))
     effects = join_branch(instance, plan, wait, [str(c.payload.get("branch")) for c in (command, *more)], now)
     if more:
         effects.append(SettleQueued(tuple(c.id for c in more)))
     return Decision(settled(effects), tuple(effects))
+
+
+def reports_wanted(instance: InstanceView, command: CommandView) -> int:
+    """How many branch reports queued behind `command` its join could take in the same commit: none
+    unless it is a report the join waits for and the join still needs more than this one."""
+    wait = instance.wait or {}
+    if not _reports_to_join(instance, wait, command):
+        return 0
+    return max(int(wait["need"]) - int(wait["done"]) - 1, 0)
 
 
 def _reports_to_join(instance: InstanceView, wait: dict[str, Any], command: CommandView) -> bool:

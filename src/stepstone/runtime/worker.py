@@ -30,7 +30,7 @@ from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
 from stepstone.core.pin import pin_of  # kept importable from here for callers and tests (__all__)
 from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
-from stepstone.core.transitions import advance, apply, complete_step
+from stepstone.core.transitions import advance, apply, complete_step, reports_wanted
 from stepstone.errors import DatabaseUnavailable, InsufficientPrivilege
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.committer import GroupCommitter
@@ -392,8 +392,10 @@ class Worker:
             return
         instance, command, now = claim.instance, claim.command, claim.now
         observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
-        if command.kind == "BRANCH_DONE":  # the reports queued behind it may join in the same commit
-            queued = await self.store.queued_behind(instance.id, instance.position, command.id, _JOIN_BATCH)
+        # The reports queued behind a join's report may join in the same commit; no round trip when the
+        # join needs none of them (this report completes it, or it is not one the join waits for).
+        if wanted := min(reports_wanted(instance, command), _JOIN_BATCH):
+            queued = await self.store.queued_behind(instance.id, instance.position, command.id, wanted)
             command = replace(command, behind=queued.commands)
             if queued.commands:
                 # Their branches committed after this claim read the state: the join and the step it enters
