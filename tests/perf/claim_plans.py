@@ -9,6 +9,7 @@ had grown and been analyzed. Two modes, each on a fresh database on the server a
 
     python tests/perf/claim_plans.py empty --waiting 100000   # p50 of 200 empty claims, after growth
     python tests/perf/claim_plans.py drain --backlog 20000    # an idle worker drains a backlog
+    python tests/perf/claim_plans.py served --backlog 20000   # claims of one workflow behind another's
 
 `empty`: a store claims ten times on the empty database, then --waiting instances are seeded (as the
 scale bench seeds them) and analyzed, and the same store claims 200 times more (finding nothing).
@@ -16,7 +17,12 @@ scale bench seeds them) and analyzed, and the same store claims 200 times more (
 from migration 0036 on that statement is the call of `claim_heads`, whose own statement always runs on
 its generic plan). `drain`: an in-process worker of 8 slots runs 20 workflows one at a time, then
 --backlog three-step workflows are started in one batch and analyzed (as autovacuum would), and the
-drain is timed. For an A/B, run it on each tree alternately, the other tree's `src` first on PYTHONPATH.
+drain is timed. `served`: --backlog starts of one workflow are queued, then 400 of another after them,
+and a store that serves only the second claims them 8 at a time (the claim of a worker that serves
+some workflows; "A worker that serves some workflows" in docs/performance.md): p50 and p90 of its
+claims, and the same for a store that serves every workflow, first with the backlog and the 400 queued,
+then with 400 more of every workflow queued. For an A/B, run it on each tree alternately, the other
+tree's `src` first on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -114,11 +120,43 @@ async def drain(url: str, backlog: int) -> None:
         await conn.close()
 
 
+async def served(url: str, backlog: int) -> None:
+    conn = await asyncpg.connect(url)
+    store = await PostgresStore.open(url, SCHEMA, max_size=4)
+    try:
+        worker = Worker(store, registry)
+        await worker.register()
+        client = Client(store, registry)
+        await client.start_many(three, [{} for _ in range(backlog)])
+        await client.start_many(waiting, [{} for _ in range(400)])
+        await conn.execute("ANALYZE")
+        await claims(store, "serving one workflow", [waiting.plan.definition_id], backlog)
+        await claims(store, "serving all", worker.served, backlog)
+        for wf in registry:  # every served workflow has ready work: each one's walk locks up to 8 positions
+            await client.start_many(wf, [{} for _ in range(400)])
+        await conn.execute("ANALYZE")
+        await claims(store, f"serving all ({len(worker.served)}), each with 400 queued", worker.served, backlog)
+    finally:
+        await store.close()
+        await conn.close()
+
+
+async def claims(store: PostgresStore, label: str, definitions: list[str], backlog: int) -> None:
+    took = []
+    for _ in range(50):
+        began = time.perf_counter()
+        assert len(await store.claim(8, 30.0, "probe", definitions)) == 8
+        took.append(time.perf_counter() - began)
+    p90 = statistics.quantiles(took, n=10)[-1]
+    print(f"claim of 8, {label}, behind {backlog:,} of another workflow: "  # noqa: T201
+          f"p50 {statistics.median(took) * 1e3:.2f} ms, p90 {p90 * 1e3:.2f} ms")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["empty", "drain"])
+    parser.add_argument("mode", choices=["empty", "drain", "served"])
     parser.add_argument("--waiting", type=int, default=100_000, help="instances seeded (empty)")
-    parser.add_argument("--backlog", type=int, default=20_000, help="workflows started at once (drain)")
+    parser.add_argument("--backlog", type=int, default=20_000, help="workflows started at once (drain, served)")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     async with scratch_database(args.admin_url, "stepstone_claims") as url:
@@ -127,7 +165,10 @@ async def main() -> None:
             await migrate(conn, SCHEMA)
         finally:
             await conn.close()
-        await (empty(url, args.waiting) if args.mode == "empty" else drain(url, args.backlog))
+        if args.mode == "empty":
+            await empty(url, args.waiting)
+        else:
+            await (drain if args.mode == "drain" else served)(url, args.backlog)
 
 
 if __name__ == "__main__":

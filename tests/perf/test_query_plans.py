@@ -27,8 +27,8 @@ from stepstone.store.database import create_pool
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import named_queries, queries
 from tests._pg import PgServer
+from tests.perf.generic_plans import function_statement, reads_whole_index
 from tests.perf.generic_plans import plan_nodes as _nodes
-from tests.perf.generic_plans import reads_whole_index
 
 WAITING = 20_000
 GUARDED = {"commands", "instances", "positions"}
@@ -354,3 +354,40 @@ async def test_the_claim_keeps_its_generic_plan_as_the_queue_grows(database_url:
               if node.get("Subplan Name") == "CTE clock"]
     assert len(clocks) == 3, clocks
     assert all(any(o.startswith("$") for o in out) for out in clocks), clocks
+
+
+async def test_a_claim_serving_one_workflow_reads_none_of_another_ones_backlog(database_url: str) -> None:
+    """A worker serving some workflows walked every workflow's ready commands in time order and looked up
+    each one's instance to keep its own: behind 20,000 queued starts of another workflow a claim took
+    26 ms (tests/perf/claim_plans.py served). It walks each served definition's own ready commands now
+    (commands_ready_definition, migrations 0038-0040): no scan of `commands` in its plan touches the
+    other workflow's 3,000 queued starts."""
+    store = await PostgresStore.open(database_url, "stepstone", max_size=2)
+    try:
+        await Worker(store, registry).register()
+        client = Client(store, registry)
+        await client.start_many(three, [{} for _ in range(3_000)])
+        await client.start_many(waiting, [{} for _ in range(20)])
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(bench_queries("stepstone")["analyze"])
+        await conn.execute(f"PREPARE claim AS {await function_statement(conn, 'claim_heads')}")
+        async with conn.transaction():
+            plan = json.loads(await conn.fetchval(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim(8, 30.0, 'plans', ARRAY['{waiting.plan.definition_id}'])"
+            ))[0]["Plan"]
+            claimed = await conn.fetch("SELECT i.definition_id FROM stepstone.instances i JOIN stepstone.commands c"
+                                       " ON c.instance_id = i.id WHERE c.state = 'CLAIMED'")
+    finally:
+        await conn.close()
+    assert [r["definition_id"] for r in claimed] == [waiting.plan.definition_id] * 8
+    touched = {
+        f"{node.get('Index Name', node['Node Type'])}: {node['Actual Rows']} rows"
+        f" + {node.get('Rows Removed by Filter', 0)} filtered, {node['Actual Loops']} loops"
+        for node in _nodes(plan)
+        if node.get("Relation Name") == "commands"
+        and (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"] > 100
+    }
+    assert touched == set()

@@ -30,7 +30,7 @@ SCHEMA = "stepstone"
 STATEMENTS = {
     "instances": ("INSERT INTO {t} (status) VALUES ('RUNNING')", "UPDATE {t} SET status = 'RUNNING'"),
     "positions": ("INSERT INTO {t} (status) VALUES ('RUNNING')", "UPDATE {t} SET status = 'RUNNING'"),
-    "commands": ("INSERT INTO {t} (kind, state) VALUES ('STEP', 'CLAIMED')",
+    "commands": ("INSERT INTO {t} (kind, state, definition) VALUES ('STEP', 'CLAIMED', 'orders')",
                  "UPDATE {t} SET state = 'COMPLETED', available_at = now()"),
     "history": ("INSERT INTO {t} (kind) VALUES ('STEP_COMPLETED')", None),
 }

@@ -989,6 +989,7 @@ DECLARE
     v_follow jsonb := d->'next';
     v_commands jsonb := COALESCE(d->'commands', '[]'::jsonb);
     v_version bigint;
+    v_definition text;
     v_branches integer;
     v_hist integer;
     v_pstatus text;
@@ -1002,7 +1003,7 @@ DECLARE
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
-    SELECT i.state_version, i.branches, i.history_seq INTO v_version, v_branches, v_hist
+    SELECT i.state_version, i.branches, i.history_seq, i.definition_id INTO v_version, v_branches, v_hist, v_definition
     FROM {{schema}}.instances i WHERE i.id = v_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
@@ -1196,9 +1197,9 @@ BEGIN
     IF jsonb_array_length(v_commands) > 0 THEN
         WITH ins AS (
             INSERT INTO {{schema}}.commands AS c
-                (instance_id, position, seq, kind, state, step, visit, name, payload, attempt, claims,
-                 available_at, token, claimed_by, created_at)
-            SELECT v_id, COALESCE(x.c->>'position', v_pos),
+                (instance_id, definition, position, seq, kind, state, step, visit, name, payload, attempt,
+                 claims, available_at, token, claimed_by, created_at)
+            SELECT v_id, v_definition, COALESCE(x.c->>'position', v_pos),
                    CASE WHEN (x.c->>'continuation')::boolean THEN v_cur_seq ELSE nextval('{{schema}}.command_seq') END,
                    x.c->>'kind',
                    CASE WHEN (x.c->>'continuation')::boolean THEN 'CLAIMED' ELSE 'PENDING' END,
@@ -3601,9 +3602,9 @@ BEGIN
         INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
         SELECT p_id, '', 'RUNNING', p_step, 1, go.now, go.now FROM go
     ), cmd AS (
-        INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, dedup_key, available_at,
-                                         created_at)
-        SELECT p_id, 1, 'START', 'PENDING', p_step, 1, p_key, go.now, go.now FROM go
+        INSERT INTO {{schema}}.commands (instance_id, definition, seq, kind, state, step, visit, dedup_key,
+                                         available_at, created_at)
+        SELECT p_id, p_definition, 1, 'START', 'PENDING', p_step, 1, p_key, go.now, go.now FROM go
     ), hist AS (
         INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
         SELECT p_id, 1, go.now, 'INSTANCE_STARTED', p_step, 1, p_actor,
@@ -4428,9 +4429,9 @@ BEGIN
         INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
         SELECT go.id, '', 'RUNNING', p_step, 1, v_now, v_now FROM go
     ), cmd AS (
-        INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, dedup_key, available_at,
-                                         created_at)
-        SELECT go.id, 1, 'START', 'PENDING', p_step, 1, go.key, v_now, v_now FROM go
+        INSERT INTO {{schema}}.commands (instance_id, definition, seq, kind, state, step, visit, dedup_key,
+                                         available_at, created_at)
+        SELECT go.id, p_definition, 1, 'START', 'PENDING', p_step, 1, go.key, v_now, v_now FROM go
     ), hist AS (
         INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
         SELECT go.id, 1, v_now, 'INSTANCE_STARTED', p_step, 1, p_actor,
@@ -4773,16 +4774,17 @@ BEGIN
                 AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock))
               OFFSET 0)  -- a lookup per candidate, never an anti-join (see above)
           AND ((SELECT clock.served FROM clock) IS NULL
-               OR (SELECT i.definition_id FROM {{schema}}.instances i WHERE i.id = c.instance_id)
-                  = ANY ((SELECT clock.served FROM clock)::text[]))  -- an array, not a subquery to ANY
+               OR c.definition = ANY ((SELECT clock.served FROM clock)::text[]))  -- an array, not a subquery to ANY
         ORDER BY c.available_at, c.id
         LIMIT (SELECT clock.batch FROM clock)
         FOR UPDATE OF p SKIP LOCKED
     ), ready AS (
+        -- Ready work of every definition, oldest first (a worker that serves them all).
         SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
         FROM {{schema}}.commands c
         JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
-        WHERE c.state IN ('PENDING', 'DEFERRED')
+        WHERE (SELECT clock.served FROM clock) IS NULL
+          AND c.state IN ('PENDING', 'DEFERRED')
           AND c.available_at <= (SELECT clock.now FROM clock)
           AND (p.lease_until IS NULL OR p.lease_until <= (SELECT clock.now FROM clock))
           AND NOT EXISTS (
@@ -4792,15 +4794,52 @@ BEGIN
                 AND (e.seq, e.id) < (c.seq, c.id)
                 AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock))
               OFFSET 0)  -- a lookup per candidate, never an anti-join (see above)
-          AND ((SELECT clock.served FROM clock) IS NULL
-               OR (SELECT i.definition_id FROM {{schema}}.instances i WHERE i.id = c.instance_id)
-                  = ANY ((SELECT clock.served FROM clock)::text[]))  -- an array, not a subquery to ANY
         ORDER BY c.available_at, c.id
         LIMIT (SELECT clock.batch FROM clock)
         FOR UPDATE OF p SKIP LOCKED
+    ), ready_served AS (
+        -- Ready work of the served definitions, each one's own walk through commands_ready_definition, so
+        -- that another workflow's backlog is never read. The definition whose oldest ready command is the
+        -- oldest is walked first, then the next, until the batch is full: a walk locks no more positions
+        -- than the claim keeps (the ones it skips aside), however many definitions the worker serves.
+        SELECT r.id, r.instance_id, r.position, r.token
+        FROM (
+            SELECT s.definition_id, h.available_at
+            FROM unnest((SELECT clock.served FROM clock)::text[]) AS s(definition_id)
+            CROSS JOIN LATERAL (
+                SELECT c.available_at FROM {{schema}}.commands c
+                WHERE c.definition = s.definition_id
+                  AND c.state IN ('PENDING', 'DEFERRED')
+                  AND c.available_at <= (SELECT clock.now FROM clock)
+                ORDER BY c.available_at, c.id
+                LIMIT 1
+            ) AS h
+            ORDER BY h.available_at
+        ) AS d
+        CROSS JOIN LATERAL (
+            SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
+            FROM {{schema}}.commands c
+            JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
+            WHERE c.definition = d.definition_id
+              AND c.state IN ('PENDING', 'DEFERRED')
+              AND c.available_at <= (SELECT clock.now FROM clock)
+              AND (p.lease_until IS NULL OR p.lease_until <= (SELECT clock.now FROM clock))
+              AND NOT EXISTS (
+                  SELECT 1 FROM {{schema}}.commands e
+                  WHERE e.instance_id = c.instance_id AND e.position = c.position
+                    AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+                    AND (e.seq, e.id) < (c.seq, c.id)
+                    AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock))
+                  OFFSET 0)
+            ORDER BY c.available_at, c.id
+            LIMIT (SELECT clock.batch FROM clock)
+            FOR UPDATE OF p SKIP LOCKED
+        ) AS r
+        LIMIT (SELECT clock.batch FROM clock)
     ), cand AS (
-        -- A plain LIMIT in each branch keeps both plans index scans; the union is cut here.
-        SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready) AS both_kinds LIMIT (SELECT clock.batch FROM clock)
+        -- A plain LIMIT in each branch keeps its plan an index scan; the union is cut here.
+        SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM ready_served)
+            AS every_kind LIMIT (SELECT clock.batch FROM clock)
     ), claimed AS (
         UPDATE {{schema}}.commands c SET
             state = 'CLAIMED',
@@ -4844,3 +4883,31 @@ END $$;
 -- commit_decision (in the version 5 section) settles the branch reports a join's decision carried out
 -- with the one it claimed (SettleQueued), and returns the current state to a decision that wrote none on
 -- a version that has moved on since; why: the migration's header.
+
+-- ==== version 38 (migration 0038_commands_know_their_definition) ====
+-- Every command carries its instance's definition id: the starts and commit_decision name it (in their
+-- sections above), a trigger fills it for every other insert; why: the migration's header.
+ALTER TABLE {{schema}}.commands ADD COLUMN definition text;
+ALTER TABLE {{schema}}.commands ALTER COLUMN definition SET STATISTICS 0;
+
+CREATE FUNCTION {{schema}}.command_definition() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT i.definition_id INTO NEW.definition FROM {{schema}}.instances i WHERE i.id = NEW.instance_id;
+    IF NEW.definition IS NULL THEN
+        RAISE EXCEPTION 'a command of instance % that does not exist', NEW.instance_id
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER commands_definition BEFORE INSERT ON {{schema}}.commands
+    FOR EACH ROW WHEN (NEW.definition IS NULL) EXECUTE FUNCTION {{schema}}.command_definition();
+
+-- ==== version 39 (migration 0039_commands_ready_by_definition) ====
+CREATE INDEX commands_ready_definition ON {{schema}}.commands (definition, available_at, id)
+    WHERE state IN ('PENDING', 'DEFERRED');
+
+-- ==== version 40 (migration 0040_claims_walk_their_own_definitions) ====
+-- claim_heads (in the version 36 section) walks each served definition's ready commands on its own;
+-- why: the migration's header.
