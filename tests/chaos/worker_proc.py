@@ -1,4 +1,5 @@
-"""One worker process of the rig: ``python -m tests.chaos.worker_proc --url URL --lease 2 --concurrency 8``.
+"""One worker process of the rig: ``python -m tests.chaos.worker_proc --url URL --lease 2 --concurrency 8``
+(``--serve chains`` or ``--serve rest``: only some of the rig's workflows, see workflows.SERVED_PARTS).
 
 Opens a PostgresStore, runs ``Worker.start()`` until SIGTERM, then stops (drain) and exits. Every 0.5 s and
 at exit it writes its counters to ``--stats`` (JSON): claims, commits, fenced, released, commits whose
@@ -69,7 +70,7 @@ async def main(args: argparse.Namespace) -> None:
     store = await _open(args.url, args.concurrency)
     config = WorkerConfig(concurrency=args.concurrency, lease_seconds=args.lease, poll_interval=args.poll,
                           worker_id=worker_id, drain_timeout=args.drain)
-    worker = RigWorker(store, workflows.registry, config)
+    worker = RigWorker(store, workflows.served(args.serve), config)
     worker.fenced_log = []
     worker.conflict_log = []
     stop = asyncio.Event()
@@ -132,6 +133,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain", type=float, default=5.0)
     p.add_argument("--name", default="w")
     p.add_argument("--stats", default="")
+    p.add_argument("--serve", choices=workflows.SERVED_PARTS, default="all", help="the workflows it serves")
     return p.parse_args(argv)
 
 

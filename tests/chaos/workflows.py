@@ -277,3 +277,16 @@ PARENT: Workflow[Any] = _parent()
 SAGA: Workflow[Any] = _saga()
 TASK: Workflow[Any] = _task()
 registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK)
+
+SERVED_PARTS = ("all", "chains", "rest")
+"""What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
+other workflow (with the chain the parent starts as its child, which its registry must hold). The fleet
+splits its slots between them so that claims of workers serving some workflows run under every fault."""
+
+
+def served(part: str) -> Registry:
+    if part == "chains":
+        return Registry(*CHAINS.values())
+    if part == "rest":
+        return Registry(*FANS.values(), PARENT, SAGA, TASK, *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
+    return registry

@@ -15,6 +15,14 @@ from typing import Any, TextIO
 REPO = Path(__file__).resolve().parents[3]
 
 
+def serves(slot: int, size: int) -> str:
+    """What a slot's worker serves (workflows.SERVED_PARTS): in a fleet of four or more, slots 1 and 3 serve
+    the chains and the rest of the workflows, the others every workflow, so each workflow has a worker
+    whichever slot is down, and the claims of workers that serve some workflows (each served definition's
+    own walk) run under every fault."""
+    return {1: "chains", 3: "rest"}.get(slot, "all") if size >= 4 else "all"
+
+
 @dataclass
 class Proc:
     slot: int
@@ -58,7 +66,7 @@ class Fleet:
         url = self.slot_urls.get(slot, self.url)
         cmd = [sys.executable, "-m", "tests.chaos.worker_proc", "--url", url, "--lease", str(self.lease),
                "--concurrency", str(self.concurrency), "--poll", str(self.poll), "--name", f"w{slot}",
-               "--stats", str(stats)]
+               "--stats", str(stats), "--serve", serves(slot, self.size)]
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         proc = Proc(slot, popen, stats, out, time.monotonic())
         self.procs[slot] = proc

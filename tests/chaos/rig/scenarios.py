@@ -32,7 +32,7 @@ from tests._pg import url_for
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.driver import TaskDriver
-from tests.chaos.rig.fleet import Fleet
+from tests.chaos.rig.fleet import Fleet, serves
 from tests.chaos.rig.mutation import unfenced_commit_segment
 from tests.chaos.rig.proxy import Proxy
 from tests.chaos.rig.server import RigServer
@@ -208,6 +208,7 @@ async def _finish(url: str, fleet: Fleet, driver: TaskDriver, opts: Options, *, 
         **driver.report(),
         "config": {"size": opts.size, "fans": opts.fans, "parents": opts.parents, "tasks": opts.tasks,
                    "workers": opts.workers,
+                   "serves": [serves(n, opts.workers) for n in range(opts.workers)],
                    "lease_s": opts.lease, "concurrency": opts.concurrency, "poll_s": opts.poll, "seed": opts.seed},
         **extra,
     })
