@@ -1,5 +1,7 @@
-"""The engine's JSON text (stepstone.core.json_text, the store's json/jsonb encoder): orjson, the standard
-encoder as fallback, writes what the standard encoder wrote, including what orjson alone refuses."""
+"""The engine's JSON text (stepstone.core.json_text, the store's json/jsonb codec): orjson, the standard
+encoder as fallback, writes what the standard encoder wrote, including what orjson alone refuses; and
+reads what `json.loads` reads, including what orjson alone reads otherwise (an integer beyond 64 bits) or
+refuses."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stepstone.core.json_text import dumps, size
+from stepstone.core.json_text import dumps, loads, size
 
 
 def _standard(value: Any) -> str:
@@ -34,3 +36,22 @@ def test_big_integers_stay_exact() -> None:
 @pytest.mark.parametrize("value", [{"big": 2**70}, {"state": {"name": "Zoë"}, "n": [1, 2.5]}, {1: "int key"}])
 def test_size_is_the_bytes_of_the_text(value: Any) -> None:
     assert size(value) == len(dumps(value).encode())
+
+
+@pytest.mark.parametrize("text", [
+    '{"n": 123456789012345678901234567890, "m": -18446744073709551617}',  # beyond 64 bits: orjson gives floats
+    '[999999999999999999, 1000000000000000000, -1000000000000000001]',  # either side of the 19 digits
+    '[0.1000000000000000055511151231257827, 1e400, -1e400]',  # a long fraction; beyond a double: orjson refuses
+    '[NaN, Infinity, -Infinity]',  # not JSON, but json.loads reads them
+    '"\\ud800 unpaired"',  # an unpaired surrogate: orjson refuses
+    '{"a": 1, "a": 2, "z": "Zoë", "e": "\\ud83d\\ude00", "f": [1.5, -0, 2E3, true, null]}',
+])
+def test_reads_what_the_standard_decoder_reads(text: str) -> None:
+    read, standard = loads(text), json.loads(text)
+    assert repr(read) == repr(standard)  # repr: nan != nan, and 1 == 1.0 would hide an int read as a float
+
+
+def test_a_large_document_reads_the_same() -> None:
+    document = {"items": [float(i) for i in range(1500)], "done": {str(i): i * i for i in range(750)}, "big": 2**64}
+    text = dumps(document)
+    assert repr(loads(text)) == repr(json.loads(text)) == repr(document)

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stepstone.core import patch
 from stepstone.core.patch import apply_patch, diff
 
 keys = st.text(alphabet=st.sampled_from("ab/~0 1é"), max_size=4)
@@ -58,3 +59,38 @@ def test_object_diffs_only_touch_changed_keys(old: dict[str, Any], new: dict[str
 def test_patch_paths_are_escaped_json_pointers() -> None:
     ops = diff({"a/b": 1, "c~d": {"e": 1}}, {"a/b": 2, "c~d": {"e": 2}})
     assert [op["path"] for op in ops] == ["/a~1b", "/c~0d/e"]
+
+
+@settings(deadline=None)  # a loaded 2-core machine makes per-example timing meaningless
+@given(documents, documents)
+def test_same_is_json_sameness(a: Any, b: Any) -> None:
+    """patch.same compares containers with `==` and their JSON texts first: neither may stand in for it."""
+    assert patch.same(a, b) == same(a, b)
+    assert patch.same(a, copy.deepcopy(a))
+
+
+def _reordered(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: _reordered(doc[k]) for k in reversed(list(doc))}
+    if isinstance(doc, list):
+        return [_reordered(x) for x in doc]
+    return doc
+
+
+@settings(deadline=None)  # a loaded 2-core machine makes per-example timing meaningless
+@given(documents)
+def test_keys_in_another_order_are_the_same_document(doc: Any) -> None:
+    assert patch.same(doc, _reordered(doc))
+    assert diff(doc, _reordered(doc)) == []
+
+
+def test_changes_that_equality_cannot_see_are_changes() -> None:
+    # [0, 1] == [False, 1.0] in Python; as JSON they are different documents, also deep in a large one.
+    base = {"items": [float(i) for i in range(2000)], "flags": [0, 1], "big": 2**70, "deep": {"x": [{"n": 1}]}}
+    new = copy.deepcopy(base)
+    new["flags"] = [False, 1.0]
+    new["deep"]["x"][0]["n"] = True
+    ops = diff(base, new)
+    assert sorted(op["path"] for op in ops) == ["/deep/x", "/flags"]
+    assert same(apply_patch(base, ops), new)
+    assert not patch.same(base, new) and patch.same(base, copy.deepcopy(base))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -37,6 +36,7 @@ from stepstone.authoring.step_context import (
     from_item,
     from_state,
 )
+from stepstone.core import json_text
 from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, Step
 from stepstone.core.redaction import Redaction
 from stepstone.core.task_spec import TaskSpec
@@ -411,7 +411,7 @@ class Workflow(Generic[S]):
                 if isinstance(value, model):
                     text = value.model_dump_json()
                     model.model_validate_json(text)
-                    return json.loads(text), text
+                    return json_text.loads(text), text
                 return model.model_validate(value).model_dump(mode="json"), None
             except ValidationError as exc:
                 raise InvalidInput(f"{what} for workflow {self.id!r} is invalid: {_brief(exc)}") from None

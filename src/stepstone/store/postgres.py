@@ -7,7 +7,6 @@ translated into the stepstone hierarchy here. The hot path is two statements:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -59,7 +58,7 @@ __all__ = ["Listener", "PostgresStore", "event_id"]
 async def _init_connection(conn: asyncpg.Connection) -> None:
     for name in ("json", "jsonb"):
         await conn.set_type_codec(
-            name, schema="pg_catalog", encoder=json_text.dumps, decoder=json.loads, format="text"
+            name, schema="pg_catalog", encoder=json_text.dumps, decoder=json_text.loads, format="text"
         )
 
 
