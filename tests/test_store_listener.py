@@ -68,20 +68,24 @@ async def test_close_after_the_server_ended_the_connection(database_url: str) ->
 
 
 async def test_listen_due_reports_seconds_until_the_notified_time(database_url: str) -> None:
-    """The commands channel's payload is an available time on the server's clock; `listen_due` turns it
-    into seconds from now on this process's clock, and an unreadable payload into "due now"."""
+    """The commands channel's payload is an available time on the server's clock, then the command's
+    definition after a colon; `listen_due` turns the time into seconds from now on this process's clock,
+    and an unreadable one into "due now"."""
     store = await open_store(database_url)
-    got: asyncio.Queue[float] = asyncio.Queue()
+    got: asyncio.Queue[tuple[float, str | None]] = asyncio.Queue()
     try:
-        listener = await store.listen_due(got.put_nowait)
+        listener = await store.listen_due(lambda due_in, definition: got.put_nowait((due_in, definition)))
         notifier = await asyncpg.connect(database_url)
         try:
             at = "(extract(epoch FROM clock_timestamp() + make_interval(secs => $2)) * 1000)::bigint::text"
             for ahead in (30.0, -5.0):
-                await notifier.execute(f"SELECT pg_notify($1, {at})", store.channel, ahead)
-                assert abs(await asyncio.wait_for(got.get(), 10) - ahead) < 0.5
+                await notifier.execute(f"SELECT pg_notify($1, {at} || ':orders')", store.channel, ahead)
+                due_in, definition = await asyncio.wait_for(got.get(), 10)
+                assert abs(due_in - ahead) < 0.5 and definition == "orders"
+            await notifier.execute(f"SELECT pg_notify($1, {at})", store.channel, 1.0)  # a payload without one
+            assert (await asyncio.wait_for(got.get(), 10))[1] is None
             await notifier.execute("SELECT pg_notify($1, 'not a time')", store.channel)
-            assert await asyncio.wait_for(got.get(), 10) == 0.0
+            assert await asyncio.wait_for(got.get(), 10) == (0.0, None)
         finally:
             await notifier.close()
         await listener.close()

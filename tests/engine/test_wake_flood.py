@@ -1,5 +1,6 @@
 """Any role that can connect may NOTIFY the wake-up channel: a flood of notifications must not become a
-flood of claim statements (the claim loop coalesces wake-ups to one claim per ``min_wake_interval``)."""
+flood of claim statements (the claim loop coalesces wake-ups to one claim per ``min_wake_interval``); and
+a worker wakes only for work it could claim (due now, of a workflow it serves)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from stepstone.runtime.worker import WorkerConfig
+from stepstone.authoring.workflow import Registry
+from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.port import Claim
 from stepstone.testing import Engine
+from tests.engine import workflows
 
 NOTIFIES = 1500
 
@@ -107,3 +110,39 @@ async def test_a_future_command_wakes_no_idle_worker_before_it_is_due(
         assert ahead - 0.02 <= woke <= ahead + 0.5, f"claimed {woke:.3f} s after the notification"
     else:  # the poll's own round, `poll` after the previous claim
         assert claims[-1] - claims[-2] >= poll * 0.95, f"claimed {woke:.3f} s after the notification"
+
+
+async def test_a_worker_sleeps_through_the_wake_ups_of_workflows_it_does_not_serve(engine: Engine) -> None:
+    """Every wake-up names its command's definition (migration 0038): a worker that serves `waiter` alone
+    claims nothing for 20 starts of `three`, and claims at once for the `waiter` started after them (its
+    notification comes after theirs on the same connection, so theirs were all seen by then). Before, each
+    pool of a fleet split by workflow woke for every other pool's commands (4 idle workers made 593 empty
+    claims a second beside a busy one: tests/perf/ab_throughput.py --idle 4)."""
+    worker = Worker(engine.store, Registry(workflows.waiter), WorkerConfig(concurrency=2, poll_interval=60))
+    claimed: list[list[str]] = []
+    got = asyncio.Event()
+    inner = engine.store.claim
+
+    async def recorded(*args: Any) -> list[Claim]:
+        claims = await inner(*args)
+        claimed.append([c.instance.id for c in claims])
+        got.set()
+        return claims
+
+    engine.store.claim = recorded  # type: ignore[method-assign]
+    try:
+        await worker.start()
+        while not claimed:  # the first claim at start
+            got.clear()
+            await asyncio.wait_for(got.wait(), timeout=10)
+        before = len(claimed)
+        for _ in range(20):
+            await engine.client.start(workflows.three, {"order_id": "o"})
+        mine = await engine.client.start(workflows.waiter, {"order_id": "w"})
+        while not any(mine in ids for ids in claimed[before:]):
+            got.clear()
+            await asyncio.wait_for(got.wait(), timeout=10)
+    finally:
+        await worker.stop()
+    first_with_mine = next(n for n, ids in enumerate(claimed[before:]) if mine in ids)
+    assert first_with_mine == 0, f"{first_with_mine} claims woken by another workflow's starts"

@@ -22,6 +22,10 @@ With --timings it also prints, for each store call of the measured run (claims, 
 commits, starts), how many there were, their items (the segments of a group commit), their round
 trips, and the share of the run some call of that kind was in flight ("The group committer's rhythm"
 in docs/performance.md).
+
+With --idle N, N more workers run beside it, each serving only `bench_signal`, of which nothing is
+started: a pool of another workflow with nothing to do. It prints how many claims they made during the
+measured run ("Wake-ups for the served workflows" in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from typing import Any
 import asyncpg
 from scratch_database import scratch_database  # a sibling: see scratch_database.py
 
-from stepstone.bench.workflows import registry, three, waiting
+from stepstone.authoring.workflow import Registry
+from stepstone.bench.workflows import registry, signal_wf, three, waiting
 from stepstone.client import Client
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.migrate import migrate
@@ -90,8 +95,15 @@ class Timings:
                   f"  in flight {busy / (until - since):.0%} of the run")
 
 
+def _counted(claim: Callable[..., Any], count: list[int]) -> Callable[..., Any]:
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return await claim(*args, **kwargs)
+    return counted
+
+
 async def measure(
-    url: str, total: int, timings: Timings | None = None, *, wait: bool = False
+    url: str, total: int, timings: Timings | None = None, *, wait: bool = False, idle: int = 0
 ) -> tuple[float, float, float]:
     """(workflows/s, WAL bytes a workflow, this process's CPU seconds a step commit) of the measured run."""
     conn = await asyncpg.connect(url)
@@ -111,6 +123,14 @@ async def measure(
     client = Client(client_store, registry)
     worker = Worker(worker_store, registry, WorkerConfig(concurrency=SLOTS, worker_id="ab"))
     await worker.start()
+    idle_stores = [await PostgresStore.open(url, SCHEMA, max_size=3) for _ in range(idle)]
+    idle_workers = [Worker(s, Registry(signal_wf), WorkerConfig(concurrency=2, worker_id=f"idle{n}"))
+                    for n, s in enumerate(idle_stores)]
+    idle_statements = [0]
+    for idle_store in idle_stores:
+        idle_store.claim = _counted(idle_store.claim, idle_statements)  # type: ignore[method-assign]
+    for w in idle_workers:
+        await w.start()
 
     async def until(condition: Callable[[], bool]) -> None:
         while not condition():
@@ -142,13 +162,23 @@ async def measure(
         began = time.perf_counter()
         wal = await conn.fetchval("SELECT pg_current_wal_lsn()")
         cpu = time.process_time()
+        idle_claims = idle_statements[0]
+        run_began = time.monotonic()
         rate = await closed_loop(total)
         cpu = time.process_time() - cpu
+        if idle_workers:
+            claims = idle_statements[0] - idle_claims
+            print(f"  {idle} idle workers (another workflow's pool): {claims:,} claim statements"  # noqa: T201
+                  f" ({claims / (time.monotonic() - run_began):,.0f}/s)")
         if timings is not None:
             timings.report(began, time.perf_counter())
         wal_bytes = await conn.fetchval("SELECT pg_current_wal_lsn() - $1::pg_lsn", wal)
         return rate, float(wal_bytes) / total, cpu / (total * (1 if wait else 3))
     finally:
+        for w in idle_workers:
+            await w.stop()
+        for s in idle_stores:
+            await s.close()
         await worker.stop()
         await worker_store.close()
         await client_store.close()
@@ -162,9 +192,12 @@ async def main() -> None:
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--timings", action="store_true", help="time the store's calls (see the docstring)")
     parser.add_argument("--waiting", action="store_true", help="workflows that enter a timed wait (see above)")
+    parser.add_argument("--idle", type=int, default=0,
+                        help="workers of another workflow (bench_signal) beside it, with nothing to do (see above)")
     args = parser.parse_args()
     async with scratch_database(args.admin_url, "stepstone_ab") as url:
-        rate, wal, cpu = await measure(url, args.total, Timings() if args.timings else None, wait=args.waiting)
+        rate, wal, cpu = await measure(url, args.total, Timings() if args.timings else None, wait=args.waiting,
+                                       idle=args.idle)
     print(f"  WAL {wal:,.0f} bytes a workflow", flush=True)  # noqa: T201
     print(f"  CPU {cpu * 1e6:.0f} us a step commit (this process: starts, worker, commits)", flush=True)  # noqa: T201
     print(f"{args.label} {rate:.0f} workflows/s", flush=True)  # noqa: T201 - the result is the output

@@ -54,9 +54,9 @@ def _instrument(worker: Worker, store: PostgresStore) -> tuple[list[float], dict
     seen: dict[str, dict[str, float]] = {}
     on_due, claim, decide = worker._on_due, store.claim, worker._decide_and_commit
 
-    def timed_on_due(due_in: float) -> None:
+    def timed_on_due(due_in: float, definition: str | None = None) -> None:
         notified.append(time.monotonic())
-        on_due(due_in)
+        on_due(due_in, definition)
 
     async def timed_claim(*args: Any) -> Any:
         sent = time.monotonic()

@@ -97,6 +97,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._finished = 0  # segments ended, so run_until_idle can tell a claim raced one
         self._wakeups = WakeUps(self.config)
+        self._served_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._wake = self._wakeups.event
         self._slot_free = asyncio.Event()
         # A segment whose last commit is in flight (`_Segment.ending`) holds a slot that is as good as free,
@@ -276,7 +277,7 @@ class Worker:
             delay = self.config.poll_interval
             if not claims:
                 try:
-                    upcoming = await self.store.next_available()
+                    upcoming = await self.store.next_available(self.served)
                 except Exception:  # noqa: BLE001 - polling covers it
                     upcoming = None
                 if upcoming is not None:
@@ -331,8 +332,16 @@ class Worker:
             log.warning("wake-up connection unavailable (%s); polling every %.1f s",
                         type(exc).__name__, self.config.poll_interval)
 
-    def _on_due(self, due_in: float) -> None:
-        self._wakeups.notified(due_in)
+    def _on_due(self, due_in: float, definition: str | None = None) -> None:
+        """A notification: wake up for it unless it names a workflow this worker does not serve (every
+        pool of a fleet split by workflow woke for every other pool's commands, for an empty claim)."""
+        if definition is None or definition in self._served_ids():
+            self._wakeups.notified(due_in)
+
+    def _served_ids(self) -> frozenset[str]:
+        if self._served_cache[0] != len(self.registry):  # a registry only grows
+            self._served_cache = (len(self.registry), frozenset(self.served))
+        return self._served_cache[1]
 
     async def _close_listener(self) -> None:
         self._wakeups.forget()

@@ -236,8 +236,8 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         """Record a crashed segment's error on the command it holds (shown by its dead letter)."""
         return bool(await self._fetch("note_error", uuid.UUID(instance_id), token, error))
 
-    async def next_available(self) -> float | None:
-        value = await self._fetchval("next_available")
+    async def next_available(self, served: list[str] | None = None) -> float | None:
+        value = await self._fetchval("next_available", served)
         return None if value is None else float(value)
 
     async def refresh_statistics(self, rows: int = STATISTICS_ROWS, settled: int = STATISTICS_SETTLED) -> bool:
@@ -275,16 +275,19 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         await conn.add_listener(channel or self.channel, on_notify)
         return Listener(conn, channel or self.channel, on_notify)
 
-    async def listen_due(self, callback: Callable[[float], None]) -> Listener:
+    async def listen_due(self, callback: Callable[[float, str | None], None]) -> Listener:
         """A LISTEN connection on the commands channel whose `callback` gets, per notification, the
-        seconds until the notified command is due on this process's clock (0 or less: now).
+        seconds until the notified command is due on this process's clock (0 or less: now) and the
+        command's definition (None when the payload names none).
 
         The trigger's payload is the command's `available_at` on the server's clock (epoch ms); the
         server's offset from this process's clock is measured once, when the connection opens (half a
         round trip of error). A worker uses it to re-arm its timer for a future command instead of
         claiming: a wait with a timeout inserts such a timer, and the empty claim it would cost an
         idle worker delayed the signal that followed by the worker's wake-up coalescing interval.
-        An unreadable payload counts as due now: the payload is a hint, the claim decides."""
+        An unreadable payload counts as due now: the payload is a hint, the claim decides. The definition
+        follows the time after a colon (migration 0038), so a worker can sleep through the wake-ups of
+        workflows it does not serve."""
         with translate_errors(self.url):
             conn = await asyncpg.connect(self.url)
         try:
@@ -294,11 +297,12 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
                 offset = server - (sent + time.time()) / 2
 
             def on_notify(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
+                at, _, definition = str(payload).partition(":")
                 try:
-                    due_in = float(str(payload)) / 1000 - offset - time.time()
+                    due_in = float(at) / 1000 - offset - time.time()
                 except ValueError:
                     due_in = 0.0
-                callback(due_in)
+                callback(due_in, definition or None)
 
             with translate_errors(self.url):
                 await conn.add_listener(self.channel, on_notify)

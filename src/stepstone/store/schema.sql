@@ -163,12 +163,13 @@ CREATE TRIGGER outbox_notify
     FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.notify_outbox();
 
 -- Wake-up: a command that becomes PENDING or DEFERRED notifies one channel per
--- schema; the payload is its available time in epoch milliseconds, a hint only.
+-- schema; the payload is its available time in epoch milliseconds, a hint only, and its
+-- definition after a colon (version 38): a worker that does not serve it stays asleep.
 CREATE FUNCTION {{schema}}.notify_command() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('stepstone_' || TG_TABLE_SCHEMA,
-                      (extract(epoch FROM NEW.available_at) * 1000)::bigint::text);
+                      (extract(epoch FROM NEW.available_at) * 1000)::bigint::text || COALESCE(':' || NEW.definition, ''));
     RETURN NULL;
 END $$;
 
@@ -1266,7 +1267,7 @@ BEGIN
                      AND x.available_at <= v_now) THEN
             PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
                                                WHERE c.oid = '{{schema}}.commands'::regclass),
-                              (extract(epoch FROM v_now) * 1000)::bigint::text);
+                              (extract(epoch FROM v_now) * 1000)::bigint::text || ':' || v_definition);
         END IF;
     END IF;
 
@@ -4448,7 +4449,7 @@ BEGIN
     IF v_created IS NOT NULL THEN
         PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
                                            WHERE c.oid = '{{schema}}.commands'::regclass),
-                          (extract(epoch FROM v_now) * 1000)::bigint::text);
+                          (extract(epoch FROM v_now) * 1000)::bigint::text || ':' || p_definition);
     END IF;
 
     -- A statement of its own, so it sees the keys this batch wrote too.
@@ -4886,7 +4887,8 @@ END $$;
 
 -- ==== version 38 (migration 0038_commands_know_their_definition) ====
 -- Every command carries its instance's definition id: the starts and commit_decision name it (in their
--- sections above), a trigger fills it for every other insert; why: the migration's header.
+-- sections above), a trigger fills it for every other insert, and the wake-up notifications name it
+-- (notify_command, commit_decision and start_batch, in their sections above); why: the migration's header.
 ALTER TABLE {{schema}}.commands ADD COLUMN definition text;
 ALTER TABLE {{schema}}.commands ALTER COLUMN definition SET STATISTICS 0;
 

@@ -9,6 +9,11 @@
 -- for every other insert from the instance's row (WHEN: a command that names it never calls the
 -- trigger). An insert for an instance that does not exist fails, as it must: such a command could never
 -- run. Commands that may still run are given theirs here; settled ones keep NULL, which nothing reads.
+-- The wake-up notifications name it too, after the due time ("<epoch ms>:<definition>"): a worker ignores
+-- those of workflows it does not serve, where every pool of a fleet split by workflow woke for every
+-- command of every other pool, for an empty claim (4 idle workers of another workflow made 593 claims a
+-- second and took 28% of a busy worker's throughput: tests/perf/ab_throughput.py --idle 4). A worker of
+-- the previous release cannot read the new payload and claims at once, as it did before due times.
 -- Migration 0039 indexes the ready ones by definition and 0040 claims through that index. Measured in
 -- docs/performance.md, "A worker that serves some workflows".
 ALTER TABLE {{schema}}.commands ADD COLUMN definition text;
@@ -331,7 +336,7 @@ BEGIN
                      AND x.available_at <= v_now) THEN
             PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
                                                WHERE c.oid = '{{schema}}.commands'::regclass),
-                              (extract(epoch FROM v_now) * 1000)::bigint::text);
+                              (extract(epoch FROM v_now) * 1000)::bigint::text || ':' || v_definition);
         END IF;
     END IF;
 
@@ -462,7 +467,7 @@ BEGIN
     IF v_created IS NOT NULL THEN
         PERFORM pg_notify('stepstone_' || (SELECT c.relnamespace::regnamespace::text FROM pg_class c
                                            WHERE c.oid = '{{schema}}.commands'::regclass),
-                          (extract(epoch FROM v_now) * 1000)::bigint::text);
+                          (extract(epoch FROM v_now) * 1000)::bigint::text || ':' || p_definition);
     END IF;
 
     -- A statement of its own, so it sees the keys this batch wrote too.
@@ -484,4 +489,12 @@ BEGIN
     LEFT JOIN {{schema}}.dedup d
            ON c.id IS NULL AND d.kind = 'START' AND d.namespace = p_scope || '/' || p_definition AND d.key = t.key
     ORDER BY t.n;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.notify_command() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('stepstone_' || TG_TABLE_SCHEMA,
+                      (extract(epoch FROM NEW.available_at) * 1000)::bigint::text || COALESCE(':' || NEW.definition, ''));
+    RETURN NULL;
 END $$;
