@@ -91,7 +91,7 @@ def _on_to_two(claim: Claim, lease_seconds: float) -> dict[str, Any]:
     decision = Decision(Settle("COMPLETE"), (moved, queued))
     return commit_document(decision, instance_id=claim.instance.id, position="", command_id=claim.command.id,
                            token=claim.token, visit=1, state_version=claim.instance.state_version,
-                           lease_seconds=lease_seconds, worker="a-worker")
+                           version=claim.pin.version, lease_seconds=lease_seconds, worker="a-worker")
 
 
 async def _commit(rows: Rows, doc: dict[str, Any]) -> Any:

@@ -15,9 +15,12 @@ from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.cli import cli
+from stepstone.core.effects import RecordHistory
+from stepstone.core.model import Decision, Settle
 from stepstone.core.pin import Pin, pin_of
 from stepstone.errors import PositionNotFound, WaitTimeout
 from stepstone.ops.migration import migrate_one
+from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
 
 
@@ -374,3 +377,27 @@ async def test_a_branch_that_reported_while_the_migration_was_planned_is_not_for
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.version, info.step, info.status) == (2, "hold", "WAITING")  # the join fired: both counted
+
+
+async def test_a_segment_that_ran_the_version_it_was_migrated_from_commits_nothing(engine: Engine) -> None:
+    """A claim whose statement runs while a migration commits locks the position as the migration left it
+    but reads the instance row of its snapshot, old version included, and its worker runs that version's
+    step (seen once under load in the test above: an instance migrated to v2 whose last step ran v1's).
+    The commit compares the version the segment ran with the instance's (migration 0038): nothing of the
+    segment is written, and its command is claimable at once, under the new version."""
+    iid = await engine.client.start(o1, {})
+    await engine.run_until_idle()  # waits at "first"
+    await engine.client.signal(iid, "go")
+    [claim] = await engine.store.claim(1, 30, "old-reader")
+    assert claim.pin.version == 1
+    pool = engine.store.pool  # type: ignore[attr-defined]
+    # What such a migration committed beside the claim (a migration that starts after the claim waits:
+    # the claim holds the position's lease).
+    await pool.execute("UPDATE stepstone.instances SET version = 2, plan_hash = $2, state_version = state_version + 1"
+                       " WHERE id = $1", uuid.UUID(iid), pin_of(o2).plan_hash)
+    ran_v1 = Decision(Settle("COMPLETE"), (RecordHistory("NOTED", "first", claim.instance.visit),))
+    request = CommitRequest(claim, claim.command.id, ran_v1, claim.instance.visit, claim.instance.state_version)
+    assert await engine.store.commit(request, lease_seconds=30, worker="old-reader") is None
+    assert "NOTED" not in [h["kind"] for h in await engine.client.history(iid)]
+    [again] = await engine.store.claim(1, 30, "new-reader")  # at once: no lease to wait out
+    assert (again.command.id, again.pin.version, again.command.claims) == (claim.command.id, 2, 1)

@@ -250,6 +250,7 @@ def commit_document(
     token: Any,
     visit: int,
     state_version: int,
+    version: int,
     lease_seconds: float,
     worker: str,
     actor: str | None = None,
@@ -265,6 +266,7 @@ def commit_document(
         "command": command_id,
         "token": str(token),
         "state_version": state_version,
+        "version": version,  # the pinned version the segment ran: a migration since fences the commit
         "settle": {"state": settle.state, "reason": settle.reason, "retry_delay": settle.retry_delay},
         "continuation": decision.continuation is not None,
         "lease_seconds": lease_seconds,

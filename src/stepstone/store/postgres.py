@@ -506,5 +506,6 @@ def _document(request: CommitRequest, lease_seconds: float, worker: str) -> dict
     return commit_document(
         request.decision, instance_id=instance.id, position=instance.position, command_id=request.command_id,
         token=request.claim.token, visit=request.visit, state_version=request.state_version,
-        lease_seconds=lease_seconds, worker=worker, actor=worker_actor(worker, request.claim.command.actor),
+        version=request.claim.pin.version, lease_seconds=lease_seconds, worker=worker,
+        actor=worker_actor(worker, request.claim.command.actor),
     )

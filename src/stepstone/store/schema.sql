@@ -991,6 +991,7 @@ DECLARE
     v_commands jsonb := COALESCE(d->'commands', '[]'::jsonb);
     v_version bigint;
     v_definition text;
+    v_pinned integer;
     v_branches integer;
     v_hist integer;
     v_pstatus text;
@@ -1004,9 +1005,26 @@ DECLARE
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
-    SELECT i.state_version, i.branches, i.history_seq, i.definition_id INTO v_version, v_branches, v_hist, v_definition
+    SELECT i.state_version, i.branches, i.history_seq, i.definition_id, i.version
+    INTO v_version, v_branches, v_hist, v_definition, v_pinned
     FROM {{schema}}.instances i WHERE i.id = v_id FOR UPDATE;
     IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_pinned <> (d->>'version')::integer THEN  -- (a previous release sends no version: NULL, no test)
+        -- A migration moved the instance to another version after this segment's claim read it: a claim
+        -- whose statement ran while the migration committed locks the position as the migration left it
+        -- but reads the instance row of its snapshot, pin included. What the segment decided followed a
+        -- plan the instance no longer has, so nothing of it is written: the claim is given back, and the
+        -- command runs again at once under the new plan (migration 0038; the worker counts it fenced).
+        WITH pos AS (
+            UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
+            RETURNING p.path
+        )
+        UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = v_now,
+            claims = GREATEST(c.claims - 1, 0)
+        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE AND EXISTS (SELECT 1 FROM pos);
         RETURN;
     END IF;
     IF v_has_state AND v_version <> (d->>'state_version')::bigint THEN

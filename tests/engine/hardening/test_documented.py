@@ -119,7 +119,8 @@ def _spy_commits(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[tuple[
         doc = commit_document(
             request.decision, instance_id=claim.instance.id, position=claim.instance.position,
             command_id=request.command_id, token=claim.token, visit=request.visit,
-            state_version=request.state_version, lease_seconds=kw["lease_seconds"], worker=kw["worker"],
+            state_version=request.state_version, version=claim.pin.version, lease_seconds=kw["lease_seconds"],
+            worker=kw["worker"],
         )
         result = await real(request, **kw)
         sent.append((kw["worker"], [e["event_id"] for e in doc.get("events", [])], result is not None))

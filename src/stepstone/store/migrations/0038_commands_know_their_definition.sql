@@ -16,6 +16,12 @@
 -- the previous release cannot read the new payload and claims at once, as it did before due times.
 -- Migration 0039 indexes the ready ones by definition and 0040 claims through that index. Measured in
 -- docs/performance.md, "A worker that serves some workflows".
+--
+-- commit_decision also checks the version the segment ran (the commit document's `version`) against the
+-- instance's, and gives the claim back when a migration moved the instance on since the claim read it:
+-- a claim whose statement ran while a migration committed read the instance row of its snapshot, and
+-- its worker ran the old version's step on the migrated instance (seen once under load in
+-- tests/registry/test_migration_branches.py: an instance migrated to v2 whose last step ran v1's).
 ALTER TABLE {{schema}}.commands ADD COLUMN definition text;
 ALTER TABLE {{schema}}.commands ALTER COLUMN definition SET STATISTICS 0;
 
@@ -60,6 +66,7 @@ DECLARE
     v_commands jsonb := COALESCE(d->'commands', '[]'::jsonb);
     v_version bigint;
     v_definition text;
+    v_pinned integer;
     v_branches integer;
     v_hist integer;
     v_pstatus text;
@@ -73,9 +80,26 @@ DECLARE
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
-    SELECT i.state_version, i.branches, i.history_seq, i.definition_id INTO v_version, v_branches, v_hist, v_definition
+    SELECT i.state_version, i.branches, i.history_seq, i.definition_id, i.version
+    INTO v_version, v_branches, v_hist, v_definition, v_pinned
     FROM {{schema}}.instances i WHERE i.id = v_id FOR UPDATE;
     IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF v_pinned <> (d->>'version')::integer THEN  -- (a previous release sends no version: NULL, no test)
+        -- A migration moved the instance to another version after this segment's claim read it: a claim
+        -- whose statement ran while the migration committed locks the position as the migration left it
+        -- but reads the instance row of its snapshot, pin included. What the segment decided followed a
+        -- plan the instance no longer has, so nothing of it is written: the claim is given back, and the
+        -- command runs again at once under the new plan (migration 0038; the worker counts it fenced).
+        WITH pos AS (
+            UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
+            RETURNING p.path
+        )
+        UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = v_now,
+            claims = GREATEST(c.claims - 1, 0)
+        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE AND EXISTS (SELECT 1 FROM pos);
         RETURN;
     END IF;
     IF v_has_state AND v_version <> (d->>'state_version')::bigint THEN
