@@ -10,6 +10,7 @@ had grown and been analyzed. Two modes, each on a fresh database on the server a
     python tests/perf/claim_plans.py empty --waiting 100000   # p50 of 200 empty claims, after growth
     python tests/perf/claim_plans.py drain --backlog 20000    # an idle worker drains a backlog
     python tests/perf/claim_plans.py served --backlog 20000   # claims of one workflow behind another's
+    python tests/perf/claim_plans.py names --backlog 5000     # claims naming 1 to 1,000 served workflows
 
 `empty`: a store claims ten times on the empty database, then --waiting instances are seeded (as the
 scale bench seeds them) and analyzed, and the same store claims 200 times more (finding nothing).
@@ -21,7 +22,9 @@ drain is timed. `served`: --backlog starts of one workflow are queued, then 400 
 and a store that serves only the second claims them 8 at a time (the claim of a worker that serves
 some workflows; "A worker that serves some workflows" in docs/performance.md): p50 and p90 of its
 claims, and the same for a store that serves every workflow, first with the backlog and the 400 queued,
-then with 400 more of every workflow queued. For an A/B, run it on each tree alternately, the other
+then with 400 more of every workflow queued. `names`: --backlog starts of one workflow queued, and claims of 8
+that name no definitions, or it and 0, 4, 99 or 999 more that have no work (a worker serving that many
+workflows probes each one's queue). For an A/B, run it on each tree alternately, the other
 tree's `src` first on PYTHONPATH.
 """
 
@@ -130,33 +133,49 @@ async def served(url: str, backlog: int) -> None:
         await client.start_many(three, [{} for _ in range(backlog)])
         await client.start_many(waiting, [{} for _ in range(400)])
         await conn.execute("ANALYZE")
-        await claims(store, "serving one workflow", [waiting.plan.definition_id], backlog)
-        await claims(store, "serving all", worker.served, backlog)
+        behind = f"behind {backlog:,} of another workflow"
+        await claims(store, f"serving one workflow, {behind}", [waiting.plan.definition_id])
+        await claims(store, f"serving all, {behind}", worker.served)
         for wf in registry:  # every served workflow has ready work: each one's walk locks up to 8 positions
             await client.start_many(wf, [{} for _ in range(400)])
         await conn.execute("ANALYZE")
-        await claims(store, f"serving all ({len(worker.served)}), each with 400 queued", worker.served, backlog)
+        await claims(store, f"serving all ({len(worker.served)}), each with 400 queued, {behind}", worker.served)
     finally:
         await store.close()
         await conn.close()
 
 
-async def claims(store: PostgresStore, label: str, definitions: list[str], backlog: int) -> None:
+async def names(url: str, backlog: int) -> None:
+    conn = await asyncpg.connect(url)
+    store = await PostgresStore.open(url, SCHEMA, max_size=2)
+    try:
+        await Worker(store, registry).register()
+        await Client(store, registry).start_many(three, [{} for _ in range(backlog)])
+        await conn.execute("ANALYZE")
+        for count in (None, 1, 5, 100, 1000):
+            served = None if count is None else [three.plan.definition_id, *(f"other_{n}" for n in range(count - 1))]
+            await claims(store, f"{backlog:,} queued, naming {count or 'no'} definitions", served)
+    finally:
+        await store.close()
+        await conn.close()
+
+
+async def claims(store: PostgresStore, label: str, definitions: list[str] | None) -> None:
     took = []
     for _ in range(50):
         began = time.perf_counter()
         assert len(await store.claim(8, 30.0, "probe", definitions)) == 8
         took.append(time.perf_counter() - began)
     p90 = statistics.quantiles(took, n=10)[-1]
-    print(f"claim of 8, {label}, behind {backlog:,} of another workflow: "  # noqa: T201
+    print(f"claim of 8, {label}: "  # noqa: T201
           f"p50 {statistics.median(took) * 1e3:.2f} ms, p90 {p90 * 1e3:.2f} ms")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["empty", "drain", "served"])
+    parser.add_argument("mode", choices=["empty", "drain", "served", "names"])
     parser.add_argument("--waiting", type=int, default=100_000, help="instances seeded (empty)")
-    parser.add_argument("--backlog", type=int, default=20_000, help="workflows started at once (drain, served)")
+    parser.add_argument("--backlog", type=int, default=20_000, help="workflows started at once (drain, served, names)")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     async with scratch_database(args.admin_url, "stepstone_claims") as url:
@@ -168,7 +187,7 @@ async def main() -> None:
         if args.mode == "empty":
             await empty(url, args.waiting)
         else:
-            await (drain if args.mode == "drain" else served)(url, args.backlog)
+            await {"drain": drain, "served": served, "names": names}[args.mode](url, args.backlog)
 
 
 if __name__ == "__main__":
