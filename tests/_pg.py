@@ -218,3 +218,20 @@ def _stop_embedded(pgdata: Path) -> None:
     with contextlib.suppress(ConfigError):  # a copied data dir: the server it names is not its own
         embedded.stop_server(pgdata, mode="immediate")
     shutil.rmtree(pgdata.parent, ignore_errors=True)
+
+
+async def until_shown(conn: asyncpg.Connection, query: str, *args: Any, every: float = 0.01, timeout: float = 30.0,
+                      failure: str = "the server never showed it") -> Any:
+    """The first true value of `query` on `conn`, looked at every `every` seconds (bounded by `timeout`).
+
+    For what PostgreSQL tells no one about: that a session began to wait for a lock, that a statement is
+    running or sleeping. pg_stat_activity and pg_locks are looked at until they show it; each look takes
+    a fresh snapshot of the statistics (pg_stat_clear_snapshot)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        value = await conn.fetchval(query, *args)
+        if value:
+            return value
+        assert asyncio.get_running_loop().time() < deadline, failure
+        await asyncio.sleep(every)

@@ -12,6 +12,7 @@ import asyncpg
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.errors import DatabaseUnavailable
 from stepstone.testing import open_engine
+from tests._pg import until_shown
 
 wf: Workflow[Any] = Workflow("batch-cut", version=1)
 
@@ -27,13 +28,11 @@ ITEMS = 10_000
 
 async def _cut_the_batch(conn: asyncpg.Connection) -> int:
     """Terminate the backend running start_batch as soon as it is seen running; its pid."""
-    while True:
-        pid = await conn.fetchval("SELECT pid FROM pg_stat_activity WHERE state = 'active' "
-                                  "AND query LIKE '%start_batch(%' AND pid <> pg_backend_pid() LIMIT 1")
-        if pid is not None:
-            await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
-            return int(pid)
-        await asyncio.sleep(0.001)
+    pid = await until_shown(conn, "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
+                                  "AND query LIKE '%start_batch(%' AND pid <> pg_backend_pid() LIMIT 1", every=0.001,
+                            failure="start_batch was never seen running")
+    await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+    return int(pid)
 
 
 async def test_a_cut_batch_starts_nothing_and_a_retry_starts_each_once(database_url: str) -> None:

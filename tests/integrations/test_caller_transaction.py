@@ -14,6 +14,7 @@ import pytest
 
 from stepstone.errors import BusinessKeyInUse, InvalidInput, OpenSignalLimit
 from stepstone.testing import Engine, open_engine
+from tests._pg import until_shown
 from tests.scheduling import workflows
 from tests.scheduling.workflows import long, parcel, report
 
@@ -261,16 +262,9 @@ async def test_a_publish_waits_out_a_busy_instance_inside_the_callers_transactio
             # The publish waits in the database, not in the client: its one statement is seen sleeping
             # between its attempts on its backend (pg_sleep), while the row is held. A client retrying
             # would sleep on its own side and send a new statement for each attempt.
-            async def in_statement_sleep() -> bool:
-                await holder.execute("SELECT pg_stat_clear_snapshot()")
-                return bool(await holder.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event = 'PgSleep' "
-                    "AND query LIKE '%publish_in_caller_transaction%' AND pid <> pg_backend_pid()"))
-
-            # PostgreSQL tells no one when a statement begins to wait: look at pg_stat_activity until then.
-            while not await in_statement_sleep():
-                assert not publishing.done(), publishing
-                await asyncio.sleep(0.01)
+            await until_shown(holder, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event = "
+                              "'PgSleep' AND query LIKE '%publish_in_caller_transaction%' AND pid <> pg_backend_pid()",
+                              failure="the publish never slept in its statement")
             assert not publishing.done(), publishing
             await locked.commit()
             assert (await publishing).outcome == "delivered"

@@ -21,6 +21,7 @@ from stepstone.core.model import Decision, Settle
 from stepstone.runtime.counters import Counters
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine
+from tests._pg import until_shown
 from tests.engine.conftest import Rows
 from tests.engine.hardening import workflows as hw
 
@@ -104,14 +105,8 @@ async def test_a_command_settled_while_the_claim_waits_for_its_lock_is_not_claim
 async def _blocked_on_a_lock(rows: Rows, holder: asyncpg.Connection) -> None:
     """Wait until some session waits for a lock `holder` holds (bounded). PostgreSQL tells no one when a
     session begins to wait for a lock: pg_stat_activity is looked at until it shows one."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE
-    pid = holder.get_server_pid()
-    while not await rows.conn.fetchval(
-        "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))", pid
-    ):
-        assert loop.time() < deadline, "the claim never waited for the lock"
-        await asyncio.sleep(0.01)
+    await until_shown(rows.conn, "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                      holder.get_server_pid(), timeout=DEADLINE, failure="the claim never waited for the lock")
 
 
 # -- the group commit takes instances in ascending id order ---------------------------------------------------
