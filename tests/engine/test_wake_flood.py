@@ -19,8 +19,9 @@ from tests.engine import workflows
 NOTIFIES = 1500
 
 
-def _timed_claims(engine: Engine) -> tuple[list[float], asyncio.Event]:
-    """Record the loop time of every claim statement the engine's store sends; the event is set on each."""
+def _timed_claims(engine: Engine, found: list[list[str]] | None = None) -> tuple[list[float], asyncio.Event]:
+    """Record the loop time of every claim statement the engine's store sends (and, into `found`, the
+    instances each one claimed); the event is set on each."""
     claims: list[float] = []
     claimed = asyncio.Event()
     inner = engine.store.claim
@@ -28,8 +29,11 @@ def _timed_claims(engine: Engine) -> tuple[list[float], asyncio.Event]:
 
     async def counted(*args: Any) -> list[Claim]:
         claims.append(loop.time())
+        result = await inner(*args)
+        if found is not None:
+            found.append([c.instance.id for c in result])
         claimed.set()
-        return await inner(*args)
+        return result
 
     engine.store.claim = counted  # type: ignore[method-assign]
     return claims, claimed
@@ -120,16 +124,7 @@ async def test_a_worker_sleeps_through_the_wake_ups_of_workflows_it_does_not_ser
     claims a second beside a busy one: tests/perf/ab_throughput.py --idle 4)."""
     worker = Worker(engine.store, Registry(workflows.waiter), WorkerConfig(concurrency=2, poll_interval=60))
     claimed: list[list[str]] = []
-    got = asyncio.Event()
-    inner = engine.store.claim
-
-    async def recorded(*args: Any) -> list[Claim]:
-        claims = await inner(*args)
-        claimed.append([c.instance.id for c in claims])
-        got.set()
-        return claims
-
-    engine.store.claim = recorded  # type: ignore[method-assign]
+    _, got = _timed_claims(engine, claimed)
     try:
         await worker.start()
         while not claimed:  # the first claim at start

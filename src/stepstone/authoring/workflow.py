@@ -446,6 +446,7 @@ class Registry:
 
     def __init__(self, *workflows: Workflow[Any]) -> None:
         self._by_key: dict[tuple[str, int], Workflow[Any]] = {}
+        self._definition_ids: frozenset[str] = frozenset()
         for wf in workflows:
             self.add(wf)
 
@@ -455,7 +456,13 @@ class Registry:
             raise DefinitionError(f"workflow {workflow.id!r} v{workflow.version} is registered twice")
         workflow.plan  # noqa: B018 - validate now, not at first use
         self._by_key[key] = workflow
+        self._definition_ids |= {workflow.plan.definition_id}
         return workflow
+
+    @property
+    def definition_ids(self) -> frozenset[str]:
+        """The definition ids of the registered workflows, any version (what a worker serves)."""
+        return self._definition_ids
 
     def check_children(self) -> None:
         """Every workflow a child step starts is registered here too; DefinitionError otherwise."""

@@ -97,7 +97,6 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._finished = 0  # segments ended, so run_until_idle can tell a claim raced one
         self._wakeups = WakeUps(self.config)
-        self._served_cache: tuple[int, frozenset[str]] = (-1, frozenset())
         self._wake = self._wakeups.event
         self._slot_free = asyncio.Event()
         # A segment whose last commit is in flight (`_Segment.ending`) holds a slot that is as good as free,
@@ -134,7 +133,7 @@ class Worker:
     @property
     def served(self) -> list[str]:
         """The definition ids this worker claims work of (read per claim: a registry may grow)."""
-        return sorted({wf.plan.definition_id for wf in self.registry})
+        return sorted(self.registry.definition_ids)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -335,13 +334,8 @@ class Worker:
     def _on_due(self, due_in: float, definition: str | None = None) -> None:
         """A notification: wake up for it unless it names a workflow this worker does not serve (every
         pool of a fleet split by workflow woke for every other pool's commands, for an empty claim)."""
-        if definition is None or definition in self._served_ids():
+        if definition is None or definition in self.registry.definition_ids:
             self._wakeups.notified(due_in)
-
-    def _served_ids(self) -> frozenset[str]:
-        if self._served_cache[0] != len(self.registry):  # a registry only grows
-            self._served_cache = (len(self.registry), frozenset(self.served))
-        return self._served_cache[1]
 
     async def _close_listener(self) -> None:
         self._wakeups.forget()
