@@ -73,7 +73,8 @@ async def test_commands_queued_before_the_migration_get_their_definition(
     monkeypatch.undo()
     conn = await asyncpg.connect(empty_database_url)
     try:
-        assert [x.version for x in await m.migrate(conn, "stepstone")] == [38, 39, 40]
+        assert [x.version for x in await m.migrate(conn, "stepstone")] == [x.version for x in m.shipped_migrations()
+                                                                           if x.version >= 38]
         assert [tuple(r) for r in await conn.fetch(_MISMATCHED)] == []
     finally:
         await conn.close()

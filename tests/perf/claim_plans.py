@@ -11,6 +11,7 @@ had grown and been analyzed. Two modes, each on a fresh database on the server a
     python tests/perf/claim_plans.py drain --backlog 20000    # an idle worker drains a backlog
     python tests/perf/claim_plans.py served --backlog 20000   # claims of one workflow behind another's
     python tests/perf/claim_plans.py names --backlog 5000     # claims naming 1 to 1,000 served workflows
+    python tests/perf/claim_plans.py stale --backlog 20000    # served's claims, planned on an empty queue
 
 `empty`: a store claims ten times on the empty database, then --waiting instances are seeded (as the
 scale bench seeds them) and analyzed, and the same store claims 200 times more (finding nothing).
@@ -24,8 +25,10 @@ some workflows; "A worker that serves some workflows" in docs/performance.md): p
 claims, and the same for a store that serves every workflow, first with the backlog and the 400 queued,
 then with 400 more of every workflow queued. `names`: --backlog starts of one workflow queued, and claims of 8
 that name no definitions, or it and 0, 4, 99 or 999 more that have no work (a worker serving that many
-workflows probes each one's queue). For an A/B, run it on each tree alternately, the other
-tree's `src` first on PYTHONPATH.
+workflows probes each one's queue). `stale`: as `served`, but the tables were last analyzed when the
+queue was empty (after 50 workflows ran to the end), and not after the backlog arrived, so the claims run
+on plans that think every queue index is free to read whole ("Ready commands indexed once"). For an A/B,
+run it on each tree alternately, the other tree's `src` first on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -145,6 +148,26 @@ async def served(url: str, backlog: int) -> None:
         await conn.close()
 
 
+async def stale(url: str, backlog: int) -> None:
+    conn = await asyncpg.connect(url)
+    store = await PostgresStore.open(url, SCHEMA, max_size=4)
+    try:
+        worker = Worker(store, registry, WorkerConfig(concurrency=4, worker_id="stale"))
+        await worker.register()
+        client = Client(store, registry)
+        await client.start_many(three, [{} for _ in range(50)])
+        await worker.run_until_idle()
+        await conn.execute("ANALYZE")  # the queue is empty now
+        await client.start_many(three, [{} for _ in range(backlog)])
+        await client.start_many(waiting, [{} for _ in range(800)])
+        behind = f"behind {backlog:,} of another workflow, planned on an empty queue"
+        await claims(store, f"serving one workflow, {behind}", [waiting.plan.definition_id])
+        await claims(store, f"serving all, {behind}", worker.served)
+    finally:
+        await store.close()
+        await conn.close()
+
+
 async def names(url: str, backlog: int) -> None:
     conn = await asyncpg.connect(url)
     store = await PostgresStore.open(url, SCHEMA, max_size=2)
@@ -173,9 +196,10 @@ async def claims(store: PostgresStore, label: str, definitions: list[str] | None
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["empty", "drain", "served", "names"])
+    parser.add_argument("mode", choices=["empty", "drain", "served", "names", "stale"])
     parser.add_argument("--waiting", type=int, default=100_000, help="instances seeded (empty)")
-    parser.add_argument("--backlog", type=int, default=20_000, help="workflows started at once (drain, served, names)")
+    parser.add_argument("--backlog", type=int, default=20_000,
+                        help="workflows started at once (drain, served, names, stale)")
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     async with scratch_database(args.admin_url, "stepstone_claims") as url:
@@ -187,7 +211,7 @@ async def main() -> None:
         if args.mode == "empty":
             await empty(url, args.waiting)
         else:
-            await {"drain": drain, "served": served, "names": names}[args.mode](url, args.backlog)
+            await {"drain": drain, "served": served, "names": names, "stale": stale}[args.mode](url, args.backlog)
 
 
 if __name__ == "__main__":

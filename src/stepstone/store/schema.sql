@@ -86,10 +86,8 @@ CREATE TABLE {{schema}}.commands (
     settled_at timestamptz
 ) WITH (fillfactor = 70);
 
--- Ready work and expired leases are found through separate indexes, so a claim
--- takes back the commands of a dead worker before any queued backlog.
-CREATE INDEX commands_ready ON {{schema}}.commands (available_at, id)
-    WHERE state IN ('PENDING', 'DEFERRED');
+-- Expired leases are found through an index of their own, so a claim takes back the commands of a
+-- dead worker before any queued backlog (ready work: commands_ready, version 41).
 CREATE INDEX commands_leased ON {{schema}}.commands (available_at, id)
     WHERE state = 'CLAIMED';
 CREATE INDEX commands_parked ON {{schema}}.commands (instance_id, seq, id)
@@ -4777,7 +4775,9 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH clock AS MATERIALIZED (
-        SELECT {{schema}}.db_now() AS now, p_batch AS batch, p_served AS served
+        -- walk: the definitions whose ready work this claim walks, the served ones or every one that has some
+        SELECT {{schema}}.db_now() AS now, p_batch AS batch, p_served AS served,
+               COALESCE(p_served, {{schema}}.ready_definitions()) AS walk
     ), expired AS (
         SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
         FROM {{schema}}.commands c
@@ -4798,37 +4798,18 @@ BEGIN
         LIMIT (SELECT clock.batch FROM clock)
         FOR UPDATE OF p SKIP LOCKED
     ), ready AS (
-        -- Ready work of every definition, oldest first (a worker that serves them all).
-        SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
-        FROM {{schema}}.commands c
-        JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
-        WHERE (SELECT clock.served FROM clock) IS NULL
-          AND c.state IN ('PENDING', 'DEFERRED')
-          AND c.available_at <= (SELECT clock.now FROM clock)
-          AND (p.lease_until IS NULL OR p.lease_until <= (SELECT clock.now FROM clock))
-          AND NOT EXISTS (
-              SELECT 1 FROM {{schema}}.commands e
-              WHERE e.instance_id = c.instance_id AND e.position = c.position
-                AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-                AND (e.seq, e.id) < (c.seq, c.id)
-                AND NOT (e.kind = 'TIMER' AND e.available_at > (SELECT clock.now FROM clock))
-              OFFSET 0)  -- a lookup per candidate, never an anti-join (see above)
-        ORDER BY c.available_at, c.id
-        LIMIT (SELECT clock.batch FROM clock)
-        FOR UPDATE OF p SKIP LOCKED
-    ), ready_served AS (
-        -- Ready work of the served definitions, each one's own walk through commands_ready_definition, so
+        -- Ready work of the walked definitions, each one's own walk through commands_ready, so
         -- that another workflow's backlog is never read. The definition whose oldest ready command is the
         -- oldest is walked first, then the next, until the batch is full: a walk locks no more positions
         -- than the claim keeps (the ones it skips aside), however many definitions the worker serves.
         SELECT r.id, r.instance_id, r.position, r.token
         FROM (
             SELECT s.definition_id, h.available_at
-            FROM unnest((SELECT clock.served FROM clock)::text[]) AS s(definition_id)
+            FROM unnest((SELECT clock.walk FROM clock)::text[]) AS s(definition_id)
             CROSS JOIN LATERAL (
                 SELECT c.available_at FROM {{schema}}.commands c
                 WHERE c.definition = s.definition_id
-                  AND c.state IN ('PENDING', 'DEFERRED')
+                  AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
                   AND c.available_at <= (SELECT clock.now FROM clock)
                 ORDER BY c.available_at, c.id
                 LIMIT 1
@@ -4840,7 +4821,7 @@ BEGIN
             FROM {{schema}}.commands c
             JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
             WHERE c.definition = d.definition_id
-              AND c.state IN ('PENDING', 'DEFERRED')
+              AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
               AND c.available_at <= (SELECT clock.now FROM clock)
               AND (p.lease_until IS NULL OR p.lease_until <= (SELECT clock.now FROM clock))
               AND NOT EXISTS (
@@ -4857,7 +4838,7 @@ BEGIN
         LIMIT (SELECT clock.batch FROM clock)
     ), cand AS (
         -- A plain LIMIT in each branch keeps its plan an index scan; the union is cut here.
-        SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready UNION ALL SELECT * FROM ready_served)
+        SELECT * FROM (SELECT * FROM expired UNION ALL SELECT * FROM ready)
             AS every_kind LIMIT (SELECT clock.batch FROM clock)
     ), claimed AS (
         UPDATE {{schema}}.commands c SET
@@ -4925,9 +4906,40 @@ CREATE TRIGGER commands_definition BEFORE INSERT ON {{schema}}.commands
     FOR EACH ROW WHEN (NEW.definition IS NULL) EXECUTE FUNCTION {{schema}}.command_definition();
 
 -- ==== version 39 (migration 0039_commands_ready_by_definition) ====
-CREATE INDEX commands_ready_definition ON {{schema}}.commands (definition, available_at, id)
-    WHERE state IN ('PENDING', 'DEFERRED');
+-- commands_ready_definition (definition, available_at, id) over PENDING and DEFERRED, built CONCURRENTLY;
+-- replaced by commands_ready (version 41) and dropped (version 43).
 
 -- ==== version 40 (migration 0040_claims_walk_their_own_definitions) ====
 -- claim_heads (in the version 36 section) walks each served definition's ready commands on its own;
 -- why: the migration's header.
+
+-- ==== version 41 (migration 0041_ready_index_by_definition) ====
+-- The ready commands of each definition, oldest first: the one index of ready work, read by the walks
+-- that state `(state IN ('PENDING', 'DEFERRED')) IS TRUE` and by nothing else (why: the migration's
+-- header). It replaced commands_ready (available_at, id) of version 1, built CONCURRENTLY.
+CREATE INDEX commands_ready ON {{schema}}.commands (definition, available_at, id)
+    WHERE (state IN ('PENDING', 'DEFERRED')) IS TRUE;
+
+-- ==== version 42 (migration 0042_ready_commands_indexed_once) ====
+-- claim_heads (in the version 36 section), next_available and the health sample walk commands_ready, and
+-- the definitions that have ready commands when they are given none; why: the migration's header.
+-- The definitions that have PENDING or DEFERRED commands, in order: one probe of commands_ready a
+-- definition (each finds the first entry past the last one found), however many commands each one holds.
+CREATE FUNCTION {{schema}}.ready_definitions() RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    WITH RECURSIVE d AS (
+        (SELECT c.definition FROM {{schema}}.commands c
+         WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.definition IS NOT NULL
+         ORDER BY c.definition LIMIT 1)
+        UNION ALL
+        SELECT (SELECT c.definition FROM {{schema}}.commands c
+                WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.definition > d.definition
+                ORDER BY c.definition LIMIT 1)
+        FROM d WHERE d.definition IS NOT NULL
+    )
+    SELECT COALESCE(array_agg(d.definition), '{}') FROM d WHERE d.definition IS NOT NULL
+$$;
+
+-- ==== version 43 (migration 0043_drop_commands_ready_definition) ====
+-- commands_ready_definition (version 39) is gone: commands_ready (version 41) serves every read of ready
+-- work. The migration drops it CONCURRENTLY, outside a transaction.

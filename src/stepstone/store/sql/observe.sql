@@ -8,12 +8,16 @@ SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended('stepstone.sample:' 
         'states', (SELECT COALESCE(jsonb_object_agg(s.state, s.n), '{}'::jsonb) FROM (
                       SELECT c.state, count(*) AS n FROM {{schema}}.commands c
                       WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD') GROUP BY c.state) s),
-        -- The first entry of the ready index (ORDER BY ... LIMIT 1: a min() over a small table may be planned
-        -- as a read of a whole queue index, tests/perf/test_generic_plans.py).
-        'oldest_pending_seconds', (SELECT EXTRACT(EPOCH FROM {{schema}}.db_now() - c.available_at)::float8
-                                   FROM {{schema}}.commands c
-                                   WHERE c.state IN ('PENDING', 'DEFERRED') AND c.available_at <= {{schema}}.db_now()
-                                   ORDER BY c.available_at LIMIT 1),
+        -- The oldest of each definition's first ready entry in commands_ready (ORDER BY ... LIMIT 1:
+        -- a min() over a small table may be planned as a read of a whole queue index,
+        -- tests/perf/test_generic_plans.py), the definitions found by `ready_definitions` (migration 0042).
+        'oldest_pending_seconds', (SELECT EXTRACT(EPOCH FROM {{schema}}.db_now() - min(h.available_at))::float8
+                                   FROM unnest({{schema}}.ready_definitions()) AS s(definition)
+                                   CROSS JOIN LATERAL (
+                                       SELECT c.available_at FROM {{schema}}.commands c
+                                       WHERE c.definition = s.definition AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                                         AND c.available_at <= {{schema}}.db_now()
+                                       ORDER BY c.available_at LIMIT 1) AS h),
         'outbox_pending', (SELECT count(*) FROM {{schema}}.outbox o WHERE o.published_at IS NULL),
         'outbox_oldest_seconds', (SELECT EXTRACT(EPOCH FROM {{schema}}.db_now() - min(o.created_at))::float8
                                   FROM {{schema}}.outbox o WHERE o.published_at IS NULL))

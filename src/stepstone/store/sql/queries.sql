@@ -119,21 +119,17 @@ RETURNING c.id;
 -- Seconds from the database clock to the earliest future availability (a queued
 -- command's of the definitions $1, or of any when NULL, or a lease's expiry), or NULL. A lease's expiry is
 -- the position's: a continuation in place (migration 0030) moves it on without the command's, which
--- the claim and the renewals set. Claimed commands are the ones in flight, few. A worker names the
--- definitions it serves: each one's next command is the first entry of its walk of
--- commands_ready_definition (migration 0039), and another workflow's timers wake it for nothing.
+-- the claim and the renewals set. Claimed commands are the ones in flight, few. Each definition's next
+-- command is the first entry of its walk of commands_ready (migration 0041), so a worker that
+-- names the definitions it serves is not woken by another workflow's timers; with none named, the walked
+-- ones are every definition that has queued commands (`ready_definitions`, migration 0042).
 SELECT EXTRACT(EPOCH FROM (LEAST(
-    CASE WHEN $1::text[] IS NULL THEN
-        (SELECT c.available_at FROM {{schema}}.commands c
-         WHERE c.state IN ('PENDING', 'DEFERRED') AND c.available_at > {{schema}}.db_now()
-         ORDER BY c.available_at LIMIT 1)
-    ELSE
-        (SELECT min(h.available_at) FROM unnest($1::text[]) AS s(definition)
-         CROSS JOIN LATERAL (SELECT c.available_at FROM {{schema}}.commands c
-                             WHERE c.definition = s.definition AND c.state IN ('PENDING', 'DEFERRED')
-                               AND c.available_at > {{schema}}.db_now()
-                             ORDER BY c.available_at LIMIT 1) AS h)
-    END,
+    (SELECT min(h.available_at)
+     FROM unnest(COALESCE($1::text[], (SELECT {{schema}}.ready_definitions()))) AS s(definition)
+     CROSS JOIN LATERAL (SELECT c.available_at FROM {{schema}}.commands c
+                         WHERE c.definition = s.definition AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                           AND c.available_at > {{schema}}.db_now()
+                         ORDER BY c.available_at LIMIT 1) AS h),
     (SELECT p.lease_until FROM {{schema}}.commands c
      JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position AND p.lease_token = c.token
      WHERE c.state = 'CLAIMED' AND p.lease_until > {{schema}}.db_now()
