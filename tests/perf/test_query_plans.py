@@ -184,6 +184,10 @@ QUEUE_WALKS = {"commands_ready", "commands_leased"}
 """Partial indexes in available-time order: walked by the claim and by the look-up of the next due time,
 read by no other statement."""
 
+RETIRED = {"commands_ready_definition"}
+"""Indexes kept for the previous release's statements until their contract step: nothing of this one may read
+them (migration 0041)."""
+
 
 async def queue_walks(database_url: str) -> list[str]:
     """The statements that walk the queue indexes: the claim's (in its function) and the look-up of the next
@@ -195,14 +199,15 @@ def whole_index_scans(plans: list[dict[str, Any]], walks: list[str]) -> list[str
     """'<index>: <query text>' for every index scan on commands that reads a whole index, or all of a queue,
     to find a few rows (docs/performance.md, "Lookups by id"): one with no index condition; one whose only
     condition is on `id`, the first column of the primary key alone; one through a queue walk's index by a
-    statement that is not such a walk (`walks`: the sources of those that are, from `queue_walks`)."""
+    statement that is not such a walk (`walks`: the sources of those that are, from `queue_walks`); any
+    through a RETIRED index."""
     found = []
     for entry in plans:
         text = _norm(entry.get("Query Text", ""))
         for node in _nodes(entry["Plan"]):
             walk_elsewhere = node.get("Relation Name") == "commands" and node.get("Index Name") in QUEUE_WALKS \
                 and not any(text and text in walk for walk in walks)
-            if reads_whole_index(node) or walk_elsewhere:
+            if reads_whole_index(node) or walk_elsewhere or node.get("Index Name") in RETIRED:
                 found.append(f"{node['Index Name']}: {text[:200]}")
     return found
 

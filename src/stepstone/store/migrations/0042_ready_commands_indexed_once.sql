@@ -10,19 +10,22 @@
 -- The definitions that have PENDING or DEFERRED commands, in order: one probe of commands_ready a
 -- definition (each finds the first entry past the last one found), however many commands each one holds.
 CREATE FUNCTION {{schema}}.ready_definitions() RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    WITH RECURSIVE d AS (
-        (SELECT c.definition FROM {{schema}}.commands c
-         WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.definition IS NOT NULL
-         ORDER BY c.definition LIMIT 1)
-        UNION ALL
-        SELECT (SELECT c.definition FROM {{schema}}.commands c
-                WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.definition > d.definition
-                ORDER BY c.definition LIMIT 1)
-        FROM d WHERE d.definition IS NOT NULL
-    )
-    SELECT COALESCE(array_agg(d.definition), '{}') FROM d WHERE d.definition IS NOT NULL
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- plpgsql, not sql: a SQL function's statement is planned anew on every call (0.3 ms a claim).
+    RETURN (
+        WITH RECURSIVE d AS (
+            (SELECT c.definition FROM {{schema}}.commands c
+             WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.definition IS NOT NULL
+             ORDER BY c.definition LIMIT 1)
+            UNION ALL
+            SELECT (SELECT c.definition FROM {{schema}}.commands c
+                    WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.definition > d.definition
+                    ORDER BY c.definition LIMIT 1)
+            FROM d WHERE d.definition IS NOT NULL
+        )
+        SELECT COALESCE(array_agg(d.definition), '{}') FROM d WHERE d.definition IS NOT NULL);
+END $$;
 
 CREATE OR REPLACE FUNCTION {{schema}}.claim_heads(p_batch integer, p_lease_seconds double precision, p_worker text,
                                        p_served text[])
