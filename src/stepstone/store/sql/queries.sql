@@ -18,13 +18,7 @@
 -- generic one on every call, which only a function's own plan_cache_mode can promise, since PostgreSQL
 -- otherwise weighs each new generic plan against every custom plan the connection ever made
 -- (docs/performance.md, "The claim on its generic plan").
--- Its commit does not wait for the WAL flush (synchronous_commit off for this transaction alone): a claim
--- lost with a crash of the server leaves the command as it was before the claim, claimable again, and the
--- worker that held it is fenced at its commit (the token is nowhere); and any commit that is flushed, the
--- step commit of the segment that claim began among them, flushes the claim's WAL before its own. So a
--- claim needs no flush of its own (docs/performance.md, "Claims that do not wait for the disk").
-WITH unflushed AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
-SELECT c.* FROM unflushed, {{schema}}.claim_heads($1, $2, $3, $4) AS c;
+SELECT * FROM {{schema}}.claim_heads($1, $2, $3, $4);
 
 -- name: commit_many
 -- One or more fenced commits in one statement and one transaction (store/effects.py builds them).
