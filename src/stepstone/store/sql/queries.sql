@@ -2,15 +2,17 @@
 -- is replaced by the quoted schema identifier when the file is loaded.
 --
 -- Commands found by their key test their state as `(c.state = ...) IS TRUE`. A bare state test proves
--- the predicate of a partial queue index (commands_ready, commands_leased, commands_position_queue),
--- and the planner then may read that whole index instead of the key's: whenever the last ANALYZE
--- found the queue empty, the index looks free, however much it holds now (a backlog that came after
--- it, or the entries of every claim since the last vacuum). `IS TRUE` means the same in a WHERE clause
--- and proves nothing, so only the claim's ordered walks use those indexes (docs/performance.md,
--- "Lookups by id"; migration 0028 does the same in the commit path). A lookup of one instance's or one
--- position's queued commands names the states of commands_position_queue, the index it should read,
--- and narrows them with IS TRUE: `c.state IN ('PENDING', 'DEFERRED')` alone would let it walk all of
--- commands_ready looking for them.
+-- the predicate of a partial queue index (commands_leased, commands_position_queue), and the planner
+-- then may read that whole index instead of the key's: whenever the last ANALYZE found the queue
+-- empty, the index looks free, however much it holds now (a backlog that came after it, or the entries
+-- of every claim since the last vacuum). `IS TRUE` means the same in a WHERE clause and proves nothing,
+-- so only the claim's ordered walks use those indexes (docs/performance.md, "Lookups by id"; migration
+-- 0028 does the same in the commit path). A lookup of one instance's or one position's queued commands
+-- names the states of commands_position_queue, the index it should read, and narrows them with IS TRUE.
+-- The walks of ready work turn this round: commands_ready's predicate is
+-- `(state IN ('PENDING', 'DEFERRED')) IS TRUE`, which only a statement that says exactly that proves, and
+-- the claim, `next_available` and the health sample say it, so they read that index and no other partial
+-- one (migration 0041; commands_ready_definition, kept for the previous release, is read by nothing here).
 
 -- name: claim
 -- Claim up to $1 heads of position queues for worker $3 with a lease of $2 seconds; only of the
