@@ -281,10 +281,10 @@ async def _heartbeat_plans(database_url: str) -> list[dict[str, Any]]:
 
 
 async def test_the_heartbeat_reads_no_queue(seeded: str) -> None:
-    """Every worker looks for commands deferred for want of a plan at each heartbeat. Through
-    the first commands_ready (available_at, id) it read every waiting instance's pending timer to keep none (49 ms at 200,000 waiting
-    instances; at a million the plan read every instance instead, 1.6 s a call); commands_not_runnable
-    holds only such commands (migration 0033)."""
+    """Every worker looks for commands deferred for want of a plan at each heartbeat. Through the first
+    commands_ready (available_at, id) it read every waiting instance's pending timer to keep none (49 ms at
+    200,000 waiting instances; at a million the plan read every instance instead, 1.6 s a call);
+    commands_not_runnable holds only such commands (migration 0033)."""
     assert await _heartbeat_reads(seeded) == []
 
 
