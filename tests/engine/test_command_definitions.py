@@ -1,6 +1,7 @@
 """Every command carries its instance's definition id (migrations 0038-0040), so that a worker serving some
 workflows walks only their ready commands: the starts and the step commit name it, a trigger fills it
-for every other insert, and the migration gave it to the commands already queued."""
+for every other insert, and the migration gave it to the commands already queued. A claim that names no
+definitions walks those that have ready commands (`ready_definitions`, migration 0042)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,37 @@ async def test_commands_queued_before_the_migration_get_their_definition(
         only_jobs = Worker(engine.store, Registry(bw.job))  # claims through the new index alone
         await only_jobs.run_until_idle()
         assert [(await engine.client.get(i)).status for i in queued] == ["COMPLETED"] * 3
+
+
+_QUEUED_DEFINITIONS = """
+SELECT COALESCE(array_agg(DISTINCT c.definition ORDER BY c.definition), '{}') FROM stepstone.commands c
+WHERE c.state IN ('PENDING', 'DEFERRED')
+"""
+
+
+async def test_ready_definitions_are_the_definitions_with_queued_commands(engine: Engine) -> None:
+    """`ready_definitions` (migration 0042) finds them one probe of commands_ready each: what a claim or a
+    look-up that names no definitions walks. A definition whose commands all settled is not among them."""
+    client = engine.client
+    pool = engine.store.pool  # type: ignore[attr-defined]
+    assert await pool.fetchval("SELECT stepstone.ready_definitions()") == []
+    done = await client.start(bw.static, {})
+    await engine.run_until_idle()
+    assert (await client.get(done)).status == "COMPLETED"
+    await client.start_many(bw.job, [{}, {}])
+    await client.start(bw.gated, {})
+    await client.start(bw.mapped, {"items": [1]})
+    expected = sorted({bw.job.plan.definition_id, bw.gated.plan.definition_id, bw.mapped.plan.definition_id})
+    assert await pool.fetchval("SELECT stepstone.ready_definitions()") == expected
+    assert await pool.fetchval(_QUEUED_DEFINITIONS) == expected
+
+
+async def test_a_claim_naming_no_definitions_fills_its_batch_from_every_definition(engine: Engine) -> None:
+    """The claim of a caller that serves every workflow walks each definition that has ready work, from the
+    one whose oldest command is oldest, until its batch is full."""
+    client = engine.client
+    jobs = await client.start_many(bw.job, [{}, {}, {}])
+    gates = [await client.start(bw.gated, {}) for _ in range(2)]
+    claims = await engine.store.claim(8, 30.0, "everything")
+    assert sorted(c.instance.id for c in claims) == sorted([*jobs, *gates])
+    assert await engine.store.claim(8, 30.0, "everything") == []  # each queue's head is claimed
