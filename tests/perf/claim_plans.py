@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
+from collections.abc import AsyncIterator
 
 import asyncpg
 from scratch_database import scratch_database  # a sibling: see scratch_database.py
@@ -61,12 +63,22 @@ async def planned(store: PostgresStore) -> str:
     return ", ".join(f"{r['custom_plans']} custom and {r['generic_plans']} generic plans" for r in rows)
 
 
-async def empty(url: str, size: int) -> None:
+@contextlib.asynccontextmanager
+async def opened(url: str, max_size: int) -> AsyncIterator[tuple[asyncpg.Connection, PostgresStore, Worker]]:
+    """A connection, a store and a registered (not started) worker of the bench's workflows."""
     conn = await asyncpg.connect(url)
-    store = await PostgresStore.open(url, SCHEMA, max_size=2)
+    store = await PostgresStore.open(url, SCHEMA, max_size=max_size)
     try:
-        worker = Worker(store, registry)
+        worker = Worker(store, registry, WorkerConfig(concurrency=4, worker_id="probe"))
         await worker.register()
+        yield conn, store, worker
+    finally:
+        await store.close()
+        await conn.close()
+
+
+async def empty(url: str, size: int) -> None:
+    async with opened(url, 2) as (conn, store, worker):
         for _ in range(10):
             await store.claim(8, 30.0, "probe", worker.served)
         await seed(conn, SCHEMA, pin_of(waiting), 1, size)  # and analyzed, as the scale bench does
@@ -77,9 +89,6 @@ async def empty(url: str, size: int) -> None:
             took.append(time.perf_counter() - began)
         print(f"  {await planned(store)}")  # noqa: T201
         print(f"empty claim at {size:,} waiting: p50 {statistics.median(took) * 1e3:.2f} ms")  # noqa: T201
-    finally:
-        await store.close()
-        await conn.close()
 
 
 class Ended:
@@ -127,11 +136,7 @@ async def drain(url: str, backlog: int) -> None:
 
 
 async def served(url: str, backlog: int) -> None:
-    conn = await asyncpg.connect(url)
-    store = await PostgresStore.open(url, SCHEMA, max_size=4)
-    try:
-        worker = Worker(store, registry)
-        await worker.register()
+    async with opened(url, 4) as (conn, store, worker):
         client = Client(store, registry)
         await client.start_many(three, [{} for _ in range(backlog)])
         await client.start_many(waiting, [{} for _ in range(400)])
@@ -143,17 +148,10 @@ async def served(url: str, backlog: int) -> None:
             await client.start_many(wf, [{} for _ in range(400)])
         await conn.execute("ANALYZE")
         await claims(store, f"serving all ({len(worker.served)}), each with 400 queued, {behind}", worker.served)
-    finally:
-        await store.close()
-        await conn.close()
 
 
 async def stale(url: str, backlog: int) -> None:
-    conn = await asyncpg.connect(url)
-    store = await PostgresStore.open(url, SCHEMA, max_size=4)
-    try:
-        worker = Worker(store, registry, WorkerConfig(concurrency=4, worker_id="stale"))
-        await worker.register()
+    async with opened(url, 4) as (conn, store, worker):
         client = Client(store, registry)
         await client.start_many(three, [{} for _ in range(50)])
         await worker.run_until_idle()
@@ -163,24 +161,15 @@ async def stale(url: str, backlog: int) -> None:
         behind = f"behind {backlog:,} of another workflow, planned on an empty queue"
         await claims(store, f"serving one workflow, {behind}", [waiting.plan.definition_id])
         await claims(store, f"serving all, {behind}", worker.served)
-    finally:
-        await store.close()
-        await conn.close()
 
 
 async def names(url: str, backlog: int) -> None:
-    conn = await asyncpg.connect(url)
-    store = await PostgresStore.open(url, SCHEMA, max_size=2)
-    try:
-        await Worker(store, registry).register()
+    async with opened(url, 2) as (conn, store, _worker):
         await Client(store, registry).start_many(three, [{} for _ in range(backlog)])
         await conn.execute("ANALYZE")
         for count in (None, 1, 5, 100, 1000):
             served = None if count is None else [three.plan.definition_id, *(f"other_{n}" for n in range(count - 1))]
             await claims(store, f"{backlog:,} queued, naming {count or 'no'} definitions", served)
-    finally:
-        await store.close()
-        await conn.close()
 
 
 async def claims(store: PostgresStore, label: str, definitions: list[str] | None) -> None:
