@@ -184,9 +184,10 @@ QUEUE_WALKS = {"commands_ready", "commands_leased"}
 """Partial indexes in available-time order: walked by the claim and by the look-up of the next due time,
 read by no other statement."""
 
-RETIRED = {"commands_ready_definition"}
+RETIRED: set[str] = set()
 """Indexes kept for the previous release's statements until their contract step: nothing of this one may read
-them (migration 0041)."""
+them. Empty between contract steps (the last: commands_ready_definition, kept by migration 0041 and dropped
+by 0043)."""
 
 
 async def queue_walks(database_url: str) -> list[str]:

@@ -4906,10 +4906,8 @@ CREATE TRIGGER commands_definition BEFORE INSERT ON {{schema}}.commands
     FOR EACH ROW WHEN (NEW.definition IS NULL) EXECUTE FUNCTION {{schema}}.command_definition();
 
 -- ==== version 39 (migration 0039_commands_ready_by_definition) ====
--- Read by the previous release's look-up of the next due time only, since version 42 (commands_ready,
--- version 41, serves this release's walks); its contract step belongs to the next release.
-CREATE INDEX commands_ready_definition ON {{schema}}.commands (definition, available_at, id)
-    WHERE state IN ('PENDING', 'DEFERRED');
+-- Its index, commands_ready_definition, is gone since version 43 (commands_ready, version 41, took its
+-- place).
 
 -- ==== version 40 (migration 0040_claims_walk_their_own_definitions) ====
 -- claim_heads (in the version 36 section) walks each served definition's ready commands on its own;
@@ -4944,3 +4942,7 @@ BEGIN
         )
         SELECT COALESCE(array_agg(d.definition), '{}') FROM d WHERE d.definition IS NOT NULL);
 END $$;
+
+-- ==== version 43 (migration 0043_drop_commands_ready_definition) ====
+-- The contract step of version 41: commands_ready_definition (version 39) is gone, since commands_ready
+-- serves every walk of ready work. The migration drops it CONCURRENTLY, outside a transaction.

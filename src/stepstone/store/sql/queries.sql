@@ -12,7 +12,7 @@
 -- The walks of ready work turn this round: commands_ready's predicate is
 -- `(state IN ('PENDING', 'DEFERRED')) IS TRUE`, which only a statement that says exactly that proves, and
 -- the claim, `next_available` and the health sample say it, so they read that index and no other partial
--- one (migration 0041; commands_ready_definition, kept for the previous release, is read by nothing here).
+-- one (migration 0041).
 
 -- name: claim
 -- Claim up to $1 heads of position queues for worker $3 with a lease of $2 seconds; only of the
