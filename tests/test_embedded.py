@@ -193,3 +193,47 @@ def test_a_data_dir_too_long_for_a_socket_gets_a_private_socket_dir(project: Pat
     finally:
         embedded.stop_server(data_dir, mode="immediate")
     assert not sockets.exists()  # removed with the server
+
+
+def _root_without_the_user(monkeypatch: pytest.MonkeyPatch, useradd: subprocess.CompletedProcess[str],
+                           made_elsewhere: bool) -> list[list[str]]:
+    """Run as root on a machine without the server's OS user, whose useradd answers `useradd`; with
+    `made_elsewhere`, another process makes the user meanwhile (the lost race)."""
+    other = pwd.getpwuid(os.getuid())
+    looked: list[str] = []
+    ran: list[list[str]] = []
+
+    def getpwnam(name: str) -> pwd.struct_passwd:
+        looked.append(name)
+        if made_elsewhere and len(looked) > 1:
+            return other
+        raise KeyError(name)
+
+    def run(cmd: list[str], check: bool = False, **_: object) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd)
+        if check:
+            useradd.check_returncode()
+        return useradd
+
+    monkeypatch.setattr(embedded.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(embedded.pwd, "getpwnam", getpwnam)
+    monkeypatch.setattr(embedded.subprocess, "run", run)
+    return ran
+
+
+def test_a_useradd_that_lost_the_race_to_another_process_still_finds_the_user(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes starting the embedded server at once on a fresh machine (the test run's two workers
+    did) both find no OS user; the second useradd fails with "already exists". That is no failure."""
+    lost = subprocess.CompletedProcess(["useradd"], 9, "", "useradd: user 'embedded_postgres' already exists\n")
+    ran = _root_without_the_user(monkeypatch, lost, made_elsewhere=True)
+    assert embedded._os_user() == pwd.getpwuid(os.getuid())
+    assert ran and ran[0][0] == "useradd"
+
+
+def test_a_useradd_that_fails_with_no_user_made_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    denied = subprocess.CompletedProcess(["useradd"], 1, "", "useradd: cannot lock /etc/passwd; try again later.\n")
+    _root_without_the_user(monkeypatch, denied, made_elsewhere=False)
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        embedded._os_user()
+    assert "cannot lock /etc/passwd" in failed.value.stderr

@@ -112,8 +112,14 @@ def _os_user() -> pwd.struct_passwd:
     except KeyError:
         # As the wheel does; a system user without a home or a login shell.
         cmd = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ROOT_OS_USER]
-        subprocess.run(cmd, check=True, capture_output=True)  # noqa: S603 - fixed arguments
+        made = subprocess.run(cmd, check=False, capture_output=True, text=True)  # noqa: S603 - fixed arguments
+    # Look again whatever useradd said: on a fresh machine two processes starting at once (the test run's
+    # workers, two `stepstone` commands) both find no user, and the one whose useradd loses the race
+    # fails with "already exists" while the user it wanted is there.
+    with contextlib.suppress(KeyError):
         return pwd.getpwnam(ROOT_OS_USER)
+    made.check_returncode()
+    raise subprocess.SubprocessError(f"useradd ran but made no OS user {ROOT_OS_USER}")
 
 
 def _alive(pid: int) -> bool:
