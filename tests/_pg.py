@@ -166,7 +166,11 @@ def start_server() -> tuple[PgServer, Callable[[], None]]:
         admin_url, pgdata, is_embedded = configured, None, False
     else:
         pgdata = Path(tempfile.mkdtemp(prefix="stepstone-test-")) / "pg"
-        server = embedded.ensure_server(pgdata, announce=False)
+        try:
+            server = embedded.ensure_server(pgdata, announce=False)
+        except BaseException:
+            _stop_embedded(pgdata)  # a server that failed to start leaves its data dir: tests stop what they start
+            raise
         admin_url, is_embedded = server.uri, True
         cleanups.append(lambda: _stop_embedded(server.pgdata))
     admin = AdminLoop(admin_url)
