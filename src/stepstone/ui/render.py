@@ -48,7 +48,7 @@ def _when(value: datetime | None, millis: bool = False) -> str:
 
 def _pretty(value: Any) -> str:
     # orjson where it can: with an indent the standard encoder runs in Python, and a state of a few
-    # thousand entries took 80 ms of its instance page's 100 (docs/api.md, "Measured"). Dates and
+    # thousand entries spent 80% of its instance page's time there (docs/api.md, "Measured"). Dates and
     # dataclasses go to `str` as before; what orjson refuses (an integer beyond 64 bits, a key that is
     # not a string) is written by the standard encoder.
     try:
