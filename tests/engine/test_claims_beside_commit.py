@@ -104,24 +104,28 @@ async def test_a_renewal_that_crosses_the_last_commit_reports_no_lost_lease(
 ) -> None:
     # The last commit lands (and releases the lease) while its reply is held back; renewals run every
     # 0.1 s meanwhile and find the lease gone. That is the segment ending, not a lost lease. The reply is
-    # held for a time (a slow network), not until an event: the lease loop ticks on its own clock and,
-    # done right, leaves an ending segment out of its renewals, so there is no renewal to wait for.
+    # held (a slow network) for three rounds of the lease loop: done right, the loop leaves an ending
+    # segment out of its renewals, so the rounds renew nothing and warn of nothing.
     async with open_engine(database_url, registry, concurrency=1, lease_seconds=0.3, poll_interval=0.05) as engine:
         first = await engine.client.start(one_step, {})
         store: Any = engine.store
         commit_one, commit_many = store.commit, store.commit_many
         landed = asyncio.Event()
+        events = engine.worker.events
+
+        async def held_reply() -> None:
+            landed.set()
+            rounds = events.lease_rounds
+            await events.wait_until(lambda: events.lease_rounds >= rounds + 3, timeout=10)
 
         async def one(request: CommitRequest, **kwargs: Any) -> Committed | None:
             result = await commit_one(request, **kwargs)
-            landed.set()
-            await asyncio.sleep(0.5)
+            await held_reply()
             return result
 
         async def many(requests: list[CommitRequest], **kwargs: Any) -> list[Committed | None]:
             results = await commit_many(requests, **kwargs)
-            landed.set()
-            await asyncio.sleep(0.5)
+            await held_reply()
             return results
 
         store.commit, store.commit_many = one, many

@@ -289,19 +289,23 @@ class Worker:
     async def _lease_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.lease_seconds / 3)
-            held = {s.key: s.token for s in self._segments.values() if not (s.lost or s.ending)}
-            if not held:
-                continue
-            try:
-                kept = await self.store.renew(held, self.config.lease_seconds)
-            except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
-                log.warning("lease renewal failed (%s: %s)", type(exc).__name__, exc)
-                continue
-            for key in held.keys() - kept:
-                seg = self._segments.get(key)
-                if seg is not None and not seg.ending:
-                    seg.lost = True
-                    log.warning("lost the lease on instance %s position %r; its segment will be abandoned", *key)
+            await self._renew_held()
+            await self.events.bump("lease_rounds")
+
+    async def _renew_held(self) -> None:
+        held = {s.key: s.token for s in self._segments.values() if not (s.lost or s.ending)}
+        if not held:
+            return
+        try:
+            kept = await self.store.renew(held, self.config.lease_seconds)
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
+            log.warning("lease renewal failed (%s: %s)", type(exc).__name__, exc)
+            return
+        for key in held.keys() - kept:
+            seg = self._segments.get(key)
+            if seg is not None and not seg.ending:
+                seg.lost = True
+                log.warning("lost the lease on instance %s position %r; its segment will be abandoned", *key)
 
     async def _statistics_loop(self) -> None:
         """While the engine's tables are young, analyze them when they have grown: first at 1,000 rows,

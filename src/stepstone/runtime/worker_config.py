@@ -53,6 +53,8 @@ class WorkerEvents(Counters):
     deferred: int = 0
     crashed: int = 0
     conflicts: int = 0
+    lease_rounds: int = 0
+    """Rounds of the lease loop done (renewing what the worker holds, or finding nothing to renew)."""
 
     async def bump(self, name: str) -> None:
         self.count(name)
