@@ -4,6 +4,7 @@ server's socket stays private to its OS user."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -12,7 +13,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -196,21 +197,24 @@ def test_a_data_dir_too_long_for_a_socket_gets_a_private_socket_dir(project: Pat
 
 
 def _root_without_the_user(monkeypatch: pytest.MonkeyPatch, useradd: subprocess.CompletedProcess[str],
-                           made_elsewhere: bool) -> list[list[str]]:
-    """Run as root on a machine without the server's OS user, whose useradd answers `useradd`; with
-    `made_elsewhere`, another process makes the user meanwhile (the lost race)."""
+                           appears_at: int | None, while_adding: Callable[[], None] = lambda: None,
+                           ) -> list[list[str]]:
+    """Run as root on a machine without the server's OS user, whose useradd answers `useradd` (after
+    calling `while_adding`); the user exists from the `appears_at`-th look-up on (made by another
+    process), or never."""
     other = pwd.getpwuid(os.getuid())
     looked: list[str] = []
     ran: list[list[str]] = []
 
     def getpwnam(name: str) -> pwd.struct_passwd:
         looked.append(name)
-        if made_elsewhere and len(looked) > 1:
+        if appears_at is not None and len(looked) >= appears_at:
             return other
         raise KeyError(name)
 
     def run(cmd: list[str], check: bool = False, **_: object) -> subprocess.CompletedProcess[str]:
         ran.append(cmd)
+        while_adding()
         if check:
             useradd.check_returncode()
         return useradd
@@ -221,19 +225,48 @@ def _root_without_the_user(monkeypatch: pytest.MonkeyPatch, useradd: subprocess.
     return ran
 
 
-def test_a_useradd_that_lost_the_race_to_another_process_still_finds_the_user(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two processes starting the embedded server at once on a fresh machine (the test run's two workers
-    did) both find no OS user; the second useradd fails with "already exists". That is no failure."""
+def test_a_process_that_waited_for_another_to_make_the_user_makes_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes starting the embedded server at once on a fresh machine (the test run's two workers)
+    both find no OS user. The second looks again once it holds the lock and finds the first's: a second
+    useradd of the name would replace that user with another uid under the first's running server."""
+    added = subprocess.CompletedProcess(["useradd"], 0, "", "")
+    ran = _root_without_the_user(monkeypatch, added, appears_at=2)
+    assert embedded._os_user() == pwd.getpwuid(os.getuid())
+    assert ran == []
+
+
+def test_useradd_runs_holding_the_lock_other_processes_wait_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    held: list[bool] = []
+
+    def probe() -> None:  # what another process's lock attempt would meet
+        fd = os.open("/etc", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+
+    added = subprocess.CompletedProcess(["useradd"], 0, "", "")
+    _root_without_the_user(monkeypatch, added, appears_at=3, while_adding=probe)
+    embedded._os_user()
+    assert held == [True]
+    probe()  # and released afterwards
+    assert held == [True, False]
+
+
+def test_a_useradd_that_met_a_user_made_elsewhere_still_finds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user made outside the lock (by hand, by a package) makes useradd fail with "already exists"."""
     lost = subprocess.CompletedProcess(["useradd"], 9, "", "useradd: user 'embedded_postgres' already exists\n")
-    ran = _root_without_the_user(monkeypatch, lost, made_elsewhere=True)
+    ran = _root_without_the_user(monkeypatch, lost, appears_at=3)
     assert embedded._os_user() == pwd.getpwuid(os.getuid())
     assert ran and ran[0][0] == "useradd"
 
 
 def test_a_useradd_that_fails_with_no_user_made_reports_why(monkeypatch: pytest.MonkeyPatch) -> None:
     denied = subprocess.CompletedProcess(["useradd"], 1, "", "useradd: cannot lock /etc/passwd; try again later.\n")
-    _root_without_the_user(monkeypatch, denied, made_elsewhere=False)
+    _root_without_the_user(monkeypatch, denied, appears_at=None)
     with pytest.raises(subprocess.CalledProcessError) as failed:
         embedded._os_user()
     assert "cannot lock /etc/passwd" in failed.value.stderr

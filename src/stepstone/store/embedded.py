@@ -107,19 +107,37 @@ def _os_user() -> pwd.struct_passwd:
     """The OS user the server runs as: ourselves, or ``embedded_postgres`` when we are root."""
     if os.geteuid() != 0:
         return pwd.getpwuid(os.geteuid())
-    try:
+    with contextlib.suppress(KeyError):
         return pwd.getpwnam(ROOT_OS_USER)
-    except KeyError:
+    # useradd checks whether the name is free before it takes the password file's lock, and then
+    # replaces an entry of the same name: of two useradds at once (the test run's two workers, two
+    # `stepstone` commands on a fresh machine) the second rewrote the first's user with another uid, and
+    # a server already started as the first uid failed ("initdb: could not look up effective user ID
+    # 999"). So one process at a time makes the user, and looks again once it holds the lock: a flock
+    # on /etc itself (a directory, opened read-only: nothing is created), which useradd does not take.
+    with _directory_locked(Path("/etc")):
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(ROOT_OS_USER)  # made while we waited
         # As the wheel does; a system user without a home or a login shell.
         cmd = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", ROOT_OS_USER]
         made = subprocess.run(cmd, check=False, capture_output=True, text=True)  # noqa: S603 - fixed arguments
-    # Look again whatever useradd said: on a fresh machine two processes starting at once (the test run's
-    # workers, two `stepstone` commands) both find no user, and the one whose useradd loses the race
-    # fails with "already exists" while the user it wanted is there.
-    with contextlib.suppress(KeyError):
-        return pwd.getpwnam(ROOT_OS_USER)
+        # Look again whatever useradd said: a user made outside this lock makes it fail with "already
+        # exists" while the user is there.
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(ROOT_OS_USER)
     made.check_returncode()
     raise subprocess.SubprocessError(f"useradd ran but made no OS user {ROOT_OS_USER}")
+
+
+@contextlib.contextmanager
+def _directory_locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on the directory ``path``, held for the block."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the last descriptor releases the lock
 
 
 def _alive(pid: int) -> bool:
