@@ -131,14 +131,14 @@ class MessageOperations(ClientBase):
         if signal not in wf.plan.signal_names:
             raise InvalidInput(f"workflow {wf.id!r} v{wf.version} has no signal named {signal!r}", what="signal name")
         state = wf.state_to_json({} if input is None else input)
-        text = self._message_encode("input", state)
+        self._message_encode("input", state)  # its limits: a start without a key needs no fingerprint of it
         signal_text = self._message_encode("signal payload", payload)
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline)  # a started instance gets its deadlines as a start gives them
         new = NewInstance(
             id=new_instance_id(), pin=pin_of(wf, scope), state=state, start_step=wf.plan.start,
             business_key=business_key,
-            idempotency_key=None, fingerprint=hashlib.sha256(json.dumps([text, business_key]).encode()).hexdigest(),
+            idempotency_key=None, fingerprint=None,
             actor=self.actor, deadline_at=at, deadline_seconds=seconds, start_deadline_seconds=wf.plan.start_deadline,
             context=durable.capture(),
         )

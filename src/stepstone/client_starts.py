@@ -65,7 +65,7 @@ class StartOperations(ClientBase):
         self._texts(scope=scope)
         wf = await self._selected(workflow, scope)
         self._texts(idempotency_key=idempotency_key, business_key=business_key)
-        state, fingerprint = self._start_state(wf, input, business_key)
+        state, fingerprint = self._start_state(wf, input, business_key, keyed=idempotency_key is not None)
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline if deadline is None else deadline)
         with tracing.span(f"stepstone.start {wf.id}", {"workflow": wf.id, "version": wf.version,
@@ -130,9 +130,9 @@ class StartOperations(ClientBase):
         for key, bkey in zip(keys, business, strict=True):
             self._texts(idempotency_key=key, business_key=bkey)
         prepared = []
-        for n, (item, bkey) in enumerate(zip(items, business, strict=True), start=1):
+        for n, (item, bkey, key) in enumerate(zip(items, business, keys, strict=True), start=1):
             try:
-                prepared.append(self._start_state(wf, item, bkey))
+                prepared.append(self._start_state(wf, item, bkey, keyed=key is not None))
             except InvalidInput as exc:  # nothing was started: say which item, as a file's line
                 raise type(exc)(f"item {n} of {len(items)}: {exc}", what=exc.what) from None
         await self._ensure_registered(wf)
@@ -188,14 +188,17 @@ class StartOperations(ClientBase):
                                      "client's registry lacks it (or holds another structure under that version)")
         return found
 
-    def _start_state(self, wf: Workflow[Any], input: Any, business_key: str | None) -> tuple[Any, str]:  # noqa: A002
-        """A start's input checked and as the state model keeps it, and its idempotency fingerprint."""
+    def _start_state(self, wf: Workflow[Any], input: Any, business_key: str | None,  # noqa: A002
+                     *, keyed: bool) -> tuple[Any, str | None]:
+        """A start's input checked and as the state model keeps it, and its idempotency fingerprint when
+        the start is `keyed` (the fingerprint was a sixth of a batched start's CPU in the client: 32 -> 27 µs)."""
         try:  # before the state model sees it: validating a 10,000-deep document is costly
             self.limits.check_depth("input", input)
         except PayloadRejected as exc:
             raise refused(exc) from None
         state = wf.state_to_json({} if input is None else input)
-        return state, _fingerprint(self._encode("input", state), business_key)
+        text = self._encode("input", state)  # the limits, whether or not a fingerprint is made of it
+        return state, _fingerprint(text, business_key) if keyed else None
 
 
 def _per_item(what: str, values: Sequence[str | None] | None, count: int) -> list[str | None]:

@@ -45,7 +45,7 @@ def signal_command_id(
 
 def start_result(
     outcome: str, target: str, fingerprint: str | None, *, key: str | None, business_key: str | None,
-    expected: str,
+    expected: str | None,
 ) -> tuple[str, bool]:
     """(instance id, created) of `start_in_caller_transaction`'s outcome."""
     if outcome == "business_key":

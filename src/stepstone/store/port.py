@@ -110,7 +110,9 @@ class NewInstance:
     start_step: str
     business_key: str | None
     idempotency_key: str | None
-    fingerprint: str
+    fingerprint: str | None
+    """Of the input and business key, what a start repeated under the idempotency key is compared with;
+    None without a key (nothing compares it)."""
     actor: str | None = None
     deadline_at: datetime | None = None
     deadline_seconds: float | None = None
@@ -138,7 +140,7 @@ class NewInstances:
     states: Sequence[Any]
     business_keys: Sequence[str | None]
     idempotency_keys: Sequence[str | None]
-    fingerprints: Sequence[str]
+    fingerprints: Sequence[str | None]
     actor: str | None = None
     deadline_at: datetime | None = None
     deadline_seconds: float | None = None
