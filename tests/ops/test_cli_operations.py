@@ -110,7 +110,8 @@ async def test_bad_arguments_are_one_line_errors(database_url: str) -> None:
         (["stuck", "--older-than", "soon"], "is not a duration"),
         (["repair", "retry"], "give instance ids or at least one filter"),
         (["find", "--since", "yesterday"], "neither an ISO 8601 time nor a duration"),
-        (["inspect", "nope"], "is not a UUID"),
+        (["inspect", "nope"], "'nope' is not an instance id (expected a UUID)"),
+        (["find", "--parent", "zz"], "'zz' is not an instance id for --parent (expected a UUID)"),
         (["replay", "--instance", "00000000-0000-0000-0000-000000000000", "--from", "work"], "no instance"),
     ):
         result = await run(database_url, *args)

@@ -57,11 +57,12 @@ def parse_json(text: str, what: str) -> Any:
         raise CliError(f"{what} is nested too deeply") from None
 
 
-def instance_id_arg(value: str) -> str:
+def instance_id_arg(value: str, what: str = "an instance id") -> str:
+    """`value` as a canonical UUID, or one line saying it is not `what`."""
     try:
         return str(uuid.UUID(value))
     except ValueError:
-        raise CliError(f"{value!r} is not an instance id (expected a UUID)") from None
+        raise CliError(f"{value!r} is not {what} (expected a UUID)") from None
 
 
 def encode_cursor(created_at: datetime, instance_id: str) -> str:

@@ -9,7 +9,6 @@ instance. The work is `stepstone.ops`, the same the client and the HTTP API call
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -18,7 +17,7 @@ import click
 
 from stepstone.cli.common import FREE_TEXT, TEXT, CliError, emit, output_option, run_async, with_settings
 from stepstone.cli.connection import open_store
-from stepstone.cli.instances import decode_cursor, encode_cursor
+from stepstone.cli.instances import decode_cursor, encode_cursor, instance_id_arg
 from stepstone.cli.rich_output import progress_bar, rich_table
 from stepstone.config import Settings
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
@@ -57,13 +56,6 @@ def _instant(text: str | None, what: str) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def _uuid(text: str, what: str = "instance id") -> str:
-    try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        raise CliError(f"{what} {text!r} is not a UUID") from None
-
-
 def filter_options(func: F) -> F:
     """The filters every command that selects instances takes (passed as `where`)."""
     options = [
@@ -91,7 +83,7 @@ def _where(kw: dict[str, Any]) -> InstanceFilter:
         status=tuple(s.upper() for s in kw.pop("statuses")), workflow=kw.pop("workflow"),
         version=kw.pop("wf_version"), scope=kw.pop("scope"), business_key=kw.pop("business_key"),
         business_key_contains=kw.pop("key_contains"),
-        parent=None if kw.get("parent") is None else _uuid(kw.pop("parent"), "--parent"),
+        parent=None if kw.get("parent") is None else instance_id_arg(kw.pop("parent"), "an instance id for --parent"),
         since=_instant(kw.pop("since"), "--since"), until=_instant(kw.pop("until"), "--until"),
         updated_since=_instant(kw.pop("updated_since"), "--updated-since"),
         updated_until=_instant(kw.pop("updated_until"), "--updated-until"), include_archived=kw.pop("archived"),
@@ -188,7 +180,7 @@ list_command = _find_command("list", "List instances, newest first, a page at a 
 def inspect_command(settings: Settings, output: str, instance_id: str) -> None:
     """Everything about one instance: positions and what they wait for, open commands, timers, children,
     outbox events and any retry in progress (sensitive values redacted)."""
-    iid = _uuid(instance_id)
+    iid = instance_id_arg(instance_id)
     d = _run(settings, lambda ops: ops.detail(iid))
 
     def table() -> str:
@@ -230,7 +222,7 @@ def inspect_command(settings: Settings, output: str, instance_id: str) -> None:
 def history_command(settings: Settings, output: str, instance_id: str, failed_only: bool, after: int,
                     limit: int) -> None:
     """An instance's history: who decided, on which command, where, what came of it, and the patch."""
-    iid = _uuid(instance_id)
+    iid = instance_id_arg(instance_id)
     page = _run(settings, lambda ops: ops.history(iid, after=after, limit=limit, failed_only=failed_only))
 
     def patch_text(patch: list[Any] | None) -> str:
@@ -254,7 +246,7 @@ def history_command(settings: Settings, output: str, instance_id: str, failed_on
 def probe_command(settings: Settings, output: str, instance_id: str | None, **filters: Any) -> None:
     """Is anything in flight or claimable now (for one instance, the instances the filters keep, or all)?
     Exit 3 when not idle."""
-    iid = None if instance_id is None else _uuid(instance_id)
+    iid = None if instance_id is None else instance_id_arg(instance_id)
     where = _where(filters)
     report = _run(settings, lambda ops: ops.probe(iid, where=where))
 
@@ -408,7 +400,7 @@ def _bulk(settings: Settings, output: str, action: str, ids: tuple[str, ...], fi
           run: Callable[[Operations, list[str] | None, InstanceFilter | None, Any], Awaitable[BulkReport]],
           actor: str | None) -> None:
     where = _where(filters)
-    given = [_uuid(i) for i in ids]
+    given = [instance_id_arg(i) for i in ids]
     if given and where != InstanceFilter():
         raise CliError("give instance ids or filters, not both")
     if not given and where == InstanceFilter():
@@ -460,7 +452,7 @@ def repair_cancel_command(settings: Settings, output: str, ids: tuple[str, ...],
 def replay_command(settings: Settings, output: str, instance_id: str, step: str, actor: str | None) -> None:
     """Run STEP again with the state the instance had when it last reached it (a new attempt; the old
     path stays in history). The runbook for an instance whose compensation failed."""
-    iid = _uuid(instance_id)
+    iid = instance_id_arg(instance_id)
     result = _run(settings, lambda ops: ops.replay(iid, step), _actor(actor))
     via = (f"step {result.requested_step} ran in a branch of fork {result.from_step}, so every branch runs "
            f"again; " if result.requested_step not in ("", result.from_step) else "")
