@@ -136,7 +136,7 @@ def test_an_input_file_of_json_lines_starts_one_instance_per_line(run: Cli, tmp_
     ("text", "extra", "message"),
     [
         ('{"name": "a"}\n{"name":\n', (), "line 2 is not valid JSON"),
-        ('{"name": "a"}\n{"nom": 1}\n', (), "item 2 of 2"),
+        ('{"name": "a"}\n\n{"nom": 1}\n', (), "inputs.jsonl line 3: input for workflow 'hello' is invalid"),
         ('{"name": "a"}\n{"name": "b"}\n', ("--business-key", "k"), "an --input-file of 2 lines starts 2"),
         ('{\n  "name":\n', (), "inputs.jsonl is not valid JSON"),
     ],

@@ -134,7 +134,7 @@ class StartOperations(ClientBase):
             try:
                 prepared.append(self._start_state(wf, item, bkey, keyed=key is not None))
             except InvalidInput as exc:  # nothing was started: say which item, as a file's line
-                raise type(exc)(f"item {n} of {len(items)}: {exc}", what=exc.what) from None
+                raise exc.in_batch(n, len(items)) from None
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline if deadline is None else deadline)
         pin = replace(pin_of(wf), scope=scope)

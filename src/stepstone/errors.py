@@ -55,6 +55,7 @@ both a ConfigError and a DatabaseError. Messages are one line and never contain 
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -275,11 +276,22 @@ class TaskEnded(TaskLockRefused):
 
 
 class InvalidInput(StepstoneError):
-    """Input refused before anything was stored; `what` names the argument when known."""
+    """Input refused before anything was stored; `what` names the argument when known. Of a batch's
+    inputs (`start_many`), `item` is the refused one's position (1-based) and `detail` what was refused
+    in it, without the position."""
 
     def __init__(self, message: str, *, what: str | None = None) -> None:
         super().__init__(message)
         self.what = what
+        self.item: int | None = None
+        self.detail = message
+
+    def in_batch(self, item: int, total: int) -> InvalidInput:
+        """The same refusal (its type and fields kept), said of input `item` of `total`."""
+        said = copy.copy(self)
+        said.args = (f"item {item} of {total}: {self.detail}",)
+        said.item = item
+        return said
 
 
 class PayloadTooLarge(InvalidInput):

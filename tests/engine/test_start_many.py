@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from stepstone.core.pin import pin_of
-from stepstone.errors import BusinessKeyInUse, DefinitionDrift, IdempotencyConflict, InvalidInput
+from stepstone.errors import BusinessKeyInUse, DefinitionDrift, IdempotencyConflict, InvalidInput, PayloadTooLarge
 from stepstone.store.port import NewInstances
 from stepstone.testing import Engine, open_engine
 from tests.engine.conftest import Rows
@@ -90,8 +90,13 @@ async def test_business_keys_in_a_batch(engine: Engine, rows: Rows) -> None:
         await engine.client.start_many(three, [{"order_id": "a"}, {"order_id": "b"}], business_keys=["x", "x"])
     with pytest.raises(InvalidInput, match="one entry per input"):
         await engine.client.start_many(three, [{"order_id": "a"}], business_keys=["x", "y"])
-    with pytest.raises(InvalidInput, match="item 2 of 2"):
+    with pytest.raises(InvalidInput, match="item 2 of 2") as refused:
         await engine.client.start_many(three, [{"order_id": "a"}, {"no": "order id"}])
+    assert refused.value.item == 2 and not refused.value.detail.startswith("item")
+    with pytest.raises(PayloadTooLarge) as large:  # the refusal keeps its type and fields in a batch
+        await engine.client.start_many(three, [{"order_id": "a"}, {"order_id": "b" * 300_000}])
+    assert (large.value.item, large.value.reason, large.value.what) == (2, "too_large", "input")
+    assert str(large.value).startswith("item 2 of 2: ")
     assert await rows.dump() == before
 
 

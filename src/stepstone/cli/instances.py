@@ -36,7 +36,7 @@ from stepstone.client import Client, InstanceInfo
 from stepstone.client_starts import DEFAULT_START_BATCH
 from stepstone.config import Settings
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
-from stepstone.errors import DefinitionNotFound
+from stepstone.errors import DefinitionNotFound, InvalidInput
 
 __all__ = ["commands", "decode_cursor", "encode_cursor"]
 
@@ -223,13 +223,14 @@ def start_command(
             text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text(encoding="utf-8")
         except OSError as exc:
             raise CliError(f"cannot read --input-file {input_file}: {exc.strerror}") from None
-        many = input_lines(text, f"--input-file {input_file}")
+        source = f"--input-file {input_file}"
+        many = input_lines(text, source)
         if many is not None:
             if idempotency_key is not None or business_key is not None:
                 raise CliError("--idempotency-key and --business-key name one instance; an --input-file of "
                                f"{len(many):,} lines starts {len(many):,}")
             _known_workflow(registry, workflow)
-            _start_many(settings, registry, output, workflow, many, scope, deadline)
+            _start_many(settings, registry, output, workflow, many, source, scope, deadline)
             return
         data = parse_json(text, f"--input-file {input_file}")
     else:
@@ -244,9 +245,9 @@ def start_command(
     emit({"instance_id": instance_id}, output, lambda: instance_id)
 
 
-def input_lines(text: str, what: str) -> list[Any] | None:
-    """The inputs of a JSON-lines file (one document per non-empty line), or None when the text is one
-    JSON document (which may span lines): a single start."""
+def input_lines(text: str, what: str) -> list[tuple[int, Any]] | None:
+    """The inputs of a JSON-lines file (one document per non-empty line), each with its line number, or
+    None when the text is one JSON document (which may span lines): a single start."""
     try:
         json.loads(text)
     except json.JSONDecodeError:
@@ -262,7 +263,7 @@ def input_lines(text: str, what: str) -> list[Any] | None:
         lines = []
     if len(lines) < 2:  # not JSON lines: one document that does not parse, and the error says where
         parse_json(text, what)
-    return [parse_json(line, f"{what} line {number}") for number, line in lines]
+    return [(number, parse_json(line, f"{what} line {number}")) for number, line in lines]
 
 
 def _known_workflow(registry: Registry, workflow: str) -> None:
@@ -271,14 +272,20 @@ def _known_workflow(registry: Registry, workflow: str) -> None:
         raise CliError(f"{DefinitionNotFound(workflow)} (workflows here: {known})")
 
 
-def _start_many(settings: Settings, registry: Registry, output: str, workflow: str, inputs: list[Any], scope: str,
-                deadline: float | None) -> None:
+def _start_many(settings: Settings, registry: Registry, output: str, workflow: str, lines: list[tuple[int, Any]],
+                source: str, scope: str, deadline: float | None) -> None:
     def progress(started: int, total: int) -> None:
         if total > DEFAULT_START_BATCH:
             click.echo(f"started {started:,} of {total:,}", err=True)
 
     async def work(client: Client) -> list[str]:
-        return await client.start_many(workflow, inputs, scope=scope, deadline=deadline, on_batch=progress)
+        try:
+            return await client.start_many(workflow, [doc for _, doc in lines], scope=scope, deadline=deadline,
+                                           on_batch=progress)
+        except InvalidInput as exc:  # name the file's line (blank lines are skipped: not the item's number)
+            if exc.item is None:
+                raise
+            raise CliError(f"{source} line {lines[exc.item - 1][0]}: {exc.detail}") from None
 
     ids = _with_client(settings, registry, work)
     emit({"instance_ids": ids}, output, lambda: "\n".join(ids))
