@@ -276,21 +276,24 @@ class TaskEnded(TaskLockRefused):
 
 
 class InvalidInput(StepstoneError):
-    """Input refused before anything was stored; `what` names the argument when known. Of a batch's
-    inputs (`start_many`), `item` is the refused one's position (1-based) and `detail` what was refused
-    in it, without the position."""
+    """Input refused before anything was stored; `what` names the argument when known."""
+
+    item: int | None = None
+    """Of a batch's inputs (`start_many`): the refused one's position, 1-based (None otherwise)."""
+    item_detail: str | None = None
+    """Of a batch's inputs: what was refused in that input, without its position."""
 
     def __init__(self, message: str, *, what: str | None = None) -> None:
         super().__init__(message)
         self.what = what
-        self.item: int | None = None
-        self.detail = message
 
     def in_batch(self, item: int, total: int) -> InvalidInput:
-        """The same refusal (its type and fields kept), said of input `item` of `total`."""
+        """The same refusal (its type and fields kept), said of input `item` of `total`. The two batch
+        fields are set on this copy alone, so a single refusal's fields (and the API's problem document
+        built from them) stay as they were."""
         said = copy.copy(self)
-        said.args = (f"item {item} of {total}: {self.detail}",)
-        said.item = item
+        said.args = (f"item {item} of {total}: {self}",)
+        said.item, said.item_detail = item, str(self)
         return said
 
 

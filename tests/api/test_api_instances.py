@@ -134,6 +134,9 @@ async def test_errors_are_problem_json(api: Api) -> None:
     assert (r.status_code, r.json()["error"]) == (404, "DefinitionNotFound")
     r = await api.http.post(f"{V1}/instances", headers=viewer, json={"workflow": "job", "input": {"name": 5}})
     assert r.status_code == 422
+    # Exactly these members: the error's fields that only a batch's refusal sets (item, item_detail) are not
+    # in a single start's problem.
+    assert set(r.json()) == {"type", "title", "status", "detail", "error", "what"}, r.text
 
 
 async def test_definitions_and_dead_letters(api: Api) -> None:

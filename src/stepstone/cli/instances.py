@@ -285,7 +285,7 @@ def _start_many(settings: Settings, registry: Registry, output: str, workflow: s
         except InvalidInput as exc:  # name the file's line (blank lines are skipped: not the item's number)
             if exc.item is None:
                 raise
-            raise CliError(f"{source} line {lines[exc.item - 1][0]}: {exc.detail}") from None
+            raise CliError(f"{source} line {lines[exc.item - 1][0]}: {exc.item_detail}") from None
 
     ids = _with_client(settings, registry, work)
     emit({"instance_ids": ids}, output, lambda: "\n".join(ids))
