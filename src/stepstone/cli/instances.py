@@ -232,7 +232,7 @@ def start_command(
             _known_workflow(registry, workflow)
             _start_many(settings, registry, output, workflow, many, source, scope, deadline)
             return
-        data = parse_json(text, f"--input-file {input_file}")
+        data = parse_json(text, source)
     else:
         data = parse_json(input_text, "--input") if input_text is not None else None
     _known_workflow(registry, workflow)

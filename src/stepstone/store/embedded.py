@@ -115,7 +115,7 @@ def _os_user() -> pwd.struct_passwd:
     # a server already started as the first uid failed ("initdb: could not look up effective user ID
     # 999"). So one process at a time makes the user, and looks again once it holds the lock: a flock
     # on /etc itself (a directory, opened read-only: nothing is created), which useradd does not take.
-    with _directory_locked(Path("/etc")):
+    with _flocked(Path("/etc")):
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(ROOT_OS_USER)  # made while we waited
         # As the wheel does; a system user without a home or a login shell.
@@ -130,9 +130,9 @@ def _os_user() -> pwd.struct_passwd:
 
 
 @contextlib.contextmanager
-def _directory_locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on the directory ``path``, held for the block."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _flocked(path: Path) -> Iterator[None]:
+    """An exclusive flock on ``path`` (a directory, or a lock file made when missing), held for the block."""
+    fd = os.open(path, os.O_RDONLY if path.is_dir() else os.O_RDONLY | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -204,16 +204,10 @@ def _refuse_foreign(state: ServerState) -> ConfigError:
     )
 
 
-@contextlib.contextmanager
-def _locked(data_dir: Path) -> Iterator[None]:
+def _locked(data_dir: Path) -> contextlib.AbstractContextManager[None]:
     """One process at a time starts or stops the server of ``data_dir``."""
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    with (data_dir.parent / f"{data_dir.name}.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    return _flocked(data_dir.parent / f"{data_dir.name}.lock")
 
 
 def _run(user: pwd.struct_passwd, *args: str, timeout: float = _START_TIMEOUT_S) -> None:
