@@ -18,7 +18,7 @@ from stepstone.bench.workflows import three
 from stepstone.client import Client
 from stepstone.runtime.worker import Worker
 from stepstone.store.port import Store
-from stepstone.store.postgres import PostgresStore
+from stepstone.store.postgres import YOUNG_STATISTICS_TARGET, PostgresStore
 from stepstone.testing import Engine
 from tests.engine import workflows
 from tests.perf.generic_plans import function_statement, plan_nodes
@@ -76,6 +76,12 @@ async def test_small_tables_are_left_to_autovacuum_and_grown_ones_are_analyzed(e
         await _refresh_until(engine.store, all_analyzed)
         first = await _counted(conn)
         assert first["instances"] >= 1_200
+        # A small sample (YOUNG_STATISTICS_TARGET): the ids' histogram has that many buckets, not the
+        # server default's hundred.
+        bounds = await conn.fetchval(
+            "SELECT array_length(histogram_bounds::text::text[], 1) FROM pg_stats "
+            "WHERE schemaname = 'stepstone' AND tablename = 'instances' AND attname = 'id'")
+        assert bounds == YOUNG_STATISTICS_TARGET + 1
         # Young still (analyzed with fewer than 100,000 rows): look again later, but nothing is due now.
         assert await engine.store.refresh_statistics() is False
         assert await _counted(conn) == first
