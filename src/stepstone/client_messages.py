@@ -19,7 +19,6 @@ from typing import Any, Literal
 from stepstone.authoring.workflow import Workflow
 from stepstone.client_base import ClientBase, deadline_fields
 from stepstone.context import durable
-from stepstone.core.limits import PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
 from stepstone.errors import (
     BusinessKeyInUse,
@@ -29,7 +28,6 @@ from stepstone.errors import (
     InvalidState,
     OpenSignalLimit,
     UnknownSignal,
-    refused,
 )
 from stepstone.ids import new_instance_id
 from stepstone.store.port import NewInstance
@@ -85,12 +83,12 @@ class MessageOperations(ClientBase):
         `message_id` with the same content answers as before; with other content, IdempotencyConflict.
         With `connection`, the message is written by the caller's own transaction (as `start`)."""
         for what, value in (("message name", name), ("correlation key", correlation_key)):
-            self._message_text(what, value)
+            self._text(what, value)
         if message_id is not None:
-            self._message_text("message id", message_id)
+            self._text("message id", message_id)
         if ttl is not None and not ttl >= 0:
             raise InvalidInput(f"ttl must be a number of seconds, at least 0, got {ttl!r}", what="ttl")
-        self._message_encode("message payload", payload)
+        self._encode("message payload", payload)
         fingerprint = hashlib.sha256(json.dumps([name, correlation_key, payload], sort_keys=True).encode()).hexdigest()
         publish = self.store.publish_message if connection is None else partial(
             self._caller_transaction().publish_in, connection)
@@ -124,15 +122,15 @@ class MessageOperations(ClientBase):
         none has the key, in one transaction: two concurrent calls start one instance and both signal it.
         A signal sent before the instance reaches a wait that takes it waits (parked) until it does.
         `scope` is the scope key (tenant) the business key belongs to, and the new instance's scope."""
-        self._message_text("scope", scope)
+        self._text("scope", scope)
         wf = self._workflow(workflow)
-        self._message_text("business key", business_key)
-        self._message_text("signal name", signal)
+        self._text("business key", business_key)
+        self._text("signal name", signal)
         if signal not in wf.plan.signal_names:
             raise InvalidInput(f"workflow {wf.id!r} v{wf.version} has no signal named {signal!r}", what="signal name")
         state = wf.state_to_json({} if input is None else input)
-        self._message_encode("input", state)  # its limits: a start without a key needs no fingerprint of it
-        signal_text = self._message_encode("signal payload", payload)
+        self._encode("input", state)  # its limits: a start without a key needs no fingerprint of it
+        signal_text = self._encode("signal payload", payload)
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline)  # a started instance gets its deadlines as a start gives them
         new = NewInstance(
@@ -162,14 +160,3 @@ class MessageOperations(ClientBase):
             raise InstanceNotFound(iid)
         raise BusinessKeyInUse(business_key, iid)
 
-    def _message_text(self, what: str, value: Any) -> str:
-        try:
-            return self.limits.check_text(what, value)
-        except PayloadRejected as exc:
-            raise refused(exc) from None
-
-    def _message_encode(self, what: str, value: Any) -> str:
-        try:
-            return self.limits.encode(what, value)
-        except PayloadRejected as exc:
-            raise refused(exc) from None
