@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from stepstone import instants
 from stepstone.authoring.workflow import Registry
 from stepstone.client_task_filters import SavedTaskFilter, TaskFilter, TaskFilterOperations
 from stepstone.core.limits import Limits, PayloadRejected
@@ -426,6 +427,6 @@ def _decode_cursor(cursor: str | None) -> tuple[int, datetime, str] | None:
         return None
     try:
         priority, at, tid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return int(priority), datetime.fromisoformat(at), str(tid)
+        return int(priority), instants.parse(at), str(tid)
     except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
         raise InvalidInput(f"not a task page cursor: {cursor[:40]!r}", what="after") from None

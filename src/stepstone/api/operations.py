@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
 
+from stepstone import instants
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require, visible_instance
 from stepstone.api.pagination import MAX_BIGINT, decode_cursor, decode_id_cursor, page
@@ -52,7 +52,7 @@ async def instances(
     if cursor:
         at, iid = decode_cursor(cursor, 2)
         try:
-            after = (datetime.fromisoformat(str(at)), str(uuid.UUID(str(iid))))
+            after = (instants.parse(str(at)), str(uuid.UUID(str(iid))))
         except ValueError:
             raise _bad_cursor() from None
         if after[0].tzinfo is None:

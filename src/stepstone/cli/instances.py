@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import click
 
+from stepstone import instants
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
 from stepstone.cli.common import (
@@ -75,7 +76,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         at, instance_id = json.loads(raw)
-        return datetime.fromisoformat(at), str(uuid.UUID(instance_id))
+        return instants.parse(at), str(uuid.UUID(instance_id))
     except (binascii.Error, ValueError, TypeError):
         raise CliError(f"--after {cursor!r} is not a cursor printed by `stepstone list`") from None
 

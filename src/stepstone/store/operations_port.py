@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from stepstone.instants import checked
+
 __all__ = ["InstanceFilter", "OperationsStore"]
 
 
@@ -33,6 +35,10 @@ class InstanceFilter:
     updated_since: datetime | None = None
     updated_until: datetime | None = None
     include_archived: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("since", "until", "updated_since", "updated_until"):
+            checked(getattr(self, field), field.replace("_", " "))
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
+from stepstone.instants import checked
+
 __all__ = ["InboxMode", "TaskFilter", "TaskQuery", "TaskStore"]
 
 InboxMode = Literal["inbox", "assigned", "candidate", "all"]
@@ -33,6 +35,10 @@ class TaskFilter:
     text: str | None = None
     follow_up_before: datetime | None = None
     hide_later_follow_ups: bool = False
+
+    def __post_init__(self) -> None:
+        checked(self.due_before, "due before")
+        checked(self.follow_up_before, "follow up before")
     scope: str | None = None
     scopes: tuple[str, ...] | None = None
     """Any of these scopes (and `scope`, when both are given): the HTTP API's callers limited to some."""
