@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -72,7 +71,7 @@ class StartOperations(ClientBase):
                                                        "business_key": business_key}) as span:
             new = NewInstance(
                 id=new_instance_id(),
-                pin=replace(pin_of(wf), scope=scope),
+                pin=pin_of(wf, scope),
                 state=state,
                 start_step=wf.plan.start,
                 business_key=business_key,
@@ -137,7 +136,7 @@ class StartOperations(ClientBase):
                 raise exc.in_batch(n, len(items)) from None
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline if deadline is None else deadline)
-        pin = replace(pin_of(wf), scope=scope)
+        pin = pin_of(wf, scope)
         batches = [(lo, min(lo + batch_size, len(items))) for lo in range(0, len(items), batch_size)]
         results: list[list[str]] = [[] for _ in batches]
         done = 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
@@ -78,10 +78,15 @@ class DurableContext:
             doc["vars"] = values
         return doc or None
 
-    @contextmanager
-    def bound(self, doc: Any) -> Iterator[None]:
+    def bound(self, doc: Any) -> AbstractContextManager[None]:
         """Bind a captured context for the block: its trace context as the current one, and every
         registered variable it holds that may be carried. Unknown names are ignored."""
+        if not doc:  # no context was captured, as for most instances: nothing to bind, nothing to build
+            return _NOTHING_BOUND
+        return self._bound(doc)
+
+    @contextmanager
+    def _bound(self, doc: Any) -> Iterator[None]:
         tokens: list[tuple[ContextVar[Any], Token[Any]]] = []
         attached = None
         if isinstance(doc, dict):
@@ -99,6 +104,9 @@ class DurableContext:
                 var.reset(token)
             if attached is not None:
                 otel_context.detach(attached)
+
+
+_NOTHING_BOUND: AbstractContextManager[None] = nullcontext()
 
 
 def recorded(doc: Any) -> dict[str, Any]:

@@ -85,9 +85,9 @@ def on_step_failure(plan: Plan, decision: Decision) -> Decision:
 
 def on_step_success(plan: Plan, step: str, visit: int, outcome: StepSucceeded, decision: Decision) -> Decision:
     """A completed step that declares a compensation is remembered with what it recorded."""
-    declared = plan.steps[step].compensation
-    completed = any(h.kind == "STEP_COMPLETED" and h.step == step for h in decision.of(RecordHistory))
-    if declared is None or not completed:
+    if plan.steps[step].compensation is None:  # most steps: no need to look through the effects
+        return decision
+    if not any(h.kind == "STEP_COMPLETED" and h.step == step for h in decision.of(RecordHistory)):
         return decision
     return Decision(decision.settle, (*decision.effects, RecordCompensable(step, visit, outcome.recorded)))
 

@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-__all__ = ["failed", "span", "tracer"]
+__all__ = ["NOT_TRACED", "enabled", "failed", "span", "tracer"]
 
 tracer = trace.get_tracer("stepstone")
 
@@ -31,18 +31,19 @@ def span(name: str, attributes: dict[str, Any] | None = None, *,
     Until an application sets a tracer provider, the API's proxy provider hands out no-op spans; the
     block then gets one shared non-recording span and nothing else is built (the attributes, the
     proxy's context managers and the context attach/detach cost ~15% of a worker's CPU per step)."""
-    if not _provider_set():
-        return _NOT_TRACED
+    if not enabled():
+        return NOT_TRACED
     attrs = {f"stepstone.{k}": v for k, v in (attributes or {}).items() if v is not None}
     return tracer.start_as_current_span(name, attributes=attrs, kind=kind)
 
 
-_NOT_TRACED: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)
+NOT_TRACED: AbstractContextManager[Span] = nullcontext(trace.INVALID_SPAN)
 _FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 
-def _provider_set() -> bool:
-    """Whether spans go anywhere. `trace.get_tracer_provider()` answers it too, but reads the
+def enabled() -> bool:
+    """Whether spans go anywhere (callers on the hot path ask first, so as not to build a name and
+    attributes for a span that records nothing). `trace.get_tracer_provider()` answers it too, but reads the
     environment on every call while no provider is set (5 µs, twice a step); the API's module global
     answers in a dictionary lookup, and the public call stays the fallback if that global moves."""
     if _FROM_ENVIRONMENT:

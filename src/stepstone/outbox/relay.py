@@ -65,9 +65,6 @@ class RelayEvents(Counters):
     unavailable: int = 0
     idle: int = 0
 
-    def bump(self, name: str, by: int = 1) -> None:
-        self.count(name, by)
-
 
 def settlements(
     batch: Sequence[StagedEvent], results: Sequence[PublishResult], config: RelayConfig
@@ -146,7 +143,7 @@ class Relay:
                                         self.config.relay_id, token)
         self._claimed_last = len(batch)
         if not batch:
-            self.events.bump("idle")
+            self.events.count("idle")
             return 0
         with publish_spans(batch, self.publisher.name) as spans:
             results = await self._publish(batch)
@@ -154,17 +151,17 @@ class Relay:
         plan = settlements(batch, results, self.config)
         await self.outbox.settle(token, plan)
         published = sum(1 for s in plan if s.action == "published")
-        self.events.bump("published", published)
-        self.events.bump("failed", sum(1 for s in plan if s.action == "retry"))
+        self.events.count("published", published)
+        self.events.count("failed", sum(1 for s in plan if s.action == "retry"))
         dead = [s for s in plan if s.action == "dead"]
         for s in dead:
             log.warning("outbox event %s dead-lettered (%s); its key waits until `stepstone outbox requeue`",
                         s.id, s.error)
-        self.events.bump("dead", len(dead))
+        self.events.count("dead", len(dead))
         if all(not r.attempted for r in results):
-            self.events.bump("unavailable")
+            self.events.count("unavailable")
             raise BrokerUnavailable(next(r.error for r in results if not r.attempted) or "broker unavailable")
-        self.events.bump("batches")
+        self.events.count("batches")
         return published
 
     async def run_until_idle(self) -> int:

@@ -198,7 +198,7 @@ class Worker:
         for seg in list(self._segments.values()):
             try:
                 if await self.store.release(seg.instance_id, seg.position, seg.token):
-                    await self.events.bump("released")
+                    self.events.count("released")
             except DatabaseUnavailable:
                 log.warning("could not release instance %s; its lease will expire", seg.instance_id)
         self._segments.clear()
@@ -290,7 +290,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.config.lease_seconds / 3)
             await self._renew_held()
-            await self.events.bump("lease_rounds")
+            self.events.count("lease_rounds")
 
     async def _renew_held(self) -> None:
         held = {s.key: s.token for s in self._segments.values() if not (s.lost or s.ending)}
@@ -379,7 +379,7 @@ class Worker:
             log.exception("segment of instance %s crashed; its lease will expire", claim.instance.id)
             self._forget(claim)
             await self._note_crash(claim, exc)
-            await self.events.bump("crashed")
+            self.events.count("crashed")
 
     async def _note_crash(self, claim: Claim, exc: BaseException) -> None:
         try:
@@ -388,14 +388,14 @@ class Worker:
             log.debug("could not record the crash of instance %s (%s)", claim.instance.id, type(note_exc).__name__)
 
     async def _segment(self, claim: Claim) -> None:
-        await self.events.bump("claims")
+        self.events.count("claims")
         workflow = self.registry.find(claim.pin.definition_id, claim.pin.version, claim.pin.plan_hash)
         if workflow is None:
             reason = (f"NOT_RUNNABLE: this node has no plan {claim.pin.definition_id} v{claim.pin.version} "
                       f"{claim.pin.plan_hash[:12]}")
             await self.store.defer(claim.instance.id, claim.instance.position, claim.token, reason)
             self._forget(claim)
-            await self.events.bump("deferred")
+            self.events.count("deferred")
             return
         instance, command, now = claim.instance, claim.command, claim.now
         observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
@@ -412,9 +412,9 @@ class Worker:
             decided_on, decision, committed = await self._decide_and_commit(claim, workflow, instance, command, now)
             if committed is None:
                 self._forget(claim)
-                await self.events.bump("fenced")
+                self.events.count("fenced")
                 return
-            await self.events.bump("commits")
+            self.events.count("commits")
             follow = decision.continuation
             if follow is None or committed.continuation is None or self._stopping:
                 if follow is None or committed.continuation is None:
@@ -460,7 +460,7 @@ class Worker:
                                                             instance.state_version)
                         if first is None or first.continuation is None:
                             return instance, transition, first
-                        await self.events.bump("commits")
+                        self.events.count("commits")
                         command, transition = replace(command, id=first.continuation), None
                     else:
                         decision = folded  # on a conflict the step runs again and folds again
@@ -470,7 +470,7 @@ class Worker:
                 await self._alert(decision)
             if committed is None or not committed.conflict:
                 return instance, decision, committed
-            await self.events.bump("conflicts")
+            self.events.count("conflicts")
             instance = replace(instance, state=committed.state, state_version=committed.state_version)
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
 
@@ -541,8 +541,8 @@ class Worker:
 
     async def _alert(self, decision: Decision) -> None:
         """The commit gave a compensation up: raise the alert hook (once: only one commit wins)."""
-        alert = exhausted_alert(decision)
         hook = self.config.on_compensation_failed
+        alert = None if hook is None else exhausted_alert(decision)
         if alert is None or hook is None:
             return
         try:

@@ -55,6 +55,3 @@ class WorkerEvents(Counters):
     conflicts: int = 0
     lease_rounds: int = 0
     """Rounds of the lease loop done (renewing what the worker holds, or finding nothing to renew)."""
-
-    async def bump(self, name: str) -> None:
-        self.count(name)
