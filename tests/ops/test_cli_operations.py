@@ -110,6 +110,11 @@ async def test_bad_arguments_are_one_line_errors(database_url: str) -> None:
         (["stuck", "--older-than", "soon"], "is not a duration"),
         (["repair", "retry"], "give instance ids or at least one filter"),
         (["find", "--since", "yesterday"], "neither an ISO 8601 time nor a duration"),
+        (["find", "--since", "10000000w"], "longer than a thousand years"),  # before year 1: no instant
+        (["find", "--until", "0001-01-01T00:00:00+00:01"], "--until '0001-01-01T00:00:00+00:01' is outside the"),
+        (["stuck", "--older-than", "9999999d"], "longer than a thousand years"),  # now - it: out of range
+        (["stuck", "--older-than", "99999999999999d"], "longer than a thousand years"),  # no timedelta holds it
+        (["retention", "set", "*", "completed", "99999999999d"], "longer than a thousand years"),
         (["inspect", "nope"], "'nope' is not an instance id (expected a UUID)"),
         (["find", "--parent", "zz"], "'zz' is not an instance id for --parent (expected a UUID)"),
         (["replay", "--instance", "00000000-0000-0000-0000-000000000000", "--from", "work"], "no instance"),

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
+from stepstone import instants
 from stepstone.cli.common import FREE_TEXT, TEXT, CliError, emit, output_option, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.instances import decode_cursor, encode_cursor, instance_id_arg
@@ -33,14 +34,20 @@ STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED, "TIMED_OUT"
             "COMPENSATION_FAILED")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+MAX_DURATION = timedelta(days=365_250)
+"""A thousand years: longer than any window or age, and short enough that "that long ago" is still an
+instant PostgreSQL holds (a longer one failed the statement, or did not fit a timedelta at all)."""
 
 
 def parse_duration(text: str, what: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `30d`, `1w`."""
+    """`90s`, `15m`, `2h`, `30d`, `1w`; at most MAX_DURATION."""
     match = _DURATION.match(text.strip().lower())
     if match is None:
         raise CliError(f"{what} {text!r} is not a duration like 90s, 15m, 2h, 30d or 1w")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_DURATION.total_seconds():
+        raise CliError(f"{what} {text!r} is longer than a thousand years")
+    return timedelta(seconds=seconds)
 
 
 def _instant(text: str | None, what: str) -> datetime | None:
@@ -53,7 +60,10 @@ def _instant(text: str | None, what: str) -> datetime | None:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise CliError(f"{what} {text!r} is neither an ISO 8601 time nor a duration like 2h or 30d") from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not instants.storable(value):
+        raise CliError(f"{what} {text!r} is outside the instants that can be stored (years 1 to 9999 in UTC)")
+    return value
 
 
 def filter_options(func: F) -> F:
