@@ -141,6 +141,17 @@ def test_usage_error_exits_2() -> None:
     assert run("doctor", "-o", "xml").exit_code == 2
 
 
+@pytest.mark.parametrize("args", [
+    ("find", "--version", "99999999999"), ("definitions", "activate", "wf", "2147483648"),
+    ("limits", "set", "wf", "--max-running", "99999999999999"), ("outbox", "requeue", "99999999999999999999"),
+    ("tasks", "list", "--priority-at-least", "-99999999999"), ("bench", "--concurrency", "0"),
+])
+def test_an_integer_no_column_holds_is_a_usage_error(database_url: str, args: tuple[str, ...]) -> None:
+    """Each once reached the driver, which refused it with a traceback ("value out of int32 range")."""
+    result = run("--database-url", database_url, *args)
+    assert result.exit_code == 2 and "is not in the range" in result.stderr, result.output
+
+
 def test_console_script_has_no_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "from stepstone.cli import main; main()", "--schema", "a$$b", "db", "sql"],

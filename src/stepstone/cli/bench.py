@@ -23,9 +23,9 @@ __all__ = ["commands"]
 @click.option("--only", default=None, metavar="A,B",
               help="Run only these workloads (ceiling, throughput, latency, enqueue, scale, recovery, memory, relay, "
                    "fanout, external, api).")
-@click.option("--concurrency", type=int, default=8, show_default=True,
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=8, show_default=True,
               help="Worker slots, and pgbench clients for the ceiling.")
-@click.option("--processes", type=int, default=0, show_default=True,
+@click.option("--processes", type=click.IntRange(0, 64), default=0, show_default=True,
               help="Also measure throughput with this many worker processes.")
 @with_settings
 def bench_command(

@@ -20,7 +20,7 @@ import click
 
 from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, load_document
 from stepstone.cli.app import app_option, import_attribute
-from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.common import TEXT, VERSION, CliError, emit, output_option, render_table, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
 from stepstone.core.pin import DEFAULT_SCOPE
@@ -90,7 +90,7 @@ def list_command(settings: Settings, scope: str | None, definition_id: str | Non
 
 @definitions_group.command("show")
 @click.argument("definition_id", type=TEXT)
-@click.argument("version", type=click.IntRange(1))
+@click.argument("version", type=VERSION)
 @_scope_option
 @_max_bytes_option
 @output_option
@@ -159,7 +159,7 @@ def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int)
 
 @definitions_group.command("activate")
 @click.argument("definition_id", type=TEXT)
-@click.argument("version", type=click.IntRange(1))
+@click.argument("version", type=VERSION)
 @_scope_option
 @click.option("--from-default", is_flag=True, help="Follow this version of the default scope (for a tenant scope).")
 @with_settings
@@ -179,7 +179,7 @@ def activate_command(settings: Settings, definition_id: str, version: int, scope
 def _lifecycle(name: str, to: str, help_text: str) -> None:
     @definitions_group.command(name, help=help_text)
     @click.argument("definition_id", type=TEXT)
-    @click.argument("version", type=click.IntRange(1))
+    @click.argument("version", type=VERSION)
     @_scope_option
     @app_option(required=False)
     @with_settings
@@ -242,8 +242,8 @@ def _step_map(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.argument("instance_ids", nargs=-1, type=TEXT)
 @app_option(required=True)
 @click.option("--workflow", "definition_id", required=True, type=TEXT, help="The definition id.")
-@click.option("--to-version", required=True, type=click.IntRange(1), help="The version to move to (in --app).")
-@click.option("--from-version", type=click.IntRange(1), default=None,
+@click.option("--to-version", required=True, type=VERSION, help="The version to move to (in --app).")
+@click.option("--from-version", type=VERSION, default=None,
               help="Without INSTANCE_IDS: every instance of this version that may still run.")
 @click.option("--scope", default=None, type=TEXT, help="Only instances of this scope.")
 @click.option("--step-map", multiple=True, metavar="OLD=NEW", help="Where a step of the old version goes.")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 
 from stepstone import instants
-from stepstone.cli.common import FREE_TEXT, TEXT, CliError, emit, output_option, run_async, with_settings
+from stepstone.cli.common import FREE_TEXT, TEXT, VERSION, CliError, emit, output_option, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.instances import decode_cursor, encode_cursor, instance_id_arg
 from stepstone.cli.rich_output import progress_bar, rich_table
@@ -72,7 +72,7 @@ def filter_options(func: F) -> F:
         click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES, case_sensitive=False),
                      help="Only instances in this status (repeatable)."),
         click.option("--workflow", type=TEXT, metavar="W", help="Only instances of this workflow."),
-        click.option("--version", "wf_version", type=int, metavar="N", help="Only this workflow version."),
+        click.option("--version", "wf_version", type=VERSION, metavar="N", help="Only this workflow version."),
         click.option("--scope", type=TEXT, metavar="S", help="Only instances of this scope (tenant)."),
         click.option("--business-key", type=TEXT, metavar="K", help="Only the instance with this business key."),
         click.option("--key-contains", type=TEXT, metavar="TEXT", help="Business key contains (any case)."),

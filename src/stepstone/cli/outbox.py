@@ -16,7 +16,16 @@ from typing import Any
 
 import click
 
-from stepstone.cli.common import FREE_TEXT, CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.common import (
+    EVENT_ID,
+    FREE_TEXT,
+    CliError,
+    emit,
+    output_option,
+    render_table,
+    run_async,
+    with_settings,
+)
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
@@ -158,7 +167,7 @@ def list_command(settings: Settings, dead: bool, limit: int, output: str) -> Non
 
 
 @outbox_group.command("requeue")
-@click.argument("ids", nargs=-1, type=int)
+@click.argument("ids", nargs=-1, type=EVENT_ID)
 @click.option("--all-dead", is_flag=True, help="Requeue every dead-lettered event.")
 @with_settings
 def requeue_command(settings: Settings, ids: tuple[int, ...], all_dead: bool) -> None:
@@ -173,7 +182,7 @@ def requeue_command(settings: Settings, ids: tuple[int, ...], all_dead: bool) ->
 
 
 @outbox_group.command("discard")
-@click.argument("ids", nargs=-1, type=int)
+@click.argument("ids", nargs=-1, type=EVENT_ID)
 @click.option("--all-dead", is_flag=True, help="Discard every dead-lettered event.")
 @click.option("--reason", type=FREE_TEXT, required=True, help="Why (kept on each event).")
 @with_settings

@@ -13,7 +13,7 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, with_settings
+from stepstone.cli.common import INT4, TEXT, CliError, emit, output_option, render_table, with_settings
 from stepstone.cli.instances import _with_client  # the one way a command opens a client
 from stepstone.client import Client
 from stepstone.config import Settings
@@ -134,7 +134,7 @@ def limits_group() -> None:
 
 @limits_group.command("set")
 @click.argument("workflow", type=TEXT)
-@click.option("--max-running", type=int, metavar="N", help="At most N instances run at once.")
+@click.option("--max-running", type=INT4, metavar="N", help="At most N instances run at once.")
 @click.option("--key", metavar="FIELD", help="Per value of 'business_key' or of a top-level state field.")
 @click.option("--min-interval", type=float, metavar="SECONDS", help="Starts at least this far apart.")
 @with_settings

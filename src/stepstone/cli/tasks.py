@@ -17,7 +17,17 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import FREE_TEXT, TEXT, CliError, emit, output_option, render_table, with_settings
+from stepstone.cli.common import (
+    FREE_TEXT,
+    INT4,
+    TEXT,
+    VERSION,
+    CliError,
+    emit,
+    output_option,
+    render_table,
+    with_settings,
+)
 from stepstone.cli.instances import _jsonable, _time, _with_client, parse_json
 from stepstone.client import Client
 from stepstone.client_task_filters import INBOX_MODES
@@ -102,7 +112,7 @@ def _filter_options(func: Callable[..., T]) -> Callable[..., T]:
     """The inbox's narrowing options; a command receives them as keyword arguments for `_where`."""
     for option in reversed([
         click.option("--workflow", type=TEXT, metavar="W", help="Only tasks of this workflow."),
-        click.option("--priority-at-least", type=int, metavar="N", help="Only tasks of this priority or higher."),
+        click.option("--priority-at-least", type=INT4, metavar="N", help="Only tasks of this priority or higher."),
         click.option("--due-before", type=_WHEN, metavar="WHEN", help="Only tasks due before this (ISO 8601)."),
         click.option("--candidate-group", type=TEXT, metavar="G", help="Only tasks offered to this group."),
         click.option("--text", type=FREE_TEXT, metavar="T", help="Only tasks whose title contains this."),
@@ -268,7 +278,7 @@ tasks_group.command("delegate", help="Delegate a task to user TO; `resolve` give
 @click.argument("task_id", type=TEXT)
 @click.argument("decision", type=TEXT)
 @click.option("--payload", metavar="JSON", help="The decision's payload as JSON.")
-@click.option("--reviewed-version", type=int, metavar="N",
+@click.option("--reviewed-version", type=VERSION, metavar="N",
               help="The version of the shown data you reviewed (tasks that require version stability).")
 @click.option("--idempotency-key", type=TEXT, metavar="K", help="Repeating it with the same key completes once.")
 @_actor_option
