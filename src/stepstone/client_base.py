@@ -13,6 +13,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
+from stepstone import instants
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
@@ -84,8 +85,10 @@ def deadline_fields(value: timedelta | float | datetime | None) -> tuple[datetim
     if isinstance(value, datetime):
         if value.tzinfo is None:
             raise InvalidInput("deadline must be an instant with a time zone", what="deadline")
-        return value, None
+        return instants.checked(value, "deadline"), None
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if not seconds >= 0:
         raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
+    if seconds > instants.MAX_DURATION.total_seconds():  # inf too
+        raise InvalidInput(f"deadline must be at most a thousand years from now, got {seconds} s", what="deadline")
     return None, seconds

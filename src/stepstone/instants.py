@@ -1,4 +1,4 @@
-"""Instants a caller hands in (filters, cursors), checked before a statement gets them.
+"""Instants and durations a caller hands in (filters, cursors, deadlines), checked before a statement gets them.
 
 PostgreSQL's timestamptz and the driver hold years 1 to 9999 in UTC. An offset can move an instant that
 looks in range out of it (`0001-01-01T00:00:00+00:01` is year 0 in UTC), and the driver then fails the
@@ -7,11 +7,15 @@ statement with an OverflowError: refused here as bad input instead, with what wa
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from stepstone.errors import InvalidInput
 
-__all__ = ["checked", "parse", "storable"]
+__all__ = ["MAX_DURATION", "checked", "parse", "storable"]
+
+MAX_DURATION = timedelta(days=365_250)
+"""A thousand years: longer than any deadline, window or age, and short enough that that long from now or
+ago is still an instant PostgreSQL holds."""
 
 
 def storable(value: datetime) -> bool:

@@ -4,7 +4,7 @@ completed and ends TIMED_OUT. A handler still running then is a zombie: its comm
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import pytest
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.plan import END
-from stepstone.errors import DefinitionError
+from stepstone.errors import DefinitionError, InvalidInput
 from stepstone.testing import Engine, open_engine
 from tests.sagas import workflows as w
 from tests.sagas.conftest import assert_ended, kinds
@@ -53,6 +53,24 @@ async def test_an_instance_that_ends_in_time_never_times_out(engine: Engine) -> 
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
     assert w.CALLS == []
+
+
+NAIVE = datetime(2030, 1, 1)  # noqa: DTZ001 - the point: an instant without a zone
+
+
+@pytest.mark.parametrize("deadline", [
+    float("inf"), 1e300, datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))),
+    datetime(9999, 12, 31, 23, 59, tzinfo=timezone(-timedelta(hours=1))), timedelta(days=365_251), -1.0, NAIVE,
+])
+async def test_a_deadline_out_of_range_is_refused_before_anything_is_stored(engine: Engine, deadline: Any) -> None:
+    """The first four once reached the server, which refused the statement ("interval out of range", "date
+    value out of range") with a driver error instead of the caller's InvalidInput; a thousand years and a
+    day is just past the bound, which a thousand years is not."""
+    with pytest.raises(InvalidInput, match="deadline") as refused:
+        await engine.client.start(w.waiting, {}, deadline=deadline)
+    assert refused.value.what == "deadline"
+    assert await engine.client.list() == []
+    assert await engine.client.start(w.waiting, {}, deadline=timedelta(days=365_250)) is not None  # a thousand years
 
 
 async def test_deadline_during_a_running_handler_fences_it(engine: Engine, conn: asyncpg.Connection) -> None:

@@ -34,18 +34,15 @@ STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED, "TIMED_OUT"
             "COMPENSATION_FAILED")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-MAX_DURATION = timedelta(days=365_250)
-"""A thousand years: longer than any window or age, and short enough that "that long ago" is still an
-instant PostgreSQL holds (a longer one failed the statement, or did not fit a timedelta at all)."""
-
 
 def parse_duration(text: str, what: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `30d`, `1w`; at most MAX_DURATION."""
+    """`90s`, `15m`, `2h`, `30d`, `1w`; at most `instants.MAX_DURATION` (a longer one failed the statement,
+    or did not fit a timedelta at all)."""
     match = _DURATION.match(text.strip().lower())
     if match is None:
         raise CliError(f"{what} {text!r} is not a duration like 90s, 15m, 2h, 30d or 1w")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds > MAX_DURATION.total_seconds():
+    if seconds > instants.MAX_DURATION.total_seconds():
         raise CliError(f"{what} {text!r} is longer than a thousand years")
     return timedelta(seconds=seconds)
 
