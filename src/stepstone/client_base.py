@@ -17,6 +17,7 @@ from stepstone import instants
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
+from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import DefinitionNotFound, InvalidInput, refused
 from stepstone.store.caller_transaction import CallerTransactionStore
 from stepstone.store.port import ClientStore
@@ -89,6 +90,6 @@ def deadline_fields(value: timedelta | float | datetime | None) -> tuple[datetim
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if not seconds >= 0:
         raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
-    if seconds > instants.MAX_DURATION.total_seconds():  # inf too
+    if seconds > MAX_SECONDS:  # inf too
         raise InvalidInput(f"deadline must be at most a thousand years from now, got {seconds} s", what="deadline")
     return None, seconds

@@ -1,30 +1,16 @@
-"""Instants and durations a caller hands in (filters, cursors, deadlines), checked before a statement gets them.
-
-PostgreSQL's timestamptz and the driver hold years 1 to 9999 in UTC. An offset can move an instant that
-looks in range out of it (`0001-01-01T00:00:00+00:01` is year 0 in UTC), and the driver then fails the
-statement with an OverflowError: refused here as bad input instead, with what was wrong.
+"""Instants a caller hands in (filters, page cursors, deadlines), checked before a statement gets them:
+one that no timestamptz holds (`stepstone.core.timestamps`) is refused as bad input, with what was wrong,
+instead of failing the statement with the driver's OverflowError.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
+from stepstone.core.timestamps import storable
 from stepstone.errors import InvalidInput
 
-__all__ = ["MAX_DURATION", "checked", "parse", "storable"]
-
-MAX_DURATION = timedelta(days=365_250)
-"""A thousand years: longer than any deadline, window or age, and short enough that that long from now or
-ago is still an instant PostgreSQL holds."""
-
-
-def storable(value: datetime) -> bool:
-    """Whether a timestamptz holds `value` (a naive one read in the machine's zone, as the driver reads it)."""
-    try:
-        value.astimezone(UTC)
-    except (OverflowError, ValueError):
-        return False
-    return True
+__all__ = ["checked", "parse"]
 
 
 def checked(value: datetime | None, what: str) -> datetime | None:

@@ -9,7 +9,7 @@ import pytest
 from stepstone.core.effects import ChangeTask, CloseTimers, Enqueue, MovePosition, OpenTask, Subscribe
 from stepstone.core.model import CommandView, Decision, InstanceView
 from stepstone.core.plan import Plan, PlanError, Step
-from stepstone.core.task_spec import TaskSpec, task_id
+from stepstone.core.task_spec import TaskSpec, resolve_instant, task_id
 from stepstone.core.transitions import apply
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -104,3 +104,11 @@ def test_a_wait_subscribes_with_its_key_and_takes_one_message() -> None:
     assert taken.settle.state == "COMPLETE"
     parked = _decide(_at("w", 5, wait), CommandView(9, "MESSAGE", "w", 4, "m", {"payload": 1}), plan)
     assert parked.settle.state == "PARKED"
+
+
+def test_a_due_date_from_the_state_that_no_timestamp_holds_is_no_due_date() -> None:
+    """Such a value (seconds, or an instant) failed the commit that opened the task, on every claim."""
+    assert resolve_instant({"state": "due"}, {"due": 3600}, NOW) == "2026-01-01T01:00:00+00:00"
+    assert resolve_instant({"state": "due"}, {"due": -60}, NOW) == "2025-12-31T23:59:00+00:00"
+    for value in (1e300, float("inf"), float("nan"), "0001-01-01T00:00:00+00:01", "9999-12-31T23:59:00-01:00"):
+        assert resolve_instant({"state": "due"}, {"due": value}, NOW) is None, value

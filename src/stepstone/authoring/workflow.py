@@ -37,7 +37,7 @@ from stepstone.authoring.step_context import (
     from_state,
 )
 from stepstone.core import json_text
-from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, Step
+from stepstone.core.plan import DEFAULT_MAX_ITEMS, END, Compensation, Plan, Step, too_long
 from stepstone.core.redaction import Redaction
 from stepstone.core.task_spec import TaskSpec
 from stepstone.errors import DefinitionError, InvalidInput
@@ -79,6 +79,8 @@ class Workflow(Generic[S]):
         self.redaction = Redaction(sensitive_paths(state), redact)  # type: ignore[arg-type]
         self.deadline = None if deadline is None else _seconds(deadline)
         """The default instance deadline in seconds."""
+        if problem := too_long(f"workflow {id!r}: its deadline", self.deadline):
+            raise DefinitionError(problem[0])
         self._steps: list[Step] = []
         self._actions: dict[str, _ActionSpec] = {}
         self._compensations: dict[str, _ActionSpec] = {}

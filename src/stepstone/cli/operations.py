@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 import click
 
-from stepstone import instants
 from stepstone.cli.common import FREE_TEXT, TEXT, VERSION, CliError, emit, output_option, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.instances import decode_cursor, encode_cursor, instance_id_arg
 from stepstone.cli.rich_output import progress_bar, rich_table
 from stepstone.config import Settings
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
+from stepstone.core.timestamps import MAX_SECONDS, storable
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.ops.model import BulkReport, RetentionReport
 from stepstone.ops.retention import STATUS_CLASSES
@@ -36,13 +36,13 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 def parse_duration(text: str, what: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `30d`, `1w`; at most `instants.MAX_DURATION` (a longer one failed the statement,
+    """`90s`, `15m`, `2h`, `30d`, `1w`; at most `core.timestamps.MAX_DURATION` (a longer one failed the statement,
     or did not fit a timedelta at all)."""
     match = _DURATION.match(text.strip().lower())
     if match is None:
         raise CliError(f"{what} {text!r} is not a duration like 90s, 15m, 2h, 30d or 1w")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds > instants.MAX_DURATION.total_seconds():
+    if seconds > MAX_SECONDS:
         raise CliError(f"{what} {text!r} is longer than a thousand years")
     return timedelta(seconds=seconds)
 
@@ -58,7 +58,7 @@ def _instant(text: str | None, what: str) -> datetime | None:
     except ValueError:
         raise CliError(f"{what} {text!r} is neither an ISO 8601 time nor a duration like 2h or 30d") from None
     value = value if value.tzinfo else value.replace(tzinfo=UTC)
-    if not instants.storable(value):
+    if not storable(value):
         raise CliError(f"{what} {text!r} is outside the instants that can be stored (years 1 to 9999 in UTC)")
     return value
 

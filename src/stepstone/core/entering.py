@@ -29,6 +29,7 @@ from stepstone.core.model import COMPLETED, FAILED, JSON, RUNNING, WAITING, Inst
 from stepstone.core.plan import END, Plan, Step
 from stepstone.core.subscriptions import subscribe
 from stepstone.core.task_entering import enter_task
+from stepstone.core.timestamps import storable
 
 
 def enter(
@@ -103,7 +104,8 @@ def _timer(instance: InstanceView, step: Step, visit: int, state: JSON, now: dat
     if step.until is not None:
         at = _instant(state, step.until, now)
         if at is None:
-            problem = f"timer step {step.name!r}: state field {step.until!r} is not an ISO 8601 instant with a zone"
+            problem = (f"timer step {step.name!r}: state field {step.until!r} is not an ISO 8601 instant with a zone "
+                       "(years 1 to 9999 in UTC)")
             return fail(instance, "InvalidTimer", problem, step=step.name, visit=visit)
     timer: dict[str, Any] = {"kind": "timer", "delay_seconds": step.delay_seconds, "until": at}
     return [
@@ -210,6 +212,6 @@ def _instant(state: JSON, field: str, now: datetime) -> str | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    if parsed.tzinfo is None:
+    if parsed.tzinfo is None or not storable(parsed):  # a timer no timestamp holds would fail its commit
         return None
     return max(parsed, now).isoformat()

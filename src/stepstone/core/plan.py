@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import Any, Literal
 
 from stepstone.core.task_spec import TaskSpec
+from stepstone.core.timestamps import within_max
 
 END = "$end"
 DEADLINE_KINDS = frozenset({"action", "wait", "timer"})
@@ -64,6 +65,7 @@ class RetryPolicy:
             found.append(f"{where}: backoffs must not be negative")
         if self.multiplier < 1:
             found.append(f"{where}: multiplier must be at least 1")
+        found.extend(too_long(f"{where}: max_backoff", self.max_backoff))
         return found
 
 
@@ -298,6 +300,14 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
     return found
 
 
+def too_long(what: str, seconds: float | None) -> list[str]:
+    """A problem when a duration is longer than a thousand years or not a number: the timer it sets would
+    lie beyond what a timestamp holds, and each commit that set it would fail."""
+    if seconds is None or within_max(seconds):
+        return []
+    return [f"{what} must be at most a thousand years, got {seconds} s"]
+
+
 def _step_problems(s: Step, known: set[str]) -> list[str]:
     found = [] if s.compensation is None else s.compensation.retry.problems(f"compensation of step {s.name!r}")
     if s.compensation is not None and s.kind != "action":
@@ -307,6 +317,7 @@ def _step_problems(s: Step, known: set[str]) -> list[str]:
         found.append(f"step {s.name!r}: a deadline is for {kinds} steps and must not be negative")
     if s.on_deadline is not None and s.deadline_seconds is None:
         found.append(f"step {s.name!r}: on_deadline without a deadline")
+    found.extend(too_long(f"step {s.name!r}: its deadline", s.deadline_seconds))
     found += [
         f"step {s.name!r} goes to unknown step {t!r}"
         for t in s.targets()
@@ -322,6 +333,7 @@ def _timer_problems(s: Step) -> list[str]:
         found.append(f"timer step {s.name!r} needs exactly one of delay or until")
     if s.delay_seconds is not None and s.delay_seconds < 0:
         found.append(f"timer step {s.name!r} has a negative delay")
+    found.extend(too_long(f"timer step {s.name!r}: its delay", s.delay_seconds))
     if len(s.next) != 1:
         found.append(f"timer step {s.name!r} needs exactly one next step")
     return found
@@ -339,6 +351,7 @@ def _wait_problems(s: Step) -> list[str]:
         found.append(f"wait step {s.name!r}: timeout and on_timeout go together")
     if s.timeout_seconds is not None and s.timeout_seconds < 0:
         found.append(f"wait step {s.name!r} has a negative timeout")
+    found.extend(too_long(f"wait step {s.name!r}: its timeout", s.timeout_seconds))
     return found
 
 

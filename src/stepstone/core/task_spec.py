@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from stepstone.core.timestamps import storable, within_max
+
 JSON = Any
 
 _TASKS = uuid.UUID("7d3f9a10-2c4b-4e8d-b6a1-93c0e5f47b21")
@@ -81,6 +83,8 @@ class TaskSpec:
             value = getattr(self, name)
             if value is not None and value < 0:
                 found.append(f"{where}: {name} must not be negative")
+            elif value is not None and not within_max(value):
+                found.append(f"{where}: {name} must be at most a thousand years, got {value} s")
         if self.escalate_user and self.escalate_group:
             found.append(f"{where}: escalate to a user or to a group, not both")
         return found
@@ -124,14 +128,14 @@ def resolve_instant(value: JSON, state: JSON, now: datetime) -> str | None:
     got = resolve(value, state)
     if isinstance(got, bool) or got is None:
         return None
-    if isinstance(got, int | float):
-        return (now + timedelta(seconds=float(got))).isoformat()
+    if isinstance(got, int | float):  # from the state: a duration no timestamp holds is none
+        return (now + timedelta(seconds=float(got))).isoformat() if within_max(abs(got)) else None
     if isinstance(got, str):
         try:
             parsed = datetime.fromisoformat(got)
         except ValueError:
             return None
-        return parsed.isoformat() if parsed.tzinfo is not None else None
+        return parsed.isoformat() if parsed.tzinfo is not None and storable(parsed) else None
     return None
 
 
