@@ -69,8 +69,15 @@ def test_schedule_spec_validation() -> None:
         Schedule("s", "report", every=60, overlap="sometimes").spec()  # type: ignore[arg-type]
     with pytest.raises(ScheduleError, match="time zone"):
         Schedule("s", "report", cron="* * * * *", timezone="Mars/Olympus").spec()
-    with pytest.raises(ScheduleError, match="at least one second"):
+    with pytest.raises(ScheduleError, match="from one second to a thousand years"):
         Schedule("s", "report", every=0.5).spec()
+    # Past a thousand years the next tick is no instant (an OverflowError where the schedule fired).
+    for every in (float("inf"), float("nan"), 1e300):
+        with pytest.raises(ScheduleError, match="from one second to a thousand years"):
+            Schedule("s", "report", every=every).spec()
+    grace = Schedule("s", "report", every=60, grace=float("inf"))
+    with pytest.raises(ScheduleError, match="grace must be from 0 to a thousand years"):
+        grace.spec()
 
 
 def test_every_is_anchored_to_the_epoch() -> None:

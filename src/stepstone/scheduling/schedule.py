@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.scheduling.cron import Cron, CronError
 
 __all__ = ["CATCH_UPS", "OVERLAPS", "Schedule", "ScheduleError", "ScheduleSpec", "due_ticks", "tick_instance_id"]
@@ -52,14 +53,14 @@ class ScheduleSpec:
                 Cron.parse(self.cron)
             except CronError as exc:
                 raise ScheduleError(str(exc)) from None
-        if self.every_seconds is not None and not self.every_seconds >= 1:
-            raise ScheduleError(f"every= must be at least one second, got {self.every_seconds} s")
+        if self.every_seconds is not None and not 1 <= self.every_seconds <= MAX_SECONDS:
+            raise ScheduleError(f"every= must be from one second to a thousand years, got {self.every_seconds} s")
         if self.overlap not in OVERLAPS:
             raise ScheduleError(f"overlap must be one of {', '.join(OVERLAPS)}, got {self.overlap!r}")
         if self.catch_up not in CATCH_UPS:
             raise ScheduleError(f"catch_up must be one of {', '.join(CATCH_UPS)}, got {self.catch_up!r}")
-        if not self.grace_seconds >= 0:
-            raise ScheduleError("grace must not be negative")
+        if not 0 <= self.grace_seconds <= MAX_SECONDS:
+            raise ScheduleError(f"grace must be from 0 to a thousand years, got {self.grace_seconds} s")
         self.zone()  # an unknown time zone is refused when the schedule is made
 
     def zone(self) -> ZoneInfo:
