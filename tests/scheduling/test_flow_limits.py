@@ -146,6 +146,14 @@ async def test_bad_limits_are_refused(engine: Engine) -> None:
         await engine.client.set_flow_limit(busy, max_running=0)
     with pytest.raises(InvalidInput, match="takes max_running"):
         await engine.client.set_flow_limit(busy)
+    # These once reached the store: an int32 column refused the first; the others were stored, and every
+    # later start of the workflow would have put its next admission beyond any timestamp.
+    with pytest.raises(InvalidInput, match="max_running must be from 1 to 2147483647"):
+        await engine.client.set_flow_limit(busy, max_running=2**40)
+    for interval in (float("inf"), 1e300):
+        with pytest.raises(InvalidInput, match="at most a thousand years"):
+            await engine.client.set_flow_limit(busy, min_interval=interval)
+    assert await engine.client.flow_limits() == []
 
 
 async def test_a_limit_of_two_per_key_under_load(engine: Engine, db: asyncpg.Connection) -> None:
