@@ -20,6 +20,7 @@ from stepstone.authoring.workflow import Workflow
 from stepstone.client_base import ClientBase, deadline_fields
 from stepstone.context import durable
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
+from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import (
     BusinessKeyInUse,
     IdempotencyConflict,
@@ -86,8 +87,8 @@ class MessageOperations(ClientBase):
             self._text(what, value)
         if message_id is not None:
             self._text("message id", message_id)
-        if ttl is not None and not ttl >= 0:
-            raise InvalidInput(f"ttl must be a number of seconds, at least 0, got {ttl!r}", what="ttl")
+        if ttl is not None and not 0 <= ttl <= MAX_SECONDS:  # inf once reached the server: "interval out of range"
+            raise InvalidInput(f"ttl must be a number of seconds from 0 to a thousand years, got {ttl!r}", what="ttl")
         self._encode("message payload", payload)
         fingerprint = hashlib.sha256(json.dumps([name, correlation_key, payload], sort_keys=True).encode()).hexdigest()
         publish = self.store.publish_message if connection is None else partial(

@@ -9,7 +9,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from stepstone.errors import IdempotencyConflict, InvalidState, OpenSignalLimit
+from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit
 from stepstone.testing import Engine, open_engine
 from tests.engine.task_workflows import Receipt, receipt, registry, two_waits
 
@@ -58,6 +58,13 @@ async def test_no_subscription_buffers_with_a_ttl_and_drops_without(engine: Engi
     await engine.advance(6)
     late = await _waiting(engine, "o-3")
     assert (await engine.client.get(late)).status == "WAITING"
+
+
+async def test_a_ttl_no_timestamp_holds_is_refused(engine: Engine) -> None:
+    """An infinite ttl once reached the server ("interval out of range")."""
+    for ttl in (float("inf"), 1e300, float("nan"), -1.0):
+        with pytest.raises(InvalidInput, match="ttl must be a number of seconds from 0 to a thousand years"):
+            await engine.client.publish_message("receipt_received", "o-ttl", {"n": 1}, ttl=ttl)
 
 
 async def test_the_oldest_subscription_wins_and_correlate_all_reaches_every_one(engine: Engine) -> None:
