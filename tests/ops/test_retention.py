@@ -7,7 +7,9 @@ import asyncio
 from datetime import timedelta
 
 import asyncpg
+import pytest
 
+from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.testing import Engine
 from tests.ops import workflows
@@ -72,6 +74,19 @@ async def test_a_sweep_narrowed_to_a_workflow_and_a_scope(engine: Engine, ops: O
 
     by_cli = await as_json(database_url, "retention", "run", "--scope", "default", "--workflow", "ops_flaky")
     assert (by_cli["archived"], by_cli["purged"]) == (3, 3)
+
+
+async def test_a_window_past_a_thousand_years_or_negative_is_refused(engine: Engine, ops: Operations) -> None:
+    """Such a window was stored as given (a negative one too), where the CLI refuses it; `stuck` with
+    such an age failed on now() minus it ("timestamp out of range")."""
+    before = await ops.retention_policies()
+    for retain, purge in ((timedelta(days=999_999_999), None), (timedelta(days=-5), None),
+                          (timedelta(days=1), timedelta(days=400_000))):
+        with pytest.raises(InvalidInput, match="must be from 0 to a thousand years"):
+            await ops.set_retention_policy("ops_flaky", "completed", retain, purge)
+    assert await ops.retention_policies() == before
+    with pytest.raises(InvalidInput, match="older_than must be from 0 to a thousand years"):
+        await ops.stuck(timedelta(days=999_999_999))
 
 
 async def test_a_policy_per_workflow_and_never_for_waiting(engine: Engine, ops: Operations) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits, PayloadRejected
-from stepstone.errors import refused
+from stepstone.core.timestamps import MAX_DURATION
+from stepstone.errors import InvalidInput, refused
 from stepstone.ops import queries, repair, retention
 from stepstone.ops.model import (
     BulkReport,
@@ -73,6 +74,7 @@ class Operations:
     async def stuck(self, older_than: timedelta = timedelta(minutes=15), *,
                     where: InstanceFilter | None = None) -> StuckReport:
         _check_filter(where)
+        _check_duration("older_than", older_than)
         return await queries.stuck(self.store, older_than, where)
 
     # -- retention ----------------------------------------------------------------------------
@@ -83,6 +85,8 @@ class Operations:
     async def set_retention_policy(self, workflow: str, status_class: str, retain_for: timedelta | None,
                                    purge_after: timedelta | None = None) -> dict[str, Any]:
         check_texts(workflow=workflow, status_class=status_class)
+        _check_duration("retain_for", retain_for)
+        _check_duration("purge_after", purge_after)
         return await retention.set_policy(self.store, workflow, status_class, retain_for, purge_after)
 
     async def retention_run(self, *, dry_run: bool = False, batch_size: int = 500,
@@ -141,6 +145,13 @@ def check_texts(*, free: bool = False, **arguments: str | None) -> None:
         _LIMITS.check_texts(arguments, free=free, empty=True)
     except PayloadRejected as exc:
         raise refused(exc) from None
+
+
+def _check_duration(what: str, value: timedelta | None) -> None:
+    """A window or an age from 0 to a thousand years, as the CLI takes them: now minus a longer one is
+    no timestamp (`stuck` with one failed on it)."""
+    if value is not None and not timedelta(0) <= value <= MAX_DURATION:
+        raise InvalidInput(f"{what} must be from 0 to a thousand years, got {value}", what=what)
 
 
 def _check_filter(where: InstanceFilter | None) -> None:
