@@ -107,7 +107,8 @@ def test_a_wait_subscribes_with_its_key_and_takes_one_message() -> None:
 
 
 def test_a_due_date_from_the_state_that_no_timestamp_holds_is_no_due_date() -> None:
-    """Such a value (seconds, or an instant) failed the commit that opened the task, on every claim."""
+    """Outside years 1 to 9999 in UTC the driver reads no timestamp (a timer's `until` that far out left
+    its instance unreadable), and seconds that far out are no instant at all."""
     assert resolve_instant({"state": "due"}, {"due": 3600}, NOW) == "2026-01-01T01:00:00+00:00"
     assert resolve_instant({"state": "due"}, {"due": -60}, NOW) == "2025-12-31T23:59:00+00:00"
     for value in (1e300, float("inf"), float("nan"), "0001-01-01T00:00:00+00:01", "9999-12-31T23:59:00-01:00"):

@@ -212,6 +212,9 @@ def _instant(state: JSON, field: str, now: datetime) -> str | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    if parsed.tzinfo is None or not storable(parsed):  # a timer no timestamp holds would fail its commit
+    if parsed.tzinfo is None:
         return None
-    return max(parsed, now).isoformat()
+    at = max(parsed, now)
+    # An instant past year 9999 in UTC: PostgreSQL stored such a timer, and then the driver could read
+    # neither it nor its instance (OverflowError). One before year 1 is in the past: now, like any other.
+    return at.isoformat() if storable(at) else None
