@@ -1,5 +1,6 @@
-"""Instants out of PostgreSQL's range are refused as input wherever a caller hands one in: filters of
-operations and inboxes, and page cursors (the API's are tested in tests/api/test_api_bulk.py)."""
+"""Instants outside what the driver holds (years 1 to 9999 in UTC) are refused as input wherever a caller
+hands one in: filters of operations and inboxes, and page cursors (the API's are tested in
+tests/api/test_api_bulk.py)."""
 
 from __future__ import annotations
 

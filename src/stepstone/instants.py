@@ -1,5 +1,5 @@
 """Instants a caller hands in (filters, page cursors, deadlines), checked before a statement gets them:
-one that no timestamptz holds (`stepstone.core.timestamps`) is refused as bad input, with what was wrong,
+one the driver cannot send or read back (`stepstone.core.timestamps`) is refused as bad input, with what was wrong,
 instead of failing the statement with the driver's OverflowError.
 """
 
@@ -14,7 +14,7 @@ __all__ = ["checked", "parse"]
 
 
 def checked(value: datetime | None, what: str) -> datetime | None:
-    """`value`, or InvalidInput naming `what` when no timestamptz holds it."""
+    """`value`, or InvalidInput naming `what` when the driver cannot hold it (years 1 to 9999 in UTC)."""
     if value is not None and not storable(value):
         raise InvalidInput(f"{what} {value.isoformat()} is outside the instants that can be stored "
                            "(years 1 to 9999 in UTC)", what=what)
@@ -22,7 +22,7 @@ def checked(value: datetime | None, what: str) -> datetime | None:
 
 
 def parse(text: str) -> datetime:
-    """The instant of ISO 8601 `text` (a page cursor's); ValueError when it is none or no timestamptz holds it."""
+    """The instant of ISO 8601 `text` (a page cursor's); ValueError when it is none or the driver cannot hold it."""
     value = datetime.fromisoformat(text)
     if not storable(value):
         raise ValueError(f"{text} is outside the instants that can be stored")

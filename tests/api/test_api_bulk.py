@@ -93,8 +93,8 @@ async def test_a_nul_character_in_a_bulk_request_is_refused_not_a_server_error(a
     assert (await api.engine.client.get(waiting)).status == "WAITING"
 
 
-async def test_an_instant_outside_what_postgresql_holds_is_refused_not_a_server_error(api: Api) -> None:
-    """Year 1 at +00:01 is year 0 in UTC, which no timestamptz holds; the fuzzed API test once sent it as a
+async def test_an_instant_outside_what_the_driver_holds_is_refused_not_a_server_error(api: Api) -> None:
+    """Year 1 at +00:01 is year 0 in UTC, which the driver cannot send; the fuzzed API test once sent it as a
     bulk filter's `since` (a 500 from the driver). Each instant the API takes is checked the same way."""
     waiting = await api.start("n")
     operator = await api.token("operator")

@@ -36,7 +36,7 @@ def build(*steps: Step, start: str | None = "a") -> Plan:
         ((), "a", "no steps"),
         ((action("a", "t"), Step("t", "timer", (END,))), "a", "timer step 't' needs exactly one of delay or until"),
         ((action("a", "t"), Step("t", "timer", (END,), delay_seconds=-1)), "a", "negative delay"),
-        # A timer past what a timestamp holds failed every commit that set it, until the command was dead.
+        # A delay of 1e300 failed every commit that set its timer, until the command was dead-lettered.
         ((action("a", "t"), Step("t", "timer", (END,), delay_seconds=float("inf"))), "a",
          "timer step 't': its delay must be at most a thousand years, got inf s"),
         ((action("a", "t"), Step("t", "timer", (END,), delay_seconds=float("nan"))), "a", "got nan s"),

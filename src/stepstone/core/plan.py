@@ -302,7 +302,8 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
 
 def too_long(what: str, seconds: float | None) -> list[str]:
     """A problem when a duration is longer than a thousand years or not a number: the timer it sets would
-    lie beyond what a timestamp holds, and each commit that set it would fail."""
+    lie beyond what the driver holds (a delay of 1e300 failed each commit that set it, until the command
+    was dead-lettered; one of inf fired at once)."""
     if seconds is None or within_max(seconds):
         return []
     return [f"{what} must be at most a thousand years, got {seconds} s"]

@@ -128,7 +128,7 @@ def resolve_instant(value: JSON, state: JSON, now: datetime) -> str | None:
     got = resolve(value, state)
     if isinstance(got, bool) or got is None:
         return None
-    if isinstance(got, int | float):  # from the state: a duration no timestamp holds is none
+    if isinstance(got, int | float):  # from the state: seconds past a thousand years are none
         return (now + timedelta(seconds=float(got))).isoformat() if within_max(abs(got)) else None
     if isinstance(got, str):
         try:
