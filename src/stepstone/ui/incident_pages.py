@@ -20,7 +20,7 @@ from stepstone.api.context import context_of
 from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter
 from stepstone.ui.render import UI_PREFIX, page, ui_root
-from stepstone.ui.session import back, posted_form, signed_in
+from stepstone.ui.session import MAX_VERSION, back, form_number, posted_form, signed_in
 
 __all__ = ["router"]
 
@@ -105,8 +105,8 @@ async def bulk_migrate_failed(request: Request) -> Response:
     """Check (dry run, with a button to go ahead) or migrate the selection or every match to a version."""
     who = await signed_in(request)
     form = await posted_form(request, who)
-    version = str(form.get("version") or "").strip()
-    if not version.isdigit() or not 1 <= int(version) < 2**31:
+    version = form_number(form.get("version"), MAX_VERSION)
+    if version is None:
         raise InvalidInput("choose the version to migrate to (a whole number, 1 or more)", what="version")
     every = form.get("every") == "1"
     filters = _filters(form) if every else _filters({})
@@ -114,10 +114,10 @@ async def bulk_migrate_failed(request: Request) -> Response:
     if not every and not chosen:
         return back(request, "/dead-letters", "nothing+selected")
     dry_run = form.get("dry_run") != "0"
-    report = await bulk_migrate(context_of(request), who, int(version), where=_where(filters) if every else None,
+    report = await bulk_migrate(context_of(request), who, version, where=_where(filters) if every else None,
                                 ids=None if every else chosen, dry_run=dry_run)
     hidden = [("every", "1"), *((k, v) for k, v in filters.items() if v)] if every else [
         ("instance", i) for i in chosen]
     return page(request, "dead_letters.html", who, nav="dead", report=report,
-                go_ahead=[*hidden, ("version", version), ("dry_run", "0")] if dry_run and report["succeeded"]
+                go_ahead=[*hidden, ("version", str(version)), ("dry_run", "0")] if dry_run and report["succeeded"]
                 else None, **await _incidents(request, who, filters, None))

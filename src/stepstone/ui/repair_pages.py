@@ -13,7 +13,7 @@ from stepstone.api.auth import Principal
 from stepstone.api.context import context_of
 from stepstone.api.routes.instance_actions import migrate, replay
 from stepstone.ui.render import UI_PREFIX, page
-from stepstone.ui.session import back, posted_form, signed_in
+from stepstone.ui.session import MAX_VERSION, back, form_number, posted_form, signed_in
 
 __all__ = ["router"]
 
@@ -54,11 +54,11 @@ async def replay_step(request: Request, instance_id: str) -> Response:
 async def migrate_version(request: Request, instance_id: str) -> Response:
     who = await signed_in(request)
     form = await posted_form(request, who)
-    version = str(form.get("version", ""))
-    if not version.isdigit():
+    version = form_number(form.get("version"), MAX_VERSION)
+    if version is None:
         return await _repair_page(request, who, instance_id, error="Choose a version to migrate to.")
     dry_run = form.get("dry_run") == "1"
-    outcome = await migrate(context_of(request), who, instance_id, int(version), step_map={}, dry_run=dry_run)
+    outcome = await migrate(context_of(request), who, instance_id, version, step_map={}, dry_run=dry_run)
     if dry_run or outcome["outcome"] != "migrated":
         return await _repair_page(request, who, instance_id, outcome=outcome)
     return back(request, f"/instances/{instance_id}", f"migrated+to+v{version}")

@@ -10,7 +10,10 @@ from stepstone.api.auth import Forbidden, Principal, Unauthenticated
 from stepstone.api.context import context_of, writable
 from stepstone.ui.render import csrf_token, ui_root
 
-__all__ = ["back", "posted_form", "signed_in"]
+__all__ = ["MAX_VERSION", "back", "form_number", "posted_form", "signed_in"]
+
+MAX_VERSION = 2**31 - 1
+"""A workflow version is an int4 column."""
 
 
 async def signed_in(request: Request) -> Principal:
@@ -32,6 +35,16 @@ async def posted_form(request: Request, who: Principal) -> FormData:
         raise Forbidden("this form is stale or was not sent by this site; reload the page and try again",
                         role="any", scope="*")
     return form
+
+
+def form_number(value: object, most: int) -> int | None:
+    """A form field's whole number from 1 to `most` (a version: int4; an event id: int8), else None.
+    `str.isdigit` alone let '²' through to `int`, a ValueError, and a number past the column reached the
+    store."""
+    text = str(value or "").strip()
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= most:
+        return None
+    return int(text)
 
 
 def back(request: Request, path: str, done: str | None = None) -> RedirectResponse:
