@@ -11,13 +11,14 @@ import binascii
 import json
 from typing import Any
 
+from stepstone.core.limits import MAX_INT8
 from stepstone.errors import InvalidInput
 
 __all__ = ["DEFAULT_LIMIT", "MAX_BIGINT", "MAX_LIMIT", "decode_cursor", "decode_id_cursor", "encode_cursor", "page"]
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
-MAX_BIGINT = 2**63 - 1
+MAX_BIGINT = MAX_INT8
 
 
 def encode_cursor(*key: Any) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from stepstone.config import load_settings
-from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.limits import MAX_INT4, MAX_INT8, Limits, PayloadRejected
 from stepstone.errors import StepstoneError
 
 __all__ = [
@@ -76,10 +76,9 @@ TEXT = Text()
 FREE_TEXT = Text(free=True, empty=True)  # a reason, a URL: the longer limit, empty allowed
 
 # Integers as the columns they reach hold them: a larger one is a usage error, not the driver's traceback.
-MAX_INT4 = 2**31 - 1
 INT4 = click.IntRange(-MAX_INT4 - 1, MAX_INT4)
 VERSION = click.IntRange(1, MAX_INT4)  # a workflow version (or a task's shown data's)
-EVENT_ID = click.IntRange(1, 2**63 - 1)  # an outbox event's id
+EVENT_ID = click.IntRange(1, MAX_INT8)  # an outbox event's id
 
 
 @dataclass

@@ -19,6 +19,11 @@ class PayloadRejected(ValueError):
 
 _CONTAINERS = (dict, list)  # a tuple: `dict | list` would build a union per check
 
+MAX_INT4 = 2**31 - 1
+"""The largest value of an integer column (a version, a limit, a priority)."""
+MAX_INT8 = 2**63 - 1
+"""The largest value of a bigint column (an outbox event's id, a sequence number)."""
+
 
 @dataclass(frozen=True)
 class Limits:

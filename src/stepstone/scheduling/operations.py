@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from stepstone.core.limits import MAX_INT4
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import InvalidInput, NotFound
 from stepstone.scheduling.schedule import Schedule, ScheduleError, ScheduleSpec
@@ -117,17 +118,13 @@ async def delete_schedule(store: SchedulingStore, name: str) -> None:
         raise ScheduleNotFound(name)
 
 
-MAX_RUNNING = 2**31 - 1
-"""The largest `max_running` (an integer column)."""
-
-
 async def put_flow_limit(
     store: SchedulingStore, workflow: str, *, max_running: int | None, key: str | None, min_interval: float | None,
 ) -> int:
     if max_running is None and min_interval is None:
         raise InvalidInput("a flow limit takes max_running=..., min_interval=... or both", what="flow limit")
-    if max_running is not None and not 1 <= max_running <= MAX_RUNNING:
-        raise InvalidInput(f"max_running must be from 1 to {MAX_RUNNING}, got {max_running}", what="flow limit")
+    if max_running is not None and not 1 <= max_running <= MAX_INT4:
+        raise InvalidInput(f"max_running must be from 1 to {MAX_INT4}, got {max_running}", what="flow limit")
     if min_interval is not None and not 0 < min_interval <= MAX_SECONDS:  # a start after it is still an instant
         raise InvalidInput(f"min_interval must be positive and at most a thousand years, got {min_interval}",
                            what="flow limit")

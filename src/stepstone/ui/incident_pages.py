@@ -17,10 +17,11 @@ from stepstone.api.auth import Principal
 from stepstone.api.bulk_migration import bulk_migrate
 from stepstone.api.bulk_operations import bulk
 from stepstone.api.context import context_of
+from stepstone.core.limits import MAX_INT4
 from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter
 from stepstone.ui.render import UI_PREFIX, page, ui_root
-from stepstone.ui.session import MAX_VERSION, back, form_number, posted_form, signed_in
+from stepstone.ui.session import back, form_number, posted_form, signed_in
 
 __all__ = ["router"]
 
@@ -105,7 +106,7 @@ async def bulk_migrate_failed(request: Request) -> Response:
     """Check (dry run, with a button to go ahead) or migrate the selection or every match to a version."""
     who = await signed_in(request)
     form = await posted_form(request, who)
-    version = form_number(form.get("version"), MAX_VERSION)
+    version = form_number(form.get("version"), MAX_INT4)
     if version is None:
         raise InvalidInput("choose the version to migrate to (a whole number, 1 or more)", what="version")
     every = form.get("every") == "1"

@@ -12,8 +12,9 @@ from stepstone.api import operations as ops
 from stepstone.api.auth import Principal
 from stepstone.api.context import context_of
 from stepstone.api.routes.instance_actions import migrate, replay
+from stepstone.core.limits import MAX_INT4
 from stepstone.ui.render import UI_PREFIX, page
-from stepstone.ui.session import MAX_VERSION, back, form_number, posted_form, signed_in
+from stepstone.ui.session import back, form_number, posted_form, signed_in
 
 __all__ = ["router"]
 
@@ -54,7 +55,7 @@ async def replay_step(request: Request, instance_id: str) -> Response:
 async def migrate_version(request: Request, instance_id: str) -> Response:
     who = await signed_in(request)
     form = await posted_form(request, who)
-    version = form_number(form.get("version"), MAX_VERSION)
+    version = form_number(form.get("version"), MAX_INT4)
     if version is None:
         return await _repair_page(request, who, instance_id, error="Choose a version to migrate to.")
     dry_run = form.get("dry_run") == "1"

@@ -22,8 +22,8 @@ from starlette.staticfiles import StaticFiles
 from stepstone.api import operations as ops
 from stepstone.api.auth import TOKEN_COOKIE, Principal, Unauthenticated, hash_token
 from stepstone.api.context import context_of, require, visible_instance
-from stepstone.api.pagination import MAX_BIGINT
 from stepstone.api.problems import status_of
+from stepstone.core.limits import MAX_INT8
 from stepstone.errors import InvalidInput, StepstoneError
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
@@ -237,7 +237,7 @@ async def outbox_requeue(request: Request) -> Response:
     form = await posted_form(request, who)
     require(who, "operator", "*")
     ctx = context_of(request)
-    ids = sorted({n for n in (form_number(v, MAX_BIGINT) for v in form.getlist("id")) if n is not None})
+    ids = sorted({n for n in (form_number(v, MAX_INT8) for v in form.getlist("id")) if n is not None})
     done = await ctx.outbox.requeue(ids) if ctx.outbox is not None and ids else []
     return back(request, "/outbox", f"requeued+{len(done)}+of+{len(ids)}+event(s)")
 

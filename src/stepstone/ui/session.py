@@ -10,10 +10,7 @@ from stepstone.api.auth import Forbidden, Principal, Unauthenticated
 from stepstone.api.context import context_of, writable
 from stepstone.ui.render import csrf_token, ui_root
 
-__all__ = ["MAX_VERSION", "back", "form_number", "posted_form", "signed_in"]
-
-MAX_VERSION = 2**31 - 1
-"""A workflow version is an int4 column."""
+__all__ = ["back", "form_number", "posted_form", "signed_in"]
 
 
 async def signed_in(request: Request) -> Principal:
