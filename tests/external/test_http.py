@@ -86,6 +86,9 @@ async def test_errors_are_json_with_a_status(http: httpx.AsyncClient) -> None:
     assert bad.status_code == 400
     wide = await http.post("/external-tasks/fetch-and-lock", json={"worker_id": "w", "topics": ["x"], "max_tasks": 0})
     assert wide.status_code == 400 and "max_tasks" in wide.json()["message"]
+    for topics in (5, True, {"payments": 1}):  # not iterated: a number was a 500, an object's keys passed for topics
+        odd = await http.post("/external-tasks/fetch-and-lock", json={"worker_id": "w", "topics": topics})
+        assert odd.status_code == 400 and "topics" in odd.json()["message"], topics
     unknown = await http.post("/external-tasks/6b1c8a1e-0000-4000-8000-000000000000/complete",
                               json={"lock_token": "6b1c8a1e-0000-4000-8000-000000000000"})
     assert unknown.status_code == 404

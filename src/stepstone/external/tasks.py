@@ -114,7 +114,7 @@ class ExternalTasks:
 
         With `timeout` > 0 this long-polls: when none is available it waits up to that many seconds
         for one (woken by the database, with a poll every `poll_interval` as the fallback)."""
-        names = [topics] if isinstance(topics, str) else list(topics)
+        names = _topic_names(topics)
         self._check_fetch(worker_id, names, max_tasks, lock_duration, timeout)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -253,6 +253,16 @@ class ExternalTasks:
             return self.limits.check_text(what, value, free=free, empty=empty)
         except PayloadRejected as exc:
             raise refused(exc) from None
+
+
+def _topic_names(topics: Any) -> list[str]:
+    """One topic or a list of them; anything else (a number, an object, whose keys would pass for
+    topics) is refused, not iterated."""
+    if isinstance(topics, str):
+        return [topics]
+    if not isinstance(topics, (list, tuple, set, frozenset)):
+        raise InvalidInput(f"topics must be a topic or a list of topics, got {type(topics).__name__}", what="topics")
+    return list(topics)
 
 
 def _number(what: str, value: Any, low: float, high: float, *, integer: bool = False) -> None:
