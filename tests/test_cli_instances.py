@@ -7,6 +7,7 @@ Commands run in-process with click's CliRunner; an in-process worker drives inst
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -261,6 +262,8 @@ def test_cursor_round_trip() -> None:
         (("retry", str(uuid.UUID(int=1))), f"no instance {uuid.UUID(int=1)}"),
         (("signal", str(uuid.UUID(int=1)), "approve", "--payload", "{oops"), "--payload is not valid JSON"),
         (("list", "--after", "garbage"), "is not a cursor printed by `stepstone list`"),
+        (("list", "--after", base64.urlsafe_b64encode(b"[" * 5000).decode()), "is not a cursor printed by"),
+        (("start", "hello", "--input", "[" * 5000, "--app", APP), "--input is not valid JSON: nested too deeply"),
     ],
 )
 def test_bad_input_is_one_line_and_stores_nothing(run: Cli, args: tuple[str, ...], message: str) -> None:

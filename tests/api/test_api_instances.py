@@ -137,6 +137,11 @@ async def test_errors_are_problem_json(api: Api) -> None:
     # Exactly these members: the error's fields that only a batch's refusal sets (item, item_detail) are not
     # in a single start's problem.
     assert set(r.json()) == {"type", "title", "status", "detail", "error", "what"}, r.text
+    # A body nested past what the parser takes is a bad request, with a readable type (was h-t-t-p-error).
+    deep = b"[" * 100_000 + b"]" * 100_000
+    r = await api.http.post(f"{V1}/instances", headers={**viewer, "content-type": "application/json"}, content=deep)
+    assert (r.status_code, r.json()["error"]) == (400, "BadRequest")
+    assert r.json()["type"] == "urn:stepstone:problem:bad-request"
 
 
 async def test_definitions_and_dead_letters(api: Api) -> None:

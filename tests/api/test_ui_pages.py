@@ -75,6 +75,9 @@ async def test_retry_goes_through_a_confirmation_and_needs_the_csrf_value(api: A
     r = await api.http.post(f"/ui/instances/{iid}/signal",
                             data={"csrf": _csrf(form.text), "name": "approve", "payload": "{not json"})
     assert r.status_code == 422 and "not JSON" in r.text
+    r = await api.http.post(f"/ui/instances/{iid}/signal",  # past the parser's depth: a RecursionError was a 500
+                            data={"csrf": _csrf(form.text), "name": "approve", "payload": "[" * 100_000})
+    assert r.status_code == 422 and "nested too deeply" in r.text
     r = await api.http.post(f"/ui/instances/{iid}/signal",
                             data={"csrf": _csrf(form.text), "name": "approve", "payload": '{"by": "ui"}'})
     assert r.status_code == 303

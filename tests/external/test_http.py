@@ -84,6 +84,8 @@ async def test_errors_are_json_with_a_status(http: httpx.AsyncClient) -> None:
     assert missing.status_code == 400 and "worker_id" in missing.json()["message"]
     bad = await http.post("/external-tasks/fetch-and-lock", content=b"{not json")
     assert bad.status_code == 400
+    deep = await http.post("/external-tasks/fetch-and-lock", content=b"[" * 100_000 + b"]" * 100_000)
+    assert deep.status_code == 400 and deep.json()["error"] == "invalid_input"  # a RecursionError was a 500
     wide = await http.post("/external-tasks/fetch-and-lock", json={"worker_id": "w", "topics": ["x"], "max_tasks": 0})
     assert wide.status_code == 400 and "max_tasks" in wide.json()["message"]
     for topics in (5, True, {"payments": 1}):  # not iterated: a number was a 500, an object's keys passed for topics

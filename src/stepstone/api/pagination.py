@@ -11,6 +11,7 @@ import binascii
 import json
 from typing import Any
 
+from stepstone.core import json_text
 from stepstone.core.limits import MAX_INT8
 from stepstone.errors import InvalidInput
 
@@ -29,7 +30,7 @@ def encode_cursor(*key: Any) -> str:
 def decode_cursor(cursor: str, arity: int) -> list[Any]:
     """The key inside `cursor` (a list of `arity` values); InvalidInput when it is not one of ours."""
     try:
-        key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        key = json_text.parse(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (binascii.Error, ValueError, UnicodeDecodeError):
         key = None
     if not isinstance(key, list) or len(key) != arity:

@@ -43,7 +43,7 @@ _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (Conflict, 409),
     (InvalidInput, 422), (Unavailable, 503), (WaitTimeout, 504), (ConfigError, 500),
 )
-_KEBAB = re.compile(r"(?<!^)(?=[A-Z])")
+_KEBAB = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")  # HTTPError -> http-error
 
 
 def status_of(exc: BaseException) -> int:
@@ -103,7 +103,7 @@ async def _validation_error(_request: Request, exc: Exception) -> Response:
 
 async def _http_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    title = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    title = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     return problem(exc.status_code, title, str(exc.detail), headers=dict(exc.headers or {}) or None, error=title)
 
 

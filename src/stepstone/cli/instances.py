@@ -36,6 +36,7 @@ from stepstone.cli.connection import open_store
 from stepstone.client import Client, InstanceInfo
 from stepstone.client_starts import DEFAULT_START_BATCH
 from stepstone.config import Settings
+from stepstone.core import json_text
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
 from stepstone.errors import DefinitionNotFound, InvalidInput
 
@@ -51,11 +52,9 @@ _SHORT = 60
 
 def parse_json(text: str, what: str) -> Any:
     try:
-        return json.loads(text)
+        return json_text.parse(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{what} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
-    except RecursionError:
-        raise CliError(f"{what} is nested too deeply") from None
 
 
 def instance_id_arg(value: str, what: str = "an instance id") -> str:
@@ -75,7 +74,7 @@ def encode_cursor(created_at: datetime, instance_id: str) -> str:
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, instance_id = json.loads(raw)
+        at, instance_id = json_text.parse(raw)
         return instants.parse(at), str(uuid.UUID(instance_id))
     except (binascii.Error, ValueError, TypeError):
         raise CliError(f"--after {cursor!r} is not a cursor printed by `stepstone list`") from None

@@ -17,6 +17,7 @@ from stepstone.cli.common import INT4, TEXT, CliError, emit, output_option, rend
 from stepstone.cli.instances import _with_client  # the one way a command opens a client
 from stepstone.client import Client
 from stepstone.config import Settings
+from stepstone.core import json_text
 from stepstone.scheduling import Schedule
 from stepstone.scheduling.operations import ScheduleInfo
 from stepstone.scheduling.schedule import CATCH_UPS, OVERLAPS
@@ -74,7 +75,7 @@ def create_command(
 ) -> None:
     """Create or replace schedule NAME of WORKFLOW (declaring it again unchanged keeps its next tick)."""
     try:
-        data = json.loads(input_text) if input_text is not None else None
+        data = json_text.parse(input_text) if input_text is not None else None
     except json.JSONDecodeError as exc:
         raise CliError(f"--input is not valid JSON: {exc.msg}") from None
     schedule = Schedule(name, workflow, cron=cron, every=every, input=data, timezone=timezone,

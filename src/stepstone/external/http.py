@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from stepstone.core import json_text
 from stepstone.errors import InvalidInput, NotFound, StepstoneError, TaskLockRefused, Unavailable
 from stepstone.external.tasks import ExternalTasks, LockedTask
 
@@ -104,7 +104,7 @@ async def _body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        data = json.loads(raw)
+        data = json_text.parse(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"request body is not JSON: {exc}", what="body") from None
     if not isinstance(data, dict):

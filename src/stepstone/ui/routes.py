@@ -23,6 +23,7 @@ from stepstone.api import operations as ops
 from stepstone.api.auth import TOKEN_COOKIE, Principal, Unauthenticated, hash_token
 from stepstone.api.context import context_of, require, visible_instance
 from stepstone.api.problems import status_of
+from stepstone.core import json_text
 from stepstone.core.limits import MAX_INT8
 from stepstone.errors import InvalidInput, StepstoneError
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
@@ -187,7 +188,7 @@ async def send_signal(request: Request, instance_id: str) -> Response:
     ctx = context_of(request)
     name, text = str(form.get("name", "")), str(form.get("payload", "")).strip()
     try:
-        payload = json.loads(text) if text else None
+        payload = json_text.parse(text) if text else None
     except json.JSONDecodeError as exc:
         info = await ops.instance(ctx, who, instance_id)
         return _signal_form(request, who, info, name, text, f"The payload is not JSON: {exc.msg}.")

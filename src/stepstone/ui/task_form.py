@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stepstone.core import json_text
 from stepstone.errors import InvalidInput
 
 __all__ = ["Decision", "Field", "decisions_of", "payload_of"]
@@ -101,7 +102,7 @@ def _value(field: Field, raw: str | None) -> Any:
             raise InvalidInput(f"{field.label} must be a number, got {text[:40]!r}", what=field.name) from None
     if field.kind == "json":
         try:
-            return json.loads(text)
+            return json_text.parse(text)
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"{field.label} is not JSON: {exc.msg}", what=field.name) from None
     return text
