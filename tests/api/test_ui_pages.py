@@ -148,6 +148,7 @@ async def test_definitions_and_outbox_pages(api: Api) -> None:
     plan = await api.http.get("/ui/definitions/default/job/1")
     assert plan.status_code == 200 and 'data-step="approval"' in plan.text
     assert (await api.http.get("/ui/definitions/globex/job/1")).status_code == 404
+    assert (await api.http.get("/ui/definitions/default/job/99999999999")).status_code == 404  # past int4: was a 500
     outbox = await api.http.get("/ui/outbox")
     assert "needs a role in scope *" in outbox.text
     await _sign_in(api, "viewer")

@@ -15,6 +15,7 @@ from stepstone.api.bulk_migration import bulk_migrate
 from stepstone.api.bulk_operations import Action, bulk
 from stepstone.api.context import Writer, context_of
 from stepstone.api.routes.instances import Status
+from stepstone.core.limits import MAX_INT4
 from stepstone.ops import InstanceFilter
 from stepstone.ops.migration import DEFAULT_PATIENCE
 
@@ -39,7 +40,7 @@ class Filter(BaseModel):
 
     status: list[Status] = Field(default_factory=list, max_length=20)
     workflow: Name = Field(default=None, max_length=500)
-    version: int | None = Field(default=None, ge=1, le=2**31 - 1)
+    version: int | None = Field(default=None, ge=1, le=MAX_INT4)
     scope: Name = Field(default=None, max_length=500)
     business_key: Name = Field(default=None, max_length=500)
     business_key_contains: Name = Field(default=None, max_length=500)
@@ -70,7 +71,7 @@ class BulkCancelRequest(BulkRequest):
 
 
 class BulkMigrateRequest(BulkRequest):
-    to_version: int = Field(ge=1, le=2**31 - 1, description="The version of each instance's workflow to move it to.")
+    to_version: int = Field(ge=1, le=MAX_INT4, description="The version of each instance's workflow to move it to.")
     step_map: dict[Text, Text] = Field(default_factory=dict, max_length=1000,
                                      description="Old step -> new step, for steps the target renamed.")
     patience_seconds: float = Field(

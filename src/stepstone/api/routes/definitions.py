@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query, Request
 from stepstone.api import operations as ops
 from stepstone.api.context import Caller, context_of
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from stepstone.core.limits import MAX_INT4
 
 __all__ = ["router"]
 
@@ -35,6 +36,6 @@ async def stranded_definitions(
 @router.get("/{scope}/{definition_id}/{version}", summary="One version's plan (its steps and transitions)")
 async def get_definition(
     request: Request, who: Caller, scope: str, definition_id: str,
-    version: Annotated[int, Path(ge=1, le=2**31 - 1)],
+    version: Annotated[int, Path(ge=1, le=MAX_INT4)],
 ) -> dict[str, Any]:
     return await ops.definition_plan(context_of(request), who, scope, definition_id, version)

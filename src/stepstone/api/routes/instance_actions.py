@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, Writer, context_of, require, visible_instance
+from stepstone.core.limits import MAX_INT4
 from stepstone.errors import DefinitionNotFound
 from stepstone.ops import Operations
 
@@ -27,7 +28,7 @@ class ReplayRequest(BaseModel):
 
 
 class MigrateRequest(BaseModel):
-    to_version: int = Field(ge=1, le=2**31 - 1, description="A version of the instance's workflow.")
+    to_version: int = Field(ge=1, le=MAX_INT4, description="A version of the instance's workflow.")
     step_map: dict[str, str] = Field(default_factory=dict, max_length=1000,
                                      description="Old step -> new step, for steps the target renamed.")
     dry_run: bool = Field(default=False, description="Check the instance against the target; change nothing.")

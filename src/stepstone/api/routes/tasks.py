@@ -13,6 +13,7 @@ from stepstone.api import task_operations as tasks
 from stepstone.api.context import Caller, Writer, context_of
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from stepstone.client_tasks import TaskFilter
+from stepstone.core.limits import MAX_INT4
 
 __all__ = ["router"]
 
@@ -48,7 +49,7 @@ def _where(workflow: str | None, priority_at_least: int | None, due_before: date
                       candidate_group=candidate_group, text=text)
 
 
-Priority = Annotated[int | None, Query(ge=-(2**31), le=2**31 - 1)]
+Priority = Annotated[int | None, Query(ge=-MAX_INT4 - 1, le=MAX_INT4)]
 
 
 @router.get("", summary="Open tasks in inbox order (priority, then oldest)")
