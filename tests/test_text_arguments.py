@@ -52,6 +52,13 @@ OPERATIONS: dict[str, Callable[[Client, str, str], Awaitable[Any]]] = {
     "history": lambda c, _, bad: c.history(bad),
     "retry": lambda c, _, bad: c.retry(bad),
     "wait_for": lambda c, _, bad: c.wait_for(bad, timeout=0.01),
+    "schedules": lambda c, _, bad: c.schedules(bad),
+    "pause schedule": lambda c, _, bad: c.pause_schedule(bad),
+    "resume schedule": lambda c, _, bad: c.resume_schedule(bad),
+    "delete schedule": lambda c, _, bad: c.delete_schedule(bad),
+    "trigger schedule": lambda c, _, bad: c.trigger_schedule(bad),
+    "flow limits workflow": lambda c, _, bad: c.flow_limits(bad),
+    "remove flow limit": lambda c, _, bad: c.remove_flow_limit(bad),
 }
 
 
@@ -73,6 +80,17 @@ async def test_length_is_bounded_for_free_text_too(client: Client) -> None:
     with pytest.raises(PayloadTooLarge, match="business key"):
         await client.list(business_key="k" * (client.limits.max_name_length + 1))
     assert await client.cancel(instance_id, "a fine reason, ünïcode included") == "CANCELLED"
+
+
+async def test_numbers_past_what_a_column_holds_are_taken_within_it(client: Client) -> None:
+    """A page's size and a history cursor past int8/int4 reached the driver ("value out of int64 range")."""
+    instance_id = await started(client)
+    assert [r["id"] for r in await client.list(limit=2**63)] == [instance_id]
+    page = await client.history_page(instance_id, after=2**31, limit=2**63)
+    assert (page.entries, page.next_after) == ([], None)
+    workflow = cli_apps.registry.latest("approval")
+    assert workflow is not None
+    assert await client.flow_limits(workflow) == []  # a workflow, as set_flow_limit takes it: was the driver's error
 
 
 OPS_OPERATIONS: dict[str, Callable[[Operations, str, str], Awaitable[Any]]] = {

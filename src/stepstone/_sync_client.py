@@ -199,7 +199,8 @@ class SyncClient(SyncScheduleOperations, SyncTaskOperations, SyncTaskFilterOpera
         scope: str | None = None,
     ) -> list[dict[str, Any]]:
         """Instances newest first; pass the last row's (created_at, id) as `after` for the next page.
-        `scope` keeps the instances of one scope key (tenant)."""
+        `scope` keeps the instances of one scope key (tenant). `limit` is taken from 1 to 1,000, as `find`
+        takes it."""
         return self._run(self._client.list(
             status=status,
             definition=definition,

@@ -66,6 +66,6 @@ class SyncScheduleOperations(SyncLoop):
         """Remove the workflow's limit; returns how many waiting instances it released."""
         return self._run(self._client.remove_flow_limit(workflow))
 
-    def flow_limits(self, workflow: str | None = None) -> FlowLimits:
-        """The flow limits, with how many instances of each workflow run and wait now."""
+    def flow_limits(self, workflow: Workflow[Any] | str | None = None) -> FlowLimits:
+        """The flow limits (of one workflow, or all), with how many instances of each run and wait now."""
         return self._run(self._client.flow_limits(workflow))

@@ -33,6 +33,7 @@ from stepstone.ops import InstanceFilter, Operations, migration
 from stepstone.ops.contracts import explain_unknown_signal
 from stepstone.ops.migration import DEFAULT_PATIENCE, MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
+from stepstone.ops.queries import MAX_PAGE
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import ClientStore
 from stepstone.store.settled import SettledWatch
@@ -221,11 +222,13 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations):
         scope: str | None = None,
     ) -> list[dict[str, Any]]:
         """Instances newest first; pass the last row's (created_at, id) as `after` for the next page.
-        `scope` keeps the instances of one scope key (tenant)."""
+        `scope` keeps the instances of one scope key (tenant). `limit` is taken from 1 to 1,000, as `find`
+        takes it."""
         self._texts(empty=True, status=status, workflow=definition, business_key=business_key,
                     after_id=after[1] if after else None, scope=scope)
         return await self.store.list(
-            status=status, definition=definition, business_key=business_key, after=after, limit=limit, scope=scope,
+            status=status, definition=definition, business_key=business_key, after=after,
+            limit=max(1, min(limit, MAX_PAGE)), scope=scope,
         )
 
     async def migrate(

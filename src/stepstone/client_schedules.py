@@ -38,20 +38,26 @@ class ScheduleOperations(StartOperations):
 
     async def schedules(self, name: str | None = None) -> Schedules:
         """Every schedule by name (or the one named; ScheduleNotFound when there is none)."""
+        if name is not None:
+            self._text("schedule name", name)
         return await scheduling.list_schedules(self._scheduling(), name)
 
     async def pause_schedule(self, name: str) -> None:
+        self._text("schedule name", name)
         await scheduling.pause_schedule(self._scheduling(), name)
 
     async def resume_schedule(self, name: str) -> ScheduleInfo:
         """Resume from the next tick after now: ticks missed while paused do not fire."""
+        self._text("schedule name", name)
         return await scheduling.resume_schedule(self._scheduling(), name)
 
     async def delete_schedule(self, name: str) -> None:
+        self._text("schedule name", name)
         await scheduling.delete_schedule(self._scheduling(), name)
 
     async def trigger_schedule(self, name: str) -> str:
         """Start the schedule's workflow now, with its input, outside its ticks; returns the instance id."""
+        self._text("schedule name", name)
         info = (await scheduling.list_schedules(self._scheduling(), name))[0]
         return await self.start(info.workflow, info.input, idempotency_key=f"schedule:{name}:trigger:{uuid.uuid4()}")
 
@@ -62,22 +68,27 @@ class ScheduleOperations(StartOperations):
         """At most `max_running` instances of the workflow run at once (per value of `key`: 'business_key' or a
         top-level state field), starts at least `min_interval` seconds apart; the rest wait as rows, in start
         order. Returns how many waiting instances the new limit admitted at once."""
-        workflow_id = workflow if isinstance(workflow, str) else workflow.id
-        self._text("workflow", workflow_id)
+        workflow_id = self._workflow_id(workflow)
         return await scheduling.put_flow_limit(
             self._scheduling(), workflow_id, max_running=max_running, key=key, min_interval=min_interval,
         )
 
     async def remove_flow_limit(self, workflow: Workflow[Any] | str) -> int:
         """Remove the workflow's limit; returns how many waiting instances it released."""
-        workflow_id = workflow if isinstance(workflow, str) else workflow.id
-        return (await self._scheduling().delete_flow_limit(workflow_id))[1]
+        return (await self._scheduling().delete_flow_limit(self._workflow_id(workflow)))[1]
 
-    async def flow_limits(self, workflow: str | None = None) -> FlowLimits:
-        """The flow limits, with how many instances of each workflow run and wait now."""
-        return await scheduling.flow_limits(self._scheduling(), workflow)
+    async def flow_limits(self, workflow: Workflow[Any] | str | None = None) -> FlowLimits:
+        """The flow limits (of one workflow, or all), with how many instances of each run and wait now."""
+        workflow_id = None if workflow is None else self._workflow_id(workflow)
+        return await scheduling.flow_limits(self._scheduling(), workflow_id)
 
     # -- helpers --------------------------------------------------------------------------------
+
+    def _workflow_id(self, workflow: Workflow[Any] | str) -> str:
+        """A flow limit's workflow, named or given (as `set_flow_limit` and `remove_flow_limit` take it)."""
+        workflow_id = workflow if isinstance(workflow, str) else workflow.id
+        self._text("workflow", workflow_id)
+        return workflow_id
 
     def _scheduling(self) -> SchedulingStore:
         if not isinstance(self.store, SchedulingStore):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from stepstone.core.limits import MAX_INT4
 from stepstone.core.redaction import Path, redact_state
 from stepstone.ops.history import entry
 from stepstone.ops.model import (
@@ -86,6 +87,7 @@ async def history_page(
     """History entries after `after` (a seq), oldest first; only failures when `failed_only`."""
     await store.instance_extra(instance_id)  # InstanceNotFound for an unknown id
     limit = max(1, min(limit, MAX_PAGE))
+    after = max(0, min(after, MAX_INT4))  # a seq is an int4: past its largest, nothing follows
     rows = await store.history_page(instance_id, after, limit + 1, failed_only)
     entries = [entry(r) for r in rows[:limit]]
     return HistoryPage(entries, entries[-1].seq if len(rows) > limit and entries else None)
