@@ -20,6 +20,7 @@ from stepstone.cli.connection import open_store
 from stepstone.cli.instances import decode_cursor, encode_cursor, instance_id_arg
 from stepstone.cli.rich_output import progress_bar, rich_table
 from stepstone.config import Settings
+from stepstone.core.bounds import MAX_BATCH
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
 from stepstone.core.timestamps import MAX_SECONDS, storable
 from stepstone.ops import InstanceFilter, Operations
@@ -363,7 +364,7 @@ def _retention_text(r: RetentionReport) -> str:
 
 @retention_group.command("run")
 @click.option("--dry-run", is_flag=True, help="Count what would go, change nothing.")
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=500, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, MAX_BATCH), default=500, show_default=True)
 @click.option("--workflow", type=TEXT, metavar="W", help="Only instances of this workflow.")
 @click.option("--scope", type=TEXT, metavar="S", help="Only instances of this scope (tenant).")
 @output_option

@@ -28,6 +28,8 @@ from stepstone.cli.common import (
 )
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
+from stepstone.core.bounds import MAX_BATCH
+from stepstone.core.limits import MAX_INT4
 from stepstone.errors import StepstoneError
 from stepstone.outbox.publisher import open_publisher
 from stepstone.outbox.relay import Relay, RelayConfig
@@ -49,9 +51,9 @@ def broker_option(func: Any) -> Any:
 
 
 def relay_options(func: Any) -> Any:
-    func = click.option("--relay-batch-size", "batch_size", type=click.IntRange(1, 100_000), default=500,
+    func = click.option("--relay-batch-size", "batch_size", type=click.IntRange(1, MAX_BATCH), default=500,
                         show_default=True, help="Events claimed and published per batch.")(func)
-    return click.option("--max-attempts", type=click.IntRange(1), default=10, show_default=True,
+    return click.option("--max-attempts", type=click.IntRange(1, MAX_INT4), default=10, show_default=True,
                         help="Failed publishes of one event before it is dead-lettered.")(func)
 
 

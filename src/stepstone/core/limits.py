@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stepstone.core.bounds import check_count
+
 
 class PayloadRejected(ValueError):
     """A value that may not be stored; `reason` is one of too_large, too_deep, invalid."""
@@ -23,6 +25,11 @@ MAX_INT4 = 2**31 - 1
 """The largest value of an integer column (a version, a limit, a priority)."""
 MAX_INT8 = 2**63 - 1
 """The largest value of a bigint column (an outbox event's id, a sequence number)."""
+MAX_INDEXED_NAME = 500
+"""Characters of a name an instance's state gives that an index holds (a task's assignee, owner and
+candidates, a message wait's correlation key): PostgreSQL refuses an index entry past a third of a page
+(about 2,700 bytes), which a longer name (up to four bytes a character) could be. Without the check the
+commit that stored one failed on every claim until the instance was dead-lettered."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,12 @@ class Limits:
     max_commit_bytes: int = 1024 * 1024
     """The state and the events one step leaves, together (each is also bound by max_payload_bytes)."""
     max_text_length: int = 2000  # free text such as a cancel reason
+
+    def __post_init__(self) -> None:
+        # A name goes into indexes (a business key, a message's correlation key): no longer than one holds.
+        check_count("Limits", "max_name_length", self.max_name_length, 1, MAX_INDEXED_NAME)
+        for what in ("max_payload_bytes", "max_depth", "max_events_per_step", "max_commit_bytes", "max_text_length"):
+            check_count("Limits", what, getattr(self, what), 1, MAX_INT4)
 
     def encode(self, what: str, value: Any, text: str | None = None) -> str:
         """JSON text of `value`, or PayloadRejected when it is deep, large or not JSON. `text`, when the

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.core.attribution import Actor
+from stepstone.core.bounds import MAX_BATCH
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.timestamps import MAX_DURATION
 from stepstone.errors import InvalidInput, refused
@@ -93,6 +94,7 @@ class Operations:
                             progress: retention.Progress | None = None, workflow: str | None = None,
                             scope: str | None = None) -> RetentionReport:
         check_texts(workflow=workflow, scope=scope)
+        _check_batch(batch_size)
         return await retention.run(self.store, dry_run=dry_run, batch_size=batch_size, progress=progress,
                                    workflow=workflow, scope=scope)
 
@@ -102,6 +104,7 @@ class Operations:
                     dry_run: bool = False, batch_size: int = 500,
                     progress: repair.Progress | None = None) -> BulkReport:
         _check_filter(where)
+        _check_batch(batch_size)
         return await repair.retry(self.store, ids=ids, where=where, dry_run=dry_run, actor=self.actor,
                                   batch_size=batch_size, progress=progress)
 
@@ -110,6 +113,7 @@ class Operations:
                      progress: repair.Progress | None = None) -> BulkReport:
         check_texts(reason=reason, free=True)
         _check_filter(where)
+        _check_batch(batch_size)
         return await repair.cancel(self.store, ids=ids, where=where, reason=reason, dry_run=dry_run,
                                    actor=self.actor, batch_size=batch_size, progress=progress)
 
@@ -152,6 +156,14 @@ def _check_duration(what: str, value: timedelta | None) -> None:
     no timestamp (`stuck` with one failed on it)."""
     if value is not None and not timedelta(0) <= value <= MAX_DURATION:
         raise InvalidInput(f"{what} must be from 0 to a thousand years, got {value}", what=what)
+
+
+def _check_batch(batch_size: int) -> None:
+    """As the CLI's --batch-size: 0 never advanced (a sweep looped on its first batch), a negative one
+    reached the LIMIT, a huge one the driver."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise InvalidInput(f"batch_size must be a whole number from 1 to {MAX_BATCH:,}, got {batch_size!r}",
+                           what="batch_size")
 
 
 def _check_filter(where: InstanceFilter | None) -> None:

@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from stepstone.core.bounds import MAX_BATCH, check_count, check_seconds
+from stepstone.core.limits import MAX_INT4
 from stepstone.errors import BrokerUnavailable
 from stepstone.observability.publishing import publish_spans
 from stepstone.outbox.publisher import Outcome, Publisher, PublishResult
@@ -52,6 +54,13 @@ class RelayConfig:
     """Backoff of an event's n-th failed attempt: retry_base * 2**(n-1), capped at retry_max."""
     retry_max: float = 300.0
     relay_id: str = field(default_factory=default_relay_id)
+
+    def __post_init__(self) -> None:
+        check_count("RelayConfig", "batch_size", self.batch_size, 1, MAX_BATCH)
+        check_count("RelayConfig", "max_attempts", self.max_attempts, 1, MAX_INT4)
+        for what in ("lease_seconds", "poll_interval", "retry_max"):
+            check_seconds("RelayConfig", what, getattr(self, what))
+        check_seconds("RelayConfig", "retry_base", self.retry_base, zero=True)
 
 
 @dataclass

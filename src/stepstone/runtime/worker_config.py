@@ -10,9 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepstone.core.bounds import check_count, check_seconds
+from stepstone.core.limits import MAX_INT4
 from stepstone.runtime.counters import Counters
 
-__all__ = ["WorkerConfig", "WorkerEvents", "default_worker_id"]
+__all__ = ["MAX_CONCURRENCY", "WorkerConfig", "WorkerEvents", "default_worker_id"]
+
+MAX_CONCURRENCY = 10_000
+"""A worker's slots at most (each holds a lease and, while its step runs, a task or a thread)."""
 
 
 def default_worker_id() -> str:
@@ -40,6 +45,15 @@ class WorkerConfig:
     """The alert hook (sync or async): called once, by the worker whose commit gave a compensation up,
     with instance_id, workflow, step, compensation, attempts and last_error (`core.saga`). The outbox
     event `stepstone.compensation_failed` carries the same in that commit."""
+
+    def __post_init__(self) -> None:
+        check_count("WorkerConfig", "concurrency", self.concurrency, 1, MAX_CONCURRENCY)
+        check_count("WorkerConfig", "max_claims", self.max_claims, 1, MAX_INT4)
+        for what in ("lease_seconds", "poll_interval", "heartbeat_seconds", "schedule_interval",
+                     "statistics_interval"):
+            check_seconds("WorkerConfig", what, getattr(self, what))
+        for what in ("drain_timeout", "min_wake_interval"):
+            check_seconds("WorkerConfig", what, getattr(self, what), zero=True)
 
 
 @dataclass

@@ -1,0 +1,34 @@
+"""What a service's settings may hold (a worker's, an outbox relay's), checked when the settings are
+made: a worker whose lease no timestamp holds refused to do nothing else, claim after claim failing
+with "interval out of range"; now it is not made. Durations are seconds above zero (or from zero) up to
+the thousand years every duration stepstone stores is held to (`core.timestamps`); counts are whole
+numbers within what their column or the machine can take."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stepstone.core.timestamps import MAX_SECONDS
+from stepstone.errors import ConfigError
+
+__all__ = ["MAX_BATCH", "check_count", "check_seconds"]
+
+MAX_BATCH = 100_000
+"""Rows one batch of a sweep, a bulk repair or the outbox relay takes at most."""
+
+
+def check_seconds(owner: str, what: str, value: Any, *, zero: bool = False) -> None:
+    """`value` is a number of seconds above zero (from zero with `zero`) and at most a thousand years."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    low_ok = number and (value >= 0 if zero else value > 0)
+    if not (number and low_ok and math.isfinite(value) and value <= MAX_SECONDS):
+        low = "from 0" if zero else "above 0"
+        raise ConfigError(f"{owner}: {what} must be a number of seconds {low} and at most a thousand years, "
+                          f"got {value!r}")
+
+
+def check_count(owner: str, what: str, value: Any, low: int, high: int) -> None:
+    """`value` is a whole number from `low` to `high`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{owner}: {what} must be a whole number from {low:,} to {high:,}, got {value!r}")
