@@ -48,6 +48,10 @@ def test_plan_rules() -> None:
         Plan.build("p", 1, "t", [Step("t", "task", decisions={"ok": "a"}, task=TaskSpec(title="x", expire_seconds=1)),
                                  Step("a", "action")])
     assert "messages" not in Step("w", "wait", signals={"s": "a"}).describe()  # old plan hashes stay as they were
+    for priority in (2**31, -(2**31) - 1, "high", True):  # what no task row holds: refused with the definition
+        with pytest.raises(PlanError, match="priority must be a whole number"):
+            Plan.build("p", 1, "t", [Step("t", "task", decisions={"ok": "a"},
+                                          task=TaskSpec(title="x", priority=priority)), Step("a", "action")])
 
 
 def test_entering_a_task_opens_it_with_its_timers() -> None:

@@ -174,4 +174,13 @@ async def ended(ctx: StepContext, state: dict[str, Any]) -> None:
     state["via"] = ctx.signal.name
 
 
-registry = Registry(expense, review, parallel, receipt, callback, two_waits)
+# A task whose priority the state gives, whatever the state holds.
+ranked = Workflow("ranked", version=1)
+ranked.task("triage", title="Triage", decisions={"done": "$end"}, candidate_groups=["desk"],
+            priority=from_state("rank"), start=True)
+
+# A task whose assignee the state names.
+named = Workflow("named", version=1)
+named.task("answer", title="Answer", decisions={"done": "$end"}, assignee=from_state("who"), start=True)
+
+registry = Registry(expense, review, parallel, receipt, callback, two_waits, ranked, named)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -231,3 +232,12 @@ async def test_the_cap_is_a_typed_error_on_the_client(database_url: str, conn: a
         await engine.run_until_idle()  # they drain: one moves the wait, the rest park
         info = await engine.client.get(iid)
         assert info.status == "COMPLETED"
+
+
+async def test_a_correlation_key_longer_than_an_index_holds_fails_the_instance(engine: Engine) -> None:
+    """The subscription's key is indexed: one of 6,000 characters failed the wait's commit on every claim."""
+    iid = await engine.client.start(receipt, Receipt(order_id=secrets.token_hex(3000)))
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED"
+    assert info.error is not None and info.error["type"] == "InvalidCorrelation"

@@ -4,6 +4,7 @@ delegation, timers held back while completing, tasks inside branches, and the ra
 from __future__ import annotations
 
 import asyncio
+import secrets
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -311,3 +312,28 @@ async def test_a_dead_lettered_completion_gives_the_task_back_on_retry(engine: E
     await engine.client.complete_task(tid, "reject", None, actor="bob", groups=["finance"])
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).state["outcome"] == "REJECTED"
+
+
+async def test_a_priority_from_the_state_is_held_to_what_the_column_takes(engine: Engine) -> None:
+    """A priority past int4 failed the commit that opens the task, on every claim, until the instance was
+    dead-lettered; it is held to the column's range now, and what is no whole number is the default."""
+    opened = {}
+    for rank in (2**40, -(2**40), "high", 7):
+        iid = await engine.client.start("ranked", {"rank": rank})
+        await engine.run_until_idle()
+        assert (await engine.client.get(iid)).status == "WAITING"
+        [task] = await engine.client.instance_tasks(iid)
+        opened[repr(rank)] = (await engine.client.task(task["id"])).priority
+    assert opened == {repr(2**40): 2**31 - 1, repr(-(2**40)): -(2**31), "'high'": 50, "7": 7}
+
+
+async def test_a_name_from_the_state_longer_than_an_index_holds_fails_the_instance(engine: Engine) -> None:
+    """An assignee of 6,000 characters failed the commit that opens the task (an index entry holds about
+    2,700 bytes) on every claim, until the instance was dead-lettered: it fails the instance at once now."""
+    iid = await engine.client.start("named", {"who": secrets.token_hex(3000)})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED"
+    assert info.error is not None and info.error["type"] == "InvalidTask"
+    assert "assignee from the state has 6,000 characters; at most 500" in info.error["message"]
+    assert await engine.client.instance_tasks(iid) == ()

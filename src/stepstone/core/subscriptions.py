@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 from stepstone.core.effects import Effect, RecordHistory, Subscribe
+from stepstone.core.limits import MAX_INDEXED_NAME
 from stepstone.core.model import JSON
 from stepstone.core.plan import Step
 from stepstone.core.task_spec import lookup
+
+
+def key_problem(step: Step, state: JSON) -> str | None:
+    """Why the wait cannot subscribe with the correlation key the state gives, if it cannot."""
+    if not step.messages or step.correlation is None:
+        return None
+    key = lookup(state, step.correlation)
+    if key is None or len(str(key)) <= MAX_INDEXED_NAME:
+        return None
+    return (f"wait step {step.name!r}: correlation key {step.correlation!r} from the state has {len(str(key)):,} "
+            f"characters; at most {MAX_INDEXED_NAME} are indexed")
 
 
 def subscribe(step: Step, visit: int, state: JSON) -> list[Effect]:

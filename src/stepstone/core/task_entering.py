@@ -11,9 +11,27 @@ from typing import Any
 
 from stepstone.core.effects import Effect, Enqueue, MovePosition, OpenTask
 from stepstone.core.effects import RecordHistory as History
+from stepstone.core.limits import MAX_INDEXED_NAME
 from stepstone.core.model import JSON, WAITING, InstanceView
 from stepstone.core.plan import Step
-from stepstone.core.task_spec import fill, lookup, resolve, resolve_instant, resolve_names, task_id
+from stepstone.core.task_spec import fill, lookup, priority_of, resolve, resolve_instant, resolve_names, task_id
+
+
+def names_problem(instance: InstanceView, step: Step, state: JSON) -> str | None:
+    """Why the task cannot open with the names the state gives its people, if it cannot."""
+    spec = step.task
+    assert spec is not None
+    item = instance.branch.item if instance.branch is not None else None
+    names = {"assignee": [_name(resolve(spec.assignee, state, item)) or ""],
+             "owner": [_name(resolve(spec.owner, state, item)) or ""],
+             "candidate_users": resolve_names(spec.candidate_users, state, item),
+             "candidate_groups": resolve_names(spec.candidate_groups, state, item)}
+    for what, values in names.items():
+        longest = max(map(len, values), default=0)
+        if longest > MAX_INDEXED_NAME:
+            return (f"task step {step.name!r}: a name of its {what} from the state has {longest:,} characters; "
+                    f"at most {MAX_INDEXED_NAME} are indexed")
+    return None
 
 
 def enter_task(instance: InstanceView, step: Step, visit: int, state: JSON, now: datetime) -> list[Effect]:
@@ -29,7 +47,7 @@ def enter_task(instance: InstanceView, step: Step, visit: int, state: JSON, now:
         "assignee": _name(resolve(spec.assignee, state, item)), "owner": _name(resolve(spec.owner, state, item)),
         "candidate_users": resolve_names(spec.candidate_users, state, item),
         "candidate_groups": resolve_names(spec.candidate_groups, state, item),
-        "priority": priority if isinstance(priority, int) and not isinstance(priority, bool) else 50,
+        "priority": priority_of(priority),
         "decisions": sorted(step.decisions), "form": form_schema(step),
         "data": {f: lookup(state, f) for f in spec.show},
         "due_at": resolve_instant(spec.due, state, now),

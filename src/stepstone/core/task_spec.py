@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from stepstone.core.limits import MAX_INT4
 from stepstone.core.timestamps import storable, within_max
 
 JSON = Any
@@ -85,9 +86,26 @@ class TaskSpec:
                 found.append(f"{where}: {name} must not be negative")
             elif value is not None and not within_max(value):
                 found.append(f"{where}: {name} must be at most a thousand years, got {value} s")
+        if not isinstance(self.priority, dict) and not is_priority(self.priority):
+            found.append(f"{where}: priority must be a whole number from {-MAX_INT4 - 1:,} to {MAX_INT4:,} "
+                         f"(or from_state(...)), got {self.priority!r}")
         if self.escalate_user and self.escalate_group:
             found.append(f"{where}: escalate to a user or to a group, not both")
         return found
+
+
+def is_priority(value: JSON) -> bool:
+    """A whole number the tasks' priority column (int4) holds."""
+    return isinstance(value, int) and not isinstance(value, bool) and -MAX_INT4 - 1 <= value <= MAX_INT4
+
+
+def priority_of(value: JSON) -> int:
+    """A task's priority read from the state: a whole number, held to the column's range (a larger one
+    failed the commit that opens the task, on every claim, until the instance was dead-lettered); 50,
+    the default, for anything else."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return 50
+    return min(max(value, -MAX_INT4 - 1), MAX_INT4)
 
 
 def _listed(value: JSON) -> JSON:
