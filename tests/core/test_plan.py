@@ -155,3 +155,11 @@ def test_backoff_is_monotone_and_capped(initial: float, multiplier: float, cap: 
     now, later = policy.backoff(attempt), policy.backoff(attempt + 1)
     assert 0 <= now <= later <= cap
     assert policy.backoff(1) == min(initial, cap)
+
+
+def test_a_registry_given_a_list_says_how_to_pass_workflows() -> None:
+    wf = Workflow("listed", version=1)
+    wf.timer("pause", delay=1, next="$end", start=True)
+    with pytest.raises(DefinitionError, match=r"not a list: pass them one by one, Registry\(a, b\)"):
+        Registry([wf])  # type: ignore[arg-type]  # was AttributeError: 'list' object has no attribute 'id'
+    assert Registry(*[wf]).find("listed", 1) is wf

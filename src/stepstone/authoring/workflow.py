@@ -453,6 +453,10 @@ class Registry:
             self.add(wf)
 
     def add(self, workflow: Workflow[Any]) -> Workflow[Any]:
+        if not isinstance(workflow, Workflow):
+            hint = ": pass them one by one, Registry(a, b), or unpack, Registry(*workflows)" \
+                if isinstance(workflow, list | tuple | set) else ""
+            raise DefinitionError(f"a registry holds workflows, not a {type(workflow).__name__}{hint}")
         key = (workflow.id, workflow.version)
         if key in self._by_key and self._by_key[key] is not workflow:
             raise DefinitionError(f"workflow {workflow.id!r} v{workflow.version} is registered twice")
