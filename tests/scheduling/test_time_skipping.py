@@ -3,10 +3,13 @@ the way."""
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import asyncpg
+import pytest
 
+from stepstone.errors import InvalidInput
 from stepstone.scheduling import Schedule
 from stepstone.testing import Engine, open_engine
 from tests.scheduling.workflows import daily, report
@@ -58,3 +61,14 @@ async def test_skipping_fires_a_tasks_reminder_escalation_and_expiry_each_on_tim
             # At its time, not at the end of the skip. The due times count from the decision's clock
             # reading, the task's created_at from its commit a few milliseconds later: hence the second.
             assert -timedelta(seconds=1) <= late < timedelta(minutes=1), (kind, late)
+
+
+async def test_advance_refuses_what_is_no_step_forward(engine: Engine) -> None:
+    """inf, NaN or 1e300 days were OverflowError/ValueError from timedelta, 999,999,999 days the driver's
+    'timestamp out of range', and a negative step returned as if nothing were asked."""
+    before = await engine.store.db_now()
+    for ask in ({"days": math.inf}, {"days": math.nan}, {"days": 1e300}, {"days": -1}, {"seconds": -5, "run": True},
+                {"by": timedelta(days=999_999_999)}, {"by": "soon"}):
+        with pytest.raises(InvalidInput, match="forward, by 0 to a thousand years"):
+            await engine.advance(**ask)  # type: ignore[arg-type]
+    assert await engine.store.db_now() - before < timedelta(minutes=1)  # the clock did not move

@@ -22,6 +22,8 @@ from typing import Any
 from stepstone.authoring.workflow import Registry
 from stepstone.client import Client
 from stepstone.core.limits import Limits
+from stepstone.core.timestamps import MAX_DURATION
+from stepstone.errors import InvalidInput
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.factory import open_store
 from stepstone.store.port import Store
@@ -67,9 +69,18 @@ class Engine:
         deadline and schedule tick that comes due on the way, in order, and runs what became due there,
         so a daily timer fires three times. `advance(timedelta(...))` only moves the clock, as before;
         `run=` overrides either default."""
-        total = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-        if by is not None:
-            total += by if isinstance(by, timedelta) else timedelta(seconds=float(by))
+        try:
+            total = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+            if by is not None:
+                total += by if isinstance(by, timedelta) else timedelta(seconds=float(by))
+        except (OverflowError, ValueError, TypeError):  # inf, NaN, 1e300, a string
+            total = None
+        if total is None or not timedelta(0) <= total <= MAX_DURATION:
+            given = f"{total.total_seconds():g} s" if total is not None else repr(
+                {k: v for k, v in (("by", by), ("days", days), ("hours", hours), ("minutes", minutes),
+                                   ("seconds", seconds)) if v})
+            raise InvalidInput(f"advance moves the clock forward, by 0 to a thousand years; got {given}",
+                               what="advance")
         if not (by is None if run is None else run):
             return await self.store.move_clock(total.total_seconds())
         target = await self.store.db_now() + total
