@@ -152,6 +152,20 @@ def test_an_integer_no_column_holds_is_a_usage_error(database_url: str, args: tu
     assert result.exit_code == 2 and "is not in the range" in result.stderr, result.output
 
 
+@pytest.mark.parametrize("args", [
+    ("definitions", "stranded", "--within-minutes", "nan"),
+    ("messages", "publish", "paid", "k-1", "--ttl", "nan"),
+    ("worker", "--app", "tests.cli_apps:registry", "--lease-seconds", "nan"),
+    ("worker", "--app", "tests.cli_apps:registry", "--poll-interval", "inf"),
+])
+def test_a_number_that_is_none_is_a_usage_error(database_url: str, args: tuple[str, ...]) -> None:
+    """click's FloatRange lets NaN through: `definitions stranded --within-minutes nan` reached the server
+    ('interval out of range', a traceback)."""
+    result = run("--database-url", database_url, *args)
+    assert result.exit_code == 2 and ("is not a number" in result.stderr or "is not in the range" in result.stderr), \
+        result.output
+
+
 def test_console_script_has_no_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", "from stepstone.cli import main; main()", "--schema", "a$$b", "db", "sql"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -13,6 +14,7 @@ import click
 
 from stepstone.config import load_settings
 from stepstone.core.limits import MAX_INT4, MAX_INT8, Limits, PayloadRejected
+from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import StepstoneError
 
 __all__ = [
@@ -79,6 +81,20 @@ FREE_TEXT = Text(free=True, empty=True)  # a reason, a URL: the longer limit, em
 INT4 = click.IntRange(-MAX_INT4 - 1, MAX_INT4)
 VERSION = click.IntRange(1, MAX_INT4)  # a workflow version (or a task's shown data's)
 EVENT_ID = click.IntRange(1, MAX_INT8)  # an outbox event's id
+
+
+class Finite(click.FloatRange):
+    """A number from `low` to `high` (seconds: at most a thousand years, by default). click's FloatRange
+    lets NaN through (no comparison fails for it), which reached the server as 'interval out of range'."""
+
+    def __init__(self, low: float, high: float = MAX_SECONDS) -> None:
+        super().__init__(min=low, max=high)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
 
 
 @dataclass

@@ -20,10 +20,21 @@ import click
 
 from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, load_document
 from stepstone.cli.app import app_option, import_attribute
-from stepstone.cli.common import TEXT, VERSION, CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.common import (
+    TEXT,
+    VERSION,
+    CliError,
+    Finite,
+    emit,
+    output_option,
+    render_table,
+    run_async,
+    with_settings,
+)
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
 from stepstone.core.pin import DEFAULT_SCOPE
+from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import StepstoneError
 from stepstone.ops import definitions as ops
 from stepstone.ops.migration import DEFAULT_PATIENCE
@@ -204,7 +215,7 @@ _lifecycle("reinstate", "AVAILABLE",
 
 
 @definitions_group.command("stranded")
-@click.option("--within-minutes", type=click.FloatRange(min=0.01), default=ops.DEFAULT_STRANDED_WITHIN / 60,
+@click.option("--within-minutes", type=Finite(0.01, MAX_SECONDS / 60), default=ops.DEFAULT_STRANDED_WITHIN / 60,
               show_default=True, help="A pin no worker served within this long counts as served by none.")
 @click.option("--scope", default=None, type=TEXT, help="Only instances of this scope.")
 @output_option
@@ -249,7 +260,7 @@ def _step_map(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--step-map", multiple=True, metavar="OLD=NEW", help="Where a step of the old version goes.")
 @click.option("--transform", default=None, metavar="MODULE:FUNC", help="A function old state -> new state.")
 @click.option("--dry-run", is_flag=True, help="Check every instance and report; change nothing.")
-@click.option("--patience", type=click.FloatRange(0), default=DEFAULT_PATIENCE, show_default=True,
+@click.option("--patience", type=Finite(0), default=DEFAULT_PATIENCE, show_default=True,
               help="Seconds a migration waits for its turn behind the instance's queued commands before it "
                    "answers refused.")
 @output_option

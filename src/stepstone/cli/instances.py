@@ -26,6 +26,7 @@ from stepstone.cli.common import (
     FREE_TEXT,
     TEXT,
     CliError,
+    Finite,
     emit,
     output_option,
     render_table,
@@ -203,7 +204,7 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
               help="Unique per workflow while set (e.g. an order number).")
 @click.option("--scope", type=TEXT, default="default", show_default=True,
               help="The scope (tenant key) of the instance; its activation picks the version.")
-@click.option("--deadline", type=click.FloatRange(min=0), metavar="SECONDS",
+@click.option("--deadline", type=Finite(0), metavar="SECONDS",
               help="Time the instance out after this long: it compensates, then ends TIMED_OUT.")
 @app_option(required=True)
 @output_option

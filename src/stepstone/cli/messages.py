@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import click
 
-from stepstone.cli.common import TEXT, emit, output_option, with_settings
+from stepstone.cli.common import TEXT, Finite, emit, output_option, with_settings
 from stepstone.cli.instances import _jsonable, _time, _with_client, parse_json
 from stepstone.client_messages import Published
 from stepstone.config import Settings
@@ -35,7 +35,7 @@ def _describe(name: str, published: Published) -> str:
 @click.argument("correlation_key", type=TEXT)
 @click.option("--payload", metavar="JSON", help="The message's payload as JSON.")
 @click.option("--message-id", type=TEXT, metavar="ID", help="Publishing again with the same id delivers once.")
-@click.option("--ttl", type=click.FloatRange(min=0), metavar="SECONDS",
+@click.option("--ttl", type=Finite(0), metavar="SECONDS",
               help="Keep it this long when no subscription is open.")
 @click.option("--all", "correlate_all", is_flag=True, help="Deliver to every open subscription, not the oldest.")
 @output_option

@@ -22,13 +22,12 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import run_async, with_settings
+from stepstone.cli.common import Finite, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.operations import parse_duration
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
 from stepstone.cli.serve import check_no_auth, serve_options
 from stepstone.config import Settings
-from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.ops import Operations
 from stepstone.ops.retention import RetentionLoop
 from stepstone.outbox.relay import RelayConfig
@@ -153,13 +152,13 @@ async def health_beside(worker: Worker, store: object, host: str, port: int) -> 
 @app_option(required=True)
 @click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=8, show_default=True,
               help="Steps run at the same time.")
-@click.option("--lease-seconds", type=click.FloatRange(min=1.0, max=MAX_SECONDS), default=30.0, show_default=True,
+@click.option("--lease-seconds", type=Finite(1.0), default=30.0, show_default=True,
               help="How long a claim lasts without renewal (renewed every third of it).")
-@click.option("--poll-interval", type=click.FloatRange(min=0.01, max=MAX_SECONDS), default=1.0, show_default=True,
+@click.option("--poll-interval", type=Finite(0.01), default=1.0, show_default=True,
               help="Longest pause between looks for work when no notification arrives.")
-@click.option("--drain-timeout", type=click.FloatRange(min=0.0, max=MAX_SECONDS), default=10.0, show_default=True,
+@click.option("--drain-timeout", type=Finite(0.0), default=10.0, show_default=True,
               help="On SIGTERM/SIGINT, how long in-flight steps may take to finish.")
-@click.option("--heartbeat-seconds", type=click.FloatRange(min=0.05, max=MAX_SECONDS), default=10.0, show_default=True,
+@click.option("--heartbeat-seconds", type=Finite(0.05), default=10.0, show_default=True,
               help="How often the worker records which pins it serves (the stranded report reads it).")
 @broker_option
 @click.option("--no-relay", is_flag=True, help="Do not run the outbox relay here even when a broker is configured.")
