@@ -67,6 +67,14 @@ def test_db_grant_prints_the_statements(database_url: str) -> None:
     assert "MAINTAIN" not in ro.stdout
 
 
+def test_db_grant_apply_to_a_role_that_does_not_exist_is_one_line(database_url: str) -> None:
+    """It was the driver's UndefinedObjectError, a traceback."""
+    result = CliRunner().invoke(cli, ["--database-url", database_url, "db", "grant", "no_such_role_x", "--apply"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == ('error: role "no_such_role_x" does not exist: create it first '
+                                     "(CREATE ROLE ... LOGIN), then grant")
+
+
 async def _server_version(url: str) -> int:
     conn = await asyncpg.connect(url)
     try:

@@ -189,7 +189,11 @@ class PostgresOperations:
         with translate_errors(self.url):
             async with self.pool.acquire() as conn, conn.transaction():
                 for statement in statements:
-                    await conn.execute(statement)
+                    try:
+                        await conn.execute(statement)
+                    except asyncpg.exceptions.UndefinedObjectError as exc:  # the role to grant to
+                        raise InvalidInput(f"{exc}: create it first (CREATE ROLE ... LOGIN), then grant",
+                                           what="role") from None
 
     async def db_now(self) -> datetime:
         return await self.store.db_now()
