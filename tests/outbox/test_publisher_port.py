@@ -50,6 +50,17 @@ def test_unknown_scheme_and_routing_errors() -> None:
     assert isinstance(open_publisher("memory://x?target=t.{category}"), InMemoryPublisher)
 
 
+@pytest.mark.parametrize(("url", "reason"), [
+    ("redis://:6379", "it names no host"), ("redis://h:99999", "Port out of range"), ("nats://h:abc", "Port could not"),
+    ("amqp://", "it names no host"), ("https://[", "Invalid IPv6 URL"), ("redis://h?maxlen=abc", "invalid literal"),
+])
+def test_a_malformed_broker_url_is_a_config_error(url: str, reason: str) -> None:
+    """Each was a client's ValueError (a traceback from `stepstone worker --broker`), or, with no host, an
+    error only when the relay first published."""
+    with pytest.raises(ConfigError, match=f"is malformed: {reason}"):
+        open_publisher(url)
+
+
 def test_routing_fields() -> None:
     from datetime import UTC, datetime  # noqa: PLC0415
 

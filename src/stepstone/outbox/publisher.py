@@ -179,7 +179,7 @@ async def publish_in_lanes(batch: Sequence[StagedEvent], send: Send, *, concurre
 
 def open_publisher(url: str, **options: Any) -> Publisher:
     """The publisher registered for the URL's scheme (`stepstone.publishers` entry points)."""
-    scheme = urlsplit(url).scheme.lower()
+    scheme = _checked(url)
     found = entry_points(group=ENTRY_POINT_GROUP, name=scheme)
     if not found:
         known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
@@ -191,8 +191,30 @@ def open_publisher(url: str, **options: Any) -> Publisher:
         extra = EXTRAS.get(scheme, scheme)
         raise UnknownBroker(f"the {scheme}:// publisher needs its client library ({exc.name}): "
                             f"pip install 'stepstone[{extra}]'") from exc
-    publisher: Publisher = factory(url, **options)
+    try:
+        publisher: Publisher = factory(url, **options)
+    except ValueError as exc:  # the publisher's own reading of the URL (a query value that is no number, ...)
+        raise _malformed(url, str(exc)) from None
     return publisher
+
+
+def _checked(url: str) -> str:
+    """The URL's scheme, once its host and port are ones a client can connect to: a bad port or bracket
+    was each client's ValueError (a traceback from `stepstone worker --broker`), and no host at all
+    failed only when the relay first published."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - read for its check: a port that is no number, or out of range
+    except ValueError as exc:
+        raise _malformed(url, str(exc)) from None
+    scheme = parts.scheme.lower()
+    if scheme != "memory" and not parts.hostname:
+        raise _malformed(url, "it names no host")
+    return scheme
+
+
+def _malformed(url: str, reason: str) -> ConfigError:
+    return ConfigError(f"broker URL {redact_url(url)!r} is malformed: {reason}")
 
 
 # -- the in-memory broker ------------------------------------------------------------------------
