@@ -1,5 +1,5 @@
-"""What a service's settings may hold (a worker's, an outbox relay's), checked when the settings are
-made: a worker whose lease no timestamp holds refused to do nothing else, claim after claim failing
+"""What a service's settings may hold (a worker's, an outbox relay's, the payload limits), checked when
+the settings are made: a worker with a lease no timestamp can hold started, then failed claim after claim
 with "interval out of range"; now it is not made. Durations are seconds above zero (or from zero) up to
 the thousand years every duration stepstone stores is held to (`core.timestamps`); counts are whole
 numbers within what their column or the machine can take."""

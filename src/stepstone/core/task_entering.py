@@ -19,19 +19,22 @@ from stepstone.core.task_spec import fill, lookup, priority_of, resolve, resolve
 
 def names_problem(instance: InstanceView, step: Step, state: JSON) -> str | None:
     """Why the task cannot open with the names the state gives its people, if it cannot."""
-    spec = step.task
-    assert spec is not None
-    item = instance.branch.item if instance.branch is not None else None
-    names = {"assignee": [_name(resolve(spec.assignee, state, item)) or ""],
-             "owner": [_name(resolve(spec.owner, state, item)) or ""],
-             "candidate_users": resolve_names(spec.candidate_users, state, item),
-             "candidate_groups": resolve_names(spec.candidate_groups, state, item)}
-    for what, values in names.items():
-        longest = max(map(len, values), default=0)
+    for what, named in _people(instance, step, state).items():
+        longest = max(map(len, named if isinstance(named, list) else [named or ""]), default=0)
         if longest > MAX_INDEXED_NAME:
             return (f"task step {step.name!r}: a name of its {what} from the state has {longest:,} characters; "
                     f"at most {MAX_INDEXED_NAME} are indexed")
     return None
+
+
+def _people(instance: InstanceView, step: Step, state: JSON) -> dict[str, Any]:
+    """Who the task is for, as the state names them when it opens."""
+    spec = step.task
+    assert spec is not None
+    item = instance.branch.item if instance.branch is not None else None
+    return {"assignee": _name(resolve(spec.assignee, state, item)), "owner": _name(resolve(spec.owner, state, item)),
+            "candidate_users": resolve_names(spec.candidate_users, state, item),
+            "candidate_groups": resolve_names(spec.candidate_groups, state, item)}
 
 
 def enter_task(instance: InstanceView, step: Step, visit: int, state: JSON, now: datetime) -> list[Effect]:
@@ -44,9 +47,7 @@ def enter_task(instance: InstanceView, step: Step, visit: int, state: JSON, now:
     task: dict[str, Any] = {
         "id": tid, "step": step.name, "visit": visit,
         "title": fill(spec.title, state), "description": fill(spec.description, state),
-        "assignee": _name(resolve(spec.assignee, state, item)), "owner": _name(resolve(spec.owner, state, item)),
-        "candidate_users": resolve_names(spec.candidate_users, state, item),
-        "candidate_groups": resolve_names(spec.candidate_groups, state, item),
+        **_people(instance, step, state),
         "priority": priority_of(priority),
         "decisions": sorted(step.decisions), "form": form_schema(step),
         "data": {f: lookup(state, f) for f in spec.show},

@@ -200,8 +200,8 @@ def open_publisher(url: str, **options: Any) -> Publisher:
 
 def _checked(url: str) -> str:
     """The URL's scheme, once its host and port are ones a client can connect to: a bad port or bracket
-    was each client's ValueError (a traceback from `stepstone worker --broker`), and no host at all
-    failed only when the relay first published."""
+    was each client's ValueError (a traceback from `stepstone worker --broker`); with no host at all some
+    clients failed only when the relay first published, and one fell back to a default host."""
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - read for its check: a port that is no number, or out of range
