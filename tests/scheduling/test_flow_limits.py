@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,6 +100,18 @@ async def test_a_limit_per_key(engine: Engine, db: asyncpg.Connection) -> None:
     assert [(await engine.client.get(i)).status for i in ids["a"]] == ["COMPLETED", "WAITING", "PENDING"]
     assert [(await engine.client.get(i)).status for i in ids["b"]] == ["WAITING", "PENDING", "PENDING"]
     assert await db.fetchval("SELECT max(counted) FROM stepstone.observed_running") == 1
+
+
+async def test_a_key_longer_than_an_index_holds_is_refused_at_the_start(engine: Engine) -> None:
+    """The key's bucket is an index entry: a customer of 6,000 random characters was the driver's
+    ProgramLimitExceededError from `start` and `start_many`; now InvalidInput, and nothing is stored."""
+    await engine.client.set_flow_limit(long, max_running=1, key="customer")
+    customer = secrets.token_hex(3000)
+    with pytest.raises(InvalidInput, match="larger than PostgreSQL takes there"):
+        await engine.client.start(long, {"customer": customer})
+    with pytest.raises(InvalidInput, match="larger than PostgreSQL takes there"):
+        await engine.client.start_many(long, [{"customer": customer}])
+    assert await engine.client.list() == []
 
 
 async def test_cancelling_a_waiting_instance_frees_nothing_and_its_turn_passes(engine: Engine) -> None:

@@ -117,6 +117,9 @@ _REFUSALS: dict[str, Callable[[str], StepstoneError]] = {
     "SSR02": lambda message: DefinitionDrift(message, definition_id="", version=0),
     "22021": _unstorable_text,  # character_not_in_repertoire: a NUL in a text parameter
     "22P05": _unstorable_text,  # untranslatable_character: \u0000 in a jsonb value
+    # program_limit_exceeded: a value longer than an index entry holds (about 2,700 bytes), e.g. a start
+    # whose input gives a flow limit's key of kilobytes; the caller's input, so refused, not a failure.
+    "54000": lambda message: InvalidInput(f"a value is larger than PostgreSQL takes there ({message})"),
 }
 
 
