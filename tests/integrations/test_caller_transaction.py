@@ -12,9 +12,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from stepstone.errors import BusinessKeyInUse, InvalidInput, OpenSignalLimit
+from stepstone.errors import BusinessKeyInUse, InvalidInput, OpenSignalLimit, SchemaNotReady
 from stepstone.testing import Engine, open_engine
-from tests._pg import until_shown
+from tests._pg import PgServer, until_shown
 from tests.scheduling import workflows
 from tests.scheduling.workflows import long, parcel, report
 
@@ -274,3 +274,24 @@ async def test_a_publish_waits_out_a_busy_instance_inside_the_callers_transactio
     await engine.run_until_idle()
     assert (await engine.client.get(waiting)).status == "COMPLETED"
     assert await _count(database_url, "SELECT count(*) FROM orders") == 1
+
+
+@pytest.mark.parametrize("driver", list(DRIVERS))
+async def test_the_callers_own_mistakes_are_named_with_every_driver(
+    engine: Engine, driver: str, database_url: str, pg_server: PgServer,
+) -> None:
+    """A connection to a database stepstone has not migrated was the driver's 'schema "stepstone" does not
+    exist'; a transaction an earlier statement aborted was its 'current transaction is aborted'."""
+    with contextlib.suppress(Rollback):
+        async with DRIVERS[driver](pg_server.url_for("postgres"))() as (conn, _):
+            with pytest.raises(SchemaNotReady, match="not set up on the connection given"):
+                await engine.client.start(report, {}, connection=conn)
+            raise Rollback
+    with contextlib.suppress(Rollback):
+        async with DRIVERS[driver](database_url)() as (conn, run):
+            with contextlib.suppress(Exception):
+                await run("SELECT 1/0")
+            with pytest.raises(InvalidInput, match="transaction is aborted"):
+                await engine.client.start(report, {}, connection=conn)
+            raise Rollback
+    assert await _count(database_url, "SELECT count(*) FROM stepstone.instances") == 0

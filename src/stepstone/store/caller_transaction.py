@@ -20,7 +20,7 @@ import json
 import re
 from typing import Any, Protocol, runtime_checkable
 
-from stepstone.errors import InvalidInput, OpenSignalLimit, Unavailable
+from stepstone.errors import InvalidInput, OpenSignalLimit, SchemaNotReady, Unavailable
 from stepstone.store.outcomes import signal_command_id, start_result
 from stepstone.store.port import NewInstance
 from stepstone.store.queries import named_queries
@@ -45,7 +45,38 @@ def driver_of(connection: Any) -> str:
         f"not {module}.{name}", what="connection")
 
 
+_NO_SCHEMA = {"3F000", "42P01", "42883"}  # invalid schema name, undefined table, undefined function
+_ABORTED = "25P02"  # in_failed_sql_transaction
+
+
 async def _rows(connection: Any, sql: str, args: list[str | None]) -> list[dict[str, Any]]:
+    """The rows of one store statement on the caller's connection. Two of the caller's own mistakes are
+    named, whichever driver raised them: a connection to a database (or schema) that stepstone has not
+    migrated, and a transaction an earlier statement already aborted. Any other error is the driver's own,
+    as the caller's code around it expects."""
+    try:
+        return await _fetched(connection, sql, args)
+    except Exception as exc:
+        state = _sqlstate(exc)
+        if state in _NO_SCHEMA:
+            raise SchemaNotReady(f"the stepstone schema is not set up on the connection given ({exc}): pass a "
+                                 "connection to the database stepstone uses, or migrate that one", schema=None) from exc
+        if state == _ABORTED:
+            raise InvalidInput("the connection's transaction is aborted (an earlier statement in it failed): roll "
+                               "it back first", what="connection") from exc
+        raise
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of an asyncpg or psycopg error, or of the one a SQLAlchemy error wraps."""
+    for candidate in (exc, getattr(exc, "orig", None)):
+        state = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if isinstance(state, str):
+            return state
+    return None
+
+
+async def _fetched(connection: Any, sql: str, args: list[str | None]) -> list[dict[str, Any]]:
     driver = driver_of(connection)
     if driver == "asyncpg":
         return [dict(r) for r in await connection.fetch(sql, *args)]
