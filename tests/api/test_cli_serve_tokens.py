@@ -80,6 +80,22 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def test_an_address_that_cannot_be_taken_is_one_line(database_url: str) -> None:
+    """uvicorn exits the process when it cannot bind (SystemExit 3, with a traceback), and the worker's
+    probe port raised the socket's OSError; both are bound by stepstone now, and say why in one line."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, _, err = invoke("serve", "--no-auth", "--port", str(port), "--database-url", database_url)
+        assert (code, err.strip()) == (1, f"error: cannot listen on 127.0.0.1:{port}: Address already in use")
+        code, _, err = invoke("worker", "--app", "tests.api.workflows:registry", "--metrics-host", "127.0.0.1",
+                              "--metrics-port", str(port), "--database-url", database_url)
+        line = err.strip().splitlines()[-1]
+        assert code == 1 and line.startswith(f"error: cannot listen on 127.0.0.1:{port} for health and metrics: ")
+        assert "address already in use" in line.lower(), err
+
+
 async def test_serve_answers_on_loopback_and_needs_a_token(database_url: str) -> None:
     port = free_port()
     proc = await spawn("serve", "--port", str(port), "--read-only", env={"STEPSTONE_DATABASE_URL": database_url})

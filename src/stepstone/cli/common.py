@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import math
+import socket
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -181,3 +182,15 @@ def emit(data: Any, output: str, table: Callable[[], str]) -> None:
         click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
     else:
         click.echo(table())
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so a port in use is one clear line (and --port 0 picks one)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock

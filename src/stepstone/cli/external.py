@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any
 
 import click
 
-from stepstone.cli.common import TEXT, CliError, emit, output_option, render_table, run_async, with_settings
+from stepstone.cli.common import (
+    TEXT,
+    CliError,
+    emit,
+    listening_socket,
+    output_option,
+    render_table,
+    run_async,
+    with_settings,
+)
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
 from stepstone.external.tasks import ExternalTasks
@@ -37,7 +45,7 @@ async def _serve(settings: Settings, host: str, port: int, token: str | None) ->
     except ImportError as exc:
         raise CliError(f"stepstone external serve needs {exc.name}: pip install 'stepstone[external]'") from exc
     async with open_store(settings, pool_size=10) as store:
-        sock = _listen(host, port)
+        sock = listening_socket(host, port)
         tasks = ExternalTasks(store)
         try:
             config = uvicorn.Config(create_app(tasks, token=token), log_level="warning", lifespan="off")
@@ -49,18 +57,6 @@ async def _serve(settings: Settings, host: str, port: int, token: str | None) ->
         finally:
             sock.close()
             await tasks.close()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """The listening socket, bound here so a port in use is one clear line (and --port 0 picks one)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
 
 
 @external_group.command("serve")

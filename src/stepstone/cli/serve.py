@@ -19,7 +19,7 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import CliError, run_async, with_settings
+from stepstone.cli.common import CliError, listening_socket, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
@@ -80,10 +80,13 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
     try:
         tokens = await ctx.management.active_token_count()
         _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
-        config = uvicorn.Config(create_app(ctx), host=host, port=port, log_level="warning", lifespan="off",
+        # Bound here, not by uvicorn, which exits the process (SystemExit, a traceback) when it cannot bind.
+        sock = listening_socket(host, port)
+        port = sock.getsockname()[1]  # --port 0 picks one: say which
+        config = uvicorn.Config(create_app(ctx), log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=5)  # live-update streams end with it
         server = _quiet_server(uvicorn, config)
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started:
             if task.done():  # it could not bind: say why in one line
                 exc = task.exception()
@@ -99,6 +102,7 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
         finally:
             server.should_exit = True
             await task
+            sock.close()
     finally:
         await ctx.close()
 

@@ -22,7 +22,7 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import Finite, run_async, with_settings
+from stepstone.cli.common import CliError, Finite, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.operations import parse_duration
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
@@ -104,7 +104,11 @@ async def serve(
             worker = Worker(store, registry, config)
             await worker.start()
             if metrics_port is not None:
-                await beside.enter_async_context(health_beside(worker, store, metrics_host, metrics_port))
+                try:
+                    await beside.enter_async_context(health_beside(worker, store, metrics_host, metrics_port))
+                except CliError:  # an address it cannot listen on: stop the worker before the store closes
+                    await worker.stop()
+                    raise
             workflows = ", ".join(f"{wf.id} v{wf.version}" for wf in registry)
             log.info("worker %s started: concurrency %d, database %s (schema %s), workflows %s",
                      config.worker_id, config.concurrency, redact_url(store.url), store.schema, workflows)
@@ -138,7 +142,12 @@ async def health_beside(worker: Worker, store: object, host: str, port: int) -> 
         log.info("prometheus_client is not installed: /metrics answers 404 (pip install 'stepstone[prometheus]')")
     assert isinstance(store, ObservingStore)
     server = HealthServer(worker, store, host=host, port=port, metrics=metrics)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:  # an address that does not resolve, a port in use or not ours to take
+        if metrics is not None:
+            metrics.uninstall()
+        raise CliError(f"cannot listen on {host}:{port} for health and metrics: {exc.strerror or exc}") from None
     log.info("health and metrics on %s:%d (/livez, /readyz, /metrics)", host, server.port)
     try:
         yield server
