@@ -81,28 +81,28 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
         tokens = await ctx.management.active_token_count()
         _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
         # Bound here, not by uvicorn, which exits the process (SystemExit, a traceback) when it cannot bind.
-        sock = listening_socket(host, port)
-        port = sock.getsockname()[1]  # --port 0 picks one: say which
-        config = uvicorn.Config(create_app(ctx), log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=5)  # live-update streams end with it
-        server = _quiet_server(uvicorn, config)
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if task.done():  # it could not bind: say why in one line
-                exc = task.exception()
-                raise CliError(f"cannot serve on {host}:{port}: {exc or 'the server stopped'}")
-            await asyncio.sleep(0.02)
-        mode = "no authentication (loopback only)" if no_auth else f"API tokens ({tokens} active)"
-        log.info("serving http://%s:%d/ui/ (API http://%s:%d/api/v1, %s%s); database %s (schema %s)", host, port,
-                 host, port, mode, ", read-only" if read_only else "", redact_url(store.url), store.schema)
-        if not no_auth and tokens == 0:
-            log.warning("no API token exists yet: create one with `stepstone tokens create --role admin`")
-        try:
-            yield
-        finally:
-            server.should_exit = True
-            await task
-            sock.close()
+        with listening_socket(host, port) as sock:
+            port = sock.getsockname()[1]  # --port 0 picks one: say which
+            config = uvicorn.Config(create_app(ctx), log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=5)  # live-update streams end with it
+            server = _quiet_server(uvicorn, config)
+            task = asyncio.create_task(server.serve(sockets=[sock]))
+            while not server.started:
+                if task.done():  # it stopped before it served: say why in one line
+                    exc = task.exception()
+                    raise CliError(f"cannot serve on {host}:{port}: {exc or 'the server stopped'}")
+                await asyncio.sleep(0.02)
+            mode = "no authentication (loopback only)" if no_auth else f"API tokens ({tokens} active)"
+            log.info("serving http://%s:%d/ui/ (API http://%s:%d/api/v1, %s%s); database %s (schema %s)", host,
+                     port, host, port, mode, ", read-only" if read_only else "", redact_url(store.url),
+                     store.schema)
+            if not no_auth and tokens == 0:
+                log.warning("no API token exists yet: create one with `stepstone tokens create --role admin`")
+            try:
+                yield
+            finally:
+                server.should_exit = True
+                await task
     finally:
         await ctx.close()
 
