@@ -42,12 +42,13 @@ def test_the_smallest_settings_the_tests_use_are_fine() -> None:
                           drain_timeout=0, min_wake_interval=0, max_claims=2)
     with pytest.raises(ConfigError, match="lease_seconds"):
         replace(config, lease_seconds=math.inf)  # replace makes the settings anew, so it checks them too
-    RelayConfig(batch_size=1, max_attempts=1, lease_seconds=0.5, poll_interval=0.05, retry_base=0)
+    RelayConfig(batch_size=1, max_attempts=1, lease_seconds=0.5, poll_interval=0.05, retry_base=0, retry_max=0)
 
 
 @pytest.mark.parametrize(("field", "value"), [
     ("batch_size", 0), ("batch_size", 100_001), ("max_attempts", 0), ("max_attempts", 2**31),
-    ("lease_seconds", math.inf), ("poll_interval", 0), ("retry_max", math.nan), ("retry_base", -1),
+    ("lease_seconds", math.inf), ("poll_interval", 0), ("retry_max", math.nan), ("retry_max", -1),
+    ("retry_base", -1),
 ])
 def test_a_relay_refuses_settings_out_of_range(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=field):

@@ -58,9 +58,10 @@ class RelayConfig:
     def __post_init__(self) -> None:
         check_count("RelayConfig", "batch_size", self.batch_size, 1, MAX_BATCH)
         check_count("RelayConfig", "max_attempts", self.max_attempts, 1, MAX_INT4)
-        for what in ("lease_seconds", "poll_interval", "retry_max"):
+        for what in ("lease_seconds", "poll_interval"):
             check_seconds("RelayConfig", what, getattr(self, what))
-        check_seconds("RelayConfig", "retry_base", self.retry_base, zero=True)
+        for what in ("retry_base", "retry_max"):  # 0: a failed event is retried at once
+            check_seconds("RelayConfig", what, getattr(self, what), zero=True)
 
 
 @dataclass
