@@ -3,7 +3,10 @@ and this test fails when the module is stale."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +76,20 @@ def test_it_runs_the_operations(database_url: str) -> None:
         assert client.cancel(instance_id, "no longer wanted") == "CANCELLED"
         assert client.wait_for(instance_id, timeout=1).status == "CANCELLED"
     assert not client._thread.is_alive()
+
+
+def test_a_closed_client_says_so(database_url: str) -> None:
+    """A call after close() was RuntimeError('Event loop is closed') with a 'never awaited' warning, and
+    a second close() the same."""
+    client = SyncClient(database_url, registry=cli_apps.registry)
+    client.close()
+    client.close()  # closing again does nothing
+    with _no_warning(), pytest.raises(RuntimeError, match="this SyncClient is closed"):
+        client.list()
+
+
+@contextlib.contextmanager
+def _no_warning() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would fail the test
+        yield

@@ -29,6 +29,9 @@ class SyncLoop:
         self._thread.start()
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():  # a call after close(): say so, instead of "Event loop is closed"
+            coro.close()  # never to run: no "coroutine was never awaited" warning either
+            raise RuntimeError("this SyncClient is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _stop_loop(self) -> None:
@@ -42,7 +45,9 @@ class SyncLoop:
         return self._client
 
     def close(self) -> None:
-        """Close the connection pool and stop the loop thread."""
+        """Close the connection pool and stop the loop thread; closing again does nothing."""
+        if self._loop.is_closed():
+            return
         try:
             self._run(self._client.close())
         finally:
