@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 
 from stepstone.api.auth import ALL_SCOPES, ROLES, hash_token, new_token
-from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.limits import DEFAULT_LIMITS, PayloadRejected
 from stepstone.errors import InvalidInput, NotFound
 from stepstone.store.management_port import ManagementStore, TokenRecord
 
@@ -18,7 +18,7 @@ __all__ = ["create_token", "list_tokens", "revoke_token"]
 
 def _text(what: str, value: str) -> str:
     try:
-        return Limits().check_text(what, value)
+        return DEFAULT_LIMITS.check_text(what, value)
     except PayloadRejected as exc:
         raise InvalidInput(str(exc), what=what) from None
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from stepstone.config import load_settings
-from stepstone.core.limits import MAX_INT4, MAX_INT8, Limits, PayloadRejected
+from stepstone.core.limits import DEFAULT_LIMITS, MAX_INT4, MAX_INT8, PayloadRejected
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import StepstoneError
 
@@ -70,7 +70,7 @@ class Text(_ParamType):
         elif param is not None:
             what = param.human_readable_name
         try:
-            return Limits().check_text(what, value, free=self.free, empty=self.empty)
+            return DEFAULT_LIMITS.check_text(what, value, free=self.free, empty=self.empty)
         except PayloadRejected as exc:
             raise CliError(str(exc)) from None
 

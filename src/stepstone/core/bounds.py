@@ -12,7 +12,7 @@ from typing import Any
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import ConfigError
 
-__all__ = ["MAX_BATCH", "check_count", "check_seconds"]
+__all__ = ["MAX_BATCH", "check_count", "check_seconds", "is_whole"]
 
 MAX_BATCH = 100_000
 """Rows one batch of a sweep, a bulk repair or the outbox relay takes at most."""
@@ -28,7 +28,12 @@ def check_seconds(owner: str, what: str, value: Any, *, zero: bool = False) -> N
                           f"got {value!r}")
 
 
+def is_whole(value: Any, low: int, high: int) -> bool:
+    """`value` is a whole number (not a bool) from `low` to `high`."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def check_count(owner: str, what: str, value: Any, low: int, high: int) -> None:
     """`value` is a whole number from `low` to `high`."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_whole(value, low, high):
         raise ConfigError(f"{owner}: {what} must be a whole number from {low:,} to {high:,}, got {value!r}")

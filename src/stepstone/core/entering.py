@@ -27,8 +27,8 @@ from stepstone.core.effects import (
 from stepstone.core.external_tasks import open_task
 from stepstone.core.model import COMPLETED, FAILED, JSON, RUNNING, WAITING, InstanceView, Settle
 from stepstone.core.plan import END, Plan, Step
-from stepstone.core.subscriptions import key_problem, subscribe
-from stepstone.core.task_entering import enter_task, names_problem
+from stepstone.core.subscriptions import correlation_key, key_problem, subscribe
+from stepstone.core.task_entering import enter_task, names_problem, task_people
 from stepstone.core.timestamps import storable
 
 
@@ -77,7 +77,8 @@ def _enter_step(  # noqa: PLR0911 - one return per step kind
     if step.kind == "timer":
         return _timer(instance, step, visit, state, now)
     if step.kind == "wait":
-        if (problem := key_problem(step, state)) is not None:
+        key = correlation_key(step, state)
+        if (problem := key_problem(step, key)) is not None:
             return fail(instance, "InvalidCorrelation", problem, step=target, visit=visit)
         wait = {"kind": "signal", "signals": dict(step.signals), "timeout_seconds": step.timeout_seconds}
         if step.messages:
@@ -90,12 +91,13 @@ def _enter_step(  # noqa: PLR0911 - one return per step kind
             RecordHistory("WAITING", target, visit, wait),
             *timeout,
             RequeueSignals(tuple(sorted(step.signals))),
-            *subscribe(step, visit, state),
+            *subscribe(step, visit, key),
         ]
     if step.kind == "task":
-        if (problem := names_problem(instance, step, state)) is not None:
+        people = task_people(instance, step, state)
+        if (problem := names_problem(step, people)) is not None:
             return fail(instance, "InvalidTask", problem, step=target, visit=visit)
-        return enter_task(instance, step, visit, state, now)
+        return enter_task(instance, step, visit, state, now, people)
     if step.kind == "fork":
         return _fork(instance, plan, step, visit, state, now)
     if step.kind == "external":

@@ -130,3 +130,7 @@ class Limits:
         for name, value in arguments.items():
             if value is not None:
                 self.check_text(name.replace("_", " "), value, free=free, empty=empty)
+
+
+DEFAULT_LIMITS = Limits()
+"""The limits of a caller that sets none: one instance, since making one checks its bounds."""

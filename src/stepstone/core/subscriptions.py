@@ -9,22 +9,27 @@ from stepstone.core.plan import Step
 from stepstone.core.task_spec import lookup
 
 
-def key_problem(step: Step, state: JSON) -> str | None:
-    """Why the wait cannot subscribe with the correlation key the state gives, if it cannot."""
+def correlation_key(step: Step, state: JSON) -> str | None:
+    """The key the wait's messages are correlated by, read from the state once as it is entered; None when
+    the wait takes no messages or the state has no value there."""
     if not step.messages or step.correlation is None:
         return None
     key = lookup(state, step.correlation)
-    if key is None or len(str(key)) <= MAX_INDEXED_NAME:
+    return None if key is None else str(key)
+
+
+def key_problem(step: Step, key: str | None) -> str | None:
+    """Why the wait cannot subscribe with `key`, if it cannot."""
+    if key is None or len(key) <= MAX_INDEXED_NAME:
         return None
-    return (f"wait step {step.name!r}: correlation key {step.correlation!r} from the state has {len(str(key)):,} "
+    return (f"wait step {step.name!r}: correlation key {step.correlation!r} from the state has {len(key):,} "
             f"characters; at most {MAX_INDEXED_NAME} are indexed")
 
 
-def subscribe(step: Step, visit: int, state: JSON) -> list[Effect]:
-    """The subscriptions of a wait that takes messages; none when it takes none."""
+def subscribe(step: Step, visit: int, key: str | None) -> list[Effect]:
+    """The subscriptions of a wait that takes messages, by `correlation_key`; none when it takes none."""
     if not step.messages or step.correlation is None:
         return []
-    key = lookup(state, step.correlation)
     if key is None:
         return [RecordHistory("NO_CORRELATION_KEY", step.name, visit, {"field": step.correlation})]
-    return [Subscribe(tuple(sorted(step.messages)), str(key), visit)]
+    return [Subscribe(tuple(sorted(step.messages)), key, visit)]

@@ -17,9 +17,9 @@ from stepstone.core.plan import Step
 from stepstone.core.task_spec import fill, lookup, priority_of, resolve, resolve_instant, resolve_names, task_id
 
 
-def names_problem(instance: InstanceView, step: Step, state: JSON) -> str | None:
-    """Why the task cannot open with the names the state gives its people, if it cannot."""
-    for what, named in _people(instance, step, state).items():
+def names_problem(step: Step, people: dict[str, Any]) -> str | None:
+    """Why the task cannot open with the names the state gives its people (`task_people`), if it cannot."""
+    for what, named in people.items():
         longest = max(map(len, named if isinstance(named, list) else [named or ""]), default=0)
         if longest > MAX_INDEXED_NAME:
             return (f"task step {step.name!r}: a name of its {what} from the state has {longest:,} characters; "
@@ -27,8 +27,8 @@ def names_problem(instance: InstanceView, step: Step, state: JSON) -> str | None
     return None
 
 
-def _people(instance: InstanceView, step: Step, state: JSON) -> dict[str, Any]:
-    """Who the task is for, as the state names them when it opens."""
+def task_people(instance: InstanceView, step: Step, state: JSON) -> dict[str, Any]:
+    """Who the task is for, as the state names them when it opens (read once: checked, then opened)."""
     spec = step.task
     assert spec is not None
     item = instance.branch.item if instance.branch is not None else None
@@ -37,8 +37,10 @@ def _people(instance: InstanceView, step: Step, state: JSON) -> dict[str, Any]:
             "candidate_groups": resolve_names(spec.candidate_groups, state, item)}
 
 
-def enter_task(instance: InstanceView, step: Step, visit: int, state: JSON, now: datetime) -> list[Effect]:
-    """Open the task of a task step and wait for it."""
+def enter_task(
+    instance: InstanceView, step: Step, visit: int, state: JSON, now: datetime, people: dict[str, Any],
+) -> list[Effect]:
+    """Open the task of a task step, for `people` (`task_people`), and wait for it."""
     spec = step.task
     assert spec is not None
     tid = task_id(instance.id, instance.position, step.name, visit)
@@ -47,7 +49,7 @@ def enter_task(instance: InstanceView, step: Step, visit: int, state: JSON, now:
     task: dict[str, Any] = {
         "id": tid, "step": step.name, "visit": visit,
         "title": fill(spec.title, state), "description": fill(spec.description, state),
-        **_people(instance, step, state),
+        **people,
         "priority": priority_of(priority),
         "decisions": sorted(step.decisions), "form": form_schema(step),
         "data": {f: lookup(state, f) for f in spec.show},

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from stepstone.core.bounds import is_whole
 from stepstone.core.limits import MAX_INT4
 from stepstone.core.timestamps import storable, within_max
 
@@ -96,7 +97,7 @@ class TaskSpec:
 
 def is_priority(value: JSON) -> bool:
     """A whole number the tasks' priority column (int4) holds."""
-    return isinstance(value, int) and not isinstance(value, bool) and -MAX_INT4 - 1 <= value <= MAX_INT4
+    return is_whole(value, -MAX_INT4 - 1, MAX_INT4)
 
 
 def priority_of(value: JSON) -> int:

@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.core.attribution import Actor
-from stepstone.core.bounds import MAX_BATCH
-from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.bounds import MAX_BATCH, is_whole
+from stepstone.core.limits import DEFAULT_LIMITS, PayloadRejected
 from stepstone.core.timestamps import MAX_DURATION
 from stepstone.errors import InvalidInput, refused
 from stepstone.ops import queries, repair, retention
@@ -138,15 +138,12 @@ class Operations:
         return str(p.get("role")), bool(p.get("superuser") or p.get("owns_schema") or p.get("can_create"))
 
 
-_LIMITS = Limits()
-
-
 def check_texts(*, free: bool = False, **arguments: str | None) -> None:
     """Each text argument given (None: not given) as every operation checks it (`Limits.check_text`),
     refused as InvalidInput before it reaches a statement: PostgreSQL text cannot hold a NUL. The
     operations here and the API's routes share it."""
     try:
-        _LIMITS.check_texts(arguments, free=free, empty=True)
+        DEFAULT_LIMITS.check_texts(arguments, free=free, empty=True)
     except PayloadRejected as exc:
         raise refused(exc) from None
 
@@ -161,7 +158,7 @@ def _check_duration(what: str, value: timedelta | None) -> None:
 def _check_batch(batch_size: int) -> None:
     """As the CLI's --batch-size: 0 never advanced (a sweep looped on its first batch), a negative one
     reached the LIMIT, a huge one the driver."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+    if not is_whole(batch_size, 1, MAX_BATCH):
         raise InvalidInput(f"batch_size must be a whole number from 1 to {MAX_BATCH:,}, got {batch_size!r}",
                            what="batch_size")
 
