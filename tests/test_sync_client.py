@@ -88,6 +88,17 @@ def test_a_closed_client_says_so(database_url: str) -> None:
         client.list()
 
 
+async def test_a_closed_async_client_says_so(database_url: str) -> None:
+    """A call on the async Client after close() was DatabaseUnavailable ('cannot reach PostgreSQL ...: pool
+    is closed'), a transient error that a caller's retry would repeat for ever."""
+    client = await Client.connect(database_url, registry=cli_apps.registry)
+    instance_id = await client.start("approval")
+    await client.close()
+    for call in (client.start("approval"), client.get(instance_id), client.list(), client.cancel(instance_id)):
+        with pytest.raises(RuntimeError, match="this store is closed"):
+            await call
+
+
 @contextlib.contextmanager
 def _no_warning() -> Iterator[None]:
     with warnings.catch_warnings():

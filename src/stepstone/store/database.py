@@ -123,6 +123,10 @@ _REFUSALS: dict[str, Callable[[str], StepstoneError]] = {
 }
 
 
+# asyncpg's words for a call on a pool its owner closed (or is closing).
+_POOL_CLOSED = frozenset({"pool is closed", "pool is closing"})
+
+
 @contextmanager
 def translate_errors(url: str = "") -> Iterator[None]:
     """Map asyncpg and socket errors raised inside the block onto the stepstone hierarchy."""
@@ -150,6 +154,8 @@ def translate_errors(url: str = "") -> Iterator[None]:
     ) as exc:
         raise _unavailable(url, str(exc) or type(exc).__name__) from exc
     except asyncpg.InterfaceError as exc:
+        if str(exc) in _POOL_CLOSED:  # the caller's mistake, not an outage: retrying would never succeed
+            raise RuntimeError("this store is closed: its Client (or its owner) called close()") from None
         if "closed" in str(exc) or "connection" in str(exc):
             raise _unavailable(url, str(exc)) from exc
         raise
