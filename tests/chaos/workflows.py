@@ -7,6 +7,9 @@
   chaosparent-1  s1, then the child step s2 starting a `chaos-2` child and waiting for it, then s3
   chaossaga-3    s1, s2 (each with a compensation that records its own effect), then s3 fails for good: the
                  saga compensates s2, then s1 (test_saga_kills.py; the scenarios' workload never starts it)
+  chaossig-2     s1, a wait for the signal `go` (-> s2), another (-> s3): each of s2 and s3 appends the
+                 signal's `n` to `got` (test_signal_kills.py sends every signal twice with one dedup key,
+                 often before its wait is open; the scenarios' workload never starts it)
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
                  `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
                  and publishes the messages while the workers are killed, paused or cut off)
@@ -63,6 +66,10 @@ class Fan(BaseModel):
 class Ticket(BaseModel):
     key: str = ""
     got: str = ""
+
+
+class Signalled(BaseModel):
+    got: list[int] = Field(default_factory=list)
 
 
 class Parent(BaseModel):
@@ -247,6 +254,28 @@ def _saga() -> Workflow[Saga]:
     return wf
 
 
+GO = "go"
+
+
+def _signalled() -> Workflow[Signalled]:
+    wf: Workflow[Signalled] = Workflow("chaossig-2", version=1, state=Signalled)
+
+    async def s1(ctx: StepContext, state: Signalled) -> None:
+        await _effect(ctx)
+
+    async def took(ctx: StepContext, state: Signalled) -> None:
+        await _effect(ctx)
+        assert ctx.signal is not None and ctx.signal.name == GO, ctx.signal
+        state.got.append(int((ctx.signal.payload or {})["n"]))
+
+    wf.step(s1, name="s1", start=True, next="w1", retry=_RETRY)
+    wf.wait("w1", signals={GO: "s2"})
+    wf.step(took, name="s2", next="w2", retry=_RETRY)
+    wf.wait("w2", signals={GO: "s3"})
+    wf.step(took, name="s3", next=None, retry=_RETRY)
+    return wf
+
+
 TASK_GROUP = "chaos"
 RECEIPT = "chaos.receipt"
 TASK_STEPS = 2  # s1 and s2 commit a STEP_COMPLETED; the task and the wait are settled by their commands
@@ -276,7 +305,8 @@ FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_IT
 PARENT: Workflow[Any] = _parent()
 SAGA: Workflow[Any] = _saga()
 TASK: Workflow[Any] = _task()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK)
+SIGNALLED: Workflow[Any] = _signalled()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED)
 
 SERVED_PARTS = ("all", "chains", "rest")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -288,5 +318,6 @@ def served(part: str) -> Registry:
     if part == "chains":
         return Registry(*CHAINS.values())
     if part == "rest":
-        return Registry(*FANS.values(), PARENT, SAGA, TASK, *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
+        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED,
+                        *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry

@@ -1,0 +1,123 @@
+"""Signals while worker processes are SIGKILLed: instances that wait twice for the signal `go`
+(`chaossig-2`) get each of their two signals twice under one dedup key (a caller repeating a call whose
+answer it did not trust), at random moments: before the instance reaches its wait (the signal queues
+behind the step before it), while it waits, while the worker running the step before it dies.
+
+What must hold afterwards: every instance COMPLETED, having taken its signals in the order they were
+sent (`got == [1, 2]`), each applied once (two SIGNAL_APPLIED, nothing applied twice), each of its steps
+committed once with its effect in the ledger, and its history gapless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+
+import asyncpg
+
+from stepstone.client import Client
+from stepstone.errors import Unavailable
+from stepstone.store.postgres import PostgresStore
+from tests._pg import PgServer
+from tests.chaos import workflows
+from tests.chaos.rig.fleet import Fleet
+from tests.chaos.rig.scenarios import Probe, Target, scenario_database, wait_for
+
+SIZE = 80
+WORKERS = 3
+KILLS = 6
+
+
+async def _signal_twice_each(client: Client, iid: str, rng: random.Random) -> int:
+    """Send `go` n=1 and n=2 to `iid`, each twice with its own dedup key, at random moments; the calls made."""
+    calls = 0
+    for n in (1, 1, 2, 2):
+        await asyncio.sleep(rng.uniform(0.0, 1.5))  # this sender's pace: before, at or after the wait opens
+        while True:
+            try:
+                await client.signal(iid, workflows.GO, {"n": n}, dedup_key=f"go-{n}")
+                calls += 1
+                break
+            except Unavailable:
+                await asyncio.sleep(0.05)  # a cut connection: the signal is sent again, as a caller would
+    return calls
+
+
+async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgServer, tmp_path: Path) -> None:
+    rng = random.Random(5)  # noqa: S311 - a reproducible schedule of kills and signals
+    async with scenario_database(Target(pg_server.admin_url), "signals") as url:
+        store = await PostgresStore.open(url, max_size=4)
+        fleet = Fleet(url, tmp_path, WORKERS, lease=1.0, concurrency=4, poll=0.2,
+                      env={workflows.PAUSE_ENV: "0.05"})
+        probe = Probe(url)
+
+        async def completed() -> bool:
+            return int(await probe.fetchval("SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'")) \
+                == SIZE
+
+        deadline = time.monotonic() + 150
+        try:
+            client = Client(store, workflows.registry)
+            ids = [await client.start(workflows.SIGNALLED, {}) for _ in range(SIZE)]
+            fleet.start()
+            senders = [random.Random(rng.random()) for _ in ids]  # noqa: S311 - each sender its own schedule
+            sending = asyncio.gather(*(_signal_twice_each(client, iid, r) for iid, r in zip(ids, senders, strict=True)))
+            while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await completed():
+                await asyncio.sleep(rng.uniform(0.3, 0.8))
+                fleet.kill(rng.randrange(WORKERS))
+            calls = sum(await sending)
+            assert await wait_for(completed, deadline), "not every instance completed"
+        finally:
+            await probe.close()
+            await store.close()
+            await asyncio.to_thread(fleet.stop)
+        assert fleet.crashed() == []
+        conn = await asyncpg.connect(url)
+        try:
+            await _check(conn)
+            early = await conn.fetchval(_EARLY)
+        finally:
+            await conn.close()
+    assert calls == 4 * SIZE
+    assert len(fleet.kills) >= 3
+    late = 2 * SIZE - early
+    assert min(early, late) >= SIZE // 4, f"{early} signals sent before their wait opened, {late} after: too one-sided"
+    print(f"signal kills: {len(fleet.kills)} kills, {calls} signal calls, {early} signals sent before their wait "  # noqa: T201
+          f"opened, {late} after")
+
+
+# Applied signals that were sent before their wait opened (queued behind the step before it, or the start).
+_EARLY = (
+    "SELECT count(*) FROM stepstone.history a "
+    "JOIN stepstone.commands c ON c.id = (a.data->>'command')::bigint "
+    "JOIN stepstone.history s ON s.instance_id = a.instance_id AND s.kind = 'STEP_COMPLETED' "
+    "  AND s.step = CASE a.step WHEN 'w1' THEN 's1' ELSE 's2' END "
+    "WHERE a.kind = 'SIGNAL_APPLIED' AND c.created_at < s.at")
+
+
+_NOTHING = {
+    "instances whose signals were not taken once each, in order":
+        "SELECT id, state FROM stepstone.instances WHERE state->'got' <> '[1, 2]'::jsonb",
+    "instances without exactly two SIGNAL_APPLIED":
+        "SELECT i.id, count(h.*) FROM stepstone.instances i LEFT JOIN stepstone.history h "
+        "ON h.instance_id = i.id AND h.kind = 'SIGNAL_APPLIED' GROUP BY i.id HAVING count(h.*) <> 2",
+    "step visits not committed exactly once (s1, s2, s3)":
+        "SELECT i.id, count(h.*) FROM stepstone.instances i LEFT JOIN stepstone.history h "
+        "ON h.instance_id = i.id AND h.kind = 'STEP_COMPLETED' GROUP BY i.id "
+        "HAVING count(h.*) <> 3 OR count(DISTINCT h.step) <> 3",
+    "committed steps without their effect":
+        "SELECT h.instance_id, h.step, h.visit FROM stepstone.history h WHERE h.kind = 'STEP_COMPLETED' "
+        "AND NOT EXISTS (SELECT 1 FROM chaos.ledger l WHERE l.key = h.instance_id || '/' || h.step || '/' || h.visit)",
+    "histories with a gap":
+        "SELECT i.id, i.history_seq, count(h.*) FROM stepstone.instances i "
+        "LEFT JOIN stepstone.history h ON h.instance_id = i.id GROUP BY i.id, i.history_seq "
+        "HAVING count(h.*) <> i.history_seq OR min(h.seq) <> 1 OR max(h.seq) <> i.history_seq",
+}
+
+
+async def _check(conn: asyncpg.Connection) -> None:
+    for what, sql in _NOTHING.items():
+        rows = await conn.fetch(sql)
+        assert not rows, f"{what}: {len(rows)}, e.g. {[dict(r) for r in rows[:5]]}"
