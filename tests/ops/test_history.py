@@ -41,6 +41,30 @@ async def test_entries_name_actor_command_position_step_outcome_and_patch(engine
     assert state_at(page.entries, page.entries[-1].seq + 1) == info.state
 
 
+async def test_a_step_whose_command_became_its_timer_still_names_that_command(
+    engine: Engine, ops: Operations
+) -> None:
+    """The START row that ran `wake` becomes the timer `nap` in place (migration 0035); the entries written
+    before read TIMER, a timer that had not been set yet. A retried instance's RETRY row does the same:
+    those entries name no kind, since the row no longer says whether it was a STEP or a RETRY."""
+    iid = await engine.client.start(workflows.napping, {})
+    await engine.run_until_idle()
+    await engine.advance(seconds=11)
+    failed = await engine.client.start(workflows.napping, {})
+    workflows.FAILURES[failed] = -1
+    await engine.run_until_idle()
+    workflows.FAILURES.pop(failed)
+    assert (await ops.retry([failed])).succeeded == 1
+    await engine.run_until_idle()
+    await engine.advance(seconds=11)
+    for instance, first in ((iid, "START"), (failed, None)):
+        entries = [e for e in (await ops.history(instance)).entries if e.command_id is not None]
+        ran = [(e.kind, e.step, e.command_kind) for e in entries if e.step in ("wake", "nap") or e.kind == "WAITING"]
+        assert ran[-3:] == [("STEP_COMPLETED", "wake", first), ("WAITING", "nap", first),
+                            ("TIMER_FIRED", "nap", "TIMER")], ran
+        assert (await engine.client.get(instance)).status == "COMPLETED"
+
+
 async def test_a_retry_in_backoff_is_visible(engine: Engine, ops: Operations) -> None:
     iid = await engine.client.start(workflows.flaky, {})
     workflows.FAILURES[iid] = 2

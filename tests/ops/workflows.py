@@ -213,7 +213,27 @@ def took_ref(ctx: StepContext, state: Approved) -> None:
     state.ref = ctx.signal.payload["ref"]
 
 
-registry = Registry(flaky, forky, payment, confirmed, vault, approval)
+# -- wake (fails for good where FAILURES says -1) -> nap (a 10 s timer) -> rest -----------------------
+
+napping: Workflow[Job] = Workflow("ops_napping", version=1, state=Job)
+
+
+@napping.step(start=True, next="nap", retry=Retry(max_attempts=1))
+def wake(ctx: StepContext, state: Job) -> None:
+    if FAILURES.get(ctx.instance_id) == -1:
+        raise Busy("down for good")
+    state.log.append("wake")
+
+
+napping.timer("nap", delay=10, next="rest")
+
+
+@napping.step(next=None)
+def rest(ctx: StepContext, state: Job) -> None:
+    state.log.append("rest")
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:

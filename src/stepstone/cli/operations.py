@@ -24,7 +24,7 @@ from stepstone.core.bounds import MAX_BATCH
 from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
 from stepstone.core.timestamps import MAX_SECONDS, storable
 from stepstone.ops import InstanceFilter, Operations
-from stepstone.ops.model import BulkReport, RetentionReport
+from stepstone.ops.model import BulkReport, HistoryEntry, RetentionReport
 from stepstone.ops.retention import STATUS_CLASSES
 
 __all__ = ["commands", "filter_options", "parse_duration"]
@@ -236,11 +236,14 @@ def history_command(settings: Settings, output: str, instance_id: str, failed_on
     def patch_text(patch: list[Any] | None) -> str:
         return ", ".join(f"{op.get('op')} {op.get('path')}" for op in patch or [])
 
+    def command(e: HistoryEntry) -> str:
+        return f"{e.command_kind or 'command'} {e.command_id}" if e.command_id else ""
+
     def table() -> str:
         text = rich_table(["seq", "at", "kind", "position", "step", "outcome", "actor", "command", "patch"], [
             [e.seq, _t(e.at), e.kind, e.position or "", e.step or "", e.outcome,
-             e.actor.describe() if e.actor else "", f"{e.command_kind} {e.command_id}" if e.command_id else "",
-             patch_text(e.patch)] for e in page.entries]) if page.entries else "no entries"
+             e.actor.describe() if e.actor else "", command(e), patch_text(e.patch)]
+            for e in page.entries]) if page.entries else "no entries"
         return text + (f"\nnext page: --after {page.next_after}" if page.next_after else "")
 
     emit(_json(page.as_dict()), output, table)
