@@ -22,6 +22,7 @@ CATEGORIES: dict[str, type[errors.StepstoneError]] = {
     "conflict": errors.Conflict,
     "refusal": errors.InvalidInput,
     "timeout": errors.WaitTimeout,
+    "closed": errors.ClientClosed,
     "bug": errors.InternalError,
 }
 GROUPS = {errors.StepstoneError, errors.DatabaseError}  # group by where, not by what to do

@@ -27,7 +27,7 @@ def test_error_exports() -> None:
         "DefinitionError", "DefinitionNotFound", "IdempotencyConflict", "InstanceNotFound", "InsufficientPrivilege",
         "InternalError", "InvalidDatabaseUrl", "InvalidInput", "InvalidState", "NotFound", "PayloadTooDeep",
         "PayloadTooLarge", "PositionNotFound", "SchemaNotReady", "SchemaTooNew", "StepstoneError", "UnknownBroker",
-        "Unavailable", "UnknownSignal", "WaitTimeout",
+        "Unavailable", "UnknownSignal", "WaitTimeout", "ClientClosed",
         # external tasks (issue 13)
         "ExternalTaskNotFound", "LockExpired", "LockLost", "TaskEnded", "TaskLockRefused",
         # the definitions registry (issue 12)

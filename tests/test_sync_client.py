@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from mypy import api as mypy_api
 
-from stepstone import SyncClient, _gen_sync, _sync_client
+from stepstone import SyncClient, Worker, WorkerConfig, _gen_sync, _sync_client
 from stepstone.client import Client
+from stepstone.errors import ClientClosed
 from tests import cli_apps
 
 
@@ -84,19 +85,23 @@ def test_a_closed_client_says_so(database_url: str) -> None:
     client = SyncClient(database_url, registry=cli_apps.registry)
     client.close()
     client.close()  # closing again does nothing
-    with _no_warning(), pytest.raises(RuntimeError, match="this SyncClient is closed"):
+    with _no_warning(), pytest.raises(ClientClosed, match="this SyncClient is closed"):
         client.list()
 
 
 async def test_a_closed_async_client_says_so(database_url: str) -> None:
     """A call on the async Client after close() was DatabaseUnavailable ('cannot reach PostgreSQL ...: pool
-    is closed'), a transient error that a caller's retry would repeat for ever."""
+    is closed'), a transient error that a caller's retry would repeat for ever. A worker on the closed
+    client's store still stops (its claims cannot be released: their leases expire)."""
     client = await Client.connect(database_url, registry=cli_apps.registry)
+    worker = Worker(client.store, cli_apps.registry, WorkerConfig(concurrency=1, drain_timeout=0))
+    await worker.start()
     instance_id = await client.start("approval")
     await client.close()
     for call in (client.start("approval"), client.get(instance_id), client.list(), client.cancel(instance_id)):
-        with pytest.raises(RuntimeError, match="this store is closed"):
+        with pytest.raises(ClientClosed, match="this store is closed"):
             await call
+    assert await worker.stop() == 0
 
 
 @contextlib.contextmanager

@@ -8,6 +8,8 @@ import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
+from stepstone.errors import ClientClosed
+
 if TYPE_CHECKING:
     from stepstone.client import Client
 
@@ -31,7 +33,7 @@ class SyncLoop:
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._loop.is_closed():  # a call after close(): say so, instead of "Event loop is closed"
             coro.close()  # never to run: no "coroutine was never awaited" warning either
-            raise RuntimeError("this SyncClient is closed")
+            raise ClientClosed("this SyncClient is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _stop_loop(self) -> None:

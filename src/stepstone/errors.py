@@ -45,11 +45,14 @@
     │   ├── UnknownDecision         (decision, allowed): the task declares no such decision
     │   └── DocumentInvalid         a workflow document that fails its schema or names an unknown handler
     ├── WaitTimeout                 wait_for gave up before the instance ended (instance_id, status)
+    ├── ClientClosed                a call after close() on a Client, a SyncClient or their store (also a
+    │                               RuntimeError): a mistake in the caller, not an outage; open another
     └── InternalError               a bug in stepstone: an invariant did not hold (please report it)
 
 The type alone says what a caller can do: fix the configuration (ConfigError), retry later
 (Unavailable), look the thing up again (NotFound), reconcile (Conflict), change the request
-(InvalidInput), wait longer (WaitTimeout) or report a bug (InternalError). The classes marked * are
+(InvalidInput), wait longer (WaitTimeout), stop using what it closed (ClientClosed) or report a bug
+(InternalError). The classes marked * are
 both a ConfigError and a DatabaseError. Messages are one line and never contain a password.
 """
 
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BrokerUnavailable",
     "BusinessKeyInUse",
+    "ClientClosed",
     "ConfigError",
     "Conflict",
     "DatabaseError",
@@ -350,6 +354,11 @@ class WaitTimeout(StepstoneError):
         super().__init__(f"instance {instance_id} is still {status} after {timeout:g} s")
         self.instance_id = instance_id
         self.status = status
+
+
+class ClientClosed(StepstoneError, RuntimeError):
+    """A call on a Client, a SyncClient or their store after close(): retrying cannot help (it is not
+    DatabaseUnavailable); open another. A RuntimeError too, as using any closed resource is."""
 
 
 class InternalError(StepstoneError):

@@ -31,7 +31,7 @@ from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, S
 from stepstone.core.pin import pin_of  # kept importable from here for callers and tests (__all__)
 from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
 from stepstone.core.transitions import advance, apply, complete_step, reports_wanted
-from stepstone.errors import DatabaseUnavailable, InsufficientPrivilege
+from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPrivilege
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.compensations import run_compensation
@@ -58,6 +58,8 @@ log = logging.getLogger("stepstone.worker")
 
 _CLAIM_LOOP_EXIT_SECONDS = 10.0
 _MAX_STATE_CONFLICTS = 50
+# What stopping tolerates from the store: an outage, or a store its owner closed before stopping the worker.
+_GONE = (DatabaseUnavailable, ClientClosed)
 _JOIN_BATCH = 500
 """Branch reports a join takes in one commit at most, beside the one it claimed: a commit document of
 about 50 kB at the most (a history entry each)."""
@@ -199,7 +201,7 @@ class Worker:
             try:
                 if await self.store.release(seg.instance_id, seg.position, seg.token):
                     self.events.count("released")
-            except DatabaseUnavailable:
+            except _GONE:
                 log.warning("could not release instance %s; its lease will expire", seg.instance_id)
         self._segments.clear()
         for loop in self._loops[1:]:
@@ -207,7 +209,7 @@ class Worker:
         await asyncio.gather(*self._loops[1:], return_exceptions=True)
         await self._close_listener()
         if self._loops:  # started: it no longer serves its pins
-            with contextlib.suppress(DatabaseUnavailable):
+            with contextlib.suppress(*_GONE):
                 await self.store.definitions.forget_worker(self.config.worker_id)
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._stopped = True
@@ -347,7 +349,7 @@ class Worker:
         if listener is not None:
             try:
                 await listener.close()
-            except (DatabaseUnavailable, OSError) as exc:
+            except (*_GONE, OSError) as exc:
                 log.debug("wake-up connection already gone (%s)", type(exc).__name__)
 
     # -- segments -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import asyncpg
 
 from stepstone.config import Settings
 from stepstone.errors import (
+    ClientClosed,
     DatabaseUnavailable,
     DefinitionDrift,
     InsufficientPrivilege,
@@ -155,7 +156,7 @@ def translate_errors(url: str = "") -> Iterator[None]:
         raise _unavailable(url, str(exc) or type(exc).__name__) from exc
     except asyncpg.InterfaceError as exc:
         if str(exc) in _POOL_CLOSED:  # the caller's mistake, not an outage: retrying would never succeed
-            raise RuntimeError("this store is closed: its Client (or its owner) called close()") from None
+            raise ClientClosed("this store is closed: its Client (or its owner) called close()") from None
         if "closed" in str(exc) or "connection" in str(exc):
             raise _unavailable(url, str(exc)) from exc
         raise
