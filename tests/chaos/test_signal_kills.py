@@ -1,7 +1,8 @@
 """Signals while worker processes are SIGKILLed: instances that wait twice for the signal `go`
 (`chaossig-2`) get each of their two signals twice under one dedup key (a caller repeating a call whose
-answer it did not trust), at random moments: before the instance reaches its wait (the signal queues
-behind the step before it), while it waits, while the worker running the step before it dies.
+answer it did not trust): half of them get both signals before any worker runs (each queues behind the
+step before its wait), the other half each signal once its wait is open, the repeat a moment later (at
+the next wait, while a step runs, after the end), while workers die.
 
 What must hold afterwards: every instance COMPLETED, having taken its signals in the order they were
 sent (`got == [1, 2]`), each applied once (two SIGNAL_APPLIED, nothing applied twice), each of its steps
@@ -30,19 +31,35 @@ WORKERS = 3
 KILLS = 6
 
 
-async def _signal_twice_each(client: Client, iid: str, rng: random.Random) -> int:
-    """Send `go` n=1 and n=2 to `iid`, each twice with its own dedup key, at random moments; the calls made."""
-    calls = 0
+async def _send(client: Client, iid: str, n: int) -> None:
+    while True:
+        try:
+            await client.signal(iid, workflows.GO, {"n": n}, dedup_key=f"go-{n}")
+        except Unavailable:
+            await asyncio.sleep(0.05)  # a cut connection: the signal is sent again, as a caller would
+        else:
+            return
+
+
+async def _early(client: Client, iid: str) -> int:
+    """Both signals, each twice, at once: before the workers start, so before either wait opens."""
     for n in (1, 1, 2, 2):
-        await asyncio.sleep(rng.uniform(0.0, 1.5))  # this sender's pace: before, at or after the wait opens
-        while True:
-            try:
-                await client.signal(iid, workflows.GO, {"n": n}, dedup_key=f"go-{n}")
-                calls += 1
-                break
-            except Unavailable:
-                await asyncio.sleep(0.05)  # a cut connection: the signal is sent again, as a caller would
-    return calls
+        await _send(client, iid, n)
+    return 4
+
+
+async def _late(client: Client, iid: str, rng: random.Random) -> int:
+    """Each signal once its wait is open (the instance cannot pass it without), twice, a moment apart: the
+    repeat may find the instance waiting at the next wait, running, or ended."""
+    for n in (1, 2):
+        async def waiting(n: int = n) -> bool:
+            return (await client.get(iid)).step == f"w{n}"
+
+        assert await wait_for(waiting, time.monotonic() + 120, every=0.02), f"{iid} never reached w{n}"
+        await _send(client, iid, n)
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+        await _send(client, iid, n)
+    return 4
 
 
 async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgServer, tmp_path: Path) -> None:
@@ -61,13 +78,15 @@ async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgS
         try:
             client = Client(store, workflows.registry)
             ids = [await client.start(workflows.SIGNALLED, {}) for _ in range(SIZE)]
+            early, late = ids[: SIZE // 2], ids[SIZE // 2 :]
+            sent = sum([await _early(client, iid) for iid in early])
             fleet.start()
-            senders = [random.Random(rng.random()) for _ in ids]  # noqa: S311 - each sender its own schedule
-            sending = asyncio.gather(*(_signal_twice_each(client, iid, r) for iid, r in zip(ids, senders, strict=True)))
+            senders = [random.Random(rng.random()) for _ in late]  # noqa: S311 - each sender its own pace
+            sending = asyncio.gather(*(_late(client, iid, r) for iid, r in zip(late, senders, strict=True)))
             while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await completed():
                 await asyncio.sleep(rng.uniform(0.3, 0.8))
                 fleet.kill(rng.randrange(WORKERS))
-            calls = sum(await sending)
+            calls = sent + sum(await sending)
             assert await wait_for(completed, deadline), "not every instance completed"
         finally:
             await probe.close()
@@ -77,15 +96,15 @@ async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgS
         conn = await asyncpg.connect(url)
         try:
             await _check(conn)
-            early = await conn.fetchval(_EARLY)
+            before_wait = await conn.fetchval(_EARLY)
         finally:
             await conn.close()
     assert calls == 4 * SIZE
     assert len(fleet.kills) >= 3
-    late = 2 * SIZE - early
-    assert min(early, late) >= SIZE // 4, f"{early} signals sent before their wait opened, {late} after: too one-sided"
-    print(f"signal kills: {len(fleet.kills)} kills, {calls} signal calls, {early} signals sent before their wait "  # noqa: T201
-          f"opened, {late} after")
+    # The early half's signals were all sent before their waits opened; so, often, were the late half's repeats.
+    assert before_wait >= SIZE, f"only {before_wait} applied signals were sent before their wait opened"
+    print(f"signal kills: {len(fleet.kills)} kills, {calls} signal calls, {before_wait} of {2 * SIZE} applied "  # noqa: T201
+          "signals sent before their wait opened")
 
 
 # Applied signals that were sent before their wait opened (queued behind the step before it, or the start).
