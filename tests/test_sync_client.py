@@ -54,18 +54,33 @@ def test_every_operation_is_a_real_method_with_the_same_signature() -> None:
 
 
 def test_type_checkers_see_the_methods(tmp_path: Path) -> None:
-    snippet = tmp_path / "uses_sync_client.py"
-    snippet.write_text(
+    out, err, status = _mypy_strict(tmp_path, (
         "from stepstone import SyncClient\n"
         "def use(client: SyncClient) -> str:\n"
         "    client.strat('order')\n"
         "    return client.start('order', {}, business_key=1)\n"
-    )
-    out, err, status = mypy_api.run(["--strict", "--no-error-summary", "--config-file", "", "--cache-dir",
-                                     str(tmp_path / "cache"), str(snippet)])
+    ))
     assert status == 1, out + err
     assert '"SyncClient" has no attribute "strat"' in out
     assert 'Argument "business_key" to "start" of "SyncClient"' in out
+
+
+def test_the_documented_worker_beside_a_client_type_checks(tmp_path: Path) -> None:
+    """docs/authoring.md's "Running a worker in your own process" hands `client.store` to `Worker`: under
+    `mypy --strict` that was 'Argument 1 to "Worker" has incompatible type "ClientStore"' until `Client`
+    became generic in its store (`connect` returns a `Client[Store]`); a bare `Client` annotation, as
+    users write it, must still take what `connect` returns."""
+    docs = (Path(__file__).parent.parent / "docs" / "authoring.md").read_text(encoding="utf-8")
+    block = docs.split("## Running a worker in your own process", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    out, err, status = _mypy_strict(tmp_path, block + (
+        "async def use(client: Client) -> str:\n"
+        "    return await client.start('order', {})\n"
+        "async def connected() -> str:\n"
+        "    async with await Client.connect(registry=registry) as client:\n"
+        "        Worker(client.store, registry)\n"
+        "        return await use(client)\n"
+    ))
+    assert status == 0, out + err
 
 
 def test_it_runs_the_operations(database_url: str) -> None:
@@ -102,6 +117,14 @@ async def test_a_closed_async_client_says_so(database_url: str) -> None:
         with pytest.raises(ClientClosed, match="this store is closed"):
             await call
     assert await worker.stop() == 0
+
+
+def _mypy_strict(tmp_path: Path, text: str) -> tuple[str, str, int]:
+    """mypy --strict over `text` as a user's module: its report, errors and exit status."""
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(text)
+    return mypy_api.run(["--strict", "--no-error-summary", "--config-file", "", "--cache-dir",
+                         str(tmp_path / "cache"), str(snippet)])
 
 
 @contextlib.contextmanager

@@ -15,7 +15,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, Self, cast
+
+from typing_extensions import TypeVar
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.client_base import _fingerprint
@@ -35,7 +37,7 @@ from stepstone.ops.migration import DEFAULT_PATIENCE, MigrationReport
 from stepstone.ops.model import BulkReport, HistoryPage, InstanceDetail, InstancePage, ReplayResult
 from stepstone.ops.queries import MAX_PAGE
 from stepstone.store.factory import open_ready_store
-from stepstone.store.port import ClientStore
+from stepstone.store.port import ClientStore, Store
 from stepstone.store.settled import SettledWatch
 
 SETTLED = TERMINAL | {FAILED, COMPENSATION_FAILED}
@@ -86,12 +88,21 @@ class Cancellation:
         return self.outcome != "unchanged"
 
 
-class Client(ScheduleOperations, TaskOperations, MessageOperations):
+S_co = TypeVar("S_co", bound=ClientStore, default=ClientStore, covariant=True)
+
+
+class Client(ScheduleOperations, TaskOperations, MessageOperations, Generic[S_co]):
     """Start and steer workflow instances, schedule them, work on their human tasks and publish messages.
-    Open with `await Client.connect(...)`."""
+    Open with `await Client.connect(...)`.
+
+    Generic in its store, so that the store `connect` opens, which a `Worker` in the same process can
+    share (`Worker(client.store, ...)`), is typed as the full `Store` it is; a bare `Client` is a
+    `Client[ClientStore]`."""
+
+    store: S_co
 
     def __init__(
-        self, store: ClientStore, registry: Registry | None = None, *, limits: Limits | None = None,
+        self, store: S_co, registry: Registry | None = None, *, limits: Limits | None = None,
         actor: str | Actor | None = None,
     ) -> None:
         """`actor` is who this client acts as, recorded on every command and history entry it writes
@@ -116,12 +127,13 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations):
         settings: Settings | None = None,
         limits: Limits | None = None,
         actor: str | Actor | None = None,
-    ) -> Client:
+    ) -> Client[Store]:
         """Connect to `database_url`, or to the configured (flags, environment, pyproject.toml) or
         embedded database. The schema must be migrated (`SchemaNotReady` otherwise), except on the
         embedded default, which is migrated here, saying so in one line on the log."""
         store = await open_ready_store(database_url, schema, settings=settings)
-        return cls(store, registry, limits=limits, actor=actor)
+        # `cls`, so that a subclass connects as itself; typed as a client on the full store it opened.
+        return cast("Client[Store]", cls(cast("S_co", store), registry, limits=limits, actor=actor))
 
     async def close(self) -> None:
         await self.detach()
@@ -132,7 +144,7 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations):
         store open: for a client made on a store its caller owns and closes."""
         await self._settled.close()
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *_: object) -> None:
