@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.core.model import FAILURE_KINDS
 from stepstone.core.plan import END
 from stepstone.errors import DefinitionError, InvalidInput
 from stepstone.testing import Engine, open_engine
@@ -255,3 +256,22 @@ async def test_signal_with_start_gives_the_instance_its_deadlines(engine: Engine
     assert await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1 AND name = 'deadline'",
                                started.instance_id) == 1
 
+
+
+async def test_every_failures_only_view_shows_the_same_entries(engine: Engine) -> None:
+    """The CLI's `history --failed` (Operations), the API's `failed_only` and the UI's "Failures only"
+    (the management store) each had their own idea of a failure: the first listed five kinds and left
+    the deadlines and a failed compensation attempt out, the others matched any kind naming FAIL or DEAD.
+    Now one list, core.model.FAILURE_KINDS, for all of them."""
+    from stepstone.ops import Operations  # noqa: PLC0415 - only this test reads the operator's views
+    from stepstone.store.management import open_management  # noqa: PLC0415
+
+    iid = await _past_the_step_deadline(engine, w.strict)
+    everything = kinds(await engine.client.history(iid))
+    expected = [k for k in everything if k in FAILURE_KINDS]
+    assert {"STEP_DEADLINE_PASSED", "STEP_DEADLINE_EXCEEDED", "INSTANCE_FAILED"} <= set(expected), everything
+    operations = await Operations.on(engine.store).history(iid, failed_only=True)
+    assert [e.kind for e in operations.entries] == expected
+    management = open_management(engine.store)
+    rows = await management.history_page(iid, after=0, limit=100, failed_only=True)
+    assert [r["kind"] for r in rows] == expected

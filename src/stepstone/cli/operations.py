@@ -222,7 +222,8 @@ def inspect_command(settings: Settings, output: str, instance_id: str) -> None:
 
 @click.command("history")
 @click.argument("instance_id")
-@click.option("--failed", "failed_only", is_flag=True, help="Only failures (failed steps, dead letters).")
+@click.option("--failed", "failed_only", is_flag=True,
+              help="Only what went wrong: failed steps and attempts, dead letters, deadlines passed.")
 @click.option("--after", type=click.IntRange(0), default=0, help="Entries after this sequence number.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
 @output_option

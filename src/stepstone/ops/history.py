@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 from stepstone.core.attribution import Actor
+from stepstone.core.model import FAILURE_KINDS
 from stepstone.core.redaction import REDACTED, Path
 from stepstone.errors import InvalidInput
 from stepstone.ops.model import HistoryEntry
@@ -19,8 +20,6 @@ from stepstone.ops.model import HistoryEntry
 __all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "entry", "outcome_of", "replay_point", "replay_start", "state_at"]
 
 BASELINE_KINDS = frozenset({"INSTANCE_STARTED", "STATE_BASELINE", "INSTANCE_REPLAYED"})
-FAILURE_KINDS = frozenset({"STEP_FAILED", "INSTANCE_FAILED", "COMMAND_DEAD_LETTERED", "CHILD_FAILED",
-                           "COMPENSATION_FAILED"})
 
 _OUTCOMES = {
     "INSTANCE_STARTED": "started",

@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncpg
 
+from stepstone.core.model import FAILURE_KINDS
 from stepstone.store.database import translate_errors
 from stepstone.store.management_port import TokenRecord
 from stepstone.store.postgres import PostgresStore
@@ -91,7 +92,8 @@ class PostgresManagement:
         self, instance_id: str, *, after: int, limit: int, failed_only: bool
     ) -> list[dict[str, Any]]:
         key = _uuid(instance_id)
-        return [] if key is None else await self._rows("history_page", key, after, limit, failed_only)
+        kinds = sorted(FAILURE_KINDS) if failed_only else None
+        return [] if key is None else await self._rows("history_page", key, after, limit, kinds)
 
     async def commands_page(
         self, instance_id: str, *, after: int, limit: int, states: Sequence[str] | None

@@ -11,6 +11,7 @@ from typing import Any
 
 import asyncpg
 
+from stepstone.core.model import FAILURE_KINDS
 from stepstone.errors import InstanceNotFound, InvalidInput
 from stepstone.store.database import translate_errors
 from stepstone.store.health import server_version_num
@@ -101,7 +102,8 @@ class PostgresOperations:
         return await self._fetch("retrying", _id(instance_id))
 
     async def history_page(self, instance_id: str, after: int, limit: int, failed_only: bool) -> list[dict[str, Any]]:
-        return await self._fetch("history_page", _id(instance_id), after, limit, failed_only)
+        return await self._fetch("history_page", _id(instance_id), after, limit,
+                                 sorted(FAILURE_KINDS) if failed_only else None)
 
     async def full_history(self, instance_id: str) -> list[dict[str, Any]]:
         return await self._fetch("full_history", _id(instance_id))

@@ -25,6 +25,7 @@ from stepstone.api.context import context_of, require, visible_instance
 from stepstone.api.problems import status_of
 from stepstone.core import json_text
 from stepstone.core.limits import MAX_INT8
+from stepstone.core.model import FAILURE_KINDS
 from stepstone.errors import InvalidInput, StepstoneError
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
@@ -98,7 +99,7 @@ async def instance_page(request: Request, instance_id: str) -> Response:
     failed_only = request.query_params.get("failed") == "1"
     everything = await ctx.management.history_page(instance_id, after=0, limit=_HISTORY_ON_PAGE + 1,
                                                    failed_only=False)
-    shown = [h for h in everything if not failed_only or "FAIL" in h["kind"] or "DEAD" in h["kind"]]
+    shown = [h for h in everything if not failed_only or h["kind"] in FAILURE_KINDS]
     pending = await ctx.management.commands_page(instance_id, after=0, limit=200,
                                                  states=["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD"])
     events = await ctx.management.instance_outbox(instance_id, after=0, limit=200)
@@ -111,7 +112,8 @@ async def instance_page(request: Request, instance_id: str) -> Response:
     signals = sorted((wait.get("signals") or {}) if isinstance(wait, dict) else {})
     return page(request, "instance.html", who, nav="instances", live=info["id"], i=info,
                 stamp=stamp_of((info["status"], info["updated_at"])),
-                history=[{**h, "patch": patch_lines(h["data"])} for h in shown[:_HISTORY_ON_PAGE]],
+                history=[{**h, "patch": patch_lines(h["data"]), "bad": h["kind"] in FAILURE_KINDS}
+                         for h in shown[:_HISTORY_ON_PAGE]],
                 history_more=len(everything) > _HISTORY_ON_PAGE, failed_only=failed_only, pending=pending,
                 events=events, svg=svg, signals=signals, waiting=_describe_wait(wait),
                 branches=[p for p in info["positions"] if p["path"]],

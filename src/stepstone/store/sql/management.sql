@@ -73,11 +73,12 @@ UNION ALL SELECT 'COMPENSATION_FAILED' AS status, (SELECT count(*) FROM (SELECT 
     AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n;
 
 -- name: history_page
--- History of instance $1 oldest first, entries after seq $2, at most $3; only failures when $4.
+-- History of instance $1 oldest first, entries after seq $2, at most $3; only the kinds $4 when given
+-- (core.model.FAILURE_KINDS).
 SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, h.data
 FROM {{schema}}.history h
 WHERE h.instance_id = $1 AND h.seq > $2
-  AND (NOT $4 OR h.kind LIKE '%FAIL%' OR h.kind LIKE '%DEAD%')
+  AND ($4::text[] IS NULL OR h.kind = ANY ($4::text[]))
 ORDER BY h.seq
 LIMIT $3;
 

@@ -72,8 +72,7 @@ SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, 
 FROM {{schema}}.history h
 LEFT JOIN {{schema}}.commands c ON c.id = h.command_id
 WHERE h.instance_id = $1 AND h.seq > $2
-  AND (NOT $4::boolean OR h.kind IN ('STEP_FAILED', 'INSTANCE_FAILED', 'COMMAND_DEAD_LETTERED', 'CHILD_FAILED',
-                                     'COMPENSATION_FAILED'))
+  AND ($4::text[] IS NULL OR h.kind = ANY ($4::text[]))  -- only these kinds (core.model.FAILURE_KINDS)
 ORDER BY h.seq
 LIMIT $3;
 
