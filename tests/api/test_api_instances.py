@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
+from stepstone.api.routes.instances import Status
+from stepstone.core.model import STATUSES
 from tests.api import workflows
 from tests.api.conftest import Api
 
@@ -154,3 +158,9 @@ async def test_definitions_and_dead_letters(api: Api) -> None:
     assert [s["name"] for s in plan["plan"]["steps"]] == ["charge", "approval", "ship", "refund"]
     letters = (await api.http.get(f"{V1}/dead-letters", headers=viewer)).json()["items"]
     assert [(d["instance_id"], d["step"]) for d in letters] in ([], [(iid, "charge")])
+
+
+def test_the_status_filter_takes_every_status() -> None:
+    """The API's `status` parameter is a Literal (for the OpenAPI document): the same statuses as
+    core.model.STATUSES, which the CLI and the UI offer."""
+    assert set(get_args(Status)) == set(STATUSES)

@@ -6,6 +6,7 @@ import re
 
 import httpx
 
+from stepstone.core.model import STATUSES
 from stepstone.ui.diagram import END_NODE, diagram, render_svg
 from tests.api import workflows
 from tests.api.conftest import Api
@@ -54,6 +55,19 @@ async def test_list_and_instance_page_show_the_failed_step_in_the_graph(api: Api
     assert 'class="node kind-wait current visited" data-step="approval"' in detail
     assert 'class="edge executed" d="' in detail and 'data-edge="charge->approval"' in detail
     assert "replace /log" in detail or "add /log" in detail  # a readable patch in the timeline
+
+
+async def test_the_list_filters_by_every_status_an_instance_can_have(api: Api) -> None:
+    """The list offered six statuses and dropped any other from its filter: `?status=TIMED_OUT` (or a
+    click on the count of timed-out instances) listed every instance."""
+    late = await api.engine.client.start("job", {"name": "late"}, deadline=5)
+    fine = await api.start("fine")
+    await api.engine.advance(seconds=10)
+    assert (await api.engine.client.get(late)).status == "TIMED_OUT"
+    await _sign_in(api, "viewer")
+    page = (await api.http.get("/ui/", params={"status": "TIMED_OUT"})).text
+    assert late[-8:] in page and fine[-8:] not in page
+    assert all(f'<option value="{status}"' in page for status in STATUSES)
 
 
 async def test_retry_goes_through_a_confirmation_and_needs_the_csrf_value(api: Api) -> None:

@@ -38,13 +38,12 @@ from stepstone.client import Client, InstanceInfo
 from stepstone.client_starts import DEFAULT_START_BATCH
 from stepstone.config import Settings
 from stepstone.core import json_text
-from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
+from stepstone.core.model import WAITING
 from stepstone.errors import DefinitionNotFound, InvalidInput
 
 __all__ = ["commands", "decode_cursor", "encode_cursor"]
 
 T = TypeVar("T")
-STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED)
 _SHORT = 60
 
 

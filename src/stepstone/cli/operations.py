@@ -21,7 +21,7 @@ from stepstone.cli.instances import decode_cursor, encode_cursor, instance_id_ar
 from stepstone.cli.rich_output import progress_bar, rich_table
 from stepstone.config import Settings
 from stepstone.core.bounds import MAX_BATCH
-from stepstone.core.model import CANCELLED, COMPLETED, FAILED, PENDING, RUNNING, WAITING
+from stepstone.core.model import STATUSES
 from stepstone.core.timestamps import MAX_SECONDS, storable
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.ops.model import BulkReport, HistoryEntry, RetentionReport
@@ -31,8 +31,6 @@ __all__ = ["commands", "filter_options", "parse_duration"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
-STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED, "TIMED_OUT", "COMPENSATING", "COMPENSATED",
-            "COMPENSATION_FAILED")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 

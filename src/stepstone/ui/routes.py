@@ -25,7 +25,7 @@ from stepstone.api.context import context_of, require, visible_instance
 from stepstone.api.problems import status_of
 from stepstone.core import json_text
 from stepstone.core.limits import MAX_INT8
-from stepstone.core.model import FAILURE_KINDS
+from stepstone.core.model import FAILURE_KINDS, STATUSES
 from stepstone.errors import InvalidInput, StepstoneError
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
@@ -35,7 +35,6 @@ from stepstone.ui.session import back, form_number, posted_form, signed_in
 __all__ = ["install_ui", "router"]
 
 router = APIRouter(prefix=UI_PREFIX, include_in_schema=False)
-STATUSES = ("PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "CANCELLED")
 _LIVE_POLL_SECONDS = 2.0
 _HISTORY_ON_PAGE = 500
 STRANDED_WITHIN = 300.0
