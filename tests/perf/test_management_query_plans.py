@@ -16,6 +16,7 @@ import asyncpg
 
 from stepstone.bench.common import bench_queries, seed_waiting
 from stepstone.bench.workflows import waiting
+from stepstone.core.model import FAILURE_KINDS
 from stepstone.core.pin import pin_of
 from stepstone.store.queries import named_queries
 
@@ -52,7 +53,8 @@ async def test_management_queries_use_indexes(database_url: str) -> None:
             "instances of one scope, next page": (q["instances_page"], ["acme"], None, None, None, now, some, 51),
             "instances of every scope": (q["instances_page"], None, None, None, None, None, None, 51),
             "failed instances": (q["instances_page"], None, "FAILED", None, None, None, None, 51),
-            "history": (q["history_page"], some, 0, 51, False),
+            "history": (q["history_page"], some, 0, 51, None),
+            "history, failures only": (q["history_page"], some, 0, 51, sorted(FAILURE_KINDS)),
             "commands": (q["commands_page"], some, 0, 51, None),
             "outbox events": (q["instance_outbox"], some, 0, 51),
             "dead letters": (q["dead_commands_page"], ["acme"], None, 51),
