@@ -52,8 +52,8 @@
 The type alone says what a caller can do: fix the configuration (ConfigError), retry later
 (Unavailable), look the thing up again (NotFound), reconcile (Conflict), change the request
 (InvalidInput), wait longer (WaitTimeout), stop using what it closed (ClientClosed) or report a bug
-(InternalError). The classes marked * are
-both a ConfigError and a DatabaseError. Messages are one line and never contain a password.
+(InternalError). The classes marked * are both a ConfigError and a DatabaseError. Messages are one
+line and never contain a password.
 """
 
 from __future__ import annotations

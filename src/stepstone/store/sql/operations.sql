@@ -59,11 +59,12 @@ LEFT JOIN {{schema}}.definitions d  -- the registration the pin was admitted aga
 WHERE i.id = $1;
 
 -- name: history_page
--- Entries after seq $2, at most $3; $4: only failures. The command's kind comes along: the kind it has
--- now, except for a step's own command that became its wait's timer (migration 0035: "the timer in
--- place"). The entries written up to that commit (at or before the row's created_at, which the
--- commit set) ran under what the row was then: the instance's START when it is the instance's first
--- command, else a STEP or a RETRY, which the row no longer tells apart (no kind, rather than a wrong one).
+-- Entries after seq $2, at most $3; only the kinds $4 when given (core.model.FAILURE_KINDS). The
+-- command's kind comes along: the kind it has now, except for a step's own command that became its
+-- wait's timer (migration 0035: "the timer in place"). The entries written up to that commit (at or
+-- before the row's created_at, which the commit set) ran under what the row was then: the instance's
+-- START when it is the instance's first command, else a STEP or a RETRY, which the row no longer tells
+-- apart (no kind, rather than a wrong one).
 SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, h.data,
        CASE WHEN c.kind = 'TIMER' AND h.at <= c.created_at
             THEN CASE WHEN c.id = (SELECT min(x.id) FROM {{schema}}.commands x WHERE x.instance_id = h.instance_id)
@@ -72,7 +73,7 @@ SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, 
 FROM {{schema}}.history h
 LEFT JOIN {{schema}}.commands c ON c.id = h.command_id
 WHERE h.instance_id = $1 AND h.seq > $2
-  AND ($4::text[] IS NULL OR h.kind = ANY ($4::text[]))  -- only these kinds (core.model.FAILURE_KINDS)
+  AND ($4::text[] IS NULL OR h.kind = ANY ($4::text[]))
 ORDER BY h.seq
 LIMIT $3;
 
