@@ -196,7 +196,7 @@ def test_cancel(run: Cli) -> None:
 @pytest.mark.usefixtures("flaky_fails")
 def test_retry_a_failed_instance(run: Cli) -> None:
     instance_id = run.json("start", "flaky", "--app", APP)["instance_id"]
-    assert "only a FAILED instance can be retried" in run.error("retry", instance_id)
+    assert "only a FAILED or COMPENSATION_FAILED instance can be retried" in run.error("retry", instance_id)
     run.drive()
     shown = run.json("show", instance_id)
     assert shown["instance"]["status"] == "FAILED"

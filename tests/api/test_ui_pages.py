@@ -118,7 +118,8 @@ async def test_bulk_retry_of_a_selection_reports_each_item(api: Api) -> None:
                                                                  "instance": [first, second, ok]})
     assert result.status_code == 200
     assert "Retry results: 2 of 3 retried" in result.text
-    assert "only a FAILED instance can be retried" in result.text  # the one that was not FAILED, with its reason
+    # the one that was not FAILED, with its reason
+    assert "only a FAILED or COMPENSATION_FAILED instance can be retried" in result.text
 
 
 async def test_another_scope_is_a_not_found_page_and_read_only_refuses_posts(read_only_api: Api) -> None:

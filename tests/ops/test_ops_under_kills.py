@@ -164,4 +164,5 @@ async def test_bulk_retry_while_a_worker_is_killed_counts_exactly_and_retries_ea
     assert finished == size
     assert (again.matched, again.succeeded) == (0, 0)
     assert (by_id.matched, by_id.succeeded, by_id.failed) == (10, 0, 10)
-    assert {i.reason for i in by_id.items} == {"it is COMPLETED; only a FAILED instance can be retried"}
+    assert {i.reason for i in by_id.items} == {
+        "it is COMPLETED; only a FAILED or COMPENSATION_FAILED instance can be retried"}

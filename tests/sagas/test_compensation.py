@@ -188,3 +188,25 @@ async def test_retry_resumes_at_the_compensation_given_up_then_goes_on(engine: E
     assert [c for _, c in w.CALLS] == ["two", "two", "two", "one"]
     history = await engine.client.history(iid)
     assert [h["step"] for h in history if h["kind"] == "STEP_COMPENSATED"] == ["two", "one"]
+
+
+async def test_a_bulk_retry_resumes_a_compensation_as_a_single_retry_does(engine: Engine) -> None:
+    """`stepstone repair retry`, the API's `POST /bulk/retry` and the UI's incidents page retry in bulk
+    (Operations.retry): that went straight to the plain retry, which refused a COMPENSATION_FAILED
+    instance ('not_failed: it is COMPENSATION_FAILED; only a FAILED instance can be retried') that
+    `client.retry` resumes."""
+    from stepstone.ops import InstanceFilter, Operations  # noqa: PLC0415 - only this test reads the operator's tools
+
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    w.FAIL[(iid, "undo_one")] = -1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    w.FAIL.pop((iid, "undo_one"))
+    ops = Operations.on(engine.store, actor="oncall")
+    planned = await ops.retry(where=InstanceFilter(status=("COMPENSATION_FAILED",)), dry_run=True)
+    assert planned.matched == 1
+    report = await ops.retry([iid])
+    assert (report.succeeded, report.items[0].outcome) == (1, "retried"), report
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATED"

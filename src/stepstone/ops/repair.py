@@ -63,7 +63,7 @@ def _why(action: str, outcome: str, status: str | None) -> str:
     if outcome == "not_found":
         return "no such instance"
     if outcome == "not_failed":
-        return f"it is {status}; only a FAILED instance can be retried"
+        return f"it is {status}; only a FAILED or COMPENSATION_FAILED instance can be retried"
     if outcome == "unchanged":
         return f"it had already ended ({status})"
     return f"{action}: {outcome}"

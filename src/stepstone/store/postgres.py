@@ -433,8 +433,8 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
             raise InstanceNotFound(instance_id)
         if row["outcome"] == "not_failed":
             raise InvalidState(
-                f"instance {instance_id} is {row['status']}; only a FAILED instance can be retried "
-                "(or a COMPENSATION_FAILED one)",
+                f"instance {instance_id} is {row['status']}; only a FAILED or COMPENSATION_FAILED instance can be "
+                "retried",
                 instance_id=instance_id,
                 status=row["status"],
             )

@@ -178,11 +178,12 @@ SELECT pg_try_advisory_lock(hashtextextended('stepstone.retention.' || $1::text,
 SELECT pg_advisory_unlock(hashtextextended('stepstone.retention.' || $1::text, 0));
 
 -- name: retry_many
--- Retry each FAILED instance of $1 (ascending id: the lock order) as actor $2; one row per id.
+-- Retry each instance of $1 (ascending id: the lock order) as actor $2, as a single retry does: a FAILED
+-- one's failed step, a COMPENSATION_FAILED one's compensation where it stopped (retry_saga); one row per id.
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($2::text, ''), true)),
 ids AS (SELECT DISTINCT x.id FROM unnest($1::uuid[]) AS x(id))
 SELECT ids.id, (s.r).outcome, (s.r).status
-FROM ids, LATERAL (SELECT {{schema}}.retry_instance(ids.id, $2) AS r FROM who OFFSET 0) AS s
+FROM ids, LATERAL (SELECT {{schema}}.retry_saga(ids.id, $2) AS r FROM who OFFSET 0) AS s
 ORDER BY ids.id;
 
 -- name: cancel_many
