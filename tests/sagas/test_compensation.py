@@ -210,3 +210,20 @@ async def test_a_bulk_retry_resumes_a_compensation_as_a_single_retry_does(engine
     assert (report.succeeded, report.items[0].outcome) == (1, "retried"), report
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPENSATED"
+
+
+async def test_a_bulk_cancel_leaves_an_ended_saga_as_a_single_cancel_does(engine: Engine) -> None:
+    """`stepstone repair cancel`, the API's `POST /bulk/cancel` (Operations.cancel) counted a COMPENSATED
+    instance as cancelled (outcome 'cancelled', status COMPENSATED: nothing had changed), where
+    `client.cancel` says 'unchanged': the bulk statement knew only COMPLETED and CANCELLED as ended."""
+    from stepstone.ops import Operations  # noqa: PLC0415 - only this test reads the operator's tools
+
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATED"
+    assert (await engine.client.cancellation(iid)).outcome == "unchanged"
+    report = await Operations.on(engine.store, actor="oncall").cancel([iid])
+    item = report.items[0]
+    assert (report.succeeded, item.outcome, item.status) == (0, "unchanged", "COMPENSATED"), report
+    assert "INSTANCE_CANCELLED" not in kinds(await engine.client.history(iid))
