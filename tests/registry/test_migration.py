@@ -104,6 +104,27 @@ async def test_a_waiting_instance_moves_to_v2_and_finishes_there(engine: Engine)
     assert again.outcomes[0].outcome == "skipped"
 
 
+async def test_an_instance_that_timed_out_is_left_as_it_ended(engine: Engine) -> None:
+    """TIMED_OUT (like COMPENSATED) is an end: a migration skips it as it skips a COMPLETED or CANCELLED
+    instance. Both the check before (ops.migration) and the statement (migrate_instance) knew only
+    those two as ended."""
+    iid = await engine.client.start(v1, {"amount": 1}, deadline=5)
+    await engine.run_until_idle()
+    await engine.advance(seconds=10)
+    assert (await engine.client.get(iid)).status == "TIMED_OUT"
+    history = await engine.client.history(iid)
+    report = await engine.client.migrate(iid, to=v2, step_map=STEP_MAP, state_transform=add_currency)
+    assert (report.outcomes[0].outcome, report.outcomes[0].reason) == ("skipped", "instance is TIMED_OUT")
+    assert (await engine.client.get(iid)).version == 1
+    assert await engine.client.history(iid) == history
+    # The statement says so too, for an instance that ends between the check and the migration.
+    [row] = await _rows(engine, "SELECT version, plan_hash, state_version FROM stepstone.instances WHERE id = $1", iid)
+    answer = await engine.store.pool.fetchval(  # type: ignore[attr-defined]
+        "SELECT outcome FROM stepstone.migrate_instance($1, $2, $3, $4, 2, $5, '{}'::jsonb, '[]'::jsonb, "
+        "'{}'::jsonb, NULL)", uuid.UUID(iid), row["version"], row["plan_hash"], row["state_version"], "h2")
+    assert answer == "ended"
+
+
 @pytest.mark.parametrize(("step_map", "transform", "reason"), [
     ({}, add_currency, "maps to 'w': v2 has no such step"),
     ({"w": "a"}, add_currency, "is a wait step, 'a' in v2 a action"),

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepstone.authoring.workflow import Workflow
+from stepstone.core.model import TERMINAL
 from stepstone.core.pin import Pin
 from stepstone.core.plan import Plan, Step
 from stepstone.errors import InvalidInput, MigrationRefused, StepstoneError
@@ -45,7 +46,6 @@ from stepstone.store.registry_port import DefinitionsPort
 __all__ = ["MigrationOutcome", "MigrationReport", "migrate", "migrate_one"]
 
 _LIVE = ("RUNNING", "WAITING", "FAILED")
-_ENDED = ("COMPLETED", "CANCELLED")
 DEFAULT_PATIENCE = 30.0
 """Seconds a migration waits for its turn (commands queued before it, a running step) before refusing."""
 
@@ -171,7 +171,7 @@ _ANSWERS = {
 def _settled_already(instance_id: str, view: Mapping[str, Any], target: Plan) -> MigrationOutcome | None:
     if view["version"] == target.version and view["plan_hash"] == target.plan_hash:
         return MigrationOutcome(instance_id, "skipped", f"already on v{target.version}")
-    if view["status"] in _ENDED:
+    if view["status"] in TERMINAL:  # migrate_instance skips the same ends (migration 0044)
         return MigrationOutcome(instance_id, "skipped", f"instance is {view['status']}")
     return None
 

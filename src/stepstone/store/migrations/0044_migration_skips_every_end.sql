@@ -1,0 +1,89 @@
+-- An instance that ended COMPENSATED or TIMED_OUT is left as it ended by a migration, as a COMPLETED or
+-- CANCELLED one is: migrate_instance (migration 0032) knew only those two as ended and moved a timed-out
+-- instance to the target version, an INSTANCE_MIGRATED entry after its end
+-- (tests/registry/test_migration.py, "an instance that timed out"). COMPENSATING and COMPENSATION_FAILED
+-- instances may still move: a fixed compensation shipped as a new version reaches them that way.
+-- Expand only: the function is replaced with the same signature.
+CREATE OR REPLACE FUNCTION {{schema}}.migrate_instance(
+    p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
+    p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
+RETURNS TABLE (outcome text, command_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+    v_inst {{schema}}.instances%ROWTYPE;
+    v_id bigint;
+BEGIN
+    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', NULL::bigint;
+        RETURN;
+    END IF;
+    IF v_inst.version = p_to_version AND v_inst.plan_hash = p_to_hash THEN
+        RETURN QUERY SELECT 'already', NULL::bigint;
+        RETURN;
+    END IF;
+    IF v_inst.version <> p_from_version OR v_inst.plan_hash <> p_from_hash
+       OR v_inst.state_version <> p_state_version THEN
+        RETURN QUERY SELECT 'changed', NULL::bigint;
+        RETURN;
+    END IF;
+    IF v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN  -- ended (TERMINAL)
+        RETURN QUERY SELECT 'ended', NULL::bigint;
+        RETURN;
+    END IF;
+    PERFORM 1 FROM {{schema}}.positions p WHERE p.instance_id = p_instance ORDER BY p.path FOR UPDATE;
+    IF (SELECT count(*) FROM {{schema}}.positions p WHERE p.instance_id = p_instance)
+           <> jsonb_array_length(p_positions)
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_positions) e
+                  LEFT JOIN {{schema}}.positions p ON p.instance_id = p_instance AND p.path = e->>'path'
+                  WHERE p.path IS NULL OR p.step IS DISTINCT FROM e->>'step' OR p.visit <> (e->>'visit')::integer
+                     OR p.status <> e->>'status') THEN
+        RETURN QUERY SELECT 'changed', NULL::bigint;
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {{schema}}.positions p
+               WHERE p.instance_id = p_instance AND p.lease_until IS NOT NULL AND p.lease_until > v_now)
+       OR EXISTS (SELECT 1 FROM {{schema}}.commands c
+                  WHERE c.instance_id = p_instance AND c.state = 'CLAIMED' AND c.available_at > v_now) THEN
+        RETURN QUERY SELECT 'busy', NULL::bigint;
+        RETURN;
+    END IF;
+    UPDATE {{schema}}.positions p SET
+        step = e->>'to_step',
+        wait = CASE WHEN e->'to_wait' = 'null'::jsonb THEN p.wait
+                    -- a fork's: its own progress (a branch may have reported since the read), the new join
+                    WHEN p.wait->>'kind' = 'join' AND e->'to_wait'->>'kind' = 'join'
+                        THEN p.wait || jsonb_build_object('join', e->'to_wait'->'join')
+                    ELSE e->'to_wait' END,
+        updated_at = v_now
+    FROM jsonb_array_elements(p_positions) e
+    WHERE p.instance_id = p_instance AND p.path = e->>'path' AND e ? 'to_step';
+    UPDATE {{schema}}.commands c SET step = p_step_map->>c.step
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
+                     AND x.step IS NOT NULL AND p_step_map ? x.step
+                   ORDER BY x.id FOR UPDATE);
+    UPDATE {{schema}}.instances i SET
+        version = p_to_version, plan_hash = p_to_hash, state = p_state,
+        state_version = i.state_version + 1,
+        step = COALESCE((SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
+                        i.step),
+        history_seq = i.history_seq + 1, updated_at = v_now
+    WHERE i.id = p_instance;
+    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, payload, available_at, created_at,
+                                     settled_at)
+    VALUES (p_instance, '', nextval('{{schema}}.command_seq'), 'MIGRATION', 'COMPLETE',
+            jsonb_build_object('from_version', p_from_version, 'to_version', p_to_version,
+                               'to_plan_hash', p_to_hash, 'step_map', p_step_map),
+            v_now, v_now, v_now)
+    RETURNING id INTO v_id;
+    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data)
+    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_MIGRATED',
+            (SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
+            v_inst.visit, v_id, p_actor,
+            jsonb_build_object('from_version', p_from_version, 'from_plan_hash', p_from_hash,
+                               'to_version', p_to_version, 'to_plan_hash', p_to_hash,
+                               'step_map', p_step_map, 'positions', p_positions, 'state', p_state));
+    RETURN QUERY SELECT 'migrated', v_id;
+END $$;
