@@ -4947,8 +4947,9 @@ END $$;
 -- The contract step of version 41: commands_ready_definition (version 39) is gone, since commands_ready
 -- serves every walk of ready work. The migration drops it CONCURRENTLY, outside a transaction.
 
--- ==== version 44 (migration 0044_migration_skips_every_end) ====
--- migrate_instance skips an instance that ended COMPENSATED or TIMED_OUT too; why: the migration's header.
+-- ==== version 44 (migration 0044_every_end_is_an_end) ====
+-- migrate_instance skips, and signal_position refuses, an instance that ended COMPENSATED or TIMED_OUT
+-- too; why: the migration's header.
 CREATE OR REPLACE FUNCTION {{schema}}.migrate_instance(
     p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
     p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
@@ -5031,4 +5032,57 @@ BEGIN
                                'to_version', p_to_version, 'to_plan_hash', p_to_hash,
                                'step_map', p_step_map, 'positions', p_positions, 'state', p_state));
     RETURN QUERY SELECT 'migrated', v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.signal_position(
+    p_instance uuid, p_position text, p_name text, p_payload jsonb, p_dedup_key text, p_fingerprint text,
+    p_actor text)
+RETURNS TABLE (outcome text, command_id bigint, status text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+    v_inst {{schema}}.instances%ROWTYPE;
+    v_id bigint;
+    v_prior record;
+BEGIN
+    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::text;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {{schema}}.definitions d
+                   WHERE d.scope IN (v_inst.scope, v_inst.definition_scope)
+                     AND d.definition_id = v_inst.definition_id
+                     AND d.version = v_inst.version AND d.plan->'signals' ? p_name) THEN
+        RETURN QUERY SELECT 'unknown_signal', NULL::bigint, v_inst.status;
+        RETURN;
+    END IF;
+    IF p_position <> '' AND NOT EXISTS (SELECT 1 FROM {{schema}}.positions p
+                                        WHERE p.instance_id = p_instance AND p.path = p_position) THEN
+        RETURN QUERY SELECT 'no_position', NULL::bigint, v_inst.status;
+        RETURN;
+    END IF;
+    IF p_dedup_key IS NOT NULL THEN
+        SELECT x.fingerprint, x.target INTO v_prior FROM {{schema}}.dedup x
+        WHERE x.kind = 'SIGNAL' AND x.namespace = p_instance::text AND x.key = p_dedup_key;
+        IF FOUND THEN
+            RETURN QUERY SELECT CASE WHEN v_prior.fingerprint = p_fingerprint THEN 'duplicate' ELSE 'conflict' END,
+                                v_prior.target::bigint, v_inst.status;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN  -- ended (TERMINAL)
+        RETURN QUERY SELECT 'ended', NULL::bigint, v_inst.status;
+        RETURN;
+    END IF;
+    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, name, payload, dedup_key,
+                                     available_at, created_at)
+    VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'SIGNAL', 'PENDING', p_name, p_payload,
+            p_dedup_key, v_now, v_now)
+    RETURNING id INTO v_id;
+    IF p_dedup_key IS NOT NULL THEN
+        INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
+        VALUES ('SIGNAL', p_instance::text, p_dedup_key, p_fingerprint, v_id::text, v_now);
+    END IF;
+    RETURN QUERY SELECT 'recorded', v_id, v_inst.status;
 END $$;

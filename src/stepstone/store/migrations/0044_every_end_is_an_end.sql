@@ -1,9 +1,13 @@
--- An instance that ended COMPENSATED or TIMED_OUT is left as it ended by a migration, as a COMPLETED or
--- CANCELLED one is: migrate_instance (migration 0032) knew only those two as ended and moved a timed-out
--- instance to the target version, an INSTANCE_MIGRATED entry after its end
--- (tests/registry/test_migration.py, "an instance that timed out"). COMPENSATING and COMPENSATION_FAILED
--- instances may still move: a fixed compensation shipped as a new version reaches them that way.
--- Expand only: the function is replaced with the same signature.
+-- Every end is an end: an instance that ended COMPENSATED or TIMED_OUT is treated as one that ended
+-- COMPLETED or CANCELLED by the two functions that knew only those two.
+-- - migrate_instance (migration 0032) moved a timed-out instance to the target version, an
+--   INSTANCE_MIGRATED entry after its end (tests/registry/test_migration.py, "an instance that timed
+--   out"); COMPENSATING and COMPENSATION_FAILED instances may still move: a fixed compensation shipped as
+--   a new version reaches them that way.
+-- - signal_position (migration 0008) recorded a signal for it, which the worker then rejected
+--   (INSTANCE_ENDED), where a signal to an ended instance is refused at once (InvalidState), as
+--   docs/messages.md says (tests/sagas/test_deadlines.py).
+-- Expand only: both functions are replaced with the same signatures.
 CREATE OR REPLACE FUNCTION {{schema}}.migrate_instance(
     p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
     p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
@@ -86,4 +90,57 @@ BEGIN
                                'to_version', p_to_version, 'to_plan_hash', p_to_hash,
                                'step_map', p_step_map, 'positions', p_positions, 'state', p_state));
     RETURN QUERY SELECT 'migrated', v_id;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.signal_position(
+    p_instance uuid, p_position text, p_name text, p_payload jsonb, p_dedup_key text, p_fingerprint text,
+    p_actor text)
+RETURNS TABLE (outcome text, command_id bigint, status text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+    v_inst {{schema}}.instances%ROWTYPE;
+    v_id bigint;
+    v_prior record;
+BEGIN
+    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::text;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {{schema}}.definitions d
+                   WHERE d.scope IN (v_inst.scope, v_inst.definition_scope)
+                     AND d.definition_id = v_inst.definition_id
+                     AND d.version = v_inst.version AND d.plan->'signals' ? p_name) THEN
+        RETURN QUERY SELECT 'unknown_signal', NULL::bigint, v_inst.status;
+        RETURN;
+    END IF;
+    IF p_position <> '' AND NOT EXISTS (SELECT 1 FROM {{schema}}.positions p
+                                        WHERE p.instance_id = p_instance AND p.path = p_position) THEN
+        RETURN QUERY SELECT 'no_position', NULL::bigint, v_inst.status;
+        RETURN;
+    END IF;
+    IF p_dedup_key IS NOT NULL THEN
+        SELECT x.fingerprint, x.target INTO v_prior FROM {{schema}}.dedup x
+        WHERE x.kind = 'SIGNAL' AND x.namespace = p_instance::text AND x.key = p_dedup_key;
+        IF FOUND THEN
+            RETURN QUERY SELECT CASE WHEN v_prior.fingerprint = p_fingerprint THEN 'duplicate' ELSE 'conflict' END,
+                                v_prior.target::bigint, v_inst.status;
+            RETURN;
+        END IF;
+    END IF;
+    IF v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN  -- ended (TERMINAL)
+        RETURN QUERY SELECT 'ended', NULL::bigint, v_inst.status;
+        RETURN;
+    END IF;
+    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, name, payload, dedup_key,
+                                     available_at, created_at)
+    VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'SIGNAL', 'PENDING', p_name, p_payload,
+            p_dedup_key, v_now, v_now)
+    RETURNING id INTO v_id;
+    IF p_dedup_key IS NOT NULL THEN
+        INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
+        VALUES ('SIGNAL', p_instance::text, p_dedup_key, p_fingerprint, v_id::text, v_now);
+    END IF;
+    RETURN QUERY SELECT 'recorded', v_id, v_inst.status;
 END $$;
