@@ -153,7 +153,8 @@ async def test_definitions_and_dead_letters(api: Api) -> None:
     iid = await api.start("dead", fail=True)
     defs = (await api.http.get(f"{V1}/definitions", headers=viewer)).json()["items"]
     assert [(d["scope"], d["definition_id"], d["version"]) for d in defs] == [
-        ("default", "expense", 1), ("default", "job", 1), ("default", "order", 1), ("default", "order", 2)]
+        ("default", "expense", 1), ("default", "job", 1), ("default", "order", 1), ("default", "order", 2),
+        ("default", "trip", 1)]
     plan = (await api.http.get(f"{V1}/definitions/default/job/1", headers=viewer)).json()
     assert [s["name"] for s in plan["plan"]["steps"]] == ["charge", "approval", "ship", "refund"]
     letters = (await api.http.get(f"{V1}/dead-letters", headers=viewer)).json()["items"]

@@ -122,6 +122,30 @@ async def test_bulk_retry_of_a_selection_reports_each_item(api: Api) -> None:
     assert "only a FAILED or COMPENSATION_FAILED instance can be retried" in result.text
 
 
+async def test_incidents_list_a_saga_whose_compensation_gave_up_and_a_retry_resumes_it(api: Api) -> None:
+    """The incidents page listed FAILED instances only: a COMPENSATION_FAILED saga, an incident a bulk
+    retry resumes, was not there to select."""
+    workflows.FAILING.add("rome")
+    workflows.FAILING_UNDO.add("rome")
+    try:
+        iid = await api.engine.client.start("trip", {"trip": "rome"})
+        await api.engine.run_until_idle()
+    finally:
+        workflows.FAILING.discard("rome")
+        workflows.FAILING_UNDO.discard("rome")
+    assert (await api.engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    await _sign_in(api)
+    letters = (await api.http.get("/ui/dead-letters")).text
+    gave_up = letters.split('id="gave-up-h"', 1)[1]
+    assert iid[-8:] in gave_up and f'name="instance" value="{iid}"' in gave_up
+    confirm = await api.http.post("/ui/dead-letters/confirm", data={"csrf": _csrf(letters), "instance": [iid]})
+    result = await api.http.post("/ui/dead-letters/retry", data={"csrf": _csrf(confirm.text), "instance": [iid]})
+    assert "Retry results: 1 of 1 retried" in result.text
+    await api.engine.run_until_idle()
+    info = await api.engine.client.get(iid)
+    assert (info.status, info.state["undone"]) == ("COMPENSATED", True)
+
+
 async def test_another_scope_is_a_not_found_page_and_read_only_refuses_posts(read_only_api: Api) -> None:
     api = read_only_api
     theirs = await api.start("t", scope="globex", fail=True)

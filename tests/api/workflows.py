@@ -4,9 +4,11 @@ can be made to fail at its first step, to migrate failed orders to v2 and retry 
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
-from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow, from_state
+from stepstone.authoring.workflow import CompensationContext, Registry, Retry, StepContext, Workflow, from_state
 
 
 class Job(BaseModel):
@@ -119,4 +121,34 @@ def filed_v2(ctx: StepContext, state: Order) -> None:
     state.got = "filed by v2"
 
 
-registry = Registry(job, expense, order, order_v2)
+# A saga whose compensation can be made to fail: `book`, then `pay` (fails for a trip in FAILING), which
+# compensates `book` with `unbook` (fails for a trip in FAILING_UNDO): the instance is then
+# COMPENSATION_FAILED, an incident a retry resumes once the cause is gone.
+class Trip(BaseModel):
+    trip: str
+    undone: bool = False
+
+
+FAILING_UNDO: set[str] = set()
+trip: Workflow[Trip] = Workflow("trip", version=1, state=Trip)
+
+
+@trip.step(start=True, next="pay")
+def book(ctx: StepContext, state: Trip) -> None:
+    ctx.record(f"booking-{state.trip}")
+
+
+@trip.step(next=None, name="pay", retry=Retry(max_attempts=1))
+def pay_trip(ctx: StepContext, state: Trip) -> None:
+    if state.trip in FAILING:
+        raise Declined(f"payment refused for {state.trip}")
+
+
+@trip.compensation("book", retry=Retry(max_attempts=1))
+def unbook(ctx: CompensationContext, state: Trip, booking: Any) -> None:
+    if state.trip in FAILING_UNDO:
+        raise Declined(f"cannot cancel {booking}")
+    state.undone = True
+
+
+registry = Registry(job, expense, order, order_v2, trip)

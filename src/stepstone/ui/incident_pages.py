@@ -1,8 +1,9 @@
-"""The UI's incidents page: failed instances and dead-lettered commands, narrowed by a filter, with
-retry or migrate for one, a selection, or every instance the filter matches. Each goes through a
-confirmation that says how many instances it acts on (a dry run of the same bulk operation; for a
-migration, the check of each instance against the target), and ends on a result per instance. Thin
-over `stepstone.api.bulk_operations` and `stepstone.api.bulk_migration`, as the API's bulk routes are."""
+"""The UI's incidents page: failed instances, sagas whose compensation gave up and dead-lettered
+commands, narrowed by a filter, with retry or migrate for one, a selection, or every failed instance
+the filter matches. Each goes through a confirmation that says how many instances it acts on (a dry
+run of the same bulk operation; for a migration, the check of each instance against the target), and
+ends on a result per instance. Thin over `stepstone.api.bulk_operations` and
+`stepstone.api.bulk_migration`, as the API's bulk routes are."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from stepstone.api.bulk_migration import bulk_migrate
 from stepstone.api.bulk_operations import bulk
 from stepstone.api.context import context_of
 from stepstone.core.limits import MAX_INT4
+from stepstone.core.model import COMPENSATION_FAILED
 from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter
 from stepstone.ui.render import UI_PREFIX, page, ui_root
@@ -48,9 +50,13 @@ async def _incidents(request: Request, who: Principal, filters: dict[str, str | 
     ctx = context_of(request)
     failed = await ops.instances(ctx, who, status="FAILED", workflow=filters["workflow"], business_key=None,
                                  scope=filters["scope"], cursor=cursor, limit=100)
+    # Sagas whose compensation gave up: a retry (one, a selection) resumes it where it stopped.
+    gave_up = await ops.instances(ctx, who, status=COMPENSATION_FAILED, workflow=filters["workflow"],
+                                  business_key=None, scope=filters["scope"], cursor=None, limit=100)
     dead = await ops.dead_letters(ctx, who, cursor=None, limit=100)
-    return {"items": failed["items"], "next_cursor": failed["next_cursor"], "dead": dead["items"],
-            "filters": filters, "described": _describe(filters)}
+    return {"items": failed["items"], "next_cursor": failed["next_cursor"], "gave_up": gave_up["items"],
+            "gave_up_more": gave_up["next_cursor"] is not None, "dead": dead["items"], "filters": filters,
+            "described": _describe(filters)}
 
 
 @router.get("/dead-letters")
@@ -84,7 +90,8 @@ async def confirm_bulk_retry(request: Request) -> Response:
     if not chosen:
         return back(request, "/dead-letters", "nothing+selected")
     return page(request, "confirm.html", who, heading=f"Retry {len(chosen)} instance(s)?",
-                question="The failed step of each runs again; each gets its own result.", items=chosen,
+                question="The failed step of each runs again (or the compensation it gave up, where it stopped); "
+                         "each gets its own result.", items=chosen,
                 confirm_label="Retry all", hidden=[("instance", i) for i in chosen], **common)
 
 
