@@ -20,40 +20,40 @@ from typing import Any
 import asyncpg
 
 from stepstone.client import Client
-from stepstone.errors import Unavailable
 from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
 from tests.chaos import workflows
+from tests.chaos.rig import checker
 from tests.chaos.rig.driver import TaskDriver
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, scenario_database, start_instances, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, progressed, scenario_database, start_instances, wait_for
 
 SIZE = 120
 WORKERS = 3
 KILLS = 6
+KILL_EVERY = 25  # step commits between two kills: the kills follow the run's progress, not the clock
 # A child of a parent cancelled with `compensate` ends COMPENSATED.
 _MOVING = "status NOT IN ('COMPLETED', 'CANCELLED', 'COMPENSATED')"
 _CANCELS = ("CANCELLED", "COMPENSATING")  # what a cancel that took reports (COMPENSATING: then CANCELLED)
 
 
-async def _cancel_half(url: str, ids: list[str], rng: random.Random) -> dict[str, str]:
-    """Cancel a random half of `ids`, one every 20-60 ms (a fifth of them a second time, a third with
-    `compensate`); returns each one's status as the (last) cancel reported it."""
+async def _cancel_half(url: str, ids: list[str], rng: random.Random, deadline: float) -> dict[str, str]:
+    """Cancel a random half of `ids` (a fifth of them a second time, a third with `compensate`), one after
+    each step the workers commit, so the cancels are spread over the run; returns each one's status as
+    the (last) cancel reported it."""
     chosen = rng.sample(ids, len(ids) // 2)
     chosen += rng.sample(chosen, len(chosen) // 5)  # repeats: a cancel is idempotent
     told: dict[str, str] = {}
     store = await PostgresStore.open(url, max_size=2)
+    probe = Probe(url)
     try:
         client = Client(store, workflows.registry, actor="rig")
+        commits = await probe.commits()
         for iid in chosen:
-            while True:
-                try:
-                    told[iid] = await client.cancel(iid, "chaos", compensate=rng.random() < 0.3)
-                    break
-                except Unavailable:
-                    await asyncio.sleep(0.05)  # a cut connection: the cancel is made again, as a caller would
-            await asyncio.sleep(rng.uniform(0.02, 0.06))  # the canceller's pace over the run
+            told[iid] = await client.cancel(iid, "chaos", compensate=rng.random() < 0.3)
+            commits = await progressed(probe, commits, 1, deadline, lambda: _settled(probe))
     finally:
+        await probe.close()
         await store.close()
     return told
 
@@ -69,16 +69,17 @@ async def test_cancels_under_kills_leave_nothing_open_and_nothing_after(pg_serve
         driver.start()
         probe = Probe(url)
 
-        async def settled() -> bool:
-            return int(await probe.fetchval(f"SELECT count(*) FROM stepstone.instances WHERE {_MOVING}")) == 0
+        def settled() -> Any:
+            return _settled(probe)
 
         deadline = time.monotonic() + 150
         try:
             # The cancels start once the workers do: on a backlog nothing has claimed, a cancel tests little.
             await wait_for(lambda: _claimed(probe), deadline, every=0.05)
-            cancelling = asyncio.ensure_future(_cancel_half(url, ids, rng))
+            cancelling = asyncio.ensure_future(_cancel_half(url, ids, rng, deadline))
+            commits = await probe.commits()
             while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await settled():
-                await asyncio.sleep(rng.uniform(0.3, 0.8))
+                commits = await progressed(probe, commits, KILL_EVERY, deadline, settled)
                 fleet.kill(rng.randrange(WORKERS))
             told = await cancelling
             if not await wait_for(settled, deadline):
@@ -103,6 +104,11 @@ async def test_cancels_under_kills_leave_nothing_open_and_nothing_after(pg_serve
     summary = (f"cancel kills: {len(fleet.kills)} kills, {cancelled} cancelled ({mid_step} with a command claimed), "
                f"{len(told) - cancelled} ended first")
     print(summary)  # noqa: T201
+
+
+async def _settled(probe: Probe) -> bool:
+    """Nothing moves any more (each task keeps its own probe: one connection runs one statement at a time)."""
+    return int(await probe.fetchval(f"SELECT count(*) FROM stepstone.instances WHERE {_MOVING}")) == 0
 
 
 async def _moving(url: str) -> list[dict[str, Any]]:
@@ -150,13 +156,8 @@ _NOTHING = {
     "children of cancelled parents still going":
         "SELECT c.id, c.status, p.status AS parent FROM stepstone.instances c "
         f"JOIN stepstone.instances p ON p.id = c.parent_id WHERE p.status = 'CANCELLED' AND c.{_MOVING}",
-    "step visits committed twice":
-        "SELECT instance_id, coalesce(position, ''), step, visit, count(*) FROM stepstone.history "
-        "WHERE kind = 'STEP_COMPLETED' GROUP BY 1, 2, 3, 4 HAVING count(*) <> 1",
-    "histories with a gap":
-        "SELECT i.id, i.history_seq, count(h.*) FROM stepstone.instances i "
-        "LEFT JOIN stepstone.history h ON h.instance_id = i.id GROUP BY i.id, i.history_seq "
-        "HAVING count(h.*) <> i.history_seq OR min(h.seq) <> 1 OR max(h.seq) <> i.history_seq",
+    "step visits committed twice": checker.STEP_TWICE,
+    "histories with a gap": checker.HISTORY_GAPS,
 }
 
 
@@ -167,6 +168,4 @@ async def _check(conn: asyncpg.Connection, ids: list[str], told: dict[str, str])
     wrong = {iid: (told.get(iid), status) for iid, status in final.items()
              if status != ("CANCELLED" if told.get(iid) in _CANCELS else "COMPLETED")}
     assert not wrong, f"top-level instances not as their cancels said: {list(wrong.items())[:5]}"
-    for what, sql in _NOTHING.items():
-        rows = await conn.fetch(sql)
-        assert not rows, f"{what}: {len(rows)}, e.g. {[dict(r) for r in rows[:5]]}"
+    await checker.assert_none(conn, _NOTHING)

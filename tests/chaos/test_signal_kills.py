@@ -1,8 +1,8 @@
 """Signals while worker processes are SIGKILLed: instances that wait twice for the signal `go`
 (`chaossig-2`) get each of their two signals twice under one dedup key (a caller repeating a call whose
 answer it did not trust): half of them get both signals before any worker runs (each queues behind the
-step before its wait), the other half each signal once its wait is open, the repeat a moment later (at
-the next wait, while a step runs, after the end), while workers die.
+step before its wait), the other half each signal once its wait is open, the repeat at once or once the
+instance has left that wait (at the next wait, after the end), while workers die.
 
 What must hold afterwards: every instance COMPLETED, having taken its signals in the order they were
 sent (`got == [1, 2]`), each applied once (two SIGNAL_APPLIED, nothing applied twice), each of its steps
@@ -19,26 +19,21 @@ from pathlib import Path
 import asyncpg
 
 from stepstone.client import Client
-from stepstone.errors import Unavailable
 from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
 from tests.chaos import workflows
+from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, progressed, scenario_database, wait_for
 
 SIZE = 80
 WORKERS = 3
 KILLS = 6
+KILL_EVERY = 20  # step commits between two kills: the kills follow the run's progress, not the clock
 
 
 async def _send(client: Client, iid: str, n: int) -> None:
-    while True:
-        try:
-            await client.signal(iid, workflows.GO, {"n": n}, dedup_key=f"go-{n}")
-        except Unavailable:
-            await asyncio.sleep(0.05)  # a cut connection: the signal is sent again, as a caller would
-        else:
-            return
+    await client.signal(iid, workflows.GO, {"n": n}, dedup_key=f"go-{n}")
 
 
 async def _early(client: Client, iid: str) -> int:
@@ -49,15 +44,20 @@ async def _early(client: Client, iid: str) -> int:
 
 
 async def _late(client: Client, iid: str, rng: random.Random) -> int:
-    """Each signal once its wait is open (the instance cannot pass it without), twice, a moment apart: the
-    repeat may find the instance waiting at the next wait, running, or ended."""
+    """Each signal once its wait is open (the instance cannot pass it without), twice: the repeat at once
+    (while the instance still waits, or its next step runs) or once the instance has left that wait (at
+    the next wait, or ended), as the sender's coin falls."""
     for n in (1, 2):
-        async def waiting(n: int = n) -> bool:
+        async def at(n: int = n) -> bool:
             return (await client.get(iid)).step == f"w{n}"
 
-        assert await wait_for(waiting, time.monotonic() + 120, every=0.02), f"{iid} never reached w{n}"
+        async def left(n: int = n) -> bool:
+            return (await client.get(iid)).step != f"w{n}"
+
+        assert await wait_for(at, time.monotonic() + 120, every=0.02), f"{iid} never reached w{n}"
         await _send(client, iid, n)
-        await asyncio.sleep(rng.uniform(0.0, 0.3))
+        if rng.random() < 0.5:
+            assert await wait_for(left, time.monotonic() + 120, every=0.02), f"{iid} never left w{n}"
         await _send(client, iid, n)
     return 4
 
@@ -81,10 +81,11 @@ async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgS
             early, late = ids[: SIZE // 2], ids[SIZE // 2 :]
             sent = sum([await _early(client, iid) for iid in early])
             fleet.start()
-            senders = [random.Random(rng.random()) for _ in late]  # noqa: S311 - each sender its own pace
+            senders = [random.Random(rng.random()) for _ in late]  # noqa: S311 - each sender its own coin
             sending = asyncio.gather(*(_late(client, iid, r) for iid, r in zip(late, senders, strict=True)))
+            commits = await probe.commits()
             while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await completed():
-                await asyncio.sleep(rng.uniform(0.3, 0.8))
+                commits = await progressed(probe, commits, KILL_EVERY, deadline, completed)
                 fleet.kill(rng.randrange(WORKERS))
             calls = sent + sum(await sending)
             assert await wait_for(completed, deadline), "not every instance completed"
@@ -95,7 +96,7 @@ async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgS
         assert fleet.crashed() == []
         conn = await asyncpg.connect(url)
         try:
-            await _check(conn)
+            await checker.assert_none(conn, _NOTHING)
             before_wait = await conn.fetchval(_EARLY)
         finally:
             await conn.close()
@@ -126,17 +127,8 @@ _NOTHING = {
         "SELECT i.id, count(h.*) FROM stepstone.instances i LEFT JOIN stepstone.history h "
         "ON h.instance_id = i.id AND h.kind = 'STEP_COMPLETED' GROUP BY i.id "
         "HAVING count(h.*) <> 3 OR count(DISTINCT h.step) <> 3",
-    "committed steps without their effect":
-        "SELECT h.instance_id, h.step, h.visit FROM stepstone.history h WHERE h.kind = 'STEP_COMPLETED' "
-        "AND NOT EXISTS (SELECT 1 FROM chaos.ledger l WHERE l.key = h.instance_id || '/' || h.step || '/' || h.visit)",
-    "histories with a gap":
-        "SELECT i.id, i.history_seq, count(h.*) FROM stepstone.instances i "
-        "LEFT JOIN stepstone.history h ON h.instance_id = i.id GROUP BY i.id, i.history_seq "
-        "HAVING count(h.*) <> i.history_seq OR min(h.seq) <> 1 OR max(h.seq) <> i.history_seq",
+    "committed steps without their effect": checker.LOST_WRITES,
+    "step visits committed twice": checker.STEP_TWICE,
+    "histories with a gap": checker.HISTORY_GAPS,
 }
 
-
-async def _check(conn: asyncpg.Connection) -> None:
-    for what, sql in _NOTHING.items():
-        rows = await conn.fetch(sql)
-        assert not rows, f"{what}: {len(rows)}, e.g. {[dict(r) for r in rows[:5]]}"

@@ -60,6 +60,31 @@ def split_key(key: str) -> tuple[str, str, str, int]:
     return parts[0], "/".join(parts[1:-2]), parts[-2], int(parts[-1])
 
 
+# Step visits committed more than once, and histories that are not exactly 1..history_seq: the checks
+# every scenario makes, and the kill tests of single features too (through `assert_none`).
+STEP_TWICE = (
+    "SELECT instance_id, coalesce(position, '') AS position, step, visit, count(*) AS n FROM stepstone.history "
+    "WHERE kind = 'STEP_COMPLETED' GROUP BY 1, 2, 3, 4 HAVING count(*) <> 1")
+HISTORY_GAPS = (
+    "SELECT i.id, i.history_seq, count(h.*) AS n, min(h.seq) AS lo, max(h.seq) AS hi "
+    "FROM stepstone.instances i LEFT JOIN stepstone.history h ON h.instance_id = i.id "
+    "GROUP BY i.id, i.history_seq "
+    "HAVING count(h.*) <> i.history_seq OR min(h.seq) <> 1 OR max(h.seq) <> i.history_seq")
+
+
+# A committed step with no ledger row: its effect never happened.
+LOST_WRITES = (
+    "SELECT h.instance_id, h.position, h.step, h.visit FROM stepstone.history h WHERE h.kind = 'STEP_COMPLETED' "
+    f"AND NOT EXISTS (SELECT 1 FROM chaos.ledger l WHERE l.key = {KEY}) LIMIT 5")
+
+
+async def assert_none(conn: asyncpg.Connection, queries: Mapping[str, str]) -> None:
+    """Each query lists what breaks one invariant (its key): every one must come back empty."""
+    for what, sql in queries.items():
+        rows = await conn.fetch(sql)
+        assert not rows, f"{what}: {len(rows)}, e.g. {[dict(r) for r in rows[:5]]}"
+
+
 SLACK_S = 0.5  # the ledger's clock (the database's) against the rig's, and the row's own commit
 
 
@@ -119,9 +144,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
         bad("lost", f"{statuses} for {top} top-level of {expected} expected and {children} children; "
                     f"e.g. {[dict(r) for r in sample]}")
 
-    twice = await conn.fetch(
-        "SELECT instance_id, coalesce(position, '') AS position, step, visit, count(*) AS n FROM stepstone.history "
-        "WHERE kind = 'STEP_COMPLETED' GROUP BY 1, 2, 3, 4 HAVING count(*) <> 1")
+    twice = await conn.fetch(STEP_TWICE)
     if twice:
         bad("step_twice", f"{len(twice)} step visits, e.g. {[dict(r) for r in twice[:5]]}")
 
@@ -136,11 +159,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
     await _branches_and_children(conn, bad)
     await _tasks_and_messages(conn, bad)
 
-    gaps = await conn.fetch(
-        "SELECT i.id, i.history_seq, count(h.*) AS n, min(h.seq) AS lo, max(h.seq) AS hi "
-        "FROM stepstone.instances i LEFT JOIN stepstone.history h ON h.instance_id = i.id "
-        "GROUP BY i.id, i.history_seq "
-        "HAVING count(h.*) <> i.history_seq OR min(h.seq) <> 1 OR max(h.seq) <> i.history_seq")
+    gaps = await conn.fetch(HISTORY_GAPS)
     if gaps:
         bad("history_gap", f"{len(gaps)} instances, e.g. {[dict(r) for r in gaps[:5]]}")
 
@@ -157,9 +176,7 @@ async def check(  # noqa: PLR0912 - one flat list of independent checks reads be
     if events != emitting or unmatched:
         bad("outbox", f"{events} events for {emitting} committed emitting steps; e.g. {[dict(r) for r in unmatched]}")
 
-    lost_writes = await conn.fetch(
-        "SELECT h.instance_id, h.position, h.step, h.visit FROM stepstone.history h WHERE h.kind = 'STEP_COMPLETED' "
-        f"AND NOT EXISTS (SELECT 1 FROM chaos.ledger l WHERE l.key = {KEY}) LIMIT 5")
+    lost_writes = await conn.fetch(LOST_WRITES)
     if lost_writes:
         bad("lost_write", [dict(r) for r in lost_writes])
 

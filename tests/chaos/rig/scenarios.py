@@ -161,6 +161,16 @@ class Probe:
                 await self.conn.close()
 
 
+async def progressed(probe: Probe, since: int, steps: int, deadline: float, done: Any = None) -> int:
+    """Wait until `steps` more steps than `since` have committed (or `done()` says the run is over):
+    a schedule paced by the engine's own progress, not by the clock. The count of commits then."""
+    async def moved() -> bool:
+        return await probe.commits() >= since + steps or (done is not None and bool(await done()))
+
+    await wait_for(moved, deadline, every=0.01)
+    return await probe.commits()
+
+
 async def wait_for(predicate: Any, deadline: float, every: float = 0.2) -> bool:
     """Poll an async predicate until true or the monotonic deadline passes."""
     while time.monotonic() < deadline:
