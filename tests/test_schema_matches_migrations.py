@@ -7,6 +7,7 @@ import re
 
 import asyncpg
 
+from stepstone.core.model import STATUSES, TERMINAL
 from stepstone.store import migrate as m
 from stepstone.store.sqlfiles import read_text, render
 from tests._pg import PgServer
@@ -93,3 +94,14 @@ async def test_documents_of_hot_tables_carry_no_statistics(database_url: str) ->
     finally:
         await conn.close()
     assert [r["name"] for r in gathered] == []
+
+
+async def test_the_database_and_the_core_agree_on_what_has_ended(database_url: str) -> None:
+    """is_terminal (migration 0044) is what signals and migrations ask in SQL; core.model.TERMINAL what the
+    Python side asks: the same four statuses."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        ended = {s for s in STATUSES if await conn.fetchval("SELECT stepstone.is_terminal($1)", s)}
+    finally:
+        await conn.close()
+    assert ended == set(TERMINAL)

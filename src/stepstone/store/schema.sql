@@ -4950,6 +4950,12 @@ END $$;
 -- ==== version 44 (migration 0044_every_end_is_an_end) ====
 -- migrate_instance skips, and signal_position refuses, an instance that ended COMPENSATED or TIMED_OUT
 -- too; why: the migration's header.
+-- The ends an instance cannot leave, in one place for the statements that ask (core.model.TERMINAL;
+-- tests/test_schema_matches_migrations.py checks the two agree).
+CREATE FUNCTION {{schema}}.is_terminal(p_status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT p_status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') $$;
+
 CREATE OR REPLACE FUNCTION {{schema}}.migrate_instance(
     p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
     p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
@@ -4974,7 +4980,7 @@ BEGIN
         RETURN QUERY SELECT 'changed', NULL::bigint;
         RETURN;
     END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN  -- ended (TERMINAL)
+    IF {{schema}}.is_terminal(v_inst.status) THEN
         RETURN QUERY SELECT 'ended', NULL::bigint;
         RETURN;
     END IF;
@@ -5071,7 +5077,7 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN  -- ended (TERMINAL)
+    IF {{schema}}.is_terminal(v_inst.status) THEN
         RETURN QUERY SELECT 'ended', NULL::bigint, v_inst.status;
         RETURN;
     END IF;

@@ -7,7 +7,13 @@
 -- - signal_position (migration 0008) recorded a signal for it, which the worker then rejected
 --   (INSTANCE_ENDED), where a signal to an ended instance is refused at once (InvalidState), as
 --   docs/messages.md says (tests/sagas/test_deadlines.py).
--- Expand only: both functions are replaced with the same signatures.
+-- Expand only: a new function, is_terminal; both functions are replaced with the same signatures.
+-- The ends an instance cannot leave, in one place for the statements that ask (core.model.TERMINAL;
+-- tests/test_schema_matches_migrations.py checks the two agree).
+CREATE FUNCTION {{schema}}.is_terminal(p_status text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT p_status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') $$;
+
 CREATE OR REPLACE FUNCTION {{schema}}.migrate_instance(
     p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
     p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
@@ -32,7 +38,7 @@ BEGIN
         RETURN QUERY SELECT 'changed', NULL::bigint;
         RETURN;
     END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN  -- ended (TERMINAL)
+    IF {{schema}}.is_terminal(v_inst.status) THEN
         RETURN QUERY SELECT 'ended', NULL::bigint;
         RETURN;
     END IF;
@@ -129,7 +135,7 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN  -- ended (TERMINAL)
+    IF {{schema}}.is_terminal(v_inst.status) THEN
         RETURN QUERY SELECT 'ended', NULL::bigint, v_inst.status;
         RETURN;
     END IF;
