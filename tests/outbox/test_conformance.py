@@ -87,25 +87,6 @@ async def test_every_event_arrives_with_its_id_and_trace_context(kind: Kind, con
     assert (status.pending, status.dead) == (0, 0)
 
 
-async def test_several_relays_keep_per_key_order(kind: Kind, conn: asyncpg.Connection, store: PostgresStore,
-                                                 outbox: PostgresOutbox) -> None:
-    keys = [f"k{n % 8}" for n in range(96)] + [None] * 8
-    staged = await stage(conn, keys)
-    publishers = [open_publisher(kind.url) for _ in range(3)]
-    relays = [Relay(PostgresOutbox(store), p, RelayConfig(batch_size=7, relay_id=f"r{i}"))
-              for i, p in enumerate(publishers)]
-    try:
-        await drain(relays, outbox)
-    finally:
-        for p in publishers:
-            await p.close()
-    assert sum(r.events.published for r in relays) == len(staged)
-    assert sum(1 for r in relays if r.events.published) > 1, "the relays shared the work"
-    seen = await kind.read()
-    assert Counter(e for e, _, _ in seen) == Counter(e for _, e, _ in staged)
-    assert_keys_in_order(seen, staged)
-
-
 class Gated:
     """Holds each publish until `release` is set, after signalling `entered`."""
 
@@ -122,6 +103,33 @@ class Gated:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+async def test_several_relays_keep_per_key_order(kind: Kind, conn: asyncpg.Connection, store: PostgresStore,
+                                                 outbox: PostgresOutbox) -> None:
+    keys = [f"k{n % 8}" for n in range(96)] + [None] * 8
+    staged = await stage(conn, keys)
+    held = Gated(open_publisher(kind.url))
+    publishers: list[Publisher] = [held, open_publisher(kind.url), open_publisher(kind.url)]
+    relays = [Relay(PostgresOutbox(store), p, RelayConfig(batch_size=7, relay_id=f"r{i}"))
+              for i, p in enumerate(publishers)]
+    try:
+        # The first relay holds its first batch (one event each of k0..k6) on its way to the broker, so
+        # the work is shared whatever the scheduling: another relay publishes what that batch does not
+        # block (k7's and the keyless events) before the three drain the rest side by side.
+        first = asyncio.create_task(first_claim(relays[0]))
+        await held.entered.wait()
+        assert await publish_until(relays[1], 1) > 0
+        held.release.set()
+        await first
+        await drain(relays, outbox)
+    finally:
+        for p in publishers:
+            await p.close()
+    assert sum(r.events.published for r in relays) == len(staged)
+    seen = await kind.read()
+    assert Counter(e for e, _, _ in seen) == Counter(e for _, e, _ in staged)
+    assert_keys_in_order(seen, staged)
 
 
 async def test_a_relay_never_overtakes_another_on_a_key(kind: Kind, conn: asyncpg.Connection,
