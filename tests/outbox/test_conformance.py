@@ -114,9 +114,10 @@ async def test_several_relays_keep_per_key_order(kind: Kind, conn: asyncpg.Conne
     relays = [Relay(PostgresOutbox(store), p, RelayConfig(batch_size=7, relay_id=f"r{i}"))
               for i, p in enumerate(publishers)]
     try:
-        # The first relay holds its first batch (one event each of k0..k6) on its way to the broker, so
-        # the work is shared whatever the scheduling: another relay publishes what that batch does not
-        # block (k7's and the keyless events) before the three drain the rest side by side.
+        # The first relay holds its first batch (the first event of each of k0..k6) on its way to the
+        # broker, so the work is shared whatever the scheduling: another relay publishes what its claims
+        # find unblocked (k7's first event: the next candidates are all behind the held batch) before
+        # the three drain the rest side by side.
         first = asyncio.create_task(first_claim(relays[0]))
         await held.entered.wait()
         assert await publish_until(relays[1], 1) > 0
