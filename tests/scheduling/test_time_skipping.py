@@ -72,3 +72,14 @@ async def test_advance_refuses_what_is_no_step_forward(engine: Engine) -> None:
         with pytest.raises(InvalidInput, match="forward, by 0 to a thousand years"):
             await engine.advance(**ask)  # type: ignore[arg-type]
     assert await engine.store.db_now() - before < timedelta(minutes=1)  # the clock did not move
+
+
+async def test_a_schedule_of_a_workflow_this_engine_does_not_have_is_not_waited_for(engine: Engine) -> None:
+    """Another node's schedule, overdue because that node is down, is not this one's next tick: skipping
+    stopped at it 10,000 times and gave up, and a worker's firer polled every 10 ms."""
+    await engine.client.schedule(Schedule("theirs", "another_teams_workflow", every=60))
+    await engine.client.schedule(Schedule("hourly", report, cron="0 * * * *", catch_up="none"))
+    await engine.advance(minutes=3)
+    assert engine.worker.schedules is not None
+    gap = await engine.worker.schedules.next_tick()
+    assert gap is not None and 0 < gap <= 3600  # the hourly tick, not the other node's overdue one

@@ -42,10 +42,22 @@ class ScheduleFirer:
         self.registry = registry
         self.counts = FiringCounts()
 
+    @property
+    def names(self) -> list[str]:
+        """The workflows whose schedules this node fires."""
+        return sorted({wf.id for wf in self.registry})
+
+    async def next_tick(self) -> float | None:
+        """Seconds to the next tick this node can fire, or None. A schedule of a workflow it does not
+        have is not its to wait for: counted, one overdue for a node that never comes turned every
+        other node's loop into a poll every 10 ms."""
+        names = self.names
+        return await self.store.next_schedule(names) if names else None
+
     async def fire_due(self) -> int:
         """Fire every due schedule this node can start; returns how many instances it started."""
         started = 0
-        names = sorted({wf.id for wf in self.registry})
+        names = self.names
         if not names:
             return 0
         while True:
@@ -94,7 +106,7 @@ class ScheduleFirer:
             upcoming: float | None = None
             try:
                 await self.fire_due()
-                upcoming = await self.store.next_schedule()
+                upcoming = await self.next_tick()
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 log.warning("firing schedules failed (%s: %s)", type(exc).__name__, exc)
             delay = interval if upcoming is None else min(interval, max(upcoming, 0.01))

@@ -56,8 +56,8 @@ class SchedulingQueries:
     async def due_schedules(self, limit: int, definitions: list[str]) -> list[dict[str, Any]]:
         return [dict(r) for r in await self._sfetch("due_schedules", limit, definitions)]
 
-    async def next_schedule(self) -> float | None:
-        rows = await self._sfetch("next_schedule")
+    async def next_schedule(self, definitions: list[str]) -> float | None:
+        rows = await self._sfetch("next_schedule", definitions)
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
 

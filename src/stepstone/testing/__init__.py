@@ -27,7 +27,6 @@ from stepstone.errors import InvalidInput
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.factory import open_store
 from stepstone.store.port import Store
-from stepstone.store.scheduling_port import SchedulingStore
 
 __all__ = ["Engine", "StepRuns", "open_engine"]
 
@@ -102,8 +101,8 @@ class Engine:
     async def _next_due(self) -> float | None:
         """Seconds to the next command, lease expiry or schedule tick that comes due, or None."""
         gaps = [await self.store.next_available()]
-        if isinstance(self.store, SchedulingStore):
-            gaps.append(await self.store.next_schedule())
+        if self.worker.schedules is not None:
+            gaps.append(await self.worker.schedules.next_tick())
         known = [g for g in gaps if g is not None]
         return min(known) if known else None
 

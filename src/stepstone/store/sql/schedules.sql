@@ -40,9 +40,9 @@ ORDER BY next_fire_at
 LIMIT $1;
 
 -- name: next_schedule
--- Seconds from the database clock to the next tick of any schedule, or NULL.
+-- Seconds from the database clock to the next tick of a schedule of the workflows $1, or NULL.
 SELECT EXTRACT(EPOCH FROM (min(next_fire_at) - {{schema}}.db_now()))::float8
-FROM {{schema}}.schedules WHERE NOT paused;
+FROM {{schema}}.schedules WHERE NOT paused AND definition_id = ANY ($1::text[]);
 
 -- name: fire_schedule
 SELECT outcome, instance_id, tick FROM {{schema}}.fire_schedule($1, $2, $3, $4, $5, $6, $7, $8);
