@@ -165,3 +165,40 @@ def test_the_status_filter_takes_every_status() -> None:
     """The API's `status` parameter is a Literal (for the OpenAPI document): the same statuses as
     core.model.STATUSES, which the CLI and the UI offer."""
     assert set(get_args(Status)) == set(STATUSES)
+
+
+async def test_archived_instances_are_left_out_of_the_list_and_counts_unless_asked(api: Api) -> None:
+    """As `stepstone find` and `Client.find`: an instance past its retention window is hidden from the
+    list and the counts (API and UI) unless `include_archived`, and one that changes again shows."""
+    admin = await api.token("admin")
+    policy = {"workflow": "job", "status_class": "completed", "retain_for_seconds": 3600,
+              "purge_after_seconds": 86400}
+    assert (await api.http.put(f"{V1}/retention/policies", headers=admin, json=policy)).status_code == 200
+    old = await api.engine.client.start("job", {"name": "old"})
+    await api.engine.run_until_idle()
+    await api.engine.client.signal(old, "approve")
+    await api.engine.run_until_idle()
+    await api.engine.advance(7200)
+    swept = (await api.http.post(f"{V1}/retention/run", headers=admin, json={"workflow": "job"})).json()
+    assert swept["archived"] == 1
+    new = await api.engine.client.start("job", {"name": "new"})
+    await api.engine.run_until_idle()
+
+    async def listed(**params: str) -> dict[str, str | None]:
+        items = (await api.http.get(f"{V1}/instances", headers=admin, params=params)).json()["items"]
+        return {i["id"]: i["archived_at"] for i in items}
+
+    async def counted(**params: str) -> dict[str, int]:
+        return dict((await api.http.get(f"{V1}/instances/counts", headers=admin, params=params)).json()["counts"])
+
+    assert await listed() == {new: None}
+    assert await listed(status="COMPLETED") == {}
+    assert await counted() == {"WAITING": 1}
+    everything = await listed(include_archived="true")
+    assert set(everything) == {old, new} and everything[old] is not None and everything[new] is None
+    assert await counted(include_archived="true") == {"WAITING": 1, "COMPLETED": 1}
+    await api.sign_in("viewer")
+    ui = (await api.http.get("/ui/")).text
+    assert (new in ui, old in ui) == (True, False)
+    ui = (await api.http.get("/ui/", params={"archived": "1"})).text
+    assert (new in ui, old in ui) == (True, True)

@@ -225,6 +225,8 @@ async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
     await ops.retry([iid])
     await engine.run_until_idle()
     assert [i.id for i in (await ops.find()).items] == [iid]  # it ran again: no longer archived
+    assert [i.archived_at for i in (await ops.find()).items] == [None]  # nor shown as archived
+    assert (await ops.detail(iid)).archived_at is None
     await engine.advance(2 * DAY)
     report = await ops.retention_run()
     assert (report.archived, report.purged) == (0, 0)  # completed two days ago: inside its 30 days

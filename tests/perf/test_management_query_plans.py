@@ -49,10 +49,13 @@ async def test_management_queries_use_indexes(database_url: str) -> None:
         some = uuid.UUID(str(await conn.fetchval("SELECT id FROM stepstone.instances LIMIT 1")))
         now = datetime.now(UTC)
         cases = {
-            "instances of one scope": (q["instances_page"], ["acme"], None, None, None, None, None, 51),
-            "instances of one scope, next page": (q["instances_page"], ["acme"], None, None, None, now, some, 51),
-            "instances of every scope": (q["instances_page"], None, None, None, None, None, None, 51),
-            "failed instances": (q["instances_page"], None, "FAILED", None, None, None, None, 51),
+            "instances of one scope": (q["instances_page"], ["acme"], None, None, None, None, None, 51, False),
+            "instances of one scope, next page": (q["instances_page"], ["acme"], None, None, None, now, some, 51,
+                                                  False),
+            "instances of every scope": (q["instances_page"], None, None, None, None, None, None, 51, False),
+            "instances of every scope, archived too": (q["instances_page"], None, None, None, None, None, None, 51,
+                                                       True),
+            "failed instances": (q["instances_page"], None, "FAILED", None, None, None, None, 51, False),
             "history": (q["history_page"], some, 0, 51, None),
             "history, failures only": (q["history_page"], some, 0, 51, sorted(FAILURE_KINDS)),
             "commands": (q["commands_page"], some, 0, 51, None),

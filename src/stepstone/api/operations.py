@@ -43,7 +43,7 @@ def _bad_cursor() -> InvalidInput:
 
 async def instances(
     ctx: ApiContext, who: Principal, *, status: str | None, workflow: str | None, business_key: str | None,
-    scope: str | None, cursor: str | None, limit: int,
+    scope: str | None, cursor: str | None, limit: int, include_archived: bool = False,
 ) -> dict[str, Any]:
     check_texts(status=status, workflow=workflow, business_key=business_key, scope=scope)
     scopes = who.visible_scopes()
@@ -59,7 +59,8 @@ async def instances(
         if after[0].tzinfo is None:
             raise _bad_cursor()
     rows = [] if scopes == [] else await ctx.management.instances_page(
-        scopes, status=status, definition=workflow, business_key=business_key, after=after, limit=limit + 1)
+        scopes, status=status, definition=workflow, business_key=business_key, after=after, limit=limit + 1,
+        include_archived=include_archived)
     return page(rows, limit, lambda r: (r["created_at"].isoformat(), r["id"]))
 
 
@@ -67,12 +68,14 @@ COUNT_CAP = 10_000
 """Counts stop here: a status with more instances shows as "more than 10,000"."""
 
 
-async def counts(ctx: ApiContext, who: Principal, workflow: str | None) -> dict[str, Any]:
+async def counts(ctx: ApiContext, who: Principal, workflow: str | None,
+                 include_archived: bool = False) -> dict[str, Any]:
     """``{"counts": {status: n}, "more_than": [statuses with more than COUNT_CAP], "cap": COUNT_CAP}``:
     each status counted up to the cap, so the cost does not grow with the table."""
     check_texts(workflow=workflow)
     scopes = who.visible_scopes()
-    found = {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow, COUNT_CAP)
+    found = {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow, COUNT_CAP,
+                                                                        include_archived)
     more = sorted(s for s, n in found.items() if n > COUNT_CAP)
     return {"counts": {s: min(n, COUNT_CAP) for s, n in found.items()}, "more_than": more, "cap": COUNT_CAP}
 

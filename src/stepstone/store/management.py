@@ -78,14 +78,15 @@ class PostgresManagement:
 
     async def instances_page(
         self, scopes: Sequence[str] | None, *, status: str | None, definition: str | None,
-        business_key: str | None, after: tuple[datetime, str] | None, limit: int,
+        business_key: str | None, after: tuple[datetime, str] | None, limit: int, include_archived: bool = False,
     ) -> list[dict[str, Any]]:
         at, after_id = after if after else (None, None)
         return await self._rows("instances_page", _scopes(scopes), status, definition, business_key, at,
-                                _uuid(after_id) if after_id else None, limit)
+                                _uuid(after_id) if after_id else None, limit, include_archived)
 
-    async def instance_counts(self, scopes: Sequence[str] | None, definition: str | None, cap: int) -> dict[str, int]:
-        rows = await self._fetch("instance_counts", _scopes(scopes), definition, cap)
+    async def instance_counts(self, scopes: Sequence[str] | None, definition: str | None, cap: int,
+                              include_archived: bool = False) -> dict[str, int]:
+        rows = await self._fetch("instance_counts", _scopes(scopes), definition, cap, include_archived)
         return {r["status"]: int(r["n"]) for r in rows if r["n"]}
 
     async def history_page(

@@ -45,10 +45,10 @@ class ManagementStore(Protocol):
     async def instance_stamp(self, instance_id: str) -> tuple[str, datetime] | None: ...
     async def instances_page(
         self, scopes: Sequence[str] | None, *, status: str | None, definition: str | None,
-        business_key: str | None, after: tuple[datetime, str] | None, limit: int,
+        business_key: str | None, after: tuple[datetime, str] | None, limit: int, include_archived: bool = False,
     ) -> list[dict[str, Any]]: ...
     async def instance_counts(
-        self, scopes: Sequence[str] | None, definition: str | None, cap: int
+        self, scopes: Sequence[str] | None, definition: str | None, cap: int, include_archived: bool = False
     ) -> dict[str, int]: ...
     async def history_page(
         self, instance_id: str, *, after: int, limit: int, failed_only: bool

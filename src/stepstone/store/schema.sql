@@ -5092,3 +5092,10 @@ BEGIN
     END IF;
     RETURN QUERY SELECT 'recorded', v_id, v_inst.status;
 END $$;
+
+-- ==== version 45 (migration 0045_one_test_of_archived) ====
+-- One test of "archived", for every list and count: why, the migration's header.
+CREATE FUNCTION {{schema}}.is_archived(p_archived_at timestamptz, p_ended_at timestamptz,
+                                       p_updated_at timestamptz) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT p_archived_at IS NOT NULL AND p_archived_at >= COALESCE(p_ended_at, p_updated_at) $$;

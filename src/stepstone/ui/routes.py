@@ -79,15 +79,17 @@ async def instances_page(request: Request) -> Response:
     filters = {k: (q.get(k) or None) for k in ("status", "workflow", "business_key", "scope")}
     if filters["status"] not in (None, *STATUSES):
         filters["status"] = None
+    archived = q.get("archived") == "1"
     listing = await ops.instances(ctx, who, status=filters["status"], workflow=filters["workflow"],
                                   business_key=filters["business_key"], scope=filters["scope"],
-                                  cursor=q.get("cursor") or None, limit=50)
-    counted = await ops.counts(ctx, who, filters["workflow"])
+                                  cursor=q.get("cursor") or None, limit=50, include_archived=archived)
+    counted = await ops.counts(ctx, who, filters["workflow"], archived)
     counts = {s: f"{n:,}+" if s in counted["more_than"] else f"{n:,}" for s, n in counted["counts"].items()}
     total = sum(counted["counts"].values())
     return page(request, "instances.html", who, nav="instances", live="list", items=listing["items"],
                 next_cursor=listing["next_cursor"], counts=counts,
-                total=f"{total:,}+" if counted["more_than"] else f"{total:,}", filters=filters, statuses=STATUSES)
+                total=f"{total:,}+" if counted["more_than"] else f"{total:,}", filters=filters, statuses=STATUSES,
+                archived=archived)
 
 
 @router.get("/instances/{instance_id}")

@@ -18,6 +18,7 @@ router = APIRouter(prefix="/instances", tags=["instances"])
 Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Rows per page.")]
 Cursor = Annotated[str | None, Query(max_length=1000, description="`next_cursor` of the previous page.")]
 Text = Annotated[str | None, Query(max_length=500)]
+Archived = Annotated[bool, Query(description="Include instances past their retention window (archived).")]
 Status = Literal["PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "COMPENSATING", "COMPENSATED",
                  "CANCELLED", "TIMED_OUT", "COMPENSATION_FAILED"]
 CommandState = Literal["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD", "COMPLETE", "REJECTED", "STALE",
@@ -48,15 +49,17 @@ class CancelRequest(BaseModel):
 async def list_instances(
     request: Request, who: Caller, status: Status | None = None,
     workflow: Text = None, business_key: Text = None, scope: Text = None, cursor: Cursor = None,
-    limit: Limit = DEFAULT_LIMIT,
+    limit: Limit = DEFAULT_LIMIT, include_archived: Archived = False,
 ) -> dict[str, Any]:
     return await ops.instances(context_of(request), who, status=status, workflow=workflow,
-                               business_key=business_key, scope=scope, cursor=cursor, limit=limit)
+                               business_key=business_key, scope=scope, cursor=cursor, limit=limit,
+                               include_archived=include_archived)
 
 
 @router.get("/counts", summary="How many instances are in each status (each counted up to 10,000)")
-async def instance_counts(request: Request, who: Caller, workflow: Text = None) -> dict[str, Any]:
-    return await ops.counts(context_of(request), who, workflow)
+async def instance_counts(request: Request, who: Caller, workflow: Text = None,
+                          include_archived: Archived = False) -> dict[str, Any]:
+    return await ops.counts(context_of(request), who, workflow, include_archived)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Start an instance")

@@ -34,11 +34,14 @@ SELECT id, scope FROM {{schema}}.instances WHERE id = ANY($1::uuid[]);
 
 -- name: instances_page
 -- Newest first on (created_at, id): scopes $1, status $2, definition $3, business key $4,
--- after ($5, $6), at most $7 rows. A single scope reads instances_scope_created backwards.
+-- after ($5, $6), at most $7 rows; archived instances only when $8 (is_archived, as the operations'
+-- find). A single scope reads instances_scope_created backwards.
 SELECT i.id, i.scope, i.definition_id, i.version, i.status, i.step, i.business_key, i.parent_id,
-       i.created_at, i.updated_at, i.ended_at, i.error
+       i.created_at, i.updated_at, i.ended_at, i.error,
+       CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at
 FROM {{schema}}.instances i
-WHERE ($1::text[] IS NULL OR i.scope = ANY($1::text[]))
+WHERE ($8::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at))
+  AND ($1::text[] IS NULL OR i.scope = ANY($1::text[]))
   AND ($2::text IS NULL OR i.status = $2)
   AND ($3::text IS NULL OR i.definition_id = $3)
   AND ($4::text IS NULL OR i.business_key = $4)
@@ -51,26 +54,37 @@ LIMIT $7;
 -- $3 + 1 of each: a status with more shows as $3 + 1 ("more than $3"), so the counts cost about the
 -- same at a million instances as at a thousand. One branch per status, each naming its status as a
 -- literal, so the planner knows how common it is (a rare one is read through instances_status_created).
+-- Archived instances count only when $4 (as instances_page's $8).
 SELECT 'PENDING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'PENDING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'RUNNING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'RUNNING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'WAITING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'WAITING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'COMPLETED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPLETED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'FAILED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'FAILED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'COMPENSATING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'COMPENSATED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'CANCELLED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'CANCELLED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'TIMED_OUT' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'TIMED_OUT'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
 UNION ALL SELECT 'COMPENSATION_FAILED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATION_FAILED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2) LIMIT $3 + 1) c) AS n;
+    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n;
 
 -- name: history_page
 -- History of instance $1 oldest first, entries after seq $2, at most $3; only the kinds $4 when given

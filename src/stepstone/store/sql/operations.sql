@@ -6,7 +6,7 @@
 -- name: instance_filter
 -- $1 statuses, $2 workflow, $3 version, $4 scope, $5 business key, $6 business key contains (a LIKE
 -- pattern, escaped by the caller), $7 parent, $8/$9 created since/until, $10/$11 updated since/until,
--- $12 include archived (an archived instance that changed since, by a retry or a replay, shows again).
+-- $12 include archived (is_archived, migration 0045: one that changed since shows again).
     ($1::text[] IS NULL OR i.status = ANY ($1))
 AND ($2::text IS NULL OR i.definition_id = $2)
 AND ($3::integer IS NULL OR i.version = $3)
@@ -18,12 +18,13 @@ AND ($8::timestamptz IS NULL OR i.created_at >= $8)
 AND ($9::timestamptz IS NULL OR i.created_at < $9)
 AND ($10::timestamptz IS NULL OR i.updated_at >= $10)
 AND ($11::timestamptz IS NULL OR i.updated_at < $11)
-AND ($12::boolean OR i.archived_at IS NULL OR i.archived_at < COALESCE(i.ended_at, i.updated_at))
+AND ($12::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at))
 
 -- name: find_instances
 -- Newest first, keyset-paginated on (created_at, id) after ($13, $14); at most $15 rows.
 SELECT i.id, i.scope, i.definition_id, i.version, i.status, i.step, i.business_key, i.parent_id,
-       i.created_at, i.updated_at, i.ended_at, i.archived_at
+       i.created_at, i.updated_at, i.ended_at,
+       CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at
 FROM {{schema}}.instances i
 WHERE /*filter*/
   AND ($13::timestamptz IS NULL OR (i.created_at, i.id) < ($13, $14::uuid))
@@ -49,7 +50,8 @@ SELECT o.id, o.event_id, o.type, o.key, o.created_at, o.published_at, o.dead_at,
 FROM {{schema}}.outbox o WHERE o.instance_id = $1 ORDER BY o.id LIMIT 1000;
 
 -- name: instance_extra
-SELECT i.archived_at, i.scope, d.plan -> 'sensitive' AS sensitive,
+SELECT CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at,
+       i.scope, d.plan -> 'sensitive' AS sensitive,
        (SELECT jsonb_object_agg(s ->> 'name', (s -> 'retry' ->> 'max_attempts')::integer)
         FROM jsonb_array_elements(d.plan -> 'steps') s WHERE s ? 'retry') AS max_attempts
 FROM {{schema}}.instances i
