@@ -43,6 +43,8 @@ def test_schedule_errors_are_one_line(run: Cli) -> None:
     line = run.error("schedules", "create", "s", "hello", "--cron", "0 25 * * *")
     assert line == "error: schedule 's': cron expression '0 25 * * *': hour field '25' is outside 0-23"
     assert "exactly one of cron" in run.error("schedules", "create", "s", "hello")
+    never = run.error("schedules", "create", "s", "hello", "--cron", "0 0 31 2 *")  # was a traceback
+    assert never == "error: schedule 's': cron expression '0 0 31 2 *' never fires"
     deep = run.error("schedules", "create", "s", "hello", "--every", "60", "--input", "[" * 5000)  # a RecursionError
     assert deep == "error: --input is not valid JSON: nested too deeply"
 

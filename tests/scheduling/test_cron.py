@@ -121,3 +121,11 @@ def test_tick_ids_are_stable() -> None:
     tick = datetime(2026, 3, 2, 11, 0, tzinfo=UTC)
     assert tick_instance_id("s", tick) == tick_instance_id("s", tick.astimezone(ZoneInfo("Asia/Tokyo")))
     assert tick_instance_id("s", tick) != tick_instance_id("t", tick)
+
+
+def test_an_expression_that_never_fires_is_refused_when_parsed() -> None:
+    with pytest.raises(CronError, match="never fires"):
+        Cron.parse("0 0 30 2 *")
+    with pytest.raises(ScheduleError, match="never fires"):
+        ScheduleSpec(cron="0 0 31 4,6 *")
+    assert Cron.parse("0 0 29 2 *").next_after(datetime(2026, 1, 1, tzinfo=UTC)) == datetime(2028, 2, 29, tzinfo=UTC)

@@ -27,6 +27,7 @@ _FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
     ("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}), ("month", 1, 12, _MONTHS),
     ("day of week", 0, 7, _DAYS))
 _SEARCH_DAYS = 366 * 8  # covers every valid expression (29 Feb recurs within 8 years)
+_SOME_MOMENT = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 class CronError(ValueError):
@@ -53,8 +54,10 @@ class Cron:
                             f"got {len(parts)}")
         sets = [_field(part, *spec, expression) for part, spec in zip(parts, _FIELDS, strict=True)]
         weekdays = frozenset(d % 7 for d in sets[4])
-        return cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays,
-                   parts[2] == "*", parts[4] == "*")
+        cron = cls(expression, sets[0], sets[1], sets[2], sets[3], weekdays, parts[2] == "*", parts[4] == "*")
+        # A day that no month has (31 February) is refused when the schedule is made, not at its first tick.
+        cron.next_after(_SOME_MOMENT)
+        return cron
 
     def _day_matches(self, day: date) -> bool:
         if day.month not in self.months:
