@@ -49,6 +49,26 @@ async def test_handlers_complete_raise_and_fail(engine: Engine) -> None:
     assert task["instance_id"] == broken and task["retries"] == 2 and "gateway down" in task["last_error"]
 
 
+class Unreadable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_an_error_whose_message_cannot_be_read_is_still_reported_as_a_failure(engine: Engine) -> None:
+    """As a step's: it ended the worker's loop and left the task locked without an answer."""
+    [iid] = await _start(engine, 4)
+    worker = ExternalWorker(ExternalTasks(engine.store), "py-1")
+
+    @worker.subscribe("payments")
+    def charge(task: LockedTask) -> dict[str, Any]:
+        raise Unreadable
+
+    assert await worker.run_once() == 1
+    [task] = await worker.tasks.list(status="open")
+    assert (task["instance_id"], task["retries"]) == (iid, 2)
+    assert task["last_error"] == "Unreadable: (the error's message could not be read)"
+
+
 async def test_a_handler_whose_lock_was_lost_sends_nothing(engine: Engine) -> None:
     [iid] = await _start(engine, 5)
     release = asyncio.Event()

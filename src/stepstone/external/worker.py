@@ -27,6 +27,7 @@ from typing import Any
 
 from stepstone.errors import InvalidInput, StepstoneError, TaskLockRefused
 from stepstone.external.tasks import ExternalTasks, LockedTask
+from stepstone.runtime.handlers import describe_error
 
 __all__ = ["BusinessError", "ExternalWorker"]
 
@@ -140,8 +141,7 @@ class ExternalWorker:
                                          variables=outcome.variables, details=outcome.details,
                                          worker_id=self.worker_id)
         elif isinstance(outcome, Exception):
-            await self.tasks.fail(task.id, task.lock_token, f"{type(outcome).__name__}: {outcome}"[:2000],
-                                  worker_id=self.worker_id)
+            await self.tasks.fail(task.id, task.lock_token, describe_error(outcome), worker_id=self.worker_id)
         else:
             await self.tasks.complete(task.id, task.lock_token, outcome, worker_id=self.worker_id)
 
