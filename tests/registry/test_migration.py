@@ -147,10 +147,13 @@ async def test_a_migration_that_cannot_fit_is_refused_and_changes_nothing(
 async def test_a_target_that_is_not_available_is_refused(engine: Engine) -> None:
     [iid] = await _waiting(engine)
     await engine.store.definitions.transition("default", "mig", 2, "DEPRECATED")
-    report = await engine.client.migrate([iid], to=v2, step_map=STEP_MAP, state_transform=add_currency)
-    assert report.counts == {"refused": 1}
-    assert "v2 is DEPRECATED" in report.outcomes[0].reason
+    for dry_run in (True, False):  # the dry run answered "would migrate"
+        report = await engine.client.migrate([iid], to=v2, step_map=STEP_MAP, state_transform=add_currency,
+                                             dry_run=dry_run)
+        assert report.counts == {"refused": 1}
+        assert "v2 is DEPRECATED" in report.outcomes[0].reason
     assert (await engine.client.get(iid)).version == 1
+    assert [h["kind"] for h in await engine.client.history(iid)][-1] != "INSTANCE_MIGRATED"
 
 
 async def test_dry_run_counts_honestly_and_writes_nothing(engine: Engine) -> None:

@@ -130,15 +130,16 @@ async def migrate_one(
             positions, commands_map, state = _plan(view, to, target, step_map, state_transform)
         except _Refused as exc:
             return MigrationOutcome(instance_id, "refused", str(exc))
-        if dry_run:
-            return MigrationOutcome(instance_id, "would migrate")
-        if order_seq is None:  # the migration's place in the instance's order: behind what is queued now
-            order_seq = await definitions.reserve_command_seq()
+        to_pin = _pin({**view, "version": target.version, "plan_hash": target.plan_hash})
         try:
+            if dry_run:
+                await definitions.check_admission(instance_id, to_pin)
+                return MigrationOutcome(instance_id, "would migrate")
+            if order_seq is None:  # the migration's place in the instance's order: behind what is queued now
+                order_seq = await definitions.reserve_command_seq()
             outcome, _ = await definitions.migrate_instance(
                 instance_id, order_seq=order_seq, from_pin=_pin(view), state_version=int(view["state_version"]),
-                to_pin=_pin({**view, "version": target.version, "plan_hash": target.plan_hash}),
-                step_map=commands_map, positions=positions, state=state, actor=actor,
+                to_pin=to_pin, step_map=commands_map, positions=positions, state=state, actor=actor,
             )
         except StepstoneError as exc:  # pin admission: the target is not AVAILABLE
             return MigrationOutcome(instance_id, "refused", str(exc).splitlines()[0])

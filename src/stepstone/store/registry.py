@@ -335,6 +335,18 @@ class PostgresRegistry:
         assert row is not None
         return str(row["outcome"]), row["command_id"]
 
+    async def check_admission(self, instance_id: str, to_pin: Pin) -> None:
+        """Raise what the pin admission would raise for moving the instance to `to_pin`, writing nothing:
+        a migration's dry run asks the database's own check rather than a copy of it."""
+        with translate_errors(self.url):
+            async with self.pool.acquire() as conn:
+                tx = conn.transaction()
+                await tx.start()
+                try:
+                    await conn.execute(self.q["pin_admits"], uuid.UUID(instance_id), to_pin.version, to_pin.plan_hash)
+                finally:
+                    await tx.rollback()
+
     # -- plumbing -------------------------------------------------------------------------------
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:

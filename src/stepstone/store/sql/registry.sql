@@ -232,5 +232,10 @@ LIMIT $4;
 -- A migration's place in the command order, taken when it is first planned (migration 0017).
 SELECT nextval('{{schema}}.command_seq');
 
+-- name: pin_admits
+-- The pin admission's answer (trigger admit_pin) for instance $1 moved to version $2 with plan $3:
+-- the migration's own change of the pin, which a dry run makes in a transaction it rolls back.
+UPDATE {{schema}}.instances SET version = $2, plan_hash = $3 WHERE id = $1;
+
 -- name: migrate_instance
 SELECT outcome, command_id FROM {{schema}}.migrate_in_order($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12);
