@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone import instants
+from stepstone.authoring.registration import recorded_fields
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
@@ -49,7 +50,8 @@ class ClientBase:
     async def _ensure_registered(self, wf: Workflow[Any], scope: str = DEFAULT_SCOPE) -> None:
         key = (scope, wf.id, wf.version)
         if key not in self._registered:
-            await self.store.register(pin_of(wf, getattr(wf, "scope", DEFAULT_SCOPE)), wf.registration_document())
+            await self.store.register(pin_of(wf, getattr(wf, "scope", DEFAULT_SCOPE)), wf.registration_document(),
+                                      **recorded_fields(wf))
             self._registered.add(key)
 
     def _encode(self, what: str, value: Any) -> str:

@@ -163,7 +163,8 @@ def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int)
 
     done = run_async(go())
     pin = done.pin
-    note = "" if done.recorded == "inserted" else " (already recorded with this text)"
+    note = {"inserted": "", "attached": " (registered before without its text: the text is stored now)"}.get(
+        done.recorded, " (already recorded with this text)")
     click.echo(f"published {pin.definition_id} v{pin.version} (scope {pin.scope}, plan {pin.plan_hash[:12]}): "
                f"{done.status}{note}")
 

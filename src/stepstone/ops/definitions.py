@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, DocumentWorkflow, load_document
+from stepstone.authoring.registration import state_model_name
 from stepstone.core.pin import Pin, pin_of
-from stepstone.runtime.serving import state_model_name
 from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionsPort, StrandedPin
 
 __all__ = ["Published", "load_published", "publish_document", "stranded_report"]
@@ -24,7 +24,8 @@ class Published:
     pin: Pin
     status: str
     recorded: str
-    """'inserted' for a new version, 'unchanged' when the same text was published before."""
+    """'inserted' for a new version, 'unchanged' when the same text was published before, 'attached' when the
+    version was registered from code without its text (the text is stored now)."""
 
 
 async def publish_document(

@@ -13,30 +13,15 @@ import asyncio
 import logging
 from typing import Any
 
-from pydantic import BaseModel
-
+from stepstone.authoring.registration import recorded_fields
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.pin import DEFAULT_SCOPE, Pin, pin_of
 from stepstone.store.registry_port import DefinitionsPort
 
-__all__ = ["heartbeat_loop", "record_definitions", "served_pins", "state_model_name"]
+__all__ = ["heartbeat_loop", "record_definitions", "served_pins"]
 
 log = logging.getLogger("stepstone.worker")
 
-
-def state_model_name(workflow: Workflow[Any]) -> str | None:
-    model = workflow.state_model
-    return None if model is None else f"{model.__module__}.{model.__qualname__}"
-
-
-def _input_schema(workflow: Workflow[Any]) -> Any:
-    model = workflow.state_model
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        try:
-            return model.model_json_schema()
-        except Exception:  # noqa: BLE001 - a schema pydantic cannot render is metadata we do without
-            return None
-    return None
 
 
 def _scope(workflow: Workflow[Any]) -> str:
@@ -50,13 +35,7 @@ def served_pins(registry: Registry) -> list[Pin]:
 async def record_definitions(definitions: DefinitionsPort, registry: Registry) -> None:
     """Record every definition of `registry`; DefinitionDrift (nothing started) when one drifted."""
     for wf in registry:
-        document = getattr(wf, "document_text", None)
-        await definitions.record(
-            pin_of(wf, _scope(wf)), wf.registration_document(),
-            kind="CODE" if document is None else "DOCUMENT",
-            state_model=state_model_name(wf), input_schema=_input_schema(wf),
-            document=document, document_format=getattr(wf, "document_format", None),
-        )
+        await definitions.record(pin_of(wf, _scope(wf)), wf.registration_document(), **recorded_fields(wf))
 
 
 async def announce(definitions: DefinitionsPort, worker_id: str, pins: list[Pin]) -> int:

@@ -340,10 +340,10 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
 
     # -- definitions and instances ------------------------------------------------------------
 
-    async def register(self, pin: Pin, plan: dict[str, Any]) -> None:
-        """Record a code definition (see `PostgresRegistry.record`); DefinitionDrift when the version
-        is registered with another structure."""
-        await self._definitions.record(pin, plan)
+    async def register(self, pin: Pin, plan: dict[str, Any], **fields: Any) -> None:
+        """Record a definition (see `PostgresRegistry.record`; `fields`: `authoring.registration.recorded_fields`,
+        else a CODE version); DefinitionDrift when the version is registered with another structure."""
+        await self._definitions.record(pin, plan, **fields)
 
     async def start(self, new: NewInstance) -> tuple[str, bool]:
         """Insert the instance; (id, True) when created, (existing id, False) for a repeated key.

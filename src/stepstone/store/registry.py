@@ -61,7 +61,8 @@ class PostgresRegistry:
         state_model: str | None = None, input_schema: Any = None, document: str | None = None,
         document_format: str | None = None,
     ) -> str:
-        """Record a version; 'inserted' or 'unchanged'. The same version with another plan hash (or, for a
+        """Record a version; 'inserted', 'unchanged', or 'attached' when a document's text joins the same
+        version registered without it (from code). The same version with another plan hash (or, for a
         document, other text) raises DefinitionDrift and writes nothing."""
         signals = sorted(plan.get("signals", []))
         messages = sorted({m for step in plan.get("steps", []) for m in step.get("messages") or {}})
@@ -93,6 +94,10 @@ class PostgresRegistry:
                         "other text under the same plan; publish the change as a new version",
                         definition_id=pin.definition_id, version=pin.version,
                     )
+                if digest is not None and row["document_digest"] is None:
+                    await conn.execute(self.q["attach_document"], pin.scope, pin.definition_id, pin.version,
+                                       document, document_format, digest)
+                    return "attached"
                 if kind == "CODE":
                     await conn.execute(self.q["fill_code_metadata"], pin.scope, pin.definition_id, pin.version,
                                        state_model, signals, input_schema)

@@ -31,6 +31,13 @@ UPDATE {{schema}}.definitions SET state_model = COALESCE(state_model, $4),
     input_schema = COALESCE(input_schema, $6)
 WHERE scope = $1 AND definition_id = $2 AND version = $3 AND kind = 'CODE';
 
+-- name: attach_document
+-- A version registered from code, without text, takes the text of a document with the same plan (its
+-- publication): it is that document's version from now on, loaded from its text by the workers that
+-- load published documents.
+UPDATE {{schema}}.definitions SET kind = 'DOCUMENT', document = $4, document_format = $5, document_digest = $6
+WHERE scope = $1 AND definition_id = $2 AND version = $3 AND document_digest IS NULL;
+
 -- name: activate_first
 -- The first version of an id recorded in the default scope becomes its current version there;
 -- later versions wait for an explicit activation (deploy first, activate once every node has them).
