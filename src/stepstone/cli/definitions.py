@@ -135,15 +135,18 @@ def show_command(settings: Settings, definition_id: str, version: int, scope: st
 @click.option("--catalog", default=None, metavar="MODULE:ATTR",
               help="The Catalog whose handler and model names the document may use (without it: structure only).")
 @_max_bytes_option
-def validate_command(file: str, catalog: str | None, max_bytes: int) -> None:
+@output_option
+def validate_command(file: str, catalog: str | None, max_bytes: int, output: str) -> None:
     """Check a YAML or JSON workflow document; prints where the first problem is (line and column)."""
     text, fmt = _read(file)
     found = load_catalog(catalog) if catalog else None
     wf = _checked(load_document, text, found, fmt=fmt, max_bytes=max_bytes)
     checked = ("schema, handlers and graph" if found is not None
                else "schema and graph (no --catalog: handlers unchecked)")
-    click.echo(f"valid: {wf.id} v{wf.version} (scope {wf.scope}), {len(wf.plan.steps)} steps, "
-               f"plan {wf.plan.plan_hash[:12]}; checked {checked}")
+    emit({"valid": True, "workflow": wf.id, "version": wf.version, "scope": wf.scope, "steps": len(wf.plan.steps),
+          "plan_hash": wf.plan.plan_hash, "handlers_checked": found is not None}, output,
+         lambda: f"valid: {wf.id} v{wf.version} (scope {wf.scope}), {len(wf.plan.steps)} steps, "
+                 f"plan {wf.plan.plan_hash[:12]}; checked {checked}")
 
 
 @definitions_group.command("publish")
@@ -151,8 +154,9 @@ def validate_command(file: str, catalog: str | None, max_bytes: int) -> None:
 @click.option("--catalog", required=True, metavar="MODULE:ATTR",
               help="The Catalog whose handlers the document binds (every node that runs it needs the same).")
 @_max_bytes_option
+@output_option
 @with_settings
-def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int) -> None:
+def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int, output: str) -> None:
     """Validate, record and publish a document; nothing is written when it is invalid."""
     text, fmt = _read(file)
     found = load_catalog(catalog)
@@ -165,8 +169,10 @@ def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int)
     pin = done.pin
     note = {"inserted": "", "attached": " (registered before without its text: the text is stored now)"}.get(
         done.recorded, " (already recorded with this text)")
-    click.echo(f"published {pin.definition_id} v{pin.version} (scope {pin.scope}, plan {pin.plan_hash[:12]}): "
-               f"{done.status}{note}")
+    emit({"workflow": pin.definition_id, "version": pin.version, "scope": pin.scope, "plan_hash": pin.plan_hash,
+          "status": done.status, "recorded": done.recorded}, output,
+         lambda: f"published {pin.definition_id} v{pin.version} (scope {pin.scope}, plan {pin.plan_hash[:12]}): "
+                 f"{done.status}{note}")
 
 
 @definitions_group.command("activate")
@@ -174,8 +180,10 @@ def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int)
 @click.argument("version", type=VERSION)
 @_scope_option
 @click.option("--from-default", is_flag=True, help="Follow this version of the default scope (for a tenant scope).")
+@output_option
 @with_settings
-def activate_command(settings: Settings, definition_id: str, version: int, scope: str, from_default: bool) -> None:
+def activate_command(settings: Settings, definition_id: str, version: int, scope: str, from_default: bool,
+                     output: str) -> None:
     """Make VERSION the current version of the scope: starts by id select it from now on."""
     target = DEFAULT_SCOPE if from_default else scope
 
@@ -184,8 +192,9 @@ def activate_command(settings: Settings, definition_id: str, version: int, scope
             await store.definitions.activate(scope, definition_id, version, target_scope=target, actor="cli")
 
     run_async(go())
-    click.echo(f"scope {scope}: {definition_id} v{version}" + (" (of scope default)" if target != scope else "")
-               + " is current")
+    emit({"scope": scope, "workflow": definition_id, "version": version, "of_scope": target}, output,
+         lambda: f"scope {scope}: {definition_id} v{version}" + (" (of scope default)" if target != scope else "")
+         + " is current")
 
 
 def _lifecycle(name: str, to: str, help_text: str) -> None:
@@ -194,8 +203,9 @@ def _lifecycle(name: str, to: str, help_text: str) -> None:
     @click.argument("version", type=VERSION)
     @_scope_option
     @app_option(required=False)
+    @output_option
     @with_settings
-    def command(settings: Settings, definition_id: str, version: int, scope: str, registry: Any) -> None:
+    def command(settings: Settings, definition_id: str, version: int, scope: str, registry: Any, output: str) -> None:
         plan_hash = None
         if to == "AVAILABLE" and registry is not None:
             wf = registry.find(definition_id, version)
@@ -206,7 +216,8 @@ def _lifecycle(name: str, to: str, help_text: str) -> None:
                 return await store.definitions.transition(scope, definition_id, version, to, plan_hash=plan_hash)
 
         before = run_async(go())
-        click.echo(f"{definition_id} v{version} (scope {scope}): {before} -> {to}")
+        emit({"workflow": definition_id, "version": version, "scope": scope, "before": before, "status": to}, output,
+             lambda: f"{definition_id} v{version} (scope {scope}): {before} -> {to}")
 
 
 _lifecycle("deprecate", "DEPRECATED", "Take new instances off VERSION (running ones go on); it must not be current.")
