@@ -58,6 +58,8 @@ async def test_fetch_complete_over_http(engine: Engine, http: httpx.AsyncClient)
     assert (await engine.client.get(iid)).state["receipt"] == "H-1 paid with ch-h"
     listed = await http.get("/external-tasks", params={"status": "completed"})
     assert [t["id"] for t in listed.json()["tasks"]] == [task["id"]]
+    unknown = await http.get("/external-tasks", params={"status": "bogus"})  # was 200 with no tasks
+    assert (unknown.status_code, unknown.json()["error"]) == (400, "invalid_input"), unknown.text
 
 
 async def test_failure_and_business_error_over_http(engine: Engine, http: httpx.AsyncClient) -> None:

@@ -24,7 +24,7 @@ from stepstone.cli.common import (
 )
 from stepstone.cli.connection import open_store
 from stepstone.config import Settings
-from stepstone.external.tasks import ExternalTasks
+from stepstone.external.tasks import STATUSES, ExternalTasks
 
 __all__ = ["commands"]
 
@@ -75,8 +75,7 @@ def serve_command(settings: Settings, host: str, port: int, token: str | None) -
 
 @external_group.command("list")
 @click.option("--topic", type=TEXT, default=None)
-@click.option("--status", type=click.Choice(["OPEN", "COMPLETED", "ERROR", "FAILED", "CANCELLED"],
-                                            case_sensitive=False), default=None)
+@click.option("--status", type=click.Choice(STATUSES, case_sensitive=False), default=None)
 @click.option("--instance", "instance_id", type=TEXT, default=None, metavar="ID")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
 @with_settings

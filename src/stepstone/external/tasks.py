@@ -41,7 +41,10 @@ from stepstone.store.external import Answer, LockedTask, PostgresExternalTasks
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import Listener, Store
 
-__all__ = ["ExternalTasks", "LockedTask", "TaskAnswer"]
+__all__ = ["STATUSES", "ExternalTasks", "LockedTask", "TaskAnswer"]
+
+STATUSES = ("OPEN", "COMPLETED", "ERROR", "FAILED", "CANCELLED")
+"""The statuses of an external task, for the filters of its lists."""
 
 log = logging.getLogger("stepstone.external")
 
@@ -209,6 +212,8 @@ class ExternalTasks:
                    limit: int = 50) -> list[dict[str, Any]]:
         """Tasks oldest first, filtered by topic, status and instance."""
         _number("limit", limit, 1, 10_000, integer=True)
+        if status is not None and status.upper() not in STATUSES:
+            raise InvalidInput(f"status must be one of {', '.join(STATUSES)}, got {status!r}", what="status")
         instance = None
         if instance_id is not None:
             try:
