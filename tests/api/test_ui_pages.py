@@ -236,3 +236,24 @@ async def test_retry_every_match_of_a_filter_confirms_an_honest_count(api: Api) 
     await api.engine.run_until_idle()
     assert [(await api.engine.client.get(i)).status for i in (here, also, elsewhere)] == [
         "WAITING", "WAITING", "FAILED"]
+
+
+async def test_the_list_stream_names_no_instance_of_another_scope(api: Api) -> None:
+    """The list's live stream sent the id of every instance that settled: a viewer of acme learned the
+    id of a default-scope instance an operator cancelled."""
+    theirs = await api.start("theirs")
+    ours = await api.start("ours", scope="acme")
+    await _sign_in(api, "viewer", scope="acme")
+    cookie = {"Cookie": f"stepstone_token={api.http.cookies['stepstone_token']}"}
+    said: list[str] = []
+    async with (served(api.app) as base, httpx.AsyncClient(base_url=base, headers=cookie) as http,
+                http.stream("GET", "/ui/events", timeout=10) as stream):
+        async for line in stream.aiter_lines():
+            if line.startswith("retry:"):  # listening: settle theirs first, then ours
+                await api.engine.client.cancel(theirs, "not yours to know")
+                await api.engine.client.cancel(ours, "yours")
+                await api.engine.run_until_idle()
+            if line.startswith("data:"):
+                said.append(line)
+                break
+    assert said == [f"data: {ours}"]

@@ -258,7 +258,7 @@ async def events(request: Request) -> Response:
     watched = request.query_params.get("instance")
     if watched:
         await visible_instance(ctx, who, watched)
-    return StreamingResponse(_stream(request, watched, request.query_params.get("stamp")),
+    return StreamingResponse(_stream(request, who, watched, request.query_params.get("stamp")),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
@@ -269,7 +269,16 @@ def stamp_of(found: tuple[str, Any] | None) -> str:
     return "" if found is None else f"{found[0]}|{found[1].isoformat()}"
 
 
-async def _stream(request: Request, watched: str | None, seen: str | None) -> AsyncIterator[str]:
+async def _visible(request: Request, who: Principal, instance_id: str) -> bool:
+    """Whether the list's stream may name the instance: a notification carries only its id, and an
+    instance of a scope the caller cannot see does not exist for it."""
+    if who.visible_scopes() is None:
+        return True
+    scope = await context_of(request).management.instance_scope(instance_id)
+    return scope is not None and who.sees(scope)
+
+
+async def _stream(request: Request, who: Principal, watched: str | None, seen: str | None) -> AsyncIterator[str]:
     ctx = context_of(request)
     queue = await ctx.broadcaster.subscribe() if ctx.broadcaster is not None else asyncio.Queue[str]()
     stamp = seen or (stamp_of(await ctx.management.instance_stamp(watched)) if watched else "")
@@ -285,7 +294,7 @@ async def _stream(request: Request, watched: str | None, seen: str | None) -> As
                     stamp = now
                     yield f"event: changed\ndata: {watched}\n\n"
                     continue
-            elif changed is not None:
+            elif changed is not None and await _visible(request, who, changed):
                 yield f"event: changed\ndata: {changed}\n\n"
                 continue
             yield ": keep-alive\n\n"
