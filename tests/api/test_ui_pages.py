@@ -257,3 +257,13 @@ async def test_the_list_stream_names_no_instance_of_another_scope(api: Api) -> N
                 said.append(line)
                 break
     assert said == [f"data: {ours}"]
+
+
+async def test_the_graph_of_an_instance_pinned_to_the_default_scopes_definition(api: Api) -> None:
+    """An acme instance of a workflow registered in the default scope only got an empty graph: the page
+    looked its plan up in the instance's scope, not in the scope of the definition it is pinned to."""
+    iid = await api.start("elsewhere", scope="acme", fail=True)
+    await _sign_in(api, "viewer", scope="acme")
+    detail = (await api.http.get(f"/ui/instances/{iid}")).text
+    assert 'aria-label="empty plan"' not in detail
+    assert re.search(r'<g class="node kind-action failed visited" data-step="charge">', detail)

@@ -104,7 +104,9 @@ async def instance_page(request: Request, instance_id: str) -> Response:
     pending = await ctx.management.commands_page(instance_id, after=0, limit=200,
                                                  states=["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD"])
     events = await ctx.management.instance_outbox(instance_id, after=0, limit=200)
-    plan = await ctx.management.definition_plan(info["scope"], info["definition_id"], info["version"])
+    # The registry row the instance is pinned to: its own scope's, or the default scope's it was admitted on.
+    pin = await ctx.store.definitions.pinned_contract(instance_id)
+    plan = await ctx.management.definition_plan(pin["scope"], pin["definition_id"], pin["version"]) if pin else None
     picture = diagram(plan["plan"] if plan else {}, info["positions"], everything, status=info["status"],
                       children=info["children"])
     svg = render_svg(picture, title=f"{info['definition_id']} v{info['version']}",
