@@ -267,3 +267,32 @@ async def test_the_graph_of_an_instance_pinned_to_the_default_scopes_definition(
     detail = (await api.http.get(f"/ui/instances/{iid}")).text
     assert 'aria-label="empty plan"' not in detail
     assert re.search(r'<g class="node kind-action failed visited" data-step="charge">', detail)
+
+
+def _counts(html: str) -> dict[str, str]:
+    """The list's counts, status -> shown number, with 'all'."""
+    shown = html.split('aria-label="Instances by status">', 1)[1].split("</ul>", 1)[0]
+    found = dict(re.findall(r'class="status-(\w+)"[^>]*>\w+ <b>([\d,+]+)</b>', shown))
+    return {**found, "all": re.findall(r">All <b>([\d,+]+)</b>", shown)[0]}
+
+
+async def test_the_counts_count_what_the_list_lists(api: Api) -> None:
+    """The list's counts took the workflow filter only: `?scope=acme` counted every scope (a click on
+    "failed 2" listed nothing) and `?business_key=jk-1` listed one instance but counted all of them."""
+    await api.start("d1", fail=True)
+    await api.start("d2", fail=True)
+    ours = await api.start("a1", scope="acme")
+    keyed = await api.engine.client.start("job", {"name": "k"}, business_key="jk-1")
+    await api.engine.run_until_idle()
+    await _sign_in(api, "viewer")
+    assert _counts((await api.http.get("/ui/")).text) == {"failed": "2", "waiting": "2", "all": "4"}
+    page = (await api.http.get("/ui/", params={"scope": "acme"})).text
+    assert ours[-8:] in page and _counts(page) == {"waiting": "1", "all": "1"}
+    page = (await api.http.get("/ui/", params={"business_key": "jk-1"})).text
+    assert keyed[-8:] in page and _counts(page) == {"waiting": "1", "all": "1"}
+    assert _counts((await api.http.get("/ui/", params={"scope": "nowhere"})).text) == {"all": "0"}
+    viewer = await api.token("viewer", "acme")  # a scope it cannot see counts nothing, as it lists nothing
+    for params, expected in [({"scope": "acme"}, {"WAITING": 1}), ({"scope": "default"}, {}),
+                             ({"business_key": "jk-1"}, {})]:
+        counted = (await api.http.get("/api/v1/instances/counts", headers=viewer, params=params)).json()
+        assert counted["counts"] == expected, params

@@ -46,9 +46,7 @@ async def instances(
     scope: str | None, cursor: str | None, limit: int, include_archived: bool = False,
 ) -> dict[str, Any]:
     check_texts(status=status, workflow=workflow, business_key=business_key, scope=scope)
-    scopes = who.visible_scopes()
-    if scope is not None:
-        scopes = [scope] if who.sees(scope) else []
+    scopes = _listed_scopes(who, scope)
     after = None
     if cursor:
         at, iid = decode_cursor(cursor, 2)
@@ -64,18 +62,28 @@ async def instances(
     return page(rows, limit, lambda r: (r["created_at"].isoformat(), r["id"]))
 
 
+def _listed_scopes(who: Principal, scope: str | None) -> list[str] | None:
+    """The scopes a list (and its counts) reads: the caller's, or the one asked for if it sees it
+    (None: every scope; []: none)."""
+    if scope is not None:
+        return [scope] if who.sees(scope) else []
+    scopes = who.visible_scopes()
+    return None if scopes is None else list(scopes)
+
+
 COUNT_CAP = 10_000
 """Counts stop here: a status with more instances shows as "more than 10,000"."""
 
 
-async def counts(ctx: ApiContext, who: Principal, workflow: str | None,
-                 include_archived: bool = False) -> dict[str, Any]:
+async def counts(ctx: ApiContext, who: Principal, workflow: str | None, include_archived: bool = False, *,
+                 scope: str | None = None, business_key: str | None = None) -> dict[str, Any]:
     """``{"counts": {status: n}, "more_than": [statuses with more than COUNT_CAP], "cap": COUNT_CAP}``:
-    each status counted up to the cap, so the cost does not grow with the table."""
-    check_texts(workflow=workflow)
-    scopes = who.visible_scopes()
-    found = {} if scopes == [] else await ctx.management.instance_counts(scopes, workflow, COUNT_CAP,
-                                                                        include_archived)
+    each status counted up to the cap, so the cost does not grow with the table. The filters are the
+    list's (`instances`), so the counts count what it lists."""
+    check_texts(workflow=workflow, scope=scope, business_key=business_key)
+    scopes = _listed_scopes(who, scope)
+    found = {} if scopes == [] else await ctx.management.instance_counts(
+        scopes, workflow, COUNT_CAP, include_archived, business_key=business_key)
     more = sorted(s for s, n in found.items() if n > COUNT_CAP)
     return {"counts": {s: min(n, COUNT_CAP) for s, n in found.items()}, "more_than": more, "cap": COUNT_CAP}
 

@@ -85,8 +85,9 @@ class PostgresManagement:
                                 _uuid(after_id) if after_id else None, limit, include_archived)
 
     async def instance_counts(self, scopes: Sequence[str] | None, definition: str | None, cap: int,
-                              include_archived: bool = False) -> dict[str, int]:
-        rows = await self._fetch("instance_counts", _scopes(scopes), definition, cap, include_archived)
+                              include_archived: bool = False, *, business_key: str | None = None) -> dict[str, int]:
+        rows = await self._fetch("instance_counts", _scopes(scopes), definition, cap, include_archived,
+                                 business_key)
         return {r["status"]: int(r["n"]) for r in rows if r["n"]}
 
     async def history_page(

@@ -48,7 +48,8 @@ class ManagementStore(Protocol):
         business_key: str | None, after: tuple[datetime, str] | None, limit: int, include_archived: bool = False,
     ) -> list[dict[str, Any]]: ...
     async def instance_counts(
-        self, scopes: Sequence[str] | None, definition: str | None, cap: int, include_archived: bool = False
+        self, scopes: Sequence[str] | None, definition: str | None, cap: int, include_archived: bool = False, *,
+        business_key: str | None = None,
     ) -> dict[str, int]: ...
     async def history_page(
         self, instance_id: str, *, after: int, limit: int, failed_only: bool

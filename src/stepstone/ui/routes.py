@@ -83,7 +83,8 @@ async def instances_page(request: Request) -> Response:
     listing = await ops.instances(ctx, who, status=filters["status"], workflow=filters["workflow"],
                                   business_key=filters["business_key"], scope=filters["scope"],
                                   cursor=q.get("cursor") or None, limit=50, include_archived=archived)
-    counted = await ops.counts(ctx, who, filters["workflow"], archived)
+    counted = await ops.counts(ctx, who, filters["workflow"], archived, scope=filters["scope"],
+                               business_key=filters["business_key"])
     counts = {s: f"{n:,}+" if s in counted["more_than"] else f"{n:,}" for s, n in counted["counts"].items()}
     total = sum(counted["counts"].values())
     return page(request, "instances.html", who, nav="instances", live="list", items=listing["items"],

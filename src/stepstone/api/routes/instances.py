@@ -57,9 +57,10 @@ async def list_instances(
 
 
 @router.get("/counts", summary="How many instances are in each status (each counted up to 10,000)")
-async def instance_counts(request: Request, who: Caller, workflow: Text = None,
-                          include_archived: Archived = False) -> dict[str, Any]:
-    return await ops.counts(context_of(request), who, workflow, include_archived)
+async def instance_counts(request: Request, who: Caller, workflow: Text = None, business_key: Text = None,
+                          scope: Text = None, include_archived: Archived = False) -> dict[str, Any]:
+    return await ops.counts(context_of(request), who, workflow, include_archived, scope=scope,
+                            business_key=business_key)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Start an instance")
