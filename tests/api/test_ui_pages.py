@@ -296,3 +296,25 @@ async def test_the_counts_count_what_the_list_lists(api: Api) -> None:
                              ({"business_key": "jk-1"}, {})]:
         counted = (await api.http.get("/api/v1/instances/counts", headers=viewer, params=params)).json()
         assert counted["counts"] == expected, params
+
+
+async def test_the_dead_lettered_commands_are_narrowed_by_workflow_and_scope(api: Api) -> None:
+    """The incidents page narrowed the failed instances by its filter but listed every dead-lettered
+    command of the visible scopes."""
+    ours = await api.start("j1", fail=True)
+    other_scope = await api.start("j2", scope="acme", fail=True)
+    workflows.FAILING.add("o1")
+    other_workflow = await api.engine.client.start("order", {"order_id": "o1"})
+    await api.engine.run_until_idle()
+    async with api.engine.store.pool.acquire() as conn:  # a command dead-lettered after crashing workers
+        await conn.execute("UPDATE stepstone.commands SET state = 'DEAD' WHERE instance_id = ANY($1::uuid[])",
+                           [ours, other_scope, other_workflow])
+    await _sign_in(api, "viewer")
+
+    def dead(html: str) -> str:
+        return html.split("<h2>Dead-lettered commands</h2>", 1)[1]
+
+    every = dead((await api.http.get("/ui/dead-letters")).text)
+    assert all(i[-8:] in every for i in (ours, other_scope, other_workflow))
+    narrowed = dead((await api.http.get("/ui/dead-letters", params={"workflow": "job", "scope": "default"})).text)
+    assert ours[-8:] in narrowed and other_scope[-8:] not in narrowed and other_workflow[-8:] not in narrowed

@@ -66,7 +66,8 @@ async def test_management_queries_use_indexes(database_url: str) -> None:
             "history, failures only": (q["history_page"], some, 0, 51, sorted(FAILURE_KINDS)),
             "commands": (q["commands_page"], some, 0, 51, None),
             "outbox events": (q["instance_outbox"], some, 0, 51),
-            "dead letters": (q["dead_commands_page"], ["acme"], None, 51),
+            "dead letters": (q["dead_commands_page"], ["acme"], None, 51, None),
+            "dead letters of a workflow": (q["dead_commands_page"], ["acme"], None, 51, "waiting"),
             "instance scope": (q["instance_scope"], some),
             "scopes of a page of tasks' instances": (q["instance_scopes"], [some] * 50),
         }

@@ -131,10 +131,13 @@ async def _by_id(
     return page(await rows(decode_id_cursor(cursor)), limit, lambda r: (r["id"],))
 
 
-async def dead_letters(ctx: ApiContext, who: Principal, *, cursor: str | None, limit: int) -> dict[str, Any]:
-    scopes = who.visible_scopes()
+async def dead_letters(ctx: ApiContext, who: Principal, *, cursor: str | None, limit: int,
+                       workflow: str | None = None, scope: str | None = None) -> dict[str, Any]:
+    check_texts(workflow=workflow, scope=scope)
+    scopes = _listed_scopes(who, scope)
     before = decode_id_cursor(cursor) if cursor else None
-    rows = [] if scopes == [] else await ctx.management.dead_commands_page(scopes, before=before, limit=limit + 1)
+    rows = [] if scopes == [] else await ctx.management.dead_commands_page(scopes, before=before, limit=limit + 1,
+                                                                           definition=workflow)
     return page(rows, limit, lambda r: (r["id"],))
 
 

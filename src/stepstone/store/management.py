@@ -106,9 +106,9 @@ class PostgresManagement:
         return await self._rows("commands_page", key, after, limit, None if states is None else list(states))
 
     async def dead_commands_page(
-        self, scopes: Sequence[str] | None, *, before: int | None, limit: int
+        self, scopes: Sequence[str] | None, *, before: int | None, limit: int, definition: str | None = None
     ) -> list[dict[str, Any]]:
-        return await self._rows("dead_commands_page", _scopes(scopes), before, limit)
+        return await self._rows("dead_commands_page", _scopes(scopes), before, limit, definition)
 
     async def instance_outbox(self, instance_id: str, *, after: int, limit: int) -> list[dict[str, Any]]:
         key = _uuid(instance_id)

@@ -53,7 +53,8 @@ async def _incidents(request: Request, who: Principal, filters: dict[str, str | 
     # Sagas whose compensation gave up: a retry (one, a selection) resumes it where it stopped.
     gave_up = await ops.instances(ctx, who, status=COMPENSATION_FAILED, workflow=filters["workflow"],
                                   business_key=None, scope=filters["scope"], cursor=None, limit=100)
-    dead = await ops.dead_letters(ctx, who, cursor=None, limit=100)
+    dead = await ops.dead_letters(ctx, who, cursor=None, limit=100, workflow=filters["workflow"],
+                                  scope=filters["scope"])
     return {"items": failed["items"], "next_cursor": failed["next_cursor"], "gave_up": gave_up["items"],
             "gave_up_more": gave_up["next_cursor"] is not None, "dead": dead["items"], "filters": filters,
             "described": _describe(filters)}

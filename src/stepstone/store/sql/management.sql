@@ -118,13 +118,15 @@ ORDER BY c.id
 LIMIT $3;
 
 -- name: dead_commands_page
--- Dead-lettered commands (their instance FAILED) of the scopes $1, newest first, ids below $2, at most $3.
+-- Dead-lettered commands (their instance FAILED) of the scopes $1, newest first, ids below $2, at most $3;
+-- only of definition $4 when given.
 SELECT c.id, c.instance_id, i.scope, i.definition_id, i.version, i.status AS instance_status, c.position,
        c.kind, c.step, c.visit, c.attempt, c.claims, c.last_error, c.created_at, c.settled_at
 FROM {{schema}}.commands c
 JOIN {{schema}}.instances i ON i.id = c.instance_id
 WHERE c.state = 'DEAD'
   AND ($1::text[] IS NULL OR i.scope = ANY($1::text[]))
+  AND ($4::text IS NULL OR i.definition_id = $4)
   AND ($2::bigint IS NULL OR c.id < $2)
 ORDER BY c.id DESC
 LIMIT $3;
