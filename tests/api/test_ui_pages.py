@@ -318,3 +318,18 @@ async def test_the_dead_lettered_commands_are_narrowed_by_workflow_and_scope(api
     assert all(i[-8:] in every for i in (ours, other_scope, other_workflow))
     narrowed = dead((await api.http.get("/ui/dead-letters", params={"workflow": "job", "scope": "default"})).text)
     assert ours[-8:] in narrowed and other_scope[-8:] not in narrowed and other_workflow[-8:] not in narrowed
+
+
+async def test_a_read_only_server_shows_no_action_form(read_only_api: Api) -> None:
+    """Under --read-only the confirmation and signal pages still drew their Retry, Cancel and Send signal
+    buttons (posting them was refused with 405)."""
+    api = read_only_api
+    failed = await api.start("ro", fail=True)
+    waiting = await api.start("ro-wait")
+    await _sign_in(api, "admin")
+    for path, action in [(f"{failed}/confirm/retry", f"{failed}/retry"),
+                         (f"{waiting}/confirm/cancel", f"{waiting}/cancel"),
+                         (f"{waiting}/signal", f"{waiting}/signal")]:
+        page = await api.http.get(f"/ui/instances/{path}")
+        assert page.status_code == 200, path
+        assert f'action="/ui/instances/{action}"' not in page.text and "This server is read-only." in page.text
