@@ -59,5 +59,7 @@ async def test_mounted_api_and_ui_use_the_hosts_users(host: tuple[Engine, httpx.
     assert 'href="/ops/ui/static/stepstone.css"' in page.text and 'href="/ops/ui/"' in page.text
     assert (await http.get("/ops/ui/static/stepstone.js")).status_code == 200
     assert (await http.get("/ops/ui/", headers={})).headers["location"] == "/ops/ui/login"
+    missing = await http.get("/ops/ui/nope", headers=bob)  # under the mount's UI: the error page
+    assert (missing.status_code, missing.headers["content-type"].split(";")[0]) == (404, "text/html")
     schema = (await http.get("/ops/api/v1/openapi.json")).json()
     assert "/api/v1/instances" in schema["paths"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 
+from stepstone.api import operations as ops
 from stepstone.core.model import STATUSES
 from stepstone.ui.diagram import END_NODE, diagram, render_svg
 from tests.api import workflows
@@ -333,3 +335,27 @@ async def test_a_read_only_server_shows_no_action_form(read_only_api: Api) -> No
         page = await api.http.get(f"/ui/instances/{path}")
         assert page.status_code == 200, path
         assert f'action="/ui/instances/{action}"' not in page.text and "This server is read-only." in page.text
+
+
+async def test_every_error_of_a_ui_page_is_a_page(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path parameter FastAPI refused (422), a path under /ui no route has (404), a method a route does
+    not take (405) and an unexpected error (500) came back as problem+json, not as the error page."""
+    await _sign_in(api, "viewer")
+    for path, status in [("/ui/definitions/default/job/abc", 422), ("/ui/nope", 404),
+                         (f"/ui/instances/{'0' * 8}/retry", 405)]:
+        r = await api.http.get(path)
+        assert (r.status_code, r.headers["content-type"].split(";")[0]) == (status, "text/html"), path
+        assert '<p class="error" role="alert">' in r.text
+    for path in ("/api/v1/definitions/default/job/abc", "/api/v1/nope", "/nope"):  # the API's stay problem+json
+        r = await api.http.get(path, headers=await api.token("viewer"))
+        assert r.headers["content-type"] == "application/problem+json", path
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(ops, "stranded", broken)
+    transport = httpx.ASGITransport(app=api.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", cookies=api.http.cookies) as http:
+        r = await http.get("/ui/definitions")
+    assert (r.status_code, r.headers["content-type"].split(";")[0]) == (500, "text/html")
+    assert "InternalError" in r.text and "a bug" not in r.text

@@ -6,7 +6,8 @@
 A body is ``{"type", "title", "status", "detail", "error", ...}``: ``error`` is the class name (what a
 program branches on) and the leaf's typed attributes follow (``instance_id``, ``what``...; InvalidState's
 instance status as ``instance_status``).
-An instance of another scope is NotFound, exactly like one that does not exist.
+An instance of another scope is NotFound, exactly like one that does not exist. A request of the web UI
+gets the same status as an HTML page instead (the `html_error` hook `stepstone.ui` installs).
 """
 
 from __future__ import annotations
@@ -68,49 +69,59 @@ def problem(status: int, title: str, detail: str, *, headers: dict[str, str] | N
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-def error_response(exc: StepstoneError) -> JSONResponse:
-    status = status_of(exc)
-    name = type(exc).__name__
+def error_response(exc: StepstoneError, status: int, name: str, detail: str) -> JSONResponse:
     headers: dict[str, str] = {}
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="stepstone"'
     if status == 405:
         headers["Allow"] = "GET, HEAD"
-    detail = str(exc).splitlines()[0] if str(exc) else name
-    if status == 500 and not isinstance(exc, ConfigError):
-        log.error("request failed: %s: %s", name, detail)
     return problem(status, name, detail, headers=headers or None, error=name, **_attributes(exc))
+
+
+def _page(request: Request, status: int, title: str, detail: str) -> Response | None:
+    """The error as the UI's page when the request is the UI's (the hook `install_ui` sets decides), else
+    None: a UI page's error is a page, not problem+json."""
+    html = getattr(request.app.state, "html_error", None)
+    response: Response | None = None if html is None else html(request, status, title, detail)
+    return response
 
 
 async def _stepstone_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StepstoneError)
-    html = getattr(request.app.state, "html_error", None)
-    if html is not None and getattr(request.state, "ui", False):
-        response: Response = html(request, exc)  # a UI page's error is a page, not problem+json
-        return response
-    return error_response(exc)
+    status, name = status_of(exc), type(exc).__name__
+    detail = str(exc).splitlines()[0] if str(exc) else name
+    if status == 500 and not isinstance(exc, ConfigError):
+        log.error("request failed: %s: %s", name, detail)
+    return _page(request, status, name, detail) or error_response(exc, status, name, detail)
 
 
-async def _validation_error(_request: Request, exc: Exception) -> Response:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
               for e in exc.errors()]
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
-    return problem(422, "InvalidInput", f"{where}: {first['msg']}" if where else str(first["msg"]),
-                   error="InvalidInput", errors=errors)
+    detail = f"{where}: {first['msg']}" if where else str(first["msg"])
+    return _page(request, 422, "InvalidInput", detail) or problem(422, "InvalidInput", detail,
+                                                                  error="InvalidInput", errors=errors)
 
 
-async def _http_error(_request: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     title = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-    return problem(exc.status_code, title, str(exc.detail), headers=dict(exc.headers or {}) or None, error=title)
+    headers = dict(exc.headers or {}) or None
+    page = _page(request, exc.status_code, title, str(exc.detail))
+    if page is not None:
+        page.headers.update(headers or {})
+        return page
+    return problem(exc.status_code, title, str(exc.detail), headers=headers, error=title)
 
 
-async def _unexpected(_request: Request, exc: Exception) -> Response:
+async def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("unexpected error in a request", exc_info=exc)
-    return problem(500, "InternalError", "an unexpected error occurred; the server log has the details",
-                   error="InternalError")
+    detail = "an unexpected error occurred; the server log has the details"
+    return _page(request, 500, "InternalError", detail) or problem(500, "InternalError", detail,
+                                                                   error="InternalError")
 
 
 def install_problem_handlers(app: FastAPI) -> None:

@@ -20,13 +20,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
 
 from stepstone.api import operations as ops
-from stepstone.api.auth import TOKEN_COOKIE, Principal, Unauthenticated, hash_token
+from stepstone.api.auth import TOKEN_COOKIE, Principal, hash_token
 from stepstone.api.context import context_of, require, visible_instance
-from stepstone.api.problems import status_of
 from stepstone.core import json_text
 from stepstone.core.limits import MAX_INT8
 from stepstone.core.model import FAILURE_KINDS, STATUSES
-from stepstone.errors import InvalidInput, StepstoneError
+from stepstone.errors import InvalidInput
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
 from stepstone.ui.render import UI_PREFIX, page, patch_lines, ui_root
@@ -309,14 +308,18 @@ async def _stream(request: Request, who: Principal, watched: str | None, seen: s
 # -- wiring ---------------------------------------------------------------------------------------
 
 
-def html_error(request: Request, exc: StepstoneError) -> Response:
-    """A UI request's error as a page (401: to the sign-in page)."""
-    if isinstance(exc, Unauthenticated):
+def html_error(request: Request, status: int, title: str, detail: str) -> Response | None:
+    """A UI request's error as a page (401: to the sign-in page); None for any other request (the API's
+    problem+json). A request is the UI's when a UI route began it or its path is under /ui: a path no
+    route has, or one whose parameters FastAPI refused before the route ran."""
+    path, root = request.scope.get("path", ""), request.scope.get("root_path", "")
+    path = path.removeprefix(root) if root else path
+    if not getattr(request.state, "ui", False) and path != UI_PREFIX and not path.startswith(f"{UI_PREFIX}/"):
+        return None
+    if status == 401:
         return back(request, "/login")
-    status = status_of(exc)
     who = getattr(request.state, "principal", None)
-    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return page(request, "error.html", who, status_code=status, title=type(exc).__name__, detail=detail)
+    return page(request, "error.html", who, status_code=status, title=title, detail=detail)
 
 
 def install_ui(app: FastAPI) -> None:
