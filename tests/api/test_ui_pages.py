@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from stepstone.api import operations as ops
-from stepstone.core.model import STATUSES
+from stepstone.core.model import FAILURE_KINDS, STATUSES
+from stepstone.ui import routes
 from stepstone.ui.diagram import END_NODE, diagram, render_svg
 from tests.api import workflows
 from tests.api.conftest import Api
@@ -359,3 +360,20 @@ async def test_every_error_of_a_ui_page_is_a_page(api: Api, monkeypatch: pytest.
         r = await http.get("/ui/definitions")
     assert (r.status_code, r.headers["content-type"].split(";")[0]) == (500, "text/html")
     assert "InternalError" in r.text and "a bug" not in r.text
+
+
+async def test_failures_only_finds_failures_past_the_first_page_of_history(api: Api,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Failures only" filtered the first 500 entries the page had read, so a failure recorded after them
+    was missing (the API's failed_only and `stepstone history --failed` asked the store for failures)."""
+    iid = await api.start("again", fail=True)
+    for _ in range(3):
+        await api.engine.client.retry(iid)
+        await api.engine.run_until_idle()
+    failures = [h for h in await api.engine.client.history(iid) if h["kind"] in FAILURE_KINDS]
+    monkeypatch.setattr(routes, "_HISTORY_ON_PAGE", 4)  # the failures go on past the first 4 entries
+    await _sign_in(api, "viewer")
+    timeline = (await api.http.get(f"/ui/instances/{iid}", params={"failed": "1"})).text.split('id="hist-h"')[1]
+    shown = re.findall(r'<li class="bad">\s*<time datetime="[^"]+">[^<]*</time>\s*<b>([a-z ]+)</b>', timeline)
+    assert shown == [h["kind"].lower().replace("_", " ") for h in failures][:4]
+    assert len(failures) > 4 and "Showing the first 4 entries" in timeline

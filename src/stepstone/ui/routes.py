@@ -100,7 +100,9 @@ async def instance_page(request: Request, instance_id: str) -> Response:
     failed_only = request.query_params.get("failed") == "1"
     everything = await ctx.management.history_page(instance_id, after=0, limit=_HISTORY_ON_PAGE + 1,
                                                    failed_only=False)
-    shown = [h for h in everything if not failed_only or h["kind"] in FAILURE_KINDS]
+    # Failures only: the store's, as the API's failed_only, not those of the entries read for the graph.
+    shown = await ctx.management.history_page(instance_id, after=0, limit=_HISTORY_ON_PAGE + 1,
+                                              failed_only=True) if failed_only else everything
     pending = await ctx.management.commands_page(instance_id, after=0, limit=200,
                                                  states=["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD"])
     events = await ctx.management.instance_outbox(instance_id, after=0, limit=200)
@@ -117,7 +119,7 @@ async def instance_page(request: Request, instance_id: str) -> Response:
                 stamp=stamp_of((info["status"], info["updated_at"])),
                 history=[{**h, "patch": patch_lines(h["data"]), "bad": h["kind"] in FAILURE_KINDS}
                          for h in shown[:_HISTORY_ON_PAGE]],
-                history_more=len(everything) > _HISTORY_ON_PAGE, failed_only=failed_only, pending=pending,
+                history_more=len(shown) > _HISTORY_ON_PAGE, failed_only=failed_only, pending=pending,
                 events=events, svg=svg, signals=signals, waiting=_describe_wait(wait),
                 branches=[p for p in info["positions"] if p["path"]],
                 can_operate=who.can("operator", info["scope"]), role=who.role_in(info["scope"]))
