@@ -19,7 +19,7 @@ from stepstone.bench.common import bench_queries, seed_waiting
 from stepstone.bench.workflows import waiting
 from stepstone.core.model import FAILURE_KINDS
 from stepstone.core.pin import pin_of
-from stepstone.store.queries import named_queries
+from stepstone.store.management import management_queries
 
 ROWS = 20_000
 GUARDED = {"instances", "commands", "history", "outbox"}
@@ -47,7 +47,7 @@ async def test_management_queries_use_indexes(database_url: str) -> None:
         await conn.execute(bench_queries("stepstone")["stage_events"], ROWS, 100, "seeded")
         await conn.execute("UPDATE stepstone.outbox SET published_at = now() WHERE id % 10 <> 0")
         await conn.execute(bench_queries("stepstone")["analyze"])
-        q = named_queries("management.sql", "stepstone")
+        q = management_queries("stepstone")
         some = uuid.UUID(str(await conn.fetchval("SELECT id FROM stepstone.instances LIMIT 1")))
         key = await conn.fetchval("SELECT business_key FROM stepstone.instances WHERE id = $1", some)
         now = datetime.now(UTC)

@@ -49,53 +49,20 @@ WHERE ($8::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.up
 ORDER BY i.created_at DESC, i.id DESC
 LIMIT $7;
 
--- name: instance_counts
--- How many instances of the scopes $1 (and definition $2, business key $5) are in each status, counting at most
--- $3 + 1 of each: a status with more shows as $3 + 1 ("more than $3"), so the counts cost about the
--- same at a million instances as at a thousand. One branch per status, each naming its status as a
--- literal, so the planner knows how common it is (a rare one is read through instances_status_created).
--- Archived instances count only when $4 (as instances_page's $8). A business key $5 matches few instances,
--- so no branch may scan the table for it (tests/perf/test_management_query_plans.py).
-SELECT 'PENDING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'PENDING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'RUNNING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'RUNNING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'WAITING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'WAITING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'COMPLETED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPLETED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'FAILED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'FAILED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'COMPENSATING' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATING'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'COMPENSATED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'CANCELLED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'CANCELLED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'TIMED_OUT' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'TIMED_OUT'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n
-UNION ALL SELECT 'COMPENSATION_FAILED' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i WHERE i.status = 'COMPENSATION_FAILED'
-    AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-    AND ($5::text IS NULL OR i.business_key = $5)
-    AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at)) LIMIT $3 + 1) c) AS n;
+-- name: instance_count
+-- How many instances of the status /*status*/ of the scopes $1 (and definition $2, business key $5)
+-- there are, counting at most $3 + 1: a status with more shows as $3 + 1 ("more than $3"), so the counts
+-- cost about the same at a million instances as at a thousand. store/management.py joins one branch per
+-- status (core.model.STATUSES) into `instance_counts`, each naming its status as a literal, so the
+-- planner knows how common it is (a rare one is read through instances_status_created). Archived
+-- instances count only when $4 (as instances_page's $8). A business key $5 matches few instances, so no
+-- branch may scan the table for it (tests/perf/test_management_query_plans.py).
+SELECT '/*status*/' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i
+    WHERE i.status = '/*status*/'
+      AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
+      AND ($5::text IS NULL OR i.business_key = $5)
+      AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at))
+    LIMIT $3 + 1) c) AS n
 
 -- name: history_page
 -- History of instance $1 oldest first, entries after seq $2, at most $3; only the kinds $4 when given
