@@ -9,7 +9,8 @@
 
 A document is checked in this order, and the first problem is raised as `DocumentInvalid` naming the
 document path (``steps[2].next``) with its line and column: the size limit (default 256 KiB of UTF-8),
-the YAML/JSON syntax, the published JSON Schema (`SCHEMA`, shipped as
+the YAML/JSON syntax (`stepstone.authoring.document_source`: YAML aliases may not expand the document
+to more values than the limit has bytes), the published JSON Schema (`SCHEMA`, shipped as
 ``workflow-document.schema.json`` beside this module and in docs/), the steps every transition
 names, handler and model names against the catalog, then the graph rules every plan obeys. Each step
 goes through the same `Workflow` call a Python author makes, so a document and its Python twin have
@@ -23,14 +24,12 @@ import json
 from collections.abc import Callable
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from stepstone.authoring.document_source import Marks, located, parse
 from stepstone.authoring.workflow import Retry, Workflow
 from stepstone.core.plan import END
 from stepstone.errors import DefinitionError, DocumentInvalid
-
-if TYPE_CHECKING:
-    import yaml
 
 # yaml and jsonschema (with referencing and attrs) are imported where a document is read: together they
 # were 60 ms of every `stepstone` command's start-up, and most commands never read a document.
@@ -39,7 +38,6 @@ __all__ = ["DEFAULT_MAX_BYTES", "Catalog", "DocumentWorkflow", "load_document", 
 
 DEFAULT_MAX_BYTES = 256 * 1024
 F = TypeVar("F", bound=Callable[..., Any])
-_Mark = tuple[int, int]
 
 
 class Catalog:
@@ -99,75 +97,16 @@ def load_document(
     fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
     if fmt not in ("yaml", "json"):
         raise DocumentInvalid(f"unknown document format {fmt!r} (yaml or json)")
-    data, marks = _parse(text, fmt)
+    data, marks = parse(text, fmt, max_values=max_bytes)
     _check_schema(data, marks)
     _check_targets(data, marks)
     return _build(data, marks, catalog, text, fmt)
 
 
-# -- parsing, with the line and column of every node ----------------------------------------------
+# -- checking the data --------------------------------------------------------------------------
 
 
-def _parse(text: str, fmt: str) -> tuple[Any, dict[tuple[Any, ...], _Mark]]:
-    if fmt == "json":
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DocumentInvalid(f"line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}",
-                                  line=exc.lineno, column=exc.colno) from None
-        except RecursionError:
-            raise DocumentInvalid("the document is nested too deeply") from None
-    import yaml  # noqa: PLC0415 - see the module's imports
-
-    try:  # JSON is YAML: one parser gives the marks of both
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
-        raise DocumentInvalid(f"line {line}, column {column}: not valid YAML: {exc.problem}",
-                              line=line, column=column) from None
-    except (yaml.YAMLError, RecursionError) as exc:
-        raise DocumentInvalid(f"not valid YAML: {type(exc).__name__}") from None
-    marks: dict[tuple[Any, ...], _Mark] = {}
-    if node is not None:
-        _walk(node, (), marks)
-    return data, marks
-
-
-def _walk(node: yaml.Node, path: tuple[Any, ...], marks: dict[tuple[Any, ...], _Mark]) -> None:
-    marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    import yaml  # noqa: PLC0415 - see the module's imports
-
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            name = key.value
-            marks[(*path, name, "<key>")] = (key.start_mark.line + 1, key.start_mark.column + 1)
-            _walk(value, (*path, name), marks)
-    elif isinstance(node, yaml.SequenceNode):
-        for n, item in enumerate(node.value):
-            _walk(item, (*path, n), marks)
-
-
-def _where(path: tuple[Any, ...]) -> str:
-    out = ""
-    for part in path:
-        if part == "<key>":
-            continue
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(document)"
-
-
-def _invalid(message: str, path: tuple[Any, ...], marks: dict[tuple[Any, ...], _Mark]) -> DocumentInvalid:
-    probe = path
-    while probe not in marks and probe:
-        probe = probe[:-1]
-    line, column = marks.get(probe, (None, None))
-    at = f"line {line}, column {column} " if line is not None else ""
-    return DocumentInvalid(f"{at}({_where(path)}): {message}", path=_where(path), line=line, column=column)
-
-
-def _check_schema(data: Any, marks: dict[tuple[Any, ...], _Mark]) -> None:
+def _check_schema(data: Any, marks: Marks) -> None:
     import jsonschema  # noqa: PLC0415 - see the module's imports
 
     validator = jsonschema.Draft202012Validator(schema())
@@ -184,14 +123,14 @@ def _check_schema(data: Any, marks: dict[tuple[Any, ...], _Mark]) -> None:
             message = f"unknown field {extra[0]!r}"
     if len(message) > 300:
         message = message[:297] + "..."
-    raise _invalid(message, path, marks)
+    raise located(message, path, marks)
 
 
 _TARGET_FIELDS = ("next", "on_timeout", "on_deadline", "on_failure", "on_expire", "branch")
 _ROUTE_FIELDS = ("signals", "messages", "decisions", "errors", "branches")
 
 
-def _check_targets(data: dict[str, Any], marks: dict[tuple[Any, ...], _Mark]) -> None:
+def _check_targets(data: dict[str, Any], marks: Marks) -> None:
     """Every step a step may go to exists (or is $end): the first one that does not is named with its
     place, before the graph rules (which know no lines) see the steps."""
     names = {step["name"] for step in data["steps"]}
@@ -208,7 +147,7 @@ def _check_targets(data: dict[str, Any], marks: dict[tuple[Any, ...], _Mark]) ->
         for path, target in places:
             if target != END and target not in names:
                 known = ", ".join(sorted(names))
-                raise _invalid(f"step {step['name']!r} goes to unknown step {target!r} (the steps are: {known})",
+                raise located(f"step {step['name']!r} goes to unknown step {target!r} (the steps are: {known})",
                                path, marks)
 
 
@@ -220,7 +159,7 @@ def _unbound(*_: Any) -> None:
 
 
 def _handler(
-    step: dict[str, Any], n: int, catalog: Catalog | None, marks: dict[tuple[Any, ...], _Mark],
+    step: dict[str, Any], n: int, catalog: Catalog | None, marks: Marks,
     where: tuple[Any, ...] | None = None,
 ) -> Any:
     name = step["handler"]
@@ -229,20 +168,20 @@ def _handler(
     found = catalog.handlers.get(name)
     if found is None:
         known = ", ".join(sorted(catalog.handlers)) or "none"
-        raise _invalid(f"unknown handler {name!r} (the catalog has: {known})", where or ("steps", n, "handler"),
+        raise located(f"unknown handler {name!r} (the catalog has: {known})", where or ("steps", n, "handler"),
                        marks)
     return found
 
 
 def _build(
-    data: dict[str, Any], marks: dict[tuple[Any, ...], _Mark], catalog: Catalog | None, text: str, fmt: str
+    data: dict[str, Any], marks: Marks, catalog: Catalog | None, text: str, fmt: str
 ) -> DocumentWorkflow:
     model = None
     if "state" in data:
         model = None if catalog is None else catalog.models.get(data["state"])
         if catalog is not None and model is None:
             known = ", ".join(sorted(catalog.models)) or "none"
-            raise _invalid(f"unknown state model {data['state']!r} (the catalog has: {known})", ("state",), marks)
+            raise located(f"unknown state model {data['state']!r} (the catalog has: {known})", ("state",), marks)
     wf = DocumentWorkflow(data["id"], version=data["version"], state=model, scope=data.get("scope", "default"),
                           document_text=text, document_format=fmt, deadline=data.get("deadline"))
     for n, step in enumerate(data["steps"]):
@@ -256,7 +195,7 @@ def _build(
 
 def _add_step(
     wf: DocumentWorkflow, step: dict[str, Any], n: int, catalog: Catalog | None,
-    marks: dict[tuple[Any, ...], _Mark],
+    marks: Marks,
 ) -> None:
     """One step, through the same authoring call a Python workflow makes (so the plans are equal)."""
     name, kind, start = step["name"], step["kind"], bool(step.get("start", False))
@@ -276,7 +215,7 @@ def _add_step(
             routes = {**(step.get("signals") or {}), **(step.get("messages") or {})}
             for route in step.get("payloads") or {}:
                 if route not in routes:
-                    raise _invalid(f"payload for {route!r}, which is none of the wait's signals and messages",
+                    raise located(f"payload for {route!r}, which is none of the wait's signals and messages",
                                    ("steps", n, "payloads", route), marks)
             wf.wait(name, signals=step.get("signals"), timeout=step.get("timeout"), on_timeout=step.get("on_timeout"),
                     messages=step.get("messages"), correlation=step.get("correlation"), start=start,
@@ -296,7 +235,7 @@ def _add_step(
                      cancel_with_parent=step.get("cancel_with_parent", True),
                      start=start)(_handler(step, n, catalog, marks))
     except DefinitionError as exc:
-        raise _invalid(str(exc), ("steps", n), marks) from None
+        raise located(str(exc), ("steps", n), marks) from None
 
 
 def _retry(step: dict[str, Any]) -> Retry:
@@ -307,7 +246,7 @@ def _retry(step: dict[str, Any]) -> Retry:
 
 
 def _models(
-    step: dict[str, Any], key: str, n: int, catalog: Catalog | None, marks: dict[tuple[Any, ...], _Mark],
+    step: dict[str, Any], key: str, n: int, catalog: Catalog | None, marks: Marks,
 ) -> dict[str, Any] | None:
     """The payload models a step names (route name -> model name), looked up in the catalog."""
     found = {}
@@ -315,7 +254,7 @@ def _models(
         model = None if catalog is None else catalog.models.get(model_name)
         if catalog is not None and model is None:
             known = ", ".join(sorted(catalog.models)) or "none"
-            raise _invalid(f"unknown payload model {model_name!r} (the catalog has: {known})",
+            raise located(f"unknown payload model {model_name!r} (the catalog has: {known})",
                            ("steps", n, key, route), marks)
         if model is not None:
             found[route] = model
@@ -328,12 +267,12 @@ _TASK_FIELDS = ("description", "assignee", "owner", "priority", "due", "follow_u
 
 def _add_task(
     wf: DocumentWorkflow, step: dict[str, Any], n: int, catalog: Catalog | None,
-    marks: dict[tuple[Any, ...], _Mark], start: bool,
+    marks: Marks, start: bool,
 ) -> None:
     """A human task step; its decision payloads name pydantic models registered in the catalog."""
     for decision in step.get("payloads") or {}:
         if decision not in step["decisions"]:
-            raise _invalid(f"payload for {decision!r}, which is not one of the task's decisions",
+            raise located(f"payload for {decision!r}, which is not one of the task's decisions",
                            ("steps", n, "payloads", decision), marks)
     payloads = _models(step, "payloads", n, catalog, marks)
     extra = {k: step[k] for k in _TASK_FIELDS if k in step}
