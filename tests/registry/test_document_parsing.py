@@ -40,3 +40,24 @@ def test_aliases_within_the_limit_are_read() -> None:
 def test_an_alias_inside_its_own_anchor_is_refused() -> None:
     with pytest.raises(DocumentInvalid, match="line 1, column 4: a YAML alias refers to a node that contains it"):
         load_document("a: &a [1, *a]\n" + LEGAL, None)
+
+
+JSON_DOC = ('{"id": "x", "version": 1, "deadline": %s, "steps": [\n'
+            '\t{"name": "a", "kind": "timer", "start": true,\n\t "delay": %s, "next": "$end"}]}')
+
+
+def test_json_is_read_as_json() -> None:
+    wf = load_document(JSON_DOC % ("1e3", "2.5E+1"), None, fmt="json")  # tabs, exponents: JSON, not YAML 1.1
+    assert (wf.deadline, wf.plan.steps["a"].delay_seconds) == (1000.0, 25.0)
+    with pytest.raises(DocumentInvalid, match="its delay must be at most a thousand years, got inf"):
+        load_document(JSON_DOC % ("1", "1e400"), None, fmt="json")
+    with pytest.raises(DocumentInvalid, match=r"line 1, column 39 \(deadline\): not valid JSON: NaN"):
+        load_document(JSON_DOC % ("NaN", "1"), None, fmt="json")
+    with pytest.raises(DocumentInvalid, match=r"line 2, column 24 \(steps\[0\].kind\): 'sleep' is not one of"):
+        load_document((JSON_DOC % ("1", "1")).replace('"timer"', '"sleep"'), None, fmt="json")
+
+
+@pytest.mark.parametrize("written", ["1e3", "1E3", "1.0e3", "1000.0e+0", "+1e3"])
+def test_yaml_numbers_with_an_exponent_are_numbers_as_in_yaml_1_2(written: str) -> None:
+    wf = load_document(LEGAL + f"deadline: {written}\n", None)
+    assert wf.deadline == 1000.0

@@ -1,5 +1,7 @@
 """Reading a workflow document's text into data, with the line and column of every value by its path.
 
+JSON is read as JSON; YAML with PyYAML's safe loader (YAML 1.1) taught one rule of YAML 1.2 and JSON: a
+number with an exponent (1e3) is a number.
 The reader refuses, before the schema sees the data, what would make the reading itself costly: YAML
 aliases that expand to more values than the size limit has bytes (the "billion laughs", a few hundred
 bytes that expand to a billion values), and an alias inside the node it names.
@@ -7,6 +9,12 @@ bytes that expand to a billion values), and an alias inside the node it names.
 
 from __future__ import annotations
 
+import bisect
+import json
+import re
+from functools import cache
+from json.decoder import scanstring  # type: ignore[attr-defined] # CPython's own, not in typeshed
+from json.scanner import NUMBER_RE
 from typing import TYPE_CHECKING, Any
 
 from stepstone.errors import DocumentInvalid
@@ -25,12 +33,35 @@ Marks = dict[tuple[Any, ...], tuple[int, int]]
 def parse(text: str, fmt: str, *, max_values: int) -> tuple[Any, Marks]:
     """The document's data and marks; DocumentInvalid for a syntax error or a document that expands to
     more than `max_values` values through aliases."""
-    if fmt == "json":
-        _check_json(text)
+    try:
+        return _parse_json(text) if fmt == "json" else _parse_yaml(text, max_values)
+    except RecursionError:
+        raise DocumentInvalid("the document is nested too deeply") from None
+
+
+# -- YAML ---------------------------------------------------------------------------------------------
+
+# YAML 1.2 (and JSON) read 1e3 as a number; PyYAML reads YAML 1.1, whose floats need a dot and a signed
+# exponent, so `deadline: 1e3` was the string '1e3', refused as "not of type 'number'".
+_EXPONENT_FLOAT = r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"
+
+
+@cache
+def _loader() -> type[yaml.SafeLoader]:
     import yaml  # noqa: PLC0415 - see the module's imports
 
-    loader = yaml.SafeLoader(text)
-    try:  # JSON is YAML: one parser gives the marks of both
+    class Loader(yaml.SafeLoader):
+        """PyYAML's safe loader, with YAML 1.2's numbers with an exponent."""
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789"))
+    return Loader
+
+
+def _parse_yaml(text: str, max_values: int) -> tuple[Any, Marks]:
+    import yaml  # noqa: PLC0415 - see the module's imports
+
+    loader = _loader()(text)
+    try:
         node = loader.get_single_node()
         marks: Marks = {}
         if node is None:
@@ -45,22 +76,8 @@ def parse(text: str, fmt: str, *, max_values: int) -> tuple[Any, Marks]:
                               line=line, column=column) from None
     except yaml.YAMLError as exc:
         raise DocumentInvalid(f"not valid YAML: {type(exc).__name__}") from None
-    except RecursionError:
-        raise DocumentInvalid("the document is nested too deeply") from None
     finally:
         loader.dispose()
-
-
-def _check_json(text: str) -> None:
-    import json  # noqa: PLC0415 - json is cheap, but only this path needs it
-
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DocumentInvalid(f"line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}",
-                              line=exc.lineno, column=exc.colno) from None
-    except RecursionError:
-        raise DocumentInvalid("the document is nested too deeply") from None
 
 
 def _check_expansion(root: yaml.Node, max_values: int) -> None:
@@ -114,6 +131,89 @@ def _walk(node: yaml.Node, path: tuple[Any, ...], marks: Marks) -> None:
     elif isinstance(node, yaml.SequenceNode):
         for n, item in enumerate(node.value):
             _walk(item, (*path, n), marks)
+
+
+# -- JSON ---------------------------------------------------------------------------------------------
+
+
+def _parse_json(text: str) -> tuple[Any, Marks]:
+    """JSON is read as JSON (RFC 8259); the marks come from a second walk of the text, which the
+    decoder has accepted, so it only has to find where each value starts."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DocumentInvalid(f"line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}",
+                              line=exc.lineno, column=exc.colno) from None
+    return data, _JsonMarks(text).walk()
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+class _JsonMarks:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.line_starts = [0, *(m.end() for m in re.finditer("\n", text))]
+        self.marks: Marks = {}
+
+    def walk(self) -> Marks:
+        self._value(0, ())
+        return self.marks
+
+    def _mark(self, pos: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self.line_starts, pos)
+        return line, pos - self.line_starts[line - 1] + 1
+
+    def _skip(self, pos: int) -> int:
+        return _SPACE.match(self.text, pos).end()  # type: ignore[union-attr] # matches the empty string
+
+    def _value(self, pos: int, path: tuple[Any, ...]) -> int:
+        """Mark the value at `pos` (after any space); the position after it."""
+        pos = self._skip(pos)
+        self.marks[path] = self._mark(pos)
+        char = self.text[pos]
+        if char == "{":
+            return self._object(pos + 1, path)
+        if char == "[":
+            return self._array(pos + 1, path)
+        if char == '"':
+            return int(scanstring(self.text, pos + 1)[1])
+        number = NUMBER_RE.match(self.text, pos)
+        if number is not None:
+            return number.end()
+        for word in ("true", "false", "null"):
+            if self.text.startswith(word, pos):
+                return pos + len(word)
+        # Python's decoder also takes NaN, Infinity and -Infinity; JSON has no such numbers
+        line, column = self.marks[path]
+        raise DocumentInvalid(f"line {line}, column {column} ({where(path)}): not valid JSON: NaN and Infinity "
+                              f"are not JSON numbers", path=where(path), line=line, column=column)
+
+    def _object(self, pos: int, path: tuple[Any, ...]) -> int:
+        pos = self._skip(pos)
+        if self.text[pos] == "}":
+            return pos + 1
+        while True:
+            key, after = scanstring(self.text, pos + 1)
+            self.marks[(*path, key, "<key>")] = self._mark(pos)
+            pos = self._skip(self._value(self._skip(after) + 1, (*path, key)))  # past the ':'
+            if self.text[pos] == "}":
+                return pos + 1
+            pos = self._skip(pos + 1)  # past the ','
+
+    def _array(self, pos: int, path: tuple[Any, ...]) -> int:
+        pos = self._skip(pos)
+        if self.text[pos] == "]":
+            return pos + 1
+        n = 0
+        while True:
+            pos = self._skip(self._value(pos, (*path, n)))
+            if self.text[pos] == "]":
+                return pos + 1
+            pos, n = pos + 1, n + 1
+
+
+# -- paths and places ---------------------------------------------------------------------------------
 
 
 def where(path: tuple[Any, ...]) -> str:
