@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from stepstone.authoring.documents import load_document
@@ -61,3 +63,34 @@ def test_json_is_read_as_json() -> None:
 def test_yaml_numbers_with_an_exponent_are_numbers_as_in_yaml_1_2(written: str) -> None:
     wf = load_document(LEGAL + f"deadline: {written}\n", None)
     assert wf.deadline == 1000.0
+
+
+@pytest.mark.parametrize(("text", "fmt", "line", "column", "path"), [
+    (LEGAL + "version: 2\n", "yaml", 5, 1, "version"),
+    (LEGAL.replace("handler: ship", "handler: ship, handler: h"), "yaml", 4, 44, "steps[0].handler"),
+    ('{"id": "x", "version": 1,\n "steps": [], "version": 2}', "json", 2, 15, "version"),
+])
+def test_a_key_given_twice_in_one_mapping_is_refused_at_the_second(
+    text: str, fmt: str, line: int, column: int, path: str
+) -> None:
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(text, None, fmt=fmt)
+    err = raised.value
+    assert (err.line, err.column, err.path) == (line, column, path), str(err)
+    assert f"the key {path.rpartition('.')[2]!r} is given twice (first at line " in str(err)
+
+
+def test_a_yaml_merge_key_may_be_overridden() -> None:
+    text = ("id: x\nversion: 1\nsteps:\n  - &a {name: a, kind: action, handler: h, start: true, next: b}\n"
+            "  - {<<: *a, name: b, start: false, next: $end}\n")
+    assert list(load_document(text, None).plan.steps) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("? [a]\n: 1\n" + LEGAL, "line 1, column 3: a key must be a name, not a list or a mapping"),
+    (LEGAL + "1: 2\n", 'line 5, column 1: the key \'1\' is read as int, not as a name: quote it ("1")'),
+    (LEGAL.replace("start: true", "start: true, on: b"), "line 4, column 57: the key 'on' is read as bool"),
+])
+def test_keys_that_are_no_names_are_refused(text: str, words: str) -> None:
+    with pytest.raises(DocumentInvalid, match=re.escape(words)):
+        load_document(text, None)

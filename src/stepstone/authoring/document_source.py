@@ -114,19 +114,38 @@ def _check_expansion(root: yaml.Node, max_values: int) -> None:
     size(root)
 
 
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
 def _at(node: yaml.Node, message: str) -> DocumentInvalid:
-    line, column = node.start_mark.line + 1, node.start_mark.column + 1
+    line, column = _mark(node)
     return DocumentInvalid(f"line {line}, column {column}: {message}", line=line, column=column)
 
 
+_TEXT, _MERGE = "tag:yaml.org,2002:str", "tag:yaml.org,2002:merge"
+
+
 def _walk(node: yaml.Node, path: tuple[Any, ...], marks: Marks) -> None:
-    marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    """Mark every value and key; refuse a key given twice in one mapping, which PyYAML would let the
+    last one win (a merge key's values may be overridden: that is what it is for)."""
+    marks[path] = _mark(node)
     import yaml  # noqa: PLC0415 - see the module's imports
 
     if isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], tuple[int, int]] = {}
         for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                raise _at(key, "a key must be a name, not a list or a mapping")
             name = key.value
-            marks[(*path, name, "<key>")] = (key.start_mark.line + 1, key.start_mark.column + 1)
+            if key.tag not in (_TEXT, _MERGE):  # YAML 1.1 reads on:, yes: and 1: as true, true and 1
+                kind = key.tag.rpartition(":")[2]
+                raise _at(key, f"the key {name!r} is read as {kind}, not as a name: quote it (\"{name}\")")
+            if key.tag != _MERGE:
+                first = seen.setdefault((key.tag, name), _mark(key))
+                if first != _mark(key):
+                    raise _given_twice((*path, name), first, _mark(key))
+            marks[(*path, name, "<key>")] = _mark(key)
             _walk(value, (*path, name), marks)
     elif isinstance(node, yaml.SequenceNode):
         for n, item in enumerate(node.value):
@@ -193,8 +212,12 @@ class _JsonMarks:
         pos = self._skip(pos)
         if self.text[pos] == "}":
             return pos + 1
+        seen: dict[str, tuple[int, int]] = {}
         while True:
             key, after = scanstring(self.text, pos + 1)
+            first = seen.setdefault(key, self._mark(pos))
+            if first != self._mark(pos):  # Python's decoder keeps the last one
+                raise _given_twice((*path, key), first, self._mark(pos))
             self.marks[(*path, key, "<key>")] = self._mark(pos)
             pos = self._skip(self._value(self._skip(after) + 1, (*path, key)))  # past the ':'
             if self.text[pos] == "}":
@@ -224,6 +247,13 @@ def where(path: tuple[Any, ...]) -> str:
             continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(document)"
+
+
+def _given_twice(path: tuple[Any, ...], first: tuple[int, int], second: tuple[int, int]) -> DocumentInvalid:
+    line, column = second
+    return DocumentInvalid(f"line {line}, column {column} ({where(path)}): the key {path[-1]!r} is given twice "
+                           f"(first at line {first[0]}, column {first[1]})", path=where(path), line=line,
+                           column=column)
 
 
 def located(message: str, path: tuple[Any, ...], marks: Marks) -> DocumentInvalid:

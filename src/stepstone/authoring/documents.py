@@ -117,7 +117,7 @@ def _check_schema(data: Any, marks: Marks) -> None:
     message = error.message
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = error.schema.get("properties", {})
-        extra = sorted(k for k in error.instance if k not in allowed)
+        extra = sorted((k for k in error.instance if k not in allowed), key=str)
         if extra:
             path = (*path, extra[0], "<key>")
             message = f"unknown field {extra[0]!r}"
