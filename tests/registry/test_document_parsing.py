@@ -7,7 +7,8 @@ import re
 import pytest
 
 from stepstone.authoring.documents import load_document
-from stepstone.errors import DocumentInvalid
+from stepstone.authoring.workflow import Workflow
+from stepstone.errors import DefinitionError, DocumentInvalid
 
 LEGAL = "id: x\nversion: 1\nsteps:\n  - {name: a, kind: action, handler: ship, start: true}\n"
 
@@ -94,3 +95,27 @@ def test_a_yaml_merge_key_may_be_overridden() -> None:
 def test_keys_that_are_no_names_are_refused(text: str, words: str) -> None:
     with pytest.raises(DocumentInvalid, match=re.escape(words)):
         load_document(text, None)
+
+
+@pytest.mark.parametrize(("text", "fmt", "where", "words"), [
+    (LEGAL.replace("version: 1", "version: 99999999999"), "yaml", "line 2, column 10 (version)",
+     "99999999999 is greater than the maximum of 2147483647"),
+    (LEGAL.replace("start: true", 'start: true, description: "a\\ud800b"'), "yaml",
+     "line 4, column 70 (steps[0].description)", "a lone surrogate (U+D800), which UTF-8 cannot hold"),
+    (LEGAL.replace("start: true", 'start: true, description: "a\\0b"'), "yaml",
+     "line 4, column 70 (steps[0].description)", "a NUL character, which PostgreSQL text cannot hold"),
+    ('{"id": "x\\u0000", "version": 1, "steps": []}', "json", "line 1, column 8 (id)", "a NUL character"),
+    ('{"id": "x", "version": 1, "steps": [], "\\udfff": 1}', "json", "line 1, column 40 ('\\udfff')",
+     "a lone surrogate (U+DFFF)"),
+])
+def test_what_the_database_cannot_hold_is_refused_with_its_place(text: str, fmt: str, where: str, words: str) -> None:
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(text, None, fmt=fmt)
+    assert str(raised.value).startswith(where + ": ") and words in str(raised.value), str(raised.value)
+
+
+def test_python_versions_past_the_database_column_are_refused() -> None:
+    wf = Workflow("x", version=2**31)
+    wf.step(name="a", start=True)(lambda _ctx, _state: None)
+    with pytest.raises(DefinitionError, match="version must be a whole number from 1 to 2,147,483,647"):
+        wf.plan  # noqa: B018

@@ -4,7 +4,8 @@ JSON is read as JSON; YAML with PyYAML's safe loader (YAML 1.1) taught one rule 
 number with an exponent (1e3) is a number.
 The reader refuses, before the schema sees the data, what would make the reading itself costly: YAML
 aliases that expand to more values than the size limit has bytes (the "billion laughs", a few hundred
-bytes that expand to a billion values), and an alias inside the node it names.
+bytes that expand to a billion values), and an alias inside the node it names; and texts the database
+cannot store (a NUL, a lone surrogate).
 """
 
 from __future__ import annotations
@@ -34,9 +35,42 @@ def parse(text: str, fmt: str, *, max_values: int) -> tuple[Any, Marks]:
     """The document's data and marks; DocumentInvalid for a syntax error or a document that expands to
     more than `max_values` values through aliases."""
     try:
-        return _parse_json(text) if fmt == "json" else _parse_yaml(text, max_values)
+        data, marks = _parse_json(text) if fmt == "json" else _parse_yaml(text, max_values)
+        _check_text(data, (), marks)
     except RecursionError:
         raise DocumentInvalid("the document is nested too deeply") from None
+    return data, marks
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_text(value: Any, path: tuple[Any, ...], marks: Marks) -> None:
+    """Every text, keys included, can be stored: both formats can spell a NUL ("\\0", "\\u0000"), which
+    PostgreSQL's text and jsonb refuse, and a lone surrogate ("\\ud800"), which UTF-8 cannot encode; either
+    passed validation and failed publishing (with a traceback for the surrogate)."""
+    if isinstance(value, str):
+        problem = _unstorable(value)
+        if problem:
+            raise located(f"the text contains {problem}", path, marks)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            problem = _unstorable(key) if isinstance(key, str) else None
+            if problem:
+                raise located(f"the key contains {problem}", (*path, key, "<key>"), marks)
+            _check_text(item, (*path, key), marks)
+    elif isinstance(value, list):
+        for n, item in enumerate(value):
+            _check_text(item, (*path, n), marks)
+
+
+def _unstorable(text: str) -> str | None:
+    if "\0" in text:
+        return "a NUL character, which PostgreSQL text cannot hold"
+    surrogate = _SURROGATE.search(text)
+    if surrogate:
+        return f"a lone surrogate (U+{ord(surrogate.group()):04X}), which UTF-8 cannot hold"
+    return None
 
 
 # -- YAML ---------------------------------------------------------------------------------------------
@@ -245,7 +279,8 @@ def where(path: tuple[Any, ...]) -> str:
     for part in path:
         if part == "<key>":
             continue
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        name = part if not isinstance(part, str) or part.isprintable() else ascii(part)  # a message is one line
+        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else str(name))
     return out or "(document)"
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
+from stepstone.core.bounds import is_whole
+from stepstone.core.limits import MAX_INT4
 from stepstone.core.task_spec import TaskSpec
 from stepstone.core.timestamps import within_max
 
@@ -281,8 +283,8 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
     found: list[str] = []
     if not valid_name(definition_id):
         found.append(f"invalid definition id {definition_id!r} (letters, digits, _ . -; at most 128)")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        found.append("version must be a positive integer")
+    if not is_whole(version, 1, MAX_INT4):  # the registry's and the instances' version columns are int4
+        found.append(f"version must be a whole number from 1 to {MAX_INT4:,}, got {version!r}")
     names = [s.name for s in steps]
     found.extend(f"step {dup!r} is defined twice" for dup in sorted({n for n in names if names.count(n) > 1}))
     found.extend(f"invalid step name {s.name!r}" for s in steps if not valid_name(s.name))
