@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from stepstone.authoring.workflow import Workflow
 from stepstone.core.effects import ChangeTask, CloseTimers, Enqueue, MovePosition, OpenTask, Subscribe
 from stepstone.core.model import CommandView, Decision, InstanceView
 from stepstone.core.plan import Plan, PlanError, Step
 from stepstone.core.task_spec import TaskSpec, resolve_instant, task_id
 from stepstone.core.transitions import apply
+from stepstone.errors import DefinitionError
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -117,3 +119,20 @@ def test_a_due_date_from_the_state_that_no_timestamp_holds_is_no_due_date() -> N
     assert resolve_instant({"state": "due"}, {"due": -60}, NOW) == "2025-12-31T23:59:00+00:00"
     for value in (1e300, float("inf"), float("nan"), "0001-01-01T00:00:00+00:01", "9999-12-31T23:59:00-01:00"):
         assert resolve_instant({"state": "due"}, {"due": value}, NOW) is None, value
+
+
+@pytest.mark.parametrize("field", ["due", "follow_up", "reminder_seconds", "expire_seconds"])
+def test_every_task_date_written_as_seconds_is_at_most_a_thousand_years(field: str) -> None:
+    """A due date or follow-up past a thousand years was taken, then dropped when the task opened
+    (due_at null), while a reminder or an expiry that long was refused."""
+    extra = {"on_expire": "a"} if field == "expire_seconds" else {}
+    spec = TaskSpec(title="x", **{field: 4e10}, **extra)  # type: ignore[arg-type]
+    with pytest.raises(PlanError, match=f"{field} must be at most a thousand years, got 40000000000.0 s"):
+        Plan.build("p", 1, "t", [Step("t", "task", decisions={"ok": "a"}, task=spec), Step("a", "action")])
+
+
+def test_a_python_task_with_a_due_date_past_a_thousand_years_is_a_definition_error() -> None:
+    wf = Workflow("x")
+    wf.task("t", title="T", decisions={"ok": "$end"}, start=True, due=timedelta(days=366_000))
+    with pytest.raises(DefinitionError, match="task step 't': due must be at most a thousand years"):
+        wf.plan  # noqa: B018

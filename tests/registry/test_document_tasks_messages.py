@@ -110,3 +110,11 @@ async def test_a_published_document_with_a_task_and_a_message_wait_runs_end_to_e
         await worker.run_until_idle()
         done = await client.get(iid)
         assert (done.status, done.state["shipped"]) == ("COMPLETED", "refund")
+
+
+@pytest.mark.parametrize("field", ["due", "follow_up"])
+def test_a_due_date_or_follow_up_past_a_thousand_years_is_refused_like_a_reminder(field: str) -> None:
+    text = (f"id: t\nversion: 1\nsteps:\n  - {{name: a, kind: task, start: true, title: T, decisions: {{ok: $end}}, "
+            f"{field}: 40000000000}}\n")
+    with pytest.raises(DocumentInvalid, match=f"{field} must be at most a thousand years"):
+        load_document(text, None)

@@ -87,6 +87,10 @@ class TaskSpec:
                 found.append(f"{where}: {name} must not be negative")
             elif value is not None and not within_max(value):
                 found.append(f"{where}: {name} must be at most a thousand years, got {value} s")
+        for name in ("due", "follow_up"):  # seconds from entering; {"state": ...} is read when the task opens
+            value = getattr(self, name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and not within_max(abs(value)):
+                found.append(f"{where}: {name} must be at most a thousand years, got {value} s")
         if not isinstance(self.priority, dict) and not is_priority(self.priority):
             found.append(f"{where}: priority must be a whole number from {-MAX_INT4 - 1:,} to {MAX_INT4:,} "
                          f"(or from_state(...)), got {self.priority!r}")
