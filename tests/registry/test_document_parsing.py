@@ -21,14 +21,14 @@ def _laughs(levels: int) -> str:
     return "\n".join(lines) + "\n" + LEGAL
 
 
-@pytest.mark.parametrize(("levels", "max_bytes"), [(4, 2_000), (9, 256 * 1024)])
+@pytest.mark.parametrize(("levels", "max_bytes"), [(6, 256 * 1024), (9, 256 * 1024), (6, 1 << 30)])
 def test_aliases_that_expand_past_the_size_limit_are_refused_before_anything_walks_them(
     levels: int, max_bytes: int
 ) -> None:
-    with pytest.raises(DocumentInvalid, match=f"more values than the size limit allows \\({max_bytes:,}\\)") \
-            as raised:
+    """However large the size limit: the values allowed are a property of the text, so that what publish
+    accepted under --max-bytes, a load under the default accepts too."""
+    with pytest.raises(DocumentInvalid, match="expands to more than 262,144 values, the most this document may"):
         load_document(_laughs(levels), None, max_bytes=max_bytes)
-    assert raised.value.line is not None
 
 
 def test_aliases_within_the_limit_are_read() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import uuid
 from pathlib import Path
 from typing import Any
@@ -132,9 +134,7 @@ async def test_publish_run_and_digest_check(database_url: str) -> None:
         await pool.execute("UPDATE stepstone.definitions SET document = document || '# edited' "
                            "WHERE definition_id = 'approval'")
         with pytest.raises(DocumentTampered, match="no longer matches its SHA-256 digest"):
-            await defs.document("default", "approval", 1, max_bytes=1 << 20)
-        with pytest.raises(DocumentTampered, match="over the limit"):
-            await defs.document("default", "approval", 1, max_bytes=10)
+            await defs.document("default", "approval", 1)
         assert uuid.UUID(iid)
 
 
@@ -192,3 +192,34 @@ async def test_publication_is_claimed_with_a_token_and_an_obsolete_completion_fa
             await defs.complete_publication(pin, first)
         await defs.complete_publication(pin, second)
         assert (await defs.find("default", "approval", 1))["status"] == "AVAILABLE"
+
+
+BIG = APPROVAL.replace("id: approval", "id: big") + "# " + "x" * 300_000 + "\n"  # over the default limit
+
+
+def test_a_document_published_under_a_larger_limit_stays_readable_and_one_bad_document_stops_no_other(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """show and load_published applied the default limit again to what publish --max-bytes had accepted
+    (as DocumentTampered), and load_published raised on the first bad document, so none loaded. Sync:
+    the CLI runs its own event loop."""
+    with caplog.at_level(logging.ERROR, logger="stepstone.definitions"):
+        asyncio.run(_publish_big_then_tamper_another(database_url))
+    assert "approval v1 (scope default) not loaded: " in caplog.text
+    assert "no longer matches its SHA-256 digest" in caplog.text
+    shown = CliRunner().invoke(cli, ["definitions", "show", "big", "1", "--database-url", database_url])
+    assert shown.exit_code == 0 and "handler: review" in shown.stdout, shown.output
+
+
+async def _publish_big_then_tamper_another(database_url: str) -> None:
+    async with open_engine(database_url, Registry()) as engine:
+        defs = engine.store.definitions
+        with pytest.raises(DocumentInvalid, match="over the limit"):
+            await publish_document(defs, BIG, catalog)
+        await publish_document(defs, BIG, catalog, max_bytes=400_000)
+        await publish_document(defs, APPROVAL, catalog)
+        assert (await defs.document("default", "big", 1))[0] == BIG
+        assert sorted(wf.id for wf in await load_published(defs, catalog)) == ["approval", "big"]
+        await engine.store.pool.execute("UPDATE stepstone.definitions SET document = document || '# edited' "
+                                        "WHERE definition_id = 'approval'")
+        assert [wf.id for wf in await load_published(defs, catalog)] == ["big"]

@@ -3,8 +3,8 @@
 JSON is read as JSON; YAML with PyYAML's safe loader (YAML 1.1) taught one rule of YAML 1.2 and JSON: a
 number with an exponent (1e3) is a number.
 The reader refuses, before the schema sees the data, what would make the reading itself costly: YAML
-aliases that expand to more values than the size limit has bytes (the "billion laughs", a few hundred
-bytes that expand to a billion values), and an alias inside the node it names; and texts the database
+aliases that expand the document past the values its caller allows (the "billion laughs", a few
+hundred bytes that expand to a billion values), and an alias inside the node it names; and texts the database
 cannot store (a NUL, a lone surrogate).
 """
 
@@ -139,8 +139,8 @@ def _check_expansion(root: yaml.Node, max_values: int) -> None:
         for child in children:
             total += size(child)
             if total > max_values:
-                raise _at(node, f"through YAML aliases, this value expands to more values than the size "
-                                f"limit allows ({max_values:,})")
+                raise _at(node, f"through YAML aliases, this value expands to more than {max_values:,} "
+                                f"values, the most this document may have")
         open_nodes.discard(key)
         sizes[key] = total
         return total

@@ -10,7 +10,7 @@
 A document is checked in this order, and the first problem is raised as `DocumentInvalid` naming the
 document path (``steps[2].next``) with its line and column: the size limit (default 256 KiB of UTF-8),
 the YAML/JSON syntax (`stepstone.authoring.document_source`: YAML aliases may not expand the document
-to more values than the limit has bytes), the published JSON Schema (`SCHEMA`, shipped as
+past 262,144 values, or one per byte of a larger text), the published JSON Schema (`SCHEMA`, shipped as
 ``workflow-document.schema.json`` beside this module and in docs/), the steps every transition
 names, handler and model names against the catalog, then the graph rules every plan obeys. Each step
 goes through the same `Workflow` call a Python author makes, so a document and its Python twin have
@@ -37,6 +37,9 @@ from stepstone.errors import DefinitionError, DocumentInvalid
 __all__ = ["DEFAULT_MAX_BYTES", "Catalog", "DocumentWorkflow", "load_document", "schema"]
 
 DEFAULT_MAX_BYTES = 256 * 1024
+_MAX_EXPANSION = DEFAULT_MAX_BYTES
+"""The values a document may have once its YAML aliases are expanded (or one per byte of a larger one):
+a property of the text alone, so what publish accepted, every later load accepts too."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -97,7 +100,7 @@ def load_document(
     fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
     if fmt not in ("yaml", "json"):
         raise DocumentInvalid(f"unknown document format {fmt!r} (yaml or json)")
-    data, marks = parse(text, fmt, max_values=max_bytes)
+    data, marks = parse(text, fmt, max_values=max(_MAX_EXPANSION, size))
     _check_schema(data, marks)
     _check_targets(data, marks)
     return _build(data, marks, catalog, text, fmt)

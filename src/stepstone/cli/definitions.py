@@ -103,11 +103,9 @@ def list_command(settings: Settings, scope: str | None, definition_id: str | Non
 @click.argument("definition_id", type=TEXT)
 @click.argument("version", type=VERSION)
 @_scope_option
-@_max_bytes_option
 @output_option
 @with_settings
-def show_command(settings: Settings, definition_id: str, version: int, scope: str, max_bytes: int,
-                 output: str) -> None:
+def show_command(settings: Settings, definition_id: str, version: int, scope: str, output: str) -> None:
     """Show one version; a document's text is printed only when it still matches its SHA-256 digest."""
 
     async def go() -> dict[str, Any]:
@@ -116,8 +114,7 @@ def show_command(settings: Settings, definition_id: str, version: int, scope: st
             shown = {k: row[k] for k in ("scope", "definition_id", "version", "kind", "status", "plan_hash",
                                          "state_model", "signal_names", "document_digest")}
             if row["kind"] == "DOCUMENT":
-                shown["document"], _ = await store.definitions.document(scope, definition_id, version,
-                                                                        max_bytes=max_bytes)
+                shown["document"], _ = await store.definitions.document(scope, definition_id, version)
             return shown
 
     shown = run_async(go())

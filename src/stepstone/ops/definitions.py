@@ -6,14 +6,18 @@ The CLI (`stepstone definitions ...`) and programs call these; the rules live in
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, DocumentWorkflow, load_document
 from stepstone.authoring.registration import state_model_name
 from stepstone.core.pin import Pin, pin_of
-from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionsPort, StrandedPin
+from stepstone.errors import StepstoneError
+from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionRecord, DefinitionsPort, StrandedPin
 
 __all__ = ["Published", "load_published", "publish_document", "stranded_report"]
+
+log = logging.getLogger("stepstone.definitions")
 
 DEFAULT_STRANDED_WITHIN = SERVED_WITHIN_SECONDS
 """Seconds without a heartbeat after which a pin counts as served by no live worker (5 minutes)."""
@@ -46,19 +50,30 @@ async def publish_document(
 
 
 async def load_published(
-    definitions: DefinitionsPort, catalog: Catalog, *, scope: str | None = None,
-    max_bytes: int = DEFAULT_MAX_BYTES,
+    definitions: DefinitionsPort, catalog: Catalog, *, scope: str | None = None
 ) -> list[DocumentWorkflow]:
     """Every AVAILABLE or DEPRECATED document (of `scope`, or all), its text's digest checked and bound to
-    `catalog`: what a worker adds to its registry to run published documents."""
+    `catalog`: what a worker adds to its registry to run published documents. A document that cannot be
+    used (its text changed, a handler the catalog lacks) is logged as an error and left out: its
+    instances wait, as for any version no worker serves, and every other document still loads."""
     found = []
     for status in ("AVAILABLE", "DEPRECATED"):
         for rec in await definitions.records(scope=scope, status=status):
             if rec.kind != "DOCUMENT":
                 continue
-            text, fmt = await definitions.document(rec.scope, rec.definition_id, rec.version, max_bytes=max_bytes)
-            found.append(load_document(text, catalog, fmt=fmt, max_bytes=max_bytes))
+            try:
+                found.append(await _load_one(definitions, catalog, rec))
+            except StepstoneError as exc:
+                log.error(  # noqa: TRY400 - one line: the reason, not a traceback, is the story
+                    "published document %s v%s (scope %s) not loaded: %s", rec.definition_id, rec.version, rec.scope,
+                    exc)
     return found
+
+
+async def _load_one(definitions: DefinitionsPort, catalog: Catalog, rec: DefinitionRecord) -> DocumentWorkflow:
+    text, fmt = await definitions.document(rec.scope, rec.definition_id, rec.version)
+    # the size limit is the one it was published under, which is not recorded: its own size admits it
+    return load_document(text, catalog, fmt=fmt, max_bytes=max(DEFAULT_MAX_BYTES, len(text.encode())))
 
 
 async def stranded_report(

@@ -137,9 +137,8 @@ WHERE ($1::text IS NULL OR d.scope = $1) AND ($2::text IS NULL OR d.definition_i
 ORDER BY d.definition_id, d.scope, d.version;
 
 -- name: document_text
--- The stored text with its digest and size, checked by the caller on every read.
-SELECT d.kind, d.document, d.document_format, d.document_digest, octet_length(d.document) AS size, d.plan,
-       d.plan_hash
+-- The stored text with its digest, checked by the caller on every read.
+SELECT d.kind, d.document, d.document_format, d.document_digest, d.plan, d.plan_hash
 FROM {{schema}}.definitions d WHERE d.scope = $1 AND d.definition_id = $2 AND d.version = $3;
 
 -- name: heartbeat
