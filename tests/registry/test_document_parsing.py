@@ -119,3 +119,21 @@ def test_python_versions_past_the_database_column_are_refused() -> None:
     wf.step(name="a", start=True)(lambda _ctx, _state: None)
     with pytest.raises(DefinitionError, match="version must be a whole number from 1 to 2,147,483,647"):
         wf.plan  # noqa: B018
+
+
+TWO = ("id: x\nversion: 1\nsteps:\n  - {name: a, kind: action, handler: h, start: true, next: b}\n"
+       "  - {name: b, kind: action, handler: h}\n")
+
+
+@pytest.mark.parametrize(("text", "where", "words"), [
+    (TWO.replace("name: b", "name: a").replace("next: b", "next: $end"), "line 5, column 12 (steps[1].name)",
+     "step 'a' is defined twice"),
+    (TWO.replace("start: true, ", ""), "line 4, column 3 (steps)", "no start step"),
+    (TWO.replace("next: b", "next: $end"), "line 4, column 3 (steps)", "unreachable steps: b"),
+    (TWO.replace("version: 1", "version: 1.0"), "line 2, column 10 (version)", "a whole number, got 1.0"),
+    (TWO + "deadline: .inf\n", "line 6, column 11 (deadline)", "deadline must be at most a thousand years"),
+])
+def test_problems_found_after_the_schema_have_their_place_too(text: str, where: str, words: str) -> None:
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(text, None)
+    assert str(raised.value).startswith(where + ": ") and words in str(raised.value), str(raised.value)

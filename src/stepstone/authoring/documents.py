@@ -134,9 +134,13 @@ _ROUTE_FIELDS = ("signals", "messages", "decisions", "errors", "branches")
 
 
 def _check_targets(data: dict[str, Any], marks: Marks) -> None:
-    """Every step a step may go to exists (or is $end): the first one that does not is named with its
-    place, before the graph rules (which know no lines) see the steps."""
-    names = {step["name"] for step in data["steps"]}
+    """Step names are unique and every step a step may go to exists (or is $end): the first problem is
+    named with its place, before the graph rules (which know no lines) see the steps."""
+    names: set[str] = set()
+    for n, step in enumerate(data["steps"]):
+        if step["name"] in names:
+            raise located(f"step {step['name']!r} is defined twice", ("steps", n, "name"), marks)
+        names.add(step["name"])
     for n, step in enumerate(data["steps"]):
         places: list[tuple[tuple[Any, ...], Any]] = []
         for key in _TARGET_FIELDS:
@@ -185,14 +189,19 @@ def _build(
         if catalog is not None and model is None:
             known = ", ".join(sorted(catalog.models)) or "none"
             raise located(f"unknown state model {data['state']!r} (the catalog has: {known})", ("state",), marks)
-    wf = DocumentWorkflow(data["id"], version=data["version"], state=model, scope=data.get("scope", "default"),
-                          document_text=text, document_format=fmt, deadline=data.get("deadline"))
+    if not isinstance(data["version"], int):  # the schema's integer takes 1.0, which no version column holds
+        raise located(f"version must be a whole number, got {data['version']!r}", ("version",), marks)
+    try:  # the document's own fields: the schema has checked all but the deadline's thousand years
+        wf = DocumentWorkflow(data["id"], version=data["version"], state=model, scope=data.get("scope", "default"),
+                              document_text=text, document_format=fmt, deadline=data.get("deadline"))
+    except DefinitionError as exc:
+        raise located(str(exc), ("deadline",), marks) from None
     for n, step in enumerate(data["steps"]):
         _add_step(wf, step, n, catalog, marks)
     try:
         wf.plan  # noqa: B018 - validate the graph now
     except DefinitionError as exc:
-        raise DocumentInvalid(f"the steps do not form a valid workflow: {exc}", path="steps") from None
+        raise located(f"the steps do not form a valid workflow: {exc}", ("steps",), marks) from None
     return wf
 
 
