@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from stepstone.authoring.documents import load_document
 from stepstone.authoring.workflow import Workflow
+from stepstone.cli import cli
 from stepstone.errors import DefinitionError, DocumentInvalid
 
 LEGAL = "id: x\nversion: 1\nsteps:\n  - {name: a, kind: action, handler: ship, start: true}\n"
@@ -137,3 +140,19 @@ def test_problems_found_after_the_schema_have_their_place_too(text: str, where: 
     with pytest.raises(DocumentInvalid) as raised:
         load_document(text, None)
     assert str(raised.value).startswith(where + ": ") and words in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize(("text", "fmt"), [("", "yaml"), ("  \n# nothing yet\n", "yaml"), ("", "json"), ("\n", None)])
+def test_an_empty_document_is_called_empty(text: str, fmt: str | None) -> None:
+    with pytest.raises(DocumentInvalid, match=r"^the document is empty$"):
+        load_document(text, None, fmt=fmt)
+
+
+def test_a_byte_order_mark_is_taken_by_the_loader_and_the_cli_alike(tmp_path: Path) -> None:
+    text = "\ufeff" + JSON_DOC % ("1", "1")
+    for fmt in (None, "json"):
+        wf = load_document(text, None, fmt=fmt)
+        assert (wf.document_format, wf.document_text) == ("json", text)
+    (tmp_path / "bom.json").write_text(text, encoding="utf-8")
+    done = CliRunner().invoke(cli, ["definitions", "validate", str(tmp_path / "bom.json")])
+    assert done.exit_code == 0 and done.stdout.startswith("valid: x v1"), done.output

@@ -97,9 +97,9 @@ def _parse_yaml(text: str, max_values: int) -> tuple[Any, Marks]:
     loader = _loader()(text)
     try:
         node = loader.get_single_node()
+        if node is None:  # nothing but space and comments: None, which the schema would call "not an object"
+            raise DocumentInvalid("the document is empty")
         marks: Marks = {}
-        if node is None:
-            return None, marks
         _check_expansion(node, max_values)
         _walk(node, (), marks)
         return loader.construct_document(node), marks
@@ -192,6 +192,8 @@ def _walk(node: yaml.Node, path: tuple[Any, ...], marks: Marks) -> None:
 def _parse_json(text: str) -> tuple[Any, Marks]:
     """JSON is read as JSON (RFC 8259); the marks come from a second walk of the text, which the
     decoder has accepted, so it only has to find where each value starts."""
+    if not text.strip():
+        raise DocumentInvalid("the document is empty")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

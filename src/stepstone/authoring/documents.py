@@ -97,10 +97,13 @@ def load_document(
     size = len(text.encode("utf-8", errors="surrogatepass"))
     if size > max_bytes:
         raise DocumentInvalid(f"the document is {size} bytes, over the limit of {max_bytes} bytes")
-    fmt = fmt or ("json" if text.lstrip().startswith("{") else "yaml")
+    # A byte order mark is read past (YAML skipped it, json refused it): an editor may add one. The text
+    # is kept as it came, so the one stored before with a mark is still the same text.
+    body = text.removeprefix("\ufeff")
+    fmt = fmt or ("json" if body.lstrip().startswith("{") else "yaml")
     if fmt not in ("yaml", "json"):
         raise DocumentInvalid(f"unknown document format {fmt!r} (yaml or json)")
-    data, marks = parse(text, fmt, max_values=max(_MAX_EXPANSION, size))
+    data, marks = parse(body, fmt, max_values=max(_MAX_EXPANSION, size))
     _check_schema(data, marks)
     _check_targets(data, marks)
     return _build(data, marks, catalog, text, fmt)
