@@ -21,7 +21,7 @@ async def test_a_client_records_a_document_it_starts_with_its_text(database_url:
         defs = engine.store.definitions
         [record] = await defs.records(definition_id="approval")
         assert (record.kind, record.status) == ("DOCUMENT", "AVAILABLE")
-        assert await defs.document("default", "approval", 1, max_bytes=1 << 20) == (APPROVAL, "yaml")
+        assert await defs.document("default", "approval", 1) == (APPROVAL, "yaml")
         assert [(w.id, w.version) for w in await load_published(defs, catalog)] == [("approval", 1)]
         assert (await publish_document(defs, APPROVAL, catalog)).recorded == "unchanged"
 
