@@ -112,15 +112,16 @@ async def test_bulk_migrate_refuses_bad_input_and_a_filter_too_wide(api: Api, mo
         r = await api.http.post(f"{V1}/bulk/migrate", headers=operator, json=body)
         assert r.status_code == 422, body
     monkeypatch.setattr(bulk_migration, "MAX_MATCHED", 1)
-    r = await api.http.post(f"{V1}/bulk/migrate", headers=operator, json={"filter": {}, "to_version": 2})
+    r = await api.http.post(f"{V1}/bulk/migrate", headers=operator,
+                            json={"filter": {"workflow": "order"}, "to_version": 2})
     assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
     assert "matches more than 1 instances" in r.json()["detail"]
 
 
 async def test_a_read_only_server_refuses_bulk_migrate_and_setting_a_policy(read_only_api: Api) -> None:
     admin = await read_only_api.token("admin")
-    r = await read_only_api.http.post(f"{V1}/bulk/migrate", headers=admin, json={"filter": {}, "to_version": 2,
-                                                                                 "dry_run": True})
+    r = await read_only_api.http.post(f"{V1}/bulk/migrate", headers=admin, json={"filter": {"workflow": "job"},
+                                                                                 "to_version": 2, "dry_run": True})
     assert r.status_code == 405
     r = await read_only_api.http.put(f"{V1}/retention/policies", headers=admin, json={
         "workflow": "job", "status_class": "completed", "retain_for_seconds": 60})

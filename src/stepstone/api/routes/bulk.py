@@ -8,9 +8,10 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import AfterValidator, BaseModel, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from stepstone.api.auth import Principal
+from stepstone.api.bodies import Body
 from stepstone.api.bulk_migration import bulk_migrate
 from stepstone.api.bulk_operations import Action, bulk
 from stepstone.api.context import Writer, context_of
@@ -35,8 +36,9 @@ Text = Annotated[str, AfterValidator(_no_nul)]
 Name = Text | None
 
 
-class Filter(BaseModel):
-    """Which instances: every given field must hold (an empty filter matches every instance)."""
+class Filter(Body):
+    """Which instances: every given field must hold. An empty one is refused (as `stepstone repair` refuses
+    a bulk action without ids or a filter): acting on every instance must not be one typo away."""
 
     status: list[Status] = Field(default_factory=list, max_length=20)
     workflow: Name = Field(default=None, max_length=500)
@@ -54,7 +56,7 @@ class Filter(BaseModel):
         return InstanceFilter(**{**self.model_dump(), "status": tuple(self.status)})
 
 
-class BulkRequest(BaseModel):
+class BulkRequest(Body):
     ids: list[uuid.UUID] | None = Field(default=None, max_length=10_000, description="These instances ...")
     filter: Filter | None = Field(default=None, description="... or every instance this matches (not both).")
     dry_run: bool = Field(default=False, description="Count what would be acted on; change nothing.")
@@ -63,6 +65,9 @@ class BulkRequest(BaseModel):
     def _one_selection(self) -> BulkRequest:
         if (self.ids is None) == (self.filter is None):
             raise ValueError("give ids or a filter (not both)")
+        if self.filter is not None and self.filter.as_filter() == InstanceFilter():
+            raise ValueError("give ids or at least one filter (e.g. \"status\": [\"FAILED\"]); an empty filter "
+                             "would select every instance")
         return self
 
 

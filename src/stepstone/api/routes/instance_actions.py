@@ -10,9 +10,10 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from stepstone.api.auth import Principal
+from stepstone.api.bodies import Body
 from stepstone.api.context import ApiContext, Writer, context_of, require, visible_instance
 from stepstone.core.limits import MAX_INT4
 from stepstone.errors import DefinitionNotFound
@@ -23,11 +24,11 @@ __all__ = ["migrate", "replay", "router"]
 router = APIRouter(prefix="/instances", tags=["instances"])
 
 
-class ReplayRequest(BaseModel):
+class ReplayRequest(Body):
     step: str = Field(max_length=500, description="A step the instance reached (its latest visit runs again).")
 
 
-class MigrateRequest(BaseModel):
+class MigrateRequest(Body):
     to_version: int = Field(ge=1, le=MAX_INT4, description="A version of the instance's workflow.")
     step_map: dict[str, str] = Field(default_factory=dict, max_length=1000,
                                      description="Old step -> new step, for steps the target renamed.")

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, status
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from stepstone.api import operations as ops
+from stepstone.api.bodies import Body
 from stepstone.api.context import Caller, Writer, context_of
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 
@@ -25,7 +26,7 @@ CommandState = Literal["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD", "COMP
                        "FAILED", "SUPERSEDED", "CANCELLED"]
 
 
-class StartRequest(BaseModel):
+class StartRequest(Body):
     workflow: str = Field(max_length=500, description="A workflow of the server's --app (its latest version).")
     input: Any = Field(default=None, description="The instance's input (a JSON object for a state model).")
     scope: str | None = Field(default=None, max_length=500,
@@ -34,14 +35,14 @@ class StartRequest(BaseModel):
     business_key: str | None = Field(default=None, max_length=500)
 
 
-class SignalRequest(BaseModel):
+class SignalRequest(Body):
     name: str = Field(max_length=500)
     payload: Any = None
     dedup_key: str | None = Field(default=None, max_length=500)
     position: str = Field(default="", max_length=500, description="A branch's path; '' is the root.")
 
 
-class CancelRequest(BaseModel):
+class CancelRequest(Body):
     reason: str = Field(default="", max_length=10_000)
 
 

@@ -12,9 +12,10 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request, status
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from stepstone.api.auth import ALL_SCOPES
+from stepstone.api.bodies import Body
 from stepstone.api.context import Writer, context_of, require
 from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.errors import DefinitionNotFound
@@ -24,7 +25,7 @@ __all__ = ["router"]
 router = APIRouter(tags=["messages"])
 
 
-class MessageRequest(BaseModel):
+class MessageRequest(Body):
     name: str = Field(max_length=500)
     correlation_key: str = Field(max_length=500)
     payload: Any = None
@@ -35,7 +36,7 @@ class MessageRequest(BaseModel):
     correlate_all: bool = Field(default=False, description="Deliver to every open subscription, not the oldest.")
 
 
-class StartOrSignalRequest(BaseModel):
+class StartOrSignalRequest(Body):
     workflow: str = Field(max_length=500, description="A workflow of the server's --app (its latest version).")
     business_key: str = Field(max_length=500)
     signal: str = Field(max_length=500)

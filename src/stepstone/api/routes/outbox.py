@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from stepstone.api import operations as ops
 from stepstone.api.auth import ALL_SCOPES
+from stepstone.api.bodies import Body
 from stepstone.api.context import ApiContext, Caller, OutboxAdmin, Writer, context_of, require
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_BIGINT, MAX_LIMIT, decode_id_cursor, encode_cursor
 from stepstone.errors import NotFound
@@ -23,7 +24,7 @@ Cursor = Annotated[str | None, Query(max_length=1000)]
 EventId = Annotated[int, Field(ge=1, le=MAX_BIGINT)]
 
 
-class RequeueRequest(BaseModel):
+class RequeueRequest(Body):
     ids: list[EventId] = Field(default_factory=list, max_length=10_000, description="Dead events to requeue.")
     all_dead: bool = Field(default=False, description="Every dead-lettered event instead of `ids`.")
     dry_run: bool = Field(default=False, description="Say what would be requeued; change nothing.")

@@ -8,9 +8,10 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from stepstone.api.auth import ALL_SCOPES
+from stepstone.api.bodies import Body
 from stepstone.api.context import Caller, Writer, context_of, require
 from stepstone.ops import Operations
 
@@ -21,7 +22,7 @@ Seconds = float | None
 _YEARS = 100 * 365 * 86400
 
 
-class Policy(BaseModel):
+class Policy(Body):
     workflow: str = Field(default="*", max_length=500, description="A workflow, or '*' for the default.")
     status_class: Literal["completed", "failed", "waiting", "outbox_published"]
     retain_for_seconds: Seconds = Field(default=None, ge=0, le=_YEARS,
@@ -31,7 +32,7 @@ class Policy(BaseModel):
                                                      "policy's current purge window; 1 day for a new one).")
 
 
-class Sweep(BaseModel):
+class Sweep(Body):
     dry_run: bool = Field(default=False, description="Count what the sweep would archive and purge.")
     workflow: str | None = Field(default=None, max_length=500, description="Only instances of this workflow.")
     scope: str | None = Field(default=None, max_length=500, description="Only instances of this scope.")

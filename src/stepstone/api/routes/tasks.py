@@ -7,9 +7,10 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from stepstone.api import task_operations as tasks
+from stepstone.api.bodies import Body
 from stepstone.api.context import Caller, Writer, context_of
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from stepstone.client_tasks import TaskFilter
@@ -24,7 +25,7 @@ _MODE = Query(description="inbox: mine and unassigned ones offered to me or my g
                           "candidate: unassigned ones offered to me or my groups; all: every open task.")
 
 
-class Override(BaseModel):
+class Override(Body):
     admin: bool = Field(default=False, description="Override the assignee and candidate checks (admin role; "
                                                    "recorded in the task's history).")
 
