@@ -127,6 +127,12 @@ async def test_outbox_status_events_and_requeue_with_a_dry_run(api: Api, databas
     assert r.json() == {"dry_run": True, "matched": 1, "results": [
         {"id": dead, "result": "would_requeue"}, {"id": 999, "result": "not_dead"}]}
     assert (await api.http.get(f"{V1}/outbox/status", headers=operator)).json()["dead"] == 1
+    for dry_run in (True, False):  # both selections: refused, as a bulk action refuses ids and a filter
+        r = await api.http.post(f"{V1}/outbox/requeue", headers=operator,
+                                json={"ids": [dead], "all_dead": True, "dry_run": dry_run})
+        assert (r.status_code, r.json()["error"]) == (422, "InvalidInput"), r.text
+        assert "not both" in r.json()["detail"]
+    assert (await api.http.get(f"{V1}/outbox/status", headers=operator)).json()["dead"] == 1
     r = await api.http.post(f"{V1}/outbox/requeue", headers=operator, json={"ids": [dead, 999]})
     assert r.json()["results"] == [{"id": dead, "result": "requeued"}, {"id": 999, "result": "not_dead"}]
     assert (await api.http.get(f"{V1}/outbox/status", headers=operator)).json()["dead"] == 0

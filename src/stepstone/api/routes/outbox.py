@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from stepstone.api import operations as ops
 from stepstone.api.auth import ALL_SCOPES
@@ -28,6 +28,12 @@ class RequeueRequest(Body):
     ids: list[EventId] = Field(default_factory=list, max_length=10_000, description="Dead events to requeue.")
     all_dead: bool = Field(default=False, description="Every dead-lettered event instead of `ids`.")
     dry_run: bool = Field(default=False, description="Say what would be requeued; change nothing.")
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> RequeueRequest:
+        if self.ids and self.all_dead:
+            raise ValueError("give ids or all_dead, not both")
+        return self
 
 
 def _outbox(ctx: ApiContext) -> OutboxAdmin:
