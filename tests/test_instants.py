@@ -44,3 +44,10 @@ def test_a_cli_cursor_with_such_an_instant_is_not_a_cursor() -> None:
     raw = json.dumps([YEAR_ZERO.isoformat(), "01a2487d-3832-7cbe-85de-dbd5e9a8bacc"]).encode()
     with pytest.raises(CliError, match="is not a cursor printed by"):
         decode_cursor(base64.urlsafe_b64encode(raw).decode())
+
+
+def test_a_cli_cursor_without_a_timezone_is_not_a_cursor() -> None:
+    """The API's instance list refuses a naive instant in a cursor; the CLI's (the same keys) does too."""
+    raw = json.dumps(["2026-12-06T06:34:49", "01a2487d-3832-7cbe-85de-dbd5e9a8bacc"]).encode()
+    with pytest.raises(CliError, match="is not a cursor printed by"):
+        decode_cursor(base64.urlsafe_b64encode(raw).decode())

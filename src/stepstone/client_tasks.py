@@ -9,8 +9,6 @@ and moves the instance (or refuses it and reopens the task): `TaskCompletion.com
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 from collections.abc import Sequence
@@ -20,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from stepstone import instants
+from stepstone import cursors
 from stepstone.authoring.workflow import Registry
 from stepstone.client_task_filters import SavedTaskFilter, TaskFilter, TaskFilterOperations
 from stepstone.core.limits import Limits, PayloadRejected
@@ -370,7 +368,7 @@ class TaskOperations(TaskFilterOperations):
         return TaskQuery(mode=modes[mode], user=user, groups=listed if (listed or mode != "all") else None,
                          where=replace(where, text=where.text or None, scopes=None if where.scopes is None
                                        else tuple(where.scopes)),
-                         after=_decode_cursor(after), limit=limit)
+                         after=decode_task_cursor(after), limit=limit)
 
     def _who(self, actor: str | None) -> str:
         who = actor if actor is not None else self.actor
@@ -418,15 +416,17 @@ def _fingerprint(*parts: Any) -> str:
 
 
 def _cursor(task: TaskInfo) -> str:
-    raw = json.dumps([task.priority, task.created_at.isoformat(), task.id])
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return cursors.encode(task.priority, task.created_at.isoformat(), task.id)
 
 
-def _decode_cursor(cursor: str | None) -> tuple[int, datetime, str] | None:
+TASK_CURSOR = (cursors.INT4, cursors.INSTANT, cursors.UUID)
+"""A task page's key: priority (an integer column), created_at, id."""
+
+
+def decode_task_cursor(cursor: str | None, what: str = "after") -> tuple[int, datetime, str] | None:
+    """The key inside a task page cursor (None without one); InvalidInput naming `what` when the value is
+    not a cursor `tasks` returned."""
     if cursor is None:
         return None
-    try:
-        priority, at, tid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return int(priority), instants.parse(at), str(tid)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-        raise InvalidInput(f"not a task page cursor: {cursor[:40]!r}", what="after") from None
+    priority, at, tid = cursors.decode(cursor, *TASK_CURSOR, what=what)
+    return priority, at, tid

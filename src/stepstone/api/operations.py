@@ -7,16 +7,15 @@ InstanceNotFound; writes without the role are Forbidden.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stepstone import instants
+from stepstone import cursors
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require, visible_instance
-from stepstone.api.pagination import MAX_BIGINT, decode_cursor, decode_id_cursor, page
+from stepstone.api.pagination import decode_cursor, decode_id_cursor, page
 from stepstone.core.limits import MAX_INT4
-from stepstone.errors import DefinitionNotFound, InvalidInput
+from stepstone.errors import DefinitionNotFound
 from stepstone.ops import check_texts
 
 __all__ = [
@@ -37,25 +36,13 @@ __all__ = [
 ]
 
 
-def _bad_cursor() -> InvalidInput:
-    return InvalidInput("cursor is not one this API returned", what="cursor")
-
-
 async def instances(
     ctx: ApiContext, who: Principal, *, status: str | None, workflow: str | None, business_key: str | None,
     scope: str | None, cursor: str | None, limit: int, include_archived: bool = False,
 ) -> dict[str, Any]:
     check_texts(status=status, workflow=workflow, business_key=business_key, scope=scope)
     scopes = _listed_scopes(who, scope)
-    after = None
-    if cursor:
-        at, iid = decode_cursor(cursor, 2)
-        try:
-            after = (instants.parse(str(at)), str(uuid.UUID(str(iid))))
-        except ValueError:
-            raise _bad_cursor() from None
-        if after[0].tzinfo is None:
-            raise _bad_cursor()
+    after = decode_cursor(cursor, cursors.INSTANT, cursors.UUID) if cursor else None
     rows = [] if scopes == [] else await ctx.management.instances_page(
         scopes, status=status, definition=workflow, business_key=business_key, after=after, limit=limit + 1,
         include_archived=include_archived)
@@ -99,7 +86,7 @@ async def history(
     ctx: ApiContext, who: Principal, instance_id: str, *, cursor: str | None, limit: int, failed_only: bool
 ) -> dict[str, Any]:
     await visible_instance(ctx, who, instance_id)
-    after = decode_id_cursor(cursor)
+    after = decode_id_cursor(cursor, cursors.INT4_KEY)  # history.seq is an integer (int4)
     rows = await ctx.management.history_page(instance_id, after=after, limit=limit + 1, failed_only=failed_only)
     return page(rows, limit, lambda r: (r["seq"],))
 
@@ -143,13 +130,7 @@ async def dead_letters(ctx: ApiContext, who: Principal, *, cursor: str | None, l
 
 async def definitions(ctx: ApiContext, who: Principal, *, cursor: str | None, limit: int) -> dict[str, Any]:
     scopes = who.visible_scopes()
-    after = None
-    if cursor:
-        scope, definition, version = decode_cursor(cursor, 3)
-        if not isinstance(version, int) or not 0 <= version <= MAX_BIGINT:
-            raise _bad_cursor()
-        check_texts(cursor=str(scope) + str(definition))
-        after = (str(scope), str(definition), version)
+    after = decode_cursor(cursor, cursors.TEXT, cursors.TEXT, cursors.INT4_KEY) if cursor else None
     rows = [] if scopes == [] else await ctx.management.definitions_page(scopes, after=after, limit=limit + 1)
     return page(rows, limit, lambda r: (r["scope"], r["definition_id"], r["version"]))
 

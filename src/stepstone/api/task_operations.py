@@ -16,7 +16,7 @@ from typing import Any
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require
 from stepstone.client import Client
-from stepstone.client_tasks import TaskFilter, TaskInfo
+from stepstone.client_tasks import TaskFilter, TaskInfo, decode_task_cursor
 from stepstone.errors import TaskNotFound
 
 __all__ = ["claim", "complete", "count", "delegate", "inbox", "reassign", "resolve", "task", "unclaim"]
@@ -57,6 +57,7 @@ async def inbox(
     ctx: ApiContext, who: Principal, *, mode: str, where: TaskFilter, cursor: str | None, limit: int,
 ) -> dict[str, Any]:
     """A page of open tasks in inbox order (priority, then oldest), of the scopes the caller sees."""
+    decode_task_cursor(cursor, what="cursor")  # refused naming the query parameter, not the client's `after`
     found = await ctx.client(who.actor).tasks(**_arguments(who, mode), where=_within(who, where), after=cursor,
                                               limit=limit)
     return {"items": [_plain(t, t.scope or "") for t in found.tasks], "next_cursor": found.next_cursor}

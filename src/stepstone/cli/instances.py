@@ -6,8 +6,6 @@ stores nothing, then calls the same `Client` operation a program would.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import sys
 import uuid
@@ -19,7 +17,7 @@ from typing import Any, TypeVar
 
 import click
 
-from stepstone import instants
+from stepstone import cursors
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
 from stepstone.cli.common import (
@@ -67,17 +65,15 @@ def instance_id_arg(value: str, what: str = "an instance id") -> str:
 
 def encode_cursor(created_at: datetime, instance_id: str) -> str:
     """An opaque `--after` value for the page after the row (created_at, id)."""
-    raw = json.dumps([created_at.isoformat(), instance_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return cursors.encode(created_at.isoformat(), instance_id)
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, instance_id = json_text.parse(raw)
-        return instants.parse(at), str(uuid.UUID(instance_id))
-    except (binascii.Error, ValueError, TypeError):
+        at, instance_id = cursors.decode(cursor, cursors.INSTANT, cursors.UUID, what="--after")
+    except InvalidInput:
         raise CliError(f"--after {cursor!r} is not a cursor printed by `stepstone list`") from None
+    return at, instance_id
 
 
 def _with_client(settings: Settings, registry: Registry | None, work: Callable[[Client], Awaitable[T]]) -> T:
