@@ -6,6 +6,7 @@ from typing import get_args
 
 from stepstone.api.routes.instances import Status
 from stepstone.core.model import STATUSES
+from stepstone.ops import Operations
 from tests.api import workflows
 from tests.api.conftest import Api
 
@@ -202,3 +203,20 @@ async def test_archived_instances_are_left_out_of_the_list_and_counts_unless_ask
     assert (new in ui, old in ui) == (True, False)
     ui = (await api.http.get("/ui/", params={"archived": "1"})).text
     assert (new in ui, old in ui) == (True, True)
+
+
+async def test_history_entries_carry_the_actor_and_position_the_cli_shows(api: Api) -> None:
+    """The actor is an object (kind, id, reason, on_behalf_of) for every entry, a worker's too, never the
+    stored JSON text; the root position is '' (as `stepstone history -o json` gives both)."""
+    operator = await api.token("operator", name="ops-bot")
+    r = await api.http.post(f"{V1}/instances", headers=operator, json={"workflow": "job", "input": {"name": "h"}})
+    iid = r.json()["id"]
+    await api.engine.run_until_idle()
+    items = (await api.http.get(f"{V1}/instances/{iid}/history", headers=operator)).json()["items"]
+    cli = (await Operations.on(api.engine.store).history(iid)).entries
+    assert [(h["seq"], h["actor"], h["position"]) for h in items] == [
+        (e.seq, e.actor and e.actor.as_dict(), e.position) for e in cli]
+    assert items[0]["kind"] == "INSTANCE_STARTED" and items[0]["position"] == ""
+    assert items[0]["actor"] == {"kind": "user", "id": "token:ops-bot", "reason": None, "on_behalf_of": None}
+    workers = [h["actor"] for h in items if isinstance(h["actor"], dict) and h["actor"]["kind"] == "worker"]
+    assert workers, items

@@ -128,7 +128,7 @@ async def test_worker_serve_runs_the_workflows_and_the_api_in_one_process(databa
             done = await client.wait_for(iid, timeout=30)  # wakes on the instance's settle notification
             assert (done.status, done.state["log"]) == ("COMPLETED", ["charged", "shipped"])
             history = (await http.get(f"/instances/{iid}/history")).json()["items"]
-            assert history[0]["actor"] == "local"
+            assert history[0]["actor"]["id"] == "local"
     finally:
         await client.detach()
         await store.close()

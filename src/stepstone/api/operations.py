@@ -14,6 +14,7 @@ from stepstone import cursors
 from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require, visible_instance
 from stepstone.api.pagination import decode_cursor, decode_id_cursor, page
+from stepstone.core.attribution import Actor
 from stepstone.core.limits import MAX_INT4
 from stepstone.errors import DefinitionNotFound
 from stepstone.ops import check_texts
@@ -88,7 +89,14 @@ async def history(
     await visible_instance(ctx, who, instance_id)
     after = decode_id_cursor(cursor, cursors.INT4_KEY)  # history.seq is an integer (int4)
     rows = await ctx.management.history_page(instance_id, after=after, limit=limit + 1, failed_only=failed_only)
-    return page(rows, limit, lambda r: (r["seq"],))
+    return page([_entry(r) for r in rows], limit, lambda r: (r["seq"],))
+
+
+def _entry(row: dict[str, Any]) -> dict[str, Any]:
+    """A history row as `stepstone history -o json` shows it: the actor as an object (the stored text is a
+    bare id or JSON) and the root position as ''."""
+    actor = Actor.parse(row["actor"])
+    return {**row, "actor": None if actor is None else actor.as_dict(), "position": row["position"] or ""}
 
 
 async def commands(
