@@ -58,6 +58,7 @@ class SyncMessageOperations(SyncLoop):
     ) -> SignalledOrStarted:
         """Signal the instance of `workflow` with `business_key`, starting it with `input` first when
         none has the key, in one transaction: two concurrent calls start one instance and both signal it.
+        `input` is checked only when it is needed: an instance that has the key is signalled without it.
         A signal sent before the instance reaches a wait that takes it waits (parked) until it does.
         `scope` is the scope key (tenant) the business key belongs to, and the new instance's scope."""
         return self._run(self._client.start_or_signal(

@@ -121,6 +121,7 @@ class MessageOperations(ClientBase):
     ) -> SignalledOrStarted:
         """Signal the instance of `workflow` with `business_key`, starting it with `input` first when
         none has the key, in one transaction: two concurrent calls start one instance and both signal it.
+        `input` is checked only when it is needed: an instance that has the key is signalled without it.
         A signal sent before the instance reaches a wait that takes it waits (parked) until it does.
         `scope` is the scope key (tenant) the business key belongs to, and the new instance's scope."""
         self._text("scope", scope)
@@ -129,9 +130,22 @@ class MessageOperations(ClientBase):
         self._text("signal name", signal)
         if signal not in wf.plan.signal_names:
             raise InvalidInput(f"workflow {wf.id!r} v{wf.version} has no signal named {signal!r}", what="signal name")
-        state = wf.state_to_json({} if input is None else input)
-        self._encode("input", state)  # its limits: a start without a key needs no fingerprint of it
         signal_text = self._encode("signal payload", payload)
+        signal_fingerprint = hashlib.sha256(json.dumps([signal, signal_text]).encode()).hexdigest()
+        try:
+            state = wf.state_to_json({} if input is None else input)
+            self._encode("input", state)  # its limits: a start without a key needs no fingerprint of it
+        except InvalidInput:
+            # The input is the instance's only when this call starts it: one that has the key is signalled
+            # without it (the same fingerprint, so a repeat through either path is the same signal).
+            held = await self.store.list(definition=wf.id, business_key=business_key, scope=scope, limit=1)
+            if not held:
+                raise
+            iid = str(held[0]["id"])
+            command_id = await self.store.signal(iid, signal, payload, dedup_key=dedup_key,
+                                                 fingerprint=signal_fingerprint, actor=self.actor,
+                                                 context=durable.capture())
+            return SignalledOrStarted(iid, False, command_id)
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline)  # a started instance gets its deadlines as a start gives them
         new = NewInstance(
@@ -141,10 +155,8 @@ class MessageOperations(ClientBase):
             actor=self.actor, deadline_at=at, deadline_seconds=seconds, start_deadline_seconds=wf.plan.start_deadline,
             context=durable.capture(),
         )
-        row = await self.store.start_or_signal(
-            new, signal, payload, dedup_key=dedup_key,
-            signal_fingerprint=hashlib.sha256(json.dumps([signal, signal_text]).encode()).hexdigest(),
-        )
+        row = await self.store.start_or_signal(new, signal, payload, dedup_key=dedup_key,
+                                               signal_fingerprint=signal_fingerprint)
         iid, outcome = str(row["instance_id"]), row["outcome"]
         if outcome in ("recorded", "duplicate"):
             return SignalledOrStarted(iid, bool(row["started"]), int(row["command_id"]))

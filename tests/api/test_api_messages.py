@@ -80,3 +80,26 @@ async def test_start_or_signal_keeps_a_business_key_per_scope(api: Api) -> None:
     assert second.json()["started"] is True and second.json()["instance_id"] != first.json()["instance_id"]
     again = await api.http.post(f"{V1}/start-or-signal", headers=acme, json=body)
     assert (again.json()["started"], again.json()["instance_id"]) == (False, first.json()["instance_id"])
+
+
+async def test_start_or_signal_needs_no_input_when_the_instance_exists(api: Api) -> None:
+    """The input is the instance's when this call starts it: an existing instance is signalled without one,
+    and only a call that would start an instance with an invalid input is refused."""
+    operator = await api.token("operator", scope="default")
+    iid = await api.engine.client.start("job", {"name": "k"}, business_key="jk-2")
+    await api.engine.run_until_idle()
+    body = {"workflow": "job", "business_key": "jk-2", "signal": "reject", "dedup_key": "d-1"}
+    r = await api.http.post(f"{V1}/start-or-signal", headers=operator, json=body)
+    assert (r.status_code, r.json()["instance_id"], r.json()["started"]) == (202, iid, False), r.text
+    again = await api.http.post(f"{V1}/start-or-signal", headers=operator,
+                                json={**body, "input": {"name": "k"}})  # the same signal: a duplicate
+    assert again.json()["command_id"] == r.json()["command_id"], again.text
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).state["log"] == ["charged", "refunded"]
+    r = await api.http.post(f"{V1}/start-or-signal", headers=operator,
+                            json={**body, "business_key": "jk-3"})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput"), r.text
+    assert "name" in r.json()["detail"]
+    started = await api.ctx.management.instances_page(None, status=None, definition="job", business_key="jk-3",
+                                                      after=None, limit=5)
+    assert started == []

@@ -197,6 +197,11 @@ async def test_start_or_signal_starts_one_instance(engine: Engine, conn: asyncpg
     assert info.status == "COMPLETED" and info.state["via"] == "skip"
     with pytest.raises(InvalidState):
         await engine.client.start_or_signal(receipt, "bk-1", "skip", {"n": 9}, input=Receipt(order_id="bk-1"))
+    with pytest.raises(InvalidState):  # ended: refused as ended, not for the input it does not need
+        await engine.client.start_or_signal(receipt, "bk-1", "skip", {"n": 9})
+    with pytest.raises(InvalidInput, match="order_id"):  # none has the key: this call would start it
+        await engine.client.start_or_signal(receipt, "bk-2", "skip", {"n": 9})
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances WHERE business_key = 'bk-2'") == 0
 
 
 async def test_an_instance_holds_at_most_the_open_signal_cap(engine: Engine, conn: asyncpg.Connection) -> None:
