@@ -92,6 +92,12 @@ async def test_claim_and_complete_with_the_decisions_payload_moves_the_instance(
     assert (info.status, info.state["outcome"], info.state["comment"]) == ("COMPLETED", "paid by mia", "fine")
     again = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=mia, json={"decision": "reject"})
     assert (again.status_code, again.json()["error"]) == (409, "TaskNotOpen")
+    # The completion that won, as TaskNotOpen.completion carries it; the status is the task's, named so.
+    won = (await api.engine.client.task(tid)).completion
+    assert won is not None and again.json()["completion"]["decision"] == "approve"
+    assert again.json()["completion"]["actor"] == won["actor"] == "mia"
+    assert (again.json()["task_status"], again.json()["task_id"]) == ("COMPLETED", tid)
+    assert "instance_status" not in again.json()
 
 
 async def test_a_non_assignee_completing_is_403_and_an_admin_override_is_recorded(api: Api) -> None:
@@ -100,6 +106,8 @@ async def test_a_non_assignee_completing_is_403_and_an_admin_override_is_recorde
     bob = await api.token("task_worker", name="bob")
     r = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=bob, json={"decision": "reject"})
     assert (r.status_code, r.json()["error"]) == (403, "TaskNotPermitted")
+    assert (r.json()["task_status"], r.json()["actor"], r.json()["completion"]) == ("OPEN", "bob", None)
+    assert "instance_status" not in r.json()
     r = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=bob, json={"decision": "reject", "admin": True})
     assert (r.status_code, r.json()["error"], r.json()["role"]) == (403, "Forbidden", "admin")
     assert (await api.engine.client.task(tid)).status == "OPEN"

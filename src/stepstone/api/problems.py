@@ -5,7 +5,7 @@
 
 A body is ``{"type", "title", "status", "detail", "error", ...}``: ``error`` is the class name (what a
 program branches on) and the leaf's typed attributes follow (``instance_id``, ``what``...; InvalidState's
-instance status as ``instance_status``).
+instance status as ``instance_status``, a task error's task status as ``task_status``).
 An instance of another scope is NotFound, exactly like one that does not exist. A request of the web UI
 gets the same status as an HTML page instead (the `html_error` hook `stepstone.ui` installs).
 """
@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -55,11 +56,16 @@ _RESERVED = {"type", "title", "status", "detail", "instance", "error"}
 
 
 def _attributes(exc: BaseException) -> dict[str, Any]:
-    """The leaf's typed attributes; one named like a problem member is renamed (InvalidState's
-    `status`, the instance's status, becomes `instance_status`)."""
+    """The leaf's typed attributes; one named like a problem member is renamed after what it belongs to:
+    a task error's `status` (TaskRefused: TaskNotOpen, TaskNotPermitted...) is the task's, `task_status`;
+    any other's (InvalidState's) is the instance's, `instance_status`. A task error's `completion` (a
+    mapping) is kept: TaskNotOpen carries the completion that won."""
     found = {k: v for k, v in vars(exc).items()
-             if not k.startswith("_") and isinstance(v, str | int | float | bool | type(None) | tuple | list)}
-    return {(f"instance_{k}" if k in _RESERVED else k): v for k, v in found.items()}
+             if not k.startswith("_") and isinstance(v, str | int | float | bool | type(None) | tuple | list | dict)}
+    owner = "task" if "task_id" in found else "instance"
+    encoded: dict[str, Any] = jsonable_encoder({(f"{owner}_{k}" if k in _RESERVED else k): v
+                                                for k, v in found.items()})  # a completion's instants
+    return encoded
 
 
 def problem(status: int, title: str, detail: str, *, headers: dict[str, str] | None = None,
