@@ -168,3 +168,22 @@ async def test_a_replayed_child_does_not_move_a_parent_that_no_longer_waits(
     assert [(r["state"], r["last_error"]) for r in reports] == [("COMPLETE", None), ("REJECTED", "INSTANCE_ENDED")]
     after = [e.kind for e in (await ops.history(iid, limit=1000)).entries]
     assert after == before
+
+
+async def test_a_replayed_step_gets_the_signal_or_message_that_led_to_it(engine: Engine, ops: Operations) -> None:
+    """A new attempt of the step, as a retry is: its handler read ctx.signal as None and overwrote what the
+    signal had given (the order example's ship step set payment_id to None)."""
+    iid = await engine.client.start(workflows.relayed, {"key": "r-1"})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "go", {"n": 7})
+    await engine.run_until_idle()
+    await engine.client.publish_message("paid", "r-1", {"ref": "pay-1"})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state == {"key": "r-1", "n": 7, "ref": "pay-1", "runs": 2}
+    await ops.replay(iid, "took_message")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state == {"key": "r-1", "n": 7, "ref": "pay-1", "runs": 2}
+    await ops.replay(iid, "took_signal")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)  # the replay goes on from the step: the message wait is open again
+    assert (info.status, info.state) == ("WAITING", {"key": "r-1", "n": 7, "ref": "", "runs": 1})

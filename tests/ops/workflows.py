@@ -233,7 +233,36 @@ def rest(ctx: StepContext, state: Job) -> None:
     state.log.append("rest")
 
 
-registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping)
+# -- a signal, then a message, each read by the step it leads to (a replay gives it to the step again) --
+
+
+class Relayed(BaseModel):
+    key: str
+    n: int = 0
+    ref: str = ""
+    runs: int = 0
+
+
+relayed: Workflow[Relayed] = Workflow("ops_relayed", version=1, state=Relayed)
+relayed.wait("await_go", signals={"go": "took_signal"}, start=True)
+
+
+@relayed.step(next="await_paid")
+def took_signal(ctx: StepContext, state: Relayed) -> None:
+    state.n = ctx.signal.payload["n"] if ctx.signal else -1
+    state.runs += 1
+
+
+relayed.wait("await_paid", messages={"paid": "took_message"}, correlation="key")
+
+
+@relayed.step(next=None)
+def took_message(ctx: StepContext, state: Relayed) -> None:
+    state.ref = ctx.signal.payload["ref"] if ctx.signal else "(none)"
+    state.runs += 1
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping, relayed)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:

@@ -8,11 +8,22 @@ command of that position and visit, which moves the position like a signal would
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from stepstone.core.effects import CloseTimers, RecordHistory
 from stepstone.core.entering import enter, settled
 from stepstone.core.model import WAITING, CommandView, Decision, InstanceView, Settle
 from stepstone.core.plan import Plan
+
+JSON = Any
+
+
+def signal_cause(kind: str, name: str, payload: JSON) -> dict[str, Any]:
+    """What a step entered by a SIGNAL or a correlated MESSAGE command is given as `ctx.signal`, from the
+    command's `payload` (a signal's as sent; a message's command holds the message, its payload inside).
+    A step run again, by a retry or a replay, is given it again."""
+    body = payload.get("payload") if kind == "MESSAGE" and isinstance(payload, dict) else payload
+    return {"signal": {"name": name, "payload": body}}
 
 
 def message_received(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
@@ -29,6 +40,6 @@ def message_received(instance: InstanceView, command: CommandView, plan: Plan, n
     received = RecordHistory("MESSAGE_CORRELATED", instance.step, instance.visit,
                              {"message": name, "command": command.id, "message_id": body.get("message_id"),
                               "correlation_key": body.get("correlation_key")})
-    cause = {"signal": {"name": name, "payload": body.get("payload")}}
+    cause = signal_cause("MESSAGE", name, command.payload)
     entered = enter(instance, plan, accepted[name], instance.state, now, cause=cause)
     return Decision(settled(entered), (received, CloseTimers(), *entered))

@@ -28,7 +28,7 @@ from stepstone.core.effects import (
 )
 from stepstone.core.entering import child_failed, enter, fail, join_branch, settled
 from stepstone.core.external_completion import awaited, external_done
-from stepstone.core.messages import message_received
+from stepstone.core.messages import message_received, signal_cause
 from stepstone.core.model import (
     CANCELLED,
     COMPLETED,
@@ -198,7 +198,7 @@ def _signal(instance: InstanceView, command: CommandView, plan: Plan, now: datet
             (RecordHistory("SIGNAL_PARKED", instance.step, instance.visit, {"signal": name}),),
         )
     received = RecordHistory("SIGNAL_APPLIED", instance.step, instance.visit, {"signal": name, "command": command.id})
-    cause = {"signal": {"name": name, "payload": command.payload}}
+    cause = signal_cause("SIGNAL", name, command.payload)
     entered = enter(instance, plan, accepted[name], instance.state, now, cause=cause)
     return Decision(settled(entered), (received, CloseTimers(), *entered))
 

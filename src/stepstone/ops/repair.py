@@ -7,10 +7,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from stepstone.core.messages import signal_cause
 from stepstone.core.redaction import redact_state
 from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState
 from stepstone.ops.history import entry, replay_point, replay_start, restore_sensitive, state_at
-from stepstone.ops.model import BulkItem, BulkReport, ReplayResult
+from stepstone.ops.model import BulkItem, BulkReport, HistoryEntry, ReplayResult
 from stepstone.ops.queries import sensitive_paths_of
 from stepstone.store.operations_port import InstanceFilter, OperationsStore
 
@@ -88,6 +89,23 @@ async def cancel(
                        apply=lambda chunk: store.cancel_many(chunk, reason, actor))
 
 
+_LED_BY = {"SIGNAL_APPLIED": "SIGNAL", "MESSAGE_CORRELATED": "MESSAGE"}
+
+
+async def _cause(store: OperationsStore, instance_id: str, history: list[HistoryEntry], point: HistoryEntry) -> Any:
+    """What led to the step at the replay point, given to its handler again as a retry's is: the signal or
+    message applied just before it (ctx.signal; its payload as its command keeps it, so redacted where the
+    payload model marks a field sensitive), else None."""
+    before = [e for e in history if e.seq < point.seq and e.position == ""]
+    led = before[-1] if before else None
+    if led is None or led.kind not in _LED_BY or not isinstance(led.data, dict):
+        return None
+    command = await store.command_of(instance_id, int(led.data["command"]))
+    if command is None or command["kind"] != _LED_BY[led.kind]:
+        return None
+    return signal_cause(command["kind"], str(command["name"]), command["payload"])
+
+
 async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: str | None = None) -> ReplayResult:
     """Run `step` again with the state the instance had when it last reached it (the latest visit at the
     root position), as a new attempt; everything since stays in history. A step that ran inside a
@@ -107,7 +125,8 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
     live = (await store.instance(instance_id))["state"]
     state = restore_sensitive(state_at(history, point.seq), live, paths)
     baseline = redact_state(state, paths)
-    row = await store.replay(instance_id, step, state, baseline, history[-1].seq, point.seq, actor)
+    cause = await _cause(store, instance_id, history, point)
+    row = await store.replay(instance_id, step, state, baseline, history[-1].seq, point.seq, actor, cause)
     if row["outcome"] == "not_found":
         raise InstanceNotFound(instance_id)
     if row["outcome"] == "active":

@@ -170,12 +170,23 @@ class PostgresOperations:
     async def cancel_many(self, ids: list[str], reason: str, actor: str | None) -> list[dict[str, Any]]:
         return await self._fetch("cancel_many", [_id(i) for i in ids], reason, actor)
 
+    async def command_of(self, instance_id: str, command_id: int) -> dict[str, Any] | None:
+        rows = await self._fetch("command_of", _id(instance_id), command_id)
+        return rows[0] if rows else None
+
     async def replay(
         self, instance_id: str, step: str, state: Any, baseline: Any, expected_seq: int, from_seq: int,
-        actor: str | None,
+        actor: str | None, cause: Any = None,
     ) -> dict[str, Any]:
-        return (await self._fetch("replay", _id(instance_id), step, state, baseline, expected_seq, from_seq,
-                                  actor))[0]
+        key = _id(instance_id)
+        with translate_errors(self.url):
+            async with self.pool.acquire() as conn, conn.transaction():
+                found = await conn.fetchrow(self.q["replay"], key, step, state, baseline, expected_seq, from_seq, actor)
+                assert found is not None  # replay_instance answers one row
+                row = _row(found)
+                if cause is not None and row["outcome"] == "replayed":
+                    await conn.execute(self.q["replay_cause"], key, row["visit"], cause)
+        return row
 
     async def role_privileges(self) -> dict[str, Any]:
         rows = await self._fetch("role_privileges", self.schema)

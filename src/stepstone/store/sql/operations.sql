@@ -202,6 +202,16 @@ WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($7::text
 SELECT (s.r).outcome, (s.r).status, (s.r).visit
 FROM (SELECT {{schema}}.replay_instance($1, $2, $3, $4, $5, $6, $7) AS r FROM who OFFSET 0) AS s;
 
+-- name: command_of
+-- The kind, name and payload of the instance $1's command $2 (what led a replayed step there).
+SELECT c.kind, c.name, c.payload FROM {{schema}}.commands c WHERE c.instance_id = $1 AND c.id = $2;
+
+-- name: replay_cause
+-- In the replay's transaction, the RETRY command replay_instance queued for the visit $2 takes $3 as its
+-- payload: what led to the step (core.messages.signal_cause), which the handler is given again.
+UPDATE {{schema}}.commands c SET payload = $3
+WHERE c.instance_id = $1 AND c.position = '' AND c.kind = 'RETRY' AND c.state = 'PENDING' AND c.visit = $2;
+
 -- name: role_privileges
 -- Who this connection is and whether it can change the schema (owner, CREATE, superuser).
 SELECT current_user AS role,
