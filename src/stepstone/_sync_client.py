@@ -197,10 +197,12 @@ class SyncClient(SyncScheduleOperations, SyncTaskOperations, SyncTaskFilterOpera
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
         scope: str | None = None,
+        include_archived: bool = False,
     ) -> list[dict[str, Any]]:
         """Instances newest first; pass the last row's (created_at, id) as `after` for the next page.
         `scope` keeps the instances of one scope key (tenant). `limit` is taken from 1 to 1,000, as `find`
-        takes it."""
+        takes it. Instances past their retention window (archived) are left out unless `include_archived`,
+        as `find` leaves them out; a `status` must be one of `core.model.STATUSES`."""
         return self._run(self._client.list(
             status=status,
             definition=definition,
@@ -208,6 +210,7 @@ class SyncClient(SyncScheduleOperations, SyncTaskOperations, SyncTaskFilterOpera
             after=after,
             limit=limit,
             scope=scope,
+            include_archived=include_archived,
         ))
 
     def migrate(

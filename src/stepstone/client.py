@@ -28,8 +28,8 @@ from stepstone.config import Settings
 from stepstone.context import durable
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import Limits
-from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, TERMINAL
-from stepstone.errors import UnknownSignal, WaitTimeout
+from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, STATUSES, TERMINAL
+from stepstone.errors import InvalidInput, UnknownSignal, WaitTimeout
 from stepstone.observability import tracing
 from stepstone.ops import InstanceFilter, Operations, migration
 from stepstone.ops.contracts import explain_unknown_signal
@@ -232,15 +232,19 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations, Generic[S_co
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
         scope: str | None = None,
+        include_archived: bool = False,
     ) -> list[dict[str, Any]]:
         """Instances newest first; pass the last row's (created_at, id) as `after` for the next page.
         `scope` keeps the instances of one scope key (tenant). `limit` is taken from 1 to 1,000, as `find`
-        takes it."""
+        takes it. Instances past their retention window (archived) are left out unless `include_archived`,
+        as `find` leaves them out; a `status` must be one of `core.model.STATUSES`."""
         self._texts(empty=True, status=status, workflow=definition, business_key=business_key,
                     after_id=after[1] if after else None, scope=scope)
+        if status is not None and status not in STATUSES:
+            raise InvalidInput(f"status must be one of {', '.join(STATUSES)}, got {status!r}", what="status")
         return await self.store.list(
             status=status, definition=definition, business_key=business_key, after=after,
-            limit=max(1, min(limit, MAX_PAGE)), scope=scope,
+            limit=max(1, min(limit, MAX_PAGE)), scope=scope, include_archived=include_archived,
         )
 
     async def migrate(

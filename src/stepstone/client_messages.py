@@ -138,7 +138,8 @@ class MessageOperations(ClientBase):
         except InvalidInput:
             # The input is the instance's only when this call starts it: one that has the key is signalled
             # without it (the same fingerprint, so a repeat through either path is the same signal).
-            held = await self.store.list(definition=wf.id, business_key=business_key, scope=scope, limit=1)
+            held = await self.store.list(definition=wf.id, business_key=business_key, scope=scope, limit=1,
+                                         include_archived=True)  # an ended one answers as ended
             if not held:
                 raise
             iid = str(held[0]["id"])

@@ -252,3 +252,18 @@ async def test_a_parent_with_a_child_still_running_is_kept(
     assert (report.archived, report.skipped_active) == (1, 1)
     archived = await conn.fetchval("SELECT id FROM stepstone.instances WHERE archived_at IS NOT NULL")
     assert str(archived) == other
+
+
+async def test_client_list_leaves_archived_instances_out_as_find_does(engine: Engine, ops: Operations) -> None:
+    """Client.list showed them (the CLI's list, find and the API's list did not), and a status no
+    instance can have matched nothing instead of being refused."""
+    iid = await engine.client.start(workflows.flaky, {})
+    await workflows.failed_for_good(engine, iid)
+    await engine.advance(181 * DAY)
+    assert (await ops.retention_run()).archived == 1
+    assert await engine.client.list() == []
+    assert [r["id"] for r in await engine.client.list(include_archived=True)] == [iid]
+    with pytest.raises(InvalidInput, match="status must be one of"):
+        await engine.client.list(status="failed")
+    with pytest.raises(InvalidInput, match="status must be among"):
+        InstanceFilter(status=("BOGUS",))

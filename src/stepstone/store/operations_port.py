@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from stepstone.core.model import STATUSES
+from stepstone.errors import InvalidInput
 from stepstone.instants import checked
 
 __all__ = ["InstanceFilter", "OperationsStore"]
@@ -39,6 +41,10 @@ class InstanceFilter:
     def __post_init__(self) -> None:
         for field in ("since", "until", "updated_since", "updated_until"):
             checked(getattr(self, field), field.replace("_", " "))
+        unknown = sorted(set(self.status) - set(STATUSES))
+        if unknown:  # it matched nothing, silently
+            raise InvalidInput(f"status must be among {', '.join(STATUSES)}, got {', '.join(map(repr, unknown))}",
+                               what="status")
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}

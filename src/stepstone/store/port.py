@@ -213,6 +213,7 @@ class ClientStore(TaskStore, Protocol):
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
         scope: str | None = None,
+        include_archived: bool = False,
     ) -> list[dict[str, Any]]: ...
     async def close(self) -> None: ...
 

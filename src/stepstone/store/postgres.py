@@ -464,11 +464,12 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         after: tuple[datetime, str] | None = None,
         limit: int = 50,
         scope: str | None = None,
+        include_archived: bool = False,
     ) -> list[dict[str, Any]]:
         at, after_id = after if after else (None, None)
         rows = await self._fetch(
             "list_instances", status, definition, business_key, at, _uuid(after_id) if after_id else None, limit,
-            scope,
+            scope, include_archived,
         )
         return [{**dict(r), "id": str(r["id"])} for r in rows]
 

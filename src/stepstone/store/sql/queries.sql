@@ -261,10 +261,12 @@ WHERE i.id = $1;
 SELECT status FROM {{schema}}.instances WHERE id = $1;
 
 -- name: list_instances
--- Newest first, keyset-paginated on (created_at, id); every filter optional.
+-- Newest first, keyset-paginated on (created_at, id); every filter optional; archived instances only
+-- when $8 (is_archived, as every list).
 SELECT i.id, i.definition_id, i.version, i.status, i.step, i.business_key, i.created_at, i.updated_at, i.scope
 FROM {{schema}}.instances i
-WHERE ($1::text IS NULL OR i.status = $1)
+WHERE ($8::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at))
+  AND ($1::text IS NULL OR i.status = $1)
   AND ($2::text IS NULL OR i.definition_id = $2)
   AND ($3::text IS NULL OR i.business_key = $3)
   AND ($4::timestamptz IS NULL OR (i.created_at, i.id) < ($4, $5::uuid))
