@@ -13,6 +13,7 @@ through the pytest11 entry point) gives each test such an engine on its own data
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -122,7 +123,10 @@ class Engine:
         state by exactly that RFC 6902 patch; with `attempt`, its last run was that attempt."""
         runs = await self.step_runs(instance_id, step)
         if runs.times != times:
-            raise AssertionError(f"step {step!r} of instance {instance_id} ran {runs.times} time(s), expected {times}")
+            done = Counter(h["step"] for h in await self.client.history(instance_id) if h["kind"] == "STEP_COMPLETED")
+            ran = ", ".join(f"{name} ({n})" for name, n in done.items()) or "none"
+            raise AssertionError(f"step {step!r} of instance {instance_id} ran {runs.times} time(s), expected {times}; "
+                                 f"the steps that ran (times): {ran}")
         if patch is not None and (not runs.patches or runs.patches[-1] != patch):
             last = runs.patches[-1] if runs.patches else None
             raise AssertionError(f"step {step!r} of instance {instance_id} patched the state with {last!r}, "
