@@ -39,7 +39,8 @@ async def test_wrong(engine):
     pytester.makeini(user_project.PYTEST_INI)
     result = pytester.runpytest_subprocess("--stepstone-database-url", pg_server.admin_url, "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    said = "*step 'reserve_stock' of instance * ran 1 time(s), expected 2; the steps that ran (times): reserve_stock (1)*"
+    said = ("*step 'reserve_stock' of instance * ran 1 time(s), expected 2; "
+            "the steps that ran (times): reserve_stock (1)*")
     result.stdout.fnmatch_lines([said])
 
 
