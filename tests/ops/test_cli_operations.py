@@ -94,6 +94,9 @@ async def test_repair_retention_and_replay_from_the_cli(engine: Engine, database
     assert (report["matched"], report["succeeded"]) == (2, 2)
     again = await run(database_url, "repair", "retry", *failed)
     assert again.exit_code == 4 and "only a FAILED or COMPENSATION_FAILED instance can be retried" in again.stdout
+    said = await run(database_url, "repair", "retry", "--status", "COMPLETED", "--dry-run")  # 'would apply to'
+    assert said.stdout.strip() == ("dry run: 0 instance(s) selected for retry (a retry takes only FAILED and "
+                                   "COMPENSATION_FAILED ones)")
     await engine.run_until_idle()
     policies = await as_json(database_url, "retention", "policies")
     assert {(p["workflow"], p["status_class"]) for p in policies} >= {("*", "completed"), ("*", "failed")}

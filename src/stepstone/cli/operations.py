@@ -394,8 +394,10 @@ def repair_group() -> None:
 
 
 def _bulk_text(r: BulkReport) -> str:
-    if r.dry_run:
-        return f"dry run: {r.action} would apply to {r.matched} instance(s)"
+    if r.dry_run:  # it counts the selection; what each one answers shows in the real run
+        takes = {"retry": "a retry takes only FAILED and COMPENSATION_FAILED ones",
+                 "cancel": "a cancel leaves ended ones as they are"}.get(r.action, "")
+        return f"dry run: {r.matched} instance(s) selected for {r.action}" + (f" ({takes})" if takes else "")
     lines = [f"{r.action}: {r.matched} matched, {r.succeeded} succeeded, {r.failed} failed"]
     failed = [i for i in r.items if not i.ok]
     if failed:
