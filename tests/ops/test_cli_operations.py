@@ -51,6 +51,9 @@ async def test_find_inspect_history_and_stuck(engine: Engine, database_url: str)
     assert (await as_json(database_url, "find", "--since", "1h", "--updated-until", "2h"))["instances"] == []
     detail = await as_json(database_url, "inspect", failed[0])
     assert detail["status"] == "FAILED" and detail["positions"][0]["status"] == "FAILED"
+    table = await run(database_url, "inspect", failed[0])  # the error was in -o json only
+    assert [line.split(None, 1)[1] for line in table.stdout.splitlines() if line.startswith("error ")] == [
+        "Busy: down for good (step work, attempt 5)"]
     history = await run(database_url, "history", failed[0], "--failed")
     assert history.exit_code == 0 and "STEP_FAILED" in history.stdout and "worker" in history.stdout
     stuck = await as_json(database_url, "stuck", "--older-than", "1m")

@@ -17,7 +17,7 @@ import click
 
 from stepstone.cli.common import FREE_TEXT, TEXT, VERSION, CliError, emit, output_option, run_async, with_settings
 from stepstone.cli.connection import open_store
-from stepstone.cli.instances import decode_cursor, encode_cursor, instance_id_arg
+from stepstone.cli.instances import decode_cursor, describe_error, encode_cursor, instance_id_arg
 from stepstone.cli.rich_output import progress_bar, rich_table
 from stepstone.config import Settings
 from stepstone.core.bounds import MAX_BATCH
@@ -193,6 +193,7 @@ def inspect_command(settings: Settings, output: str, instance_id: str) -> None:
         out = [rich_table(["", ""], [["id", d.id], ["workflow", f"{d.workflow} v{d.version} (scope {d.scope})"],
                                      ["status", d.status + (f", archived {_t(d.archived_at)}" if d.archived_at
                                                             else "")],
+                                     *([["error", describe_error(d.error)]] if d.error else []),
                                      ["business key", d.business_key or ""], ["created", _t(d.created_at)],
                                      ["updated", _t(d.updated_at)]], header=False)]
         out += [r.describe() for r in d.retrying]
