@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 
 from stepstone.api.auth import ALL_SCOPES
 from stepstone.api.context import Caller, context_of, require, visible_instance
+from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.ops import Operations
 
 __all__ = ["router"]
@@ -37,7 +38,8 @@ async def probe(
 @router.get("/stuck", summary="Dead letters, retrying commands and commands open for too long")
 async def stuck(
     request: Request, who: Caller,
-    older_than_seconds: Annotated[float, Query(gt=0, le=365 * 86400)] = 900.0,
+    older_than_seconds: Annotated[float, Query(ge=0, le=MAX_SECONDS, description=(
+        "Commands open at least this long (0 to a thousand years, as `stepstone stuck --older-than`)."))] = 900.0,
 ) -> dict[str, Any]:
     ctx = context_of(request)
     report = (await Operations.on(ctx.store).stuck(timedelta(seconds=older_than_seconds))).as_dict()
