@@ -120,7 +120,7 @@ async def test_outbox_status_events_and_requeue_with_a_dry_run(api: Api, databas
     finally:
         await conn.close()
     status = (await api.http.get(f"{V1}/outbox/status", headers=operator)).json()
-    assert (status["pending"], status["dead"]) == (1, 1)
+    assert (status["pending"], status["dead"], status["discarded"]) == (1, 1, 0)  # the CLI's fields, discarded too
     events = (await api.http.get(f"{V1}/outbox/events", headers=operator, params={"dead": "true"})).json()
     assert [e["id"] for e in events["items"]] == [dead]
     r = await api.http.post(f"{V1}/outbox/requeue", headers=operator, json={"ids": [dead, 999], "dry_run": True})

@@ -126,10 +126,7 @@ def status_command(settings: Settings, output: str) -> None:
     """Pending, in-flight, backing-off, above-horizon and dead events, and the lag of the oldest pending."""
 
     async def read(outbox: PostgresOutbox) -> dict[str, Any]:
-        status = (await outbox.status()).as_dict()
-        status["published"] = await outbox.published_count()
-        status["discarded"] = await outbox.discarded_count()
-        return status
+        return await outbox.summary()
 
     status = run_async(_with_outbox(settings, read))
 

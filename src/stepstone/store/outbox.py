@@ -176,6 +176,12 @@ class PostgresOutbox:
         with translate_errors(self.url):
             return int(await self.pool.fetchval(self.q["outbox_discarded_count"]))
 
+    async def summary(self) -> dict[str, Any]:
+        """The status with the published and discarded counts: what `stepstone outbox status` and
+        `GET /outbox/status` answer."""
+        return {**(await self.status()).as_dict(), "published": await self.published_count(),
+                "discarded": await self.discarded_count()}
+
     async def unsent_instances(self, candidates: Sequence[str] | None = None, *, limit: int = 10_000) -> set[str]:
         """The retention guard: of `candidates` (all instances when None), those holding an event that is
         not published yet, pending or dead. Retention must never purge one of these."""

@@ -233,7 +233,7 @@ async def outbox_page(request: Request) -> Response:
     ctx = context_of(request)
     if ctx.outbox is None or not who.can("viewer", "*"):
         return page(request, "outbox.html", who, nav="outbox", forbidden=True)
-    status = {**(await ctx.outbox.status()).as_dict(), "published": await ctx.outbox.published_count()}
+    status = await ctx.outbox.summary()
     dead = [r.as_dict() for r in await ctx.outbox.unpublished(dead=True, limit=200)]
     return page(request, "outbox.html", who, nav="outbox", forbidden=False, status=status, dead=dead,
                 results=request.query_params.get("done"))

@@ -46,7 +46,7 @@ def _outbox(ctx: ApiContext) -> OutboxAdmin:
 async def outbox_status(request: Request, who: Caller) -> dict[str, Any]:
     require(who, "viewer", ALL_SCOPES)
     outbox = _outbox(context_of(request))
-    return {**(await outbox.status()).as_dict(), "published": await outbox.published_count()}
+    return await outbox.summary()
 
 
 @router.get("/outbox/events", summary="Unpublished events oldest first (only dead letters with dead=true)")
