@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
@@ -175,3 +176,31 @@ def test_console_script_has_no_traceback() -> None:
     )
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "invalid schema name" in proc.stderr
+
+
+@pytest.fixture
+def no_embedded_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Run in an empty directory with starting the embedded server a test failure, not a side effect."""
+    from stepstone.store import embedded  # noqa: PLC0415
+
+    def refuse(**_: object) -> None:
+        raise AssertionError("the embedded server was started")
+
+    monkeypatch.setattr(embedded, "ensure_server", refuse)
+    monkeypatch.chdir(tmp_path)
+    for name in ("STEPSTONE_DATABASE_URL", "DATABASE_URL", "STEPSTONE_SCHEMA"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("where", ["root", "command"])
+def test_empty_database_url_is_refused(no_embedded_server: Path, where: str) -> None:
+    args = ["--database-url", "", "doctor"] if where == "root" else ["doctor", "--database-url", ""]
+    assert "--database-url is empty" in one_line_error(run(*args))
+
+
+def test_unknown_pyproject_key_is_one_error_line(no_embedded_server: Path) -> None:
+    (no_embedded_server / "pyproject.toml").write_text(
+        "[tool.stepstone]\ndatabse_url = 'postgresql://postgres@127.0.0.1:1/x'\n")
+    line = one_line_error(run("doctor"))
+    assert "unknown key 'databse_url'" in line and "database_url" in line.split("unknown key")[1]

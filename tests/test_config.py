@@ -49,7 +49,7 @@ def test_precedence_flag_then_env_then_pyproject(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["a$$b", "o'brien", 'x";drop', "", "1abc", "Upper", "a" * 64, "a b"])
 def test_invalid_schema_names(name: str, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="invalid schema name"):
+    with pytest.raises(ConfigError, match="invalid schema name" if name else "--schema is empty"):
         load_settings(schema=name, environ={}, cwd=tmp_path)
     with pytest.raises(ConfigError):
         quote_ident(name)
@@ -79,3 +79,29 @@ def test_settings_is_frozen_and_validates() -> None:
         settings.schema = "x"  # type: ignore[misc]
     with pytest.raises(StepstoneError):
         Settings(schema="bad;name")
+
+
+def test_unknown_key_in_pyproject_is_refused_naming_it_and_the_known_keys(tmp_path: Path) -> None:
+    cwd = _project(tmp_path, "[tool.stepstone]\ndatabse_url = 'postgresql://p/db'\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'databse_url'.*broker_url, database_url, schema"):
+        load_settings(environ={}, cwd=cwd)
+
+
+@pytest.mark.parametrize("key", ["database_url", "schema", "broker_url"])
+def test_empty_flag_is_refused(key: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"--{key.replace('_', '-')} is empty"):
+        load_settings(**{key: ""}, environ={}, cwd=tmp_path)  # type: ignore[arg-type]
+
+
+def test_empty_value_in_pyproject_is_refused(tmp_path: Path) -> None:
+    cwd = _project(tmp_path, "[tool.stepstone]\ndatabase_url = ''\n")
+    with pytest.raises(ConfigError, match="database_url is empty"):
+        load_settings(environ={}, cwd=cwd)
+
+
+def test_empty_environment_variable_counts_as_unset(tmp_path: Path) -> None:
+    cwd = _project(tmp_path, "[tool.stepstone]\ndatabase_url = 'postgresql://p/db'\n")
+    env = {"STEPSTONE_DATABASE_URL": "", "DATABASE_URL": "", "STEPSTONE_SCHEMA": ""}
+    settings = load_settings(environ=env, cwd=cwd)
+    assert (settings.database_url, settings.schema) == ("postgresql://p/db", "stepstone")
+    assert "pyproject.toml" in settings.sources["database_url"]

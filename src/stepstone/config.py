@@ -2,7 +2,9 @@
 
 Precedence, highest first: command-line flag, ``STEPSTONE_DATABASE_URL`` / ``STEPSTONE_SCHEMA`` /
 ``STEPSTONE_BROKER_URL``, ``DATABASE_URL``, ``[tool.stepstone]`` in the nearest ``pyproject.toml`` (walking up
-from cwd), default.
+from cwd), default. An empty environment variable counts as unset; an empty flag or pyproject value, and a
+key of ``[tool.stepstone]`` stepstone does not know, are refused (each would otherwise silently mean the
+embedded database or the default).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from stepstone.errors import ConfigError
 
 __all__ = [
     "DEFAULT_SCHEMA",
+    "PYPROJECT_KEYS",
     "SCHEMA_NAME_PATTERN",
     "Settings",
     "find_pyproject",
@@ -28,6 +31,8 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "stepstone"
+PYPROJECT_KEYS = ("broker_url", "database_url", "schema")
+"""The keys ``[tool.stepstone]`` may hold."""
 SCHEMA_NAME_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -87,6 +92,10 @@ def _pyproject_table(path: Path) -> dict[str, object]:
     table = tool.get("stepstone", {}) if isinstance(tool, dict) else {}
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.stepstone] must be a table")
+    unknown = sorted(key for key in table if key not in PYPROJECT_KEYS)
+    if unknown:
+        raise ConfigError(f"{path} [tool.stepstone]: unknown key {', '.join(map(repr, unknown))} "
+                          f"(known keys: {', '.join(PYPROJECT_KEYS)})")
     return table
 
 
@@ -105,16 +114,21 @@ def load_settings(
     where = f"{pyproject} [tool.stepstone]" if pyproject is not None else ""
 
     def pick(flag_value: str | None, env_names: tuple[str, ...], key: str) -> tuple[str | None, str]:
+        flag = f"--{key.replace('_', '-')}"
         if flag_value is not None:
-            return flag_value, f"--{key.replace('_', '-')}"
+            if not flag_value:  # `--database-url "$UNSET"`: never fall back to the embedded database
+                raise ConfigError(f"{flag} is empty: give a value or leave the flag out")
+            return flag_value, flag
         for name in env_names:
             value = env.get(name)
-            if value:
+            if value:  # an empty variable counts as unset, as click treats STEPSTONE_APP
                 return value, f"env {name}"
         configured = table.get(key)
         if configured is not None:
             if not isinstance(configured, str):
                 raise ConfigError(f"{where}: {key} must be a string")
+            if not configured:
+                raise ConfigError(f"{where}: {key} is empty: give a value or remove the key")
             return configured, f"{where} {key}"
         return None, "default"
 
