@@ -46,18 +46,21 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def configure_logging(log_format: str = "text") -> None:
-    """stepstone's log lines on stderr, once per process; `json`: one object per line (docs/observability.md)."""
-    root = logging.getLogger("stepstone")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        if log_format == "json":
-            from stepstone.observability.logs import JsonFormatter  # noqa: PLC0415 - only when asked for
+    """Log lines on stderr at INFO and above, stepstone's and the application's alike (a handler on the root
+    logger, once per process); `json`: one object per line (docs/observability.md). An application that set
+    up logging itself (the root logger has a handler once --app is imported) keeps its own set-up."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    from stepstone.observability.logs import JsonFormatter, TextFormatter  # noqa: PLC0415 - the worker's only
 
-            handler.setFormatter(JsonFormatter())
-        else:
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    # httpx (the webhook publisher) logs every request at INFO: one line per published event.
+    if logging.getLogger("httpx").level == logging.NOTSET:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def _force_exit(signum: int) -> None:

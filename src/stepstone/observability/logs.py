@@ -1,5 +1,6 @@
-"""Structured logs: ``stepstone worker --log-format json`` writes one JSON object per line, with the
-instance, position, step and attempt of the segment that logged it (handlers' own log lines included)."""
+"""The worker's log formats: ``--log-format json`` writes one JSON object per line, with the workflow,
+instance, position, step and attempt of the step that logged it (handlers' own log lines included);
+``text`` writes one line with the same fields appended in brackets."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from datetime import UTC, datetime
 
 from stepstone.runtime.observe import log_fields
 
-__all__ = ["JsonFormatter"]
+__all__ = ["JsonFormatter", "TextFormatter"]
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,3 +25,20 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger: message``, then ``[workflow=... instance=... step=... attempt=...]`` for a line
+    logged while a step runs."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = log_fields.get()
+        if not fields:
+            return line
+        context = " ".join(f"{key}={value}" for key, value in fields.items() if value != "")
+        head, newline, rest = line.partition("\n")  # after the message, before a traceback
+        return f"{head} [{context}]{newline}{rest}"

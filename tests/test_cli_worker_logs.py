@@ -1,0 +1,67 @@
+"""`stepstone worker`'s log lines: the handlers' own loggers go through the worker's format (json or text),
+at INFO and above, with the step they ran in; a failing step and instance are logged."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import AsyncIterator
+
+import pytest
+
+from stepstone.client import Client
+from stepstone.store.postgres import PostgresStore
+from tests import cli_logging_app
+from tests.test_cli_worker import DEADLINE, WorkerProcess, spawn
+
+
+@pytest.fixture
+async def client(database_url: str) -> AsyncIterator[Client]:
+    store = await PostgresStore.open(database_url)
+    client = Client(store, cli_logging_app.registry)
+    yield client
+    await client.detach()
+    await store.close()
+
+
+async def _worker(database_url: str, log_format: str) -> WorkerProcess:
+    worker = await spawn("worker", "--app", "tests.cli_logging_app:registry", "--database-url", database_url,
+                         "--poll-interval", "0.2", "--log-format", log_format)
+    await worker.line_containing("started")
+    return worker
+
+
+async def _stop(worker: WorkerProcess) -> str:
+    worker.proc.send_signal(signal.SIGTERM)
+    assert await worker.exit_code(DEADLINE) == 0
+    return "".join(worker.lines)
+
+
+async def test_json_carries_the_handlers_own_lines_with_their_step(database_url: str, client: Client) -> None:
+    worker = await _worker(database_url, "json")
+    try:
+        iid = await client.start("chatty", {})
+        info = json.loads(await worker.line_containing(f"charging the card of {iid}"))
+        warning = json.loads(await worker.line_containing(f"the card of {iid} is slow"))
+        assert (await client.wait_for(iid, timeout=DEADLINE)).status == "COMPLETED"
+    finally:
+        out = await _stop(worker)
+    context = {"workflow": "chatty", "instance": iid, "position": "", "step": "charge", "attempt": 1}
+    assert info == {**info, "level": "info", "logger": "chatty_app", **context}
+    assert warning == {**warning, "level": "warning", "logger": "chatty_app", **context}
+    lines = [json.loads(raw) for raw in out.splitlines() if raw.strip()]  # every line is one JSON object
+    assert not [line for line in lines if "never shown" in line["message"]]  # DEBUG is below the level
+
+
+async def test_text_carries_the_handlers_own_lines_with_their_step(database_url: str, client: Client) -> None:
+    worker = await _worker(database_url, "text")
+    try:
+        iid = await client.start("chatty", {})
+        info = await worker.line_containing(f"charging the card of {iid}")
+        warning = await worker.line_containing(f"the card of {iid} is slow")
+        assert (await client.wait_for(iid, timeout=DEADLINE)).status == "COMPLETED"
+    finally:
+        out = await _stop(worker)
+    assert " INFO chatty_app: " in info and " WARNING chatty_app: " in warning
+    assert f"instance={iid}" in info and "step=charge" in info and "attempt=1" in warning
+    assert "never shown" not in out
