@@ -53,6 +53,19 @@ async def test_json_carries_the_handlers_own_lines_with_their_step(database_url:
     assert not [line for line in lines if "never shown" in line["message"]]  # DEBUG is below the level
 
 
+async def test_a_failing_instance_is_logged(database_url: str, client: Client) -> None:
+    worker = await _worker(database_url, "json")
+    try:
+        iid = await client.start("doomed", {})
+        retry = json.loads(await worker.line_containing("retrying in"))
+        failed = json.loads(await worker.line_containing(f"instance {iid} failed at step decline"))
+    finally:
+        await _stop(worker)
+    assert (retry["level"], retry["instance"], retry["attempt"]) == ("warning", iid, 1)
+    assert (failed["level"], failed["instance"], failed["attempt"]) == ("error", iid, 2)
+    assert "RuntimeError: the card was declined" in failed["message"]
+
+
 async def test_text_carries_the_handlers_own_lines_with_their_step(database_url: str, client: Client) -> None:
     worker = await _worker(database_url, "text")
     try:

@@ -1,16 +1,18 @@
-"""What a worker tells observers about its steps and commits: OpenTelemetry spans, and the recorders
-`stepstone.observability.metrics` installs (Prometheus). Costs a no-op span when nothing is configured.
+"""What a worker tells observers about its steps and commits: OpenTelemetry spans, the recorders
+`stepstone.observability.metrics` installs (Prometheus), and one log line per failure a commit settles
+(a retry, a failed instance, a dead letter). Costs a no-op span when nothing is configured.
 
     with observe.step(workflow, instance, run, command) as seen:   # span stepstone.step <wf>.<step>
         result = await run_handler(...)
         seen.result(result)
-    with observe.commit(instance, decision) as seen:               # span stepstone.commit
+    with observe.commit(instance, decision, workflow_id) as seen:  # span stepstone.commit
         committed = await commit(...)
         seen.result(committed)
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -20,10 +22,15 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import Span
 
-from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, StepFailed, StepSucceeded
+from stepstone.core.effects import MovePosition, RecordHistory
+from stepstone.core.model import FAILED, CommandView, Decision, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.observability import tracing
 
 __all__ = ["Recorder", "add_recorder", "commit", "log_fields", "remove_recorder", "step"]
+
+log = logging.getLogger("stepstone.worker")
+_FAILURES = frozenset({"RETRY", "FAILED", "DEAD"})
+"""The settlements logged: a failed attempt to be retried, a failed position or compensation, a dead letter."""
 
 log_fields: ContextVar[dict[str, object] | None] = ContextVar("stepstone_log_fields", default=None)
 """The instance, position, step and attempt of the step running in this context (for JSON logs)."""
@@ -130,8 +137,9 @@ def step(workflow: Any, instance: InstanceView, run: RunStep, command: CommandVi
     return _Seen(spans, end, "crashed", fields)
 
 
-def commit(instance: InstanceView, decision: Decision) -> _Seen:
-    """Observe one commit: its span (when tracing is on) and the recorders' call."""
+def commit(instance: InstanceView, decision: Decision, workflow: str = "") -> _Seen:
+    """Observe one commit: its span (when tracing is on), the recorders' call, and a log line when it
+    settled a failure."""
     settle = decision.settle.state
     spans = tracing.span("stepstone.commit", {"instance_id": instance.id, "position": instance.position,
                                               "settle": settle}) if tracing.enabled() else tracing.NOT_TRACED
@@ -139,5 +147,36 @@ def commit(instance: InstanceView, decision: Decision) -> _Seen:
     def end(seconds: float, outcome: str) -> None:
         for r in _recorders:
             r.commit(outcome, str(settle), seconds)
+        if outcome == "ok" and settle in _FAILURES:  # committed: logged once, by the worker whose commit won
+            _log_failure(workflow, instance, decision)
 
     return _Seen(spans, end, "error")
+
+
+def _log_failure(workflow: str, instance: InstanceView, decision: Decision) -> None:
+    """WARNING for an attempt that will be retried or a dead-lettered signal; ERROR for a failed position
+    (the instance fails with it) or a compensation given up. With the step's fields, as its own lines."""
+    settle = decision.settle
+    moved = next((e for e in decision.of(MovePosition) if e.status == FAILED), None)
+    history = decision.of(RecordHistory)
+    step = moved.step if moved is not None else next((h.step for h in history if h.step), instance.step)
+    attempt = next((h.data["attempt"] for h in history if isinstance(h.data, dict) and "attempt" in h.data), None)
+    fields: dict[str, object] = {"workflow": workflow, "instance": instance.id, "position": instance.position,
+                                 "step": step, **({} if attempt is None else {"attempt": attempt})}
+    what = "compensation of step" if history and history[0].kind.startswith("COMPENSATION") else "step"
+    where = f"{workflow} instance {instance.id}" + (f" position {instance.position!r}" if instance.position else "")
+    if settle.state == "RETRY":
+        level, message = logging.WARNING, (f"{what} {step} of {where} failed (attempt {attempt}), "
+                                           f"retrying in {settle.retry_delay or 0:g} s: {settle.reason}")
+    elif moved is not None:
+        dead = "its command was dead-lettered: " if settle.state == "DEAD" else ""
+        level, message = logging.ERROR, f"{where} failed at step {step}: {dead}{settle.reason}"
+    elif settle.state == "DEAD":
+        level, message = logging.WARNING, f"a command of {where} was dead-lettered: {settle.reason}"
+    else:
+        level, message = logging.ERROR, f"{what} {step} of {where} gave up: {settle.reason}"
+    token = log_fields.set(fields)
+    try:
+        log.log(level, "%s", message)
+    finally:
+        log_fields.reset(token)

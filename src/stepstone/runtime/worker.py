@@ -534,7 +534,7 @@ class Worker:
             segment.ending = ending
         if ending:
             self._slot_free.set()
-        with observe.commit(instance, decision) as seen_commit:
+        with observe.commit(instance, decision, claim.pin.definition_id) as seen_commit:
             committed = await self._commit(claim, command_id, decision, visit, state_version)
             seen_commit.result(committed)
         if segment is not None and committed is not None and committed.conflict:
