@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 import uuid
@@ -161,3 +162,18 @@ async def test_unmigrated_database_refuses_to_start(empty_database_url: str) -> 
     out = "".join(worker.lines).strip().splitlines()
     assert code == 1
     assert len(out) == 1 and out[0].startswith("error: ") and "run `stepstone db migrate` first" in out[0]
+
+
+@pytest.mark.parametrize("every", ["0s", "0.5s", "0m"])
+def test_retention_every_has_a_minimum(every: str) -> None:
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from stepstone.cli import cli  # noqa: PLC0415
+
+    # An unreachable database: without the check the worker would try it and fail with exit 1, not hang.
+    result = CliRunner().invoke(cli, ["worker", "--app", "tests.cli_apps:registry", "--database-url",
+                                      "postgresql://u@127.0.0.1:1/db", "--retention-every", every])
+    assert result.exit_code == 2, result.output
+    assert "--retention-every" in result.stderr and "at least 1s" in result.stderr
+    helped = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).stdout
+    assert re.search(r"--retention-every DURATION .*x>=1s", helped), helped
