@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from stepstone.cli.addresses import http_url
 from stepstone.cli.common import (
     TEXT,
     CliError,
@@ -51,7 +52,7 @@ async def _serve(settings: Settings, host: str, port: int, token: str | None) ->
             config = uvicorn.Config(create_app(tasks, token=token), log_level="warning", lifespan="off")
             server = uvicorn.Server(config)
             bound_host, bound_port = sock.getsockname()[:2]
-            log.info("external tasks on http://%s:%d (%s)", bound_host, bound_port,
+            log.info("external tasks on %s (%s)", http_url(bound_host, bound_port),
                      "bearer token required" if token else "no token: bind to a trusted network only")
             await server.serve(sockets=[sock])
         finally:

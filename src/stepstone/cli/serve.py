@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from stepstone.authoring.workflow import Registry
+from stepstone.cli.addresses import host_port, http_url
 from stepstone.cli.app import app_option
 from stepstone.cli.common import CliError, listening_socket, run_async, with_settings
 from stepstone.cli.connection import open_store
@@ -90,12 +91,12 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
             while not server.started:
                 if task.done():  # it stopped before it served: say why in one line
                     exc = task.exception()
-                    raise CliError(f"cannot serve on {host}:{port}: {exc or 'the server stopped'}")
+                    raise CliError(f"cannot serve on {host_port(host, port)}: {exc or 'the server stopped'}")
                 await asyncio.sleep(0.02)
             mode = "no authentication (loopback only)" if no_auth else f"API tokens ({tokens} active)"
-            log.info("serving http://%s:%d/ui/ (API http://%s:%d/api/v1, %s%s); database %s (schema %s)", host,
-                     port, host, port, mode, ", read-only" if read_only else "", redact_url(store.url),
-                     store.schema)
+            log.info("serving %s (API %s, %s%s); database %s (schema %s)", http_url(host, port, "/ui/"),
+                     http_url(host, port, "/api/v1"), mode, ", read-only" if read_only else "",
+                     redact_url(store.url), store.schema)
             if not no_auth and tokens == 0:
                 log.warning("no API token exists yet: create one with `stepstone tokens create --role admin`")
             try:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from stepstone.authoring.workflow import Registry
+from stepstone.cli.addresses import host_port, http_url
 from stepstone.cli.app import app_option
 from stepstone.cli.common import CliError, Finite, run_async, with_settings
 from stepstone.cli.connection import open_store
@@ -152,8 +153,9 @@ async def health_beside(worker: Worker, store: object, host: str, port: int) -> 
     except OSError as exc:  # an address that does not resolve, a port in use or not ours to take
         if metrics is not None:
             metrics.uninstall()
-        raise CliError(f"cannot listen on {host}:{port} for health and metrics: {exc.strerror or exc}") from None
-    log.info("health and metrics on %s:%d (/livez, /readyz, /metrics)", host, server.port)
+        reason = exc.strerror or exc
+        raise CliError(f"cannot listen on {host_port(host, port)} for health and metrics: {reason}") from None
+    log.info("health and metrics on %s (/livez, /readyz, /metrics)", http_url(host, server.port))
     try:
         yield server
     finally:

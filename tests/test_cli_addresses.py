@@ -1,0 +1,35 @@
+"""The address a listening command prints is one a browser or curl takes: an IPv6 literal in brackets."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from stepstone.cli.addresses import host_port, http_url
+from tests.test_cli_worker import DEADLINE, spawn
+
+
+def test_an_ipv6_literal_is_bracketed_and_nothing_else() -> None:
+    assert http_url("::1", 8795, "/ui/") == "http://[::1]:8795/ui/"
+    assert http_url("[::1]", 8795) == "http://[::1]:8795"  # given bracketed: not twice
+    assert host_port("fe80::1", 80) == "[fe80::1]:80"
+    assert http_url("127.0.0.1", 8080, "/ui/") == "http://127.0.0.1:8080/ui/"
+    assert host_port("localhost", 9464) == "localhost:9464"
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["serve", "--host", "::1", "--port", "0", "--no-auth"], "serving http://[::1]:"),
+    (["worker", "--app", "tests.cli_apps:registry", "--metrics-host", "::1", "--metrics-port", "0"],
+     "health and metrics on http://[::1]:"),
+    (["external", "serve", "--host", "::1", "--port", "0"], "external tasks on http://[::1]:"),
+])
+async def test_the_printed_url_of_an_ipv6_listener_is_bracketed(database_url: str, args: list[str],
+                                                                said: str) -> None:
+    proc = await spawn(*args, "--database-url", database_url)
+    try:
+        await proc.line_containing(said)
+    finally:
+        if proc.proc.returncode is None:
+            proc.proc.send_signal(signal.SIGTERM)
+        await proc.exit_code(DEADLINE)
