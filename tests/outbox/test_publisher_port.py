@@ -52,7 +52,7 @@ def test_unknown_scheme_and_routing_errors() -> None:
 
 @pytest.mark.parametrize(("url", "reason"), [
     ("redis://:6379", "it names no host"), ("redis://h:99999", "Port out of range"), ("nats://h:abc", "Port could not"),
-    ("amqp://", "it names no host"), ("https://[", "Invalid IPv6 URL"), ("redis://h?maxlen=abc", "invalid literal"),
+    ("amqp://", "it names no host"), ("https://[", "Invalid IPv6 URL"), ("redis://h?maxlen=abc", "maxlen must be a"),
 ])
 def test_a_malformed_broker_url_is_a_config_error(url: str, reason: str) -> None:
     """Each was a client's ValueError (a traceback from `stepstone worker --broker`), or, with no host, an
@@ -77,3 +77,32 @@ def test_broker_url_from_flag_env_or_pyproject(tmp_path: Path) -> None:
     assert (env.broker_url, env.sources["broker_url"]) == ("redis://from-env", "env STEPSTONE_BROKER_URL")
     flag = load_settings(broker_url="memory://flag", environ={"STEPSTONE_BROKER_URL": "redis://x"}, cwd=tmp_path)
     assert (flag.broker_url, flag.sources["broker_url"]) == ("memory://flag", "--broker-url")
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("redis://h?maxlen=-5", "maxlen must be a whole number from 0"),
+    ("redis://h?concurrency=0", "concurrency must be a whole number from 1"),
+    ("redis://h?concurrency=abc", "concurrency must be a whole number from 1"),
+    ("redis://h?stream=", "stream must not be empty"),
+    ("redis://h?bogus=1", "unknown option 'bogus'"),
+    ("nats://h?concurrency=0", "concurrency must be a whole number from 1"),
+    ("nats://h?subject=", "subject must not be empty"),
+    ("nats://h?stream=a.b", "stream 'a.b' is no JetStream stream name"),
+    ("nats://h?bogus=1", "unknown option 'bogus'"),
+    ("amqp://h?exchange=", "exchange must not be empty"),
+    ("amqp://h?concurrency=-3", "concurrency must be a whole number from 1"),
+    ("amqp://h?bogus=1", "unknown option 'bogus'"),
+    ("memory://x?bogus=1", "unknown option 'bogus'"),
+])
+def test_a_bad_broker_option_is_refused_when_the_publisher_is_opened(url: str, reason: str) -> None:
+    """`maxlen=-5` was accepted and every XADD then failed with a DataError the relay looped on;
+    `concurrency=0` made every publish wait until half the lease; unknown options were ignored."""
+    with pytest.raises(ConfigError, match=f"is malformed: {reason}"):
+        open_publisher(url)
+
+
+async def test_good_broker_options_and_the_clients_own_are_accepted() -> None:
+    for url in ("redis://h/0?stream=s:{type}&maxlen=0&concurrency=1", "nats://h?subject=a.{type}&stream=S_1",
+                "amqp://h/?exchange=x&routing_key={key}&concurrency=8&heartbeat=30&name=relay"):
+        publisher = open_publisher(url)
+        await publisher.close()

@@ -12,6 +12,7 @@ subjects, and an event no stream captures is refused (dead-lettered until requeu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,13 +23,23 @@ from nats.js import JetStreamContext
 from nats.js import errors as js_errors
 
 from stepstone.errors import BrokerUnavailable
-from stepstone.outbox.publisher import PublishResult, Routing, body_of, headers_of, publish_in_lanes, url_options
+from stepstone.outbox.publisher import (
+    MAX_CONCURRENCY,
+    PublishResult,
+    Routing,
+    body_of,
+    headers_of,
+    publish_in_lanes,
+    query_options,
+    whole_option,
+)
 from stepstone.store.database import redact_url
 from stepstone.store.outbox import StagedEvent
 
 __all__ = ["NatsJetStreamPublisher", "nats_publisher", "stream_subjects"]
 
 DEFAULT_SUBJECT = "stepstone.{type}"
+_STREAM_NAME = re.compile(r"[^\s.*>/\\]+")  # JetStream: no whitespace, '.', '*', '>' or path separator
 _UNREACHABLE = (nats_errors.ConnectionClosedError, nats_errors.ConnectionReconnectingError,
                 nats_errors.ConnectionDrainingError, nats_errors.NoServersError, nats_errors.StaleConnectionError,
                 nats_errors.OutboundBufferLimitError, OSError)
@@ -117,8 +128,12 @@ class NatsJetStreamPublisher:
 
 
 def nats_publisher(url: str, **options: Any) -> NatsJetStreamPublisher:
-    """Entry point for ``nats://``."""
-    query = url_options(url)
+    """Entry point for ``nats://``; its options are checked here (ValueError), not at the first publish.
+    The client connects without the query, so it takes no option of its own."""
+    query = query_options(url, ("subject", "stream", "concurrency"))
     template = options.get("routing") or query.get("subject") or DEFAULT_SUBJECT
-    return NatsJetStreamPublisher(url, routing=Routing(template), stream=query.get("stream"),
-                                  concurrency=int(query.get("concurrency", 64)))
+    stream = query.get("stream")
+    if stream is not None and not (stream.isprintable() and _STREAM_NAME.fullmatch(stream)):
+        raise ValueError(f"stream {stream!r} is no JetStream stream name (no whitespace, '.', '*', '>', '/' or '\\')")
+    return NatsJetStreamPublisher(url, routing=Routing(template), stream=stream,
+                                  concurrency=whole_option(query, "concurrency", 64, 1, MAX_CONCURRENCY))

@@ -22,12 +22,13 @@ import asyncio
 import enum
 import json
 import string
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
+from stepstone.core.limits import MAX_INT8
 from stepstone.errors import BrokerUnavailable, ConfigError, UnknownBroker
 from stepstone.store.database import redact_url
 from stepstone.store.outbox import StagedEvent
@@ -45,10 +46,13 @@ __all__ = [
     "headers_of",
     "open_publisher",
     "publish_in_lanes",
-    "url_options",
+    "query_options",
+    "whole_option",
 ]
 
 ENTRY_POINT_GROUP = "stepstone.publishers"
+MAX_CONCURRENCY = 10_000
+"""Events one publisher sends at once at most (its `concurrency` option)."""
 EXTRAS = {"redis": "redis", "nats": "nats", "amqp": "rabbitmq", "amqps": "rabbitmq", "http": "webhook",
           "https": "webhook"}
 
@@ -144,9 +148,33 @@ def headers_of(event: StagedEvent) -> dict[str, str]:
     return headers
 
 
-def url_options(url: str) -> dict[str, str]:
-    """The last value of each query parameter of a broker URL."""
-    return {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+def query_options(url: str, ours: Collection[str], *, client: Collection[str] = ()) -> dict[str, str]:
+    """The publisher's own options (`ours`) from a broker URL's query, each with a value. An option that
+    neither the publisher nor its client (`client`) reads is refused: it used to be ignored silently.
+    Raises ValueError, which `open_publisher` reports as a malformed URL."""
+    options: dict[str, str] = {}
+    for name, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+        if name in ours:
+            if not value:
+                raise ValueError(f"{name} must not be empty")
+            options[name] = value
+        elif name not in client:
+            raise ValueError(f"unknown option {name!r}; it takes {', '.join([*ours, *sorted(client)])}")
+    return options
+
+
+def whole_option(options: dict[str, str], name: str, default: int, low: int, high: int = MAX_INT8) -> int:
+    """Option `name` as a whole number from `low` to `high` (`default` when absent); else ValueError."""
+    text = options.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be a whole number from {low:,} to {high:,}, got {text!r}")
+    return value
 
 
 Send = Callable[[StagedEvent], Awaitable[PublishResult]]
@@ -164,7 +192,10 @@ async def publish_in_lanes(batch: Sequence[StagedEvent], send: Send, *, concurre
     async def run(lane: list[int]) -> None:
         async with gate:
             for pos, i in enumerate(lane):
-                result = await send(batch[i])
+                try:
+                    result = await send(batch[i])
+                except Exception as exc:  # noqa: BLE001 - the event's failure, counted; other lanes go on
+                    result = PublishResult.transient(f"{type(exc).__name__}: {exc}")
                 results[i] = result
                 if result.outcome is not Outcome.OK:
                     skipped = PublishResult.transient(
@@ -314,5 +345,6 @@ def memory_publisher(url: str, **options: Any) -> InMemoryPublisher:
     """Entry point for ``memory://NAME``."""
     parts = urlsplit(url)
     name = (parts.netloc + parts.path).strip("/") or "default"
-    template = options.get("routing") or url_options(url).get("target") or "{type}"
+    query = query_options(url, ("target",))
+    template = options.get("routing") or query.get("target") or "{type}"
     return InMemoryPublisher(InMemoryBroker.named(name), Routing(template))

@@ -20,7 +20,16 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
 from stepstone.errors import BrokerUnavailable
-from stepstone.outbox.publisher import PublishResult, Routing, body_of, headers_of, publish_in_lanes
+from stepstone.outbox.publisher import (
+    MAX_CONCURRENCY,
+    PublishResult,
+    Routing,
+    body_of,
+    headers_of,
+    publish_in_lanes,
+    query_options,
+    whole_option,
+)
 from stepstone.store.database import redact_url
 from stepstone.store.outbox import StagedEvent
 
@@ -29,6 +38,9 @@ __all__ = ["RabbitMqPublisher", "amqp_publisher"]
 DEFAULT_EXCHANGE = "stepstone"
 DEFAULT_ROUTING_KEY = "{type}"
 _OURS = ("exchange", "routing_key", "concurrency")
+_CLIENTS = frozenset({  # what aiormq and aio_pika read from the URL's query: passed on to them
+    "auth", "cafile", "cadata", "capath", "certfile", "keyfile", "no_verify_ssl", "heartbeat", "name", "timeout",
+    "interleave", "happy_eyeballs_delay", "reconnect_interval", "fail_fast"})
 _UNREACHABLE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError,
                 OSError)
 
@@ -99,12 +111,12 @@ class RabbitMqPublisher:
 
 def amqp_publisher(url: str, **options: Any) -> RabbitMqPublisher:
     """Entry point for ``amqp://`` and ``amqps://``; the publisher's own query parameters are removed
-    from the URL the client connects with."""
+    from the URL the client connects with. They are checked here (ValueError), not at the first publish;
+    an option neither this publisher nor the client reads is refused."""
     parts = urlsplit(url)
-    pairs = parse_qsl(parts.query)
-    ours = {k: v for k, v in pairs if k in _OURS}
-    rest = urlencode([(k, v) for k, v in pairs if k not in _OURS])
+    ours = query_options(url, _OURS, client=_CLIENTS)
+    rest = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in _OURS])
     connect_url = urlunsplit((parts.scheme, parts.netloc, parts.path or "/", rest, parts.fragment))
     template = options.get("routing") or ours.get("routing_key") or DEFAULT_ROUTING_KEY
     return RabbitMqPublisher(connect_url, exchange=ours.get("exchange", DEFAULT_EXCHANGE), routing=Routing(template),
-                             concurrency=int(ours.get("concurrency", 64)))
+                             concurrency=whole_option(ours, "concurrency", 64, 1, MAX_CONCURRENCY))

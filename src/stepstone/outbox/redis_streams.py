@@ -18,7 +18,15 @@ import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
 from stepstone.errors import BrokerUnavailable
-from stepstone.outbox.publisher import PublishResult, Routing, body_of, publish_in_lanes, url_options
+from stepstone.outbox.publisher import (
+    MAX_CONCURRENCY,
+    PublishResult,
+    Routing,
+    body_of,
+    publish_in_lanes,
+    query_options,
+    whole_option,
+)
 from stepstone.store.database import redact_url
 from stepstone.store.outbox import StagedEvent
 
@@ -56,6 +64,8 @@ class RedisStreamsPublisher:
                                        maxlen=self.maxlen or None, approximate=True)
             except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
                 return PublishResult.transient(f"{self.name}: {exc}", attempted=False)
+            except redis_errors.DataError as exc:  # the client's own check of the command: for good
+                return PublishResult.refused(str(exc))
             except redis_errors.ResponseError as exc:
                 text = str(exc)
                 if text.startswith(_TRANSIENT_REPLIES):
@@ -75,12 +85,13 @@ class RedisStreamsPublisher:
 
 
 def redis_publisher(url: str, **options: Any) -> RedisStreamsPublisher:
-    """Entry point for ``redis://`` and ``rediss://``."""
-    query = url_options(url)
+    """Entry point for ``redis://`` and ``rediss://``; its options are checked here (ValueError), not
+    at the first XADD. The client connects without the query, so it takes no option of its own."""
+    query = query_options(url, ("stream", "maxlen", "concurrency"))
     template = options.get("routing") or query.get("stream") or DEFAULT_STREAM
     return RedisStreamsPublisher(
-        url, routing=Routing(template), maxlen=int(query.get("maxlen", DEFAULT_MAXLEN)),
-        concurrency=int(query.get("concurrency", 32)))
+        url, routing=Routing(template), maxlen=whole_option(query, "maxlen", DEFAULT_MAXLEN, 0),
+        concurrency=whole_option(query, "concurrency", 32, 1, MAX_CONCURRENCY))
 
 
 def decode_entry(fields: dict[Any, Any]) -> dict[str, Any]:

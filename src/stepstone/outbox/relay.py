@@ -192,13 +192,22 @@ class Relay:
         except BrokerUnavailable as exc:
             return [PublishResult.transient(str(exc), attempted=False)] * len(batch)
         except TimeoutError:
-            return [PublishResult.transient("publish timed out (half the lease)")] * len(batch)
-        if len(results) != len(batch):
-            raise RuntimeError(f"{self.publisher.name} answered {len(results)} results for {len(batch)} events")
-        return results
+            error = "publish timed out (half the lease)"
+        except Exception as exc:  # noqa: BLE001 - the publisher's own failure (its configuration, a bug)
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            if len(results) != len(batch):
+                raise RuntimeError(f"{self.publisher.name} answered {len(results)} results for {len(batch)} events")
+            return results
+        # Not the broker's "unreachable": counted against each event (backoff, then a dead letter), so a
+        # batch is settled and reported instead of left leased and claimed again for ever.
+        log.warning("relay %s: publishing %d event(s) to %s failed: %s; counted as a failed attempt",
+                    self.config.relay_id, len(batch), self.publisher.name, error)
+        return [PublishResult.transient(error)] * len(batch)
 
     async def _run(self) -> None:
         failures = 0
+        unreachable = False  # the last failure was the broker's BrokerUnavailable
         quick = False
         while not self._stopping:
             self._wake.clear()
@@ -207,10 +216,13 @@ class Relay:
                     await self._open_listener()
                 await self.run_once()
                 if failures:
-                    log.info("relay %s: %s answers again", self.config.relay_id, self.publisher.name)
+                    log.info("relay %s: %s", self.config.relay_id,
+                             f"{self.publisher.name} answers again" if unreachable
+                             else f"working again after {failures} failure(s)")
                 failures = 0
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 failures += 1
+                unreachable = isinstance(exc, BrokerUnavailable)
                 delay = min(5.0, 0.05 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
                 if failures == 1 or failures % 20 == 0:
                     log.warning("relay %s: %s: %s; events wait, retrying in %.2f s", self.config.relay_id,

@@ -1,0 +1,85 @@
+"""A publish that fails with an error of the event or of the configuration (no broker answer at all):
+the batch is settled, its attempts counted and the error kept, never left leased to loop for ever."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+import asyncpg
+import pytest
+
+from stepstone.outbox.publisher import PublishResult, publish_in_lanes
+from stepstone.outbox.relay import Relay, RelayConfig
+from stepstone.store.outbox import PostgresOutbox, StagedEvent
+from tests.outbox.conftest import first_claim, stage
+
+
+class Exploding:
+    """A publisher whose every publish fails with an error no publisher result names."""
+
+    name = "exploding://"
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        raise RuntimeError(f"bad option for {len(batch)} event(s)")
+
+    async def close(self) -> None:
+        return None
+
+
+class ExplodingSend(Exploding):
+    """The same failure inside one event's send, which `publish_in_lanes` runs beside the others."""
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        async def send(event: StagedEvent) -> PublishResult:
+            if event.key == "bad":
+                raise ValueError("this event cannot be sent")
+            return PublishResult.OK
+
+        return await publish_in_lanes(batch, send)
+
+
+async def test_a_publish_that_raises_counts_an_attempt_and_settles_the_batch(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    await stage(conn, ["k", "k", None])
+    relay = Relay(outbox, Exploding(), RelayConfig(max_attempts=2, retry_base=0))
+    with caplog.at_level(logging.WARNING, "stepstone.relay"):
+        assert await first_claim(relay) == 0
+    rows = await outbox.unpublished()
+    assert [(r.attempts, r.claimed_by) for r in rows] == [(1, None), (0, None), (1, None)], \
+        "settled (not left leased), the key's first event and the unkeyed one counted"
+    assert all("RuntimeError: bad option for 3 event(s)" in (r.last_error or "") for r in (rows[0], rows[2]))
+    assert "RuntimeError: bad option" in caplog.text
+    await first_claim(relay)
+    assert [r.id for r in await outbox.unpublished(dead=True)] == [rows[0].id, rows[2].id], \
+        "after max_attempts they are dead letters, not retried for ever"
+
+
+async def test_a_send_that_raises_fails_its_event_only(conn: asyncpg.Connection, outbox: PostgresOutbox) -> None:
+    await stage(conn, ["bad", "good", "bad"])
+    relay = Relay(outbox, ExplodingSend(), RelayConfig(retry_base=10))
+    assert await first_claim(relay) == 1
+    rows = await outbox.unpublished()
+    assert [(r.key, r.attempts) for r in rows] == [("bad", 1), ("bad", 0)]
+    assert rows[0].last_error == "ValueError: this event cannot be sent"
+
+
+async def test_a_redis_client_error_refuses_the_event(conn: asyncpg.Connection, outbox: PostgresOutbox) -> None:
+    """redis-py checks some arguments itself (a DataError, no ResponseError): that escaped `publish`."""
+    url = os.environ.get("STEPSTONE_TEST_REDIS_URL")
+    if not url:
+        pytest.skip("STEPSTONE_TEST_REDIS_URL is not set")
+    from stepstone.outbox.redis_streams import RedisStreamsPublisher  # noqa: PLC0415 - needs the extra
+
+    await stage(conn, ["k"])
+    publisher = RedisStreamsPublisher(url, maxlen=-5)  # past the URL's checks, as a direct caller may
+    try:
+        await first_claim(Relay(outbox, publisher))
+    finally:
+        await publisher.close()
+    dead = await outbox.unpublished(dead=True)
+    assert len(dead) == 1
+    assert dead[0].last_error is not None
+    assert "maxlen" in dead[0].last_error
