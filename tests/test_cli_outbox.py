@@ -181,3 +181,34 @@ async def test_discard_dead_letters(conn: asyncpg.Connection, outbox: PostgresOu
     assert await outbox.unsent_instances([str(held)]) == set()  # and retention may purge its instance
     code, out, _ = await run("outbox", "discard", "--all-dead", "--reason", "x", "--database-url", database_url)
     assert (code, out.strip()) == (0, "discarded 0 event(s)")
+
+
+async def test_list_says_what_status_counts_an_expired_lease_and_a_past_retry_are_pending(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str
+) -> None:
+    """`outbox list` said "leased by relay:..." for a lease that had expired and "retry at" a time gone by,
+    while `outbox status` counted neither as in flight nor backing off."""
+    await stage(conn, ["a", "b", "c"])
+    await claim(outbox, limit=1, relay="relay:gone")
+    token, second = await claim(outbox, limit=1)
+    await outbox.settle(token, [Settlement(second[0], "retry", "nack", 60, counted=True)])
+
+    async def states() -> tuple[list[str], dict[str, int]]:
+        code, out, _ = await run("outbox", "list", "--database-url", database_url, "-o", "json")
+        assert code == 0
+        listed = [r["state"] for r in json.loads(out)]
+        code, out, _ = await run("outbox", "status", "--database-url", database_url, "-o", "json")
+        status = json.loads(out)
+        assert listed.count("in_flight") == status["in_flight"]
+        assert listed.count("backing_off") == status["backing_off"]
+        return listed, status
+
+    assert (await states())[0] == ["in_flight", "backing_off", "pending"]
+    _, out, _ = await run("outbox", "list", "--database-url", database_url)
+    assert "leased by relay:gone until" in out.splitlines()[1]
+    assert "backing off until" in out.splitlines()[2]
+    await outbox.store.move_clock(61)
+    assert (await states())[0] == ["pending", "pending", "pending"]
+    _, out, _ = await run("outbox", "list", "--database-url", database_url)
+    assert [line.split()[4] for line in out.splitlines()[1:]] == ["pending"] * 3
+    assert "leased" not in out and "retry at" not in out and "backing off" not in out

@@ -34,7 +34,7 @@ from stepstone.errors import StepstoneError
 from stepstone.outbox.publisher import open_publisher
 from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.database import redact_url
-from stepstone.store.outbox import PostgresOutbox
+from stepstone.store.outbox import DeadLetter, PostgresOutbox
 from stepstone.store.port import Store
 
 __all__ = ["broker_option", "commands", "relay_beside", "relay_options"]
@@ -146,19 +146,18 @@ def status_command(settings: Settings, output: str) -> None:
 @with_settings
 @output_option
 def list_command(settings: Settings, dead: bool, limit: int, output: str) -> None:
-    """Unpublished events, oldest first: why each waits (dead, behind a dead one, backing off, leased)."""
+    """Unpublished events, oldest first: why each waits (dead, behind a dead one, backing off, leased),
+    in the states `outbox status` counts."""
     rows = run_async(_with_outbox(settings, lambda o: o.unpublished(dead=dead, limit=limit)))
 
-    def why(r: Any) -> str:
-        if r.dead_at is not None:
-            return "dead"
-        if r.behind_dead:
+    def why(r: DeadLetter) -> str:
+        if r.state == "in_flight":
+            return f"leased by {r.claimed_by} until {r.claimed_until:%H:%M:%S}"
+        if r.state == "backing_off":
+            return f"backing off until {r.next_attempt_at:%H:%M:%S}"
+        if r.state != "dead" and r.behind_dead:
             return "behind a dead event of its key"
-        if r.next_attempt_at is not None:
-            return f"retry at {r.next_attempt_at:%H:%M:%S}"
-        if r.claimed_by:
-            return f"leased by {r.claimed_by}"
-        return "pending"
+        return {"above_horizon": "above the visibility horizon"}.get(r.state, r.state)
 
     emit([r.as_dict() for r in rows], output, lambda: render_table(
         [[r.id, r.type, r.key or "", r.attempts, why(r), r.last_error or ""] for r in rows],

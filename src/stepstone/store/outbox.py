@@ -87,6 +87,10 @@ class DeadLetter:
     dead_at: datetime | None
     next_attempt_at: datetime | None
     claimed_by: str | None
+    claimed_until: datetime | None
+    state: str
+    """'dead', 'in_flight', 'backing_off', 'above_horizon' or 'pending': what `status` counts it as
+    (an expired lease or a retry time gone by is pending: any relay may claim it)."""
     behind_dead: bool
     """Pending, but an older event of its key is dead: it waits until that one is requeued."""
 
@@ -111,7 +115,8 @@ class PostgresOutbox:
         self.pool = store.pool
         self.url = store.url
         self.schema = store.schema
-        self.q = named_queries("outbox.sql", store.schema)
+        raw = named_queries("outbox.sql", store.schema)
+        self.q = {name: sql.replace("/*state*/", raw["outbox_state"]) for name, sql in raw.items()}
         self.channel = f"stepstone_outbox_{store.schema}"[:63]
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
@@ -158,7 +163,7 @@ class PostgresOutbox:
         return [
             DeadLetter(r["id"], str(r["event_id"]), str(r["instance_id"]), r["type"], r["key"], r["attempts"],
                        r["last_error"], r["created_at"], r["dead_at"], r["next_attempt_at"], r["claimed_by"],
-                       bool(r["behind_dead"]))
+                       r["claimed_until"], r["state"], bool(r["behind_dead"]))
             for r in rows
         ]
 

@@ -64,22 +64,37 @@ FROM unnest($2::bigint[], $3::text[], $4::text[], $5::float8[], $6::boolean[])
 WHERE o.id = x.id AND o.claim_token = $1
 RETURNING o.id;
 
+-- name: outbox_state
+-- A fragment, not a statement: where /*state*/ stands in a query below, the state of the unpublished
+-- event o on the db clock, so `outbox status` counts what `outbox list` names. 'in_flight': under a
+-- lease that has not expired (an expired one is claimable again); 'backing_off': its retry time has
+-- not come; 'above_horizon': a transaction older than its own still runs, so no claim takes it yet.
+CASE
+    WHEN o.dead_at IS NOT NULL THEN 'dead'
+    WHEN o.claimed_until > {{schema}}.db_now() THEN 'in_flight'
+    WHEN o.next_attempt_at > {{schema}}.db_now() THEN 'backing_off'
+    WHEN o.xid >= pg_snapshot_xmin(pg_current_snapshot()) THEN 'above_horizon'
+    ELSE 'pending'
+END
+
 -- name: outbox_status
--- Counts and lag: pending (not published, not dead), of them leased now and
--- above the visibility horizon, dead letters, and the age of the oldest
--- pending event on the db clock (seconds).
+-- Counts and lag: pending (not published, not dead), of them in flight, backing off and above the
+-- visibility horizon (the outbox_state of each), dead letters, and the age of the oldest pending
+-- event on the db clock (seconds).
 SELECT
-    count(*) FILTER (WHERE o.dead_at IS NULL) AS pending,
-    count(*) FILTER (WHERE o.dead_at IS NULL AND o.claimed_until > {{schema}}.db_now()) AS in_flight,
-    count(*) FILTER (WHERE o.dead_at IS NULL AND o.next_attempt_at > {{schema}}.db_now()) AS backing_off,
-    count(*) FILTER (WHERE o.dead_at IS NULL AND o.xid >= pg_snapshot_xmin(pg_current_snapshot()))
-        AS above_horizon,
-    count(*) FILTER (WHERE o.dead_at IS NOT NULL) AS dead,
-    extract(epoch FROM {{schema}}.db_now() - min(o.created_at) FILTER (WHERE o.dead_at IS NULL))::float8
+    count(*) FILTER (WHERE s.state <> 'dead') AS pending,
+    count(*) FILTER (WHERE s.state = 'in_flight') AS in_flight,
+    count(*) FILTER (WHERE s.state = 'backing_off') AS backing_off,
+    count(*) FILTER (WHERE s.state = 'above_horizon') AS above_horizon,
+    count(*) FILTER (WHERE s.state = 'dead') AS dead,
+    extract(epoch FROM {{schema}}.db_now() - min(s.created_at) FILTER (WHERE s.state <> 'dead'))::float8
         AS lag_seconds,
     {{schema}}.db_now() AS now
-FROM {{schema}}.outbox o
-WHERE o.published_at IS NULL;
+FROM (
+    SELECT o.created_at, /*state*/ AS state
+    FROM {{schema}}.outbox o
+    WHERE o.published_at IS NULL
+) s;
 
 -- name: outbox_published_count
 SELECT count(*) FROM {{schema}}.outbox o WHERE o.published_at IS NOT NULL AND o.discarded_at IS NULL;
@@ -98,9 +113,10 @@ WHERE o.published_at IS NULL AND o.dead_at IS NOT NULL
 RETURNING o.id;
 
 -- name: outbox_list
--- Unpublished events oldest first, dead letters only when $1; at most $2, ids above $3.
+-- Unpublished events oldest first, dead letters only when $1; at most $2, ids above $3; each with
+-- its outbox_state.
 SELECT o.id, o.event_id, o.instance_id, o.type, o.key, o.attempts, o.last_error, o.created_at,
-       o.dead_at, o.next_attempt_at, o.claimed_by, o.claimed_until,
+       o.dead_at, o.next_attempt_at, o.claimed_by, o.claimed_until, /*state*/ AS state,
        (o.dead_at IS NULL AND EXISTS (
            SELECT 1 FROM {{schema}}.outbox d
            WHERE d.key = o.key AND d.id < o.id AND d.published_at IS NULL AND d.dead_at IS NOT NULL))
