@@ -133,9 +133,13 @@ async def test_setting_a_retention_policy_refuses_a_bad_class_or_window(api: Api
     admin = await api.token("admin")
     good = {"workflow": "job", "status_class": "failed", "retain_for_seconds": 7200, "purge_after_seconds": None}
     for bad in ({"status_class": "archived"}, {"retain_for_seconds": -1}, {"purge_after_seconds": 1e12},
-                {"retain_for_seconds": "soon"}):
+                {"retain_for_seconds": "soon"}, {"status_class": "outbox_published"}):
         r = await api.http.put(f"{V1}/retention/policies", headers=admin, json={**good, **bad})
         assert r.status_code == 422, bad
+    r = await api.http.put(f"{V1}/retention/policies", headers=admin, json={**good, "status_class": "outbox_published"})
+    assert (r.json()["error"], r.json()["detail"]) == (
+        "InvalidInput", ("outbox_published takes only the '*' workflow: published outbox rows are dropped for "
+                        "every workflow at once"))
     set_ = await api.http.put(f"{V1}/retention/policies", headers=admin, json={**good, "purge_after_seconds": 600})
     assert (set_.status_code, set_.json()["purge_after"]) == (200, "PT10M")
     kept = await api.http.put(f"{V1}/retention/policies", headers=admin, json=good)  # null purge: left as it was

@@ -107,6 +107,14 @@ async def test_repair_retention_and_replay_from_the_cli(engine: Engine, database
     assert dry_run.exit_code == 0 and "would archive" in dry_run.stdout
     set_policy = await run(database_url, "retention", "set", "ops_flaky", "completed", "never")
     assert set_policy.exit_code == 0 and "archive after never" in set_policy.stdout
+    outbox = await run(database_url, "retention", "set", "*", "outbox_published", "1s")
+    assert (outbox.exit_code, outbox.stdout.strip()) == (0, ("* outbox_published: published outbox rows dropped "
+                                                            "after 1 s"))
+    listed = await run(database_url, "retention", "policies")
+    [line] = [ln for ln in listed.stdout.splitlines() if "outbox_published" in ln]
+    assert "dropped after 1 s" in line and "later" not in line
+    refused = await run(database_url, "retention", "set", "ops_flaky", "outbox_published", "1s")
+    assert refused.exit_code == 1 and refused.stderr.startswith("error: outbox_published takes only the '*'")
     replayed = await as_json(database_url, "replay", "--instance", failed[0], "--from", "work")
     assert replayed["from_step"] == "work" and replayed["status"] == "RUNNING"
 

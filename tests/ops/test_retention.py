@@ -267,3 +267,18 @@ async def test_client_list_leaves_archived_instances_out_as_find_does(engine: En
         await engine.client.list(status="failed")
     with pytest.raises(InvalidInput, match="status must be among"):
         InstanceFilter(status=("BOGUS",))
+
+
+async def test_published_outbox_rows_take_only_the_default_window(ops: Operations) -> None:
+    """A per-workflow outbox_published policy was stored and listed, but the sweep reads only the '*'
+    one (outbox rows are swept for every workflow at once): it is refused, as is a purge window for a
+    class that has no second stage."""
+    with pytest.raises(InvalidInput, match="outbox_published takes only the '\\*' workflow") as refused:
+        await ops.set_retention_policy("order", "outbox_published", timedelta(seconds=1))
+    assert refused.value.what == "workflow"
+    with pytest.raises(InvalidInput, match="published outbox rows have no purge window") as refused:
+        await ops.set_retention_policy("*", "outbox_published", timedelta(days=1), timedelta(days=2))
+    assert refused.value.what == "purge_after"
+    assert not [p for p in await ops.retention_policies() if p["workflow"] == "order"]
+    row = await ops.set_retention_policy("*", "outbox_published", timedelta(days=3))
+    assert row["retain_for"] == timedelta(days=3)

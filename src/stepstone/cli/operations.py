@@ -25,7 +25,7 @@ from stepstone.core.model import STATUSES
 from stepstone.core.timestamps import MAX_SECONDS, storable
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.ops.model import BulkReport, HistoryEntry, RetentionReport
-from stepstone.ops.retention import STATUS_CLASSES
+from stepstone.ops.retention import OUTBOX_PUBLISHED, STATUS_CLASSES
 
 __all__ = ["commands", "filter_options", "parse_duration"]
 
@@ -329,9 +329,23 @@ def policies_command(settings: Settings, output: str) -> None:
     """The retention windows: per workflow, '*' being the default."""
     rows = _run(settings, lambda ops: ops.retention_policies())
     emit(_json(rows), output, lambda: rich_table(["workflow", "status class", "archive after", "purge after"], [
-        [r["workflow"], r["status_class"], _window(r["retain_for"]),
-         "" if r["retain_for"] is None or r["status_class"] == "outbox_published"
+        [r["workflow"], r["status_class"], _archive(r),
+         "" if r["retain_for"] is None or r["status_class"] == OUTBOX_PUBLISHED
          else _window(r["purge_after"]) + " later"] for r in rows]))
+
+
+def _archive(row: dict[str, Any]) -> str:
+    """What a policy's first window does: published outbox rows are dropped, not archived."""
+    if row["status_class"] == OUTBOX_PUBLISHED:
+        return f"dropped after {_window(row['retain_for'])}" if row["retain_for"] is not None else "never dropped"
+    return _window(row["retain_for"])
+
+
+def _policy_text(row: dict[str, Any]) -> str:
+    head = f"{row['workflow']} {row['status_class']}: "
+    if row["status_class"] == OUTBOX_PUBLISHED:
+        return head + "published outbox rows " + _archive(row)
+    return head + f"archive after {_window(row['retain_for'])}, purge {_window(row['purge_after'])} later"
 
 
 @retention_group.command("set")
@@ -347,8 +361,7 @@ def set_policy_command(settings: Settings, output: str, workflow: str, status_cl
     retain = None if window.lower() == "never" else parse_duration(window, "WINDOW")
     purge = None if purge_after is None else parse_duration(purge_after, "--purge-after")
     row = _run(settings, lambda ops: ops.set_retention_policy(workflow, status_class, retain, purge))
-    emit(_json(row), output, lambda: f"{row['workflow']} {row['status_class']}: archive after "
-                                     f"{_window(row['retain_for'])}, purge {_window(row['purge_after'])} later")
+    emit(_json(row), output, lambda: _policy_text(row))
 
 
 def _retention_text(r: RetentionReport) -> str:

@@ -16,14 +16,16 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+from stepstone.errors import InvalidInput
 from stepstone.ops.model import RetentionReport
 from stepstone.store.operations_port import OperationsStore
 
-__all__ = ["STATUS_CLASSES", "RetentionLoop", "policies", "run", "set_policy"]
+__all__ = ["OUTBOX_PUBLISHED", "STATUS_CLASSES", "RetentionLoop", "check_policy", "policies", "run", "set_policy"]
 
 log = logging.getLogger("stepstone.retention")
 
-STATUS_CLASSES = ("completed", "failed", "waiting", "outbox_published")
+OUTBOX_PUBLISHED = "outbox_published"
+STATUS_CLASSES = ("completed", "failed", "waiting", OUTBOX_PUBLISHED)
 Progress = Callable[[str, RetentionReport], None]
 
 
@@ -37,7 +39,21 @@ async def set_policy(
     purge_after: timedelta | None = None,
 ) -> dict[str, Any]:
     """Set one window (None = never on a timer) for a workflow or the '*' default."""
+    check_policy(workflow, status_class, purge_after)
     return await store.set_retention_policy(workflow, status_class, retain_for, purge_after)
+
+
+def check_policy(workflow: str, status_class: str, purge_after: timedelta | None) -> None:
+    """Published outbox rows are dropped for every workflow at once, by the '*' window alone, in one
+    stage: a per-workflow window or a purge window for them would be stored and never applied."""
+    if status_class != OUTBOX_PUBLISHED:
+        return
+    if workflow != "*":
+        raise InvalidInput(f"{OUTBOX_PUBLISHED} takes only the '*' workflow: published outbox rows are dropped "
+                           "for every workflow at once", what="workflow")
+    if purge_after is not None:
+        raise InvalidInput("published outbox rows have no purge window: they are dropped once past their "
+                           "window, not archived first", what="purge_after")
 
 
 async def run(
