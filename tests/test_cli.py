@@ -204,3 +204,18 @@ def test_unknown_pyproject_key_is_one_error_line(no_embedded_server: Path) -> No
         "[tool.stepstone]\ndatabse_url = 'postgresql://postgres@127.0.0.1:1/x'\n")
     line = one_line_error(run("doctor"))
     assert "unknown key 'databse_url'" in line and "database_url" in line.split("unknown key")[1]
+
+
+def test_json_output_writes_every_time_as_iso_8601(capsys: pytest.CaptureFixture[str]) -> None:
+    """`-o json` went through json.dumps(default=str): a datetime the command had not converted came out
+    as "2026-12-06 07:02:38.050301+00:00" (outbox list, tokens), others as ISO 8601."""
+    from datetime import UTC, date, datetime, timedelta  # noqa: PLC0415
+
+    from stepstone.cli.common import emit  # noqa: PLC0415
+
+    at = datetime(2026, 12, 6, 7, 2, 38, 50301, tzinfo=UTC)
+    emit({"at": at, "rows": [{"on": date(2026, 12, 6)}], "window": timedelta(hours=2), "id": uuid.UUID(int=1)},
+         "json", lambda: "")
+    assert json.loads(capsys.readouterr().out) == {
+        "at": "2026-12-06T07:02:38.050301+00:00", "rows": [{"on": "2026-12-06"}], "window": 7200.0,
+        "id": "00000000-0000-0000-0000-000000000001"}

@@ -68,6 +68,7 @@ async def test_status_list_and_requeue(conn: asyncpg.Connection, outbox: Postgre
     assert lines[3].split()[-1] == "pending"
     code, out, _ = await run("outbox", "list", "--dead", "--database-url", database_url, "-o", "json")
     assert [r["id"] for r in json.loads(out)] == [staged[0][0]]
+    assert [r["created_at"][10] for r in json.loads(out)] == ["T"], "ISO 8601, as every -o json"
     code, _, err = await run("outbox", "requeue", "--database-url", database_url)
     assert code == 1 and "give event ids or --all-dead" in err
     dead, alive = str(staged[0][0]), str(staged[2][0])

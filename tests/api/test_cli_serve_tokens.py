@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from datetime import datetime
 
 import httpx
 import pytest
@@ -50,6 +51,7 @@ async def test_tokens_create_list_revoke(database_url: str) -> None:
     assert (listed["name"], listed["role"], listed["scope"], listed["revoked_at"]) == ("deploy", "operator", "acme",
                                                                                       None)
     assert listed["groups"] == ["finance", "ops"]
+    assert "T" in listed["created_at"] and datetime.fromisoformat(listed["created_at"]).tzinfo is not None
     assert token not in out
     code, out, _ = await asyncio.to_thread(invoke, "tokens", "revoke", listed["id"], *url)
     assert (code, out.strip()) == (0, f"revoked deploy ({listed['id']})")

@@ -9,6 +9,7 @@ import math
 import socket
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -25,6 +26,7 @@ __all__ = [
     "RootOptions",
     "Text",
     "emit",
+    "json_value",
     "output_option",
     "render_table",
     "run_async",
@@ -176,10 +178,20 @@ def render_table(rows: Sequence[Sequence[Any]], headers: Sequence[str] | None = 
     )
 
 
+def json_value(value: Any) -> Any:
+    """What `-o json` writes for a value JSON has no type for: a time in ISO 8601 (as the API answers),
+    a duration in seconds, anything else (a UUID, ...) as its text."""
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
 def emit(data: Any, output: str, table: Callable[[], str]) -> None:
-    """Print ``data`` as JSON, or the text ``table()`` builds."""
+    """Print ``data`` as JSON (every command's `-o json` comes through here), or the text ``table()`` builds."""
     if output == "json":
-        click.echo(json.dumps(data, indent=2, default=str, sort_keys=False))
+        click.echo(json.dumps(data, indent=2, default=json_value, sort_keys=False))
     else:
         click.echo(table())
 
