@@ -146,6 +146,7 @@ def test_usage_error_exits_2() -> None:
     ("find", "--version", "99999999999"), ("definitions", "activate", "wf", "2147483648"),
     ("limits", "set", "wf", "--max-running", "99999999999999"), ("outbox", "requeue", "99999999999999999999"),
     ("tasks", "list", "--priority-at-least", "-99999999999"), ("bench", "--concurrency", "0"),
+    ("history", "00000000-0000-0000-0000-000000000001", "--after", "99999999999999999999"),  # was "no entries"
 ])
 def test_an_integer_no_column_holds_is_a_usage_error(database_url: str, args: tuple[str, ...]) -> None:
     """Each once reached the driver, which refused it with a traceback ("value out of int32 range")."""

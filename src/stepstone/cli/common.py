@@ -84,6 +84,7 @@ FREE_TEXT = Text(free=True, empty=True)  # a reason, a URL: the longer limit, em
 INT4 = click.IntRange(-MAX_INT4 - 1, MAX_INT4)
 VERSION = click.IntRange(1, MAX_INT4)  # a workflow version (or a task's shown data's)
 EVENT_ID = click.IntRange(1, MAX_INT8)  # an outbox event's id
+SEQ = click.IntRange(0, MAX_INT4)  # a history entry's sequence number (0: before the first)
 
 
 class Finite(click.FloatRange):

@@ -15,7 +15,17 @@ from typing import Any, TypeVar
 
 import click
 
-from stepstone.cli.common import FREE_TEXT, TEXT, VERSION, CliError, emit, output_option, run_async, with_settings
+from stepstone.cli.common import (
+    FREE_TEXT,
+    SEQ,
+    TEXT,
+    VERSION,
+    CliError,
+    emit,
+    output_option,
+    run_async,
+    with_settings,
+)
 from stepstone.cli.connection import open_store
 from stepstone.cli.instances import decode_cursor, describe_error, encode_cursor, instance_id_arg
 from stepstone.cli.rich_output import progress_bar, rich_table
@@ -223,7 +233,7 @@ def inspect_command(settings: Settings, output: str, instance_id: str) -> None:
 @click.argument("instance_id")
 @click.option("--failed", "failed_only", is_flag=True,
               help="Only what went wrong: failed steps and attempts, dead letters, deadlines passed.")
-@click.option("--after", type=click.IntRange(0), default=0, help="Entries after this sequence number.")
+@click.option("--after", type=SEQ, default=0, help="Entries after this sequence number.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True)
 @output_option
 @with_settings
