@@ -15,9 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from stepstone.cli import cli
+from stepstone.errors import InvalidInput
 from stepstone.ops import Operations
 from stepstone.store.factory import open_store
 from stepstone.store.health import server_version_num
+from stepstone.store.operations_pg import grant_statements
 from stepstone.testing import open_engine
 from tests._pg import PgServer
 from tests.ops import workflows
@@ -141,3 +143,46 @@ async def test_the_runtime_role_runs_everything_and_cannot_alter_the_schema(
             await ops.set_retention_policy("*", "completed", timedelta(days=2))
     finally:
         await store.close()
+
+
+def test_db_grant_quotes_any_role_name_and_refuses_one_postgresql_cannot_hold(
+    pg_server: PgServer, database_url: str
+) -> None:
+    """A role name outside [a-z0-9_] was refused as an "invalid schema name"; PostgreSQL holds any name
+    of 1 to 63 bytes, quoted as an identifier."""
+    role = f'App-RT "{uuid.uuid4().hex[:6]}"'
+    quoted = '"' + role.replace('"', '""') + '"'
+    printed = CliRunner().invoke(cli, ["--database-url", database_url, "db", "grant", role])
+    assert printed.exit_code == 0, printed.output
+    assert f'GRANT USAGE ON SCHEMA "stepstone" TO {quoted};' in printed.stdout.splitlines()
+    pg_server.execute(f"CREATE ROLE {quoted} LOGIN")
+    try:
+        applied = CliRunner().invoke(cli, ["--database-url", database_url, "db", "grant", role, "--read-only",
+                                           "--apply"])
+        assert applied.exit_code == 0, applied.output
+
+        async def can_read() -> bool:
+            conn = await asyncpg.connect(database_url)
+            try:
+                return bool(await conn.fetchval("SELECT has_table_privilege($1, 'stepstone.instances', 'SELECT')",
+                                                role))
+            finally:
+                await conn.close()
+
+        assert asyncio.run(can_read())
+    finally:
+        async def drop() -> None:
+            conn = await asyncpg.connect(database_url)
+            try:
+                await conn.execute(f"DROP OWNED BY {quoted}")
+            finally:
+                await conn.close()
+
+        asyncio.run(drop())
+        pg_server.execute(f"DROP ROLE IF EXISTS {quoted}")
+    refused = CliRunner().invoke(cli, ["--database-url", database_url, "db", "grant", "é" * 32])
+    assert refused.exit_code == 1, refused.output
+    assert refused.stderr.strip() == f"error: invalid role name {'é' * 32!r}: longer than 63 bytes"
+    for bad, why in (("", "it is empty"), ("a\0b", "it contains a NUL character")):  # what the CLI's TEXT refuses
+        with pytest.raises(InvalidInput, match=f"invalid role name .*: {why}"):
+            grant_statements("stepstone", bad)

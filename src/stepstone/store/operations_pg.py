@@ -18,7 +18,7 @@ from stepstone.store.health import server_version_num
 from stepstone.store.operations_port import InstanceFilter
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import named_queries
-from stepstone.store.sqlfiles import read_text, render, render_identifier
+from stepstone.store.sqlfiles import quote_name, read_text, render
 
 __all__ = ["PostgresOperations"]
 
@@ -219,7 +219,7 @@ MAINTAIN_SINCE = 170_000
 def grant_statements(schema: str, role: str, *, read_only: bool = False, maintain: bool = False) -> list[str]:
     """The GRANT statements of the runtime (or read-only) role, identifiers quoted; with `maintain` (a
     server that has the privilege), the runtime role's MAINTAIN on the hot tables too."""
-    text = render_identifier(render(read_text("sql", "grants.sql"), schema), "role", role)
+    text = render(read_text("sql", "grants.sql"), schema).replace("{{role}}", quote_name(role, "role"))
 
     def block(name: str) -> list[str]:
         body = text.split(f"-- name: {name}\n", 1)[1].split("-- name:", 1)[0]

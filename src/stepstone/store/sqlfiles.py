@@ -2,7 +2,8 @@
 
 SQL files name the schema with the literal placeholder ``{{schema}}``; :func:`render` is the one place
 it is replaced, always by the validated, double-quoted identifier. Another identifier a statement takes
-(``{{database}}`` in ``bench.sql``) is composed in the same way by :func:`render_identifier`.
+(``{{database}}`` in ``bench.sql``) is composed in the same way by :func:`render_identifier`; a name
+stepstone does not choose (a role) is quoted by :func:`quote_name`, whatever its characters.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 from importlib import resources
 
 from stepstone.config import quote_ident
+from stepstone.errors import InvalidInput
 
-__all__ = ["SCHEMA_PLACEHOLDER", "read_text", "render", "render_identifier"]
+__all__ = ["SCHEMA_PLACEHOLDER", "quote_name", "read_text", "render", "render_identifier"]
 
 SCHEMA_PLACEHOLDER = "{{schema}}"
 
@@ -24,6 +26,30 @@ def render(sql_text: str, schema: str) -> str:
 def render_identifier(sql_text: str, placeholder: str, name: str) -> str:
     """Replace every ``{{placeholder}}`` in ``sql_text`` by the quoted identifier ``name`` (validated)."""
     return sql_text.replace("{{" + placeholder + "}}", quote_ident(name))
+
+
+MAX_NAME_BYTES = 63
+"""The longest name PostgreSQL keeps (NAMEDATALEN - 1); it would truncate a longer one silently."""
+
+
+def quote_name(name: str, what: str) -> str:
+    """Any name PostgreSQL can hold (a role: 1 to 63 bytes, no NUL) as a quoted identifier, its double
+    quotes doubled. Unlike a schema name, stepstone does not choose these: `App-Runtime` is a fine role."""
+    reason = None
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        reason = "it is not valid text"
+    else:
+        if not size:
+            reason = "it is empty"
+        elif "\0" in name:
+            reason = "it contains a NUL character"
+        elif size > MAX_NAME_BYTES:
+            reason = f"longer than {MAX_NAME_BYTES} bytes"
+    if reason is not None:
+        raise InvalidInput(f"invalid {what} name {name!r}: {reason}", what=what)
+    return '"' + name.replace('"', '""') + '"'
 
 
 def read_text(*parts: str) -> str:
