@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from stepstone.api.routes.instances import Status
+from stepstone.api.routes.instances import StatusName
 from stepstone.core.model import STATUSES
 from stepstone.ops import Operations
 from tests.api import workflows
@@ -165,7 +165,17 @@ async def test_definitions_and_dead_letters(api: Api) -> None:
 def test_the_status_filter_takes_every_status() -> None:
     """The API's `status` parameter is a Literal (for the OpenAPI document): the same statuses as
     core.model.STATUSES, which the CLI and the UI offer."""
-    assert set(get_args(Status)) == set(STATUSES)
+    assert set(get_args(StatusName)) == set(STATUSES)
+
+
+async def test_a_status_filter_is_taken_in_any_case_as_the_cli_takes_it(api: Api) -> None:
+    viewer = await api.token("viewer")
+    iid = await api.start("alpha")
+    for status in ("WAITING", "waiting", "Waiting"):  # lower case was a 422
+        r = await api.http.get(f"{V1}/instances", headers=viewer, params={"status": status})
+        assert [i["id"] for i in r.json()["items"]] == [iid], r.text
+    r = await api.http.get(f"{V1}/instances", headers=viewer, params={"status": "sleeping"})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
 
 
 async def test_archived_instances_are_left_out_of_the_list_and_counts_unless_asked(api: Api) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request, status
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from stepstone.api import operations as ops
 from stepstone.api.bodies import Body
@@ -20,8 +20,16 @@ Limit = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Rows per page.")]
 Cursor = Annotated[str | None, Query(max_length=1000, description="`next_cursor` of the previous page.")]
 Text = Annotated[str | None, Query(max_length=500)]
 Archived = Annotated[bool, Query(description="Include instances past their retention window (archived).")]
-Status = Literal["PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "COMPENSATING", "COMPENSATED",
-                 "CANCELLED", "TIMED_OUT", "COMPENSATION_FAILED"]
+StatusName = Literal["PENDING", "RUNNING", "WAITING", "COMPLETED", "FAILED", "COMPENSATING", "COMPENSATED",
+                     "CANCELLED", "TIMED_OUT", "COMPENSATION_FAILED"]
+
+
+def _upper(value: object) -> object:
+    return value.upper() if isinstance(value, str) else value
+
+
+Status = Annotated[StatusName, BeforeValidator(_upper)]
+"""An instance status in any case, as the CLI takes it (`failed` is FAILED)."""
 CommandState = Literal["PENDING", "DEFERRED", "CLAIMED", "PARKED", "DEAD", "COMPLETE", "REJECTED", "STALE",
                        "FAILED", "SUPERSEDED", "CANCELLED"]
 
