@@ -86,6 +86,11 @@ def test_relay_needs_a_broker(database_url: str) -> None:
     assert code == 1 and "no broker configured" in err
     code, _, err = invoke("relay", "--database-url", database_url, "--broker", "kafka://127.0.0.1:9092")
     assert code == 1 and "no publisher for broker URL 'kafka://127.0.0.1:9092'" in err
+    for command in ("relay", "worker"):  # the worker's relay was turned off without a word
+        code, _, err = invoke(command, "--database-url", database_url, "--broker", "",
+                              *(["--app", "stepstone.examples.orders:registry"] if command == "worker" else []))
+        assert code == 1 and err.strip() == ("error: --broker is empty: give a broker URL or leave the flag out "
+                                             "(--no-relay turns it off)"), err
 
 
 async def wait_received(webhook: Kind, count: int) -> None:

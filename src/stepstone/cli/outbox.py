@@ -58,6 +58,10 @@ def relay_options(func: Any) -> Any:
 
 
 def broker_of(settings: Settings, flag: str | None) -> str | None:
+    """The broker URL of `--broker`, else the configured one. An empty flag is refused, as an empty
+    --database-url is: `--broker "$UNSET"` turned the worker's relay off without a word."""
+    if flag is not None and not flag.strip():
+        raise CliError("--broker is empty: give a broker URL or leave the flag out (--no-relay turns it off)")
     return flag if flag is not None else settings.broker_url
 
 
