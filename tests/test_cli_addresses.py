@@ -33,3 +33,16 @@ async def test_the_printed_url_of_an_ipv6_listener_is_bracketed(database_url: st
         if proc.proc.returncode is None:
             proc.proc.send_signal(signal.SIGTERM)
         await proc.exit_code(DEADLINE)
+
+
+def test_a_port_in_use_on_an_ipv6_literal_is_named_bracketed() -> None:
+    from stepstone.cli.common import CliError, listening_socket  # noqa: PLC0415
+
+    held = listening_socket("::1", 0)
+    try:
+        port = held.getsockname()[1]
+        held.listen()
+        with pytest.raises(CliError, match=rf"^cannot listen on \[::1\]:{port}: "):
+            listening_socket("::1", port)
+    finally:
+        held.close()

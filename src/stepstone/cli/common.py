@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from stepstone.cli.addresses import host_port
 from stepstone.config import load_settings
 from stepstone.core.limits import DEFAULT_LIMITS, MAX_INT4, MAX_INT8, PayloadRejected
 from stepstone.core.timestamps import MAX_SECONDS
@@ -205,5 +206,5 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise CliError(f"cannot listen on {host_port(host, port)}: {exc.strerror or exc}") from None
     return sock
