@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stepstone.cli import cli
+from stepstone.store.migrate import shipped_migrations
 from tests._pg import PgServer
 
 
@@ -135,6 +136,10 @@ def test_db_sql_is_offline_and_rendered() -> None:
     result = run("--schema", "wf", "db", "sql")
     assert result.exit_code == 0
     assert '"wf".schema_migrations' in result.stdout and "{{schema}}" not in result.stdout
+    latest = max(m.version for m in shipped_migrations())
+    for since in (latest + 1, -1):  # printed the bootstrap and nothing, exit 0
+        refused = run("db", "sql", "--since", str(since))
+        assert refused.exit_code == 2 and "--since" in refused.stderr, refused.output
 
 
 def test_usage_error_exits_2() -> None:

@@ -82,11 +82,17 @@ def status_command(settings: Settings, output: str) -> None:
 
 
 @db_group.command("sql")
-@click.option("--since", type=int, default=0, show_default=True, help="Skip versions up to this one.")
+@click.option("--since", type=click.IntRange(0), default=0, show_default=True,
+              help="Skip versions up to this one (at most the latest this stepstone ships).")
 @with_settings
 def sql_command(settings: Settings, since: int) -> None:
     """Print the SQL that `db migrate` would run on a database at version --since (offline)."""
-    applied = frozenset(m.version for m in migrations.shipped_migrations() if m.version <= since)
+    shipped = migrations.shipped_migrations()
+    latest = max(m.version for m in shipped)
+    if since > latest:  # a database this stepstone does not know: `db status` refuses it too
+        raise click.BadParameter(f"{since} is past the latest version this stepstone ships ({latest})",
+                                 param_hint="'--since'")
+    applied = frozenset(m.version for m in shipped if m.version <= since)
     click.echo(migrations.pending_sql(settings.schema, applied), nl=False)
 
 
