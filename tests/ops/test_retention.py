@@ -11,6 +11,7 @@ import pytest
 
 from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter, Operations
+from stepstone.ops.retention import RetentionLoop
 from stepstone.testing import Engine
 from tests.ops import workflows
 
@@ -282,3 +283,12 @@ async def test_published_outbox_rows_take_only_the_default_window(ops: Operation
     assert not [p for p in await ops.retention_policies() if p["workflow"] == "order"]
     row = await ops.set_retention_policy("*", "outbox_published", timedelta(days=3))
     assert row["retain_for"] == timedelta(days=3)
+
+
+def test_a_retention_loop_sweeps_at_most_once_a_second(ops: Operations) -> None:
+    """Used directly (not through the worker's --retention-every, which checked), a 0 s interval swept in
+    a busy loop."""
+    for interval in (0.0, 0.5, float("nan")):
+        with pytest.raises(InvalidInput, match="at least 1 s apart"):
+            RetentionLoop(ops.store, interval)
+    assert RetentionLoop(ops.store, 1.0).interval == 1.0

@@ -30,7 +30,7 @@ from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_o
 from stepstone.cli.serve import check_no_auth, serve_options
 from stepstone.config import Settings
 from stepstone.ops import Operations
-from stepstone.ops.retention import RetentionLoop
+from stepstone.ops.retention import MIN_INTERVAL, RetentionLoop
 from stepstone.outbox.relay import RelayConfig
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.runtime.worker_config import MAX_CONCURRENCY
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stepstone.cli.worker")
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-MIN_RETENTION_EVERY = 1.0
-"""Seconds: the shortest --retention-every (each round is a sweep of the tables under an advisory lock)."""
 
 
 def configure_logging(log_format: str = "text") -> None:
@@ -181,7 +179,7 @@ async def health_beside(worker: Worker, store: object, host: str, port: int) -> 
 @relay_options
 @click.option("--retention-every", metavar="DURATION", default=None,
               help="Also run retention this often, e.g. 1h (one replica at a time; docs/operations.md).  "
-                   f"[x>={MIN_RETENTION_EVERY:g}s]")
+                   f"[x>={MIN_INTERVAL:g}s]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
               help="Serve /livez, /readyz and /metrics (Prometheus) on this port.")
 @click.option("--metrics-host", default="0.0.0.0", show_default=True, help="The address --metrics-port binds.")  # noqa: S104
@@ -210,8 +208,8 @@ def worker_command(
     url = None if no_relay else broker_of(settings, broker)
     relay = (url, RelayConfig(batch_size=batch_size, max_attempts=max_attempts)) if url else None
     every = None if retention_every is None else parse_duration(retention_every, "--retention-every").total_seconds()
-    if every is not None and every < MIN_RETENTION_EVERY:  # 0s swept in a busy loop
-        raise click.BadParameter(f"{retention_every!r}: retention runs at least {MIN_RETENTION_EVERY:g}s apart",
+    if every is not None and every < MIN_INTERVAL:  # 0s swept in a busy loop
+        raise click.BadParameter(f"{retention_every!r}: retention runs at least {MIN_INTERVAL:g}s apart",
                                  param_hint="'--retention-every'")
     web = None
     if serve_web:

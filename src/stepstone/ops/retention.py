@@ -20,7 +20,8 @@ from stepstone.errors import InvalidInput
 from stepstone.ops.model import RetentionReport
 from stepstone.store.operations_port import OperationsStore
 
-__all__ = ["OUTBOX_PUBLISHED", "STATUS_CLASSES", "RetentionLoop", "check_policy", "policies", "run", "set_policy"]
+__all__ = ["MIN_INTERVAL", "OUTBOX_PUBLISHED", "STATUS_CLASSES", "RetentionLoop", "check_policy", "policies", "run",
+           "set_policy"]
 
 log = logging.getLogger("stepstone.retention")
 
@@ -116,11 +117,17 @@ async def _in_batches(
             return
 
 
+MIN_INTERVAL = 1.0
+"""Seconds between a retention loop's sweeps at the least: at 0 it swept in a busy loop."""
+
+
 class RetentionLoop:
-    """Retention every `interval` seconds beside a worker (opt-in). Every replica may run one: the
-    advisory lock lets one sweep at a time through, the others skip that round."""
+    """Retention every `interval` seconds (at least MIN_INTERVAL) beside a worker (opt-in). Every replica
+    may run one: the advisory lock lets one sweep at a time through, the others skip that round."""
 
     def __init__(self, store: OperationsStore, interval: float, *, batch_size: int = 500) -> None:
+        if not interval >= MIN_INTERVAL:  # NaN too
+            raise InvalidInput(f"retention runs at least {MIN_INTERVAL:g} s apart, got {interval} s", what="interval")
         self.store = store
         self.interval = interval
         self.batch_size = batch_size
