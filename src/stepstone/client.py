@@ -67,6 +67,8 @@ class InstanceInfo:
     """The root ('') and every branch position: path, status, step, visit, wait, error."""
     children: list[dict[str, Any]] = field(default_factory=list)
     """Child instances this one started: id, definition_id, status, position."""
+    archived_at: datetime | None = None
+    """When retention archived it (it is left out of the lists unless asked for); None otherwise."""
 
     @property
     def completed(self) -> bool:
@@ -215,7 +217,7 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations, Generic[S_co
             parked_signals=row["parked_signals"], error=row["error"], business_key=row["business_key"],
             created_at=row["created_at"], updated_at=row["updated_at"], ended_at=row["ended_at"],
             parent_id=None if row["parent_id"] is None else str(row["parent_id"]),
-            positions=row["positions"], children=row["children"],
+            positions=row["positions"], children=row["children"], archived_at=row["archived_at"],
         )
 
     async def history(self, instance_id: str) -> list[dict[str, Any]]:

@@ -227,6 +227,7 @@ async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
     await engine.run_until_idle()
     assert [i.id for i in (await ops.find()).items] == [iid]  # it ran again: no longer archived
     assert [i.archived_at for i in (await ops.find()).items] == [None]  # nor shown as archived
+    assert (await engine.client.get(iid)).archived_at is None
     assert (await ops.detail(iid)).archived_at is None
     await engine.advance(2 * DAY)
     report = await ops.retention_run()
@@ -264,6 +265,7 @@ async def test_client_list_leaves_archived_instances_out_as_find_does(engine: En
     assert (await ops.retention_run()).archived == 1
     assert await engine.client.list() == []
     assert [r["id"] for r in await engine.client.list(include_archived=True)] == [iid]
+    assert (await engine.client.get(iid)).archived_at is not None  # get (and show, GET /instances/{id}) say so
     with pytest.raises(InvalidInput, match="status must be one of"):
         await engine.client.list(status="failed")
     with pytest.raises(InvalidInput, match="status must be among"):

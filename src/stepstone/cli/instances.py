@@ -161,6 +161,8 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
     rows += [["created", _time(info.created_at)], ["updated", _time(info.updated_at)]]
     if info.ended_at:
         rows.append(["ended", _time(info.ended_at)])
+    if info.archived_at:
+        rows.append(["archived", _time(info.archived_at)])
     table = render_table(
         [[h["seq"], _time(h["at"], millis=True), h["kind"], h.get("position") or "", h["step"] or "", _short(h["data"])]
          for h in history],

@@ -239,6 +239,7 @@ SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state
        (SELECT p.wait FROM {{schema}}.positions p  -- stored once, on the root position (migration 0032)
         WHERE p.instance_id = i.id AND p.path = '' AND p.status = 'WAITING') AS wait,
        i.error, i.business_key, i.parent_id, i.created_at, i.updated_at, i.ended_at,
+       CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at,
        (SELECT min(c.available_at) FROM {{schema}}.commands c
         WHERE c.instance_id = i.id AND c.kind = 'TIMER'  -- the queue index, by instance (head of this file)
           AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
