@@ -13,6 +13,7 @@ from typing import Any
 
 from stepstone.core.model import Event
 from stepstone.core.plan import RetryPolicy
+from stepstone.errors import DefinitionError
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,19 @@ class Retry:
     multiplier: float = 2.0
     max_backoff: float | timedelta = 60.0
     non_retryable: tuple[type[BaseException], ...] = ()
+
+    def __post_init__(self) -> None:
+        # Checked here, when the workflow is defined: a list of classes was kept as given and each failure
+        # of the step then crashed the worker in isinstance(); a bare class or a name failed elsewhere.
+        given: Any = self.non_retryable
+        classes = (given,) if isinstance(given, type) else tuple(given) if isinstance(given, list | tuple) else None
+        if classes is None or not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
+            raise DefinitionError(f"Retry(non_retryable=...) takes exception classes, got {given!r}")
+        object.__setattr__(self, "non_retryable", classes)
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise DefinitionError(f"Retry(max_attempts=...) takes a whole number, got {self.max_attempts!r}")
+        if isinstance(self.multiplier, bool) or not isinstance(self.multiplier, int | float):
+            raise DefinitionError(f"Retry(multiplier=...) takes a number, got {self.multiplier!r}")
 
     def policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -148,7 +162,13 @@ class CompensationContext:
         self.events.append(Event(type, payload, key))
 
 def _seconds(value: timedelta | float) -> float:
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+    """A duration given when a workflow is defined, in seconds; anything but a number or a timedelta is a
+    DefinitionError then (float("soon") was a bare ValueError)."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DefinitionError(f"a duration is seconds (a number) or a timedelta, got {value!r}")
+    return float(value)
 
 
 def _type_name(t: type[BaseException]) -> str:

@@ -81,6 +81,8 @@ class Workflow(Generic[S]):
         """The default instance deadline in seconds."""
         if problem := too_long(f"workflow {id!r}: its deadline", self.deadline):
             raise DefinitionError(problem[0])
+        if self.deadline is not None and self.deadline < 0:  # every start refused it, not the definition
+            raise DefinitionError(f"workflow {id!r}: its deadline must not be negative, got {self.deadline:g} s")
         self._steps: list[Step] = []
         self._actions: dict[str, _ActionSpec] = {}
         self._compensations: dict[str, _ActionSpec] = {}
@@ -128,7 +130,7 @@ class Workflow(Generic[S]):
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
             step_name = name or handler.__name__
             targets = (next,) if isinstance(next, str) else tuple(next or ())
-            policy = retry or Retry()
+            policy = _retry(retry)
             seconds = None if deadline is None else _seconds(deadline)
             self._add(Step(step_name, "action", targets, retry=policy.policy(), deadline_seconds=seconds,
                            on_deadline=on_deadline), start)
@@ -322,7 +324,7 @@ class Workflow(Generic[S]):
         `inputs`; the variables they complete with are merged into the state. `errors` maps a
         business error code to the step it leads to; `retry` sets how many failures are allowed
         (max_attempts) and the delay before the task is offered again, then the position fails."""
-        policy = (retry or Retry()).policy()
+        policy = _retry(retry).policy()
         self._add(Step(name, "external", (next,), retry=policy, topic=topic,
                        inputs=None if inputs is None else tuple(inputs), errors=dict(errors or {})), start)
 
@@ -344,7 +346,7 @@ class Workflow(Generic[S]):
                                       "declared before it")
             if step in self._compensations:
                 raise DefinitionError(f"workflow {self.id!r}: step {step!r} has two compensations")
-            policy = retry or Retry()
+            policy = _retry(retry)
             declared = Compensation(name or handler.__name__, policy.policy())
             self._steps[found] = replace(self._steps[found], compensation=declared)
             self._compensations[step] = _ActionSpec(handler, policy.non_retryable)
@@ -441,6 +443,16 @@ class Workflow(Generic[S]):
         if self.redaction.paths:
             document["sensitive"] = [list(p) for p in self.redaction.paths]
         return document
+
+
+def _retry(retry: Any) -> Retry:
+    """The step's retry policy: a `Retry`, or the default (a dict or a number reached `.policy()` and
+    failed there with an AttributeError)."""
+    if retry is None:
+        return Retry()
+    if not isinstance(retry, Retry):
+        raise DefinitionError(f"retry=... takes a Retry(...), got {retry!r}")
+    return retry
 
 
 class Registry:

@@ -12,8 +12,10 @@ from typing import Any
 _CONTAINERS = (dict, list)
 
 
-def _pointer(path: list[str]) -> str:
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+def _pointer(path: list[Any]) -> str:
+    # str(): a handler may leave a key JSON cannot hold (an int in a dict state); the state's encoding then
+    # refuses it as for any other value JSON cannot hold, instead of the diff crashing the worker.
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
 
 
 def diff(old: Any, new: Any) -> list[dict[str, Any]]:
