@@ -20,6 +20,7 @@ from stepstone.testing import open_engine
     (lambda: Retry(multiplier="2"), "takes a number"),  # type: ignore[arg-type]
     (lambda: Workflow("w", deadline="soon"), "a duration is seconds"),  # type: ignore[arg-type]
     (lambda: Workflow("w", deadline=-5), "must not be negative"),  # every start refused it
+    (lambda: Workflow("w", state=dict), "state must be a pydantic model class"),  # found at the first start
 ])
 def test_a_misused_argument_is_a_definition_error(make: Any, said: str) -> None:
     with pytest.raises(DefinitionError, match=said):

@@ -75,8 +75,11 @@ class Workflow(Generic[S]):
         `deadline` is the default instance deadline (`Client.start(deadline=...)` overrides it)."""
         self.id = id
         self.version = version
+        if state is not None and not (isinstance(state, type) and issubclass(state, BaseModel)):
+            raise DefinitionError(f"workflow {id!r}: state must be a pydantic model class (or None for a dict), "
+                                  f"got {state!r}")  # it was found at the first start
         self.state_model = state
-        self.redaction = Redaction(sensitive_paths(state), redact)  # type: ignore[arg-type]
+        self.redaction = Redaction(sensitive_paths(state), redact)
         self.deadline = None if deadline is None else _seconds(deadline)
         """The default instance deadline in seconds."""
         if problem := too_long(f"workflow {id!r}: its deadline", self.deadline):
