@@ -5,10 +5,12 @@ that effect's effect -> commit window (the interrupted handler runs again), and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -38,6 +40,10 @@ async def _start(url: str, n: int) -> list[str]:
         await store.close()
 
 
+async def _at_least(count: Any, target: int, ended: Any) -> bool:
+    return await count() >= target or bool(await ended())
+
+
 async def test_kills_mid_compensation_skip_nothing_and_repeat_only_the_interrupted(
     pg_server: PgServer, tmp_path: Path
 ) -> None:
@@ -56,20 +62,30 @@ async def test_kills_mid_compensation_skip_nothing_and_repeat_only_the_interrupt
         async def compensating() -> bool:
             return bool(await probe.fetchval("SELECT count(*) FROM stepstone.instances WHERE status = 'COMPENSATING'"))
 
+        async def compensations() -> int:
+            return int(await probe.fetchval("SELECT count(*) FROM stepstone.history WHERE kind = 'STEP_COMPENSATED'"))
+
+        in_flight: list[int] = []
+
+        async def one_in_flight() -> bool:
+            """A worker in the middle of a compensation: its effect is written, its commit is not."""
+            pid = await probe.fetchval(
+                "SELECT pid FROM chaos.ledger WHERE key LIKE '%/compensate/%' "
+                "AND at > clock_timestamp() - interval '100 ms' ORDER BY at DESC LIMIT 1")
+            in_flight[:] = [p.slot for p in fleet.procs.values() if p.pid == pid][:1]
+            return bool(in_flight) or await ended()
+
         deadline = time.monotonic() + 150
         try:
             await wait_for(compensating, deadline, every=0.02)  # the kills are for the compensations
             while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await ended():
-                # A worker in the middle of a compensation: its effect is written, its commit is not.
-                pid = await probe.fetchval(
-                    "SELECT pid FROM chaos.ledger WHERE key LIKE '%/compensate/%' "
-                    "AND at > clock_timestamp() - interval '100 ms' ORDER BY at DESC LIMIT 1")
-                slot = next((p.slot for p in fleet.procs.values() if p.pid == pid), None)
-                if slot is None:
-                    await asyncio.sleep(0.02)  # poll the ledger for the next compensation in flight
+                if not await wait_for(one_in_flight, deadline, every=0.01) or not in_flight:
                     continue
-                fleet.kill(slot)
-                await asyncio.sleep(rng.uniform(0.1, 0.3))
+                fleet.kill(in_flight[0])
+                # The next kill once the survivors have committed a few more compensations: a schedule
+                # paced by the engine's progress, not by the clock.
+                target = await compensations() + rng.randint(2, 6)
+                await wait_for(functools.partial(_at_least, compensations, target, ended), deadline, every=0.01)
             assert await wait_for(ended, deadline)
         finally:
             await probe.close()
