@@ -63,8 +63,7 @@ class PostgresOperations:
         self.pool = store.pool
         self.url = store.url
         self.schema = store.schema
-        raw = named_queries("operations.sql", store.schema)
-        self.q = {name: sql.replace("/*filter*/", raw["instance_filter"]) for name, sql in raw.items()}
+        self.q = named_queries("operations.sql", store.schema)
 
     async def _fetch(self, name: str, *args: Any) -> list[dict[str, Any]]:
         with translate_errors(self.url):

@@ -115,8 +115,7 @@ class PostgresOutbox:
         self.pool = store.pool
         self.url = store.url
         self.schema = store.schema
-        raw = named_queries("outbox.sql", store.schema)
-        self.q = {name: sql.replace("/*state*/", raw["outbox_state"]) for name, sql in raw.items()}
+        self.q = named_queries("outbox.sql", store.schema)
         self.channel = f"stepstone_outbox_{store.schema}"[:63]
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:

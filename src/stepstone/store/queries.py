@@ -1,7 +1,9 @@
 """Named queries, read once per (file, schema) from the `.sql` files under `store/sql/`.
 
 Each query starts with a ``-- name: <name>`` line; ``{{schema}}`` is replaced by the quoted schema
-identifier (`sqlfiles.render`). `queries(schema)` are the engine's (`queries.sql`); the other files
+identifier (`sqlfiles.render`). A query may be a fragment another query of its file uses: where
+``/*name*/`` stands, the fragment of that name is composed in (one definition of what a filter or a
+state means, for every statement that asks). `queries(schema)` are the engine's (`queries.sql`); the other files
 (`bench.sql`, `health.sql`) are read through `named_queries`.
 """
 
@@ -15,6 +17,7 @@ from stepstone.store.sqlfiles import read_text, render
 __all__ = ["named_queries", "queries"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_FRAGMENT = re.compile(r"/\*(\w+)\*/")
 
 
 @functools.cache
@@ -27,7 +30,7 @@ def named_queries(filename: str, schema: str) -> dict[str, str]:
         if name in found:
             raise ValueError(f"query {name!r} is defined twice in {filename}")
         found[name] = body.strip()
-    return found
+    return {name: _FRAGMENT.sub(lambda m: found.get(m.group(1), m.group(0)), sql) for name, sql in found.items()}
 
 
 def queries(schema: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 -- Named queries of the operations (stepstone.ops): queries, detail, history pages, the probe and the
--- stuck report, retention, repair. {{schema}} is the quoted schema identifier. /*filter*/ in a
--- query is replaced by the `instance_filter` fragment when the file is loaded (one definition of
--- what the filters mean, for the page and for the counts).
+-- stuck report, retention, repair. {{schema}} is the quoted schema identifier. The `instance_filter`
+-- fragment is composed where its name stands in a comment (store/queries.py): one definition of
+-- what the filters mean, for the page and for the counts.
 
 -- name: instance_filter
 -- $1 statuses, $2 workflow, $3 version, $4 scope, $5 business key, $6 business key contains (a LIKE
@@ -26,7 +26,7 @@ SELECT i.id, i.scope, i.definition_id, i.version, i.status, i.step, i.business_k
        i.created_at, i.updated_at, i.ended_at,
        CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at
 FROM {{schema}}.instances i
-WHERE /*filter*/
+WHERE /*instance_filter*/
   AND ($13::timestamptz IS NULL OR (i.created_at, i.id) < ($13, $14::uuid))
 ORDER BY i.created_at DESC, i.id DESC
 LIMIT $15;
@@ -34,7 +34,7 @@ LIMIT $15;
 -- name: count_instances
 SELECT i.status, count(*) AS n
 FROM {{schema}}.instances i
-WHERE /*filter*/
+WHERE /*instance_filter*/
 GROUP BY i.status ORDER BY i.status;
 
 -- name: instance_commands
@@ -106,7 +106,7 @@ JOIN {{schema}}.instances i ON i.id = c.instance_id
 LEFT JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
 WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
   AND ($13::uuid IS NULL OR c.instance_id = $13)
-  AND /*filter*/
+  AND /*instance_filter*/
 ORDER BY c.instance_id, c.seq, c.id
 LIMIT $14;
 
@@ -128,7 +128,7 @@ WHERE (c.state = 'DEAD'
        OR (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
            AND CASE WHEN c.kind = 'TIMER' THEN c.available_at ELSE c.created_at END
                < {{schema}}.db_now() - make_interval(secs => $13)))
-  AND /*filter*/
+  AND /*instance_filter*/
 ORDER BY c.instance_id, c.id
 LIMIT $14;
 

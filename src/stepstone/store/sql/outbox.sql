@@ -65,8 +65,9 @@ WHERE o.id = x.id AND o.claim_token = $1
 RETURNING o.id;
 
 -- name: outbox_state
--- A fragment, not a statement: where /*state*/ stands in a query below, the state of the unpublished
--- event o on the db clock, so `outbox status` counts what `outbox list` names. 'in_flight': under a
+-- A fragment, not a statement (composed where its name stands in a comment, store/queries.py): the
+-- state of the unpublished event o on the db clock, so `outbox status` counts what `outbox list`
+-- names. 'in_flight': under a
 -- lease that has not expired (an expired one is claimable again); 'backing_off': its retry time has
 -- not come; 'above_horizon': a transaction older than its own still runs, so no claim takes it yet.
 CASE
@@ -91,7 +92,7 @@ SELECT
         AS lag_seconds,
     {{schema}}.db_now() AS now
 FROM (
-    SELECT o.created_at, /*state*/ AS state
+    SELECT o.created_at, /*outbox_state*/ AS state
     FROM {{schema}}.outbox o
     WHERE o.published_at IS NULL
 ) s;
@@ -116,7 +117,7 @@ RETURNING o.id;
 -- Unpublished events oldest first, dead letters only when $1; at most $2, ids above $3; each with
 -- its outbox_state.
 SELECT o.id, o.event_id, o.instance_id, o.type, o.key, o.attempts, o.last_error, o.created_at,
-       o.dead_at, o.next_attempt_at, o.claimed_by, o.claimed_until, /*state*/ AS state,
+       o.dead_at, o.next_attempt_at, o.claimed_by, o.claimed_until, /*outbox_state*/ AS state,
        (o.dead_at IS NULL AND EXISTS (
            SELECT 1 FROM {{schema}}.outbox d
            WHERE d.key = o.key AND d.id < o.id AND d.published_at IS NULL AND d.dead_at IS NOT NULL))
