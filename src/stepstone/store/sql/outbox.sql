@@ -67,9 +67,9 @@ RETURNING o.id;
 -- name: outbox_state
 -- A fragment, not a statement (composed where its name stands in a comment, store/queries.py): the
 -- state of the unpublished event o on the db clock, so `outbox status` counts what `outbox list`
--- names. 'in_flight': under a
--- lease that has not expired (an expired one is claimable again); 'backing_off': its retry time has
--- not come; 'above_horizon': a transaction older than its own still runs, so no claim takes it yet.
+-- names. 'in_flight': under a lease that has not expired (an expired one is claimable again);
+-- 'backing_off': its retry time has not come; 'above_horizon': a transaction older than its own still
+-- runs, so no claim takes it yet.
 CASE
     WHEN o.dead_at IS NOT NULL THEN 'dead'
     WHEN o.claimed_until > {{schema}}.db_now() THEN 'in_flight'
