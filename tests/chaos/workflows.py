@@ -10,6 +10,9 @@
   chaossig-2     s1, a wait for the signal `go` (-> s2), another (-> s3): each of s2 and s3 appends the
                  signal's `n` to `got` (test_signal_kills.py sends every signal twice with one dedup key,
                  often before its wait is open; the scenarios' workload never starts it)
+  chaosquorum-3  a fork of branches a, b and c, each running s1 to a join that needs two of them, then s2 on
+                 the root; the branches named in the state's `fail` raise in s1 on its only attempt
+                 (test_branch_failure_kills.py; the scenarios' workload never starts it)
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
                  `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
                  and publishes the messages while the workers are killed, paused or cut off)
@@ -276,6 +279,38 @@ def _signalled() -> Workflow[Signalled]:
     return wf
 
 
+class Quorum(BaseModel):
+    fail: list[str] = Field(default_factory=list)
+    done: dict[str, int] = Field(default_factory=dict)
+
+
+class BranchRefused(Exception):
+    """s1 of a quorum's branch named in `fail`: never retried, so the branch fails for good."""
+
+
+QUORUM_NEED = 2
+
+
+def _quorum() -> Workflow[Quorum]:
+    wf: Workflow[Quorum] = Workflow("chaosquorum-3", version=1, state=Quorum)
+    wf.fork("vote", branches={"a": "s1", "b": "s1", "c": "s1"}, start=True)
+
+    async def s1(ctx: StepContext, state: Quorum) -> None:
+        await _effect(ctx)
+        assert ctx.branch is not None
+        if ctx.branch.name in state.fail:
+            raise BranchRefused(f"branch {ctx.branch.name} refused")
+        state.done[ctx.branch.name] = 1
+
+    async def s2(ctx: StepContext, state: Quorum) -> None:
+        await _effect(ctx)
+
+    wf.step(s1, name="s1", next="joined", retry=Retry(max_attempts=1))
+    wf.join("joined", fork="vote", next="s2", need=QUORUM_NEED)
+    wf.step(s2, name="s2", next=None, retry=_RETRY)
+    return wf
+
+
 TASK_GROUP = "chaos"
 RECEIPT = "chaos.receipt"
 TASK_STEPS = 2  # s1 and s2 commit a STEP_COMPLETED; the task and the wait are settled by their commands
@@ -306,7 +341,8 @@ PARENT: Workflow[Any] = _parent()
 SAGA: Workflow[Any] = _saga()
 TASK: Workflow[Any] = _task()
 SIGNALLED: Workflow[Any] = _signalled()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED)
+QUORUM: Workflow[Any] = _quorum()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM)
 
 SERVED_PARTS = ("all", "chains", "rest")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -318,6 +354,6 @@ def served(part: str) -> Registry:
     if part == "chains":
         return Registry(*CHAINS.values())
     if part == "rest":
-        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED,
+        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM,
                         *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -10,23 +11,29 @@ import pytest
 from stepstone.core.effects import (
     CloseTimers,
     Enqueue,
+    IfStopped,
     MovePosition,
+    NotifyParent,
     RecordHistory,
     RequeueSignals,
     SetState,
     SettleQueued,
 )
 from stepstone.core.model import (
+    Branch,
     CommandView,
     Decision,
     InstanceView,
+    Parent,
     RunStep,
     StepFailed,
     StepSucceeded,
 )
 from stepstone.core.plan import END, Plan, RetryPolicy, Step
+from stepstone.core.redaction import Redaction
 from stepstone.core.transitions import advance, apply, reports_wanted
 from stepstone.core.transitions import complete_step as core_complete_step
+from stepstone.store.effects import commit_document
 
 
 @dataclass(frozen=True)
@@ -340,3 +347,53 @@ def test_the_reports_a_join_could_take_behind_the_claimed_one() -> None:
     assert reports_wanted(at_join(9, 10), report(0)) == 0  # this report completes the join: no look behind it
     assert reports_wanted(at_join(2, 10), report(0, visit=2)) == 0  # not a report this join waits for
     assert reports_wanted(inst("WAITING", "spread", 1, wait={"kind": "signal"}), report(0)) == 0
+
+
+# -- a branch that fails for good ----------------------------------------------------------------------
+
+
+def _branch(**kw: object) -> InstanceView:
+    return inst(position="f/a", branch=Branch("", 2, "a"), **kw)
+
+
+def test_a_branch_failing_for_good_leaves_whether_the_instance_fails_to_its_commit() -> None:
+    child = _branch(parent=Parent("p-1", "", 4))
+    d = complete_step(child, CommandView(1, "STEP", "reserve", 1, attempt=3), PLAN, StepFailed("Flaky", "busy"), NOW)
+    assert d.settle.state == "FAILED" and d.instance is not None and d.instance.status == "FAILED"
+    assert hist(d) == ["STEP_FAILED"]  # INSTANCE_FAILED or BRANCH_FAILED: as the join's count says
+    [branch] = d.decision.of(IfStopped)
+    [stopped, told] = branch.stopped
+    assert isinstance(stopped, RecordHistory) and stopped.kind == "INSTANCE_FAILED"
+    assert isinstance(told, NotifyParent) and told.payload["status"] == "FAILED"  # the parent hears only then
+    assert [(type(e), getattr(e, "kind", None)) for e in branch.passed] == [(RecordHistory, "BRANCH_FAILED")]
+    assert not d.decision.of(NotifyParent)
+
+    doc = commit_document(d.decision, instance_id="i-1", position="f/a", command_id=1, token=uuid.UUID(int=1), visit=1,
+                          state_version=1, version=1, lease_seconds=30, worker="w")
+    assert [h["kind"] for h in doc["history"]] == ["STEP_FAILED"] and "notify" not in doc
+    assert [h["kind"] for h in doc["if_stopped"]["stopped"]["history"]] == ["INSTANCE_FAILED"]
+    assert doc["if_stopped"]["stopped"]["notify"][0]["parent_id"] == "p-1"
+    assert doc["if_stopped"]["passed"] == {"history": [{"kind": "BRANCH_FAILED", "step": "reserve", "visit": 1,
+                                                        "data": stopped.data}]}
+
+
+def test_a_dead_lettered_branch_leaves_it_to_its_commit_too() -> None:
+    d = decide(_branch(), CommandView(1, "STEP", "reserve", 1, claims=6))
+    assert d.settle.state == "DEAD" and hist(d) == ["COMMAND_DEAD_LETTERED"]
+    [branch] = d.decision.of(IfStopped)
+    assert [e.kind for e in branch.stopped if isinstance(e, RecordHistory)] == ["INSTANCE_FAILED"]
+
+
+def test_a_root_failure_fails_the_instance_outright() -> None:
+    d = complete_step(inst(), CommandView(1, "START", attempt=1), PLAN, StepFailed("Fatal", "no"), NOW)
+    assert hist(d) == ["STEP_FAILED", "INSTANCE_FAILED"] and not d.decision.of(IfStopped)
+
+
+def test_redaction_reaches_both_outcomes_of_a_branch_failure() -> None:
+    state = {"card": "4111-1111"}
+    d = complete_step(_branch(state=state), CommandView(1, "STEP", "reserve", 1, attempt=3), PLAN,
+                      StepFailed("Fatal", "card 4111-1111 refused"), NOW)
+    redacted = Redaction(paths=(("card",),)).decision(d.decision, state)
+    [branch] = redacted.of(IfStopped)
+    for entry in (*branch.stopped, *branch.passed):
+        assert isinstance(entry, RecordHistory) and "4111" not in entry.data["message"], entry

@@ -183,6 +183,19 @@ class NotifyParent(Effect):
 
 
 @dataclass(frozen=True)
+class IfStopped(Effect):
+    """What a branch's failure writes depends on whether it stops the instance, which only the commit
+    can tell: `stopped` (the INSTANCE_FAILED entry, a child's report to its parent) when its join can
+    no longer be met without it, `passed` (a BRANCH_FAILED entry) while it still can. Sibling branches
+    fail and arrive while this one runs, so the decision cannot count them; the commit counts them under
+    the instance's lock (docs/branches.md, "A branch that fails"). Holds RecordHistory and NotifyParent
+    effects only."""
+
+    stopped: tuple[Effect, ...]
+    passed: tuple[Effect, ...] = ()
+
+
+@dataclass(frozen=True)
 class OpenExternalTask(Effect):
     """An external task for outside workers on `topic`, opened at this position's step visit (its id
     derived from them, so entering the step again at the same visit, a retry, re-opens the same task

@@ -18,6 +18,7 @@ from stepstone.core.effects import (
     Effect,
     EndInstance,
     Enqueue,
+    IfStopped,
     MovePosition,
     OpenBranches,
     RecordHistory,
@@ -25,7 +26,7 @@ from stepstone.core.effects import (
     ScheduleStepDeadline,
 )
 from stepstone.core.external_tasks import open_task
-from stepstone.core.model import COMPLETED, FAILED, JSON, RUNNING, WAITING, InstanceView, Settle
+from stepstone.core.model import COMPLETED, FAILED, JSON, ROOT, RUNNING, WAITING, InstanceView, Settle
 from stepstone.core.plan import END, Plan, Step
 from stepstone.core.subscriptions import correlation_key, key_problem, subscribe
 from stepstone.core.task_entering import enter_task, names_problem, task_people
@@ -194,10 +195,20 @@ def branch_prefix(position: str, fork: str) -> str:
 def fail(
     instance: InstanceView, error_type: str, message: str, *, step: str | None = None, visit: int | None = None
 ) -> list[Effect]:
-    """The position fails (and so the instance): a clear error an operator can retry."""
+    """The position fails: a clear error an operator can retry."""
     at, when = step or instance.step, instance.visit if visit is None else visit
-    error = {"step": at, "type": error_type, "message": message}
-    return [MovePosition(FAILED, at, when, error=error), RecordHistory("INSTANCE_FAILED", at, when, error)]
+    return failed(instance, at, when, {"step": at, "type": error_type, "message": message})
+
+
+def failed(instance: InstanceView, step: str | None, visit: int, error: JSON, wait: JSON = None) -> list[Effect]:
+    """This position fails for good. The root's failure fails the instance. A branch's fails it only when
+    its join can no longer be met without the branch (a join that needs all of them: at once); while it
+    still can, the other branches go on and the history says BRANCH_FAILED (`IfStopped`)."""
+    moved = MovePosition(FAILED, step, visit, wait=wait, error=error)
+    stopped = RecordHistory("INSTANCE_FAILED", step, visit, error)
+    if instance.position == ROOT:
+        return [moved, stopped]
+    return [moved, IfStopped((stopped,), (RecordHistory("BRANCH_FAILED", step, visit, error),))]
 
 
 def settled(effects: list[Effect]) -> Settle:

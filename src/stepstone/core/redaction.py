@@ -14,7 +14,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stepstone.core.effects import Effect, MovePosition, NotifyParent, RecordHistory, RedactClaimedPayload, SetState
+from stepstone.core.effects import (
+    Effect,
+    IfStopped,
+    MovePosition,
+    NotifyParent,
+    RecordHistory,
+    RedactClaimedPayload,
+    SetState,
+)
 from stepstone.core.model import CommandView, Decision, Settle
 
 __all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "PayloadKey", "Redaction", "redact_state"]
@@ -196,16 +204,7 @@ class Redaction:
         new_state = decision.first(SetState)
         payload, in_payload = self._payload(command)
         secrets = self.secrets(before, None if new_state is None else new_state.state) | in_payload
-        effects: list[Effect] = []
-        for effect in decision.effects:
-            if isinstance(effect, RecordHistory):
-                effects.append(replace(effect, data=self.history_data(effect.data, secrets)))
-            elif isinstance(effect, MovePosition) and effect.error is not None:
-                effects.append(replace(effect, error=self.scrub(effect.error, secrets)))
-            elif isinstance(effect, NotifyParent):
-                effects.append(replace(effect, payload=self._report(effect.payload, secrets)))
-            else:
-                effects.append(effect)
+        effects = [self._effect(effect, secrets) for effect in decision.effects]
         settle = decision.settle
         if command is not None and payload != command.payload and settle.state not in _RUNS_AGAIN:
             task = payload.get("task_id") if command.kind == "TASK_COMPLETION" and isinstance(payload, dict) else None
@@ -214,6 +213,18 @@ class Redaction:
         if settle.reason is not None:
             settle = Settle(settle.state, self.text(settle.reason, secrets), settle.retry_delay)
         return Decision(settle, tuple(effects))
+
+    def _effect(self, effect: Effect, secrets: frozenset[str]) -> Effect:
+        if isinstance(effect, RecordHistory):
+            return replace(effect, data=self.history_data(effect.data, secrets))
+        if isinstance(effect, MovePosition) and effect.error is not None:
+            return replace(effect, error=self.scrub(effect.error, secrets))
+        if isinstance(effect, NotifyParent):
+            return replace(effect, payload=self._report(effect.payload, secrets))
+        if isinstance(effect, IfStopped):
+            return IfStopped(tuple(self._effect(e, secrets) for e in effect.stopped),
+                             tuple(self._effect(e, secrets) for e in effect.passed))
+        return effect
 
     def _report(self, payload: Any, secrets: Iterable[str]) -> Any:
         """A child's report to its parent: its final state redacted at this workflow's paths, texts scrubbed."""

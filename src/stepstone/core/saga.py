@@ -23,6 +23,7 @@ from stepstone.core.effects import (
     AdvanceSaga,
     CloseTimers,
     EmitEvent,
+    IfStopped,
     InterruptStep,
     MovePosition,
     RecordCompensable,
@@ -80,7 +81,10 @@ def on_step_failure(plan: Plan, decision: Decision) -> Decision:
         return decision
     begun = RecordHistory("COMPENSATION_STARTED", failed.step, failed.visit,
                           {"cause": CAUSE_FAILED, "error": failed.error})
-    return Decision(decision.settle, (*decision.effects, begun, AdvanceSaga("begin", cause=CAUSE_FAILED)))
+    # A saga undoes what it did at any step's failure, a branch's too: whether the branch's join could
+    # still be met without it does not matter here, the instance stops (IfStopped's `stopped` side).
+    effects = tuple(x for e in decision.effects for x in (e.stopped if isinstance(e, IfStopped) else (e,)))
+    return Decision(decision.settle, (*effects, begun, AdvanceSaga("begin", cause=CAUSE_FAILED)))
 
 
 def on_step_success(plan: Plan, step: str, visit: int, outcome: StepSucceeded, decision: Decision) -> Decision:

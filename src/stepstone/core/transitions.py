@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from itertools import islice, takewhile
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from stepstone.core.baselines import step_completed
 from stepstone.core.effects import (
     CloseTimers,
+    IfStopped,
     MovePosition,
     NotifyParent,
     RecordHistory,
@@ -26,7 +28,7 @@ from stepstone.core.effects import (
     StartChild,
     state_change,
 )
-from stepstone.core.entering import child_failed, enter, fail, join_branch, settled
+from stepstone.core.entering import child_failed, enter, fail, failed, join_branch, settled
 from stepstone.core.external_completion import awaited, external_done
 from stepstone.core.messages import message_received, signal_cause
 from stepstone.core.model import (
@@ -143,11 +145,7 @@ def _complete(
         )
     return Decision(
         Settle("FAILED", f"{outcome.error_type}: {outcome.message}"),
-        (
-            MovePosition(FAILED, step.name, visit, error=failure),
-            RecordHistory("STEP_FAILED", step.name, visit, failure),
-            RecordHistory("INSTANCE_FAILED", step.name, visit, failure),
-        ),
+        (RecordHistory("STEP_FAILED", step.name, visit, failure), *failed(instance, step.name, visit, failure)),
     )
 
 
@@ -303,14 +301,8 @@ def _dead_letter(instance: InstanceView, command: CommandView, max_claims: int) 
     if command.kind == "SIGNAL":
         return Decision(Settle("DEAD", reason), (dead,))
     error = {"step": instance.step, "type": "DeadLetter", "message": reason}
-    return Decision(
-        Settle("DEAD", reason),
-        (
-            MovePosition(FAILED, instance.step, instance.visit, wait=instance.wait, error=error),
-            dead,
-            RecordHistory("INSTANCE_FAILED", instance.step, instance.visit, error),
-        ),
-    )
+    return Decision(Settle("DEAD", reason),
+                    (dead, *failed(instance, instance.step, instance.visit, error, instance.wait)))
 
 
 def _finish(instance: InstanceView, decision: Decision) -> Decision:
@@ -323,11 +315,15 @@ def _finish(instance: InstanceView, decision: Decision) -> Decision:
         state = instance.state if new_state is None else new_state.state
         payload = {"child_id": instance.id, "status": COMPLETED, "state": state}
     else:
-        failed = next((m for m in decision.of(MovePosition) if m.status == FAILED), None)
-        if failed is None:
+        moved = next((m for m in decision.of(MovePosition) if m.status == FAILED), None)
+        if moved is None:
             return decision
-        payload = {"child_id": instance.id, "status": FAILED, "error": failed.error}
+        payload = {"child_id": instance.id, "status": FAILED, "error": moved.error}
     notify = NotifyParent(parent.id, parent.position, parent.visit, payload)
+    branch = decision.first(IfStopped)
+    if branch is not None:  # a branch's failure: the parent hears of it only if it stops this instance
+        return Decision(decision.settle, tuple(
+            replace(e, stopped=(*e.stopped, notify)) if e is branch else e for e in decision.effects))
     return Decision(decision.settle, (*decision.effects, notify))
 
 

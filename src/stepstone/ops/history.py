@@ -33,6 +33,7 @@ _OUTCOMES = {
     "FORK_STARTED": "forked",
     "BRANCH_COMPLETED": "completed",
     "BRANCH_JOINED": "joined",
+    "BRANCH_FAILED": "failed, passed over",
     "JOINED": "joined",
     "CHILD_STARTED": "started child",
     "CHILD_COMPLETED": "completed",

@@ -155,7 +155,8 @@ def commit(instance: InstanceView, decision: Decision, workflow: str = "") -> _S
 
 def _log_failure(workflow: str, instance: InstanceView, decision: Decision) -> None:
     """WARNING for an attempt that will be retried or a dead-lettered signal; ERROR for a failed position
-    (the instance fails with it) or a compensation given up. With the step's fields, as its own lines."""
+    (the instance fails with it, or for a branch, when its join can no longer be met) or a compensation
+    given up. With the step's fields, as its own lines."""
     settle = decision.settle
     moved = next((e for e in decision.of(MovePosition) if e.status == FAILED), None)
     history = decision.of(RecordHistory)

@@ -28,6 +28,7 @@ from stepstone.core.effects import (
     EmitEvent,
     EndInstance,
     Enqueue,
+    IfStopped,
     InterruptStep,
     MovePosition,
     NotifyParent,
@@ -146,6 +147,17 @@ def _notify(e: NotifyParent, doc: _Doc) -> None:
                                "payload": e.payload})
 
 
+def _if_stopped(e: IfStopped, doc: _Doc) -> None:
+    # Both sides written: the commit picks one by counting the branch's siblings (migration 0046).
+    sides: dict[str, Any] = {}
+    for side, effects in (("stopped", e.stopped), ("passed", e.passed)):
+        part = _Doc(doc.instance_id, doc.position, doc.visit)
+        for effect in effects:
+            WRITERS[type(effect)](effect, part)
+        sides[side] = part.body
+    doc.body["if_stopped"] = sides
+
+
 def _redact_payload(e: RedactClaimedPayload, doc: _Doc) -> None:
     doc.extend("redacted_payloads", {"payload": e.payload, "task_id": e.task_id, "task_payload": e.task_payload})
 
@@ -201,6 +213,7 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     EmitEvent: _event,
     StartChild: _child,
     NotifyParent: _notify,
+    IfStopped: _if_stopped,
     OpenExternalTask: _external_task,
     RecordCompensable: _compensable,
     AdvanceSaga: _saga,
@@ -227,6 +240,7 @@ SECTION_SQL: dict[type[Effect], str] = {
     EmitEvent: "INSERT INTO {{schema}}.outbox",
     StartChild: "{{schema}}.start_children(",
     NotifyParent: "'CHILD_COMPLETION'",
+    IfStopped: "d->'if_stopped'",
     OpenExternalTask: feature_section("external_tasks"),
     RecordCompensable: feature_section("compensable"),
     AdvanceSaga: feature_section("saga"),

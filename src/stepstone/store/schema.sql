@@ -980,7 +980,9 @@ DECLARE
     v_move jsonb := NULLIF(d->'move', 'null'::jsonb);
     v_has_state boolean := d ? 'state';
     v_settle text := d->'settle'->>'state';
+    v_history jsonb := d->'history';
     v_nhist integer := COALESCE(jsonb_array_length(d->'history'), 0);
+    v_notify jsonb := d->'notify';
     v_cont boolean := (d->>'continuation')::boolean;
     v_end text := d->'end'->>'status';
     v_actor text := d->>'actor';
@@ -993,6 +995,10 @@ DECLARE
     v_branches integer;
     v_hist integer;
     v_pstatus text;
+    v_parent text;
+    v_parent_visit integer;
+    v_stops boolean := false;
+    v_side jsonb;
     v_status text;
     v_cur_seq bigint;
     v_next bigint;
@@ -1054,9 +1060,14 @@ BEGIN
         lease_owner = CASE WHEN v_cont THEN p.lease_owner END,
         updated_at = v_now
     WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
-    RETURNING p.status INTO v_pstatus;
+    RETURNING p.status, p.parent_path, p.parent_visit INTO v_pstatus, v_parent, v_parent_visit;
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    IF v_pstatus = 'FAILED' THEN
+        -- Whether this failure stops the instance: the root's always; a branch's (IfStopped) when its join
+        -- can no longer be met without it (migration 0046), counted here, under the instance's lock.
+        v_stops := NOT (d ? 'if_stopped') OR {{schema}}.failure_stops(v_id, v_parent, v_parent_visit);
     END IF;
     IF v_pos <> '' AND v_move IS NOT NULL AND v_pstatus IN ('COMPLETED', 'CANCELLED') THEN
         v_branches := v_branches - 1;
@@ -1084,12 +1095,28 @@ BEGIN
                                  WHEN bool_or(p.status = 'RUNNING') THEN 'RUNNING' ELSE 'WAITING' END
                      FROM {{schema}}.positions p
                      WHERE p.instance_id = v_id AND p.status IN ('RUNNING', 'WAITING', 'FAILED'));
+        -- Failed branches whose joins can still be met without them do not stop the instance (migration
+        -- 0046). Asked only when a position has failed, so not on the way of an ordinary commit.
+        IF v_status = 'FAILED' AND NOT EXISTS (
+                SELECT 1 FROM (SELECT DISTINCT p.parent_path, p.parent_visit FROM {{schema}}.positions p
+                               WHERE p.instance_id = v_id AND p.status = 'FAILED') g
+                WHERE {{schema}}.failure_stops(v_id, g.parent_path, g.parent_visit)) THEN
+            v_status := (SELECT CASE WHEN bool_or(p.status = 'RUNNING') THEN 'RUNNING' ELSE 'WAITING' END
+                         FROM {{schema}}.positions p
+                         WHERE p.instance_id = v_id AND p.status IN ('RUNNING', 'WAITING'));
+        END IF;
+    END IF;
+    IF d ? 'if_stopped' THEN  -- a branch's failure: INSTANCE_FAILED (and the parent told), or BRANCH_FAILED
+        v_side := d->'if_stopped'->(CASE WHEN v_stops THEN 'stopped' ELSE 'passed' END);
+        v_history := COALESCE(v_history, '[]'::jsonb) || COALESCE(v_side->'history', '[]'::jsonb);
+        v_nhist := jsonb_array_length(v_history);
+        v_notify := COALESCE(v_notify, '[]'::jsonb) || COALESCE(v_side->'notify', '[]'::jsonb);
     END IF;
     UPDATE {{schema}}.instances i SET
         status = COALESCE(v_status, i.status),
         state = CASE WHEN v_state IS NOT NULL THEN v_state WHEN v_has_state THEN d->'state' ELSE i.state END,
         state_version = i.state_version + CASE WHEN v_has_state THEN 1 ELSE 0 END,
-        error = CASE WHEN v_pstatus = 'FAILED' THEN v_move->'error' ELSE i.error END,
+        error = CASE WHEN v_stops THEN v_move->'error' ELSE i.error END,
         step = CASE WHEN v_pos = '' AND v_move IS NOT NULL THEN v_move->>'step' ELSE i.step END,
         visit = CASE WHEN v_pos = '' AND v_move IS NOT NULL THEN (v_move->>'visit')::integer ELSE i.visit END,
         history_seq = i.history_seq + v_nhist,
@@ -1241,12 +1268,12 @@ BEGIN
     IF jsonb_array_length(d->'children') > 0 THEN
         PERFORM {{schema}}.start_children(v_id, v_pos, (v_move->>'visit')::integer, d->'children', v_now, v_actor);
     END IF;
-    IF jsonb_array_length(d->'notify') > 0 THEN
+    IF jsonb_array_length(v_notify) > 0 THEN
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, visit, payload, available_at,
                                          created_at)
         SELECT (n->>'parent_id')::uuid, n->>'position', nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION',
                'PENDING', (n->>'visit')::integer, n->'payload', v_now, v_now
-        FROM jsonb_array_elements(d->'notify') AS n;
+        FROM jsonb_array_elements(v_notify) AS n;
     END IF;
 
     -- 7b. Feature sections (effect_sections), in rank order: the rows a feature added after the core
@@ -1265,7 +1292,7 @@ BEGIN
         INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data, position)
         SELECT v_id, v_hist + x.ord::integer, v_now, x.h->>'kind', x.h->>'step',
                (x.h->>'visit')::integer, v_cmd, v_actor, NULLIF(x.h->'data', 'null'::jsonb), v_pos
-        FROM jsonb_array_elements(d->'history') WITH ORDINALITY AS x(h, ord);
+        FROM jsonb_array_elements(v_history) WITH ORDINALITY AS x(h, ord);
     END IF;
     IF jsonb_array_length(d->'events') > 0 THEN
         INSERT INTO {{schema}}.outbox (event_id, instance_id, type, key, payload, created_at)
@@ -5099,3 +5126,19 @@ CREATE FUNCTION {{schema}}.is_archived(p_archived_at timestamptz, p_ended_at tim
                                        p_updated_at timestamptz) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT p_archived_at IS NOT NULL AND p_archived_at >= COALESCE(p_ended_at, p_updated_at) $$;
+
+-- ==== version 46 (migration 0046_failed_branches_and_their_joins) ====
+-- Whether a FAILED position whose fork position is p_parent (at visit p_visit) stops its instance: at
+-- the root (no fork) always; in a branch, when fewer of the fork's branches than its join needs are still
+-- running, waiting or arrived (COMPLETED), so the join can no longer be met. A join that needs every
+-- branch is never met once one has failed. docs/branches.md, "A branch that fails".
+CREATE FUNCTION {{schema}}.failure_stops(p_instance uuid, p_parent text, p_visit integer) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT COALESCE((
+        SELECT (SELECT count(*) FROM {{schema}}.positions s
+                WHERE s.instance_id = p_instance AND s.parent_path = p_parent AND s.parent_visit = p_visit
+                  AND s.status IN ('RUNNING', 'WAITING', 'COMPLETED')) < (f.wait->>'need')::integer
+        FROM {{schema}}.positions f
+        WHERE f.instance_id = p_instance AND f.path = p_parent AND f.visit = p_visit AND f.wait->>'kind' = 'join'
+    ), true)
+$$;

@@ -1,0 +1,191 @@
+"""A branch that fails for good, under joins that need all, some or any of the branches.
+
+The failure stops the instance only when its join can no longer be met without the branch; until
+then the other branches go on, the history says BRANCH_FAILED, and the instance is never FAILED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from stepstone import Registry, Retry, StepContext, Workflow
+from stepstone.testing import Engine, open_engine
+from tests.engine.conftest import kinds
+
+FAILING: set[str] = set()
+"""Names of the branches whose step raises (on its only attempt)."""
+BARRIER: dict[str, threading.Barrier] = {}
+
+
+class Vote(BaseModel):
+    hold: list[str] = Field(default_factory=list)
+    log: list[str] = Field(default_factory=list)
+
+
+def answer(ctx: StepContext, state: Vote) -> str:
+    assert ctx.branch is not None
+    name = ctx.branch.name
+    barrier = BARRIER.get("vote")
+    if barrier is not None and name in FAILING:  # the failing branches run side by side, then both fail
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=10)
+    if name in FAILING:
+        raise ValueError(f"{name} refused")
+    state.log.append(name)
+    return "held" if name in state.hold else "agreed"
+
+
+def done(ctx: StepContext, state: Vote) -> None:
+    state.log.append("done")
+
+
+def _vote(name: str, need: int | str) -> Workflow[Vote]:
+    """A fork of branches a, b and c, each answering (or waiting for `go` when listed in `hold`)."""
+    wf: Workflow[Vote] = Workflow(name, version=1, state=Vote)
+    wf.fork("ask", branches={"a": "answer", "b": "answer", "c": "answer"}, start=True)
+    wf.step(next=["agreed", "held"], retry=Retry(max_attempts=1))(answer)
+    wf.wait("held", signals={"go": "agreed"})
+    wf.join("agreed", fork="ask", next="done", need=need)  # type: ignore[arg-type]
+    wf.step(next=None)(done)
+    return wf
+
+
+any_of = _vote("vote_any", "any")
+two_of = _vote("vote_two", 2)
+all_of = _vote("vote_all", "all")
+
+
+class Outer(BaseModel):
+    hold: list[str] = Field(default_factory=list)
+    outcome: str | None = None
+
+
+caller: Workflow[Outer] = Workflow("vote_caller", version=1, state=Outer)
+
+
+@caller.child(workflow="vote_two", next="heard", on_failure="refused", start=True)
+def ask_child(ctx: StepContext, state: Outer) -> Vote:
+    return Vote(hold=state.hold)
+
+
+@caller.step(next=None)
+def heard(ctx: StepContext, state: Outer) -> None:
+    state.outcome = "completed"
+
+
+@caller.step(next=None)
+def refused(ctx: StepContext, state: Outer) -> None:
+    assert ctx.child is not None
+    state.outcome = f"child {ctx.child.status}"
+
+
+registry = Registry(any_of, two_of, all_of, caller)
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    FAILING.clear()
+    BARRIER.clear()
+    async with open_engine(database_url, registry, concurrency=4, lease_seconds=30) as e:
+        yield e
+    FAILING.clear()
+    BARRIER.clear()
+
+
+def _positions(info: Any) -> dict[str, str]:
+    return {p["path"]: p["status"] for p in info.positions}
+
+
+async def test_a_join_that_needs_any_passes_over_a_failed_branch(engine: Engine) -> None:
+    FAILING.add("a")
+    iid = await engine.client.start(any_of, {"hold": ["b", "c"]})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    # a failed, b and c wait: the join can still be met, so the instance waits, it has not failed
+    assert info.status == "WAITING" and info.error is None, info
+    assert _positions(info)["ask/a"] == "FAILED"
+    history = await engine.client.history(iid)
+    assert "INSTANCE_FAILED" not in kinds(history)
+    [branch_failed] = [h for h in history if h["kind"] == "BRANCH_FAILED"]
+    assert branch_failed["position"] == "ask/a" and branch_failed["data"]["type"] == "ValueError"
+
+    await engine.client.signal(iid, "go", {}, position="ask/b")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.error is None, info
+    assert sorted(info.state["log"][:2]) == ["b", "c"] and info.state["log"][2:] == ["done"]
+    history = await engine.client.history(iid)
+    assert "INSTANCE_FAILED" not in kinds(history) and kinds(history).count("JOINED") == 1
+    # the join closed the branches it did not need, the failed one among them
+    assert _positions(info) == {"": "COMPLETED", "ask/a": "CANCELLED", "ask/b": "COMPLETED", "ask/c": "CANCELLED"}
+
+
+async def test_a_join_that_can_no_longer_be_met_fails_the_instance(engine: Engine) -> None:
+    FAILING.update({"a", "b"})
+    iid = await engine.client.start(two_of, {"hold": ["c"]})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED", info
+    assert info.error is not None and info.error["type"] == "ValueError"
+    history = await engine.client.history(iid)
+    # the first failure was passed over (two could still arrive), the second made two impossible
+    assert [h["kind"] for h in history if h["kind"] in ("BRANCH_FAILED", "INSTANCE_FAILED")] == [
+        "BRANCH_FAILED", "INSTANCE_FAILED"]
+    stopped = next(h for h in history if h["kind"] == "INSTANCE_FAILED")
+    assert stopped["data"]["message"] == info.error["message"]
+    assert {_positions(info)[p] for p in ("ask/a", "ask/b")} == {"FAILED"}
+
+    # An operator's retry runs both failed branches again; now they answer, and the join is met.
+    FAILING.clear()
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.error is None, info
+    assert sorted(info.state["log"][:3]) == ["a", "b", "c"] and info.state["log"][3:] == ["done"]
+
+
+async def test_a_join_that_needs_all_fails_at_the_first_failure(engine: Engine) -> None:
+    FAILING.add("a")
+    iid = await engine.client.start(all_of, {"hold": ["b", "c"]})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.error is not None and info.error["message"] == "a refused"
+    history = await engine.client.history(iid)
+    assert "BRANCH_FAILED" not in kinds(history) and kinds(history).count("INSTANCE_FAILED") == 1
+
+
+async def test_branches_failing_side_by_side_still_fail_the_instance(engine: Engine) -> None:
+    # a and b fail in the same moment, on two slots: each decision alone would think the other still
+    # running; the commit counts under the instance's lock, so the second one stops the instance.
+    FAILING.update({"a", "b"})
+    BARRIER["vote"] = threading.Barrier(2)
+    iid = await engine.client.start(two_of, {"hold": ["c"]})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED", info
+    history = await engine.client.history(iid)
+    assert sorted(h["kind"] for h in history if h["kind"] in ("BRANCH_FAILED", "INSTANCE_FAILED")) == [
+        "BRANCH_FAILED", "INSTANCE_FAILED"]
+
+
+async def test_a_child_whose_join_passes_over_a_failure_completes_for_its_parent(engine: Engine) -> None:
+    FAILING.add("a")
+    iid = await engine.client.start(caller, {})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["outcome"] == "completed", info
+    assert "CHILD_FAILED" not in kinds(await engine.client.history(iid))
+
+
+async def test_a_child_whose_join_cannot_be_met_fails_for_its_parent(engine: Engine) -> None:
+    FAILING.update({"a", "b"})
+    iid = await engine.client.start(caller, {})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["outcome"] == "child FAILED", info
