@@ -11,6 +11,7 @@ import pytest
 
 from stepstone import Registry, Retry, StepContext, Workflow
 from stepstone.errors import DefinitionError
+from stepstone.scheduling.schedule import Schedule, ScheduleError
 from stepstone.testing import open_engine
 
 
@@ -25,6 +26,52 @@ from stepstone.testing import open_engine
 def test_a_misused_argument_is_a_definition_error(make: Any, said: str) -> None:
     with pytest.raises(DefinitionError, match=said):
         make()
+
+
+def _noop(ctx: StepContext, state: Any) -> None:
+    return None
+
+
+def _plan_of(declare: Any) -> Any:
+    """A one-off workflow with what `declare` adds, built (building checks the plan)."""
+    wf: Workflow[Any] = Workflow("misuse_shape")
+    declare(wf)
+    return wf.plan
+
+
+def _need_more_than_branches(wf: Workflow[Any]) -> None:
+    wf.fork("f", branches={"a": "s", "b": "s"}, start=True)
+    wf.step(name="s", next="j")(_noop)
+    wf.join("j", fork="f", next="e", need=5)
+    wf.step(name="e")(_noop)
+
+
+@pytest.mark.parametrize(("declare", "said"), [
+    (_need_more_than_branches, "join step 'j' needs 5 branches; fork 'f' has 2"),
+    (lambda wf: wf.step(name="", start=True)(_noop), "invalid step name ''"),  # was: the handler's name
+    (lambda wf: wf.step(name="x", start=True)(5), "the handler must be a function, got 5"),
+    (lambda wf: wf.step(name="x", start=True, next=5)(_noop), "next must name a step or a list of steps"),
+    (lambda wf: wf.timer("t", delay=5, next=["a"], start=True), r"next must name steps, got \['a'\]"),
+    (lambda wf: wf.wait("w", signals=["go"], start=True), r"signals must map names to steps, got \['go'\]"),
+    (lambda wf: wf.fork("f", map_over="xs", branch="s", max_items="10", start=True),
+     "max_items must be a whole number, got '10'"),
+])
+def test_a_misshapen_step_is_a_definition_error(declare: Any, said: str) -> None:
+    # Each was accepted (an empty name, a list of signals read as {"g": "o"}) or failed with Python's own
+    # TypeError ("unhashable type: 'list'", "'<' not supported between 'str' and 'int'").
+    with pytest.raises(DefinitionError, match=said):
+        _plan_of(declare)
+
+
+def test_a_workflow_id_that_is_not_text_is_a_definition_error() -> None:
+    with pytest.raises(DefinitionError, match="invalid definition id 5"):
+        Workflow(5).plan  # type: ignore[arg-type]  # noqa: B018 - building the plan checks it
+
+
+def test_a_schedule_interval_given_as_text_is_refused() -> None:
+    with pytest.raises(ScheduleError, match="every takes a timedelta or a number of seconds, got '5'"):
+        Schedule("poll", "w", every="5").spec()  # type: ignore[arg-type]
+    assert Schedule("poll", "w", every=5).spec().every_seconds == 5.0
 
 
 def test_retry_takes_a_retry_and_its_non_retryable_a_class_or_several() -> None:

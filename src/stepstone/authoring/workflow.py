@@ -131,8 +131,8 @@ class Workflow(Generic[S]):
         still running is fenced and the position goes to `on_deadline`, or the step fails."""
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
-            step_name = name or handler.__name__
-            targets = (next,) if isinstance(next, str) else tuple(next or ())
+            step_name = _handler_name(handler, name)
+            targets = _targets(step_name, next)
             policy = _retry(retry)
             seconds = None if deadline is None else _seconds(deadline)
             self._add(Step(step_name, "action", targets, retry=policy.policy(), deadline_seconds=seconds,
@@ -181,13 +181,13 @@ class Workflow(Generic[S]):
         every stored copy once the handler has it (docs/operations.md, Redaction). `deadline`: the
         wait must be left within it, or it goes to `on_deadline` (without one, the step fails: a saga
         compensates)."""
-        for signal, model in (payloads or {}).items():
+        for signal, model in _pairs(name, "payloads", payloads).items():
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 raise DefinitionError(f"wait {name!r}: the payload of {signal!r} must be a pydantic model class")
             self.redaction = self.redaction.with_payload(("signal", signal), sensitive_paths(model))
         seconds = None if timeout is None else _seconds(timeout)
-        self._add(Step(name, "wait", signals=dict(signals or {}), timeout_seconds=seconds, on_timeout=on_timeout,
-                       messages=dict(messages or {}), correlation=correlation,
+        self._add(Step(name, "wait", signals=_pairs(name, "signals", signals), timeout_seconds=seconds,
+                       on_timeout=on_timeout, messages=_pairs(name, "messages", messages), correlation=correlation,
                        deadline_seconds=None if deadline is None else _seconds(deadline), on_deadline=on_deadline),
                   start)
 
@@ -220,7 +220,7 @@ class Workflow(Generic[S]):
         with `from_state(path)` are read from the state when the task opens; `show` lists the state
         fields the assignee sees. When `due`, the task goes to `escalate_to_user`/`_group`; after
         `expire` it expires to `on_expire`."""
-        models = dict(payloads or {})
+        models = _pairs(name, "payloads", payloads)
         for decision, model in models.items():
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 raise DefinitionError(f"task {name!r}: the payload of {decision!r} must be a pydantic model class")
@@ -237,7 +237,7 @@ class Workflow(Generic[S]):
             expire_seconds=None if expire is None else _seconds(expire), on_expire=on_expire,
             require_version_stability=require_version_stability,
         )
-        self._add(Step(name, "task", decisions=dict(decisions), task=spec), start)
+        self._add(Step(name, "task", decisions=_pairs(name, "decisions", decisions), task=spec), start)
 
     def payload_model(self, step: str, decision: str) -> type[BaseModel] | None:
         """The pydantic model of a task decision's payload, when the step declared one."""
@@ -255,7 +255,7 @@ class Workflow(Generic[S]):
     ) -> None:
         """Declare a fork: parallel `branches` (name -> first step), or one branch per item of the
         state list `map_over`, each starting at step `branch`. Branches end at the fork's join."""
-        self._add(Step(name, "fork", branches=dict(branches or {}), map_over=map_over, branch_step=branch,
+        self._add(Step(name, "fork", branches=_pairs(name, "branches", branches), map_over=map_over, branch_step=branch,
                        max_items=max_items), start)
 
     def join(self, name: str, *, fork: str, next: str, need: int | str = "all") -> None:  # noqa: A002
@@ -301,7 +301,7 @@ class Workflow(Generic[S]):
         parent cancels the child unless `cancel_with_parent=False` (the child is then abandoned)."""
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
-            step_name = name or handler.__name__
+            step_name = _handler_name(handler, name)
             step = Step(step_name, "child", (next,), workflow=workflow, on_failure=on_failure,
                         cancel_with_parent=cancel_with_parent)
             self._add(step, start)
@@ -329,7 +329,7 @@ class Workflow(Generic[S]):
         (max_attempts) and the delay before the task is offered again, then the position fails."""
         policy = _retry(retry).policy()
         self._add(Step(name, "external", (next,), retry=policy, topic=topic,
-                       inputs=None if inputs is None else tuple(inputs), errors=dict(errors or {})), start)
+                       inputs=None if inputs is None else tuple(inputs), errors=_pairs(name, "errors", errors)), start)
 
     def compensation(
         self, step: str, *, retry: Retry | None = None, name: str | None = None
@@ -350,7 +350,7 @@ class Workflow(Generic[S]):
             if step in self._compensations:
                 raise DefinitionError(f"workflow {self.id!r}: step {step!r} has two compensations")
             policy = _retry(retry)
-            declared = Compensation(name or handler.__name__, policy.policy())
+            declared = Compensation(_handler_name(handler, name), policy.policy())
             self._steps[found] = replace(self._steps[found], compensation=declared)
             self._compensations[step] = _ActionSpec(handler, policy.non_retryable)
             return handler
@@ -446,6 +446,31 @@ class Workflow(Generic[S]):
         if self.redaction.paths:
             document["sensitive"] = [list(p) for p in self.redaction.paths]
         return document
+
+
+def _handler_name(handler: Any, name: str | None) -> str:
+    """The step's name: `name`, or the handler's own (an empty `name` is refused as a name, not replaced)."""
+    if not callable(handler):
+        raise DefinitionError(f"step {name or handler!r}: the handler must be a function, got {handler!r}")
+    return handler.__name__ if name is None else name
+
+
+def _targets(step: str, next: Any) -> tuple[Any, ...]:  # noqa: A002
+    """`next` as the plan keeps it: one step's name, several, or none (the plan checks each is a name)."""
+    if next is None or isinstance(next, str):
+        return () if next is None else (next,)
+    if isinstance(next, Sequence):
+        return tuple(next)
+    raise DefinitionError(f"step {step!r}: next must name a step or a list of steps, got {next!r}")
+
+
+def _pairs(step: str, what: str, value: Any) -> dict[Any, Any]:
+    """A mapping argument as a dict (a list of names made a dict of their letters: ["go"] -> {"g": "o"})."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise DefinitionError(f"step {step!r}: {what} must map names to steps, got {value!r}")
+    return dict(value)
 
 
 def _retry(retry: Any) -> Retry:

@@ -276,11 +276,34 @@ class Plan:
 
 
 def valid_name(name: str) -> bool:
-    return bool(_NAME.match(name))
+    return isinstance(name, str) and bool(_NAME.match(name))
+
+
+def _shape_problems(steps: list[Step]) -> list[str]:
+    """Fields of the wrong type (from Python authoring; a document's schema catches them first): the
+    checks after these compare and hash them, and would fail with Python's own errors."""
+    found: list[str] = []
+    for s in steps:
+        label = f"step {s.name!r}"
+        found.extend(f"{label}: next must name steps, got {t!r}" for t in s.next if not isinstance(t, str))
+        for field_name in ("signals", "messages", "branches", "decisions", "errors"):
+            pairs = getattr(s, field_name, {})
+            if not isinstance(pairs, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                          for k, v in pairs.items()):
+                found.append(f"{label}: {field_name} must map names to step names, got {pairs!r}")
+        names = ("on_timeout", "on_failure", "on_deadline", "branch_step", "map_over", "until", "fork", "workflow",
+                 "correlation", "topic")
+        found.extend(f"{label}: {f} must be a name, got {getattr(s, f)!r}"
+                     for f in names if not isinstance(getattr(s, f), str | None))
+        found.extend(f"{label}: {f} must be a whole number, got {getattr(s, f)!r}"
+                     for f in ("max_items", "need") if not is_whole(getattr(s, f), -MAX_INT4, MAX_INT4))
+    return found
 
 
 def _problems(definition_id: str, version: int, start: str | None, steps: list[Step]) -> list[str]:
     found: list[str] = []
+    if shape := _shape_problems(steps):
+        return shape
     if not valid_name(definition_id):
         found.append(f"invalid definition id {definition_id!r} (letters, digits, _ . -; at most 128)")
     if not is_whole(version, 1, MAX_INT4):  # the registry's and the instances' version columns are int4
@@ -295,8 +318,11 @@ def _problems(definition_id: str, version: int, start: str | None, steps: list[S
         found.append("no start step (mark one with start=True)")
     elif start not in known:
         found.append(f"start step {start!r} is not defined")
+    by_name = {s.name: s for s in steps}
     for s in steps:
         found.extend(_step_problems(s, known))
+        if s.kind == "join" and s.fork in by_name:
+            found.extend(_need_problems(s, by_name[s.fork]))
     if start in known:
         found.extend(_flow_problems(start, {s.name: s for s in steps}))
     return found
@@ -435,6 +461,13 @@ _KIND_PROBLEMS: dict[str, Callable[[Step], list[str]]] = {
     "child": _child_problems,
     "external": _external_problems,
 }
+
+
+def _need_problems(join: Step, fork: Step) -> list[str]:
+    """A join that needs more branches than its fork has (a map's item count is known only at run time)."""
+    have = len(fork.branches)
+    return [f"join step {join.name!r} needs {join.need} branches; fork {fork.name!r} has {have}"] \
+        if have and join.need > have else []
 
 
 def _flow_problems(start: str, steps: dict[str, Step]) -> list[str]:

@@ -119,6 +119,10 @@ class Schedule:
         return self.workflow if isinstance(self.workflow, str) else str(self.workflow.id)
 
     def spec(self) -> ScheduleSpec:
+        for what, value in (("every", self.every), ("grace", self.grace)):
+            if isinstance(value, str | bool):  # float("5") read "5" as seconds, "5m" as an error of float's
+                raise ScheduleError(f"schedule {self.name!r}: {what} takes a timedelta or a number of seconds, "
+                                    f"got {value!r}")
         every = self.every.total_seconds() if isinstance(self.every, timedelta) else self.every
         grace = self.grace.total_seconds() if isinstance(self.grace, timedelta) else float(self.grace)
         return ScheduleSpec(self.cron, None if every is None else float(every), self.timezone, self.overlap,
