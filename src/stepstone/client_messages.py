@@ -129,7 +129,8 @@ class MessageOperations(ClientBase):
         self._text("business key", business_key)
         self._text("signal name", signal)
         if signal not in wf.plan.signal_names:
-            raise InvalidInput(f"workflow {wf.id!r} v{wf.version} has no signal named {signal!r}", what="signal name")
+            raise UnknownSignal(signal, None, definition_id=wf.id, version=wf.version,
+                                declared=tuple(sorted(wf.plan.signal_names)))
         signal_text = self._encode("signal payload", payload)
         signal_fingerprint = hashlib.sha256(json.dumps([signal, signal_text]).encode()).hexdigest()
         try:

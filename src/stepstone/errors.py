@@ -330,9 +330,12 @@ class UnknownSignal(InvalidInput):
     """A signal the instance's pinned version does not declare; with the pin when it is known (the
     definition's `scope`, `definition_id`, `version` and the names it `declared`)."""
 
-    def __init__(self, name: str, instance_id: str, *, scope: str | None = None, definition_id: str | None = None,
-                 version: int | None = None, declared: tuple[str, ...] = ()) -> None:
-        if scope is None:
+    def __init__(self, name: str, instance_id: str | None, *, scope: str | None = None,
+                 definition_id: str | None = None, version: int | None = None, declared: tuple[str, ...] = ()) -> None:
+        if instance_id is None:  # no instance yet (start-or-signal): the workflow the call would start
+            message = (f"workflow {definition_id!r} v{version} has no signal named {name!r} (it declares "
+                       f"{', '.join(declared) or 'none'})")
+        elif scope is None:
             message = f"instance {instance_id} has no signal named {name!r} in its definition"
         else:
             known = ", ".join(declared) or "none"

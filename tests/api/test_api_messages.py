@@ -42,7 +42,8 @@ async def test_start_or_signal_starts_once_then_signals(api: Api) -> None:
     info = await api.engine.client.get(first.json()["instance_id"])
     assert (info.status, info.state["got"]) == ("COMPLETED", "filed by v2")  # the latest version
     r = await api.http.post(f"{V1}/start-or-signal", headers=operator, json={**body, "signal": "nope"})
-    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+    assert (r.status_code, r.json()["error"]) == (422, "UnknownSignal"), r.text  # as /signal answers it
+    assert "has no signal named 'nope'" in r.json()["detail"]
 
 
 async def test_who_may_send_messages_and_signals(api: Api) -> None:

@@ -10,7 +10,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit
+from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
 from stepstone.testing import Engine, open_engine
 from tests.engine.task_workflows import Receipt, receipt, registry, two_waits
 
@@ -202,6 +202,9 @@ async def test_start_or_signal_starts_one_instance(engine: Engine, conn: asyncpg
     with pytest.raises(InvalidInput, match="order_id"):  # none has the key: this call would start it
         await engine.client.start_or_signal(receipt, "bk-2", "skip", {"n": 9})
     assert await conn.fetchval("SELECT count(*) FROM stepstone.instances WHERE business_key = 'bk-2'") == 0
+    # A signal the workflow does not declare is the same error as for an instance (it was a bare InvalidInput)
+    with pytest.raises(UnknownSignal, match=r"workflow 'receipt' v1 has no signal named 'nope' \(it declares "):
+        await engine.client.start_or_signal(receipt, "bk-3", "nope", {}, input=Receipt(order_id="bk-3"))
 
 
 async def test_an_instance_holds_at_most_the_open_signal_cap(engine: Engine, conn: asyncpg.Connection) -> None:

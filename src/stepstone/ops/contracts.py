@@ -15,6 +15,8 @@ __all__ = ["explain_unknown_signal"]
 async def explain_unknown_signal(definitions: DefinitionsPort, error: UnknownSignal) -> UnknownSignal:
     """The refusal of a signal the pinned version does not declare, naming that version's scope, id,
     version and the signals it declares (read only on this error path, so a signal costs nothing more)."""
+    if error.instance_id is None:  # no instance: the error names the workflow already
+        return error
     row = await definitions.pinned_contract(error.instance_id)
     if row is None:
         return error
