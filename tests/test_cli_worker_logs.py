@@ -3,6 +3,7 @@ at INFO and above, with the step they ran in; a failing step and instance are lo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from collections.abc import AsyncIterator
@@ -78,3 +79,24 @@ async def test_text_carries_the_handlers_own_lines_with_their_step(database_url:
     assert " INFO chatty_app: " in info and " WARNING chatty_app: " in warning
     assert f"instance={iid}" in info and "step=charge" in info and "attempt=1" in warning
     assert "never shown" not in out
+
+
+async def test_the_served_api_logs_in_the_workers_format(database_url: str) -> None:
+    # The HTTP server's own warnings (a request it cannot parse) came out in its own text format beside
+    # the worker's JSON lines, which a log collector reading one object per line then choked on.
+    worker = await spawn("worker", "--app", "tests.cli_logging_app:registry", "--database-url", database_url,
+                         "--poll-interval", "0.2", "--log-format", "json", "--serve", "--port", "0", "--no-auth")
+    try:
+        serving = json.loads(await worker.line_containing("serving http://"))
+        port = int(serving["message"].split("/ui/")[0].rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # the server answers 400 and closes
+        writer.close()
+        warned = json.loads(await worker.line_containing("Invalid HTTP request"))
+    finally:
+        out = await _stop(worker)
+    assert warned["level"] == "warning" and warned["logger"].startswith("uvicorn")
+    lines = [json.loads(raw) for raw in out.splitlines() if raw.strip()]  # every line is one JSON object
+    assert lines

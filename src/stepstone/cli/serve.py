@@ -84,7 +84,9 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
         # Bound here, not by uvicorn, which exits the process (SystemExit, a traceback) when it cannot bind.
         with listening_socket(host, port) as sock:
             port = sock.getsockname()[1]  # --port 0 picks one: say which
-            config = uvicorn.Config(create_app(ctx), log_level="warning", lifespan="off",
+            # log_config=None: uvicorn's lines go through the process's logging (the worker's --log-format),
+            # not handlers of its own that print text beside the worker's JSON lines.
+            config = uvicorn.Config(create_app(ctx), log_level="warning", lifespan="off", log_config=None,
                                     timeout_graceful_shutdown=5)  # live-update streams end with it
             server = _quiet_server(uvicorn, config)
             task = asyncio.create_task(server.serve(sockets=[sock]))
