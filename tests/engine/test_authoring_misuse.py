@@ -48,6 +48,7 @@ def _need_more_than_branches(wf: Workflow[Any]) -> None:
 
 @pytest.mark.parametrize(("declare", "said"), [
     (_need_more_than_branches, "join step 'j' needs 5 branches; fork 'f' has 2"),
+    (lambda wf: wf.join("j", fork="f", next="e", need=0), "a count of 1 or more, got 0"),  # it meant all
     (lambda wf: wf.step(name="", start=True)(_noop), "invalid step name ''"),  # was: the handler's name
     (lambda wf: wf.step(name="x", start=True)(5), "the handler must be a function, got 5"),
     (lambda wf: wf.step(name="x", start=True, next=5)(_noop), "next must name a step or a list of steps"),

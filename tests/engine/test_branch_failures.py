@@ -61,6 +61,37 @@ two_of = _vote("vote_two", 2)
 all_of = _vote("vote_all", "all")
 
 
+def inner_vote(ctx: StepContext, state: Vote) -> None:
+    assert ctx.branch is not None
+    if ctx.branch.name in FAILING:
+        raise ValueError(f"{ctx.branch.name} refused")
+    state.log.append(ctx.branch.name)
+
+
+def outer_wait(ctx: StepContext, state: Vote) -> None:
+    if "y" in FAILING:
+        raise ValueError("y refused")
+    state.log.append("y")
+
+
+def _nested() -> Workflow[Vote]:
+    """An outer fork of x (itself a fork of p and q, joined by all) and y (which waits for `go`), joined
+    by any: p failing makes x's join impossible, which the outer join does not need."""
+    wf: Workflow[Vote] = Workflow("vote_nested", version=1, state=Vote)
+    wf.fork("outer", branches={"x": "inner", "y": "outer_wait"}, start=True)
+    wf.fork("inner", branches={"p": "inner_vote", "q": "inner_vote"})
+    wf.step(next="inner_met", retry=Retry(max_attempts=1))(inner_vote)
+    wf.join("inner_met", fork="inner", next="outer_met", need="all")
+    wf.step(next="held", retry=Retry(max_attempts=1))(outer_wait)
+    wf.wait("held", signals={"go": "outer_met"})
+    wf.join("outer_met", fork="outer", next="done", need="any")
+    wf.step(next=None)(done)
+    return wf
+
+
+nested = _nested()
+
+
 class Outer(BaseModel):
     hold: list[str] = Field(default_factory=list)
     outcome: str | None = None
@@ -85,7 +116,12 @@ def refused(ctx: StepContext, state: Outer) -> None:
     state.outcome = f"child {ctx.child.status}"
 
 
-registry = Registry(any_of, two_of, all_of, caller)
+caller_all: Workflow[Outer] = Workflow("vote_caller_all", version=1, state=Outer)
+caller_all.child(workflow="vote_all", next="heard", on_failure="refused", start=True, name="ask_all")(ask_child)
+caller_all.step(next=None)(heard)
+caller_all.step(next=None)(refused)
+
+registry = Registry(any_of, two_of, all_of, nested, caller, caller_all)
 
 
 @pytest.fixture
@@ -189,3 +225,50 @@ async def test_a_child_whose_join_cannot_be_met_fails_for_its_parent(engine: Eng
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["outcome"] == "child FAILED", info
+
+
+async def test_an_inner_join_that_cannot_be_met_counts_as_a_failed_branch_for_the_outer_one(engine: Engine) -> None:
+    FAILING.add("p")
+    iid = await engine.client.start(nested, {})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "WAITING" and info.error is None, info  # y can still meet the outer join
+    history = await engine.client.history(iid)
+    assert "INSTANCE_FAILED" not in kinds(history)
+    assert [h["position"] for h in history if h["kind"] == "BRANCH_FAILED"] == ["outer/x/inner/p"]
+    await engine.client.signal(iid, "go", {}, position="outer/y")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.error is None, info
+    assert "INSTANCE_FAILED" not in kinds(await engine.client.history(iid))
+
+
+async def test_an_inner_failure_that_reaches_the_root_fails_the_instance(engine: Engine) -> None:
+    FAILING.update({"p", "y"})  # y's first step fails too: neither outer branch can arrive
+
+    iid = await engine.client.start(nested, {})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.error is not None, info
+    history = await engine.client.history(iid)
+    assert kinds(history).count("INSTANCE_FAILED") == 1 and kinds(history).count("BRANCH_FAILED") == 1
+
+
+async def test_failures_after_the_instance_stopped_are_passed_over(engine: Engine) -> None:
+    # All three fail under a join that needs all: the first stops the instance; the others are recorded
+    # as branch failures: one INSTANCE_FAILED, the first error kept, the parent told once.
+    FAILING.update({"a", "b", "c"})
+    iid = await engine.client.start(caller_all, {})
+    await engine.run_until_idle()
+    parent = await engine.client.get(iid)
+    assert parent.status == "COMPLETED" and parent.state["outcome"] == "child FAILED", parent
+    [child] = parent.children
+    info = await engine.client.get(child["id"])
+    history = await engine.client.history(child["id"])
+    assert info.status == "FAILED" and kinds(history).count("INSTANCE_FAILED") == 1
+    assert kinds(history).count("BRANCH_FAILED") == 2
+    stopped = next(h for h in history if h["kind"] == "INSTANCE_FAILED")
+    assert info.error is not None and info.error["message"] == stopped["data"]["message"]
+    reports = await engine.store.pool.fetchval(
+        "SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid AND kind = 'CHILD_COMPLETION'", iid)
+    assert reports == 1

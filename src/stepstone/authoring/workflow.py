@@ -263,8 +263,9 @@ class Workflow(Generic[S]):
         of them reached it, the fork's position goes on to `next`; the branches still running are
         cancelled. Branch steps go to this step's name to end their branch."""
         count = 0 if need == "all" else 1 if need == "any" else need
-        if not isinstance(count, int) or isinstance(count, bool):
-            raise DefinitionError(f"join {name!r}: need must be 'all', 'any' or a count, got {need!r}")
+        if not isinstance(count, int) or isinstance(count, bool) or (count < 1 and need != "all"):
+            # (0 is how the plan spells "all": need=0 meant every branch, not none)
+            raise DefinitionError(f"join {name!r}: need must be 'all', 'any' or a count of 1 or more, got {need!r}")
         self._add(Step(name, "join", (next,), fork=fork, need=count), False)
 
     @overload

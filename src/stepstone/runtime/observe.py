@@ -155,7 +155,7 @@ def commit(instance: InstanceView, decision: Decision, workflow: str = "") -> _S
 
 def _log_failure(workflow: str, instance: InstanceView, decision: Decision) -> None:
     """WARNING for an attempt that will be retried or a dead-lettered signal; ERROR for a failed position
-    (the instance fails with it, or for a branch, when its join can no longer be met) or a compensation
+    (the root's fails the instance; a branch's, when its join can no longer be met) or a compensation
     given up. With the step's fields, as its own lines."""
     settle = decision.settle
     moved = next((e for e in decision.of(MovePosition) if e.status == FAILED), None)
@@ -171,7 +171,10 @@ def _log_failure(workflow: str, instance: InstanceView, decision: Decision) -> N
                                            f"retrying in {settle.retry_delay or 0:g} s: {settle.reason}")
     elif moved is not None:
         dead = "its command was dead-lettered: " if settle.state == "DEAD" else ""
-        level, message = logging.ERROR, f"{where} failed at step {step}: {dead}{settle.reason}"
+        # A branch's failure stops the instance only when its join can no longer be met, which the commit
+        # decided and the worker does not learn: the line says so, the history says which (IfStopped).
+        whether = " (the instance fails with it only if its join can no longer be met)" if instance.position else ""
+        level, message = logging.ERROR, f"{where} failed at step {step}{whether}: {dead}{settle.reason}"
     elif settle.state == "DEAD":
         level, message = logging.WARNING, f"a command of {where} was dead-lettered: {settle.reason}"
     else:

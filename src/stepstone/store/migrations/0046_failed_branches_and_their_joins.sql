@@ -4,24 +4,46 @@
 -- instance ended COMPLETED still carrying the error, after an INSTANCE_FAILED entry. Now, under such a
 -- join, a failed branch is recorded (BRANCH_FAILED, the position FAILED) and the instance runs on while
 -- enough of the fork's branches are running, waiting or arrived; once too few are, the failure stops the
--- instance (INSTANCE_FAILED, the error, a child's report to its parent). A join that needs every branch
--- behaves as before. The decision writes both outcomes (IfStopped); the commit picks one by counting,
+-- instance (INSTANCE_FAILED, the error, a child's report to its parent). A branch whose own (inner) join
+-- can no longer be met counts as failed for the join above it; the instance stops when the failures reach
+-- its root. Once stopped, further failures are passed over (BRANCH_FAILED): one INSTANCE_FAILED, one
+-- error, one report to the parent. The decision writes both outcomes (IfStopped); the commit picks one,
 -- under the instance's lock, since sibling branches fail and arrive while a branch runs.
--- Expand only: a new function, failure_stops; commit_decision is replaced with the same signature.
--- Whether a FAILED position whose fork position is p_parent (at visit p_visit) stops its instance: at
--- the root (no fork) always; in a branch, when fewer of the fork's branches than its join needs are still
--- running, waiting or arrived (COMPLETED), so the join can no longer be met. A join that needs every
--- branch is never met once one has failed. docs/branches.md, "A branch that fails".
-CREATE FUNCTION {{schema}}.failure_stops(p_instance uuid, p_parent text, p_visit integer) RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT COALESCE((
-        SELECT (SELECT count(*) FROM {{schema}}.positions s
-                WHERE s.instance_id = p_instance AND s.parent_path = p_parent AND s.parent_visit = p_visit
-                  AND s.status IN ('RUNNING', 'WAITING', 'COMPLETED')) < (f.wait->>'need')::integer
-        FROM {{schema}}.positions f
-        WHERE f.instance_id = p_instance AND f.path = p_parent AND f.visit = p_visit AND f.wait->>'kind' = 'join'
-    ), true)
-$$;
+-- Expand only: a new function, failures_stop; commit_decision is replaced with the same signature.
+-- Whether the failed positions of an instance stop it (docs/branches.md, "A branch that fails"). A FAILED
+-- position is dead; a fork position waiting at its join is dead when fewer of its branches than the join
+-- needs are running, waiting or arrived (COMPLETED) and not dead themselves, so that a branch whose own
+-- join can no longer be met counts as failed for the join above it. The instance stops when its root is
+-- dead. A join that needs every branch is never met once one has failed. Asked only when a position has
+-- failed; each round looks one level further up.
+CREATE FUNCTION {{schema}}.failures_stop(p_instance uuid) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_dead text[] := ARRAY(SELECT p.path FROM {{schema}}.positions p
+                           WHERE p.instance_id = p_instance AND p.status = 'FAILED');
+    v_more text[];
+BEGIN
+    LOOP
+        IF '' = ANY (v_dead) THEN
+            RETURN true;
+        END IF;
+        v_more := ARRAY(
+            SELECT f.path FROM {{schema}}.positions f
+            WHERE f.instance_id = p_instance AND f.status = 'WAITING' AND f.wait->>'kind' = 'join'
+              AND NOT f.path = ANY (v_dead)
+              AND EXISTS (SELECT 1 FROM {{schema}}.positions c
+                          WHERE c.instance_id = p_instance AND c.parent_path = f.path AND c.parent_visit = f.visit
+                            AND c.path = ANY (v_dead))
+              AND (SELECT count(*) FROM {{schema}}.positions c
+                   WHERE c.instance_id = p_instance AND c.parent_path = f.path AND c.parent_visit = f.visit
+                     AND c.status IN ('RUNNING', 'WAITING', 'COMPLETED') AND NOT c.path = ANY (v_dead))
+                  < (f.wait->>'need')::integer);
+        IF cardinality(v_more) = 0 THEN
+            RETURN false;
+        END IF;
+        v_dead := v_dead || v_more;
+    END LOOP;
+END $$;
 
 CREATE OR REPLACE FUNCTION {{schema}}.commit_decision(d jsonb)
 RETURNS TABLE (outcome text, continuation bigint, lease_until timestamptz, committed_at timestamptz,
@@ -52,8 +74,7 @@ DECLARE
     v_branches integer;
     v_hist integer;
     v_pstatus text;
-    v_parent text;
-    v_parent_visit integer;
+    v_before text;
     v_stops boolean := false;
     v_side jsonb;
     v_status text;
@@ -66,8 +87,8 @@ DECLARE
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
-    SELECT i.state_version, i.branches, i.history_seq, i.definition_id, i.version
-    INTO v_version, v_branches, v_hist, v_definition, v_pinned
+    SELECT i.state_version, i.branches, i.history_seq, i.definition_id, i.version, i.status
+    INTO v_version, v_branches, v_hist, v_definition, v_pinned, v_before
     FROM {{schema}}.instances i WHERE i.id = v_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
@@ -117,14 +138,9 @@ BEGIN
         lease_owner = CASE WHEN v_cont THEN p.lease_owner END,
         updated_at = v_now
     WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
-    RETURNING p.status, p.parent_path, p.parent_visit INTO v_pstatus, v_parent, v_parent_visit;
+    RETURNING p.status INTO v_pstatus;
     IF NOT FOUND THEN
         RETURN;
-    END IF;
-    IF v_pstatus = 'FAILED' THEN
-        -- Whether this failure stops the instance: the root's always; a branch's (IfStopped) when its join
-        -- can no longer be met without it (migration 0046), counted here, under the instance's lock.
-        v_stops := NOT (d ? 'if_stopped') OR {{schema}}.failure_stops(v_id, v_parent, v_parent_visit);
     END IF;
     IF v_pos <> '' AND v_move IS NOT NULL AND v_pstatus IN ('COMPLETED', 'CANCELLED') THEN
         v_branches := v_branches - 1;
@@ -154,14 +170,17 @@ BEGIN
                      WHERE p.instance_id = v_id AND p.status IN ('RUNNING', 'WAITING', 'FAILED'));
         -- Failed branches whose joins can still be met without them do not stop the instance (migration
         -- 0046). Asked only when a position has failed, so not on the way of an ordinary commit.
-        IF v_status = 'FAILED' AND NOT EXISTS (
-                SELECT 1 FROM (SELECT DISTINCT p.parent_path, p.parent_visit FROM {{schema}}.positions p
-                               WHERE p.instance_id = v_id AND p.status = 'FAILED') g
-                WHERE {{schema}}.failure_stops(v_id, g.parent_path, g.parent_visit)) THEN
+        IF v_status = 'FAILED' AND NOT {{schema}}.failures_stop(v_id) THEN
             v_status := (SELECT CASE WHEN bool_or(p.status = 'RUNNING') THEN 'RUNNING' ELSE 'WAITING' END
                          FROM {{schema}}.positions p
                          WHERE p.instance_id = v_id AND p.status IN ('RUNNING', 'WAITING'));
         END IF;
+    END IF;
+    IF v_pstatus = 'FAILED' THEN
+        -- This commit's failure stops the instance: the root's always; a branch's (IfStopped) when it is
+        -- the one that stopped an instance not stopped before (a later one is passed over: one
+        -- INSTANCE_FAILED, one error, one word to the parent), counted here, under the instance's lock.
+        v_stops := NOT (d ? 'if_stopped') OR (v_before <> 'FAILED' AND v_status = 'FAILED');
     END IF;
     IF d ? 'if_stopped' THEN  -- a branch's failure: INSTANCE_FAILED (and the parent told), or BRANCH_FAILED
         v_side := d->'if_stopped'->(CASE WHEN v_stops THEN 'stopped' ELSE 'passed' END);
