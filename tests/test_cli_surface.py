@@ -55,6 +55,15 @@ def test_a_malformed_url_is_called_malformed(url: str) -> None:
     assert "localhost:5432" not in lines[0] and "cannot reach" not in lines[0]
 
 
+@pytest.mark.parametrize(("url", "shown"), [("sqlite:///x.db", "'sqlite:///x.db'"),
+                                             ("sqlite://u:s3cr3t@h///x.db", "'sqlite://u:***@h///x.db'")])
+def test_a_malformed_url_is_echoed_as_given(url: str, shown: str) -> None:
+    result = CliRunner().invoke(cli, ["--database-url", url, "list"])
+    assert result.exit_code == 1
+    assert f"malformed database URL {shown}:" in result.stderr, result.stderr
+    assert "s3cr3t" not in result.stderr
+
+
 def _summaries(args: list[str]) -> dict[str, str]:
     text = CliRunner().invoke(cli, args, terminal_width=80).stdout
     listing = text.split("Commands:\n", 1)[1]

@@ -31,6 +31,11 @@ REDACTED = [
     ("host=db.example password='s3cr3t pw' dbname=app", "host=db.example password=*** dbname=app"),
     ("postgresql://bob@/app?host=/tmp/x?password=s3cr3t-pw", "postgresql://bob@/app?host=/tmp/x?password=***"),
     ("postgresql://bob@db.example:5432/app", "postgresql://bob@db.example:5432/app"),
+    # Echoed as written, only the secrets replaced: no "//" dropped, no empty "?" or "#" dropped.
+    ("sqlite:///x.db", "sqlite:///x.db"),
+    ("postgresql:///app?host=/run/postgresql&password=s3cr3t-pw", "postgresql:///app?host=/run/postgresql&password=***"),
+    ("postgresql://bob:s3cr3t-pw@db.example/app?", "postgresql://bob:***@db.example/app?"),
+    ("postgresql://bob:s3cr3t-pw@db.example/app#", "postgresql://bob:***@db.example/app#"),
 ]
 
 

@@ -38,19 +38,27 @@ def _mask_query(query: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password and every secret query parameter replaced by ``***``."""
+    """The URL as written, with its password and every secret query parameter replaced by ``***``.
+
+    Only the secrets are replaced in the text: re-assembling the parsed parts would rewrite what the user
+    typed (``sqlite:///x.db`` came back as ``sqlite:/x.db``, a trailing ``?`` was dropped)."""
     if "://" not in url:  # a keyword/value string (host=... password=...)
         return _KEYWORD_SECRET.sub(lambda m: m.group(1) + MASK, url)
     try:
-        parts = urlsplit(url)
+        urlsplit(url)
     except ValueError:  # e.g. an unbalanced [ in the host: keep nothing after the scheme's user
         scheme, _, rest = url.partition("://")
         return f"{scheme}://{MASK}" if rest else url
-    user, password, hostport = _split_netloc(parts.netloc)
-    netloc = parts.netloc
+    # The same split urlsplit makes: the netloc runs to the first / ? or #, the query from ? to #.
+    scheme, _, rest = url.partition("://")
+    netloc_end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:netloc_end], rest[netloc_end:]
+    user, password, hostport = _split_netloc(netloc)
     if password is not None:
         netloc = f"{user}:{MASK}@{hostport}"
-    return urlunsplit((parts.scheme, netloc, parts.path, _mask_query(parts.query), parts.fragment))
+    before_fragment, hash_, fragment = tail.partition("#")
+    path, question, query = before_fragment.partition("?")
+    return f"{scheme}://{netloc}{path}{question}{_mask_query(query)}{hash_}{fragment}"
 
 
 def secrets_in(url: str) -> list[str]:
