@@ -3,6 +3,11 @@
 The attribute may be a `Registry` or a single `Workflow` (wrapped in a Registry). The current
 directory is put on ``sys.path`` first, as uvicorn does, so ``--app myproject.flows:registry``
 works from the project root without installing anything.
+
+The module may name the database its workflows live on with a function ``stepstone_database()`` returning
+`Settings` (database_url, schema and their sources), as `stepstone.integrations.django_tasks` does with the
+Django database: the command then uses that database and schema when none is configured, and refuses a
+configured one (flag, environment, pyproject) that names another, since it would never see that app's work.
 """
 
 from __future__ import annotations
@@ -18,12 +23,16 @@ from typing import Any, TypeVar
 import click
 
 from stepstone.authoring.workflow import Registry, Workflow
-from stepstone.cli.common import CliError, RootOptions
+from stepstone.cli.common import SETTINGS_FOR_APP, CliError, RootOptions
+from stepstone.config import Settings
 from stepstone.errors import StepstoneError
+from stepstone.store.dsn import redact_url, same_database
 
-__all__ = ["APP_ENV", "app_option", "import_attribute", "load_app"]
+__all__ = ["APP_DATABASE_HOOK", "APP_ENV", "app_database", "app_option", "import_attribute", "load_app",
+           "settings_for_app"]
 
 APP_ENV = "STEPSTONE_APP"
+APP_DATABASE_HOOK = "stepstone_database"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -66,6 +75,44 @@ def import_attribute(spec: str, option: str, example: str) -> Any:
     return value
 
 
+def app_database(spec: str) -> Settings | None:
+    """The database the (already imported) module of ``spec`` names with ``stepstone_database()``, if any."""
+    hook = getattr(sys.modules.get(spec.partition(":")[0]), APP_DATABASE_HOOK, None)
+    if not callable(hook):
+        return None
+    try:
+        named = hook()
+    except StepstoneError as exc:
+        raise CliError(f"{spec}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+    except Exception as exc:  # any error in the user's hook becomes one line
+        raise CliError(f"{spec}: {APP_DATABASE_HOOK}() failed: {_one_line(exc)}") from exc
+    if not isinstance(named, Settings) or not named.database_url:
+        raise CliError(f"{spec}: {APP_DATABASE_HOOK}() must return stepstone.config.Settings with a database_url")
+    return named
+
+
+def settings_for_app(settings: Settings, spec: str, named: Settings) -> Settings:
+    """``settings`` on the database and schema the app named, where nothing was configured; CliError when
+    something configured names another database or schema (its work would never be seen there)."""
+    app_url, app_schema = named.database_url or "", named.schema
+    app_source = named.sources.get("database_url", APP_DATABASE_HOOK)
+    sources = dict(settings.sources)
+    url = settings.database_url
+    if url is None:
+        url, sources["database_url"] = app_url, f"--app {spec}: {app_source}"
+    elif not same_database(url, app_url):
+        raise CliError(f"--app {spec} works on the database {redact_url(app_url)} ({app_source}), but "
+                       f"{sources.get('database_url', 'the settings')} names {redact_url(url)}: "
+                       "unset that, or make it name the same database")
+    schema = settings.schema
+    if sources.get("schema", "default") == "default":
+        schema, sources["schema"] = app_schema, f"--app {spec}: {named.sources.get('schema', APP_DATABASE_HOOK)}"
+    elif schema != app_schema:
+        raise CliError(f"--app {spec} works in the schema {app_schema!r} ({named.sources.get('schema', app_source)}), "
+                       f"but {sources['schema']} names {schema!r}: unset that, or make it the same schema")
+    return Settings(database_url=url, schema=schema, sources=sources, broker_url=settings.broker_url)
+
+
 def app_option(*, required: bool) -> Callable[[F], F]:
     """Add ``--app`` (env STEPSTONE_APP); the command receives the loaded ``registry`` (or None)."""
 
@@ -77,7 +124,12 @@ def app_option(*, required: bool) -> Callable[[F], F]:
                 app = (root.app if root is not None else None) or os.environ.get(APP_ENV) or None
             if app is None and required:
                 raise CliError(f"no workflows to work with: pass --app module:attribute or set {APP_ENV}")
-            return func(*args, registry=load_app(app) if app else None, **kwargs)
+            registry = load_app(app) if app else None
+            named = app_database(app) if app else None
+            if app and named is not None:  # read by `with_settings`, which runs inside this wrapper
+                click.get_current_context().meta[SETTINGS_FOR_APP] = functools.partial(
+                    settings_for_app, spec=app, named=named)
+            return func(*args, registry=registry, **kwargs)
 
         return click.option(
             "--app",

@@ -22,6 +22,7 @@ from stepstone.errors import StepstoneError
 
 __all__ = [
     "FREE_TEXT",
+    "SETTINGS_FOR_APP",
     "TEXT",
     "CliError",
     "RootOptions",
@@ -37,6 +38,8 @@ __all__ = [
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
+SETTINGS_FOR_APP = "stepstone.settings_for_app"
+"""The key of ``ctx.meta`` where ``--app`` leaves a function fitting the settings to the app's own database."""
 
 
 class CliError(click.ClickException):
@@ -143,6 +146,9 @@ def with_settings(func: Callable[..., T]) -> Callable[..., T]:
             )
         except StepstoneError as exc:
             raise CliError(str(exc)) from exc
+        for_app = ctx.meta.get(SETTINGS_FOR_APP)  # an --app that names its database (cli/app.py)
+        if for_app is not None:
+            settings = for_app(settings)
         return func(*args, settings=settings, **kwargs)
 
     return settings_options(wrapper)

@@ -8,7 +8,8 @@
     }
 
 and a worker beside the app (with DJANGO_SETTINGS_MODULE set):
-`stepstone worker --app stepstone.integrations.django_tasks:registry`.
+`stepstone worker --app stepstone.integrations.django_tasks:registry`. The worker works on the database
+the backend writes to: `stepstone_database()` below names it to the CLI (docs/integrations.md).
 
 Each enqueued task is an instance of the workflow `django.task`: a timer until `run_after` (now when
 not deferred), then one step that calls the task. Inside `transaction.atomic()` the enqueue is written
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import traceback
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +31,8 @@ from urllib.parse import quote
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+from stepstone.config import DEFAULT_SCHEMA, Settings
+from stepstone.errors import ConfigError
 
 try:  # Django 6
     from django.tasks.backends.base import BaseTaskBackend
@@ -42,7 +46,7 @@ except ImportError:  # the django-tasks package (Django 4.2 - 5.x)
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.utils import normalize_json
 
-__all__ = ["StepstoneBackend", "django_task", "registry"]
+__all__ = ["StepstoneBackend", "django_task", "registry", "stepstone_database"]
 
 WORKFLOW = "django.task"
 
@@ -123,8 +127,53 @@ def _database_url(alias: str = "default") -> str:
     password = quote(s.get("PASSWORD") or "", safe="")
     auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
     host = s.get("HOST") or "localhost"
+    name = quote(s["NAME"], safe="")
+    if host.startswith("/"):  # a Unix socket directory goes in the query, as libpq reads it
+        port = f"&port={s['PORT']}" if s.get("PORT") else ""
+        return f"postgresql://{auth}/{name}?host={quote(host, safe='/')}{port}"
     port = f":{s['PORT']}" if s.get("PORT") else ""
-    return f"postgresql://{auth}{host}{port}/{quote(s['NAME'], safe='')}"
+    return f"postgresql://{auth}{host}{port}/{name}"
+
+
+def _target(options: Mapping[str, Any]) -> tuple[str, str]:
+    """The database URL and schema a backend with these OPTIONS writes to."""
+    url = options.get("database_url") or _database_url(options.get("database", "default"))
+    return url, options.get("schema") or DEFAULT_SCHEMA
+
+
+def stepstone_database() -> Settings:
+    """The database and schema the stepstone backends of TASKS write to. The CLI asks an --app module for
+    it, so `stepstone worker --app stepstone.integrations.django_tasks:registry` serves them when no database
+    is configured, and refuses a configured one that names another database."""
+    from django.conf import settings  # noqa: PLC0415
+    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+    from django.utils.module_loading import import_string  # noqa: PLC0415
+
+    try:
+        tasks = getattr(settings, "TASKS", None) or {}
+    except ImproperlyConfigured:
+        raise ConfigError("the Django settings are not configured: set DJANGO_SETTINGS_MODULE (e.g. "
+                          "DJANGO_SETTINGS_MODULE=mysite.settings), whose TASKS name the database") from None
+    except ImportError as exc:
+        raise ConfigError(f"cannot import the Django settings {settings.SETTINGS_MODULE!r}: {exc}") from None
+    where = f"TASKS in {settings.SETTINGS_MODULE}"
+    targets: dict[tuple[str, str], list[str]] = {}
+    for alias, entry in tasks.items():
+        try:
+            backend = import_string(entry.get("BACKEND", ""))
+        except ImportError:
+            continue  # not ours; Django itself says what is wrong with it
+        if isinstance(backend, type) and issubclass(backend, StepstoneBackend):
+            targets.setdefault(_target(entry.get("OPTIONS") or {}), []).append(alias)
+    if not targets:
+        raise ConfigError(f"{where}: no backend is {__name__}.StepstoneBackend, so there are no tasks to run")
+    if len(targets) > 1:
+        aliases = sorted(alias for names in targets.values() for alias in names)
+        raise ConfigError(f"{where}: the stepstone backends {aliases} write to different databases or schemas; "
+                          "a worker serves one: give them the same database_url and schema")
+    [(target, aliases)] = targets.items()
+    source = f"TASKS[{aliases[0]!r}] in {settings.SETTINGS_MODULE}"
+    return Settings(database_url=target[0], schema=target[1], sources={"database_url": source, "schema": source})
 
 
 class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -146,8 +195,8 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
 
         with self._lock:
             if self._client is None:
-                url = self.options.get("database_url") or _database_url(self.options.get("database", "default"))
-                self._client = SyncClient(url, schema=self.options.get("schema"), registry=registry)
+                url, schema = _target(self.options)
+                self._client = SyncClient(url, schema=schema, registry=registry)
             return self._client
 
     def close(self) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
-__all__ = ["MASK", "SCHEMES", "endpoint", "malformed_reason", "redact_url", "secrets_in", "without_password"]
+__all__ = [
+    "MASK", "SCHEMES", "endpoint", "malformed_reason", "redact_url", "same_database", "secrets_in", "without_password",
+]
 
 MASK = "***"
 SCHEMES = ("postgresql", "postgres")
@@ -104,6 +106,23 @@ def endpoint(url: str) -> tuple[str, int | None]:
     except ValueError:
         return "?", None
     return host, port
+
+
+def same_database(a: str, b: str) -> bool:
+    """Whether two URLs name the same database: host, port and database name (the user and the options
+    may differ). A keyword/value string equals only itself."""
+    if "://" not in a or "://" not in b:
+        return a == b
+
+    def name(url: str) -> str:
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        return unquote(parts.path.lstrip("/")) or query.get("dbname") or unquote(parts.username or "")
+
+    try:
+        return endpoint(a) == endpoint(b) and name(a) == name(b)
+    except ValueError:
+        return a == b
 
 
 def without_password(url: str) -> tuple[str, str | None]:
