@@ -241,9 +241,10 @@ def stranded_command(settings: Settings, within_minutes: float, scope: str | Non
                      "last_served": s.last_served.isoformat() if s.last_served else None} for s in found]
 
     rows = run_async(go())
+    # A worker that stops cleanly deletes its heartbeat rows: no time on record is "unknown", not "never".
     emit(rows, output, lambda: render_table(
         [[r["workflow"], r["version"], r["plan_hash"][:12], r["instances"], r["deferred_commands"],
-          r["last_served"] or "never"] for r in rows],
+          r["last_served"] or "unknown"] for r in rows],
         ["workflow", "version", "plan", "instances", "deferred", "last served"])
         if rows else "no stranded instances: every pinned version is served by a live worker")
 

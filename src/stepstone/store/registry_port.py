@@ -43,6 +43,7 @@ class StrandedPin:
     instances: int
     deferred_commands: int
     last_served: datetime | None
+    """The last heartbeat on record; None when there is none (never served, or its workers stopped cleanly)."""
 
 
 class DefinitionsPort(Protocol):
