@@ -240,12 +240,16 @@ class AdvanceSaga(Effect):
 
 @dataclass(frozen=True)
 class ScheduleStepDeadline(Effect):
-    """Entering an action step with a deadline: a timer on the saga's position (`core.saga.SAGA`), so a
-    handler still running on this position does not hold it up."""
+    """Entering a step with a deadline: a timer on the saga's position (`core.saga.SAGA`), so a
+    handler still running on the step's position does not hold it up. The step is this position's at
+    `visit`, or, with `position`, the first step of a branch this commit opens (`OpenBranches`), at
+    the visit the commit opens it at (`visit` None: a fork that runs again reopens its branches at
+    their next visit, which only the store knows)."""
 
     step: str
-    visit: int
+    visit: int | None
     seconds: float
+    position: str | None = None
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,16 @@ def _fork(instance: InstanceView, plan: Plan, step: Step, visit: int, state: JSO
         at_fork = replace(instance, step=step.name, visit=visit)
         return [started, *enter(at_fork, plan, join.next[0], state, now)]
     wait = {"kind": "join", "fork": step.name, "join": join.name, "total": total, "need": need, "done": 0}
-    return [MovePosition(WAITING, step.name, visit, wait=wait), started, OpenBranches(tuple(starts), visit)]
+    return [MovePosition(WAITING, step.name, visit, wait=wait), started, OpenBranches(tuple(starts), visit),
+            *_branch_deadlines(plan, starts)]
+
+
+def _branch_deadlines(plan: Plan, starts: list[BranchStart]) -> list[Effect]:
+    """A branch's first step is not entered: its STEP command runs an action's handler at once, as a
+    start does (`Plan.start_deadline`), so the fork schedules an action's deadline. A wait or a timer
+    schedules its own when that STEP enters it."""
+    return [ScheduleStepDeadline(b.step, None, seconds, position=b.path) for b in starts
+            if plan.steps[b.step].kind == "action" and (seconds := plan.steps[b.step].deadline_seconds) is not None]
 
 
 def _reach_join(instance: InstanceView, join: Step, visit: int) -> list[Effect]:

@@ -177,7 +177,10 @@ def _saga(e: AdvanceSaga, doc: _Doc) -> None:
 
 
 def _step_deadline(e: ScheduleStepDeadline, doc: _Doc) -> None:
-    doc.extend("step_deadlines", {"step": e.step, "visit": e.visit, "seconds": e.seconds})
+    item: dict[str, Any] = {"step": e.step, "visit": e.visit, "seconds": e.seconds}
+    if e.position is not None:  # a branch this commit opens (migration 0047), not the committing position
+        item["position"] = e.position
+    doc.extend("step_deadlines", item)
 
 
 def _interrupt(e: InterruptStep, doc: _Doc) -> None:
