@@ -246,14 +246,18 @@ class Job(BaseModel):
 
 
 job: Workflow[Job] = Workflow("job", version=1, state=Job)
+FLAKY_JOBS: set[int] = set()
+"""Jobs (by `n`) that fail while their number is here: a retry after removing it completes them."""
+PARKED_JOBS: set[int] = set()
+"""Jobs (by `n`) that wait for the signal "done" after their work."""
 
 
 @job.step(start=True, next=[END, "parked"], retry=Retry(max_attempts=1))
 def work(ctx: StepContext, state: Job) -> str:
-    if state.fail:
+    if state.fail or state.n in FLAKY_JOBS:
         raise ValueError(f"job {state.n} refused")
     state.out = state.n * 10
-    return "parked" if state.wait else END
+    return "parked" if state.wait or state.n in PARKED_JOBS else END
 
 
 job.wait("parked", signals={"done": END})
@@ -289,7 +293,8 @@ def spawn_strict(ctx: StepContext, state: Job) -> Job:
 
 @strict_parent.step(next=None)
 def use_it(ctx: StepContext, state: Job) -> None:
-    state.out = 0
+    assert ctx.child is not None and ctx.child.status == "COMPLETED"
+    state.out = ctx.child.state["out"]
 
 
 abandoning: Workflow[Job] = Workflow("abandoning", version=1, state=Job)
@@ -305,6 +310,35 @@ def use_too(ctx: StepContext, state: Job) -> None:
     state.out = 0
 
 
+# Two branches, each starting a job (n and n + 1) without a failure route, joined by all.
+fan_jobs: Workflow[Fan] = Workflow("fan_jobs", version=1, state=Fan)
+fan_jobs.fork("fan", branches={"x": "job_x", "y": "job_y"}, start=True)
+
+
+@fan_jobs.child(workflow="job", next="took")
+def job_x(ctx: StepContext, state: Fan) -> Job:
+    return Job(n=state.counter)
+
+
+@fan_jobs.child(workflow="job", next="took")
+def job_y(ctx: StepContext, state: Fan) -> Job:
+    return Job(n=state.counter + 1)
+
+
+@fan_jobs.step(next="fanned")
+def took(ctx: StepContext, state: Fan) -> None:
+    assert ctx.branch is not None and ctx.child is not None and ctx.child.status == "COMPLETED"
+    state.results[ctx.branch.name] = ctx.child.state["out"]
+
+
+fan_jobs.join("fanned", fork="fan", next="sum_jobs")
+
+
+@fan_jobs.step(next=None)
+def sum_jobs(ctx: StepContext, state: Fan) -> None:
+    state.counter = sum(state.results.values())
+
 registry = Registry(
-    static, mapped, overlap, claim_once, race, gated, nested, looping, job, parent, strict_parent, abandoning
+    static, mapped, overlap, claim_once, race, gated, nested, looping, job, parent, strict_parent, abandoning,
+    fan_jobs,
 )
