@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from stepstone.authoring.selection import selected_workflow
 from stepstone.authoring.workflow import Workflow
 from stepstone.client_base import ClientBase, _fingerprint, deadline_fields
 from stepstone.context import durable
 from stepstone.core.limits import PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
-from stepstone.errors import DefinitionNotFound, InvalidInput, refused
+from stepstone.errors import InvalidInput, refused
 from stepstone.ids import new_instance_id
 from stepstone.observability import tracing
 from stepstone.store.port import NewInstance, NewInstances
@@ -177,15 +178,9 @@ class StartOperations(ClientBase):
         if isinstance(workflow, Workflow):
             return workflow
         self._text("workflow", workflow)
-        chosen = await self.store.definitions.select_version(scope, workflow)
-        if chosen is None:
-            return self._workflow(workflow)
-        _, version, plan_hash = chosen
-        found = self.registry.find(workflow, version, plan_hash)
-        if found is None:
-            raise DefinitionNotFound(workflow, version, reason=f"is the version scope {scope} selects, and this "
-                                     "client's registry lacks it (or holds another structure under that version)")
-        return found
+        found = await selected_workflow(self.store.definitions, self.registry, workflow, scope,
+                                        holder="this client's registry")
+        return self._workflow(workflow) if found is None else found
 
     def _start_state(self, wf: Workflow[Any], input: Any, business_key: str | None,  # noqa: A002
                      *, keyed: bool) -> tuple[Any, str | None]:

@@ -17,8 +17,9 @@ import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
+from stepstone.authoring.selection import SelectsVersions, selected_workflow
 from stepstone.authoring.workflow import (
     BranchInfo,
     ChildResult,
@@ -31,7 +32,7 @@ from stepstone.authoring.workflow import (
 )
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
-from stepstone.errors import StepstoneError
+from stepstone.errors import DefinitionNotFound, StepstoneError
 
 _MAX_MESSAGE = 1000
 
@@ -51,10 +52,11 @@ async def run_handler(
     cause: dict[str, Any] | None,
     executor: Executor,
     limits: Limits,
-    registry: Registry | None = None,
+    children: ChildVersions | None = None,
 ) -> StepSucceeded | StepFailed:
     """Run the step's handler and describe its outcome; never raises for handler errors.
-    `cause` is what led to this step (a signal, a child's end), shown to the handler."""
+    `cause` is what led to this step (a signal, a child's end), shown to the handler; `children` is
+    where a child step finds the version of its child."""
     try:
         state = workflow.state_from_json(instance.state)
     except BaseException as exc:  # noqa: BLE001 - the model's own validators are user code too
@@ -81,7 +83,7 @@ async def run_handler(
         return _failed(type(exc).__name__, _message(exc), retryable=retryable)
     child: ChildStart | None = None
     if workflow.plan.steps[run.step].kind == "child":
-        child, failed = _child_start(workflow, run.step, result, registry)
+        child, failed = await _child_start(workflow, run.step, result, children)
         if failed is not None:
             return failed
         result = None
@@ -125,15 +127,43 @@ def _left(
     return StepSucceeded(result, new_state, tuple(events), child=child)
 
 
-def _child_start(
-    workflow: Workflow[Any], step: str, value: Any, registry: Registry | None
+@dataclass(frozen=True)
+class ChildVersions:
+    """Where a child step finds its child's version: the one a `Client.start` of that workflow in the
+    parent's scope runs (`selected_workflow`), as this worker's registry holds it."""
+
+    store: HasDefinitions
+    registry: Registry
+    scope: str
+
+
+class HasDefinitions(Protocol):
+    @property
+    def definitions(self) -> SelectsVersions: ...
+
+
+async def _child_start(
+    workflow: Workflow[Any], step: str, value: Any, children: ChildVersions | None
 ) -> tuple[ChildStart | None, StepFailed | None]:
-    """The child a child step's handler asked for: its latest registered version and its input."""
+    """The child a child step's handler asked for: the version a start in the parent's scope runs, and its
+    input. A version that cannot take the child is the step's failure, never a crash of its commit."""
     name = workflow.plan.steps[step].workflow or ""
-    child_wf = registry.latest(name) if registry is not None else None
-    if child_wf is None:
+    child_wf = None if children is None else children.registry.latest(name)
+    if children is None or child_wf is None:
         problem = f"child step {step!r}: workflow {name!r} is not registered on this worker"
         return None, _failed("UnknownWorkflow", problem, retryable=False)
+    try:
+        child_wf = await selected_workflow(children.store.definitions, children.registry, name, children.scope,
+                                           holder="this worker's registry")
+    except DefinitionNotFound as exc:  # a rolling deploy: a worker that has the selected version may retry it
+        return None, _failed("DefinitionNotFound", f"child step {step!r}: {exc}; deploy it to every worker "
+                             f"that runs {workflow.id!r}", retryable=True)
+    if child_wf is None:  # what a start of it in this scope would be refused (VersionNotAdmitted)
+        problem = (f"child step {step!r}: no version of workflow {name!r} takes new instances in scope "
+                   f"{children.scope}: none is activated or AVAILABLE there or in the default scope; make one "
+                   f"AVAILABLE (`stepstone definitions reinstate {name} VERSION`) or deploy a new version, "
+                   f"then retry this instance")
+        return None, _failed("VersionNotAdmitted", problem, retryable=False)
     try:
         state = child_wf.state_to_json({} if value is None else value, what=f"input of child step {step!r}")
     except StepstoneError as exc:

@@ -35,7 +35,7 @@ from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPriv
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.compensations import run_compensation
-from stepstone.runtime.handlers import describe_error, run_handler
+from stepstone.runtime.handlers import ChildVersions, describe_error, run_handler
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
 from stepstone.runtime.wakeups import WakeUps
@@ -490,7 +490,7 @@ class Worker:
             with observe.step(workflow, instance, outcome, command) as seen:
                 result = await run_handler(
                     workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
-                    registry=self.registry,
+                    children=ChildVersions(self.store, self.registry, claim.pin.scope),
                 )
                 seen.result(result)
             decision = complete_step(instance, command, workflow.plan, result, now)

@@ -1,0 +1,106 @@
+"""A child step starts its child on the version a start of that workflow in the parent's scope would get
+(the scope's activation, else the default scope's, else the highest AVAILABLE version), never merely the
+newest one the worker has; a version nothing can admit fails the step clearly (docs/versions.md)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.testing import Engine, open_engine
+
+
+def kid(version: int) -> Workflow[Any]:
+    wf: Workflow[Any] = Workflow("kid", version=version)
+
+    @wf.step(start=True, next=None)
+    def grow(ctx: StepContext, state: dict[str, Any]) -> None:
+        state["kid_version"] = version
+
+    return wf
+
+
+parent: Workflow[Any] = Workflow("parent", version=1)
+
+
+@parent.child(workflow="kid", next="after", start=True)
+def spawn(ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@parent.step(next=None)
+def after(ctx: StepContext, state: dict[str, Any]) -> None:
+    assert ctx.child is not None
+    state["kid_version"] = ctx.child.state["kid_version"]
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    # kid v1 is recorded first, so it is the default scope's current version; v2 waits for an activation
+    async with open_engine(database_url, Registry(kid(1), kid(2), parent), max_claims=2) as e:
+        yield e
+
+
+async def _run_parent(engine: Engine, scope: str = "default") -> tuple[Any, list[dict[str, Any]]]:
+    """Run a parent to its end; it and its children (each with the version it is pinned to)."""
+    iid = await engine.client.start(parent, {}, scope=scope)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    return info, [{**c, "version": (await engine.client.get(c["id"])).version} for c in info.children]
+
+
+async def test_a_child_gets_the_current_version_as_a_start_does_not_the_newest_registered(engine: Engine) -> None:
+    started = await engine.client.start("kid", {})
+    info, [child] = await _run_parent(engine)
+    assert (await engine.client.get(started)).version == 1
+    assert info.status == "COMPLETED", info.error
+    assert (child["version"], info.state["kid_version"]) == (1, 1)
+
+    await engine.store.definitions.activate("default", "kid", 2)
+    info, [child] = await _run_parent(engine)
+    assert info.status == "COMPLETED", info.error
+    assert (child["version"], info.state["kid_version"]) == (2, 2)
+
+
+async def test_a_child_follows_the_activation_of_its_parents_scope(engine: Engine) -> None:
+    await engine.store.definitions.activate("acme", "kid", 2, target_scope="default")
+    info, [child] = await _run_parent(engine, scope="acme")
+    assert info.status == "COMPLETED", info.error
+    assert child["version"] == 2
+    assert (await engine.client.detail(child["id"])).scope == "acme"
+    info, [child] = await _run_parent(engine)  # the default scope still gets v1
+    assert child["version"] == 1
+
+
+async def test_deprecating_a_newer_child_version_leaves_parents_on_the_current_one(engine: Engine) -> None:
+    await engine.store.definitions.transition("default", "kid", 2, "DEPRECATED")
+    info, [child] = await _run_parent(engine)
+    assert info.status == "COMPLETED", info.error
+    assert child["version"] == 1
+    history = [h["kind"] for h in await engine.client.history(info.id)]
+    assert "COMMAND_DEAD_LETTERED" not in history
+
+
+async def test_a_child_no_version_can_admit_fails_its_step_clearly_then_runs_once_one_can(engine: Engine) -> None:
+    await engine.store.definitions.deactivate("default", "kid")
+    for version in (1, 2):
+        await engine.store.definitions.transition("default", "kid", version, "DEPRECATED")
+    info, children = await _run_parent(engine)
+    assert children == []
+    assert info.status == "FAILED"
+    assert info.error["type"] == "VersionNotAdmitted"
+    message = info.error["message"]
+    assert "child step 'spawn'" in message and "workflow 'kid'" in message and "scope default" in message
+    assert "stepstone definitions reinstate kid" in message
+    history = [h["kind"] for h in await engine.client.history(info.id)]
+    assert "COMMAND_DEAD_LETTERED" not in history and history.count("STEP_FAILED") == 1  # not retried
+
+    await engine.store.definitions.transition("default", "kid", 2, "AVAILABLE")
+    await engine.client.retry(info.id)
+    await engine.run_until_idle()
+    info = await engine.client.get(info.id)
+    assert info.status == "COMPLETED", info.error
+    assert [(await engine.client.get(c["id"])).version for c in info.children] == [2]
