@@ -5188,7 +5188,7 @@ BEGIN
 END $$;
 
 -- ==== version 48 (migration 0048_children_already_ended) ====
-A child step that runs again at the same visit names the same child;
+-- A child step that runs again at the same visit names the same child;
 -- start_children now tells the parent at once of one that has already ended; why: the migration's header.
 -- Start the children a step asked for, in that step's commit. The id is derived from the parent
 -- position's step visit, so a second insert of the same child does nothing. When the step ran again at
