@@ -15,6 +15,7 @@ from click.testing import CliRunner, Result
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.cli import cli
 from stepstone.core.pin import pin_of
+from stepstone.store.postgres import PostgresStore
 from stepstone.testing import open_engine
 
 kept: Workflow[Any] = Workflow("doctor_kept", version=1)
@@ -131,3 +132,21 @@ def test_doctor_sees_a_real_broker_answer(database_url: str, monkeypatch: pytest
     report = json.loads(result.stdout)
     assert report["broker"]["answers"] is True, report["broker"]
     assert [w for w in report["warnings"] if "can alter schema" not in w] == []
+
+
+def test_doctor_warns_of_a_moved_database_clock(database_url: str) -> None:
+    async def move(seconds: float) -> None:
+        store = await PostgresStore.open(database_url)
+        try:
+            await store.move_clock(seconds)
+        finally:
+            await store.close()
+
+    calm = json.loads(doctor(database_url, "-o", "json").stdout)
+    assert calm["database"]["clock_offset_seconds"] == 0
+    assert not any("clock" in w for w in calm["warnings"])
+    asyncio.run(move(3 * 86_400))
+    result = doctor(database_url)
+    assert result.exit_code == 0, result.output  # a warning, not a problem
+    assert "warning: the database clock (db_now()) is +259200 s (+3.00 days) off the server's" in result.stdout
+    assert json.loads(doctor(database_url, "-o", "json").stdout)["database"]["clock_offset_seconds"] == 3 * 86_400

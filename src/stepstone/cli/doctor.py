@@ -2,9 +2,10 @@
 
 Problems (exit 1): the database is unreachable or its schema is not at the shipped version, or the
 configured broker has no publisher installed.
-Warnings (exit 0): work the engine holds back, such as commands deferred because no worker that
-claimed them has their pin (a plan deployed nowhere, or retired too early), or a configured broker
-that does not answer (events wait in the outbox). The broker's URL is shown with its password masked.
+Warnings (exit 0): a database clock a test moved and left moved (`stepstone.testing`'s `advance`),
+work the engine holds back, such as commands deferred because no worker that claimed them has their
+pin (a plan deployed nowhere, or retired too early), or a configured broker that does not answer
+(events wait in the outbox). The broker's URL is shown with its password masked.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import click
 
 from stepstone.cli.common import CliError, emit, output_option, render_table, run_async, with_settings
-from stepstone.config import Settings
+from stepstone.config import Settings, quote_ident
 from stepstone.errors import StepstoneError
 from stepstone.outbox.probe import probe_broker
 from stepstone.outbox.publisher import open_publisher
@@ -67,6 +68,9 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
         database["server_version"] = await health.server_version(conn, settings.schema)
         state = await migrations.status(conn, settings.schema)
         if state.current_version is not None and not state.pending and not state.unknown:
+            database["clock_offset_seconds"] = offset = await health.clock_offset(conn, settings.schema)
+            if offset:
+                report["warnings"].append(_clock_warning(offset, settings.schema))
             report["deferred_pins"] = [_deferred(d) for d in await health.deferred_pins(conn, settings.schema)]
             report["warnings"] += [_deferred_warning(d) for d in report["deferred_pins"]]
             role, can_alter = await health.role_can_alter_schema(conn, settings.schema)
@@ -110,6 +114,12 @@ async def _check_broker(url: str, report: dict[str, Any]) -> dict[str, Any]:
         report["warnings"].append(f"the broker {probe.url} does not answer ({probe.detail}); events wait in the "
                                   "outbox until it does")
     return {"url": probe.url, "publisher": True, "answers": probe.answers, "detail": probe.detail}
+
+
+def _clock_warning(offset: float, schema: str) -> str:
+    return (f"the database clock (db_now()) is {offset:+g} s ({offset / 86_400:+.2f} days) off the server's: "
+            "every timer, lease and schedule here runs on that time; a test moved it and left it "
+            f"(`UPDATE {quote_ident(schema)}.clock SET offset_by = '0'` puts it back)")
 
 
 def _deferred(found: health.DeferredPin) -> dict[str, Any]:

@@ -13,7 +13,9 @@ from stepstone.core.pin import Pin
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
 
-__all__ = ["DeferredPin", "deferred_pins", "role_can_alter_schema", "server_version", "server_version_num"]
+__all__ = [
+    "DeferredPin", "clock_offset", "deferred_pins", "role_can_alter_schema", "server_version", "server_version_num",
+]
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,12 @@ async def server_version_num(conn: asyncpg.Connection | PoolConnectionProxy[Reco
     """The server's version as a number: 170000 for PostgreSQL 17.0."""
     with translate_errors():
         return int(await conn.fetchval(named_queries("health.sql", schema)["server_version_num"]))
+
+
+async def clock_offset(conn: asyncpg.Connection, schema: str) -> float:
+    """Seconds the database clock is moved from the server's (a test's `advance` left behind): 0 normally."""
+    with translate_errors():
+        return float(await conn.fetchval(named_queries("health.sql", schema)["clock_offset"]))
 
 
 async def deferred_pins(conn: asyncpg.Connection, schema: str) -> list[DeferredPin]:

@@ -219,10 +219,13 @@ class ClientStore(TaskStore, Protocol):
 
 
 class Store(WorkerStore, ClientStore, Protocol):
-    """The whole port, as `open_store` returns it; `move_clock` is the test hook on the db clock."""
+    """The whole port, as `open_store` returns it; `move_clock`, `clock_offset` and `set_clock_offset` are the
+    test hooks on the db clock."""
 
     url: str
     """Where the store is (may hold a password: redact it before showing it)."""
     schema: str
 
     async def move_clock(self, seconds: float) -> datetime: ...
+    async def clock_offset(self) -> float: ...
+    async def set_clock_offset(self, seconds: float) -> datetime: ...

@@ -482,6 +482,15 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         value: datetime = await self._fetchval("move_clock", seconds)
         return value
 
+    async def clock_offset(self) -> float:
+        """Test hook: seconds the database clock is moved from the server's."""
+        return float(await self._fetchval("clock_offset"))
+
+    async def set_clock_offset(self, seconds: float) -> datetime:
+        """Test hook: set the database clock's offset (e.g. back to what it was); returns the new time."""
+        value: datetime = await self._fetchval("set_clock_offset", seconds)
+        return value
+
 
 def _uuid(value: str) -> uuid.UUID:
     try:

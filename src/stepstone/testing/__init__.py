@@ -150,13 +150,18 @@ async def open_engine(
     limits: Limits | None = None,
     **config: Any,
 ) -> AsyncIterator[Engine]:
-    """Open an engine on a migrated database; `config` goes to WorkerConfig."""
+    """Open an engine on a migrated database; `config` goes to WorkerConfig. On the way out the database
+    clock gets back the offset it had on the way in: `advance` moves it for every session of the database."""
     store = await open_store(database_url, schema, max_size=config.get("concurrency", 8) + 4)
     client = Client(store, registry, limits=limits)
     try:
-        worker = Worker(store, registry, WorkerConfig(**config), limits)
-        await worker.register()
-        yield Engine(store, client, worker)
+        offset = await store.clock_offset()
+        try:
+            worker = Worker(store, registry, WorkerConfig(**config), limits)
+            await worker.register()
+            yield Engine(store, client, worker)
+        finally:
+            await store.set_clock_offset(offset)
     finally:
         await client.detach()
         await store.close()

@@ -286,3 +286,11 @@ SELECT {{schema}}.db_now();
 -- Test hook: shift the database clock every session sees; returns the new time. RETURNING reads the
 -- updated row, while db_now() would still read the offset from before this statement.
 UPDATE {{schema}}.clock SET offset_by = offset_by + make_interval(secs => $1) RETURNING now() + offset_by;
+
+-- name: clock_offset
+-- Test hook: how far (seconds) the database clock is moved from the server's own.
+SELECT extract(epoch FROM offset_by)::float8 FROM {{schema}}.clock;
+
+-- name: set_clock_offset
+-- Test hook: put the database clock's offset back to $1 seconds (what the testing kit found); returns the new time.
+UPDATE {{schema}}.clock SET offset_by = make_interval(secs => $1) RETURNING now() + offset_by;
