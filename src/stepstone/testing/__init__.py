@@ -5,7 +5,7 @@ a movable database clock, and run-until-idle instead of sleeps.
         iid = await engine.client.start(order, {...})
         await engine.run_until_idle()
         await engine.advance(days=3)                 # time skipping: every timer and schedule due fires
-        engine.assert_step_ran(iid, "charge", times=1)
+        await engine.assert_step_ran(iid, "charge", times=1)
 
 With pytest, the `engine` fixture of the stepstone plugin (`stepstone.testing.plugin`, registered
 through the pytest11 entry point) gives each test such an engine on its own database.
