@@ -31,6 +31,7 @@ from stepstone.store.port import Store
 
 __all__ = ["Engine", "StepRuns", "open_engine"]
 
+_COUNTED_KINDS = ("action", "child")  # the step kinds whose handler's completion history records (STEP_COMPLETED)
 _MAX_SKIPS = 10_000  # time skipping stops at this many stops on the way (a timer that re-arms itself at once)
 
 
@@ -110,17 +111,37 @@ class Engine:
     # -- assertions on history --------------------------------------------------------------------
 
     async def step_runs(self, instance_id: str, step: str) -> StepRuns:
-        """How often `step` completed on the instance, with each run's attempt and state patch."""
+        """How often `step` completed on the instance, with each run's attempt and state patch. A step the
+        instance's workflow lacks, or one that runs no handler (a timer, a wait ...), is InvalidInput."""
+        await self._check_counted(instance_id, step)
         done = [h for h in await self.client.history(instance_id)
                 if h["kind"] == "STEP_COMPLETED" and h["step"] == step]
         data = [h["data"] or {} for h in done]
         return StepRuns(step, [d.get("attempt", 1) for d in data], [d.get("patch") for d in data])
 
+    async def _check_counted(self, instance_id: str, step: str) -> None:
+        """Refuse a step that never records a completed run on the instance, so a misspelt name cannot
+        pass `times=0`: checked against the instance's workflow version in the engine's registry."""
+        info = await self.client.get(instance_id)
+        workflow = self.worker.registry.find(info.definition_id, info.version)
+        if workflow is None:  # not a workflow this engine runs: nothing to check against
+            return
+        steps = workflow.plan.steps
+        counted = [name for name, s in steps.items() if s.kind in _COUNTED_KINDS]
+        what = f"workflow {info.definition_id!r} v{info.version}"
+        if step not in steps:
+            raise InvalidInput(f"{what} has no step {step!r}; its steps: {', '.join(steps)}", what="step")
+        if step not in counted:
+            raise InvalidInput(
+                f"step {step!r} of {what} is a {steps[step].kind} step: only action and child steps run a handler, "
+                f"so only they are counted; its action and child steps: {', '.join(counted) or 'none'}", what="step")
+
     async def assert_step_ran(
         self, instance_id: str, step: str, *, times: int = 1, patch: Any = None, attempt: int | None = None,
     ) -> StepRuns:
         """Fail unless `step` completed `times` times on the instance; with `patch`, its last run changed the
-        state by exactly that RFC 6902 patch; with `attempt`, its last run was that attempt."""
+        state by exactly that RFC 6902 patch; with `attempt`, its last run was that attempt. `step` must be an
+        action or child step of the instance's workflow (InvalidInput otherwise, as for `step_runs`)."""
         runs = await self.step_runs(instance_id, step)
         if runs.times != times:
             done = Counter(h["step"] for h in await self.client.history(instance_id) if h["kind"] == "STEP_COMPLETED")
