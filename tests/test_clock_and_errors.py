@@ -47,10 +47,10 @@ async def test_move_clock_returns_the_new_database_time(database_url: str) -> No
         await store.close()
 
 
-async def test_engine_advance_returns_the_new_database_time(database_url: str) -> None:
+async def test_engine_move_clock_returns_the_new_database_time(database_url: str) -> None:
     async with open_engine(database_url, orders.registry) as engine:
         before = await engine.store.db_now()
-        moved = await engine.advance(timedelta(days=1))
+        moved = await engine.move_clock(timedelta(days=1))
         assert near(moved - before, timedelta(days=1))
         assert near(await engine.store.db_now() - moved, timedelta(0))
 

@@ -189,7 +189,7 @@ async def test_archived_instances_are_left_out_of_the_list_and_counts_unless_ask
     await api.engine.run_until_idle()
     await api.engine.client.signal(old, "approve")
     await api.engine.run_until_idle()
-    await api.engine.advance(7200)
+    await api.engine.move_clock(7200)
     swept = (await api.http.post(f"{V1}/retention/run", headers=admin, json={"workflow": "job"})).json()
     assert swept["archived"] == 1
     new = await api.engine.client.start("job", {"name": "new"})

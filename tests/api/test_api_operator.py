@@ -79,7 +79,7 @@ async def test_retention_policies_and_a_dry_run_sweep(api: Api) -> None:
     await api.engine.run_until_idle()
     await api.engine.client.signal(iid, "approve")  # it waits for approval, then ships and completes
     await api.engine.run_until_idle()
-    await api.engine.advance(7200)
+    await api.engine.move_clock(7200)
     narrowed = [(await api.http.post(f"{V1}/retention/run", headers=admin,
                                      json={"dry_run": True, "workflow": "job", "scope": s})).json()["archived"]
                 for s in ("acme", "globex")]

@@ -41,7 +41,7 @@ async def test_a_stale_token_is_fenced_before_the_state_version_is_compared(data
         await engine.store.register(pin_of(wf), wf.plan.document())
         iid = await engine.client.start(wf, {"n": 0})
         [zombie] = await engine.store.claim(1, 5.0, "zombie")
-        await engine.advance(6)  # the zombie's lease expires
+        await engine.move_clock(6)  # the zombie's lease expires
         [taker] = await engine.store.claim(1, 5.0, "taker")
         assert taker.instance.id == zombie.instance.id == iid
         assert (await _commit(engine, taker, {"n": 1})) is not None  # changes the shared state

@@ -51,13 +51,13 @@ async def test_timer_fires_only_after_the_database_clock_passes_it(engine: Engin
     assert info.next_timer_at is not None
     due = info.next_timer_at
 
-    await engine.advance(299)
+    await engine.move_clock(299)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "WAITING" and info.step == "nap"
     assert await engine.store.db_now() < due
 
-    await engine.advance(2)
+    await engine.move_clock(2)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED"
@@ -80,7 +80,7 @@ async def test_early_signal_is_parked_then_applied_at_the_wait(engine: Engine, r
     assert states[go] == "PARKED" and states[later] == "PARKED"
     assert kinds(await engine.client.history(iid)).count("SIGNAL_PARKED") == 2
 
-    await engine.advance(61)
+    await engine.move_clock(61)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED", info
@@ -97,7 +97,7 @@ async def test_signal_the_wait_does_not_accept_stays_parked(engine: Engine, rows
     iid = await engine.client.start(signals, {"order_id": "o-4"})
     await engine.run_until_idle()
     later = await engine.client.signal(iid, "later")
-    await engine.advance(61)
+    await engine.move_clock(61)
     await engine.run_until_idle()
 
     info = await engine.client.get(iid)

@@ -318,7 +318,7 @@ async def test_nested_forks_timers_in_branches_and_a_retried_branch(engine: Engi
     await engine.client.retry(iid)
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "WAITING"  # the timer branch still sleeps
-    await engine.advance(61)
+    await engine.move_clock(61)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED", info.error

@@ -132,7 +132,7 @@ async def test_a_row_whose_payload_the_commit_redacts_is_settled_not_taken_over(
         await engine.run_until_idle()
         await engine.client.signal(iid, "code", {"code": "c-canary-5"})
         await engine.run_until_idle()  # check fails once: the transition commits with a STEP of its own
-        await engine.advance(2)
+        await engine.move_clock(2)
         await engine.run_until_idle()  # the retry succeeds and goes on to done, redacting what it was given
         assert (await engine.client.get(iid)).state["log"] == ["checked", "done"]
         steps = {c["step"]: c for c in await _commands(rows, iid) if c["kind"] == "STEP"}
@@ -173,12 +173,12 @@ async def test_the_lease_is_the_positions_after_a_continuation_in_place(database
         [claim] = await engine.store.claim(1, 30, "a-worker")
         row = await _commit(rows, _on_to_two(claim, 300))
         assert row is not None and row["continuation"] == claim.command.id
-        await engine.advance(31)  # past the command's expiry (the claim's 30 s), not the position's (300 s)
+        await engine.move_clock(31)  # past the command's expiry (the claim's 30 s), not the position's (300 s)
         assert await engine.store.claim(1, 30, "b-worker") == []
         upcoming = await engine.store.next_available()
         assert upcoming is not None and 260 < upcoming <= 270
         report = await Operations.on(engine.store).probe(iid)
         assert [c["id"] for c in report.in_flight] == [claim.command.id] and report.claimable == []
-        await engine.advance(270)
+        await engine.move_clock(270)
         [taken] = await engine.store.claim(1, 30, "b-worker")
         assert (taken.command.id, taken.command.step, taken.command.claims) == (claim.command.id, "two", 2)

@@ -37,16 +37,16 @@ async def test_failing_step_is_retried_after_its_backoff(engine: Engine, rows: R
     assert cmd["state"] == "PENDING" and cmd["attempt"] == 2
 
     # Not claimable until the clock has moved by the backoff (10 s after attempt 1, then 20 s).
-    await engine.advance(BACKOFF - 1)
+    await engine.move_clock(BACKOFF - 1)
     await engine.run_until_idle()
     assert events.claims == 1
-    await engine.advance(1.5)
+    await engine.move_clock(1.5)
     await engine.run_until_idle()
     assert events.claims == 2
-    await engine.advance(2 * BACKOFF - 1)
+    await engine.move_clock(2 * BACKOFF - 1)
     await engine.run_until_idle()
     assert events.claims == 2
-    await engine.advance(1.5)
+    await engine.move_clock(1.5)
     await engine.run_until_idle()
 
     info = await engine.client.get(iid)
@@ -67,7 +67,7 @@ async def test_exhausted_retries_fail_the_instance_and_retry_redrives_it(engine:
     FAILURES[iid] = 3
     await engine.run_until_idle()
     for delay in (BACKOFF, 2 * BACKOFF):
-        await engine.advance(delay + 0.5)
+        await engine.move_clock(delay + 0.5)
         await engine.run_until_idle()
 
     info = await engine.client.get(iid)
@@ -138,7 +138,7 @@ async def test_cancel_settles_every_open_command_and_is_idempotent(engine: Engin
 
     # Nothing wakes up later, and the zombie claim cannot commit.
     claims = engine.worker.events.claims
-    await engine.advance(3600)
+    await engine.move_clock(3600)
     await engine.run_until_idle()
     assert engine.worker.events.claims == claims
     for iid in (timer, parked, queued, claimed):
@@ -182,7 +182,7 @@ async def test_expired_lease_is_resumed_by_another_worker(engine: Engine, rows: 
     await b.run_until_idle()
     assert b.events.claims == 0  # A's lease still holds
 
-    await engine.advance(31)
+    await engine.move_clock(31)
     await b.run_until_idle()
     assert b.events.claims == 1 and b.events.commits == 2
     assert (await engine.client.get(iid)).status == "COMPLETED"
@@ -236,7 +236,7 @@ async def test_poison_command_is_dead_lettered_then_retryable(engine: Engine, ro
     for n in range(1, max_claims + 1):
         [claim] = await engine.store.claim(1, 30, f"crashing-{n}")
         assert claim.command.claims == n
-        await engine.advance(31)  # the worker "dies": its lease runs out, nothing committed
+        await engine.move_clock(31)  # the worker "dies": its lease runs out, nothing committed
 
     await engine.run_until_idle()
     info = await engine.client.get(iid)

@@ -68,7 +68,7 @@ async def test_an_abandoned_childs_end_on_a_cancelled_branch_is_recorded_and_ign
         assert positions == {"": "WAITING", "f/l": "COMPLETED", "f/r": "CANCELLED"}, positions
         child = await pool.fetchrow("SELECT id, status FROM stepstone.instances WHERE parent_id = $1", iid)
         assert child is not None and child["status"] == "WAITING"  # abandoned, not cancelled
-        await engine.advance(61)  # the child's timer fires; the child ends and reports to f/r
+        await engine.move_clock(61)  # the child's timer fires; the child ends and reports to f/r
         await engine.run_until_idle()
         assert await engine.store.status(str(child["id"])) == "COMPLETED"
         ignored = await pool.fetch(

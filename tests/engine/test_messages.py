@@ -56,7 +56,7 @@ async def test_no_subscription_buffers_with_a_ttl_and_drops_without(engine: Engi
     assert statuses == ["DROPPED", "DELIVERED", "BUFFERED"]
     # An expired buffered message is not delivered.
     await engine.client.publish_message("receipt_received", "o-3", {"n": 3}, ttl=5)
-    await engine.advance(6)
+    await engine.move_clock(6)
     late = await _waiting(engine, "o-3")
     assert (await engine.client.get(late)).status == "WAITING"
 
@@ -118,13 +118,13 @@ async def test_publish_racing_subscription_creation_is_delivered_exactly_once(
 async def test_a_timeout_waits_for_a_signal_recorded_before_it(engine: Engine) -> None:
     iid = await _waiting(engine, "o-5")
     await engine.client.signal(iid, "skip", {"n": 5})
-    await engine.advance(timedelta(minutes=11))  # the timeout is due too, but the signal came first
+    await engine.move_clock(timedelta(minutes=11))  # the timeout is due too, but the signal came first
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.state["via"], info.state["got"]) == ("skip", "5")
 
     late = await _waiting(engine, "o-6")
-    await engine.advance(timedelta(minutes=11))
+    await engine.move_clock(timedelta(minutes=11))
     await engine.client.signal(late, "skip", {"n": 6})  # after the fire time: the timeout wins
     await engine.run_until_idle()
     assert (await engine.client.get(late)).state["via"] == "timeout"
@@ -137,7 +137,7 @@ async def test_a_parked_signal_holds_no_timeout_back(engine: Engine, conn: async
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).step == "first"
     assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'SIGNAL'") == "PARKED"
-    await engine.advance(timedelta(minutes=11))  # the first wait's timeout fires, then the parked signal applies
+    await engine.move_clock(timedelta(minutes=11))  # the first wait's timeout fires, then the parked signal applies
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.status, info.state["via"]) == ("COMPLETED", "later")
@@ -150,11 +150,11 @@ async def test_a_dead_lettered_signal_holds_no_timeout_back(engine: Engine, conn
     for _ in range(5):  # five workers claim it and die before committing (their leases run out)
         [claim] = await engine.store.claim(1, 30.0, "dies")
         assert claim.command.kind == "SIGNAL"
-        await engine.advance(timedelta(seconds=31))
+        await engine.move_clock(timedelta(seconds=31))
     await engine.run_until_idle()  # the sixth claim is over max_claims (5): the signal is dead-lettered
     assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'SIGNAL'") == "DEAD"
     assert (await engine.client.get(iid)).step == "first"  # a dead signal does not fail the wait
-    await engine.advance(timedelta(minutes=10))  # past the timeout: the dead signal holds nothing back
+    await engine.move_clock(timedelta(minutes=10))  # past the timeout: the dead signal holds nothing back
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.status, info.step) == ("WAITING", "second")

@@ -180,16 +180,16 @@ async def test_delegate_resolve_reassign_and_bulk(engine: Engine) -> None:
 async def test_reminder_then_escalation_then_expiry(engine: Engine) -> None:
     iid, tid = await _open_expense(engine)
     await engine.client.claim_task(tid, actor="alice", groups=["finance"])
-    await engine.advance(timedelta(hours=1, minutes=1))
+    await engine.move_clock(timedelta(hours=1, minutes=1))
     await engine.run_until_idle()
     assert "TASK_REMINDED" in await _kinds(engine, iid)
     assert (await engine.client.task(tid)).reminded_at is not None
-    await engine.advance(timedelta(hours=3))
+    await engine.move_clock(timedelta(hours=3))
     await engine.run_until_idle()
     task = await engine.client.task(tid)
     assert (task.assignee, task.candidate_groups, task.status) == (None, ["finance-leads"], "OPEN")
     assert await engine.client.count_tasks(user="lee", groups=["finance-leads"]) == 1
-    await engine.advance(timedelta(days=2))
+    await engine.move_clock(timedelta(days=2))
     await engine.run_until_idle()
     assert (await engine.client.task(tid)).status == "EXPIRED"
     assert (await engine.client.get(iid)).state["outcome"] == "EXPIRED"
@@ -198,7 +198,7 @@ async def test_reminder_then_escalation_then_expiry(engine: Engine) -> None:
 async def test_due_timer_firing_while_completing_is_held_back(engine: Engine, conn: asyncpg.Connection) -> None:
     iid, tid = await _open_expense(engine)
     await engine.client.complete_task(tid, "approve", {"comment": "in time"}, actor="alice", groups=["finance"])
-    await engine.advance(timedelta(days=3))  # reminder, due date and expiry have all come meanwhile
+    await engine.move_clock(timedelta(days=3))  # reminder, due date and expiry have all come meanwhile
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.state["outcome"] == "APPROVED"
@@ -213,7 +213,7 @@ async def test_a_worker_killed_between_reservation_and_segment_completes_once(en
     done = await engine.client.complete_task(tid, "approve", {"comment": "ok"}, actor="alice", groups=["finance"])
     [claim] = await engine.store.claim(1, 5, "doomed")  # claimed, then the worker dies: no commit, no release
     assert claim.command.id == done.command_id
-    await engine.advance(6)
+    await engine.move_clock(6)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["outcome"] == "APPROVED"
@@ -302,7 +302,7 @@ async def test_a_dead_lettered_completion_gives_the_task_back_on_retry(engine: E
     await engine.client.complete_task(tid, "approve", {"comment": "x"}, actor="alice", groups=["finance"])
     for _ in range(3):  # claimed and abandoned until the engine's max_claims (3) is spent
         assert len(await engine.store.claim(1, 1, "crashing")) == 1
-        await engine.advance(2)
+        await engine.move_clock(2)
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "FAILED"
     assert (await engine.client.task(tid)).status == "COMPLETING"

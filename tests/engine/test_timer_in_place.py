@@ -72,7 +72,7 @@ async def test_a_step_that_ends_in_a_timed_wait_turns_its_command_into_the_timer
             "SELECT command_id FROM stepstone.history WHERE instance_id = $1::uuid AND kind = 'STEP_COMPLETED'", iid)
         assert step_done == timer["id"]
 
-        await engine.advance(301)
+        await engine.move_clock(301)
         await engine.run_until_idle()
         info = await engine.client.get(iid)
         assert (info.status, info.state["log"]) == ("COMPLETED", ["before", "after"])
@@ -95,7 +95,7 @@ async def test_a_signal_that_ends_the_wait_closes_the_timer_and_stays_its_own_re
         [signal] = [c for c in await rows.commands(iid) if c["kind"] == "SIGNAL"]
         assert (signal["state"], json.loads(signal["payload"])) == ("COMPLETE", {"by": "lee"})
 
-        await engine.advance(61)  # the closed timer never fires
+        await engine.move_clock(61)  # the closed timer never fires
         await engine.run_until_idle()
         assert (await engine.client.get(iid)).state["log"] == ["ask", "agreed"]
 
@@ -104,7 +104,7 @@ async def test_the_timeout_fires_from_the_row_that_ran_the_step(database_url: st
     async with open_engine(database_url, registry) as engine:
         iid = await engine.client.start(asking, {})
         await engine.run_until_idle()
-        await engine.advance(61)
+        await engine.move_clock(61)
         await engine.run_until_idle()
         info = await engine.client.get(iid)
         assert (info.status, info.state["log"]) == ("COMPLETED", ["ask", "gave_up"])
@@ -119,6 +119,6 @@ async def test_a_timer_after_a_signal_gets_a_row_of_its_own(database_url: str, r
         found = [(c["kind"], c["state"]) for c in await rows.commands(iid)]
         assert found == [("START", "COMPLETE"), ("SIGNAL", "COMPLETE"), ("TIMER", "PENDING")]
 
-        await engine.advance(31)
+        await engine.move_clock(31)
         await engine.run_until_idle()
         assert (await engine.client.get(iid)).state["log"] == ["end"]

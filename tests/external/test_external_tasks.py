@@ -90,16 +90,16 @@ async def test_failures_retry_with_backoff_then_an_incident_an_operator_retries(
     first = await tasks.fail(task.id, task.lock_token, "gateway timeout")
     assert first.status == "OPEN" and first.retries == 2
     assert await tasks.fetch_and_lock("w1", ["payments"]) == []  # backing off: 10 s (the step's backoff)
-    await engine.advance(9)
+    await engine.move_clock(9)
     assert await tasks.fetch_and_lock("w1", ["payments"]) == []
-    await engine.advance(1.5)
+    await engine.move_clock(1.5)
     task = await _one(tasks)
     assert task.attempts == 1 and task.last_error == "gateway timeout"
     second = await tasks.fail(task.id, task.lock_token, "gateway timeout")
     assert second.retries == 1
-    await engine.advance(19)  # backoff doubles: 20 s
+    await engine.move_clock(19)  # backoff doubles: 20 s
     assert await tasks.fetch_and_lock("w1", ["payments"]) == []
-    await engine.advance(2)
+    await engine.move_clock(2)
     task = await _one(tasks)
     last = await tasks.fail(task.id, task.lock_token, "gateway gone", details={"http": 502})
     assert last.status == "FAILED" and last.command_id is not None
@@ -134,11 +134,11 @@ async def test_an_expired_lock_cannot_complete_and_the_task_goes_to_another_work
 ) -> None:
     iid = await _started(engine)
     slow = await _one(tasks, "slow", lock_duration=30)
-    await engine.advance(20)
+    await engine.move_clock(20)
     await tasks.extend_lock(slow.id, slow.lock_token, 30)  # held until 50 s from the start
-    await engine.advance(25)
+    await engine.move_clock(25)
     assert await tasks.fetch_and_lock("fast", ["payments"]) == []  # still held after the extension
-    await engine.advance(10)
+    await engine.move_clock(10)
     with pytest.raises(LockExpired):
         await tasks.complete(slow.id, slow.lock_token, {"charge_id": "late"})
     with pytest.raises(LockExpired):

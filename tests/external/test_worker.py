@@ -83,7 +83,7 @@ async def test_a_handler_whose_lock_was_lost_sends_nothing(engine: Engine) -> No
 
     round_ = asyncio.create_task(worker.run_once())
     await entered.wait()
-    await engine.advance(10)  # the lock expired (db clock); another worker takes the task
+    await engine.move_clock(10)  # the lock expired (db clock); another worker takes the task
     other = ExternalTasks(engine.store)
     [taken] = await other.fetch_and_lock("fast", ["payments"])
     release.set()

@@ -61,7 +61,7 @@ async def test_a_dead_letter_is_logged(engine: Engine, logged: list[dict[str, ob
     poison = await engine.client.start(traced, {})
     for _ in range(engine.worker.config.max_claims):  # every claim dies before it settles
         await engine.store.claim(1, 1, "a-worker-that-dies")
-        await engine.advance(timedelta(seconds=2))
+        await engine.move_clock(timedelta(seconds=2))
     await engine.run_until_idle()
     assert (await engine.client.get(poison)).status == "FAILED"
     [line] = [line for line in logged if line.get("instance") == poison]

@@ -82,7 +82,7 @@ async def test_every_metric_follows_the_naming_rules(engine: Engine, metrics: ob
 async def test_lease_expiries_and_dead_letters_are_counted(engine: Engine, metrics: object) -> None:
     iid = await engine.client.start(traced, {})
     await engine.store.claim(1, 1, "a-worker-that-dies")
-    await engine.advance(timedelta(seconds=2))
+    await engine.move_clock(timedelta(seconds=2))
     await engine.run_until_idle()
     assert _value(metrics, "stepstone_lease_expiries_total", workflow="traced") == 1
     assert (await engine.client.get(iid)).status == "WAITING"
@@ -90,7 +90,7 @@ async def test_lease_expiries_and_dead_letters_are_counted(engine: Engine, metri
     poison = await engine.client.start(traced, {})
     for _ in range(engine.worker.config.max_claims):  # every claim dies before it settles
         await engine.store.claim(1, 1, "a-worker-that-dies")
-        await engine.advance(timedelta(seconds=2))
+        await engine.move_clock(timedelta(seconds=2))
     await engine.run_until_idle()
     assert (await engine.client.get(poison)).status == "FAILED"
     assert _value(metrics, "stepstone_dead_letters_total") == 1
@@ -178,7 +178,7 @@ async def test_json_logs_carry_the_step(engine: Engine) -> None:
 
 async def test_start_to_first_step_is_measured_on_the_database_clock(engine: Engine, metrics: object) -> None:
     await engine.client.start(wobbly, {})
-    await engine.advance(timedelta(seconds=5))  # the instance waits 5 s (of database clock) for a worker
+    await engine.move_clock(timedelta(seconds=5))  # the instance waits 5 s (of database clock) for a worker
     await engine.run_until_idle()
     assert _value(metrics, "stepstone_start_to_first_step_seconds_count", workflow="wobbly") == 1
     assert _value(metrics, "stepstone_start_to_first_step_seconds_sum", workflow="wobbly") >= 5

@@ -36,7 +36,7 @@ async def test_one_trace_follows_an_instance_across_workers_timers_and_signals(e
 
         await engine.run_until_idle()
         other = engine.new_worker()  # the timer's step runs on another worker
-        await engine.advance(timedelta(minutes=2))
+        await engine.move_clock(timedelta(minutes=2))
         await other.run_until_idle()
 
         token = tenant.set("globex")
@@ -85,7 +85,7 @@ async def test_the_context_is_kept_with_the_instance_and_the_signal(
         iid = await engine.client.start(traced, {})
         tenant.reset(token)
         await engine.run_until_idle()
-        await engine.advance(timedelta(minutes=2))
+        await engine.move_clock(timedelta(minutes=2))
         await engine.client.signal(iid, "go")  # nothing bound: the signal keeps only its trace
     finally:
         durable_context.durable.unregister("tenant")

@@ -79,10 +79,10 @@ async def test_a_retry_in_backoff_is_visible(engine: Engine, ops: Operations) ->
     assert [(e.kind, e.outcome, e.data["max_attempts"]) for e in failed] == [("STEP_FAILED", "retrying", 5)]
     stuck = await ops.stuck(timedelta(hours=1))
     assert [(i.instance_id, i.reason) for i in stuck.items] == [(iid, "retrying")]
-    await engine.advance(31)
+    await engine.move_clock(31)
     await engine.run_until_idle()
     assert (await ops.detail(iid)).retrying[0].attempt == 3
-    await engine.advance(61)
+    await engine.move_clock(61)
     await engine.run_until_idle()
     assert (await ops.detail(iid)).retrying == []
     assert (await engine.client.get(iid)).status == "COMPLETED"

@@ -71,7 +71,7 @@ async def test_the_canary_secret_never_leaves_the_live_state(
     iid = await engine.client.start(workflows.payment, {"order": "o-1", "card": secret,
                                                          "holder": {"name": "Ann", "pin": PIN}})
     await engine.run_until_idle()  # attempt 1 fails with the card and the pin in its message
-    await engine.advance(60)
+    await engine.move_clock(60)
     await engine.run_until_idle()  # attempt 2 changes both: the patch would carry them
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["card"] == secret + "-v2"  # the live state keeps it
@@ -80,7 +80,7 @@ async def test_the_canary_secret_never_leaves_the_live_state(
     result = await ops.replay(iid, "charge")
     assert result.state["card"] == REDACTED
     await engine.run_until_idle()
-    await engine.advance(60)
+    await engine.move_clock(60)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED"
@@ -127,9 +127,9 @@ async def test_the_canary_in_a_signal_payload_and_a_childs_state_stays_out(
     parked = await conn.fetchval("SELECT payload FROM stepstone.commands WHERE instance_id = $1 AND kind = 'SIGNAL' "
                                  "AND state = 'PARKED'", uuid.UUID(iid))
     assert json.loads(parked)["otp"] == workflows.OTP  # an open command keeps its payload whole
-    await engine.advance(10)
+    await engine.move_clock(10)
     await engine.run_until_idle()  # the wait takes the parked signal; attempt 1 of check_otp fails
-    await engine.advance(60)
+    await engine.move_clock(60)
     await engine.run_until_idle()  # the retry reads the signal's payload whole, then the child runs
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED", info
@@ -205,7 +205,7 @@ async def test_a_buffered_message_keeps_its_payload_only_until_delivered_or_expi
     await engine.client.complete_task(str(task["id"]), "ok", {"code": "c", "note": ""}, actor="ann")
     await engine.run_until_idle()  # the wait subscribes and takes the buffered message
     assert (await engine.client.get(iid)).status == "COMPLETED"
-    await engine.advance(61)
+    await engine.move_clock(61)
     dry = await ops.retention_run(dry_run=True)
     assert dry.messages_expired == 1
     report = await ops.retention_run()

@@ -36,7 +36,7 @@ async def test_the_documented_windows_are_seeded(ops: Operations) -> None:
 
 async def test_archive_then_purge_in_batches(engine: Engine, ops: Operations, conn: asyncpg.Connection) -> None:
     old = await _completed(engine, 7)
-    await engine.advance(31 * DAY)
+    await engine.move_clock(31 * DAY)
     young = await _completed(engine, 2)
     dry = await ops.retention_run(dry_run=True, batch_size=3)
     assert (dry.archived, dry.purged) == (7, 0)
@@ -47,7 +47,7 @@ async def test_archive_then_purge_in_batches(engine: Engine, ops: Operations, co
     # Archived instances leave the default lists, and show when asked for.
     assert {i.id for i in (await ops.find()).items} == set(young)
     assert len((await ops.find(InstanceFilter(include_archived=True))).items) == 9
-    await engine.advance(DAY + 60)
+    await engine.move_clock(DAY + 60)
     report = await ops.retention_run(batch_size=3)
     assert report.purged == 7
     for table in ("instances", "positions", "commands", "history"):
@@ -63,7 +63,7 @@ async def test_a_sweep_narrowed_to_a_workflow_and_a_scope(engine: Engine, ops: O
     acme = [await engine.client.start(workflows.flaky, {}, scope="acme") for _ in range(2)]
     other = [await engine.client.start(workflows.flaky, {}) for _ in range(3)]
     await engine.run_until_idle()
-    await engine.advance(2 * DAY)
+    await engine.move_clock(2 * DAY)
     assert (await ops.retention_run(dry_run=True, workflow="ops_forky")).archived == 0
     dry = await ops.retention_run(dry_run=True, workflow="ops_flaky", scope="acme")
     assert (dry.archived, dry.purged) == (2, 0)  # a dry run counts what its archive phase would take
@@ -93,7 +93,7 @@ async def test_a_window_past_a_thousand_years_or_negative_is_refused(engine: Eng
 async def test_a_policy_per_workflow_and_never_for_waiting(engine: Engine, ops: Operations) -> None:
     await ops.set_retention_policy("ops_flaky", "completed", timedelta(days=1), timedelta(0))
     await _completed(engine, 2)
-    await engine.advance(2 * DAY)
+    await engine.move_clock(2 * DAY)
     report = await ops.retention_run()
     assert (report.archived, report.purged) == (2, 2)  # purge_after 0: the same sweep purges
 
@@ -106,9 +106,9 @@ async def test_a_purge_is_held_back_by_an_unsent_or_dead_event(
                        "VALUES (gen_random_uuid(), $1, 'x', '{}', now())", ids[0])
     await conn.execute("INSERT INTO stepstone.outbox (event_id, instance_id, type, payload, created_at, dead_at) "
                        "VALUES (gen_random_uuid(), $1, 'x', '{}', now(), now())", ids[1])
-    await engine.advance(32 * DAY)
+    await engine.move_clock(32 * DAY)
     assert (await ops.retention_run()).archived == 3  # archiving hides; only a purge needs the guard
-    await engine.advance(DAY + 60)
+    await engine.move_clock(DAY + 60)
     dry = await ops.retention_run(dry_run=True)
     assert (dry.purged, dry.held_unsent, dry.held_dead) == (1, 1, 1)
     report = await ops.retention_run()
@@ -126,7 +126,7 @@ async def test_an_instance_with_an_active_command_is_left_alone(
     iid = await engine.client.start(workflows.flaky, {})
     await workflows.failed_for_good(engine, iid)
     assert (await engine.client.get(iid)).status == "FAILED"
-    await engine.advance(181 * DAY)
+    await engine.move_clock(181 * DAY)
     workflows.FAILURES[iid] = -1  # it would fail again: nothing runs it in this test anyway
     await engine.client.retry(iid)  # a RETRY now waits: the instance is active again
     report = await ops.retention_run()
@@ -158,7 +158,7 @@ async def test_retention_beside_a_running_worker_purges_nothing_active(
     old = await _completed(engine, 30)
     failed = [await engine.client.start(workflows.flaky, {}) for _ in range(20)]
     await workflows.failed_for_good(engine, *failed)
-    await engine.advance(2 * DAY)
+    await engine.move_clock(2 * DAY)
     purged: list[int] = []
     retried: dict[str, bool] = {}
 
@@ -202,7 +202,7 @@ async def test_the_worker_loop_sweeps_and_replicas_take_turns(engine: Engine, op
 
     await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))
     await _completed(engine, 5)
-    await engine.advance(2 * DAY)
+    await engine.move_clock(2 * DAY)
     loops = [RetentionLoop(ops.store, 3600), RetentionLoop(ops.store, 3600)]
     for loop in loops:
         await loop.start()
@@ -220,7 +220,7 @@ async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
 ) -> None:
     iid = await engine.client.start(workflows.flaky, {})
     await workflows.failed_for_good(engine, iid)
-    await engine.advance(181 * DAY)
+    await engine.move_clock(181 * DAY)
     assert (await ops.retention_run()).archived == 1
     assert (await ops.find()).items == []
     await ops.retry([iid])
@@ -229,12 +229,12 @@ async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(
     assert [i.archived_at for i in (await ops.find()).items] == [None]  # nor shown as archived
     assert (await engine.client.get(iid)).archived_at is None
     assert (await ops.detail(iid)).archived_at is None
-    await engine.advance(2 * DAY)
+    await engine.move_clock(2 * DAY)
     report = await ops.retention_run()
     assert (report.archived, report.purged) == (0, 0)  # completed two days ago: inside its 30 days
-    await engine.advance(31 * DAY)
+    await engine.move_clock(31 * DAY)
     assert (await ops.retention_run()).archived == 1  # archived afresh
-    await engine.advance(DAY + 60)
+    await engine.move_clock(DAY + 60)
     assert (await ops.retention_run()).purged == 1
     assert await conn.fetchval("SELECT count(*) FROM stepstone.instances") == 0
 
@@ -249,7 +249,7 @@ async def test_a_parent_with_a_child_still_running_is_kept(
         "created_at, updated_at) VALUES (gen_random_uuid(), 'ops_flaky', 1, "
         "(SELECT plan_hash FROM stepstone.definitions WHERE definition_id = 'ops_flaky' AND version = 1 LIMIT 1), "
         "'WAITING', '{}', 'work', $1, now(), now())", parent)
-    await engine.advance(32 * DAY)
+    await engine.move_clock(32 * DAY)
     report = await ops.retention_run()
     assert (report.archived, report.skipped_active) == (1, 1)
     archived = await conn.fetchval("SELECT id FROM stepstone.instances WHERE archived_at IS NOT NULL")
@@ -261,7 +261,7 @@ async def test_client_list_leaves_archived_instances_out_as_find_does(engine: En
     instance can have matched nothing instead of being refused."""
     iid = await engine.client.start(workflows.flaky, {})
     await workflows.failed_for_good(engine, iid)
-    await engine.advance(181 * DAY)
+    await engine.move_clock(181 * DAY)
     assert (await ops.retention_run()).archived == 1
     assert await engine.client.list() == []
     assert [r["id"] for r in await engine.client.list(include_archived=True)] == [iid]

@@ -111,7 +111,7 @@ async def test_the_runtime_role_runs_everything_and_cannot_alter_the_schema(
         await workflows.run_out_backoffs(engine, rounds=2)
         assert (await engine.client.get(confirmed)).status == "COMPLETED"
         await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(0))
-        await engine.advance(2 * 86_400)
+        await engine.move_clock(2 * 86_400)
         report = await ops.retention_run()
         # The two and the child; the confirmation holds an event no relay published yet.
         assert (report.purged, report.held_unsent) == (3, 1)

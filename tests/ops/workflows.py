@@ -278,7 +278,7 @@ async def run_out_backoffs(engine: Engine, rounds: int = 6) -> None:
     """Run until every retry backoff has passed (each round moves the clock past the longest)."""
     await engine.run_until_idle()
     for _ in range(rounds):
-        await engine.advance(1000)
+        await engine.move_clock(1000)
         await engine.run_until_idle()
 
 

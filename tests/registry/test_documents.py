@@ -186,7 +186,7 @@ async def test_publication_is_claimed_with_a_token_and_an_obsolete_completion_fa
         first = await defs.claim_publication(pin)
         with pytest.raises(InvalidTransition, match="is PUBLISHING"):
             await defs.claim_publication(pin)
-        await engine.advance(61)  # the first publisher went quiet: its claim is stale
+        await engine.move_clock(61)  # the first publisher went quiet: its claim is stale
         second = await defs.claim_publication(pin)
         with pytest.raises(InvalidTransition, match="taken over"):
             await defs.complete_publication(pin, first)

@@ -164,7 +164,7 @@ async def test_heartbeat_and_stranded_report(engine: Engine) -> None:
     assert [(s.pin.version, s.instances) for s in stranded] == [(1, 2)]
     await d.heartbeat("w1", [pin_of(V1)])
     assert await d.stranded(60) == []
-    await engine.advance(120)
+    await engine.move_clock(120)
     assert [(s.pin.version, s.instances) for s in await d.stranded(60)] == [(1, 2)]
     await d.forget_worker("w1")
     assert await d.served(3600) == []
@@ -178,7 +178,7 @@ async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fa
         await only_v1.run_until_idle()
         row = await _command(engine, iid)
         rows.append(row)
-        await engine.advance(row["wait"] + 1)
+        await engine.move_clock(row["wait"] + 1)
     assert [r["state"] for r in rows] == ["DEFERRED"] * 3
     assert [round(r["wait"]) for r in rows] == [5, 10, 20]  # 5 s * 2^n
     assert rows[0]["last_error"].startswith("NOT_RUNNABLE: this node has no plan orders v2")

@@ -71,7 +71,7 @@ async def test_cancel_with_compensation_compensates_then_cancels(engine: Engine)
                            "CANCEL_REQUESTED", "COMMAND_CANCELLED", "STEP_COMPENSATED")
     assert k[-1] == "INSTANCE_CANCELLED"
     # The deadline timer was settled with the rest: it never fires.
-    await engine.advance(timedelta(hours=2))
+    await engine.move_clock(timedelta(hours=2))
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "CANCELLED"
 
@@ -94,7 +94,7 @@ async def test_a_worker_that_lost_its_lease_never_runs_a_compensation(engine: En
     assert claim.command.kind == "COMPENSATE"
     zombie = engine.new_worker(concurrency=1, lease_seconds=30)
 
-    await engine.advance(31)  # its lease expired; nobody has taken it over yet
+    await engine.move_clock(31)  # its lease expired; nobody has taken it over yet
     await zombie._segment(claim)
     assert w.CALLS == []
     assert zombie.events.fenced == 1

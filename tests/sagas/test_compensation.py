@@ -153,7 +153,7 @@ async def test_two_workers_racing_for_one_exhausted_compensation_alert_once(
     try:
         racing = asyncio.create_task(first._segment(claim))
         await w.RACE["entered"].wait()  # the first worker runs the compensation, holding the lease
-        await engine.advance(31)  # its lease expires while the handler runs
+        await engine.move_clock(31)  # its lease expires while the handler runs
         await engine.run_until_idle()  # the second worker re-claims, runs it too, and gives it up
         assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
         assert [a["instance_id"] for a in ALERTS] == [iid]

@@ -29,11 +29,11 @@ async def test_deadline_during_a_wait_compensates_and_times_out(engine: Engine, 
     assert await conn.fetchval("SELECT deadline_at - created_at FROM stepstone.instances WHERE id = $1",
                                iid) == timedelta(hours=1)
 
-    await engine.advance(timedelta(minutes=59))
+    await engine.move_clock(timedelta(minutes=59))
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "WAITING"
 
-    await engine.advance(timedelta(minutes=2))
+    await engine.move_clock(timedelta(minutes=2))
     await engine.run_until_idle()
     await assert_ended(engine, iid, "TIMED_OUT", ["book:None"], "DEADLINE_PASSED", "STEP_COMPENSATED",
                        "INSTANCE_TIMED_OUT")
@@ -51,7 +51,7 @@ async def test_an_instance_that_ends_in_time_never_times_out(engine: Engine) -> 
     await engine.client.signal(iid, "done")
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
-    await engine.advance(timedelta(minutes=10))
+    await engine.move_clock(timedelta(minutes=10))
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
     assert w.CALLS == []
@@ -83,7 +83,7 @@ async def test_deadline_during_a_running_handler_fences_it(engine: Engine, conn:
     zombie = asyncio.create_task(engine.run_until_idle())
     await w.ENTERED[iid].wait()  # slow_step runs, holding the root position's lease
 
-    await engine.advance(6)  # past the deadline, well inside the lease
+    await engine.move_clock(6)  # past the deadline, well inside the lease
     other = engine.new_worker(concurrency=2, lease_seconds=30)
     await other.run_until_idle()
     info = await engine.client.get(iid)
@@ -114,7 +114,7 @@ async def _past_the_step_deadline(engine: Engine, workflow: object) -> str:
     w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
     held = asyncio.create_task(engine.run_until_idle())
     await w.ENTERED[iid].wait()
-    await engine.advance(6)
+    await engine.move_clock(6)
     await engine.new_worker(concurrency=2, lease_seconds=30).run_until_idle()
     w.HOLD[iid].set()
     await held
@@ -141,7 +141,7 @@ async def test_a_step_deadline_without_a_transition_fails_the_step(engine: Engin
 async def test_a_step_that_finishes_in_time_ignores_its_deadline(engine: Engine) -> None:
     iid = await engine.client.start(w.timely, {})
     await engine.run_until_idle()
-    await engine.advance(10)
+    await engine.move_clock(10)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.status, info.state["log"]) == ("COMPLETED", ["begin", "slow", "on_time"])

@@ -199,7 +199,7 @@ async def test_a_group_never_holds_a_child_while_it_waits_for_its_parent(
             await engine.client.cancel(pid, "not this one")
             await engine.run_until_idle()
         await engine.client.signal(cid, "go")
-        await engine.advance(DEADLINE + 1)  # the parent's deadline is due: both have a command to commit
+        await engine.move_clock(DEADLINE + 1)  # the parent's deadline is due: both have a command to commit
         claims = {c.instance.id: c for c in await engine.store.claim(8, 30, "grouper")}
         assert set(claims) == {pid, cid}, claims
         requests = []

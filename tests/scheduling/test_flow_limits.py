@@ -146,10 +146,10 @@ async def test_a_start_rate_spaces_starts_on_the_database_clock(engine: Engine) 
     ids = [await engine.client.start(busy, {}) for _ in range(3)]
     await engine.run_until_idle()
     assert [(await engine.client.get(i)).status for i in ids] == ["COMPLETED", "PENDING", "PENDING"]
-    await engine.advance(60)
+    await engine.move_clock(60)
     await engine.run_until_idle()
     assert [(await engine.client.get(i)).status for i in ids] == ["COMPLETED", "COMPLETED", "PENDING"]
-    await engine.advance(60)
+    await engine.move_clock(60)
     await engine.run_until_idle()
     assert (await engine.client.get(ids[2])).status == "COMPLETED"
 

@@ -21,7 +21,7 @@ async def _to_next_hour(engine: Engine) -> None:
     """Move the clock to 30 s past the next full hour (a cron tick of "0 * * * *")."""
     now = await engine.store.db_now()
     nxt = (now + HOUR).replace(minute=0, second=30, microsecond=0)
-    await engine.advance(nxt - now)
+    await engine.move_clock(nxt - now)
 
 
 async def _instances(db: asyncpg.Connection, definition: str = "report") -> list[asyncpg.Record]:
@@ -55,7 +55,7 @@ async def test_three_workers_through_two_restarts_start_each_tick_once(
         await w.register()
     ticks = 0
     for round_ in range(12):
-        await engine.advance(60)
+        await engine.move_clock(60)
         ticks += 1
         if round_ in (4, 8):  # two restarts: every worker replaced by a new one
             workers = [engine.new_worker() for _ in range(3)]
@@ -73,11 +73,11 @@ async def test_many_concurrent_firers_never_start_a_tick_twice(engine: Engine, d
     # Ticks of `every` are aligned to the epoch: start 1 s after one, so that the five minutes hold 30
     # ticks whatever the wall clock does meanwhile (a schedule made 20 ms before a tick saw a 31st come
     # due while the firers ran, and the test counted it).
-    await engine.advance(timedelta(seconds=11 - (await engine.store.db_now()).timestamp() % 10))
+    await engine.move_clock(timedelta(seconds=11 - (await engine.store.db_now()).timestamp() % 10))
     await engine.client.schedule(
         Schedule("every", report, every=timedelta(seconds=10), catch_up="all", overlap="allow"))
     workers = [engine.new_worker() for _ in range(6)]
-    await engine.advance(timedelta(minutes=5))
+    await engine.move_clock(timedelta(minutes=5))
     await asyncio.gather(*(w.schedules.fire_due() for w in workers for _ in range(3) if w.schedules))
     assert len(await _instances(db)) == 30
 
@@ -87,7 +87,7 @@ async def test_catch_up_after_downtime(engine: Engine, db: asyncpg.Connection, c
     await engine.client.schedule(
         Schedule("s", report, cron="0 * * * *", catch_up=catch_up, overlap="allow"))  # type: ignore[arg-type]
     await _to_next_hour(engine)
-    await engine.advance(2 * HOUR + timedelta(minutes=5))  # three ticks went by, the last one 5 min ago
+    await engine.move_clock(2 * HOUR + timedelta(minutes=5))  # three ticks went by, the last one 5 min ago
     await engine.run_until_idle()
     assert len(await _instances(db)) == expected
     [info] = await engine.client.schedules()
@@ -99,7 +99,7 @@ async def test_catch_up_all_with_overlap_skip_runs_the_first_missed_tick_only(
 ) -> None:
     await engine.client.schedule(Schedule("s", report, cron="0 * * * *", catch_up="all"))
     await _to_next_hour(engine)
-    await engine.advance(2 * HOUR)
+    await engine.move_clock(2 * HOUR)
     await engine.run_until_idle()
     assert len(await _instances(db)) == 1
     [info] = await engine.client.schedules()
@@ -155,7 +155,7 @@ async def test_pause_resume_trigger_delete(engine: Engine, db: asyncpg.Connectio
 
 async def test_declaring_it_again_keeps_its_next_tick(engine: Engine) -> None:
     first = await engine.client.schedule(Schedule("s", report, cron="0 * * * *"))
-    await engine.advance(timedelta(minutes=90))
+    await engine.move_clock(timedelta(minutes=90))
     again = await engine.client.schedule(Schedule("s", report, cron="0 * * * *"))
     assert again.next_fire_at == first.next_fire_at  # still due: a redeploy does not drop the tick
     changed = await engine.client.schedule(Schedule("s", report, cron="30 * * * *"))
@@ -164,7 +164,7 @@ async def test_declaring_it_again_keeps_its_next_tick(engine: Engine) -> None:
 
 async def test_a_worker_without_the_workflow_leaves_the_schedule_to_others(engine: Engine) -> None:
     await engine.client.schedule(Schedule("s", report, every=60))
-    await engine.advance(120)
+    await engine.move_clock(120)
     from stepstone.authoring.workflow import Registry  # noqa: PLC0415
     from stepstone.runtime.worker import Worker  # noqa: PLC0415
 

@@ -26,10 +26,19 @@ async def test_a_daily_timer_fires_once_per_day_skipped(engine: Engine) -> None:
     assert runs.attempts == [1, 1, 1]
 
 
-async def test_advance_with_a_timedelta_only_moves_the_clock(engine: Engine) -> None:
+@pytest.mark.parametrize("by", [3 * 86_400, 3 * 86_400.0, timedelta(days=3)])
+async def test_advance_by_a_number_of_seconds_or_a_timedelta_is_the_same_skip(engine: Engine, by: object) -> None:
+    """`advance(3)` only moved the clock while `advance(seconds=3)` also ran what came due."""
+    iid = await engine.client.start(daily, {})
+    await engine.advance(by)  # type: ignore[arg-type]
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["data"]["reminders"]) == ("COMPLETED", 3)
+
+
+async def test_move_clock_only_moves_the_clock(engine: Engine) -> None:
     iid = await engine.client.start(daily, {})
     await engine.run_until_idle()
-    await engine.advance(timedelta(days=3))
+    await engine.move_clock(timedelta(days=3))
     assert (await engine.client.get(iid)).state["data"]["reminders"] == 1
     await engine.run_until_idle()  # one timer fires; the next is a day after the moved clock
     assert (await engine.client.get(iid)).state["data"]["reminders"] == 2
@@ -67,10 +76,12 @@ async def test_advance_refuses_what_is_no_step_forward(engine: Engine) -> None:
     """inf, NaN or 1e300 days were OverflowError/ValueError from timedelta, 999,999,999 days the driver's
     'timestamp out of range', and a negative step returned as if nothing were asked."""
     before = await engine.store.db_now()
-    for ask in ({"days": math.inf}, {"days": math.nan}, {"days": 1e300}, {"days": -1}, {"seconds": -5, "run": True},
-                {"by": timedelta(days=999_999_999)}, {"by": "soon"}):
-        with pytest.raises(InvalidInput, match="forward, by 0 to a thousand years"):
+    for ask in ({"days": math.inf}, {"days": math.nan}, {"days": 1e300}, {"days": -1}, {"seconds": -5},
+                {"by": -1}, {"by": timedelta(days=999_999_999)}, {"by": "soon"}):
+        with pytest.raises(InvalidInput, match=r"^advance moves the clock forward, by 0 to a thousand years"):
             await engine.advance(**ask)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput, match=r"^move_clock moves the clock forward, by 0 to a thousand years"):
+            await engine.move_clock(**ask)  # type: ignore[arg-type]
     assert await engine.store.db_now() - before < timedelta(minutes=1)  # the clock did not move
 
 

@@ -62,28 +62,13 @@ class Engine:
 
     async def advance(
         self, by: timedelta | float | None = None, *, days: float = 0, hours: float = 0, minutes: float = 0,
-        seconds: float = 0, run: bool | None = None,
+        seconds: float = 0,
     ) -> datetime:
-        """Move the database clock forward for every session; returns the new db time.
-
-        `advance(days=3)` (units as keywords) is time skipping: the clock stops at every timer, retry,
-        deadline and schedule tick that comes due on the way, in order, and runs what became due there,
-        so a daily timer fires three times. `advance(timedelta(...))` only moves the clock, as before;
-        `run=` overrides either default."""
-        try:
-            total = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-            if by is not None:
-                total += by if isinstance(by, timedelta) else timedelta(seconds=float(by))
-        except (OverflowError, ValueError, TypeError):  # inf, NaN, 1e300, a string
-            total = None
-        if total is None or not timedelta(0) <= total <= MAX_DURATION:
-            given = f"{total.total_seconds():g} s" if total is not None else repr(
-                {k: v for k, v in (("by", by), ("days", days), ("hours", hours), ("minutes", minutes),
-                                   ("seconds", seconds)) if v})
-            raise InvalidInput(f"advance moves the clock forward, by 0 to a thousand years; got {given}",
-                               what="advance")
-        if not (by is None if run is None else run):
-            return await self.store.move_clock(total.total_seconds())
+        """Time skipping: move the database clock forward for every session, stopping at every timer, retry,
+        deadline and schedule tick that comes due on the way, in order, and running what became due there,
+        so a daily timer fires three times in `advance(days=3)`. `by` (seconds, or a timedelta) adds to the
+        units; `advance(3)` is `advance(seconds=3)`. Returns the new db time. `move_clock` only moves it."""
+        total = _forward("advance", by, days=days, hours=hours, minutes=minutes, seconds=seconds)
         target = await self.store.db_now() + total
         for _ in range(_MAX_SKIPS):
             await self.run_until_idle()
@@ -99,6 +84,15 @@ class Engine:
             await self.store.move_clock((target - now).total_seconds())
         await self.run_until_idle()
         return await self.store.db_now()
+
+    async def move_clock(
+        self, by: timedelta | float | None = None, *, days: float = 0, hours: float = 0, minutes: float = 0,
+        seconds: float = 0,
+    ) -> datetime:
+        """Only move the database clock forward, in one jump, running nothing (to land in the middle of
+        something: a lease expired, a timer due but not yet fired); returns the new db time."""
+        total = _forward("move_clock", by, days=days, hours=hours, minutes=minutes, seconds=seconds)
+        return await self.store.move_clock(total.total_seconds())
 
     async def _next_due(self) -> float | None:
         """Seconds to the next command, lease expiry or schedule tick that comes due, or None."""
@@ -160,6 +154,21 @@ class Engine:
     def new_worker(self, **config: Any) -> Worker:
         """Another worker on the same store (e.g. to take over an expired lease)."""
         return Worker(self.store, self.worker.registry, WorkerConfig(**config), self.worker.limits)
+
+
+def _forward(what: str, by: timedelta | float | None, **units: float) -> timedelta:
+    """The step `by` (seconds or a timedelta) plus the units; InvalidInput unless 0 to a thousand years."""
+    try:
+        total: timedelta | None = timedelta(**units)
+        if by is not None:
+            total = (total or timedelta(0)) + (by if isinstance(by, timedelta) else timedelta(seconds=float(by)))
+    except (OverflowError, ValueError, TypeError):  # inf, NaN, 1e300, a string
+        total = None
+    if total is None or not timedelta(0) <= total <= MAX_DURATION:
+        given = f"{total.total_seconds():g} s" if total is not None else repr(
+            {k: v for k, v in (("by", by), *units.items()) if v})
+        raise InvalidInput(f"{what} moves the clock forward, by 0 to a thousand years; got {given}", what=what)
+    return total
 
 
 @asynccontextmanager

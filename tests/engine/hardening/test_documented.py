@@ -55,7 +55,7 @@ async def test_a_worker_without_the_pinned_plan_defers_and_never_fails(engine: E
         assert cmd["last_error"].startswith("NOT_RUNNABLE") and "held_sync v1" in cmd["last_error"]
         await lacking.run_until_idle()  # backed off: not claimable again at once
         assert lacking.events.deferred == n
-        await engine.advance(min(300, 5 * 2 ** (n - 1)) + 0.5)
+        await engine.move_clock(min(300, 5 * 2 ** (n - 1)) + 0.5)
     after = await engine.client.get(iid)
     assert (after.status, after.step, after.state, after.error) == (before.status, before.step, before.state, None)
     # Nothing happened to the instance, and each deferral says why it did not move (no plan on that node).
@@ -67,7 +67,7 @@ async def test_a_worker_without_the_pinned_plan_defers_and_never_fails(engine: E
     await different.run_until_idle()
     assert different.events.deferred == 1 and different.events.commits == 0
 
-    await engine.advance(301)
+    await engine.move_clock(301)
     await engine.run_until_idle()  # a node that has the plan
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state == {"log": ["held"]}
@@ -99,7 +99,7 @@ async def test_expired_leases_are_claimed_before_older_ready_work(engine: Engine
     [claim] = await engine.store.claim(1, 30, "dead-worker")
     assert claim.instance.id == dead
     backlog = [await engine.client.start(hw.held_sync, {}) for _ in range(5)]
-    await engine.advance(31)  # the dead worker's lease expired; the backlog became ready before that
+    await engine.move_clock(31)  # the dead worker's lease expired; the backlog became ready before that
     [first] = await engine.store.claim(1, 30, "rescuer")
     assert first.instance.id == dead and first.command.claims == 2
     rest = await engine.store.claim(10, 30, "rescuer")
@@ -134,7 +134,7 @@ async def test_idempotency_key_is_the_same_on_every_retry(engine: Engine, rows: 
     iid = await engine.client.start(hw.keyed, {})
     hw.FAIL_ONCE.add(iid)
     await engine.run_until_idle()
-    await engine.advance(1.5)
+    await engine.move_clock(1.5)
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
     [(attempt1, key1), (attempt2, key2)] = hw.KEYS[iid]
@@ -152,7 +152,7 @@ async def test_idempotency_key_and_event_id_are_the_same_on_another_worker(
     a = engine.new_worker(concurrency=1, lease_seconds=30, worker_id="worker-a")
     running = asyncio.create_task(a.run_until_idle())
     await asyncio.wait_for(gate.async_entered.wait(), 10)
-    await engine.advance(31)  # worker A is presumed dead; B takes over and runs the step again
+    await engine.move_clock(31)  # worker A is presumed dead; B takes over and runs the step again
     b = engine.new_worker(concurrency=1, lease_seconds=30, worker_id="worker-b")
     await b.run_until_idle()
     gate.async_opened.set()
@@ -181,10 +181,10 @@ async def test_until_timer_fires_at_its_instant_on_the_database_clock(engine: En
     assert info.status == "WAITING" and info.step == "sleep_until"
     assert info.next_timer_at == due
 
-    await engine.advance(3600 - 5)
+    await engine.move_clock(3600 - 5)
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "WAITING"
-    await engine.advance(6)
+    await engine.move_clock(6)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["log"] == ["woke"]

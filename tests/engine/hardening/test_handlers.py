@@ -89,7 +89,7 @@ async def test_base_exception_in_a_handler_is_a_retried_step_failure(
     [cmd] = await rows.open_commands(iid)
     assert cmd["state"] == "PENDING" and cmd["attempt"] == 2
 
-    await engine.advance(1.5)
+    await engine.move_clock(1.5)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["log"] == ["ok@2"]
@@ -134,7 +134,7 @@ async def test_dead_letter_of_a_crashing_command_names_the_last_error(
     for n in range(1, max_claims + 1):
         await engine.run_until_idle()
         assert engine.worker.events.crashed == n
-        await engine.advance(31)  # the crashed segment's lease runs out
+        await engine.move_clock(31)  # the crashed segment's lease runs out
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "FAILED" and info.error["type"] == "DeadLetter"

@@ -143,7 +143,7 @@ async def test_a_head_waiting_out_its_retry_backoff_blocks_a_ready_signal(engine
     await engine.run_until_idle()  # the first step failed; its retry is due in 10 s
     await engine.client.signal(iid, "go")  # ready now, but behind the retry
     assert await engine.store.claim(10, 30, "w") == []
-    await engine.advance(10.5)
+    await engine.move_clock(10.5)
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["log"] == ["through:go"]
@@ -167,7 +167,7 @@ async def test_a_future_timer_blocks_nothing_but_a_due_one_is_the_head(engine: E
     claims = await engine.store.claim(10, 30, "w")
     assert [(c.instance.id, c.command.kind) for c in claims] == [(early, "SIGNAL")]
 
-    await engine.advance(3601)  # both timeouts are due; `early`'s claim of its signal has expired
+    await engine.move_clock(3601)  # both timeouts are due; `early`'s claim of its signal has expired
     await engine.client.signal(late, "go")  # behind a timer that is due: the timer goes first
     claims = await engine.store.claim(10, 30, "w")
     # `early`'s signal was recorded before its timeout's fire time, so it holds the timeout back (issue 11).
@@ -196,7 +196,7 @@ async def test_cancel_settles_timers_and_parked_signals_and_nothing_runs_after(e
     for iid in (napping, due):
         await engine.client.signal(iid, "go")
     await engine.run_until_idle()  # the signals are parked: nobody waits for them yet
-    await engine.advance(61)  # `due`'s timer is due; the gate's timeout is not
+    await engine.move_clock(61)  # `due`'s timer is due; the gate's timeout is not
     await engine.client.signal(gate, "go")
 
     expected = {
@@ -215,7 +215,7 @@ async def test_cancel_settles_timers_and_parked_signals_and_nothing_runs_after(e
         assert info.next_timer_at is None and info.parked_signals == 0
 
     claims = engine.worker.events.claims
-    await engine.advance(10 ** 6)
+    await engine.move_clock(10 ** 6)
     await engine.run_until_idle()
     assert engine.worker.events.claims == claims
     assert [(await engine.client.get(i)).status for i in expected] == ["CANCELLED"] * 3
