@@ -58,6 +58,20 @@ async def test_paid_order_ships(engine: tuple[Client, Worker, PostgresStore]) ->
     assert steps == ["reserve_stock", "ship", "send_receipt"]
 
 
+@pytest.mark.parametrize("payload", [None, "pay-2", ["pay-2"]])
+async def test_a_payment_signal_without_a_payment_id_still_ships(
+    engine: tuple[Client, Worker, PostgresStore], payload: object,
+) -> None:
+    """`stepstone signal ID payment_received` without --payload sends None: `ship` failed on it with an
+    AttributeError, retried as if transient."""
+    client, worker, _ = engine
+    instance_id = await to_payment_wait(engine, "o-no-payload")
+    await client.signal(instance_id, "payment_received", payload)
+    await worker.run_until_idle()
+    info = await client.get(instance_id)
+    assert (info.status, info.state["outcome"], info.state["payment_id"]) == ("COMPLETED", "shipped", None)
+
+
 async def test_cancelled_order_releases_stock(engine: tuple[Client, Worker, PostgresStore]) -> None:
     client, worker, _ = engine
     instance_id = await to_payment_wait(engine, "o-cancel")

@@ -92,8 +92,9 @@ orders.wait(
 
 @orders.step(next="send_receipt")
 async def ship(ctx: StepContext, order: Order) -> None:
-    payment = ctx.signal.payload if ctx.signal else {}
-    order.payment_id = payment.get("payment_id")
+    payment = ctx.signal.payload if ctx.signal else None
+    if isinstance(payment, dict):  # a signal may carry no payload: `stepstone signal ID payment_received`
+        order.payment_id = payment.get("payment_id")
     order.shipment_id = f"ship-{order.order_id}"
     ctx.emit("order.shipped", {"order_id": order.order_id, "shipment": order.shipment_id}, key=order.order_id)
 
