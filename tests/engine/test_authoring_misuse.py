@@ -4,10 +4,12 @@ a crash of the worker (which repeated the step on every lease expiry until it wa
 
 from __future__ import annotations
 
-from datetime import timedelta
+import functools
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from stepstone import Registry, Retry, StepContext, Workflow
 from stepstone.errors import DefinitionError
@@ -62,6 +64,61 @@ def test_a_misshapen_step_is_a_definition_error(declare: Any, said: str) -> None
     # TypeError ("unhashable type: 'list'", "'<' not supported between 'str' and 'int'").
     with pytest.raises(DefinitionError, match=said):
         _plan_of(declare)
+
+
+def _three(_ctx: StepContext, _state: Any, _extra: Any) -> None:
+    return None
+
+
+class _Steps:
+    def bound(self, _ctx: StepContext, _state: Any) -> None:
+        return None
+
+
+class _At(BaseModel):
+    at: datetime | None = None
+
+
+@pytest.mark.parametrize(("declare", "said"), [
+    (lambda wf: wf.step(name="a", start=True)(lambda _s: None),
+     r"step 'a': the handler .*<lambda>\(_s\) cannot be called with \(ctx, state\): too many positional arguments"),
+    (lambda wf: wf.step(name="a", start=True)(_three),
+     r"step 'a': the handler _three\(_ctx, _state, _extra\) cannot be called with \(ctx, state\): .* '_extra'"),
+    (lambda wf: wf.step(name="a", start=True)(lambda _c, _s, *, _key: None), "missing a required argument: '_key'"),
+    (lambda wf: wf.step(name="a", start=True)(functools.partial(_three, 1, 2)), "too many positional arguments"),
+    (lambda wf: wf.step(start=True)(functools.partial(_three, _extra=1)), r"needs a name: it has no __name__"),
+    (lambda wf: wf.child(workflow="c", next="e", name="a", start=True)(lambda _s: None),
+     r"step 'a': the handler .*\(_s\) cannot be called"),
+    (lambda wf: (wf.step(name="a", start=True)(_noop), wf.compensation("a")(_noop)),
+     r"the compensation of step 'a': the handler _noop\(ctx, state\) cannot be called with \(ctx, state, recorded\)"),
+])
+def test_a_handler_that_cannot_take_ctx_and_state_is_a_definition_error(declare: Any, said: str) -> None:
+    # Each was accepted, and its first run failed with Python's TypeError, retried as if transient.
+    wf: Workflow[Any] = Workflow("misuse_handler")
+    with pytest.raises(DefinitionError, match=said):
+        declare(wf)
+
+
+@pytest.mark.parametrize("handler", [
+    lambda _c, _s, _extra=1: None, lambda *_args: None, lambda _c, *_rest, **_kw: None,
+    functools.partial(_three, _extra=1), _Steps().bound,
+])
+def test_a_handler_that_can_take_ctx_and_state_is_accepted(handler: Any) -> None:
+    wf: Workflow[Any] = Workflow("misuse_handler")
+    wf.step(name="a", next="b", start=True)(handler)
+    wf.step(name="b")(_noop)
+    wf.compensation("a")(lambda _c, _s, _recorded, _more=None: None)
+    assert list(wf.plan.steps) == ["a", "b"]
+
+
+def test_a_timer_until_a_field_the_state_model_lacks_is_a_definition_error() -> None:
+    wf: Workflow[_At] = Workflow("misuse_until", state=_At)
+    with pytest.raises(DefinitionError, match="timer 't': until names state field 'when', which _At lacks; "
+                                              "its fields: at"):
+        wf.timer("t", until="when", next="e", start=True)
+    wf.timer("t", until="at", next="e", start=True)
+    untyped: Workflow[Any] = Workflow("misuse_until_dict")
+    untyped.timer("t", until="when", next="e", start=True)  # a dict state: nothing to check against
 
 
 def test_a_workflow_id_that_is_not_text_is_a_definition_error() -> None:

@@ -132,6 +132,7 @@ class Workflow(Generic[S]):
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
             step_name = _handler_name(handler, name)
+            _check_takes(f"step {step_name!r}", handler, "ctx", "state")
             targets = _targets(step_name, next)
             policy = _retry(retry)
             seconds = None if deadline is None else _seconds(deadline)
@@ -155,6 +156,11 @@ class Workflow(Generic[S]):
     ) -> None:
         """Declare a timer step: sleep for `delay`, or until the instant in state field `until`;
         `deadline` bounds it (an `until` read from state may lie further out): then `on_deadline`."""
+        model = self.state_model
+        if until is not None and isinstance(model, type) and issubclass(model, BaseModel) \
+                and model.model_config.get("extra") != "allow" and until not in model.model_fields:
+            raise DefinitionError(f"timer {name!r}: until names state field {until!r}, which {model.__name__} lacks; "
+                                  f"its fields: {', '.join(model.model_fields)}")
         seconds = None if delay is None else _seconds(delay)
         self._add(Step(name, "timer", (next,), delay_seconds=seconds, until=until,
                        deadline_seconds=None if deadline is None else _seconds(deadline), on_deadline=on_deadline),
@@ -303,6 +309,7 @@ class Workflow(Generic[S]):
 
         def register(handler: Callable[..., Any]) -> Callable[..., Any]:
             step_name = _handler_name(handler, name)
+            _check_takes(f"step {step_name!r}", handler, "ctx", "state")
             step = Step(step_name, "child", (next,), workflow=workflow, on_failure=on_failure,
                         cancel_with_parent=cancel_with_parent)
             self._add(step, start)
@@ -352,6 +359,7 @@ class Workflow(Generic[S]):
                 raise DefinitionError(f"workflow {self.id!r}: step {step!r} has two compensations")
             policy = _retry(retry)
             declared = Compensation(_handler_name(handler, name), policy.policy())
+            _check_takes(f"the compensation of step {step!r}", handler, "ctx", "state", "recorded")
             self._steps[found] = replace(self._steps[found], compensation=declared)
             self._compensations[step] = _ActionSpec(handler, policy.non_retryable)
             return handler
@@ -453,7 +461,25 @@ def _handler_name(handler: Any, name: str | None) -> str:
     """The step's name: `name`, or the handler's own (an empty `name` is refused as a name, not replaced)."""
     if not callable(handler):
         raise DefinitionError(f"step {name or handler!r}: the handler must be a function, got {handler!r}")
+    if name is None and not isinstance(getattr(handler, "__name__", None), str):  # a partial, a callable object
+        raise DefinitionError(f"the step of handler {handler!r} needs a name: it has no __name__ (pass name=...)")
     return handler.__name__ if name is None else name
+
+
+def _check_takes(what: str, handler: Callable[..., Any], *args: str) -> None:
+    """Refuse a handler that cannot be called as the engine calls it, `handler(*args)`: it would fail with a
+    TypeError at run time, retried as if transient. *args, defaults, partials and bound methods are fine."""
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):  # some builtins have no signature to read: left to run time
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        shown = ", ".join(str(p.replace(annotation=p.empty)) for p in signature.parameters.values())
+        name = getattr(handler, "__qualname__", "") or type(handler).__name__
+        raise DefinitionError(f"{what}: the handler {name}({shown}) cannot be called with ({', '.join(args)}): "
+                              f"{exc}") from None
 
 
 def _targets(step: str, next: Any) -> tuple[Any, ...]:  # noqa: A002
