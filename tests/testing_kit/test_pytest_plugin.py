@@ -52,6 +52,20 @@ def test_without_a_registry_the_fixture_says_how_to_give_one(pytester: pytest.Py
     result.stdout.fnmatch_lines(["*define `@pytest.fixture def stepstone_registry()*"])
 
 
+def test_the_authoring_guides_testing_snippet_runs_with_the_plugin(pytester: pytest.Pytester,
+                                                                   pg_server: PgServer) -> None:
+    """docs/authoring.md's "Testing a workflow", copied into a user's project: its fixtures are the plugin's
+    (it asked for `database_url`, which only stepstone's own tests/conftest.py provides)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "authoring.md").read_text(encoding="utf-8")
+    snippet = guide.split("## Testing a workflow", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    pytester.makepyfile(test_snippet=snippet)
+    pytester.makeini(user_project.PYTEST_INI)
+    result = pytester.runpytest_subprocess("--stepstone-database-url", pg_server.admin_url, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
 def test_docs_testing_shows_the_tests_run_here() -> None:
     from pathlib import Path  # noqa: PLC0415
 
