@@ -119,7 +119,7 @@ async def _overrun(engine: Engine, workflow: Workflow[Legs], state: dict[str, An
     HOLD[iid], ENTERED[iid] = asyncio.Event(), asyncio.Event()
     held = asyncio.create_task(engine.run_until_idle())
     await ENTERED[iid].wait()
-    await engine.advance(6)
+    await engine.move_clock(6)
     await engine.new_worker(concurrency=2, lease_seconds=30).run_until_idle()
     HOLD[iid].set()
     await held
