@@ -7,7 +7,8 @@ Before anything is written, each instance is checked against the target plan: ev
 (the root and each live branch) has its step mapped (through `step_map`, else by the same name) to a
 step of the target of the same kind; a wait maps to a wait that accepts every signal and message the
 old one accepted and has a timeout exactly when the old one had; a fork with live branches keeps its
-name and each live branch's mapped step still leads to that fork's join in the target; a waiting
+name and each live branch's mapped step still leads to that fork's join in the target, whose need
+(counted on the instance's branches) is the source's: the join's progress is kept as it is; a waiting
 task or message wait keeps its name (its task or subscription names the step); every open command's
 step and every queued signal still exists in the target; and the state `state_transform` returns
 fits the target's state model. Each instance is answered: migrated, refused (with why) or skipped
@@ -193,7 +194,7 @@ def _plan(
     for p in view["positions"]:
         row = {k: p[k] for k in ("path", "step", "visit", "status")}
         if p["status"] in _LIVE:
-            row.update(_position_target(p, source, target, step_map))
+            row.update(_position_target(p, source, target, step_map, int(view["version"])))
             if p["path"]:
                 _check_branch(str(p["path"]), str(row["to_step"]), target, step_map)
         positions.append(row)
@@ -221,7 +222,7 @@ def _plan(
 
 
 def _position_target(
-    p: Mapping[str, Any], source: Mapping[str, Any], target: Plan, step_map: Mapping[str, str]
+    p: Mapping[str, Any], source: Mapping[str, Any], target: Plan, step_map: Mapping[str, str], from_version: int,
 ) -> dict[str, Any]:
     step = p["step"]
     mapped = step_map.get(step, step)
@@ -246,6 +247,8 @@ def _position_target(
         if mapped != step:  # the branches' paths and their reports name the fork
             raise _Refused(f"fork {step!r} has live branches: it keeps its name ({mapped!r} given)")
         to_wait = {**(p.get("wait") or {}), "join": target.join_of(mapped).name}
+    if goal.kind == "fork" and (p.get("wait") or {}).get("kind") == "join":
+        _check_need(p["wait"], source, target.join_of(mapped), from_version, target.version)
     return {"to_step": mapped, "to_wait": to_wait}
 
 
@@ -265,6 +268,27 @@ def _wait_target(step: str, was: Mapping[str, Any], mapped: str, goal: Step, ver
     if goal.messages:
         wait["messages"] = dict(goal.messages)
     return wait
+
+
+def _check_need(wait: Mapping[str, Any], source: Mapping[str, Any], join: Step, from_version: int,
+                to_version: int) -> None:
+    """A join being waited at keeps the count it needs: the migration keeps the fork's progress as it is
+    (migration 0025), and a changed need could make a join already met, or already impossible because
+    of a failed branch, inconsistent with the instance's status (docs/branches.md)."""
+    total, need = int(wait["total"]), int(wait["need"])
+    if (total if join.need == 0 else min(join.need, total)) == need:
+        return
+    joins = (s for s in source.values() if s.get("kind") == "join" and s.get("fork") == wait.get("fork"))
+    was: Mapping[str, Any] = next(joins, {})
+    old = str(wait.get("join") or was.get("name") or "")
+    name = repr(join.name) if old == join.name else f"{old!r} ({join.name!r} in v{to_version})"
+    raise _Refused(f"join {name} needs {_need_text(was.get('need', need))} in v{from_version} and "
+                   f"{_need_text(join.need)} in v{to_version}: an instance waiting at it cannot move (it needs "
+                   f"{need} of its {total} branches); migrate it once the join has fired, or keep the join's need")
+
+
+def _need_text(need: Any) -> str:
+    return "all" if need == 0 else "any" if need == 1 else str(need)
 
 
 def _check_branch(path: str, to_step: str, target: Plan, step_map: Mapping[str, str]) -> None:
