@@ -245,7 +245,7 @@ async def test_the_cli_migration_waits_as_long_as_its_patience(engine: Engine, d
             "--workflow", "mig_order", "--to-version", "2", "--step-map", "second=second2",
             "--step-map", "done=done2", "--patience", "0.5", "-o", "json", "--database-url", database_url]
     result = await asyncio.to_thread(CliRunner().invoke, cli, args)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 4, result.output  # one was refused
     report = json.loads(result.stdout)
     assert report["counts"] == {"refused": 1}, report
     # The answer names the patience it was given (the default would have waited 30 s).

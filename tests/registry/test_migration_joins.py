@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+from stepstone.cli import cli
 from stepstone.testing import Engine, open_engine
 
 
@@ -88,3 +92,22 @@ async def test_a_join_with_the_same_need_migrates(engine: Engine) -> None:
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.status, info.version, info.state["ran"]) == ("COMPLETED", 4, "qr/v4")
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+async def test_the_cli_exits_4_when_an_instance_is_refused(engine: Engine, database_url: str, dry_run: bool) -> None:
+    refused, ended = await _started(engine), await _started(engine)
+    await engine.client.signal(ended, "go", position="split/p")
+    await engine.client.signal(ended, "go", position="split/q")
+    await engine.run_until_idle()  # its join fired and it completed
+    args = ["definitions", "migrate", "--app", "tests.registry.test_migration_joins:registry", "--workflow",
+            "mig_need", "--to-version", "2", *(["--dry-run"] if dry_run else []), "-o", "json",
+            "--database-url", database_url]
+    result = await asyncio.to_thread(CliRunner().invoke, cli, [*args, ended, refused])
+    assert result.exit_code == 4, result.output
+    report = json.loads(result.stdout)
+    assert report["counts"] == {"refused": 1, "skipped": 1}, report
+    assert "needs 2 in v1 and any in v2" in report["instances"][1]["reason"]
+    assert (await engine.client.get(refused)).version == 1
+    result = await asyncio.to_thread(CliRunner().invoke, cli, [*args, ended])
+    assert (result.exit_code, json.loads(result.stdout)["counts"]) == (0, {"skipped": 1}), result.output

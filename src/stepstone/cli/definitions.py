@@ -279,7 +279,7 @@ def migrate_command(settings: Settings, instance_ids: tuple[str, ...], registry:
                     to_version: int, from_version: int | None, scope: str | None, step_map: tuple[str, ...],
                     transform: str | None, dry_run: bool, patience: float, output: str) -> None:
     """Move running instances to another version; each is checked first and answered migrated, refused
-    (and why) or skipped."""
+    (and why) or skipped (exit 4 when one is refused, in a dry run too)."""
     from stepstone.client import Client  # noqa: PLC0415 - the CLI's other commands need no client
 
     target = registry.find(definition_id, to_version)
@@ -306,6 +306,8 @@ def migrate_command(settings: Settings, instance_ids: tuple[str, ...], registry:
     emit({"dry_run": dry_run, "counts": report.counts, "instances": rows}, output, lambda: "\n".join(
         [render_table([[r["instance"], r["outcome"], r["reason"]] for r in rows], ["instance", "outcome", "why"]),
          ("dry run: " if dry_run else "") + summary]))
+    if report.counts.get("refused"):  # as `repair` does when one could not be acted on
+        raise SystemExit(4)
 
 
 commands = [definitions_group]
