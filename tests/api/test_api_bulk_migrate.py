@@ -76,7 +76,7 @@ async def test_a_refused_instance_is_reported_with_why_and_left_as_it_was(api: A
         "ids": [a], "to_version": 2, "step_map": {"await_receipt": "nowhere"}})
     [item] = r.json()["items"]
     assert (item["outcome"], item["ok"]) == ("refused", False)
-    assert "'nowhere': v2 has no such step" in item["reason"]
+    assert "maps to 'nowhere' through step_map, but v2 has no such step" in item["reason"]
     assert await _version(api, a) == 1
 
 

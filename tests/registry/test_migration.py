@@ -126,7 +126,9 @@ async def test_an_instance_that_timed_out_is_left_as_it_ended(engine: Engine) ->
 
 
 @pytest.mark.parametrize(("step_map", "transform", "reason"), [
-    ({}, add_currency, "maps to 'w': v2 has no such step"),
+    ({}, add_currency, r"at step 'w': v2 has no step 'w'; map it with step_map to one of its steps \(a, w2, b2\)"),
+    ({"w": "nope"}, add_currency, r"maps to 'nope' through step_map, but v2 has no such step \(its steps: a, w2, b2"),
+    ({**STEP_MAP, "nothere": "b2"}, add_currency, r"step_map maps 'nothere', which v1 does not have \(its steps: a, w"),
     ({"w": "a"}, add_currency, "is a wait step, 'a' in v2 a action"),
     (STEP_MAP, None, "does not fit v2's state model"),
     (STEP_MAP, lambda _s: 1 / 0, "state_transform raised ZeroDivisionError"),
@@ -137,6 +139,9 @@ async def test_a_migration_that_cannot_fit_is_refused_and_changes_nothing(
     [iid] = await _waiting(engine)
     before = await engine.client.get(iid)
     history = await engine.client.history(iid)
+    dry = await engine.client.migrate([iid], to=v2, step_map=step_map, state_transform=transform, dry_run=True)
+    with pytest.raises(MigrationRefused, match=reason):  # the dry run says the same
+        dry.raise_for_refusals()
     with pytest.raises(MigrationRefused, match=reason):
         await engine.client.migrate(iid, to=v2, step_map=step_map, state_transform=transform)
     after = await engine.client.get(iid)

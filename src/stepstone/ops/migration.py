@@ -3,16 +3,16 @@
     report = await migrate(store.definitions, to=orders_v2, definition="orders", from_version=1,
                            step_map={"ship": "ship_parcel"}, state_transform=add_currency, dry_run=True)
 
-Before anything is written, each instance is checked against the target plan: every live position
-(the root and each live branch) has its step mapped (through `step_map`, else by the same name) to a
-step of the target of the same kind; a wait maps to a wait that accepts every signal and message the
-old one accepted and has a timeout exactly when the old one had; a fork with live branches keeps its
-name and each live branch's mapped step still leads to that fork's join in the target, whose need
-(counted on the instance's branches) is the source's: the join's progress is kept as it is; a waiting
-task or message wait keeps its name (its task or subscription names the step); every open command's
-step and every queued signal still exists in the target; and the state `state_transform` returns
-fits the target's state model. Each instance is answered: migrated, refused (with why) or skipped
-(already on the target, or ended).
+Before anything is written, each instance is checked against the target plan: every live position (the
+root and each live branch) has its step mapped (through `step_map`, whose every source step exists in
+the instance's version, else by the same name) to a step of the target of the same kind; a wait maps to
+a wait that accepts every signal and message the old one accepted and has a timeout exactly when the old
+one had; a fork with live branches keeps its name and each live branch's mapped step still leads to that
+fork's join in the target, whose need (counted on the instance's branches) is the source's: the join's
+progress is kept as it is; a waiting task or message wait keeps its name (its task or subscription names
+the step); every open command's step and every queued signal still exists in the target; and the state
+`state_transform` returns fits the target's state model. Each instance is answered: migrated, refused
+(with why) or skipped (already on the target, or ended).
 
 An accepted migration is one fenced transaction between two segments (`migrate_in_order`,
 migrations 0008 and 0017) at its place in the instance's command order, reserved when it is first
@@ -190,6 +190,10 @@ def _plan(
     if view["definition_id"] != target.definition_id:
         raise _Refused(f"instance runs {view['definition_id']!r}, not {target.definition_id!r}")
     source = {s["name"]: s for s in (view["plan"] or {}).get("steps", [])}
+    unknown = sorted(set(step_map) - set(source)) if source else []
+    if unknown:  # a typo on the left would otherwise be passed over, and the step it meant not mapped
+        raise _Refused(f"step_map maps {', '.join(map(repr, unknown))}, which v{view['version']} does not have "
+                       f"(its steps: {', '.join(source)})")
     positions = []
     for p in view["positions"]:
         row = {k: p[k] for k in ("path", "step", "visit", "status")}
@@ -229,7 +233,12 @@ def _position_target(
     where = f"position {p['path']!r} at step {step!r}" if p["path"] else f"position at step {step!r}"
     goal = target.steps.get(mapped)
     if goal is None:
-        raise _Refused(f"{where} maps to {mapped!r}: v{target.version} has no such step (pass step_map)")
+        steps = ", ".join(target.steps)
+        if step in step_map:
+            raise _Refused(f"{where} maps to {mapped!r} through step_map, but v{target.version} has no such step "
+                           f"(its steps: {steps})")
+        raise _Refused(f"{where}: v{target.version} has no step {step!r}; map it with step_map to one of its "
+                       f"steps ({steps})")
     was = source.get(step, {})
     if was and was.get("kind") != goal.kind:
         raise _Refused(f"step {step!r} is a {was.get('kind')} step, {mapped!r} in v{target.version} a {goal.kind}")
