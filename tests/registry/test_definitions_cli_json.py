@@ -37,3 +37,25 @@ def test_the_definitions_commands_answer_in_json(database_url: str, tmp_path: Pa
     assert run("deprecate", "approval", "1", *db)["before"] == "AVAILABLE"
     assert run("reinstate", "approval", "1", *db) == {"workflow": "approval", "version": 1, "scope": "default",
                                                       "before": "DEPRECATED", "status": "AVAILABLE"}
+
+
+def test_reinstate_says_already_available_and_refuses_an_app_without_the_version(
+        database_url: str, tmp_path: Path) -> None:
+    runner = CliRunner()
+    db = ("--database-url", database_url)
+    (tmp_path / "v1.yaml").write_text(APPROVAL)
+    (tmp_path / "v2.yaml").write_text(APPROVAL.replace("version: 1", "version: 2"))
+    for version in (1, 2):
+        assert runner.invoke(cli, ["definitions", "publish", str(tmp_path / f"v{version}.yaml"), "--catalog",
+                                   CATALOG, *db]).exit_code == 0
+    same = runner.invoke(cli, ["definitions", "reinstate", "approval", "1", *db])
+    assert same.exit_code == 0, same.output
+    assert same.stdout.strip() == "approval v1 (scope default): already AVAILABLE, nothing changed"
+    deprecated = runner.invoke(cli, ["definitions", "deprecate", "approval", "2", *db, "-o", "json"])
+    assert json.loads(deprecated.stdout)["before"] == "AVAILABLE"
+    lacking = runner.invoke(cli, ["definitions", "reinstate", "approval", "2", *db,
+                                  "--app", "tests.registry.test_migration_joins:registry"])
+    assert lacking.exit_code == 1
+    assert lacking.stderr.startswith("error: --app has no approval v2, so its plan hash cannot be checked")
+    listed = runner.invoke(cli, ["definitions", "list", "--workflow", "approval", *db, "-o", "json"])
+    assert {r["version"]: r["status"] for r in json.loads(listed.stdout)} == {1: "AVAILABLE", 2: "DEPRECATED"}

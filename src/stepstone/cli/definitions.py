@@ -204,17 +204,21 @@ def _lifecycle(name: str, to: str, help_text: str) -> None:
     @with_settings
     def command(settings: Settings, definition_id: str, version: int, scope: str, registry: Any, output: str) -> None:
         plan_hash = None
-        if to == "AVAILABLE" and registry is not None:
+        if to == "AVAILABLE" and registry is not None:  # the code at hand must be the recorded plan
             wf = registry.find(definition_id, version)
-            plan_hash = None if wf is None else wf.plan.plan_hash
+            if wf is None:
+                raise CliError(f"--app has no {definition_id} v{version}, so its plan hash cannot be checked against "
+                               "the recorded one; nothing was changed (leave out --app to reinstate unchecked)")
+            plan_hash = wf.plan.plan_hash
 
         async def go() -> str:
             async with open_store(settings) as store:
                 return await store.definitions.transition(scope, definition_id, version, to, plan_hash=plan_hash)
 
-        before = run_async(go())
+        before = run_async(go())  # the status it already had is no change, and no error (as the store has it)
         emit({"workflow": definition_id, "version": version, "scope": scope, "before": before, "status": to}, output,
-             lambda: f"{definition_id} v{version} (scope {scope}): {before} -> {to}")
+             lambda: f"{definition_id} v{version} (scope {scope}): " + (
+                 f"already {to}, nothing changed" if before == to else f"{before} -> {to}"))
 
 
 _lifecycle("deprecate", "DEPRECATED", "Take new instances off VERSION (running ones go on); it must not be current.")
