@@ -115,6 +115,8 @@ async def test_repair_retention_and_replay_from_the_cli(engine: Engine, database
     assert "dropped after 1 s" in line and "later" not in line
     refused = await run(database_url, "retention", "set", "ops_flaky", "outbox_published", "1s")
     assert refused.exit_code == 1 and refused.stderr.startswith("error: outbox_published takes only the '*'")
+    unknown = await run(database_url, "retention", "set", "nosuchwf", "completed", "1d")
+    assert unknown.exit_code == 1 and unknown.stderr.startswith("error: no workflow 'nosuchwf' is registered")
     replayed = await as_json(database_url, "replay", "--instance", failed[0], "--from", "work")
     assert replayed["from_step"] == "work" and replayed["status"] == "RUNNING"
 

@@ -287,6 +287,16 @@ async def test_published_outbox_rows_take_only_the_default_window(ops: Operation
     assert row["retain_for"] == timedelta(days=3)
 
 
+async def test_a_policy_for_a_workflow_that_is_not_registered_is_refused(ops: Operations) -> None:
+    """It was stored and listed, and no sweep would ever apply it (a typo keeps the default window)."""
+    with pytest.raises(InvalidInput, match="no workflow 'nosuchwf' is registered") as refused:
+        await ops.set_retention_policy("nosuchwf", "completed", timedelta(days=1))
+    assert refused.value.what == "workflow"
+    assert {p["workflow"] for p in await ops.retention_policies()} == {"*"}
+    row = await ops.set_retention_policy("ops_flaky", "completed", timedelta(days=1))  # registered by the engine
+    assert (row["workflow"], row["retain_for"]) == ("ops_flaky", timedelta(days=1))
+
+
 def test_a_retention_loop_sweeps_at_most_once_a_second(ops: Operations) -> None:
     """Used directly (not through the worker's --retention-every, which checked), a 0 s interval swept in
     a busy loop."""

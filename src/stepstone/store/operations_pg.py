@@ -138,10 +138,14 @@ class PostgresOperations:
         self, workflow: str, status_class: str, retain_for: timedelta | None, purge_after: timedelta | None
     ) -> dict[str, Any]:
         try:
-            return (await self._fetch("set_retention_policy", workflow, status_class, retain_for, purge_after))[0]
+            rows = await self._fetch("set_retention_policy", workflow, status_class, retain_for, purge_after)
         except asyncpg.CheckViolationError:
             raise InvalidInput(f"unknown status class {status_class!r}; one of completed, failed, waiting, "
                                "outbox_published", what="status class") from None
+        if not rows:
+            raise InvalidInput(f"no workflow {workflow!r} is registered: a retention policy for it would never "
+                               "apply (register a version first, or set the '*' default)", what="workflow")
+        return rows[0]
 
     async def try_retention_lock(self) -> Any:
         """A connection holding the retention lock, or None when another sweep holds it."""

@@ -165,8 +165,10 @@ SELECT workflow, status_class, retain_for, purge_after FROM {{schema}}.retention
 ORDER BY workflow = '*' DESC, workflow, status_class;
 
 -- name: set_retention_policy
+-- No row when $1 is neither '*' nor a registered workflow (any scope): its policy would never apply.
 INSERT INTO {{schema}}.retention_policies (workflow, status_class, retain_for, purge_after)
-VALUES ($1, $2, $3, COALESCE($4, interval '1 day'))
+SELECT $1, $2, $3, COALESCE($4, interval '1 day')
+WHERE $1 = '*' OR EXISTS (SELECT 1 FROM {{schema}}.definitions d WHERE d.definition_id = $1)
 ON CONFLICT (workflow, status_class) DO UPDATE
 SET retain_for = EXCLUDED.retain_for, purge_after = COALESCE($4, {{schema}}.retention_policies.purge_after)
 RETURNING workflow, status_class, retain_for, purge_after;
