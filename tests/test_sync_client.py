@@ -91,6 +91,10 @@ def test_it_runs_the_operations(database_url: str) -> None:
         assert [r["id"] for r in rows] == [instance_id]
         assert client.cancel(instance_id, "no longer wanted") == "CANCELLED"
         assert client.wait_for(instance_id, timeout=1).status == "CANCELLED"
+        history = client.history(instance_id)  # root entries say '' (the root's path), as history_page does
+        assert [(h["kind"], h["position"]) for h in history] == [(e.kind, e.position) for e in
+                                                                 client.history_page(instance_id).entries]
+        assert [h["position"] for h in history if h["kind"] == "INSTANCE_STARTED"] == [""]
     assert not client._thread.is_alive()
 
 

@@ -185,7 +185,7 @@ class SyncClient(SyncScheduleOperations, SyncTaskOperations, SyncTaskFilterOpera
         return self._run(self._client.get(instance_id))
 
     def history(self, instance_id: str) -> list[dict[str, Any]]:
-        """Every recorded event of the instance, oldest first."""
+        """Every recorded event of the instance, oldest first; `position` is '' for the root's entries."""
         return self._run(self._client.history(instance_id))
 
     def list(

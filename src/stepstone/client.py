@@ -221,7 +221,7 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations, Generic[S_co
         )
 
     async def history(self, instance_id: str) -> list[dict[str, Any]]:
-        """Every recorded event of the instance, oldest first."""
+        """Every recorded event of the instance, oldest first; `position` is '' for the root's entries."""
         self._texts(empty=True, instance_id=instance_id)
         return await self.store.history(instance_id)
 

@@ -32,6 +32,9 @@ async def test_entries_name_actor_command_position_step_outcome_and_patch(engine
     assert Actor.parse(work.actor.on_behalf_of) == Actor("alice", "user", reason="ticket 7")
     assert work.command_id is not None and work.command_kind == "START"
     assert (work.position, work.step, work.outcome) == ("", "work", "completed")
+    # Client.history says the same of the root: '' (it said None for every root entry).
+    assert [(h["kind"], h["position"]) for h in await engine.client.history(iid)] == [
+        (e.kind, e.position) for e in page.entries]
     assert work.patch == [{"op": "replace", "path": "/log", "value": ["work@1"]}]
     # The next step went on in the START's row (migration 0030): the same command, what began the run.
     assert done.command_id == work.command_id and done.command_kind == "START"

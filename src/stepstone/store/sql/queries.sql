@@ -276,7 +276,8 @@ ORDER BY i.created_at DESC, i.id DESC
 LIMIT $6;
 
 -- name: history
-SELECT seq, at, kind, position, step, visit, command_id, actor, data
+-- The root's entries are stored without a position; they say '' (the root's path), as the operations do.
+SELECT seq, at, kind, COALESCE(position, '') AS position, step, visit, command_id, actor, data
 FROM {{schema}}.history WHERE instance_id = $1 ORDER BY seq;
 
 -- name: db_now
