@@ -42,3 +42,12 @@ async def test_the_engine_restores_the_offset_it_found_even_after_a_failure(data
     with pytest.raises(LookupError):
         await a_failing_test(database_url)
     assert await clock_offset(database_url) == 600
+
+
+async def test_the_clock_is_put_back_after_the_test_closed_its_client(database_url: str) -> None:
+    # Closing the client closes the engine's store: the offset is written back through a store of its own
+    # (the first version of the restore failed the teardown of every test that closed its client).
+    async with open_engine(database_url, registry) as engine:
+        await engine.move_clock(hours=5)
+        await engine.client.close()
+    assert await clock_offset(database_url) == 0
