@@ -79,8 +79,11 @@ async def counts(ctx: ApiContext, who: Principal, workflow: str | None, include_
 async def instance(ctx: ApiContext, who: Principal, instance_id: str) -> dict[str, Any]:
     scope = await visible_instance(ctx, who, instance_id)
     info = await ctx.client(who.actor).get(instance_id)
+    redaction = (await ctx.management.redactions([instance_id])).get(instance_id)
     # A shallow copy: asdict's deep copy of a large state took longer than reading it (docs/api.md, "Measured").
-    return {**vars(info), "scope": scope}
+    # The state as `stepstone show` shows it: sensitive values redacted (docs/operations.md, Redaction).
+    return {**vars(info), "scope": scope,
+            "state": info.state if redaction is None else redaction.shown_state(info.state)}
 
 
 async def history(

@@ -21,10 +21,22 @@ from stepstone.errors import TaskNotFound
 
 __all__ = ["claim", "complete", "count", "delegate", "inbox", "reassign", "resolve", "task", "unclaim"]
 
-def _plain(info: TaskInfo, scope: str) -> dict[str, Any]:
-    # A shallow copy: the response encodes it at once, and asdict's deep copy of every task's form and data
-    # was three quarters of an inbox page's time (16 ms a page of 50 on a slow day; docs/api.md, "Measured").
-    return {**vars(info), "scope": scope}
+async def _shown(ctx: ApiContext, tasks: list[tuple[TaskInfo, str]]) -> list[dict[str, Any]]:
+    """The tasks as every view shows them: the state fields they show and their completions' payloads
+    redacted by their instances' registrations (docs/operations.md, Redaction)."""
+    redactions = await ctx.management.redactions([info.instance_id for info, _ in tasks]) if tasks else {}
+    shown = []
+    for info, scope in tasks:
+        # A shallow copy: the response encodes it at once, and asdict's deep copy of every task's form and data
+        # was three quarters of an inbox page's time (16 ms a page of 50 on a slow day; docs/api.md, "Measured").
+        plain = {**vars(info), "scope": scope}
+        redaction = redactions.get(info.instance_id)
+        shown.append(plain if redaction is None else redaction.shown_task(plain))
+    return shown
+
+
+async def _plain(ctx: ApiContext, info: TaskInfo, scope: str) -> dict[str, Any]:
+    return (await _shown(ctx, [(info, scope)]))[0]
 
 
 async def _visible(ctx: ApiContext, who: Principal, task_id: str) -> tuple[TaskInfo, str]:
@@ -37,7 +49,7 @@ async def _visible(ctx: ApiContext, who: Principal, task_id: str) -> tuple[TaskI
 
 async def task(ctx: ApiContext, who: Principal, task_id: str) -> dict[str, Any]:
     info, scope = await _visible(ctx, who, task_id)
-    return _plain(info, scope)
+    return await _plain(ctx, info, scope)
 
 
 def _arguments(who: Principal, mode: str) -> dict[str, Any]:
@@ -60,7 +72,7 @@ async def inbox(
     decode_task_cursor(cursor, what="cursor")  # refused naming the query parameter, not the client's `after`
     found = await ctx.client(who.actor).tasks(**_arguments(who, mode), where=_within(who, where), after=cursor,
                                               limit=limit)
-    return {"items": [_plain(t, t.scope or "") for t in found.tasks], "next_cursor": found.next_cursor}
+    return {"items": await _shown(ctx, [(t, t.scope or "") for t in found.tasks]), "next_cursor": found.next_cursor}
 
 
 async def count(ctx: ApiContext, who: Principal, *, mode: str, where: TaskFilter) -> dict[str, Any]:
@@ -83,33 +95,33 @@ async def _work(
 async def claim(ctx: ApiContext, who: Principal, task_id: str, *, admin: bool) -> dict[str, Any]:
     info, scope = await _work(ctx, who, task_id, admin, lambda c: c.claim_task(
         task_id, actor=who.task_user, groups=who.groups, admin=admin))
-    return _plain(info, scope)
+    return await _plain(ctx, info, scope)
 
 
 async def unclaim(ctx: ApiContext, who: Principal, task_id: str, *, admin: bool) -> dict[str, Any]:
     info, scope = await _work(ctx, who, task_id, admin, lambda c: c.unclaim_task(
         task_id, actor=who.task_user, admin=admin))
-    return _plain(info, scope)
+    return await _plain(ctx, info, scope)
 
 
 async def reassign(ctx: ApiContext, who: Principal, task_id: str, to: str, *, reason: str,
                    idempotency_key: str | None, admin: bool) -> dict[str, Any]:
     info, scope = await _work(ctx, who, task_id, admin, lambda c: c.reassign_task(
         task_id, to, actor=who.task_user, reason=reason, idempotency_key=idempotency_key, admin=admin))
-    return _plain(info, scope)
+    return await _plain(ctx, info, scope)
 
 
 async def delegate(ctx: ApiContext, who: Principal, task_id: str, to: str, *, reason: str,
                    idempotency_key: str | None, admin: bool) -> dict[str, Any]:
     info, scope = await _work(ctx, who, task_id, admin, lambda c: c.delegate_task(
         task_id, to, actor=who.task_user, reason=reason, idempotency_key=idempotency_key, admin=admin))
-    return _plain(info, scope)
+    return await _plain(ctx, info, scope)
 
 
 async def resolve(ctx: ApiContext, who: Principal, task_id: str, *, admin: bool) -> dict[str, Any]:
     info, scope = await _work(ctx, who, task_id, admin, lambda c: c.resolve_task(
         task_id, actor=who.task_user, admin=admin))
-    return _plain(info, scope)
+    return await _plain(ctx, info, scope)
 
 
 async def complete(
@@ -120,5 +132,5 @@ async def complete(
     done, scope = await _work(ctx, who, task_id, admin, lambda c: c.complete_task(
         task_id, decision, payload, actor=who.task_user, groups=who.groups, idempotency_key=idempotency_key,
         reviewed_version=reviewed_version, admin=admin))
-    return {"task": _plain(done.task, scope), "command_id": done.command_id, "duplicate": done.duplicate}
+    return {"task": await _plain(ctx, done.task, scope), "command_id": done.command_id, "duplicate": done.duplicate}
 

@@ -450,11 +450,9 @@ class Workflow(Generic[S]):
         return END
 
     def registration_document(self) -> dict[str, Any]:
-        """The plan document the store keeps, with the sensitive paths the database redacts by."""
-        document = self.plan.document()
-        if self.redaction.paths:
-            document["sensitive"] = [list(p) for p in self.redaction.paths]
-        return document
+        """The plan document the store keeps, with the sensitive paths the database and the operator's
+        views redact by (of the state, and of each payload model; not part of the plan's hash)."""
+        return {**self.plan.document(), **self.redaction.document_fields()}
 
 
 def _handler_name(handler: Any, name: str | None) -> str:

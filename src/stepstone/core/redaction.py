@@ -80,6 +80,10 @@ def _pointer_parts(pointer: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
 
 
+def _pointer(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")
+
+
 def _matches(prefix: list[str], path: Path) -> bool:
     """Whether the concrete `prefix` (pointer parts) lies along `path` (`*` matches any list index)."""
     if len(prefix) > len(path):
@@ -119,13 +123,16 @@ class Redaction:
     def _payload_parts(self, command: CommandView) -> list[tuple[Path, tuple[Path, ...]]]:
         """Where in the claimed command's payload a signal's, message's or task decision's payload sits,
         with its sensitive paths."""
-        payload = command.payload if isinstance(command.payload, dict) else {}
-        if command.kind == "SIGNAL":
-            return [((), self.payload_paths(("signal", str(command.name))))]
-        if command.kind == "MESSAGE":
-            return [(("payload",), self.payload_paths(("signal", str(command.name))))]
-        if command.kind == "TASK_COMPLETION":
-            return [(("payload",), self.payload_paths(("task", str(command.step), str(command.name))))]
+        return self._parts_of(command.kind, command.name, command.step, command.payload)
+
+    def _parts_of(self, kind: str, name: Any, step: Any, payload: Any) -> list[tuple[Path, tuple[Path, ...]]]:
+        payload = payload if isinstance(payload, dict) else {}
+        if kind == "SIGNAL":
+            return [((), self.payload_paths(("signal", str(name))))]
+        if kind == "MESSAGE":
+            return [(("payload",), self.payload_paths(("signal", str(name))))]
+        if kind == "TASK_COMPLETION":
+            return [(("payload",), self.payload_paths(("task", str(step), str(name))))]
         parts: list[tuple[Path, tuple[Path, ...]]] = []
         if isinstance(signal := payload.get("signal"), dict):
             parts.append((("signal", "payload"), self.payload_paths(("signal", str(signal.get("name"))))))
@@ -144,6 +151,61 @@ class Redaction:
                 _values_at(payload, path, found)
             payload = redact_state(payload, full)
         return payload, frozenset(found)
+
+    # -- the registration document, and what the operator's views show --------------------------
+
+    def document_fields(self) -> dict[str, Any]:
+        """What a registration document keeps of this redaction (the hook is code: only the worker has
+        it): `sensitive`, the state's paths the database redacts by, and `sensitive_payloads`, those of
+        each payload model, which the views of open commands and tasks redact by."""
+        fields: dict[str, Any] = {}
+        if self.paths:
+            fields["sensitive"] = [list(p) for p in self.paths]
+        if any(paths for _, paths in self.payloads):
+            fields["sensitive_payloads"] = [{"of": list(key), "paths": [list(p) for p in paths]}
+                                            for key, paths in self.payloads if paths]
+        return fields
+
+    @classmethod
+    def of_document(cls, sensitive: Any, sensitive_payloads: Any = None) -> Redaction:
+        """The redaction a registration document stores (its `sensitive` and `sensitive_payloads`)."""
+        def paths_of(value: Any) -> tuple[Path, ...]:
+            return tuple(tuple(str(p) for p in path) for path in value or () if isinstance(path, list))
+
+        payloads = tuple((tuple(str(k) for k in item["of"]), paths_of(item.get("paths")))
+                         for item in sensitive_payloads or () if isinstance(item, dict)
+                         and isinstance(item.get("of"), list))
+        return cls(paths_of(sensitive), None, payloads)
+
+    def shown_state(self, state: Any) -> Any:
+        return redact_state(state, self.paths)
+
+    def shown_command(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A command row (kind, name, step, payload) with the payload it carries redacted, open or not."""
+        if not self.payloads or row.get("payload") is None:
+            return row
+        payload = row["payload"]
+        for where, paths in self._parts_of(str(row.get("kind")), row.get("name"), row.get("step"), payload):
+            payload = redact_state(payload, tuple((*where, *path) for path in paths))
+        return {**row, "payload": payload}
+
+    def shown_history(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A history row with its data's state copies and patches redacted at the paths (the worker stored
+        them so already; this holds for any entry written another way too)."""
+        return {**row, "data": self.history_data(row.get("data"))} if self.paths else row
+
+    def shown_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        """A task as its views show it: the state fields it shows redacted at the state's paths, its
+        completion's payload at the decision's."""
+        data, completion = task.get("data"), task.get("completion")
+        if isinstance(data, dict) and self.paths:
+            shown = self.patch([{"op": "add", "path": "/" + "/".join(_pointer(p) for p in field.split(".")),
+                                 "value": value} for field, value in data.items()])
+            data = {field: op["value"] for field, op in zip(data, shown, strict=True)}
+        if isinstance(completion, dict) and completion.get("payload") is not None:
+            paths = self.payload_paths(("task", str(task.get("step")), str(completion.get("decision"))))
+            completion = {**completion, "payload": redact_state(completion["payload"], paths)}
+        return {**task, "data": data, "completion": completion}
 
     def secrets(self, *states: Any) -> frozenset[str]:
         """The sensitive values the states hold, as text, for scrubbing free text."""

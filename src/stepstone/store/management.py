@@ -1,6 +1,8 @@
 """The PostgreSQL adapter of the management port (`store/management_port.py`), on the engine store's pool.
 
-Every statement is a named query from `sql/management.sql`. Ids that are not UUIDs match nothing
+Every statement is a named query from `sql/management.sql`. History and command rows come back as the
+API and the UI show them: redacted by the instance's registration (`Redaction.shown_history`,
+`shown_command`; docs/operations.md, Redaction). Ids that are not UUIDs match nothing
 (the caller says NotFound), so no malformed id reaches the database as an error.
 """
 
@@ -14,6 +16,7 @@ from typing import Any
 import asyncpg
 
 from stepstone.core.model import FAILURE_KINDS, STATUSES
+from stepstone.core.redaction import Redaction
 from stepstone.store.database import translate_errors
 from stepstone.store.management_port import TokenRecord
 from stepstone.store.postgres import PostgresStore
@@ -79,6 +82,14 @@ class PostgresManagement:
         rows = await self._fetch("instance_scopes", keys) if keys else []
         return {str(r["id"]): str(r["scope"]) for r in rows}
 
+    async def redactions(self, instance_ids: Sequence[str]) -> dict[str, Redaction]:
+        keys = [k for k in (_uuid(i) for i in set(instance_ids)) if k is not None]
+        rows = await self._fetch("instance_redactions", keys) if keys else []
+        return {str(r["id"]): Redaction.of_document(r["sensitive"], r["sensitive_payloads"]) for r in rows}
+
+    async def _redaction(self, instance_id: str) -> Redaction:
+        return (await self.redactions([instance_id])).get(instance_id, Redaction())
+
     async def instance_stamp(self, instance_id: str) -> tuple[str, datetime] | None:
         key = _uuid(instance_id)
         rows = [] if key is None else await self._fetch("instance_stamp", key)
@@ -103,7 +114,10 @@ class PostgresManagement:
     ) -> list[dict[str, Any]]:
         key = _uuid(instance_id)
         kinds = sorted(FAILURE_KINDS) if failed_only else None
-        return [] if key is None else await self._rows("history_page", key, after, limit, kinds)
+        if key is None:
+            return []
+        redaction = await self._redaction(instance_id)
+        return [redaction.shown_history(r) for r in await self._rows("history_page", key, after, limit, kinds)]
 
     async def commands_page(
         self, instance_id: str, *, after: int, limit: int, states: Sequence[str] | None
@@ -111,7 +125,9 @@ class PostgresManagement:
         key = _uuid(instance_id)
         if key is None:
             return []
-        return await self._rows("commands_page", key, after, limit, None if states is None else list(states))
+        redaction = await self._redaction(instance_id)
+        return [redaction.shown_command(r) for r in
+                await self._rows("commands_page", key, after, limit, None if states is None else list(states))]
 
     async def dead_commands_page(
         self, scopes: Sequence[str] | None, *, before: int | None, limit: int, definition: str | None = None

@@ -3,6 +3,9 @@
     ManagementStore   scoped lists (instances, history, commands, dead letters, outbox events,
                       definitions), the plan of a pin, the scope of an instance, and API tokens
 
+History and command rows come back redacted as every view shows them (the instance's registration says
+what is sensitive); `redactions` gives the same redaction for what other reads return (state, tasks).
+
 The adapter is `stepstone.store.management.PostgresManagement`; `stepstone.api` is typed against this
 protocol only. A `scopes` argument is the scopes the caller may see, or None for every scope.
 """
@@ -14,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
+
+from stepstone.core.redaction import Redaction
 
 __all__ = ["ROLES", "ManagementStore", "TokenRecord"]
 
@@ -42,6 +47,9 @@ class TokenRecord:
 class ManagementStore(Protocol):
     async def instance_scope(self, instance_id: str) -> str | None: ...
     async def instance_scopes(self, instance_ids: Sequence[str]) -> dict[str, str]: ...
+    async def redactions(self, instance_ids: Sequence[str]) -> dict[str, Redaction]:
+        """The redaction of each instance its registration stores (missing ones left out)."""
+        ...
     async def instance_stamp(self, instance_id: str) -> tuple[str, datetime] | None: ...
     async def instances_page(
         self, scopes: Sequence[str] | None, *, status: str | None, definition: str | None,

@@ -100,7 +100,7 @@ class PostgresRegistry:
                     return "attached"
                 if kind == "CODE":
                     await conn.execute(self.q["fill_code_metadata"], pin.scope, pin.definition_id, pin.version,
-                                       state_model, signals, input_schema)
+                                       state_model, signals, input_schema, plan.get("sensitive_payloads"))
                 return "unchanged"
 
     # -- lifecycle ----------------------------------------------------------------------------

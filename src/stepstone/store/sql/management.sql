@@ -32,6 +32,15 @@ SELECT scope FROM {{schema}}.instances WHERE id = $1;
 -- name: instance_scopes
 SELECT id, scope FROM {{schema}}.instances WHERE id = ANY($1::uuid[]);
 
+-- name: instance_redactions
+-- The sensitive paths of each instance's registration (its own scope's, or the default scope's its pin
+-- was admitted on, as operations.sql's instance_extra reads them): what the views redact by.
+SELECT i.id, d.plan -> 'sensitive' AS sensitive, d.plan -> 'sensitive_payloads' AS sensitive_payloads
+FROM {{schema}}.instances i
+JOIN {{schema}}.definitions d
+  ON d.scope = COALESCE(i.definition_scope, i.scope) AND d.definition_id = i.definition_id AND d.version = i.version
+WHERE i.id = ANY($1::uuid[]);
+
 -- name: instances_page
 -- Newest first on (created_at, id): scopes $1, status $2, definition $3, business key $4,
 -- after ($5, $6), at most $7 rows; archived instances only when $8 (is_archived, as the operations'

@@ -25,10 +25,14 @@ SELECT scope, definition_id, version, plan_hash, kind, status, state_model, sign
 FROM {{schema}}.definitions WHERE scope = $1 AND definition_id = $2 AND version = $3;
 
 -- name: fill_code_metadata
--- A code row recorded before the registry (or by a client) gets its metadata from the worker.
+-- A code row recorded before the registry (or by a client) gets its metadata from the worker; one recorded
+-- before the registration document kept the payload models' sensitive paths ($7, not in the plan's hash)
+-- gets those, which the operator's views redact open commands and tasks by.
 UPDATE {{schema}}.definitions SET state_model = COALESCE(state_model, $4),
     signal_names = CASE WHEN signal_names = '[]'::jsonb THEN $5 ELSE signal_names END,
-    input_schema = COALESCE(input_schema, $6)
+    input_schema = COALESCE(input_schema, $6),
+    plan = CASE WHEN $7::jsonb IS NOT NULL AND NOT plan ? 'sensitive_payloads'
+                THEN plan || jsonb_build_object('sensitive_payloads', $7::jsonb) ELSE plan END
 WHERE scope = $1 AND definition_id = $2 AND version = $3 AND kind = 'CODE';
 
 -- name: attach_document

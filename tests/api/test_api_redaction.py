@@ -1,0 +1,160 @@
+"""What a workflow marks sensitive is shown redacted by every API and UI view of an instance, its commands,
+its history and its tasks, as `stepstone show` and `inspect` show it (docs/operations.md, Redaction)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import asyncpg
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from stepstone.api import context_on, create_app
+from stepstone.api.tokens import create_token
+from stepstone.authoring.sensitive import Sensitive
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.core.redaction import REDACTED
+from stepstone.runtime.serving import record_definitions
+from stepstone.testing import Engine, open_engine
+
+CARD, OTP, CODE = "4111-card-canary", "otp-canary-77", "code-canary-31"
+
+
+class Otp(BaseModel):
+    otp: Annotated[str, Sensitive]
+    channel: str = "sms"
+
+
+class Approval(BaseModel):
+    code: Annotated[str, Sensitive]
+    note: str = ""
+
+
+class Holder(BaseModel):
+    name: str
+    pin: Annotated[str, Sensitive] = ""
+
+
+class Payment(BaseModel):
+    order: str
+    card: Annotated[str, Sensitive]
+    holder: Holder
+    otp: Annotated[str, Sensitive] = ""
+    code: Annotated[str, Sensitive] = ""
+
+
+payment: Workflow[Payment] = Workflow("api_payment", version=1, state=Payment)
+# A signal sent during the pause is parked: its command keeps the payload whole while it is open.
+payment.timer("pause", next="await_otp", delay=10, start=True)
+payment.wait("await_otp", signals={"otp": "check_otp"}, payloads={"otp": Otp})
+
+
+@payment.step(next="approve")
+def check_otp(ctx: StepContext, state: Payment) -> None:
+    assert ctx.signal is not None
+    state.otp = ctx.signal.payload["otp"]
+
+
+payment.task("approve", title="Approve the payment", decisions={"ok": "done"}, payloads={"ok": Approval},
+             show=["order", "card", "holder"], candidate_users=["mia"])
+
+
+@payment.step(next=None)
+def done(ctx: StepContext, state: Payment) -> None:
+    assert ctx.task is not None
+    state.code = ctx.task.payload["code"]
+
+
+registry = Registry(payment)
+
+
+@pytest.fixture
+async def setup(database_url: str) -> AsyncIterator[tuple[Engine, httpx.AsyncClient, dict[str, str]]]:
+    async with open_engine(database_url, registry, concurrency=2) as engine:
+        ctx = context_on(engine.store, registry=registry)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(ctx)),
+                                         base_url="http://test") as http:
+                token, _ = await create_token(ctx.management, role="admin", scope="*", name="mia")
+                yield engine, http, {"Authorization": f"Bearer {token}"}
+        finally:
+            await ctx.close()
+
+
+async def _everything(http: httpx.AsyncClient, auth: dict[str, str], iid: str) -> str:
+    """Every API view of the instance, its commands, history and tasks, and the UI's instance page."""
+    api = "/api/v1"
+    shown = []
+    for path in (f"/instances/{iid}", f"/instances/{iid}/history?limit=500", f"/instances/{iid}/commands?limit=500",
+                 f"/instances/{iid}/children", f"/instances/{iid}/positions", "/tasks?mode=all", "/dead-letters",
+                 f"/operator/probe?instance_id={iid}", "/operator/stuck?older_than_seconds=0"):
+        response = await http.get(api + path, headers=auth)
+        assert response.status_code == 200, (path, response.text)
+        shown.append(response.text)
+    tasks = [t["id"] for t in (await http.get(f"{api}/tasks?mode=all", headers=auth)).json()["items"]]
+    shown.extend([(await http.get(f"{api}/tasks/{t}", headers=auth)).text for t in tasks])
+    await http.post("/ui/login", data={"token": auth["Authorization"].removeprefix("Bearer ")})
+    page = await http.get(f"/ui/instances/{iid}")
+    assert page.status_code == 200
+    shown.append(page.text)
+    shown.extend([(await http.get(f"/ui/tasks/{t}")).text for t in tasks])
+    return "\n".join(shown)
+
+
+async def test_no_view_of_the_api_or_the_ui_shows_a_sensitive_value(
+    setup: tuple[Engine, httpx.AsyncClient, dict[str, str]],
+) -> None:
+    engine, http, auth = setup
+    started = await http.post("/api/v1/instances", headers=auth, json={"workflow": "api_payment", "input": {
+        "order": "o-1", "card": CARD, "holder": {"name": "Ann", "pin": "pin-canary-5"}}})
+    assert started.status_code == 201, started.text
+    iid = started.json()["id"]
+    await engine.run_until_idle()
+    sent = await http.post(f"/api/v1/instances/{iid}/signals", headers=auth,
+                           json={"name": "otp", "payload": {"otp": OTP, "channel": "sms"}})
+    assert sent.status_code == 202, sent.text
+    await engine.run_until_idle()  # parked during the pause: its open command holds the payload whole
+    shown = await _everything(http, auth, iid)
+    assert "canary" not in shown
+
+    state = (await http.get(f"/api/v1/instances/{iid}", headers=auth)).json()["state"]
+    assert state["card"] == REDACTED and state["holder"] == {"name": "Ann", "pin": REDACTED}
+    commands = (await http.get(f"/api/v1/instances/{iid}/commands", headers=auth)).json()["items"]
+    assert {"otp": REDACTED, "channel": "sms"} in [c["payload"] for c in commands]  # the rest is kept
+
+    await engine.advance(10)
+    await engine.run_until_idle()  # the wait takes the signal; the task opens, showing the card
+    (task,) = (await http.get("/api/v1/tasks?mode=all", headers=auth)).json()["items"]
+    assert task["data"]["card"] == REDACTED and task["data"]["order"] == "o-1"
+    completed = await http.post(f"/api/v1/tasks/{task['id']}/complete", headers=auth,
+                                json={"decision": "ok", "payload": {"code": CODE, "note": "fine"}})
+    assert completed.status_code == 202, completed.text
+    assert "canary" not in completed.text
+    shown = await _everything(http, auth, iid)  # the completion's command is open: its payload whole
+    assert "canary" not in shown
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and (info.state["otp"], info.state["code"]) == (OTP, CODE)
+    shown = await _everything(http, auth, iid)
+    assert "canary" not in shown, json.dumps(shown)[:2000]
+
+
+async def test_a_version_recorded_without_its_payload_paths_gets_them_when_a_worker_records_it(
+    setup: tuple[Engine, httpx.AsyncClient, dict[str, str]], conn: asyncpg.Connection,
+) -> None:
+    """A version registered before the registration document kept the payload models' paths: its open
+    signal's payload shows whole until a worker of this release records the version again (at start)."""
+    engine, http, auth = setup
+    iid = await engine.client.start(payment, {"order": "o-2", "card": CARD, "holder": {"name": "Ann"}})
+    await engine.run_until_idle()
+    await conn.execute("UPDATE stepstone.definitions SET plan = plan - 'sensitive_payloads'")
+    await engine.client.signal(iid, "otp", {"otp": OTP})
+    await engine.run_until_idle()  # parked
+    shown = (await http.get(f"/api/v1/instances/{iid}/commands", headers=auth)).json()["items"]
+    assert OTP in json.dumps(shown)
+    await record_definitions(engine.store.definitions, registry)
+    assert "canary" not in (await http.get(f"/api/v1/instances/{iid}/commands", headers=auth)).text
+    assert "canary" not in (await http.get(f"/api/v1/instances/{iid}", headers=auth)).text
