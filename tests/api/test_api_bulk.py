@@ -57,6 +57,23 @@ async def test_bulk_cancel_by_filter_with_a_reason(api: Api) -> None:
     assert {(await api.engine.client.get(i)).status for i in (a, b)} == {"CANCELLED"}
 
 
+async def test_a_filter_that_only_widens_is_refused_as_an_empty_one(api: Api) -> None:
+    """`include_archived` (and an empty `business_key_contains`) keep every instance: acting on all of them
+    must be said with a filter that names them (docs/api.md)."""
+    waiting = await api.start("w")
+    operator = await api.token("operator")
+    for action in ("cancel", "retry", "migrate"):
+        for widening in ({"include_archived": True}, {"business_key_contains": ""},
+                         {"include_archived": True, "business_key_contains": ""}):
+            body = {"filter": widening, "dry_run": True, **({"to_version": 2} if action == "migrate" else {})}
+            r = await api.http.post(f"{V1}/bulk/{action}", headers=operator, json={**body, "dry_run": False})
+            assert (r.status_code, r.json()["error"]) == (422, "InvalidInput"), (action, widening, r.text)
+            assert "would select every instance" in r.json()["detail"]
+    assert (await api.engine.client.get(waiting)).status == "WAITING"
+    narrowed = {"filter": {"include_archived": True, "status": ["WAITING"]}, "dry_run": True}
+    assert (await api.http.post(f"{V1}/bulk/cancel", headers=operator, json=narrowed)).json()["matched"] == 1
+
+
 async def test_bulk_acts_only_where_the_caller_is_operator(api: Api) -> None:
     mine = await api.start("m", scope="acme", fail=True)
     theirs = await api.start("t", scope="globex", fail=True)

@@ -439,7 +439,7 @@ def _bulk(settings: Settings, output: str, action: str, ids: tuple[str, ...], fi
     given = [instance_id_arg(i) for i in ids]
     if given and where != InstanceFilter():
         raise CliError("give instance ids or filters, not both")
-    if not given and where == InstanceFilter():
+    if not given and not where.narrows:  # --archived alone widens: it names no instance
         raise CliError(f"give instance ids or at least one filter (e.g. --status FAILED) to {action}")
     with progress_bar(action, None, enabled=output != "json") as advance:
         report = _run(settings, lambda ops: run(ops, given or None, None if given else where,

@@ -6,7 +6,7 @@ Rows come back as plain dicts; `stepstone.ops` turns them into typed results. Th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -48,6 +48,15 @@ class InstanceFilter:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+    @property
+    def narrows(self) -> bool:
+        """Whether it keeps fewer than every instance: `include_archived` only widens, and an empty
+        `business_key_contains` is in every key. A bulk action refuses a filter that does not narrow
+        (acting on every instance must be said with a filter that names them, e.g. every status)."""
+        widened = replace(self, include_archived=False,
+                          business_key_contains=self.business_key_contains or None)
+        return widened != InstanceFilter()
 
 
 class OperationsStore(Protocol):

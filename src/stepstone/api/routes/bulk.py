@@ -37,8 +37,9 @@ Name = Text | None
 
 
 class Filter(Body):
-    """Which instances: every given field must hold. An empty one is refused (as `stepstone repair` refuses
-    a bulk action without ids or a filter): acting on every instance must not be one typo away."""
+    """Which instances: every given field must hold. An empty one, or one that only widens
+    (`include_archived`), is refused (as `stepstone repair` refuses a bulk action without ids or a filter):
+    acting on every instance must not be one typo away."""
 
     status: list[Status] = Field(default_factory=list, max_length=20)
     workflow: Name = Field(default=None, max_length=500)
@@ -65,9 +66,9 @@ class BulkRequest(Body):
     def _one_selection(self) -> BulkRequest:
         if (self.ids is None) == (self.filter is None):
             raise ValueError("give ids or a filter (not both)")
-        if self.filter is not None and self.filter.as_filter() == InstanceFilter():
+        if self.filter is not None and not self.filter.as_filter().narrows:
             raise ValueError("give ids or at least one filter (e.g. \"status\": [\"FAILED\"]); an empty filter "
-                             "would select every instance")
+                             "(or one that only widens, as include_archived) would select every instance")
         return self
 
 
