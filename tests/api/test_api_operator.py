@@ -3,6 +3,8 @@ and sweeps with a dry run, the probe, the stuck report and the stranded-version 
 
 from __future__ import annotations
 
+import re
+
 from tests.api import workflows
 from tests.api.conftest import Api
 
@@ -120,3 +122,23 @@ async def test_probe_stuck_and_stranded_reports_keep_to_the_visible_scopes(api: 
     globex = await api.token("viewer", scope="globex")
     assert (await api.http.get(f"{V1}/definitions/stranded", headers=globex)).json() == []
     assert (await api.http.get(f"{V1}/definitions/stranded")).status_code == 401
+
+
+async def test_the_stranded_report_counts_only_the_callers_scopes(api: Api) -> None:
+    """Instances of acme run on the default scope's registration of job v1 (one pin): a token of one scope
+    counts its own instances of that pin alone, in the API and on the UI's definitions page."""
+    for name, scope in (("d1", "default"), ("d2", "default"), ("a1", "acme"), ("a2", "acme"), ("a3", "acme")):
+        await api.start(name, scope=scope)  # each waits for its approval; no live worker serves job v1
+    expected = {"*": 5, "default": 2, "acme": 3}
+    for scope, count in expected.items():
+        viewer = await api.token("viewer", scope=scope)
+        stranded = (await api.http.get(f"{V1}/definitions/stranded", headers=viewer,
+                                       params={"within_seconds": 60})).json()
+        assert [(s["scope"], s["definition_id"], s["version"], s["instances"]) for s in stranded] == [
+            ("default", "job", 1, count)], scope
+    globex = await api.token("viewer", scope="globex")
+    assert (await api.http.get(f"{V1}/definitions/stranded", headers=globex)).json() == []
+    acme = (await api.token("viewer", scope="acme"))["Authorization"].removeprefix("Bearer ")
+    assert (await api.http.post("/ui/login", data={"token": acme})).status_code == 303
+    page = (await api.http.get("/ui/definitions")).text
+    assert re.findall(r"default\">job</a></td><td>1</td><td>default</td><td>(\d+)</td>", page) == ["3"]

@@ -160,13 +160,17 @@ async def definition_plan(
 
 
 async def stranded(ctx: ApiContext, who: Principal, within_seconds: float) -> list[dict[str, Any]]:
-    """Pins of the visible scopes whose instances may still run but that no worker served lately."""
+    """Pins whose instances of the visible scopes may still run but that no worker served lately: the
+    counts are of those instances alone (a pin's `scope` is its registration's, which an instance of
+    another scope may be admitted on)."""
     # The registry's port itself: `stepstone.ops.definitions.stranded_report` wraps the same call but
     # brings the runtime along, which the API must not import.
-    found = await ctx.store.definitions.stranded(within_seconds)
+    scopes = who.visible_scopes()
+    found = [] if scopes == [] else await ctx.store.definitions.stranded(
+        within_seconds, scopes=None if scopes is None else list(scopes))
     return [{"scope": s.pin.scope, "definition_id": s.pin.definition_id, "version": s.pin.version,
              "plan_hash": s.pin.plan_hash, "instances": s.instances, "deferred_commands": s.deferred_commands,
-             "last_served": s.last_served} for s in found if who.sees(s.pin.scope)]
+             "last_served": s.last_served} for s in found]
 
 
 async def start(

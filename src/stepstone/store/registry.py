@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -284,8 +285,10 @@ class PostgresRegistry:
     async def forget_worker(self, worker_id: str) -> None:
         await self._fetch("forget_worker", worker_id)
 
-    async def stranded(self, within_seconds: float, scope: str | None = None) -> list[StrandedPin]:
-        rows = await self._fetch("stranded", within_seconds, scope)
+    async def stranded(self, within_seconds: float, scope: str | None = None, *,
+                       scopes: Sequence[str] | None = None) -> list[StrandedPin]:
+        within = [scope] if scope is not None else None if scopes is None else list(scopes)
+        rows = await self._fetch("stranded", within_seconds, within)
         return [
             StrandedPin(Pin(r["scope"], r["definition_id"], r["version"], r["plan_hash"]), int(r["instances"]),
                         int(r["deferred_commands"]), r["last_served"])
