@@ -88,9 +88,17 @@ class SyncTaskOperations(SyncLoop):
         unless `admin` (recorded); claiming one's own task again changes nothing."""
         return self._run(self._client.claim_task(task_id, actor=actor, groups=groups, admin=admin))
 
-    def unclaim_task(self, task_id: str, *, actor: str | None = None, admin: bool = False) -> TaskInfo:
-        """Give a task back to its candidates (only its assignee, or an admin)."""
-        return self._run(self._client.unclaim_task(task_id, actor=actor, admin=admin))
+    def unclaim_task(
+        self,
+        task_id: str,
+        *,
+        actor: str | None = None,
+        groups: Sequence[str] = (),
+        admin: bool = False,
+    ) -> TaskInfo:
+        """Give a task back to its candidates (only its assignee, or an admin). Unclaiming a task nobody
+        holds changes nothing, and is refused (TaskNotPermitted) to anyone who may not work on it."""
+        return self._run(self._client.unclaim_task(task_id, actor=actor, groups=groups, admin=admin))
 
     def reassign_task(
         self,

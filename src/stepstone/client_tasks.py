@@ -197,9 +197,11 @@ class TaskOperations(TaskFilterOperations):
         unless `admin` (recorded); claiming one's own task again changes nothing."""
         return await self._assign(task_id, "claim", None, actor, groups, admin, "", None)
 
-    async def unclaim_task(self, task_id: str, *, actor: str | None = None, admin: bool = False) -> TaskInfo:
-        """Give a task back to its candidates (only its assignee, or an admin)."""
-        return await self._assign(task_id, "unclaim", None, actor, (), admin, "", None)
+    async def unclaim_task(self, task_id: str, *, actor: str | None = None, groups: Sequence[str] = (),
+                           admin: bool = False) -> TaskInfo:
+        """Give a task back to its candidates (only its assignee, or an admin). Unclaiming a task nobody
+        holds changes nothing, and is refused (TaskNotPermitted) to anyone who may not work on it."""
+        return await self._assign(task_id, "unclaim", None, actor, groups, admin, "", None)
 
     async def reassign_task(
         self, task_id: str, to: str, *, actor: str | None = None, reason: str = "",
@@ -299,6 +301,8 @@ class TaskOperations(TaskFilterOperations):
             key=None if key is None else self._task_text("idempotency key", key),
             fingerprint=_fingerprint(op, to, reason),
         )
+        if outcome == "unchanged" and op == "unclaim" and not admin and not _may_work(task or {}, who, groups):
+            outcome = "not_permitted"  # an unassigned task: nothing to give back, but not theirs to touch either
         if outcome in ("ok", "unchanged", "duplicate"):
             return TaskInfo.from_row(task or {})
         raise self._refusal(outcome, tid, who, task, key)
@@ -409,6 +413,16 @@ def _check_form(form: Any, decision: str, payload: Any) -> Any:
             raise InvalidInput(f"payload of decision {decision!r} is invalid: missing {', '.join(missing)}",
                                what="payload")
     return payload
+
+
+def _may_work(task: dict[str, Any], who: str, groups: Sequence[str]) -> bool:
+    """Whether `who` (in `groups`) may work on the task as the store's task_allows decides it: its assignee,
+    its owner, or, while nobody holds it, a candidate (anyone, when it names no candidates)."""
+    users, offered = task.get("candidate_users") or [], task.get("candidate_groups") or []
+    if who in (task.get("assignee"), task.get("owner")):
+        return True
+    return task.get("assignee") is None and (who in users or bool(set(offered) & set(groups))
+                                             or (not users and not offered))
 
 
 def _fingerprint(*parts: Any) -> str:

@@ -136,6 +136,23 @@ async def test_reassign_delegate_and_resolve(api: Api) -> None:
     assert (await api.http.get(f"{V1}/tasks/{tid}", headers=kim)).json()["status"] == "OPEN"
 
 
+async def test_unclaiming_a_task_nobody_holds_is_for_those_who_may_work_on_it(api: Api) -> None:
+    """An unassigned task: unclaiming it changes nothing; a candidate (a user or a group's) gets the task,
+    anyone else 403 TaskNotPermitted as for an assigned one (docs/api.md, Human tasks)."""
+    tid = await _task_of(api.engine, await _expense(api, "ann"))  # offered to mia and the group finance
+    kim = await api.token("task_worker", name="kim")
+    r = await api.http.post(f"{V1}/tasks/{tid}/unclaim", headers=kim)
+    assert (r.status_code, r.json()["error"], r.json()["actor"]) == (403, "TaskNotPermitted", "kim")
+    for name, groups in (("mia", ()), ("lou", ("finance",))):
+        r = await api.http.post(f"{V1}/tasks/{tid}/unclaim", headers=await api.token("task_worker", name=name,
+                                                                                      groups=groups))
+        assert (r.status_code, r.json()["assignee"]) == (200, None), name
+    boss = await api.token("admin", name="boss")
+    r = await api.http.post(f"{V1}/tasks/{tid}/unclaim", headers=boss, json={"admin": True})
+    assert r.status_code == 200, r.text
+    assert (await api.engine.client.task(tid)).assignee is None
+
+
 async def test_task_authorization_401_404_403_and_viewer(api: Api) -> None:
     theirs = await _task_of(api.engine, await _expense(api, "g", scope="globex"))
     mine = await _task_of(api.engine, await _expense(api, "a", scope="acme"))

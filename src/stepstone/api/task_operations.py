@@ -100,7 +100,7 @@ async def claim(ctx: ApiContext, who: Principal, task_id: str, *, admin: bool) -
 
 async def unclaim(ctx: ApiContext, who: Principal, task_id: str, *, admin: bool) -> dict[str, Any]:
     info, scope = await _work(ctx, who, task_id, admin, lambda c: c.unclaim_task(
-        task_id, actor=who.task_user, admin=admin))
+        task_id, actor=who.task_user, groups=who.groups, admin=admin))
     return await _plain(ctx, info, scope)
 
 
