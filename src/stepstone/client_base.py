@@ -17,7 +17,7 @@ from stepstone import instants
 from stepstone.authoring.registration import recorded_fields
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.limits import Limits, PayloadRejected
-from stepstone.core.pin import DEFAULT_SCOPE, pin_of
+from stepstone.core.pin import DEFAULT_SCOPE, check_scope, pin_of
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import DefinitionNotFound, InvalidInput, refused
 from stepstone.store.caller_transaction import CallerTransactionStore
@@ -66,6 +66,10 @@ class ClientBase:
             return self.limits.check_text(what, value, free=free, empty=empty)
         except PayloadRejected as exc:
             raise refused(exc) from None
+
+    def _scope(self, scope: str) -> str:
+        """The scope an instance is started in: a text (`_text`), then a scope name (`check_scope`)."""
+        return check_scope(self._text("scope", scope))
 
     def _texts(self, *, empty: bool = False, **arguments: str | None) -> None:
         """Check each argument given (None means not given); the keyword names the argument.

@@ -124,7 +124,7 @@ class MessageOperations(ClientBase):
         `input` is checked only when it is needed: an instance that has the key is signalled without it.
         A signal sent before the instance reaches a wait that takes it waits (parked) until it does.
         `scope` is the scope key (tenant) the business key belongs to, and the new instance's scope."""
-        self._text("scope", scope)
+        self._scope(scope)
         wf = self._workflow(workflow)
         self._text("business key", business_key)
         self._text("signal name", signal)

@@ -62,7 +62,7 @@ class StartOperations(ClientBase):
         With `connection` (asyncpg, psycopg 3, or a SQLAlchemy connection or session) the start is
         written by the caller's own transaction: it happens when that commits and not at all when it
         rolls back (docs/integrations.md)."""
-        self._texts(scope=scope)
+        self._scope(scope)
         wf = await self._selected(workflow, scope)
         self._texts(idempotency_key=idempotency_key, business_key=business_key)
         state, fingerprint = self._start_state(wf, input, business_key, keyed=idempotency_key is not None)
@@ -125,7 +125,7 @@ class StartOperations(ClientBase):
         if len(set(held)) != len(held):
             twice = next(k for k in held if held.count(k) > 1)
             raise InvalidInput(f"business key {twice!r} is given to more than one item", what="business keys")
-        self._texts(scope=scope)
+        self._scope(scope)
         wf = await self._selected(workflow, scope)
         for key, bkey in zip(keys, business, strict=True):
             self._texts(idempotency_key=key, business_key=bkey)

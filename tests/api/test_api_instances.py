@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import get_args
 
+import pytest
+
 from stepstone.api.routes.instances import StatusName
 from stepstone.core.model import STATUSES
+from stepstone.errors import InvalidInput
 from stepstone.ops import Operations
 from tests.api import workflows
 from tests.api.conftest import Api
@@ -230,3 +233,24 @@ async def test_history_entries_carry_the_actor_and_position_the_cli_shows(api: A
     assert items[0]["actor"] == {"kind": "user", "id": "token:ops-bot", "reason": None, "on_behalf_of": None}
     workers = [h["actor"] for h in items if isinstance(h["actor"], dict) and h["actor"]["kind"] == "worker"]
     assert workers, items
+
+
+async def test_an_instance_is_never_started_in_the_wildcard_scope_or_a_scope_that_is_no_name(api: Api) -> None:
+    """`*` is what a grant uses for every scope: no instance may live there (nor in a scope that is no
+    name, as a document's scope must be one). The client's check, which the CLI and the API start through."""
+    operator = await api.token("operator")
+    for scope in ("*", "acme*", " acme", "a/b", "", "9lives"):
+        r = await api.http.post("/api/v1/instances", headers=operator,
+                                json={"workflow": "job", "input": {"name": "x"}, "scope": scope})
+        assert (r.status_code, r.json()["error"], r.json().get("what")) == (422, "InvalidInput", "scope"), scope
+        r = await api.http.post("/api/v1/start-or-signal", headers=operator, json={
+            "workflow": "job", "business_key": "k", "signal": "approve", "input": {"name": "x"}, "scope": scope})
+        assert (r.status_code, r.json()["error"]) == (422, "InvalidInput"), scope
+        with pytest.raises(InvalidInput, match="scope"):
+            await api.engine.client.start("job", {"name": "x"}, scope=scope)
+        with pytest.raises(InvalidInput, match="scope"):
+            await api.engine.client.start_many("job", [{"name": "x"}], scope=scope)
+    assert (await api.http.get("/api/v1/instances", headers=operator)).json()["items"] == []
+    r = await api.http.post("/api/v1/instances", headers=operator,
+                            json={"workflow": "job", "input": {"name": "x"}, "scope": "tenant-a.eu_1"})
+    assert r.status_code == 201, r.text

@@ -16,6 +16,7 @@ from stepstone.api.context import ApiContext, require, visible_instance
 from stepstone.api.pagination import decode_cursor, decode_id_cursor, page
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import MAX_INT4
+from stepstone.core.pin import check_scope
 from stepstone.errors import DefinitionNotFound
 from stepstone.ops import check_texts
 
@@ -178,7 +179,7 @@ async def start(
     idempotency_key: str | None, business_key: str | None,
 ) -> dict[str, Any]:
     check_texts(scope=scope)
-    target = scope if scope is not None else who.home_scope(ctx.default_scope)
+    target = check_scope(scope if scope is not None else who.home_scope(ctx.default_scope))
     if not who.sees(target):
         raise DefinitionNotFound(workflow)
     require(who, "operator", target)

@@ -9,11 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from stepstone.core.plan import Plan
+from stepstone.core.plan import Plan, valid_name
+from stepstone.errors import InvalidInput
 
-__all__ = ["DEFAULT_SCOPE", "HasPlan", "Pin", "pin_of"]
+__all__ = ["DEFAULT_SCOPE", "HasPlan", "Pin", "check_scope", "pin_of"]
 
 DEFAULT_SCOPE = "default"
+
+
+def check_scope(scope: str) -> str:
+    """`scope` if an instance may be started in it: a name, as a workflow document's scope is (a letter or
+    `_`, then letters, digits, `_`, `.`, `-`; at most 128). Never `*`, which a token's grant uses for
+    every scope: an instance there would be one no scoped token could see, and a grant's wildcard would
+    read as its scope. InvalidInput otherwise; the client, the CLI and the API start through it."""
+    if not valid_name(scope):
+        raise InvalidInput(f"scope {scope!r} is not a scope name: a letter or _, then letters, digits, _, . or - "
+                           "(at most 128; '*' means every scope in a token's grant, never an instance's)",
+                           what="scope")
+    return scope
 
 
 @dataclass(frozen=True)
