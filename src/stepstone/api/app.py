@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from starlette.responses import RedirectResponse
 
+from stepstone.api.body_guard import BodyGuard
 from stepstone.api.context import ApiContext
 from stepstone.api.problems import install_problem_handlers
 from stepstone.api.routes import (
@@ -60,6 +61,7 @@ def create_app(ctx: ApiContext, *, ui: bool = True) -> FastAPI:
     )
     app.state.stepstone = ctx
     install_problem_handlers(app)
+    app.add_middleware(BodyGuard)  # bodies bounded, and the token checked before one is read (docs/api.md)
     api = APIRouter(prefix=API_PREFIX, responses=_COMMON_RESPONSES)
     for router in ROUTERS:
         api.include_router(router)

@@ -30,6 +30,7 @@ from stepstone.store.management_port import ManagementStore
 from stepstone.store.port import ClientStore
 
 __all__ = [
+    "PRINCIPAL_STATE",
     "ApiContext",
     "Caller",
     "OutboxAdmin",
@@ -89,9 +90,13 @@ def context_of(request: Request) -> ApiContext:
     return ctx
 
 
+PRINCIPAL_STATE = "stepstone_principal"
+"""Where `api.body_guard` keeps the principal it authenticated before reading the body (looked up once)."""
+
+
 async def principal(request: Request) -> Principal:
     ctx = context_of(request)
-    found = await ctx.authenticate(request)
+    found = getattr(request.state, PRINCIPAL_STATE, None) or await ctx.authenticate(request)
     if found is None:
         raise Unauthenticated("authentication required: send Authorization: Bearer <token> "
                               "(create one with `stepstone tokens create`)")
