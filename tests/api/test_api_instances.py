@@ -152,6 +152,25 @@ async def test_errors_are_problem_json(api: Api) -> None:
     assert r.json()["type"] == "urn:stepstone:problem:bad-request"
 
 
+async def test_a_body_that_is_not_utf8_is_invalid_input_as_any_body_that_is_not_json(api: Api) -> None:
+    """docs/api.md keeps 400 for a body nested too deeply; one that is not JSON is 422, and bytes that are
+    not UTF-8 are not JSON (it was 400 BadRequest, "There was an error parsing the body")."""
+    operator = await api.token("operator")
+    for body in (b'{"workflow": "job\xff"}', b'{"name": "\xc3"}', b'\xff{}'):
+        r = await api.http.post(f"{V1}/bulk/cancel", headers={**operator, "content-type": "application/json"},
+                                content=body)
+        assert (r.status_code, r.json()["error"], r.json().get("what")) == (422, "InvalidInput", "body"), r.text
+        assert r.headers["content-type"] == "application/problem+json"
+        assert "UTF-8" in r.json()["detail"]
+    openapi = (await api.http.get(f"{V1}/openapi.json")).json()
+    for path, operations in openapi["paths"].items():
+        for method, operation in operations.items():
+            answers = set(operation["responses"])
+            assert {"422", "500", "503"} <= answers, (method, path)
+            if "requestBody" in operation:
+                assert {"400", "413"} <= answers, (method, path)
+
+
 async def test_definitions_and_dead_letters(api: Api) -> None:
     viewer = await api.token("viewer")
     iid = await api.start("dead", fail=True)

@@ -80,10 +80,14 @@ def create_app(ctx: ApiContext, *, ui: bool = True) -> FastAPI:
 
 _PROBLEM: dict[str, Any] = {"content": {"application/problem+json": {}}}
 _COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"description": "A body nested too deeply to parse", **_PROBLEM},
     401: {"description": "No valid token", **_PROBLEM},
     403: {"description": "The token lacks the role in the instance's scope", **_PROBLEM},
     404: {"description": "Not found, or in a scope the token cannot see", **_PROBLEM},
     405: {"description": "The server is read-only", **_PROBLEM},
     409: {"description": "Conflicts with what is stored (e.g. retry of a running instance)", **_PROBLEM},
-    422: {"description": "Invalid input", **_PROBLEM},
+    413: {"description": "A request body over the limit (BodyTooLarge)", **_PROBLEM},
+    422: {"description": "Invalid input (a body that is not JSON or not UTF-8 too)", **_PROBLEM},
+    500: {"description": "A bug; the server log has the details", **_PROBLEM},
+    503: {"description": "The database is unavailable (or another transient error): try again", **_PROBLEM},
 }

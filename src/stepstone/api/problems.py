@@ -114,6 +114,13 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        # FastAPI's "error parsing the body" of a body that is not UTF-8: not JSON, so 422 as any other
+        # such body (docs/api.md); 400 stays for a body nested too deeply to parse.
+        detail = f"body: not valid UTF-8 JSON ({exc.__cause__.reason} at byte {exc.__cause__.start})"
+        return _page(request, 422, "InvalidInput", detail) or problem(
+            422, "InvalidInput", detail, error="InvalidInput", what="body",
+            errors=[{"loc": ["body"], "msg": "not valid UTF-8", "type": "json_invalid"}])
     title = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     headers = dict(exc.headers or {}) or None
     page = _page(request, exc.status_code, title, str(exc.detail))
