@@ -147,6 +147,17 @@ async def test_openapi_schema_lists_the_operations(api: Api) -> None:
     assert "application/problem+json" in paths[f"{V1}/instances/{{instance_id}}"]["get"]["responses"]["404"]["content"]
 
 
+async def test_openapi_declares_the_bearer_scheme_on_every_operation_that_needs_a_token(api: Api) -> None:
+    """So /api/v1/docs can send the token ("Authorize"): the scheme, and each operation's security."""
+    schema = (await api.http.get(f"{V1}/openapi.json")).json()
+    assert schema["components"]["securitySchemes"]["bearer"] | {"description": ""} == {
+        "type": "http", "scheme": "bearer", "description": ""}
+    secured = {(m, p): o.get("security") for p, ops in schema["paths"].items() for m, o in ops.items()}
+    assert secured.pop(("get", f"{V1}/health")) is None
+    assert len(secured) >= 30
+    assert {str(v) for v in secured.values()} == {str([{"bearer": []}])}
+
+
 async def test_every_operation_but_health_needs_a_token(api: Api) -> None:
     """Walks the OpenAPI schema, so a new router's endpoints are covered as they land."""
     open_paths = {f"{V1}/health"}

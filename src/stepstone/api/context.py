@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
-from fastapi import Depends
+from fastapi import Depends, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import Request
 
 from stepstone.api.auth import Authenticate, Forbidden, Principal, ReadOnly, Unauthenticated
@@ -94,7 +95,15 @@ PRINCIPAL_STATE = "stepstone_principal"
 """Where `api.body_guard` keeps the principal it authenticated before reading the body (looked up once)."""
 
 
-async def principal(request: Request) -> Principal:
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
+                    description="An API token: `Authorization: Bearer sst_...` (`stepstone tokens create`).")
+"""The OpenAPI security scheme of every route that takes a principal (so /api/v1/docs can send the
+token); `principal` reads the request through the app's `authenticate`, not through this."""
+
+
+async def principal(
+    request: Request, _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+) -> Principal:
     ctx = context_of(request)
     found = getattr(request.state, PRINCIPAL_STATE, None) or await ctx.authenticate(request)
     if found is None:
@@ -109,7 +118,9 @@ def writable(request: Request) -> None:
         raise ReadOnly(f"this server is read-only: {request.method} {request.url.path} is refused")
 
 
-async def writer(request: Request) -> Principal:
+async def writer(
+    request: Request, _bearer: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)] = None,
+) -> Principal:
     """The principal of a state-changing request: 405 first on a read-only server, then 401."""
     writable(request)
     return await principal(request)
