@@ -115,7 +115,8 @@ class Worker:
         self._committer = GroupCommitter(
             store, lease_seconds=self.config.lease_seconds, worker=self.config.worker_id
         )
-        self.schedules = ScheduleFirer(store, registry) if isinstance(store, SchedulingStore) else None
+        self.schedules = (ScheduleFirer(store, registry, store.definitions) if isinstance(store, SchedulingStore)
+                          else None)
         self._registered = False
 
     @property

@@ -7,6 +7,7 @@ ticks' instances and advances the row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -53,11 +54,13 @@ class SchedulingQueries:
     async def delete_schedule(self, name: str) -> bool:
         return bool(await self._sfetch("delete_schedule", name))
 
-    async def due_schedules(self, limit: int, definitions: list[str]) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self._sfetch("due_schedules", limit, definitions)]
+    async def due_schedules(
+        self, limit: int, definitions: list[str], held: Sequence[str] = (),
+    ) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._sfetch("due_schedules", limit, definitions, list(held))]
 
-    async def next_schedule(self, definitions: list[str]) -> float | None:
-        rows = await self._sfetch("next_schedule", definitions)
+    async def next_schedule(self, definitions: list[str], held: Sequence[str] = ()) -> float | None:
+        rows = await self._sfetch("next_schedule", definitions, list(held))
         value = rows[0][0] if rows else None
         return None if value is None else float(value)
 

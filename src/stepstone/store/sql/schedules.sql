@@ -31,18 +31,21 @@ WHERE name = $1 AND paused RETURNING name;
 DELETE FROM {{schema}}.schedules WHERE name = $1 RETURNING name;
 
 -- name: due_schedules
--- Due schedules, oldest tick first; read without locks (fire_schedule locks with SKIP LOCKED and
--- re-checks next_fire_at).
-SELECT name, definition_id, spec, input, next_fire_at, {{schema}}.db_now() AS now
+-- Due schedules of the workflows $2, oldest tick first, but for the schedules $3 (those the caller
+-- cannot fire now); read without locks (fire_schedule locks with SKIP LOCKED and re-checks next_fire_at).
+-- The scope is the one a start of the schedule's workflow is selected in (select_version).
+SELECT name, scope, definition_id, spec, input, next_fire_at, {{schema}}.db_now() AS now
 FROM {{schema}}.schedules
 WHERE NOT paused AND next_fire_at <= {{schema}}.db_now() AND definition_id = ANY ($2::text[])
+  AND name <> ALL ($3::text[])
 ORDER BY next_fire_at
 LIMIT $1;
 
 -- name: next_schedule
--- Seconds from the database clock to the next tick of a schedule of the workflows $1, or NULL.
+-- Seconds from the database clock to the next tick of a schedule of the workflows $1, or NULL; the
+-- schedules $2 (due, but the caller cannot fire them now) are not waited for.
 SELECT EXTRACT(EPOCH FROM (min(next_fire_at) - {{schema}}.db_now()))::float8
-FROM {{schema}}.schedules WHERE NOT paused AND definition_id = ANY ($1::text[]);
+FROM {{schema}}.schedules WHERE NOT paused AND definition_id = ANY ($1::text[]) AND name <> ALL ($2::text[]);
 
 -- name: fire_schedule
 SELECT outcome, instance_id, tick FROM {{schema}}.fire_schedule($1, $2, $3, $4, $5, $6, $7, $8);

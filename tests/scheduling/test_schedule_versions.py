@@ -1,0 +1,143 @@
+"""A schedule's tick starts the version a start of its workflow in the schedule's scope would get (the
+scope's activation, else ...: `authoring.selection`), never merely the newest one the firing worker has;
+a schedule a worker cannot fire is held without a poll loop and without losing its ticks
+(docs/schedules.md, docs/versions.md)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.runtime.scheduler import ScheduleFirer
+from stepstone.runtime.worker import Worker
+from stepstone.scheduling import Schedule
+from stepstone.testing import Engine, open_engine
+
+
+def ticker(version: int, workflow_id: str = "ticker") -> Workflow[Any]:
+    wf: Workflow[Any] = Workflow(workflow_id, version=version)
+
+    @wf.step(start=True, next=None)
+    def record(ctx: StepContext, state: dict[str, Any]) -> None:
+        state["ran_version"] = version
+
+    return wf
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    # v1 is recorded first, so it is the default scope's current version; v2 waits for an activation
+    async with open_engine(database_url, Registry(ticker(1), ticker(2), ticker(1, "other"))) as e:
+        yield e
+
+
+async def _started(db: asyncpg.Connection) -> list[tuple[int, Any]]:
+    """(version, state) of every ticker instance, oldest first."""
+    rows = await db.fetch("SELECT version, state FROM stepstone.instances WHERE definition_id = 'ticker' "
+                          "ORDER BY created_at, id")
+    return [(r["version"], r["state"]) for r in rows]
+
+
+def _lines(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "stepstone.scheduler" and text in r.getMessage()]
+
+
+async def test_a_tick_starts_the_current_version_not_the_newest_registered(
+    engine: Engine, db: asyncpg.Connection,
+) -> None:
+    await engine.client.schedule(Schedule("s", "ticker", every=60))
+    await engine.advance(seconds=60)
+    assert await _started(db) == [(1, {"ran_version": 1})]
+
+    await engine.store.definitions.activate("default", "ticker", 2)
+    await engine.advance(seconds=60)
+    assert await _started(db) == [(1, {"ran_version": 1}), (2, {"ran_version": 2})]
+    assert (await engine.client.schedules())[0].fired == 2
+
+
+async def test_a_worker_lacking_the_selected_version_leaves_the_schedule_and_does_not_spin(
+    engine: Engine, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture,
+) -> None:
+    await engine.client.schedule(Schedule("s", "ticker", every=60))
+    await engine.store.definitions.activate("default", "ticker", 2)
+    await engine.move_clock(90)
+    old = Worker(engine.store, Registry(ticker(1)))  # a rolling deploy: this one has v1 only
+    assert old.schedules is not None
+    caplog.set_level(logging.INFO, logger="stepstone.scheduler")
+    for _ in range(3):
+        assert await old.schedules.fire_due() == 0
+        assert old.schedules.held == {"s"}
+        gap = await old.schedules.next_tick()
+        assert gap is None  # not "due now": its loop waits its interval, it does not poll the held schedule
+    assert await _started(db) == []  # not fired with v1
+    [told] = _lines(caplog, "schedule s:")  # said once, not at every round
+    assert "'ticker' v2" in told.getMessage() and "left to the workers that have it" in told.getMessage()
+
+    await engine.run_until_idle()  # a worker that has v2 fires the kept tick
+    assert await _started(db) == [(2, {"ran_version": 2})]
+    assert await old.schedules.fire_due() == 0
+    assert old.schedules.held == frozenset()
+    gap = await old.schedules.next_tick()
+    assert gap is not None and 0 < gap <= 60  # its next tick is waited for again
+
+
+async def test_no_admissible_version_keeps_the_ticks_with_one_error_line_then_catches_up(
+    engine: Engine, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture,
+) -> None:
+    await engine.client.schedule(Schedule("s", "ticker", every=60))
+    await engine.store.definitions.deactivate("default", "ticker")
+    for version in (1, 2):
+        await engine.store.definitions.transition("default", "ticker", version, "DEPRECATED")
+    caplog.set_level(logging.INFO, logger="stepstone.scheduler")
+    await engine.move_clock(90)
+    await engine.run_until_idle()
+    await engine.run_until_idle()
+    assert await _started(db) == []
+    [told] = _lines(caplog, "schedule s:")  # one line for the tick, not one per round
+    assert told.levelno == logging.ERROR and told.exc_info is None
+    assert "no version of workflow 'ticker' takes new instances in scope default" in told.getMessage()
+    assert "stepstone definitions reinstate ticker" in told.getMessage()
+    await engine.advance(minutes=3)  # would give up after 10,000 stops if the held schedule were "due now"
+    assert await _started(db) == []
+    assert len(_lines(caplog, "schedule s:")) == 2  # later ticks came due, still held: one more line
+    [info] = await engine.client.schedules()
+    assert info.fired == 0 and info.next_fire_at < await engine.store.db_now()  # the ticks are kept
+
+    await engine.store.definitions.transition("default", "ticker", 2, "AVAILABLE")
+    await engine.run_until_idle()
+    assert await _started(db) == [(2, {"ran_version": 2})]  # catch_up="one": the latest missed tick
+    [info] = await engine.client.schedules()
+    assert info.fired == 1 and info.next_fire_at > await engine.store.db_now()
+
+
+async def test_a_version_deprecated_after_its_selection_holds_that_schedule_only(
+    engine: Engine, db: asyncpg.Connection, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pin admission of the firing statement refuses it; the other schedules of the round still fire."""
+    stale = ticker(2)
+
+    class SelectedBeforeTheDeprecation:
+        async def select_version(self, scope: str, definition_id: str) -> tuple[str, int, str] | None:
+            if definition_id == "ticker":
+                return "default", 2, stale.plan.plan_hash
+            return await engine.store.definitions.select_version(scope, definition_id)
+
+    await engine.client.schedule(Schedule("s", "ticker", every=60))
+    await engine.client.schedule(Schedule("t", "other", every=60))
+    await engine.store.definitions.transition("default", "ticker", 2, "DEPRECATED")
+    await engine.move_clock(90)
+    firer = ScheduleFirer(engine.store, engine.worker.registry, SelectedBeforeTheDeprecation())
+    caplog.set_level(logging.INFO, logger="stepstone.scheduler")
+    assert await firer.fire_due() == 1  # "t"
+    assert firer.held == {"s"}
+    [told] = _lines(caplog, "schedule s:")
+    assert told.levelno == logging.WARNING and "DEPRECATED" in told.getMessage()
+    assert await _started(db) == []  # nothing of "s" was written
+
+    await engine.run_until_idle()  # selected afresh: v1, the current version
+    assert await _started(db) == [(1, {"ran_version": 1})]
