@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from stepstone.api.binding import check_bind, is_loopback
 from stepstone.cli import cli
 from stepstone.client import Client
-from stepstone.errors import ConfigError
+from stepstone.errors import ConfigError, InvalidInput
 from stepstone.store.postgres import PostgresStore
 from tests.api import workflows
 from tests.test_cli_worker import spawn
@@ -60,6 +60,25 @@ async def test_tokens_create_list_revoke(database_url: str) -> None:
     assert (code, err.strip()) == (1, "error: no API token not-an-id")
     code, _, err = await asyncio.to_thread(invoke, "tokens", "create", "--role", "root", *url)
     assert code == 2 and "'root' is not one of" in err
+
+
+async def test_a_token_name_or_scope_that_would_mislead_is_refused(database_url: str) -> None:
+    """A name with a newline was stored and forged a row of `tokens list`; `--scope ' acme'` was stored
+    with its space, a token that silently saw nothing. Both are refused, as an instance's scope is."""
+    url = ["--database-url", database_url]
+    for option, value in (("--name", "evil\nFAKE-ROW admin *"), ("--scope", " acme"), ("--scope", "acme\t"),
+                          ("--group", "ops\r"), ("--name", "a\u2028b")):
+        code, out, err = await asyncio.to_thread(invoke, "tokens", "create", "--role", "viewer", option, value, *url)
+        what = option.removeprefix("--")
+        assert code == 1 and out == "", err
+        assert err.startswith(f"error: token {what}: ") and ("control character" in err or "spaces around" in err)
+    assert json.loads((await asyncio.to_thread(invoke, "tokens", "list", "-o", "json", *url))[1]) == []
+    store = await PostgresStore.open(database_url)
+    try:
+        with pytest.raises(InvalidInput, match="scope: has spaces around it"):
+            await Client(store, workflows.registry).start("job", {"name": "x"}, scope=" acme")
+    finally:
+        await store.close()
 
 
 def test_serve_refuses_no_auth_off_loopback_before_connecting() -> None:

@@ -10,17 +10,20 @@ import uuid
 
 from stepstone.api.auth import ALL_SCOPES, ROLES, hash_token, new_token
 from stepstone.core.limits import DEFAULT_LIMITS, PayloadRejected
+from stepstone.core.pin import check_scope
 from stepstone.errors import InvalidInput, NotFound
 from stepstone.store.management_port import ManagementStore, TokenRecord
 
 __all__ = ["create_token", "list_tokens", "revoke_token"]
 
 
-def _text(what: str, value: str) -> str:
+def _label(what: str, value: str) -> str:
+    """A scope, name or group as instance scopes are checked (`Limits.check_label`): no control
+    character, no space around it."""
     try:
-        return DEFAULT_LIMITS.check_text(what, value)
+        return DEFAULT_LIMITS.check_label(what, value)
     except PayloadRejected as exc:
-        raise InvalidInput(str(exc), what=what) from None
+        raise InvalidInput(f"token {exc}", what=what) from None
 
 
 async def create_token(
@@ -31,10 +34,11 @@ async def create_token(
     are the groups its user belongs to: the task inbox offers it the tasks of those candidate groups."""
     if role not in ROLES:
         raise InvalidInput(f"unknown role {role!r}; roles are {', '.join(ROLES)}", what="role")
-    _text("scope", scope)
-    groups = tuple(dict.fromkeys(_text("group", g) for g in groups))
+    if scope != ALL_SCOPES:  # a scope instances can be started in (`check_scope`), or every one
+        check_scope(_label("scope", scope))
+    groups = tuple(dict.fromkeys(_label("group", g) for g in groups))
     token_id = uuid.uuid4()
-    label = _text("name", name) if name else f"{role}-{scope if scope != ALL_SCOPES else 'all'}-{token_id.hex[:8]}"
+    label = _label("name", name) if name else f"{role}-{scope if scope != ALL_SCOPES else 'all'}-{token_id.hex[:8]}"
     token = new_token()
     record = await store.create_token(token_id, label, hash_token(token), role, scope, created_by, groups)
     return token, record

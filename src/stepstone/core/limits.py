@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,17 @@ class Limits:
         if len(value) > limit:
             raise PayloadRejected(what, "too_large", f"{len(value)} characters exceeds the limit of {limit}")
         return value
+
+    def check_label(self, what: str, value: object) -> str:
+        """`check_text`, and a name people type and read in tables: a scope, a token's name or group. No
+        control character (a newline forged a row of `stepstone tokens list`) and no space around it
+        (`--scope ' acme'` named a scope no instance is in). An instance's scope and a token's pass it alike."""
+        text = self.check_text(what, value)
+        if any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in text):
+            raise PayloadRejected(what, "invalid", f"contains a control character (such as a newline): {text!r}")
+        if text != text.strip():
+            raise PayloadRejected(what, "invalid", f"has spaces around it: {text!r}")
+        return text
 
     def check_texts(self, arguments: Mapping[str, object], *, free: bool = False, empty: bool = False) -> None:
         """`check_text` of each argument given (None means not given); the keyword names the argument."""
