@@ -61,5 +61,9 @@ async def test_mounted_api_and_ui_use_the_hosts_users(host: tuple[Engine, httpx.
     assert (await http.get("/ops/ui/", headers={})).headers["location"] == "/ops/ui/login"
     missing = await http.get("/ops/ui/nope", headers=bob)  # under the mount's UI: the error page
     assert (missing.status_code, missing.headers["content-type"].split(";")[0]) == (404, "text/html")
+    # A file the UI does not have is its error page too, linking to the mount's UI (not .../ui/static/ui/).
+    missing = await http.get("/ops/ui/static/nope", headers=bob)
+    assert (missing.status_code, missing.headers["content-type"].split(";")[0]) == (404, "text/html")
+    assert 'href="/ops/ui/"' in missing.text and 'href="/ops/ui/static/stepstone.css"' in missing.text
     schema = (await http.get("/ops/api/v1/openapi.json")).json()
     assert "/api/v1/instances" in schema["paths"]

@@ -343,10 +343,14 @@ async def test_every_error_of_a_ui_page_is_a_page(api: Api, monkeypatch: pytest.
     not take (405) and an unexpected error (500) came back as problem+json, not as the error page."""
     await _sign_in(api, "viewer")
     for path, status in [("/ui/definitions/default/job/abc", 422), ("/ui/nope", 404),
-                         (f"/ui/instances/{'0' * 8}/retry", 405)]:
+                         (f"/ui/instances/{'0' * 8}/retry", 405), ("/ui/static/nope", 404),
+                         ("/ui/static/../routes.py", 404)]:
         r = await api.http.get(path)
         assert (r.status_code, r.headers["content-type"].split(";")[0]) == (status, "text/html"), path
         assert '<p class="error" role="alert">' in r.text
+        assert 'href="/ui/"' in r.text, path  # the UI's own links, not the static mount's
+    r = await api.http.post("/ui/static/stepstone.css")  # a file takes GET and HEAD only: a page too
+    assert (r.status_code, r.headers["content-type"].split(";")[0]) == (405, "text/html")
     for path in ("/api/v1/definitions/default/job/abc", "/api/v1/nope", "/nope"):  # the API's stay problem+json
         r = await api.http.get(path, headers=await api.token("viewer"))
         assert r.headers["content-type"] == "application/problem+json", path

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from starlette.exceptions import HTTPException
 from starlette.responses import Response, StreamingResponse
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from stepstone.api import operations as ops
 from stepstone.api.auth import TOKEN_COOKIE, Principal, hash_token
@@ -324,11 +326,26 @@ def html_error(request: Request, status: int, title: str, detail: str) -> Respon
     return page(request, "error.html", who, status_code=status, title=title, detail=detail)
 
 
+class _StaticFiles(StaticFiles):
+    """The UI's script and style sheet. A missing file (or a method other than GET and HEAD) raises as
+    every UI request does, so it is the UI's error page: the mount had already set the scope's root path
+    to ``.../ui/static`` (which hid the request from `html_error` and would misplace the page's links),
+    so it is set back to the app's first."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except HTTPException:
+            scope["root_path"] = scope.get("root_path", "").removesuffix(f"{UI_PREFIX}/static")
+            scope.setdefault("state", {})["ui"] = True
+            raise
+
+
 def install_ui(app: FastAPI) -> None:
     app.include_router(router)
     app.include_router(task_pages.router)
     app.include_router(incident_pages.router)
     app.include_router(repair_pages.router)
     app.include_router(maintenance_pages.router)
-    app.mount(f"{UI_PREFIX}/static", StaticFiles(directory=Path(__file__).parent / "static"), name="ui-static")
+    app.mount(f"{UI_PREFIX}/static", _StaticFiles(directory=Path(__file__).parent / "static"), name="ui-static")
     app.state.html_error = html_error
