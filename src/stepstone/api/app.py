@@ -19,6 +19,7 @@ from starlette.responses import RedirectResponse
 
 from stepstone.api.body_guard import BodyGuard
 from stepstone.api.context import ApiContext
+from stepstone.api.methods import answer_head
 from stepstone.api.problems import install_problem_handlers
 from stepstone.api.routes import (
     bulk,
@@ -75,6 +76,7 @@ def create_app(ctx: ApiContext, *, ui: bool = True) -> FastAPI:
         async def root() -> RedirectResponse:
             return RedirectResponse("ui/", status_code=307)
 
+    answer_head(app)  # HEAD wherever GET, once every route is in
     return app
 
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from stepstone.api.auth import Forbidden, ReadOnly, Unauthenticated
+from stepstone.api.methods import SAFE_METHODS, allowed_methods
 from stepstone.errors import (
     ConfigError,
     Conflict,
@@ -75,12 +76,13 @@ def problem(status: int, title: str, detail: str, *, headers: dict[str, str] | N
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
-def error_response(exc: StepstoneError, status: int, name: str, detail: str) -> JSONResponse:
+def error_response(exc: StepstoneError, status: int, name: str, detail: str, *, allow: str = "") -> JSONResponse:
+    """`allow`: a 405's Allow header (for ReadOnly, the path's GET and HEAD; empty when it has neither)."""
     headers: dict[str, str] = {}
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="stepstone"'
     if status == 405:
-        headers["Allow"] = "GET, HEAD"
+        headers["Allow"] = allow
     return problem(status, name, detail, headers=headers or None, error=name, **_attributes(exc))
 
 
@@ -98,7 +100,11 @@ async def _stepstone_error(request: Request, exc: Exception) -> Response:
     detail = str(exc).splitlines()[0] if str(exc) else name
     if status == 500 and not isinstance(exc, ConfigError):
         log.error("request failed: %s: %s", name, detail)
-    return _page(request, status, name, detail) or error_response(exc, status, name, detail)
+    allow = ", ".join(m for m in allowed_methods(request).split(", ") if m in SAFE_METHODS) if status == 405 else ""
+    page = _page(request, status, name, detail)
+    if page is not None and status == 405:
+        page.headers["Allow"] = allow
+    return page or error_response(exc, status, name, detail, allow=allow)
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:
@@ -123,6 +129,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
             errors=[{"loc": ["body"], "msg": "not valid UTF-8", "type": "json_invalid"}])
     title = {400: "BadRequest", 404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     headers = dict(exc.headers or {}) or None
+    if exc.status_code == 405:  # every method of the path, not only those of its first route
+        headers = {**(headers or {}), "Allow": allowed_methods(request)}
     page = _page(request, exc.status_code, title, str(exc.detail))
     if page is not None:
         page.headers.update(headers or {})
