@@ -79,7 +79,7 @@ async def confirm_bulk_retry(request: Request) -> Response:
     form = await posted_form(request, who)
     root = ui_root(request)
     common: dict[str, Any] = {"action": "retry", "target": f"{root}/dead-letters/retry", "back": f"{root}/dead-letters",
-              "danger": False, "reason": False}
+              "danger": False, "reason": False, "scope": None}
     if form.get("every") == "1":
         filters = _filters(form)
         counted = await bulk(context_of(request), who, "retry", where=_where(filters), dry_run=True)

@@ -34,7 +34,7 @@ async def _page(request: Request, who: Principal, sweep: dict[str, Any] | None,
         stuck=await operator_queries.stuck(request, who, STUCK_AFTER),
         probe=await operator_queries.probe(request, who, None) if everywhere else None,
         policies=await retention.list_policies(request, who) if everywhere else None,
-        can_sweep=who.can("admin", ALL_SCOPES), sweep=sweep, policy_set=policy_set,
+        sweep=sweep, policy_set=policy_set,
         status_classes=STATUS_CLASSES)
 
 

@@ -20,7 +20,7 @@ from stepstone.api.context import context_of
 from stepstone.core.attribution import Actor
 from stepstone.ids import short_id
 
-__all__ = ["UI_PREFIX", "csrf_token", "page", "patch_lines", "ui_root"]
+__all__ = ["UI_PREFIX", "csrf_token", "page", "patch_lines", "refusal", "ui_root"]
 
 UI_PREFIX = "/ui"
 _env = Environment(loader=PackageLoader("stepstone.ui", "templates"), autoescape=select_autoescape(["html"]))
@@ -97,9 +97,27 @@ def csrf_token(request: Request, who: Principal) -> str:
     return hmac.new(key, f"stepstone-csrf\n{who.actor}".encode(), hashlib.sha256).hexdigest()[:40]
 
 
+def refusal(read_only: bool, who: Principal | None, role: str, scope: str | None = None) -> str:
+    """Why the page offers no action needing `role` in `scope` (None: in some scope), or "" when it may
+    act: the one place the UI decides which buttons and forms to show. The server refuses the rest."""
+    if read_only:
+        return "This server is read-only."
+    if who is None:
+        return "Sign in first."
+    scopes = list(who.grants) if scope is None else [scope]
+    if any(who.can(role, s) for s in scopes):
+        return ""
+    held = who.role_in(scope) if scope is not None else None
+    here = f"Your role here is {held}" if held else "Your token has no role here"
+    return f"{here}: actions need {role.replace('_', ' ')}."
+
+
 def page(request: Request, template: str, who: Principal | None, *, status_code: int = 200,
          **values: Any) -> HTMLResponse:
     ctx = context_of(request)
+
+    def why_not(role: str, scope: str | None = None) -> str:
+        return refusal(ctx.read_only, who, role, scope)
     root = request.scope.get("root_path", "")
 
     def query(**changes: Any) -> str:
@@ -108,6 +126,7 @@ def page(request: Request, template: str, who: Principal | None, *, status_code:
 
     html = _env.get_template(template).render(
         ui=ui_root(request), api=f"{root}{API_PREFIX}", who=who, read_only=ctx.read_only,
-        csrf=csrf_token(request, who) if who else "", query=query, flash=request.query_params.get("done"),
+        csrf=csrf_token(request, who) if who else "", query=query, why_not=why_not,
+        flash=request.query_params.get("done"),
         **values)
     return HTMLResponse(html, status_code=status_code, headers={"Cache-Control": "no-store"})

@@ -33,7 +33,7 @@ async def _repair_page(request: Request, who: Principal, instance_id: str, **val
     versions = sorted(w.version for w in ctx.registry if w.id == info["definition_id"]
                       and w.version != info["version"])
     return page(request, "repair.html", who, nav="instances", i=info, steps=await _reached(request, instance_id),
-                versions=versions, can_operate=who.can("operator", info["scope"]),
+                versions=versions,
                 **{"outcome": None, "error": None, **values})
 
 

@@ -123,8 +123,7 @@ async def instance_page(request: Request, instance_id: str) -> Response:
                          for h in shown[:_HISTORY_ON_PAGE]],
                 history_more=len(shown) > _HISTORY_ON_PAGE, failed_only=failed_only, pending=pending,
                 events=events, svg=svg, signals=signals, waiting=_describe_wait(wait),
-                branches=[p for p in info["positions"] if p["path"]],
-                can_operate=who.can("operator", info["scope"]), role=who.role_in(info["scope"]))
+                branches=[p for p in info["positions"] if p["path"]])
 
 
 def _describe_wait(wait: Any) -> str:
@@ -155,7 +154,8 @@ async def confirm_page(request: Request, instance_id: str, action: str) -> Respo
     return page(request, "confirm.html", who, action=action, heading=heading,
                 question=f"{info['definition_id']} {info['id']} is {info['status'].lower()}. {question}",
                 target=f"{root}/instances/{instance_id}/{action}", back=f"{root}/instances/{instance_id}",
-                confirm_label=label, danger=danger, reason=action == "cancel", hidden=[], items=[])
+                confirm_label=label, danger=danger, reason=action == "cancel", hidden=[], items=[],
+                scope=info["scope"])
 
 
 @router.post("/instances/{instance_id}/retry")

@@ -43,9 +43,8 @@ async def inbox_page(request: Request) -> Response:
 async def _task_page(request: Request, who: Principal, task_id: str, *, error: str | None = None,
                      chosen: str = "", posted: dict[str, str] | None = None) -> Response:
     found = await tasks.task(context_of(request), who, task_id)
-    can_work = who.can("task_worker", found["scope"])
     return page(request, "task.html", who, nav="tasks", t=found, decisions=decisions_of(found["form"]),
-                can_work=can_work, is_open=found["status"] == "OPEN", me=who.task_user, error=error,
+                is_open=found["status"] == "OPEN", me=who.task_user, error=error,
                 chosen=chosen, posted=posted or {}, status_code=422 if error else 200)
 
 
