@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import re
 
+import httpx
+import pytest
+
+from stepstone.api.tokens import create_token, revoke_token
+from stepstone.ui import routes
 from tests.api.conftest import Api
+from tests.api.serving import served
 from tests.api.test_ui_pages import _sign_in
 
 ACTIONS = ("Retry every failed instance", "Check the migration", "Retry selected…")
@@ -48,3 +54,21 @@ async def test_an_operator_still_sees_every_action(api: Api) -> None:
     assert "Run a sweep now" not in maintenance  # a sweep is the admin's
     await _sign_in(api, "admin")
     assert "Run a sweep now" in (await api.http.get("/ui/maintenance")).text
+
+
+async def test_the_live_stream_ends_when_its_token_is_revoked(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open /ui/events kept delivering after its token was revoked (docs/api.md: 401 from then on)."""
+    monkeypatch.setattr(routes, "_LIVE_POLL_SECONDS", 0.05)  # the interval it re-checks at: test quickly
+    token, record = await create_token(api.ctx.management, role="viewer")
+    cookie = {"Cookie": f"stepstone_token={token}"}
+    lines: list[str] = []
+    async with (served(api.app) as base, httpx.AsyncClient(base_url=base, headers=cookie) as http,
+                http.stream("GET", "/ui/events", timeout=10) as stream):
+        assert stream.status_code == 200
+        async for line in stream.aiter_lines():  # ends when the server ends the stream
+            lines.append(line)
+            if line.startswith("retry:"):
+                await revoke_token(api.ctx.management, str(record.id))
+            assert lines.count(": keep-alive") < 40, "the stream went on after its token was revoked"
+        assert (await http.get("/ui/events")).status_code == 303  # the reconnection: to the sign-in page
+    assert lines[0].startswith("retry:")

@@ -288,12 +288,21 @@ async def _stream(request: Request, who: Principal, watched: str | None, seen: s
     ctx = context_of(request)
     queue = await ctx.broadcaster.subscribe() if ctx.broadcaster is not None else asyncio.Queue[str]()
     stamp = seen or (stamp_of(await ctx.management.instance_stamp(watched)) if watched else "")
+    authenticate = ctx.authenticate_ui or ctx.authenticate
+    loop = asyncio.get_running_loop()
+    checked = loop.time()
     try:
         yield "retry: 3000\n\n"
         while not await request.is_disconnected():
             changed: str | None = None
             with contextlib.suppress(TimeoutError):
                 changed = await asyncio.wait_for(queue.get(), _LIVE_POLL_SECONDS)
+            # A token revoked while the page is open ends its stream (one lookup per poll interval at
+            # most); the browser's reconnection then meets the sign-in page.
+            if loop.time() - checked >= _LIVE_POLL_SECONDS:
+                if await authenticate(request) is None:
+                    return
+                checked = loop.time()
             if watched:
                 now = stamp_of(await ctx.management.instance_stamp(watched))
                 if changed == watched or now != stamp:
