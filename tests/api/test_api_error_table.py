@@ -17,7 +17,8 @@ NOT_CLASSES = {"BadRequest", "MethodNotAllowed", "InternalError", "BodyTooLarge"
 GIVEN = {"TaskRefused", "TaskNotOpen", "TaskHeld", "TaskNotPermitted", "StateChangedSinceReview", "TaskNotFound",
          "UnknownDecision", "UnknownSignal", "InstanceNotFound", "DefinitionNotFound", "PositionNotFound",
          "InvalidState", "IdempotencyConflict", "BusinessKeyInUse", "OpenSignalLimit", "InvalidInput",
-         "PayloadTooLarge", "PayloadTooDeep", "Forbidden", "Unauthenticated", "ReadOnly", "MethodNotAllowed"}
+         "PayloadTooLarge", "PayloadTooDeep", "Forbidden", "Unauthenticated", "ReadOnly", "MethodNotAllowed",
+         "NotLocal"}
 
 
 def _table() -> dict[str, int]:

@@ -31,6 +31,7 @@ __all__ = [
     "TOKEN_COOKIE",
     "Authenticate",
     "Forbidden",
+    "NotLocal",
     "Principal",
     "ReadOnly",
     "TokenAuth",
@@ -57,6 +58,11 @@ class Forbidden(StepstoneError):
         super().__init__(message)
         self.role = role
         self.scope = scope
+
+
+class NotLocal(StepstoneError):
+    """A ``--no-auth`` server refuses what did not come from its own loopback address: another Host
+    (DNS rebinding), or a state change from another site or not in JSON (HTTP 403)."""
 
 
 class ReadOnly(StepstoneError):

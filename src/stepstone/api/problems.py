@@ -1,6 +1,6 @@
 """The one mapping from stepstone's error tree to HTTP: status codes and problem+json bodies (RFC 9457).
 
-    Unauthenticated 401   Forbidden, TaskNotPermitted 403   NotFound 404   ReadOnly 405   Conflict 409
+    Unauthenticated 401   Forbidden, NotLocal, TaskNotPermitted 403   NotFound 404   ReadOnly 405   Conflict 409
     InvalidInput 422      Unavailable 503 WaitTimeout 504  ConfigError, InternalError, anything else 500
 
 A body is ``{"type", "title", "status", "detail", "error", ...}``: ``error`` is the class name (what a
@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from stepstone.api.auth import Forbidden, ReadOnly, Unauthenticated
+from stepstone.api.auth import Forbidden, NotLocal, ReadOnly, Unauthenticated
 from stepstone.api.methods import SAFE_METHODS, allowed_methods
 from stepstone.errors import (
     ConfigError,
@@ -42,8 +42,8 @@ log = logging.getLogger("stepstone.api")
 PROBLEM_JSON = "application/problem+json"
 _STATUS: tuple[tuple[type[BaseException], int], ...] = (
     # TaskNotPermitted is a refusal of who asks, not a conflict with what is stored: 403 before Conflict.
-    (Unauthenticated, 401), (Forbidden, 403), (TaskNotPermitted, 403), (NotFound, 404), (ReadOnly, 405),
-    (Conflict, 409),
+    (Unauthenticated, 401), (Forbidden, 403), (NotLocal, 403), (TaskNotPermitted, 403), (NotFound, 404),
+    (ReadOnly, 405), (Conflict, 409),
     (InvalidInput, 422), (Unavailable, 503), (WaitTimeout, 504), (ConfigError, 500),
 )
 _KEBAB = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")  # HTTPError -> http-error
