@@ -16,7 +16,8 @@ async def test_replay_a_failed_instance_from_its_step(api: Api) -> None:
     assert "<option>charge</option>" in page
     workflows.FAILING.clear()
     r = await api.http.post(f"/ui/instances/{iid}/replay", data={"csrf": csrf, "step": "charge"})
-    assert (r.status_code, r.headers["location"]) == (303, f"/ui/instances/{iid}?done=replaying+from+charge")
+    assert (r.status_code, r.headers["location"].split("&sig=")[0]) == (
+        303, f"/ui/instances/{iid}?done=replaying+from+charge")
     await api.engine.run_until_idle()
     assert (await api.engine.client.get(iid)).status == "WAITING"
     r = await api.http.post(f"/ui/instances/{iid}/replay", data={"csrf": csrf, "step": "charge"})
@@ -33,7 +34,7 @@ async def test_migrate_with_a_dry_run_first(api: Api) -> None:
     assert "v2: would migrate; nothing was changed." in dry.text
     assert (await api.engine.client.get(iid)).version == 1
     r = await api.http.post(f"/ui/instances/{iid}/migrate", data={"csrf": csrf, "version": "2", "dry_run": "0"})
-    assert r.headers["location"] == f"/ui/instances/{iid}?done=migrated+to+v2"
+    assert r.headers["location"].split("&sig=")[0] == f"/ui/instances/{iid}?done=migrated+to+v2"
     assert (await api.engine.client.get(iid)).version == 2
 
 
@@ -82,5 +83,6 @@ async def test_a_number_no_column_holds_is_refused_by_the_forms(api: Api) -> Non
         r = await api.http.post("/ui/dead-letters/migrate", data={"csrf": csrf, "version": version, "every": "1"})
         assert (r.status_code, "choose the version to migrate to" in r.text) == (422, True), version
     r = await api.http.post("/ui/outbox/requeue", data={"csrf": csrf, "id": ["99999999999999999999", "²"]})
-    assert (r.status_code, r.headers["location"]) == (303, "/ui/outbox?done=requeued+0+of+0+event(s)")
+    assert (r.status_code, r.headers["location"].split("&sig=")[0]) == (
+        303, "/ui/outbox?done=requeued+0+of+0+event%28s%29")
     assert (await api.engine.client.get(iid)).version == 1

@@ -20,7 +20,7 @@ from stepstone.api.context import context_of
 from stepstone.core.attribution import Actor
 from stepstone.ids import short_id
 
-__all__ = ["UI_PREFIX", "csrf_token", "page", "patch_lines", "refusal", "ui_root"]
+__all__ = ["UI_PREFIX", "csrf_token", "flash_mac", "flash_of", "page", "patch_lines", "refusal", "ui_root"]
 
 UI_PREFIX = "/ui"
 _env = Environment(loader=PackageLoader("stepstone.ui", "templates"), autoescape=select_autoescape(["html"]))
@@ -88,13 +88,30 @@ def ui_root(request: Request) -> str:
     return f"{request.scope.get('root_path', '')}{UI_PREFIX}"
 
 
-def csrf_token(request: Request, who: Principal) -> str:
-    """The value every UI form carries back, which a cross-site form cannot know: keyed by the sign-in
-    cookie's token (the same on every replica), or, behind a host's authentication, by the app's
-    `ui_secret` and the actor."""
+def _key(request: Request) -> bytes:
+    """What the UI's own values are keyed by: the sign-in cookie's token (the same on every replica), or,
+    behind a host's authentication (or --no-auth), the app's `ui_secret`."""
     cookie = request.cookies.get(TOKEN_COOKIE)
-    key = cookie.encode("utf-8", "surrogatepass") if cookie else context_of(request).ui_secret
-    return hmac.new(key, f"stepstone-csrf\n{who.actor}".encode(), hashlib.sha256).hexdigest()[:40]
+    return cookie.encode("utf-8", "surrogatepass") if cookie else context_of(request).ui_secret
+
+
+def csrf_token(request: Request, who: Principal) -> str:
+    """The value every UI form carries back, which a cross-site form cannot know: keyed by `_key` and
+    the actor."""
+    return hmac.new(_key(request), f"stepstone-csrf\n{who.actor}".encode(), hashlib.sha256).hexdigest()[:40]
+
+
+def flash_mac(request: Request, text: str) -> str:
+    """The signature of a status message the UI itself produced (`session.back`), for `flash_of`."""
+    return hmac.new(_key(request), f"stepstone-flash\n{text}".encode("utf-8", "surrogatepass"),
+                    hashlib.sha256).hexdigest()[:32]
+
+
+def flash_of(request: Request) -> str | None:
+    """The status message of ``?done=`` when the UI signed it; any other text (a link that makes the
+    page say "re-enter your token at https://evil.example") is not shown."""
+    text, mac = request.query_params.get("done"), request.query_params.get("sig", "")
+    return text if text and hmac.compare_digest(mac.encode(), flash_mac(request, text).encode()) else None
 
 
 def refusal(read_only: bool, who: Principal | None, role: str, scope: str | None = None) -> str:
@@ -127,6 +144,6 @@ def page(request: Request, template: str, who: Principal | None, *, status_code:
     html = _env.get_template(template).render(
         ui=ui_root(request), api=f"{root}{API_PREFIX}", who=who, read_only=ctx.read_only,
         csrf=csrf_token(request, who) if who else "", query=query, why_not=why_not,
-        flash=request.query_params.get("done"),
+        flash=flash_of(request),
         **values)
     return HTMLResponse(html, status_code=status_code, headers={"Cache-Control": "no-store"})

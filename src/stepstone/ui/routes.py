@@ -30,7 +30,7 @@ from stepstone.core.model import FAILURE_KINDS, STATUSES
 from stepstone.errors import InvalidInput
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
-from stepstone.ui.render import UI_PREFIX, page, patch_lines, ui_root
+from stepstone.ui.render import UI_PREFIX, flash_of, page, patch_lines, ui_root
 from stepstone.ui.session import back, form_number, posted_form, signed_in
 
 __all__ = ["install_ui", "router"]
@@ -238,7 +238,7 @@ async def outbox_page(request: Request) -> Response:
     status = await ctx.outbox.summary()
     dead = [r.as_dict() for r in await ctx.outbox.unpublished(dead=True, limit=200)]
     return page(request, "outbox.html", who, nav="outbox", forbidden=False, status=status, dead=dead,
-                results=request.query_params.get("done"))
+                results=flash_of(request))
 
 
 @router.post("/outbox/requeue")

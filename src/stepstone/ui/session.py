@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 from fastapi import Request
 from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse
 
 from stepstone.api.auth import Forbidden, Principal, Unauthenticated
 from stepstone.api.context import context_of, writable
-from stepstone.ui.render import csrf_token, ui_root
+from stepstone.ui.render import csrf_token, flash_mac, ui_root
 
 __all__ = ["back", "form_number", "posted_form", "signed_in"]
 
@@ -45,5 +47,8 @@ def form_number(value: object, most: int) -> int | None:
 
 
 def back(request: Request, path: str, done: str | None = None) -> RedirectResponse:
-    suffix = f"?done={done}" if done else ""
+    """Redirect to a UI page; `done` (words joined by ``+``) is the status message it shows, signed so
+    that the page shows only messages the UI produced."""
+    text = done.replace("+", " ") if done else ""
+    suffix = f"?{urlencode({'done': text, 'sig': flash_mac(request, text)})}" if text else ""
     return RedirectResponse(f"{ui_root(request)}{path}{suffix}", status_code=303)
