@@ -23,3 +23,21 @@ async def test_only_a_status_message_the_ui_produced_is_shown(api: Api) -> None:
     assert '<p class="flash" role="status">retry scheduled</p>' in page
     await _sign_in(api, "operator")  # another token: the signature of the first is not its
     assert "retry scheduled" not in (await api.http.get(r.headers["location"])).text
+
+
+async def test_sign_in_and_sign_out_from_another_site_are_refused(api: Api) -> None:
+    """POST /ui/login took a form from anywhere (login CSRF: signing the victim in as the attacker) and
+    POST /ui/logout a cross-site Origin; the browser's Origin (or Sec-Fetch-Site) says where it is from."""
+    token = (await api.token("viewer"))["Authorization"].removeprefix("Bearer ")
+    for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Origin": "http://test.evil.example"}):
+        r = await api.http.post("/ui/login", data={"token": token}, headers=headers)
+        assert (r.status_code, r.headers["content-type"].split(";")[0]) == (403, "text/html"), headers
+        assert "set-cookie" not in r.headers
+    r = await api.http.post("/ui/login", data={"token": token}, headers={"Origin": "http://test"})
+    assert r.status_code == 303 and "stepstone_token=" in r.headers["set-cookie"]
+    r = await api.http.post("/ui/logout", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    assert (await api.http.get("/ui/")).status_code == 200  # still signed in
+    r = await api.http.post("/ui/logout", headers={"Origin": "http://test", "Sec-Fetch-Site": "same-origin"})
+    assert r.status_code == 303 and 'stepstone_token=""' in r.headers["set-cookie"]

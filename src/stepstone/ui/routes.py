@@ -31,7 +31,7 @@ from stepstone.errors import InvalidInput
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
 from stepstone.ui.render import UI_PREFIX, flash_of, page, patch_lines, ui_root
-from stepstone.ui.session import back, form_number, posted_form, signed_in
+from stepstone.ui.session import back, form_number, from_this_site, posted_form, signed_in
 
 __all__ = ["install_ui", "router"]
 
@@ -52,6 +52,7 @@ async def login_page(request: Request) -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
+    from_this_site(request)
     token = str((await request.form()).get("token", "")).strip()
     record = await context_of(request).management.token_by_hash(hash_token(token)) if token else None
     if record is None:
@@ -64,6 +65,7 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
+    from_this_site(request)
     response = back(request, "/login")
     response.delete_cookie(TOKEN_COOKIE, path=ui_root(request))
     return response

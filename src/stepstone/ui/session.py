@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import Request
 from starlette.datastructures import FormData
@@ -12,7 +12,7 @@ from stepstone.api.auth import Forbidden, Principal, Unauthenticated
 from stepstone.api.context import context_of, writable
 from stepstone.ui.render import csrf_token, flash_mac, ui_root
 
-__all__ = ["back", "form_number", "posted_form", "signed_in"]
+__all__ = ["back", "form_number", "from_this_site", "posted_form", "signed_in"]
 
 
 async def signed_in(request: Request) -> Principal:
@@ -34,6 +34,17 @@ async def posted_form(request: Request, who: Principal) -> FormData:
         raise Forbidden("this form is stale or was not sent by this site; reload the page and try again",
                         role="any", scope="*")
     return form
+
+
+def from_this_site(request: Request) -> None:
+    """Forbidden when the browser says the request comes from another site (its Origin names another
+    host, or Sec-Fetch-Site says cross-site): sign-in and sign-out, which have no session to key a
+    CSRF value by yet or any more. A program that sends neither header (curl) is let through."""
+    origin = request.headers.get("origin")
+    other = origin is not None and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
+    if other or request.headers.get("sec-fetch-site") == "cross-site":
+        raise Forbidden("this form was not sent by this site; open the sign-in page here and try again",
+                        role="any", scope="*")
 
 
 def form_number(value: object, most: int) -> int | None:
