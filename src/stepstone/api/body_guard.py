@@ -8,7 +8,8 @@ without this a request without a token could make the server read and parse any 
   Content-Length, and by counting while it reads a body sent without one (chunked), never holding more
   than the limit;
 - authenticates a request to the API that carries a body (``/api/v1``, not the UI's forms, which sign in
-  with one) before reading it: 401 `Unauthenticated` without valid credentials; the principal found is
+  with one) before reading it: 401 `Unauthenticated` without valid credentials (403 `NotLocal` from a
+  no-auth server refusing another host or site); the principal found is
   the one the route's `principal` dependency then uses (`PRINCIPAL_STATE`), so the token is looked up once.
   A read-only server's state changes are let through to their 405 first, as `writer` orders them.
 """
@@ -18,9 +19,9 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stepstone.api.auth import Unauthenticated
+from stepstone.api.auth import NotLocal, Unauthenticated
 from stepstone.api.context import PRINCIPAL_STATE, context_of, principal
-from stepstone.api.problems import error_response, problem
+from stepstone.api.problems import error_response, problem, status_of
 from stepstone.core.limits import Limits
 
 __all__ = ["BodyGuard", "body_limit"]
@@ -62,9 +63,9 @@ class BodyGuard:
         if api and not ctx.read_only:
             try:
                 scope.setdefault("state", {})[PRINCIPAL_STATE] = await principal(request)
-            except Unauthenticated as exc:
-                detail = str(exc)
-                await error_response(exc, 401, "Unauthenticated", detail)(scope, receive, send)
+            except (Unauthenticated, NotLocal) as exc:  # raised here, outside the app's exception handlers
+                status = status_of(exc)
+                await error_response(exc, status, type(exc).__name__, str(exc))(scope, receive, send)
                 return
         try:
             body = await _read(receive, limit)
