@@ -44,7 +44,8 @@ async def server_version_num(conn: asyncpg.Connection | PoolConnectionProxy[Reco
 async def clock_offset(conn: asyncpg.Connection, schema: str) -> float:
     """Seconds the database clock is moved from the server's (a test's `advance` left behind): 0 normally."""
     with translate_errors():
-        return float(await conn.fetchval(named_queries("health.sql", schema)["clock_offset"]))
+        # the store's own test-hook query (queries.sql), read here on doctor's connection
+        return float(await conn.fetchval(named_queries("queries.sql", schema)["clock_offset"]))
 
 
 async def deferred_pins(conn: asyncpg.Connection, schema: str) -> list[DeferredPin]:

@@ -200,13 +200,15 @@ async def open_engine(
 async def _put_back_clock(store: Store, database_url: str, schema: str, offset: float) -> None:
     """The database clock's offset as `open_engine` found it, written only when a test moved it; through a
     store of its own when the test closed its client (which closes the engine's store)."""
+    async def put_back(on: Store) -> None:
+        if await on.clock_offset() != offset:
+            await on.set_clock_offset(offset)
+
     try:
-        if await store.clock_offset() != offset:
-            await store.set_clock_offset(offset)
+        await put_back(store)
     except ClientClosed:
         spare = await open_store(database_url, schema, max_size=1)
         try:
-            if await spare.clock_offset() != offset:
-                await spare.set_clock_offset(offset)
+            await put_back(spare)
         finally:
             await spare.close()

@@ -8,10 +8,6 @@ SELECT current_setting('server_version');
 -- As a number (170000 for 17.0): what a feature of a later release is checked against.
 SELECT current_setting('server_version_num')::integer;
 
--- name: clock_offset
--- Seconds the database clock (db_now()) is moved from the server's: 0 but after a test moved it.
-SELECT extract(epoch FROM offset_by)::float8 FROM {{schema}}.clock;
-
 -- name: deferred_pins
 -- Commands DEFERRED because the workers that claimed them lack their plan (the
 -- worker's reason starts with the kind NOT_RUNNABLE), grouped by the pin of their
