@@ -22,7 +22,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, progressed, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, kill_as_commits_go, scenario_database, wait_for
 
 SIZE = 60
 WORKERS = 3
@@ -63,10 +63,8 @@ async def test_failed_branches_under_kills_stop_the_instance_only_when_the_join_
 
         deadline = time.monotonic() + 150
         try:
-            commits = await probe.commits()
-            while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await settled():
-                commits = await progressed(probe, commits, KILL_EVERY, deadline, settled)
-                fleet.kill(rng.randrange(WORKERS))
+            await kill_as_commits_go(fleet, probe, settled, kills=KILLS, every=KILL_EVERY, rng=rng,
+                                     deadline=deadline)
             assert await wait_for(settled, deadline), "not every instance settled"
         finally:
             await probe.close()

@@ -26,7 +26,15 @@ from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.driver import TaskDriver
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, progressed, scenario_database, start_instances, wait_for
+from tests.chaos.rig.scenarios import (
+    Probe,
+    Target,
+    kill_as_commits_go,
+    progressed,
+    scenario_database,
+    start_instances,
+    wait_for,
+)
 
 SIZE = 120
 WORKERS = 3
@@ -77,10 +85,8 @@ async def test_cancels_under_kills_leave_nothing_open_and_nothing_after(pg_serve
             # The cancels start once the workers do: on a backlog nothing has claimed, a cancel tests little.
             await wait_for(lambda: _claimed(probe), deadline, every=0.05)
             cancelling = asyncio.ensure_future(_cancel_half(url, ids, rng, deadline))
-            commits = await probe.commits()
-            while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await settled():
-                commits = await progressed(probe, commits, KILL_EVERY, deadline, settled)
-                fleet.kill(rng.randrange(WORKERS))
+            await kill_as_commits_go(fleet, probe, settled, kills=KILLS, every=KILL_EVERY, rng=rng,
+                                     deadline=deadline)
             told = await cancelling
             if not await wait_for(settled, deadline):
                 raise AssertionError(f"instances left moving: {await _moving(url)}")

@@ -24,7 +24,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, progressed, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, kill_as_commits_go, scenario_database, wait_for
 
 SIZE = 80
 WORKERS = 3
@@ -83,10 +83,8 @@ async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgS
             fleet.start()
             senders = [random.Random(rng.random()) for _ in late]  # noqa: S311 - each sender its own coin
             sending = asyncio.gather(*(_late(client, iid, r) for iid, r in zip(late, senders, strict=True)))
-            commits = await probe.commits()
-            while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await completed():
-                commits = await progressed(probe, commits, KILL_EVERY, deadline, completed)
-                fleet.kill(rng.randrange(WORKERS))
+            await kill_as_commits_go(fleet, probe, completed, kills=KILLS, every=KILL_EVERY, rng=rng,
+                                     deadline=deadline)
             calls = sent + sum(await sending)
             assert await wait_for(completed, deadline), "not every instance completed"
         finally:

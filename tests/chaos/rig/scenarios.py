@@ -171,6 +171,17 @@ async def progressed(probe: Probe, since: int, steps: int, deadline: float, done
     return await probe.commits()
 
 
+async def kill_as_commits_go(fleet: Fleet, probe: Probe, done: Any, *, kills: int, every: int, rng: random.Random,
+                             deadline: float) -> None:
+    """SIGKILL a random worker of `fleet` (and start another in its place) after every `every` step commits,
+    `kills` times, or until `done()` says the run is over or the deadline passes: kills paced by the engine's
+    own progress, so they fall while work runs however fast or slow the machine is."""
+    commits = await probe.commits()
+    while time.monotonic() < deadline and len(fleet.kills) < kills and not await done():
+        commits = await progressed(probe, commits, every, deadline, done)
+        fleet.kill(rng.randrange(fleet.size))
+
+
 async def wait_for(predicate: Any, deadline: float, every: float = 0.2) -> bool:
     """Poll an async predicate until true or the monotonic deadline passes."""
     while time.monotonic() < deadline:
