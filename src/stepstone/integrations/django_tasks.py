@@ -15,12 +15,16 @@ Each enqueued task is an instance of the workflow `django.task`: a timer until `
 not deferred), then one step that calls the task. Inside `transaction.atomic()` the enqueue is written
 by Django's own transaction (its psycopg 3 connection, `Client.start(connection=...)`): the task exists
 exactly when the transaction commits. A task that raises ends FAILED with its exception class and
-traceback, and is not retried (Django's semantics). Works with Django 6's `django.tasks` and with the
-`django-tasks` package on earlier Django versions.
+traceback, and is not retried (Django's semantics). Async task functions run to completion in the step
+(the worker runs the step in a thread of its own), and a task that takes a context gets one whose
+`task_result` is this run's. Works with Django 6's `django.tasks` and with the `django-tasks` package on
+earlier Django versions.
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import traceback
 from collections.abc import Mapping
@@ -36,13 +40,12 @@ from stepstone.errors import ConfigError
 
 try:  # Django 6
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import TaskError, TaskResult, TaskResultStatus
-    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.base import TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.exceptions import TaskResultDoesNotExist
     from django.utils.json import normalize_json
 except ImportError:  # the django-tasks package (Django 4.2 - 5.x)
     from django_tasks.backends.base import BaseTaskBackend
-    from django_tasks.base import TaskError, TaskResult, TaskResultStatus
-    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.base import TaskContext, TaskError, TaskResult, TaskResultStatus
     from django_tasks.exceptions import TaskResultDoesNotExist
     from django_tasks.utils import normalize_json
 
@@ -83,7 +86,7 @@ def _now() -> str:
 
 
 @django_task.step(retry=Retry(max_attempts=1))
-def run(_ctx: StepContext, state: DjangoTask) -> None:
+def run(ctx: StepContext, state: DjangoTask) -> None:
     """Call the task; its outcome is the instance's state (a task's failure ends the instance, FAILED)."""
     _setup_django()
     from django.utils.module_loading import import_string  # noqa: PLC0415
@@ -91,7 +94,12 @@ def run(_ctx: StepContext, state: DjangoTask) -> None:
     state.started_at = _now()
     try:
         task = import_string(state.task)
-        value = task.call(*state.args, **state.kwargs)
+        if task.takes_context:  # this run's result, as Django's own backends pass it
+            running = _task_result(task, ctx.instance_id, state, TaskResultStatus.RUNNING, None,
+                                   worker_ids=[f"{socket.gethostname()}:{os.getpid()}"])
+            value = task.call(TaskContext(task_result=running), *state.args, **state.kwargs)
+        else:
+            value = task.call(*state.args, **state.kwargs)  # an async function: run to its end here
         state.result = normalize_json(value)
         state.status = "SUCCESSFUL"
     except Exception as exc:  # noqa: BLE001 - a task's error is its result, as in Django's own backends
@@ -180,7 +188,7 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
     """Django tasks as stepstone instances: durable, retried on a crash, run by any `stepstone worker`."""
 
     supports_defer = True
-    supports_async_task = False
+    supports_async_task = True
     supports_get_result = True
     supports_priority = False
 
@@ -207,8 +215,6 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
-        if getattr(task, "takes_context", False):  # the step calls the task without one
-            raise InvalidTask("the stepstone backend does not support tasks that take a context yet")
         run_after = task.run_after.isoformat() if task.run_after is not None else _now()
         state = {"task": _module_path(task.func), "args": normalize_json(list(args)),
                  "kwargs": normalize_json(dict(kwargs)), "queue_name": task.queue_name, "backend": self.alias,
@@ -250,14 +256,20 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
             outcome = TaskResultStatus(state.status)
         else:
             outcome = TaskResultStatus.READY
-        errors = [TaskError(**state.error)] if state.error else []
-        started = datetime.fromisoformat(state.started_at) if state.started_at else None
-        result = TaskResult(
-            task=task, id=iid, status=outcome, enqueued_at=enqueued_at, started_at=started,
-            last_attempted_at=started,
-            finished_at=datetime.fromisoformat(state.finished_at) if state.finished_at else None,
-            args=state.args, kwargs=state.kwargs, backend=self.alias, errors=errors,
-            worker_ids=[],
-        )
-        object.__setattr__(result, "_return_value", state.result)
-        return result
+        return _task_result(task, iid, state, outcome, enqueued_at)
+
+
+def _task_result(task: Any, iid: str, state: DjangoTask, outcome: Any, enqueued_at: datetime | None,
+                 worker_ids: list[str] | None = None) -> Any:
+    """Django's TaskResult of the instance `iid` whose state is `state`."""
+    errors = [TaskError(**state.error)] if state.error else []
+    started = datetime.fromisoformat(state.started_at) if state.started_at else None
+    result = TaskResult(
+        task=task, id=iid, status=outcome, enqueued_at=enqueued_at, started_at=started,
+        last_attempted_at=started,
+        finished_at=datetime.fromisoformat(state.finished_at) if state.finished_at else None,
+        args=state.args, kwargs=state.kwargs, backend=state.backend, errors=errors,
+        worker_ids=worker_ids or [],
+    )
+    object.__setattr__(result, "_return_value", state.result)
+    return result

@@ -1,3 +1,5 @@
+import asyncio
+
 try:
     from django.tasks import task
 except ImportError:
@@ -16,4 +18,12 @@ def refuse(reason):
 
 @task(takes_context=True)
 def with_context(context, n):
-    return n
+    result = context.task_result
+    return {"id": result.id, "attempt": context.attempt, "status": str(result.status), "n": n,
+            "args": result.args}
+
+
+@task
+async def double_later(n):
+    await asyncio.sleep(0)  # a real suspension: the task runs on an event loop of its own
+    return 2 * n

@@ -19,7 +19,7 @@ except ImportError:
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
 
-from shop.tasks import add, refuse, with_context
+from shop.tasks import add, double_later, refuse, with_context
 from stepstone.integrations.django_tasks import _database_url, registry
 from stepstone.testing import open_engine
 
@@ -54,9 +54,25 @@ class StepstoneTasks(TransactionTestCase):
         self.assertIsInstance(backend, importlib.import_module(f"{framework}.backends.base").BaseTaskBackend)
         self.assertEqual(type(backend).__module__, "stepstone.integrations.django_tasks")
 
-    def test_a_task_that_takes_a_context_is_refused_at_enqueue(self):
-        with self.assertRaisesMessage(InvalidTask, "does not support tasks that take a context"):
-            with_context.enqueue(1)
+    def test_a_task_that_takes_a_context_gets_its_own_result(self):
+        result = with_context.enqueue(7)
+        run_worker()
+        result.refresh()
+        self.assertEqual(result.status, "SUCCESSFUL")
+        self.assertEqual(result.return_value, {"id": result.id, "attempt": 1, "status": "RUNNING", "n": 7,
+                                               "args": [7]})
+
+    def test_a_priority_is_refused_at_enqueue(self):
+        with self.assertRaises(InvalidTask) as refused:
+            add.using(priority=5).enqueue(1, 2)
+        self.assertIn("priority", str(refused.exception))
+
+    def test_an_async_task_runs_to_its_end(self):
+        result = double_later.enqueue(21)
+        run_worker()
+        result.refresh()
+        self.assertEqual(result.status, "SUCCESSFUL")
+        self.assertEqual(result.return_value, 42)
 
     def test_a_task_commits_with_the_transaction_and_runs(self):
         with transaction.atomic():
