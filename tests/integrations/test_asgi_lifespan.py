@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import pytest
 
 from stepstone.client import Client
-from stepstone.integrations.asgi import lifespan, stepstone_client
+from stepstone.integrations.asgi import lifespan, problem_responses, stepstone_client
 from tests.scheduling import workflows
 
 fastapi = pytest.importorskip("fastapi", reason="FastAPI is in the test extra")
@@ -55,6 +55,28 @@ def test_without_a_worker_the_app_only_starts(database_url: str) -> None:
             await client.close()
 
     assert asyncio.run(status()) == "PENDING"
+
+
+def test_problem_responses_answer_a_routes_stepstone_errors_as_the_api_does(database_url: str) -> None:
+    app = _app(database_url, worker=False)
+    problem_responses(app)
+
+    @app.get("/reports/{iid}")
+    async def show(iid: str, client: Annotated[Client, fastapi.Depends(stepstone_client)]) -> dict[str, Any]:
+        return {"status": (await client.get(iid)).status}
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("not stepstone's")
+
+    with testclient.TestClient(app, raise_server_exceptions=False) as http:
+        refused = http.post("/reports", json={"kind": 5})  # the state model wants a text
+        assert refused.status_code == 422, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["error"] == "InvalidInput" and "kind" in refused.json()["detail"]
+        missing = http.get("/reports/01a24b29-0000-7000-8000-000000000000")
+        assert missing.status_code == 404 and missing.json()["error"] == "InstanceNotFound"
+        assert http.get("/boom").status_code == 500  # other errors are the app's own
 
 
 def test_a_worker_needs_the_registry() -> None:

@@ -36,7 +36,7 @@ from stepstone.errors import (
     WaitTimeout,
 )
 
-__all__ = ["PROBLEM_JSON", "install_problem_handlers", "problem", "status_of"]
+__all__ = ["PROBLEM_JSON", "install_problem_handlers", "problem", "status_of", "stepstone_error_response"]
 
 log = logging.getLogger("stepstone.api")
 PROBLEM_JSON = "application/problem+json"
@@ -94,7 +94,8 @@ def _page(request: Request, status: int, title: str, detail: str) -> Response | 
     return response
 
 
-async def _stepstone_error(request: Request, exc: Exception) -> Response:
+async def stepstone_error_response(request: Request, exc: Exception) -> Response:
+    """A StepstoneError as the API answers it (an exception handler: the UI's page for a UI request)."""
     assert isinstance(exc, StepstoneError)
     status, name = status_of(exc), type(exc).__name__
     detail = str(exc).splitlines()[0] if str(exc) else name
@@ -146,7 +147,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def install_problem_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(StepstoneError, _stepstone_error)
+    app.add_exception_handler(StepstoneError, stepstone_error_response)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)

@@ -13,7 +13,9 @@ running in the same process.
 The client is in the lifespan state (`request.state.stepstone`) and on `app.state.stepstone`. With
 `worker=True` the app also runs the registry's workflows (an in-process worker, drained on shutdown:
 in-flight steps finish up to `drain_timeout`, the rest are released for other workers); without it,
-run `stepstone worker` beside the app.
+run `stepstone worker` beside the app. `problem_responses(app)` answers the stepstone errors a route
+lets through (bad input, an unknown instance, a business key in use) as stepstone's HTTP API does,
+not as 500s.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +24,7 @@ from typing import Any
 
 from stepstone.authoring.workflow import Registry
 from stepstone.client import Client
+from stepstone.errors import StepstoneError
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.factory import open_ready_store
 
@@ -30,7 +33,7 @@ try:  # FastAPI injects the request by this annotation (resolved at run time: no
 except ImportError:  # without starlette there is nothing to inject into
     HTTPConnection = Any  # type: ignore[misc,assignment]
 
-__all__ = ["lifespan", "stepstone_client"]
+__all__ = ["lifespan", "problem_responses", "stepstone_client"]
 
 
 def lifespan(
@@ -72,3 +75,15 @@ def stepstone_client(request: HTTPConnection) -> Client:
     if not isinstance(client, Client):
         raise TypeError("no stepstone client on this app: pass lifespan=stepstone.integrations.asgi.lifespan(...)")
     return client
+
+
+def problem_responses(app: Any) -> None:
+    """Answer a stepstone error that a route of `app` lets through as stepstone's HTTP API answers it: its
+    status (InvalidInput 422, NotFound 404, Conflict 409, Unavailable 503, ...; docs/api.md, "Errors") and
+    a problem+json body naming the error and its fields, instead of a 500 and a traceback in the log.
+    Other exceptions are left to the app. Needs FastAPI (`pip install 'stepstone[api]'`)."""
+    try:
+        from stepstone.api.problems import stepstone_error_response  # noqa: PLC0415 - FastAPI is optional
+    except ImportError as exc:
+        raise ImportError(f"problem_responses needs FastAPI (pip install 'stepstone[api]'): {exc}") from None
+    app.add_exception_handler(StepstoneError, stepstone_error_response)
