@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.core.pin import pin_of
 from stepstone.testing import Engine, open_engine
 
 
@@ -104,3 +105,30 @@ async def test_a_child_no_version_can_admit_fails_its_step_clearly_then_runs_onc
     info = await engine.client.get(info.id)
     assert info.status == "COMPLETED", info.error
     assert [(await engine.client.get(c["id"])).version for c in info.children] == [2]
+
+
+async def test_a_worker_without_the_selected_child_version_retries_the_step_then_one_with_it_runs_it(
+    engine: Engine, database_url: str
+) -> None:
+    """A rolling deploy: v3 of the child is recorded and activated by a deploy this worker is not part of."""
+    newer = kid(3)
+    await engine.store.register(pin_of(newer), newer.plan.document())
+    await engine.store.definitions.activate("default", "kid", 3)
+    iid = await engine.client.start(parent, {})
+    await engine.run_until_idle()
+    await engine.advance(minutes=5)  # the step's retries, each failing the same way
+    info = await engine.client.get(iid)
+    assert info.status == "FAILED" and info.children == []
+    assert info.error["type"] == "DefinitionNotFound"
+    message = info.error["message"]
+    assert "child step 'spawn'" in message and "kid" in message and "deploy it to every worker" in message
+    history = [h["kind"] for h in await engine.client.history(iid)]
+    # each attempt failed the same way (retried: a deploy may catch up), then the instance, not a dead letter
+    assert history == ["INSTANCE_STARTED", "STEP_FAILED", "STEP_FAILED", "STEP_FAILED", "INSTANCE_FAILED"]
+
+    async with open_engine(database_url, Registry(kid(1), kid(2), newer, parent)) as deployed:
+        await deployed.client.retry(iid)
+        await deployed.run_until_idle()
+        info = await deployed.client.get(iid)
+        assert info.status == "COMPLETED", info.error
+        assert info.state["kid_version"] == 3
