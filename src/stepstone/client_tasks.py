@@ -334,7 +334,7 @@ class TaskOperations(TaskFilterOperations):
 
     def _checked_payload(self, row: dict[str, Any], decision: str, payload: Any) -> Any:
         """The payload as JSON, validated by the decision's model (or, without the workflow's code here,
-        by the form's required fields)."""
+        by the decision's JSON Schema in the task's form)."""
         try:
             self.limits.encode("task payload", payload)
         except PayloadRejected as exc:
@@ -394,8 +394,8 @@ class TaskOperations(TaskFilterOperations):
 
 
 def _check_form(form: Any, decision: str, payload: Any) -> Any:
-    """The form's schema for one decision, checked as far as a plain reading goes: a decision without
-    a payload model takes none; an object payload has its required fields."""
+    """The payload checked by the decision's schema in the task's form (a client without the workflow's
+    code: the CLI, the API or the UI run without --app): a decision without a payload model takes none."""
     choices = form.get("oneOf", []) if isinstance(form, dict) else []
     schema = next((c["properties"]["payload"] for c in choices
                    if c.get("properties", {}).get("decision", {}).get("const") == decision), None)
@@ -405,13 +405,17 @@ def _check_form(form: Any, decision: str, payload: Any) -> Any:
         if payload is not None:
             raise InvalidInput(f"decision {decision!r} takes no payload", what="payload")
         return None
-    if schema.get("type") == "object":
-        if not isinstance(payload, dict):
-            raise InvalidInput(f"payload of decision {decision!r} must be a JSON object", what="payload")
-        missing = [f for f in schema.get("required", []) if f not in payload]
-        if missing:
-            raise InvalidInput(f"payload of decision {decision!r} is invalid: missing {', '.join(missing)}",
-                               what="payload")
+    # Imported here, as authoring.documents does: jsonschema is tens of ms of every command's start-up.
+    import jsonschema  # noqa: PLC0415
+
+    # The payload's schema is validated as a document of its own: its $refs point into its own $defs.
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(payload))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "payload"
+        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
+        if error.validator == "required" and isinstance(error.instance, dict):
+            message = "missing " + ", ".join(str(f) for f in error.validator_value if f not in error.instance)
+        raise InvalidInput(f"payload of decision {decision!r} is invalid: {where}: {message}", what="payload")
     return payload
 
 

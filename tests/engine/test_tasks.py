@@ -12,6 +12,8 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from stepstone.authoring.workflow import Registry
+from stepstone.client import Client
 from stepstone.client_tasks import TaskFilter
 from stepstone.errors import (
     IdempotencyConflict,
@@ -107,6 +109,27 @@ async def test_bad_completions_are_refused_and_change_nothing(engine: Engine, co
     with pytest.raises(InvalidInput, match="actor"):
         await engine.client.complete_task(tid, "approve", {"comment": "x"})
     assert await snapshot() == before
+
+
+async def test_a_client_without_the_workflow_checks_the_payload_by_the_form(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """The CLI, the API and the UI may run without the workflow's code: the payload is then checked by
+    the task's form, every field of it, not only the required ones."""
+    _, tid = await _open_expense(engine)
+    bare = Client(engine.store, Registry(), actor="alice")
+    before = await conn.fetch("SELECT status, completion FROM stepstone.tasks")
+    with pytest.raises(InvalidInput, match="comment"):
+        await bare.complete_task(tid, "approve", {"comment": ["not", "text"]}, groups=["finance"])
+    with pytest.raises(InvalidInput, match="approved_amount"):
+        await bare.complete_task(tid, "approve", {"comment": "ok", "approved_amount": "lots"}, groups=["finance"])
+    with pytest.raises(InvalidInput, match="comment"):
+        await bare.complete_task(tid, "approve", {"approved_amount": 3}, groups=["finance"])
+    with pytest.raises(InvalidInput, match="takes no payload"):
+        await bare.complete_task(tid, "reject", {"why": "no"}, groups=["finance"])
+    assert await conn.fetch("SELECT status, completion FROM stepstone.tasks") == before
+    done = await bare.complete_task(tid, "approve", {"comment": "ok", "approved_amount": 3}, groups=["finance"])
+    assert done.task.completion["payload"] == {"comment": "ok", "approved_amount": 3}
 
 
 async def test_two_completions_at_once_one_wins(engine: Engine) -> None:

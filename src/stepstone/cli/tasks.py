@@ -291,7 +291,7 @@ def complete_command(settings: Settings, registry: Registry | None, output: str,
                      payload: str | None, reviewed_version: int | None, idempotency_key: str | None,
                      actor: str | None, groups: tuple[str, ...], admin: bool) -> None:
     """Complete a task with DECISION; a worker then moves its instance on. With --app the payload is
-    checked by the decision's model, else by the form's required fields."""
+    checked by the decision's model, else by its JSON Schema in the task's form."""
     who = _actor(actor)
     data = parse_json(payload, "--payload") if payload is not None else None
     done = _run(settings, registry, lambda c: c.complete_task(
