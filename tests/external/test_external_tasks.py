@@ -171,6 +171,26 @@ async def test_a_cancelled_instance_task_is_not_handed_out_nor_completed(engine:
     assert {t["status"] for t in await tasks.list()} == {"CANCELLED"}
 
 
+async def test_cancelling_the_instance_ends_its_task_at_once(engine: Engine, tasks: ExternalTasks) -> None:
+    """Not only when a fetch or an answer trips over it: the list shows it ended, and the worker holding
+    it learns so from its next lock extension (the ExternalWorker then drops its handler's answer)."""
+    held_iid = await _started(engine, "A-1")
+    other_iid = await _started(engine, "A-2")
+    [held] = await tasks.fetch_and_lock("w1", ["payments"], max_tasks=1)
+    await engine.client.cancel(held_iid, "customer left")
+    await engine.client.cancel(other_iid, "customer left")
+    listed = await tasks.list()
+    assert {t["status"] for t in listed} == {"CANCELLED"}
+    assert {t["last_error"] for t in listed} == {"NOT_AWAITED"}
+    assert await tasks.list(status="open") == []
+    with pytest.raises(TaskEnded) as refused:
+        await tasks.extend_lock(held.id, held.lock_token, 30)
+    assert refused.value.reason == "not_awaited" and refused.value.status == "CANCELLED"
+    with pytest.raises(TaskEnded) as refused:
+        await tasks.complete(held.id, held.lock_token, {})
+    assert refused.value.reason == "not_awaited"
+
+
 async def test_concurrent_fetches_never_hand_one_task_to_two_workers(engine: Engine, tasks: ExternalTasks) -> None:
     ids = [await engine.client.start(payment, {"order_id": f"o-{n}", "amount": n}) for n in range(60)]
     await engine.run_until_idle()

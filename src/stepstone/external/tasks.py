@@ -300,9 +300,11 @@ def _refusal(task_id: str, outcome: str, status: str | None) -> StepstoneError:
     if outcome == "lock_expired":
         return LockExpired(f"{where}: the lock expired before the answer; fetch it again", task_id=task_id,
                            reason=outcome, status=status)
-    if outcome == "not_awaited":
+    if outcome == "not_awaited" or (outcome == "not_open" and status == "CANCELLED"):
+        # A task is CANCELLED only when its position no longer waits for it (migration 0049: its
+        # cancellation cancels it at once), so an answer to one is told so, however it was closed.
         return TaskEnded(f"{where}: its position no longer waits for it (cancelled or moved on)", task_id=task_id,
-                         reason=outcome, status=status)
+                         reason="not_awaited", status=status)
     if outcome == "not_open":
         return TaskEnded(f"{where} is {status} already", task_id=task_id, reason=outcome, status=status)
     return TaskLockRefused(f"{where}: refused ({outcome})", task_id=task_id, reason=outcome, status=status)

@@ -2173,8 +2173,8 @@ CREATE TRIGGER commands_recorded
     FOR EACH ROW WHEN (NEW.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND NEW.state = 'PENDING')
     EXECUTE FUNCTION {{schema}}.command_recorded();
 
--- A cancelled position (the instance cancelled, a join's losers) cancels its open tasks and closes
--- its subscriptions.
+-- A cancelled position (the instance cancelled, a join's losers) cancels its open tasks, human and
+-- external, and closes its subscriptions (migration 0049: external tasks too).
 CREATE FUNCTION {{schema}}.close_position_waits() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2182,6 +2182,9 @@ DECLARE
 BEGIN
     UPDATE {{schema}}.tasks k SET status = 'CANCELLED', ended_at = v_now, updated_at = v_now
     WHERE k.instance_id = NEW.instance_id AND k.position = NEW.path AND k.status IN ('OPEN', 'COMPLETING');
+    UPDATE {{schema}}.external_tasks x SET status = 'CANCELLED', last_error = 'NOT_AWAITED', updated_at = v_now,
+        ended_at = v_now
+    WHERE x.instance_id = NEW.instance_id AND x.position = NEW.path AND x.status = 'OPEN';
     UPDATE {{schema}}.subscriptions s SET status = 'CLOSED', closed_at = v_now
     WHERE s.instance_id = NEW.instance_id AND s.position = NEW.path AND s.status = 'OPEN';
     RETURN NULL;
@@ -5274,3 +5277,7 @@ BEGIN
                 v_payload, p_now, p_now);
     END LOOP;
 END $$;
+
+-- ==== version 49 (migration 0049_task_fixes) ====
+-- close_position_waits (with the tasks' functions above) cancels a cancelled position's external tasks
+-- too; why: the migration's header.
