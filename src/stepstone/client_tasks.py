@@ -280,7 +280,7 @@ class TaskOperations(TaskFilterOperations):
         entry; tasks being completed are skipped and counted. `dry_run` counts and changes nothing."""
         who = self._who(actor)
         done, skipped = await self.store.task_reassign_all(
-            self._task_text("from user", from_user), self._task_text("to user", to_user), actor=who,
+            self._user("from user", from_user), self._user("to user", to_user), actor=who,
             reason=self._task_text("reason", reason, free=True), dry_run=dry_run,
         )
         return BulkReassignment(done, skipped, dry_run)
@@ -294,7 +294,7 @@ class TaskOperations(TaskFilterOperations):
         tid = self._task_text("task id", task_id)
         who = self._who(actor)
         if to is not None:
-            self._task_text("to", to)
+            self._user("to", to)
         reason = self._task_text("reason", reason, free=True)
         outcome, task = await self.store.task_assign(
             tid, op, to=to, actor=who, groups=self._groups(groups), force=admin, reason=reason,
@@ -379,12 +379,21 @@ class TaskOperations(TaskFilterOperations):
         if not who:
             raise InvalidInput("a task operation needs an actor (pass actor=, or open the client with one)",
                                what="actor")
-        return self._task_text("actor", who)
+        return self._user("actor", who)
 
     def _groups(self, groups: Sequence[str]) -> list[str]:
         if isinstance(groups, str):
             raise InvalidInput("groups must be a list of names, not one string", what="groups")
-        return sorted({self._task_text("group", g) for g in groups})
+        return sorted({self._user("group", g) for g in groups})
+
+    def _user(self, what: str, value: Any) -> str:
+        """A user's or a group's name, as a token's name and groups are checked (`Limits.check_label`): one
+        with spaces around it or a control character is no token's, so a task given to it would be in
+        nobody's inbox."""
+        try:
+            return self.limits.check_label(what, value)
+        except PayloadRejected as exc:
+            raise refused(exc) from None
 
     def _task_text(self, what: str, value: Any, *, free: bool = False) -> str:
         try:

@@ -132,6 +132,30 @@ async def test_a_client_without_the_workflow_checks_the_payload_by_the_form(
     assert done.task.completion["payload"] == {"comment": "ok", "approved_amount": 3}
 
 
+async def test_a_user_name_no_token_can_have_is_refused(engine: Engine, conn: asyncpg.Connection) -> None:
+    """A task given to " bob" (a pasted name) or "bob\n" was in nobody's inbox: a token's name, the user of
+    an inbox, never has spaces around it nor a control character. Such names are refused, nothing changed."""
+    iid, tid = await _open_expense(engine)
+    await engine.client.claim_task(tid, actor="alice", groups=["finance"])
+
+    async def snapshot() -> list[tuple[object, ...]]:
+        rows = await conn.fetch("SELECT assignee, owner, delegation FROM stepstone.tasks")
+        return [tuple(r.values()) for r in rows]
+
+    before, history = await snapshot(), await _kinds(engine, iid)
+    for name in (" bob", "bob ", "bob\n", "b\tob"):
+        with pytest.raises(InvalidInput, match="to"):
+            await engine.client.reassign_task(tid, name, actor="alice")
+        with pytest.raises(InvalidInput, match="to"):
+            await engine.client.delegate_task(tid, name, actor="alice")
+        with pytest.raises(InvalidInput, match="to user"):
+            await engine.client.reassign_all_tasks("alice", name, actor="lead")
+        with pytest.raises(InvalidInput, match="actor"):
+            await engine.client.claim_task(tid, actor=name, groups=["finance"], admin=True)
+    assert await snapshot() == before and await _kinds(engine, iid) == history
+    assert (await engine.client.reassign_task(tid, "bob smith", actor="alice")).assignee == "bob smith"
+
+
 async def test_two_completions_at_once_one_wins(engine: Engine) -> None:
     iid, tid = await _open_expense(engine)
     results = await asyncio.gather(
