@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -115,6 +116,27 @@ async def test_failures_retry_with_backoff_then_an_incident_an_operator_retries(
     await tasks.complete(task.id, task.lock_token, {"charge_id": "ch-9"})
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
+
+
+async def test_every_failed_attempt_is_in_the_history(engine: Engine, tasks: ExternalTasks) -> None:
+    """A failure that is retried left no trace in the instance's history (only the task row's last
+    error): an operator reading `stepstone history --failed` saw nothing of the attempts before the last."""
+    iid = await _started(engine)
+    task = await _one(tasks, "w1")
+    first = await tasks.fail(task.id, task.lock_token, "gateway timeout", details={"http": 504})
+    await engine.move_clock(11)
+    task = await _one(tasks, "w2")
+    await tasks.fail(task.id, task.lock_token, "gateway timeout", worker_id="w2-named", retry_delay=0)
+    failed = (await engine.client.history_page(iid, failed_only=True)).entries
+    assert [(e.kind, e.step, e.outcome) for e in failed] == [
+        ("EXTERNAL_TASK_ATTEMPT_FAILED", "charge", "external task attempt failed")] * 2
+    retry_at = failed[0].data.pop("available_at")
+    assert failed[0].data == {"task_id": task.id, "worker": "w1", "message": "gateway timeout",
+                              "details": {"http": 504}, "attempt": 1, "retries": 2}
+    assert datetime.fromisoformat(retry_at) == first.available_at
+    assert failed[1].data["worker"] == "w2-named" and failed[1].data["attempt"] == 2
+    assert failed[1].data["retries"] == 1
+    assert failed[0].actor is not None and (failed[0].actor.kind, failed[0].actor.id) == ("service", "w1")
 
 
 async def test_a_worker_may_set_retries_and_delay(engine: Engine, tasks: ExternalTasks) -> None:

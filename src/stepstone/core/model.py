@@ -47,8 +47,8 @@ RUNS_STEP = frozenset({"START", "STEP", "RETRY"})
 
 FAILURE_KINDS = frozenset({
     "STEP_FAILED", "INSTANCE_FAILED", "BRANCH_FAILED", "COMMAND_DEAD_LETTERED", "CHILD_FAILED",
-    "EXTERNAL_TASK_FAILED", "COMPENSATION_ATTEMPT_FAILED", "COMPENSATION_FAILED", "DEADLINE_PASSED",
-    "STEP_DEADLINE_PASSED", "STEP_DEADLINE_EXCEEDED",
+    "EXTERNAL_TASK_FAILED", "EXTERNAL_TASK_ATTEMPT_FAILED", "COMPENSATION_ATTEMPT_FAILED", "COMPENSATION_FAILED",
+    "DEADLINE_PASSED", "STEP_DEADLINE_PASSED", "STEP_DEADLINE_EXCEEDED",
 })
 """History entries that record something going wrong: what a history of failures only shows (the CLI's
 `history --failed`, the API's `failed_only`, the UI), one list for all of them."""

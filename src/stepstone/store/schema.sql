@@ -3166,7 +3166,7 @@ INSERT INTO {{schema}}.effect_sections VALUES ('external_tasks', 50, 'open_exter
 -- 'error' (p_error: code, message, details) or 'failed' (p_error: message, details; p_retries and
 -- p_retry_delay may override the task's own retry metadata: retried while retries remain).
 -- outcome: 'recorded' (command_id: the EXTERNAL_COMPLETION on the position), 'retrying'
--- (available_at: when it is offered again), 'duplicate' (this lock already answered so: the same
+-- (available_at: when it is offered again; the attempt is in the history, migration 0049), 'duplicate' (this lock already answered so: the same
 -- command), 'not_found', 'lock_lost' (the token does not hold the task: never locked by it, or the
 -- lock moved to another worker), 'lock_expired', 'not_open' (the task already ended; status says
 -- how) or 'not_awaited' (its position no longer waits for it; the task is cancelled).
@@ -3227,6 +3227,15 @@ BEGIN
                 lock_token = NULL, lock_owner = NULL, lock_until = NULL, updated_at = v_now
             WHERE x.id = p_task
             RETURNING x.available_at INTO t.available_at;
+            -- The attempt, in the instance's history (a failure without retries left is recorded by the
+            -- worker that applies its EXTERNAL_COMPLETION: EXTERNAL_TASK_FAILED).
+            PERFORM {{schema}}.append_history(
+                t.instance_id, t.position, 'EXTERNAL_TASK_ATTEMPT_FAILED', t.step, t.visit,
+                jsonb_build_object('kind', 'service', 'id', COALESCE(p_worker, t.lock_owner))::text,
+                jsonb_build_object('task_id', t.id, 'worker', COALESCE(p_worker, t.lock_owner),
+                                   'message', p_error->>'message', 'details', p_error->'details',
+                                   'attempt', t.attempts + 1, 'retries', v_left, 'available_at', t.available_at),
+                v_now);
             RETURN QUERY SELECT 'retrying', NULL::bigint, 'OPEN'::text, t.available_at, v_left;
             RETURN;
         END IF;
@@ -5280,4 +5289,5 @@ END $$;
 
 -- ==== version 49 (migration 0049_task_fixes) ====
 -- close_position_waits (with the tasks' functions above) cancels a cancelled position's external tasks
--- too; why: the migration's header.
+-- too, and answer_external_task (with the external tasks' functions above) records a retried failure in
+-- the history; why: the migration's header.
