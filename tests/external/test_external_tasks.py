@@ -139,6 +139,31 @@ async def test_every_failed_attempt_is_in_the_history(engine: Engine, tasks: Ext
     assert failed[0].actor is not None and (failed[0].actor.kind, failed[0].actor.id) == ("service", "w1")
 
 
+async def test_a_retried_failure_sent_again_is_a_duplicate(engine: Engine, tasks: ExternalTasks) -> None:
+    """A worker that lost the reply to its failure and sends it again got `lock_lost` ("another worker
+    has it"), unlike a repeated completion: the retry had released the token. It is the first answer
+    again now, marked duplicate, and nothing more is counted; other answers with that token are refused."""
+    iid = await _started(engine)
+    task = await _one(tasks)
+    first = await tasks.fail(task.id, task.lock_token, "gateway timeout")
+    again = await tasks.fail(task.id, task.lock_token, "gateway timeout")
+    assert (again.status, again.duplicate, again.command_id) == ("OPEN", True, None)
+    assert not first.duplicate and first.retries == 2
+    [row] = await tasks.list()
+    assert (row["attempts"], row["retries"]) == (1, 2)
+    assert len((await engine.client.history_page(iid, failed_only=True)).entries) == 1
+    with pytest.raises(LockLost):
+        await tasks.complete(task.id, task.lock_token, {"charge_id": "late"})
+    await engine.move_clock(11)
+    refetched = await _one(tasks, "w2")
+    assert (await tasks.fail(task.id, task.lock_token, "gateway timeout")).duplicate  # still that answer
+    with pytest.raises(LockLost):
+        await tasks.extend_lock(task.id, task.lock_token, 30)
+    await tasks.complete(refetched.id, refetched.lock_token, {"charge_id": "ch-2"})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["receipt"] == "A-1 paid with ch-2"
+
+
 async def test_a_worker_may_set_retries_and_delay(engine: Engine, tasks: ExternalTasks) -> None:
     iid = await _started(engine)
     task = await _one(tasks)

@@ -3191,6 +3191,11 @@ BEGIN
     END IF;
     PERFORM 1 FROM {{schema}}.instances i WHERE i.id = v_inst FOR UPDATE;
     SELECT * INTO t FROM {{schema}}.external_tasks x WHERE x.id = p_task FOR UPDATE;
+    -- A failure sent again with the token its retry released (a worker that lost the reply): that answer.
+    IF p_outcome = 'failed' AND t.released_token = p_token THEN
+        RETURN QUERY SELECT 'duplicate', NULL::bigint, 'OPEN'::text, NULL::timestamptz, NULL::integer;
+        RETURN;
+    END IF;
     IF t.lock_token IS DISTINCT FROM p_token THEN
         RETURN QUERY SELECT 'lock_lost', NULL::bigint, t.status, t.available_at, t.retries;
         RETURN;
@@ -3224,7 +3229,8 @@ BEGIN
             UPDATE {{schema}}.external_tasks x SET retries = v_left, attempts = x.attempts + 1,
                 last_error = p_error->>'message', error_details = p_error->'details',
                 available_at = v_now + make_interval(secs => GREATEST(v_delay, 0)),
-                lock_token = NULL, lock_owner = NULL, lock_until = NULL, updated_at = v_now
+                lock_token = NULL, released_token = p_token, lock_owner = NULL, lock_until = NULL,
+                updated_at = v_now
             WHERE x.id = p_task
             RETURNING x.available_at INTO t.available_at;
             -- The attempt, in the instance's history (a failure without retries left is recorded by the
@@ -5290,4 +5296,5 @@ END $$;
 -- ==== version 49 (migration 0049_task_fixes) ====
 -- close_position_waits (with the tasks' functions above) cancels a cancelled position's external tasks
 -- too, and answer_external_task (with the external tasks' functions above) records a retried failure in
--- the history; why: the migration's header.
+-- the history and knows a retried failure sent again (released_token); why: the migration's header.
+ALTER TABLE {{schema}}.external_tasks ADD COLUMN released_token uuid;

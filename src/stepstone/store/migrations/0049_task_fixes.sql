@@ -12,8 +12,14 @@
 -- task row's last error: `stepstone history --failed` showed nothing of the attempts before the last.
 -- Now each is an EXTERNAL_TASK_ATTEMPT_FAILED entry (the worker as a service actor; its message,
 -- details, attempt, the retries left and when it is offered again).
--- Expand only: close_position_waits and answer_external_task are replaced with the same signatures;
--- the trigger is unchanged.
+--
+-- A worker that lost the reply to a failure that was retried, and sent it again with the same token,
+-- got lock_lost ("another worker has it"), where a repeated completion is told `duplicate`: the retry
+-- had released the token. The released token is kept (released_token) and a failure sent again with
+-- it is that answer again, `duplicate`, counted once; any other answer with it is still refused.
+-- Expand only: a nullable column; close_position_waits and answer_external_task are replaced with the
+-- same signatures; the trigger is unchanged.
+ALTER TABLE {{schema}}.external_tasks ADD COLUMN released_token uuid;
 
 -- A cancelled position (the instance cancelled, a join's losers) cancels its open tasks, human and
 -- external, and closes its subscriptions.
@@ -61,6 +67,11 @@ BEGIN
     END IF;
     PERFORM 1 FROM {{schema}}.instances i WHERE i.id = v_inst FOR UPDATE;
     SELECT * INTO t FROM {{schema}}.external_tasks x WHERE x.id = p_task FOR UPDATE;
+    -- A failure sent again with the token its retry released (a worker that lost the reply): that answer.
+    IF p_outcome = 'failed' AND t.released_token = p_token THEN
+        RETURN QUERY SELECT 'duplicate', NULL::bigint, 'OPEN'::text, NULL::timestamptz, NULL::integer;
+        RETURN;
+    END IF;
     IF t.lock_token IS DISTINCT FROM p_token THEN
         RETURN QUERY SELECT 'lock_lost', NULL::bigint, t.status, t.available_at, t.retries;
         RETURN;
@@ -94,7 +105,8 @@ BEGIN
             UPDATE {{schema}}.external_tasks x SET retries = v_left, attempts = x.attempts + 1,
                 last_error = p_error->>'message', error_details = p_error->'details',
                 available_at = v_now + make_interval(secs => GREATEST(v_delay, 0)),
-                lock_token = NULL, lock_owner = NULL, lock_until = NULL, updated_at = v_now
+                lock_token = NULL, released_token = p_token, lock_owner = NULL, lock_until = NULL,
+                updated_at = v_now
             WHERE x.id = p_task
             RETURNING x.available_at INTO t.available_at;
             -- The attempt, in the instance's history (a failure without retries left is recorded by the
