@@ -58,6 +58,28 @@ async def test_inbox_lists_my_tasks_in_order_with_count_and_keyset_pages(api: Ap
     assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
 
 
+async def test_the_inbox_hides_what_was_put_aside_until_later(api: Api) -> None:
+    """The follow-up filters of the inbox (docs/tasks.md) that Python and the CLI take were ignored over
+    HTTP: a task put aside until next year was in every page and count."""
+    mia = await api.token("task_worker", name="mia")
+    now_task = await _expense(api, "ann")
+    later = await api.engine.client.start("expense", {"employee": "ben", "amount": 40,
+                                                      "call_at": "2100-01-01T09:00:00+00:00"})
+    await api.engine.run_until_idle()
+
+    async def listed(**params: Any) -> tuple[list[str], int]:
+        items = (await api.http.get(f"{V1}/tasks", headers=mia, params=params)).json()["items"]
+        count = (await api.http.get(f"{V1}/tasks/count", headers=mia, params=params)).json()["count"]
+        return [t["instance_id"] for t in items], count
+
+    assert await listed() == ([now_task, later], 2)
+    assert await listed(hide_later_follow_ups="true") == ([now_task], 1)
+    assert await listed(follow_up_before="2099-12-31T00:00:00Z") == ([now_task], 1)
+    assert await listed(follow_up_before="2100-01-01T09:00:00Z") == ([now_task, later], 2)
+    r = await api.http.get(f"{V1}/tasks", headers=mia, params={"follow_up_before": "soon"})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput")
+
+
 async def test_a_tokens_groups_offer_it_their_tasks(api: Api) -> None:
     """The expense task is offered to the user mia and the group finance: a token of another name sees
     it only when the token is in that group."""

@@ -53,6 +53,7 @@ class Expense(BaseModel):
     employee: str
     amount: int
     approver: str | None = None
+    call_at: str | None = None
     outcome: str = ""
     comment: str = ""
 
@@ -72,7 +73,8 @@ def submit(ctx: StepContext, state: Expense) -> None:
 
 expense.task("approve", title="Approve {employee}'s expense", decisions={"approve": "pay", "reject": "decline"},
              payloads={"approve": Approval}, assignee=from_state("approver"), candidate_users=["mia"],
-             candidate_groups=["finance"], show=("employee", "amount"), priority=60)
+             candidate_groups=["finance"], show=("employee", "amount"), priority=60,
+             follow_up=from_state("call_at"))
 
 
 @expense.step(next=None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import Field
 
 from stepstone.api import task_operations as tasks
@@ -44,34 +44,40 @@ class Handover(Override):
     idempotency_key: str | None = Field(default=None, max_length=500)
 
 
-def _where(workflow: str | None, priority_at_least: int | None, due_before: datetime | None,
-           candidate_group: str | None, text: str | None) -> TaskFilter:
-    return TaskFilter(workflow=workflow, priority_at_least=priority_at_least, due_before=due_before,
-                      candidate_group=candidate_group, text=text)
-
-
 Priority = Annotated[int | None, Query(ge=-MAX_INT4 - 1, le=MAX_INT4)]
+
+
+def _where(
+    workflow: Text = None, priority_at_least: Priority = None, due_before: datetime | None = None,
+    candidate_group: Text = None, text: Text = None,
+    follow_up_before: Annotated[datetime | None, Query(
+        description="Only tasks without a follow-up date or with one at or before this instant.")] = None,
+    hide_later_follow_ups: Annotated[bool, Query(
+        description="Leave out the tasks put aside until a follow-up date still to come (the database's now).",
+    )] = False,
+) -> TaskFilter:
+    """The inbox's filters, the same query parameters for a page and its count."""
+    return TaskFilter(workflow=workflow, priority_at_least=priority_at_least, due_before=due_before,
+                      candidate_group=candidate_group, text=text, follow_up_before=follow_up_before,
+                      hide_later_follow_ups=hide_later_follow_ups)
+
+
+Where = Annotated[TaskFilter, Depends(_where)]
 
 
 @router.get("", summary="Open tasks in inbox order (priority, then oldest)")
 async def list_tasks(
-    request: Request, who: Caller, mode: Annotated[Mode, _MODE] = "inbox", workflow: Text = None,
-    priority_at_least: Priority = None, due_before: datetime | None = None, candidate_group: Text = None,
-    text: Text = None, cursor: Annotated[str | None, Query(max_length=1000)] = None,
+    request: Request, who: Caller, where: Where, mode: Annotated[Mode, _MODE] = "inbox",
+    cursor: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
 ) -> dict[str, Any]:
-    return await tasks.inbox(context_of(request), who, mode=mode, cursor=cursor, limit=limit,
-                             where=_where(workflow, priority_at_least, due_before, candidate_group, text))
+    return await tasks.inbox(context_of(request), who, mode=mode, cursor=cursor, limit=limit, where=where)
 
 
 @router.get("/count", summary="How many open tasks the same query lists")
-async def count_tasks(
-    request: Request, who: Caller, mode: Annotated[Mode, _MODE] = "inbox", workflow: Text = None,
-    priority_at_least: Priority = None, due_before: datetime | None = None, candidate_group: Text = None,
-    text: Text = None,
-) -> dict[str, Any]:
-    return await tasks.count(context_of(request), who, mode=mode,
-                             where=_where(workflow, priority_at_least, due_before, candidate_group, text))
+async def count_tasks(request: Request, who: Caller, where: Where,
+                      mode: Annotated[Mode, _MODE] = "inbox") -> dict[str, Any]:
+    return await tasks.count(context_of(request), who, mode=mode, where=where)
 
 
 @router.get("/{task_id}", summary="A task: who holds it, its decisions and their form, what it shows")
