@@ -107,6 +107,11 @@ def test_saved_filters_and_follow_up_dates_on_the_command_line(database_url: str
     assert cli("tasks", "filters", "delete", "today", "--as", "dee").stdout.strip() == "deleted task filter today"
     assert "no saved task filter 'today'" in cli.error("tasks", "filters", "delete", "today", "--as", "dee")
     assert "who does this" in cli.error("tasks", "filters", "list")
+    # `list` and `count` have no --as: the error names the option they take
+    for command in ("list", "count"):
+        message = cli.error("tasks", command, "--filter", "today")
+        assert "whose inbox? pass --user USER or set STEPSTONE_ACTOR" in message, message
+        assert "--as" not in cli("tasks", command, "--help").stdout
 
 
 def test_messages_publish_says_what_happened(database_url: str) -> None:

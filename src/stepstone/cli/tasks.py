@@ -128,7 +128,7 @@ def _filter_options(func: Callable[..., T]) -> Callable[..., T]:
 def _inbox_options(func: Callable[..., T]) -> Callable[..., T]:
     """Whose inbox, how, and its filters: the options of `list` and `count`."""
     for option in reversed([
-        click.option("--user", type=TEXT, metavar="USER", help="Whose inbox (default: --as / STEPSTONE_ACTOR)."),
+        click.option("--user", type=TEXT, metavar="USER", help=f"Whose inbox (default: {ACTOR_ENV})."),
         click.option("--group", "groups", type=TEXT, multiple=True, metavar="G",
                      help="A group of the user (repeat for several)."),
         click.option("--mode", type=click.Choice(INBOX_MODES), default=None,
@@ -152,7 +152,9 @@ def _where(**options: Any) -> TaskFilter:
 def _inbox_call(user: str | None, mode: str | None, saved_filter: str | None, scope: str | None,
                 filters: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of `Client.tasks` / `count_tasks` for the inbox options."""
-    who = user or os.environ.get(ACTOR_ENV) or (None if mode == "all" else _actor(None))
+    who = user or os.environ.get(ACTOR_ENV) or None
+    if who is None and mode != "all":
+        raise CliError(f"whose inbox? pass --user USER or set {ACTOR_ENV}")
     if saved_filter is None:
         return {"user": who, "mode": mode, "where": _where(scope=scope, **filters)}
     if mode is not None or any(v not in (None, False) for v in filters.values()):
