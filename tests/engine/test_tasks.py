@@ -25,7 +25,7 @@ from stepstone.errors import (
     UnknownDecision,
 )
 from stepstone.testing import Engine, open_engine
-from tests.engine.task_workflows import Expense, expense, parallel, registry, review
+from tests.engine.task_workflows import Expense, callback, expense, parallel, registry, review
 
 
 @pytest.fixture
@@ -384,3 +384,20 @@ async def test_a_name_from_the_state_longer_than_an_index_holds_fails_the_instan
     assert info.error is not None and info.error["type"] == "InvalidTask"
     assert "assignee from the state has 6,000 characters; at most 500" in info.error["message"]
     assert await engine.client.instance_tasks(iid) == ()
+
+
+async def test_a_follow_up_or_due_date_from_the_state_that_is_no_instant_fails_the_instance(engine: Engine) -> None:
+    """A naive timestamp (a pydantic field set to datetime.now()) or a word gave the task no date at all,
+    silently: no escalation ever came. It fails the instance now, as a timer step's `until` does."""
+    for bad in ("2030-01-01T09:00:00", "tomorrow", True):
+        iid = await engine.client.start(callback, {"customer": "ann", "call_at": bad})
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert info.status == "FAILED", bad
+        assert info.error is not None and info.error["type"] == "InvalidTask"
+        assert "follow_up" in info.error["message"] and "instant with a zone" in info.error["message"]
+        assert await engine.client.instance_tasks(iid) == ()
+    for good in (None, 3600, "2030-01-01T09:00:00+01:00"):
+        iid = await engine.client.start(callback, {"customer": "ann", "call_at": good})
+        await engine.run_until_idle()
+        assert (await engine.client.get(iid)).status == "WAITING", good

@@ -29,7 +29,7 @@ from stepstone.core.external_tasks import open_task
 from stepstone.core.model import COMPLETED, FAILED, JSON, ROOT, RUNNING, WAITING, InstanceView, Settle
 from stepstone.core.plan import END, Plan, Step
 from stepstone.core.subscriptions import correlation_key, key_problem, subscribe
-from stepstone.core.task_entering import enter_task, names_problem, task_people
+from stepstone.core.task_entering import dates_problem, enter_task, names_problem, task_people
 from stepstone.core.timestamps import storable
 
 
@@ -96,7 +96,7 @@ def _enter_step(  # noqa: PLR0911 - one return per step kind
         ]
     if step.kind == "task":
         people = task_people(instance, step, state)
-        if (problem := names_problem(step, people)) is not None:
+        if (problem := names_problem(step, people) or dates_problem(step, state, now)) is not None:
             return fail(instance, "InvalidTask", problem, step=target, visit=visit)
         return enter_task(instance, step, visit, state, now, people)
     if step.kind == "fork":

@@ -27,6 +27,20 @@ def names_problem(step: Step, people: dict[str, Any]) -> str | None:
     return None
 
 
+def dates_problem(step: Step, state: JSON, now: datetime) -> str | None:
+    """Why the task cannot open with the due date or follow-up date the state gives it, if it cannot: a
+    value that is there but no instant (a naive timestamp, a word) would silently be no date at all."""
+    spec = step.task
+    assert spec is not None
+    for what, value in (("due", spec.due), ("follow_up", spec.follow_up)):
+        got = resolve(value, state)
+        if got is not None and resolve_instant(value, state, now) is None:
+            shown = repr(got) if len(repr(got)) <= 80 else repr(got)[:77] + "..."
+            return (f"task step {step.name!r}: its {what} from the state, {shown}, is not an ISO 8601 instant with "
+                    "a zone (years 1 to 9999 in UTC) nor a number of seconds (at most a thousand years)")
+    return None
+
+
 def task_people(instance: InstanceView, step: Step, state: JSON) -> dict[str, Any]:
     """Who the task is for, as the state names them when it opens (read once: checked, then opened)."""
     spec = step.task
