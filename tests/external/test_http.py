@@ -97,4 +97,9 @@ async def test_errors_are_json_with_a_status(http: httpx.AsyncClient) -> None:
                               json={"lock_token": "6b1c8a1e-0000-4000-8000-000000000000"})
     assert unknown.status_code == 404
     no_route = await http.get("/nothing")
-    assert no_route.status_code == 404
+    assert no_route.status_code == 404 and no_route.json()["error"] == "not_found"  # was the text "Not Found"
+    no_task_route = await http.get("/external-tasks/6b1c8a1e-0000-4000-8000-000000000000")
+    assert no_task_route.status_code == 404 and no_task_route.json()["error"] == "not_found"
+    wrong_method = await http.get("/external-tasks/fetch-and-lock")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"] == "method_not_allowed"
+    assert wrong_method.headers["allow"] == "POST"

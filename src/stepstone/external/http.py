@@ -12,8 +12,9 @@ mount `create_app(tasks)` under a prefix.
     GET  /health
 
 Errors are one JSON object `{"error": <kind>, "message": <one line>}` with a status that says what
-to do: 400 bad input, 401 no or wrong bearer token, 404 no such task, 409 the lock token was refused
-(`error` is lock_lost, lock_expired, not_open or not_awaited), 503 the database cannot be reached.
+to do: 400 bad input, 401 no or wrong bearer token, 404 no such task (or path: `not_found`), 405 a
+method the path does not take (`method_not_allowed`), 409 the lock token was refused (`error` is
+lock_lost, lock_expired, not_open or not_awaited), 503 the database cannot be reached.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -60,6 +62,17 @@ def _translated(exc: StepstoneError) -> JSONResponse:
         return _error(503, "unavailable", str(exc))
     log.error("external task request failed: %s: %s", type(exc).__name__, exc)
     return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+
+
+_HTTP_KINDS = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    """A path or a method the app does not have, as every other error: one JSON object (not Starlette's text)."""
+    assert isinstance(exc, HTTPException)
+    response = _error(exc.status_code, _HTTP_KINDS.get(exc.status_code, "http_error"), str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
 
 
 def _endpoint(handler: Handler, token: str | None) -> Callable[[Request], Awaitable[Response]]:
@@ -181,4 +194,4 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
         Route("/external-tasks/{task_id}/business-error", _endpoint(business_error, token), methods=["POST"]),
         Route("/external-tasks/{task_id}/failure", _endpoint(failure, token), methods=["POST"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
