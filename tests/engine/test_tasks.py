@@ -24,8 +24,9 @@ from stepstone.errors import (
     TaskNotPermitted,
     UnknownDecision,
 )
+from stepstone.ops import Operations
 from stepstone.testing import Engine, open_engine
-from tests.engine.task_workflows import Expense, callback, expense, parallel, registry, review
+from tests.engine.task_workflows import Expense, Receipt, callback, expense, parallel, receipt, registry, review
 
 
 @pytest.fixture
@@ -401,3 +402,32 @@ async def test_a_follow_up_or_due_date_from_the_state_that_is_no_instant_fails_t
         iid = await engine.client.start(callback, {"customer": "ann", "call_at": good})
         await engine.run_until_idle()
         assert (await engine.client.get(iid)).status == "WAITING", good
+
+
+async def test_a_purged_instance_takes_its_tasks_and_subscriptions_with_it(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """Retention purged an instance's positions, commands and history but left its task rows (with the
+    data they show and the completion's payload), the idempotency keys of their operations and its
+    message subscriptions, for ever."""
+    iid, tid = await _open_expense(engine)
+    await engine.client.reassign_task(tid, "bob", actor="mia", idempotency_key="r-1")
+    await engine.client.complete_task(tid, "approve", {"comment": "ok"}, actor="bob", idempotency_key="c-1")
+    waited = await engine.client.start(receipt, Receipt(order_id="o-1"))
+    await engine.run_until_idle()
+    await engine.client.signal(waited, "skip", {"n": 1})
+    await engine.run_until_idle()
+    kept_iid, kept_tid = await _open_expense(engine, 2)  # still waiting: never archived nor purged
+    assert {(await engine.client.get(i)).status for i in (iid, waited)} == {"COMPLETED"}
+    ops = Operations.on(engine.store, actor="oncall")
+    await engine.move_clock(31 * 86_400)
+    assert (await ops.retention_run()).archived == 2
+    await engine.move_clock(2 * 86_400)
+    assert (await ops.retention_run()).purged == 2
+    gone = [uuid.UUID(iid), uuid.UUID(waited)]
+    for table in ("tasks", "subscriptions"):
+        left = await conn.fetchval(f"SELECT count(*) FROM stepstone.{table} WHERE instance_id = ANY($1::uuid[])", gone)
+        assert left == 0, table
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE namespace = $1", tid) == 0
+    assert (await engine.client.task(kept_tid)).status == "OPEN"
+    assert [t.instance_id for t in (await engine.client.tasks(user="alice", groups=["finance"])).tasks] == [kept_iid]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from stepstone.external import ExternalTasks, LockedTask, LockExpired, LockLost, TaskEnded
+from stepstone.ops import Operations
 from stepstone.testing import Engine, open_engine
 from tests.external import workflows
 from tests.external.workflows import payment, shipping
@@ -323,3 +324,17 @@ async def test_variables_that_do_not_fit_the_state_model_fail_the_position(
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["labels"] == {"p1": "L-1"}
+
+
+async def test_a_purged_instance_takes_its_external_task_with_it(engine: Engine, tasks: ExternalTasks) -> None:
+    """Retention's purge left the task row (its payload, the worker's last error) for ever."""
+    iid = await _started(engine)
+    task = await _one(tasks)
+    await tasks.complete(task.id, task.lock_token, {"charge_id": "ch-1"})
+    await engine.run_until_idle()
+    ops = Operations.on(engine.store, actor="oncall")
+    await engine.move_clock(31 * 86_400)
+    assert (await ops.retention_run()).archived == 1
+    await engine.move_clock(2 * 86_400)
+    assert (await ops.retention_run()).purged == 1
+    assert await tasks.list(instance_id=iid) == []

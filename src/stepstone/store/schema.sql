@@ -5297,4 +5297,24 @@ END $$;
 -- close_position_waits (with the tasks' functions above) cancels a cancelled position's external tasks
 -- too, and answer_external_task (with the external tasks' functions above) records a retried failure in
 -- the history and knows a retried failure sent again (released_token); why: the migration's header.
+-- A deleted instance takes its tasks, their keys and its subscriptions with it (instances_deleted).
 ALTER TABLE {{schema}}.external_tasks ADD COLUMN released_token uuid;
+
+-- An instance's task rows (human and external, with the data they show and the payloads of their
+-- answers), the idempotency keys of its tasks' operations and its message subscriptions go with it when
+-- it is deleted (retention's purge), as its positions, commands and history do.
+CREATE FUNCTION {{schema}}.instances_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {{schema}}.dedup d USING {{schema}}.tasks k, gone g
+    WHERE k.instance_id = g.id AND d.kind IN ('TASK_OP', 'TASK_COMPLETE') AND d.namespace = k.id::text;
+    DELETE FROM {{schema}}.tasks k USING gone g WHERE k.instance_id = g.id;
+    DELETE FROM {{schema}}.external_tasks x USING gone g WHERE x.instance_id = g.id;
+    DELETE FROM {{schema}}.subscriptions s USING gone g WHERE s.instance_id = g.id;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER instances_deleted
+    AFTER DELETE ON {{schema}}.instances REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.instances_deleted();
+

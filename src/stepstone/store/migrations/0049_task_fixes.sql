@@ -17,8 +17,13 @@
 -- got lock_lost ("another worker has it"), where a repeated completion is told `duplicate`: the retry
 -- had released the token. The released token is kept (released_token) and a failure sent again with
 -- it is that answer again, `duplicate`, counted once; any other answer with it is still refused.
--- Expand only: a nullable column; close_position_waits and answer_external_task are replaced with the
--- same signatures; the trigger is unchanged.
+--
+-- Retention's purge deleted an instance's positions, commands, history and dedup keys, but left its
+-- human and external task rows (the state fields a task shows, the payloads of its completion and of
+-- its worker's answers), the idempotency keys of its tasks' operations and its message subscriptions
+-- for ever. Now a statement trigger on instances deletes them with it (instances_deleted).
+-- Expand only: a nullable column, a new function and trigger; close_position_waits and
+-- answer_external_task are replaced with the same signatures; their trigger is unchanged.
 ALTER TABLE {{schema}}.external_tasks ADD COLUMN released_token uuid;
 
 -- A cancelled position (the instance cancelled, a join's losers) cancels its open tasks, human and
@@ -139,3 +144,21 @@ BEGIN
     WHERE x.id = p_task;
     RETURN QUERY SELECT 'recorded', v_id, v_end, t.available_at, t.retries;
 END $$;
+
+-- An instance's task rows (human and external, with the data they show and the payloads of their
+-- answers), the idempotency keys of its tasks' operations and its message subscriptions go with it when
+-- it is deleted (retention's purge), as its positions, commands and history do.
+CREATE FUNCTION {{schema}}.instances_deleted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {{schema}}.dedup d USING {{schema}}.tasks k, gone g
+    WHERE k.instance_id = g.id AND d.kind IN ('TASK_OP', 'TASK_COMPLETE') AND d.namespace = k.id::text;
+    DELETE FROM {{schema}}.tasks k USING gone g WHERE k.instance_id = g.id;
+    DELETE FROM {{schema}}.external_tasks x USING gone g WHERE x.instance_id = g.id;
+    DELETE FROM {{schema}}.subscriptions s USING gone g WHERE s.instance_id = g.id;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER instances_deleted
+    AFTER DELETE ON {{schema}}.instances REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.instances_deleted();
