@@ -163,6 +163,8 @@ async def test_a_retried_failure_sent_again_is_a_duplicate(engine: Engine, tasks
     await tasks.complete(refetched.id, refetched.lock_token, {"charge_id": "ch-2"})
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).state["receipt"] == "A-1 paid with ch-2"
+    late = await tasks.fail(task.id, task.lock_token, "gateway timeout")  # the task's status now, not OPEN
+    assert (late.status, late.duplicate) == ("COMPLETED", True)
 
 
 async def test_a_worker_may_set_retries_and_delay(engine: Engine, tasks: ExternalTasks) -> None:

@@ -3193,7 +3193,7 @@ BEGIN
     SELECT * INTO t FROM {{schema}}.external_tasks x WHERE x.id = p_task FOR UPDATE;
     -- A failure sent again with the token its retry released (a worker that lost the reply): that answer.
     IF p_outcome = 'failed' AND t.released_token = p_token THEN
-        RETURN QUERY SELECT 'duplicate', NULL::bigint, 'OPEN'::text, NULL::timestamptz, NULL::integer;
+        RETURN QUERY SELECT 'duplicate', NULL::bigint, t.status, NULL::timestamptz, NULL::integer;
         RETURN;
     END IF;
     IF t.lock_token IS DISTINCT FROM p_token THEN

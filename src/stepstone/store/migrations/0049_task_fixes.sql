@@ -16,7 +16,8 @@
 -- A worker that lost the reply to a failure that was retried, and sent it again with the same token,
 -- got lock_lost ("another worker has it"), where a repeated completion is told `duplicate`: the retry
 -- had released the token. The released token is kept (released_token) and a failure sent again with
--- it is that answer again, `duplicate`, counted once; any other answer with it is still refused.
+-- it is that answer again, `duplicate` (with the task's status now), counted once; any other answer
+-- with it is still refused.
 --
 -- Retention's purge deleted an instance's positions, commands, history and dedup keys, but left its
 -- human and external task rows (the state fields a task shows, the payloads of its completion and of
@@ -74,7 +75,7 @@ BEGIN
     SELECT * INTO t FROM {{schema}}.external_tasks x WHERE x.id = p_task FOR UPDATE;
     -- A failure sent again with the token its retry released (a worker that lost the reply): that answer.
     IF p_outcome = 'failed' AND t.released_token = p_token THEN
-        RETURN QUERY SELECT 'duplicate', NULL::bigint, 'OPEN'::text, NULL::timestamptz, NULL::integer;
+        RETURN QUERY SELECT 'duplicate', NULL::bigint, t.status, NULL::timestamptz, NULL::integer;
         RETURN;
     END IF;
     IF t.lock_token IS DISTINCT FROM p_token THEN
