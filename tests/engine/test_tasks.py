@@ -431,3 +431,17 @@ async def test_a_purged_instance_takes_its_tasks_and_subscriptions_with_it(
     assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE namespace = $1", tid) == 0
     assert (await engine.client.task(kept_tid)).status == "OPEN"
     assert [t.instance_id for t in (await engine.client.tasks(user="alice", groups=["finance"])).tasks] == [kept_iid]
+
+
+async def test_a_task_that_names_nobody_is_anyones(engine: Engine) -> None:
+    """What docs/tasks.md now says: a task with no assignee, owner or candidate (an assignee read from a
+    state field that is missing) may be claimed and completed by anyone; name candidates to prevent it."""
+    iid = await engine.client.start("named", {"who": None})
+    await engine.run_until_idle()
+    [task] = await engine.client.instance_tasks(iid)
+    info = await engine.client.task(task["id"])
+    assert (info.assignee, info.owner, info.candidate_users, info.candidate_groups) == (None, None, [], [])
+    assert (await engine.client.claim_task(info.id, actor="anyone")).assignee == "anyone"
+    await engine.client.complete_task(info.id, "done", None, actor="anyone")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
