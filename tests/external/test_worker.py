@@ -4,12 +4,13 @@ lock was lost while it ran has its answer dropped, never sent on a stale token."
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from stepstone.external import BusinessError, ExternalTasks, ExternalWorker, LockedTask
+from stepstone.external import BusinessError, ExternalTasks, ExternalWorker, LockedTask, TaskEnded
 from stepstone.testing import Engine, open_engine
 from tests.external import workflows
 from tests.external.test_external_tasks import first_fetch
@@ -91,6 +92,39 @@ async def test_a_handler_whose_lock_was_lost_sends_nothing(engine: Engine) -> No
     await other.complete(taken.id, taken.lock_token, {"charge_id": "fast"})
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).state["charge_id"] == "fast"
+
+
+async def test_a_handler_whose_instance_was_cancelled_is_told_why_its_answer_is_dropped(
+    engine: Engine, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The lock extension the worker makes while the handler runs is refused once the instance is
+    cancelled (not_awaited): the answer is dropped, and the log says why rather than "the lock was lost"."""
+    [iid] = await _start(engine, 5)
+    tasks = ExternalTasks(engine.store)
+    refused = asyncio.Event()
+    extend = tasks.extend_lock
+
+    async def watched_extend(task_id: str, lock_token: str, lock_duration: float) -> Any:
+        try:
+            return await extend(task_id, lock_token, lock_duration)
+        except TaskEnded:
+            refused.set()
+            raise
+
+    tasks.extend_lock = watched_extend  # type: ignore[method-assign]
+    worker = ExternalWorker(tasks, "slow", lock_duration=0.3)
+
+    @worker.subscribe("payments")
+    async def charge(task: LockedTask) -> dict[str, Any]:
+        await engine.client.cancel(iid, "customer left")
+        await refused.wait()  # the worker's next extension of the lock was refused
+        return {"charge_id": "unwanted"}
+
+    with caplog.at_level(logging.WARNING, logger="stepstone.external.worker"):
+        assert await worker.run_once() == 0
+    assert worker.dropped == 1
+    assert "not_awaited" in caplog.text and "dropped" in caplog.text
+    assert (await engine.client.get(iid)).status == "CANCELLED"
 
 
 async def test_run_stops_when_asked(engine: Engine) -> None:

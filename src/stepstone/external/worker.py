@@ -12,8 +12,9 @@
 
 What a handler returns (a dict or None) completes the task with those variables; `BusinessError`
 answers a business error; any other exception reports a failure (retried per the step's policy). The
-lock is extended every third of its duration while the handler runs; a handler whose lock was lost
-(it ran past an expiry another worker took over) has its answer dropped, never sent on a stale token.
+lock is extended every third of its duration while the handler runs; a handler whose lock was refused
+(it ran past an expiry another worker took over, or its instance was cancelled) has its answer
+dropped, never sent on a stale token, and the log says which refusal it was.
 """
 
 from __future__ import annotations
@@ -101,8 +102,7 @@ class ExternalWorker:
         return self.answered - before
 
     async def _handle(self, task: LockedTask) -> None:
-        lost = asyncio.Event()
-        keeper = asyncio.create_task(self._keep(task, lost))
+        keeper = asyncio.create_task(self._keep(task))
         try:
             outcome: Any = await self._call(task)
         except BusinessError as exc:
@@ -111,11 +111,13 @@ class ExternalWorker:
             outcome = exc
         finally:
             keeper.cancel()
+            refused: TaskLockRefused | None = None
             with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-        if lost.is_set():
+                refused = await keeper
+        if refused is not None:
             self.dropped += 1
-            log.warning("external task %s: the lock was lost while its handler ran; its answer is dropped", task.id)
+            log.warning("external task %s: its lock was refused while its handler ran (%s: %s); its answer is "
+                        "dropped", task.id, refused.reason, refused)
             return
         try:
             try:
@@ -145,14 +147,14 @@ class ExternalWorker:
         else:
             await self.tasks.complete(task.id, task.lock_token, outcome, worker_id=self.worker_id)
 
-    async def _keep(self, task: LockedTask, lost: asyncio.Event) -> None:
-        """Extend the lock every third of its duration while the handler runs."""
+    async def _keep(self, task: LockedTask) -> TaskLockRefused:
+        """Extend the lock every third of its duration while the handler runs; the refusal that ends it
+        (another worker took the task, or nobody waits for it any more: the instance was cancelled)."""
         while True:
             await asyncio.sleep(self.lock_duration / 3)
             try:
                 await self.tasks.extend_lock(task.id, task.lock_token, self.lock_duration)
-            except TaskLockRefused:
-                lost.set()
-                return
+            except TaskLockRefused as refused:
+                return refused
             except StepstoneError as exc:  # transient: the next round tries again before the lock runs out
                 log.warning("external task %s: cannot extend its lock now (%s)", task.id, exc)
