@@ -82,3 +82,17 @@ def test_the_form_follows_the_payload_schema() -> None:
         "comment": "fine", "approved_amount": 12}
     assert payload_of(approve, {"f.comment": ""}) == {}  # left out: the model then names what is missing
     assert payload_of(reject, {}) is None
+
+
+async def test_a_completion_never_applied_is_not_shown_as_completed(api: Api) -> None:
+    """A task cancelled while its completion waited for a worker (COMPLETING, then its instance was
+    cancelled) keeps the recorded completion: its page said "Completed as approve by mia"."""
+    iid, tid = await _expense(api, "ann")
+    await api.engine.client.complete_task(tid, "approve", {"comment": "fine", "approved_amount": 75}, actor="mia")
+    await _sign_in(api, "mia")
+    page = (await api.http.get(f"/ui/tasks/{tid}")).text
+    assert "Being completed as <b>approve</b> by" in page and "Completed as" not in page
+    await api.engine.client.cancel(iid, "withdrawn")
+    page = (await api.http.get(f"/ui/tasks/{tid}")).text
+    assert 'id="task-status">cancelled<' in page
+    assert "Completed as" not in page and "was not applied" in page
