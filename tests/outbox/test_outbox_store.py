@@ -118,3 +118,20 @@ def test_settlements_mark_each_keys_acknowledged_prefix() -> None:
     unreachable = settlements(batch[:1], [PublishResult.transient("down", attempted=False)], RelayConfig())
     assert (unreachable[0].action, unreachable[0].counted) == ("release", False)
     assert Outcome.OK is ok.outcome
+
+
+async def test_keys_held_back_do_not_starve_the_keys_behind_them(
+    conn: asyncpg.Connection, outbox: PostgresOutbox
+) -> None:
+    """A dead event (or a key leased elsewhere) with a batch's worth of its key's events behind it made
+    every claim come back empty: the claim's limit was spent on the held-back events, so no later key
+    was ever published and the relay took the outbox for idle."""
+    staged = await stage(conn, ["a", "a", "a", "b", "b", "b", "c", None])
+    ids = [i for i, _, _ in staged]
+    token, first = await claim(outbox, limit=1)
+    assert first == ids[:1]
+    await outbox.settle(token, [Settlement(ids[0], "dead", "refused: no", counted=True)])
+    _, leased = await claim(outbox, limit=1, relay="other")
+    assert leased == [ids[3]], "a waits behind its dead event; b's first is taken"
+    _, rest = await claim(outbox, limit=2)
+    assert rest == ids[6:], "a behind its dead event and b behind its lease use up no part of the limit"

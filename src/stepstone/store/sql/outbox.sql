@@ -11,19 +11,28 @@
 -- Lease up to $1 pending events for relay $3 for $2 seconds, in staged (id)
 -- order. Only rows whose inserting transaction is older than every running one
 -- (xid below the snapshot's xmin): no row of a lower xid can still appear, so
--- what the relay sees below the horizon is final. A candidate is dropped when
--- its key has an older unpublished event (pending under another lease, backing
--- off, above the horizon, beyond the limit, or dead) that this claim did not
--- take; null keys ask for no order and are exempt.
+-- what the relay sees below the horizon is final. A row whose key's oldest
+-- unpublished event is held back (dead, leased, backing off, above the horizon:
+-- its outbox_state is not 'pending') is no candidate, so a key held back with a
+-- batch's worth of events behind it does not use up the limit and starve the
+-- keys after it. A candidate is then dropped when its key has an older
+-- unpublished event that this claim did not take (leased by a claim running
+-- beside this one, above the horizon); null keys ask for no order and are exempt.
 WITH cand AS (
-    SELECT o.id, o.key
-    FROM {{schema}}.outbox o
-    WHERE o.published_at IS NULL
-      AND o.dead_at IS NULL
-      AND (o.xid IS NULL OR o.xid < pg_snapshot_xmin(pg_current_snapshot()))
-      AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= {{schema}}.db_now())
-      AND (o.claimed_until IS NULL OR o.claimed_until <= {{schema}}.db_now())
-    ORDER BY o.id
+    SELECT c.id, c.key
+    FROM {{schema}}.outbox c
+    WHERE c.published_at IS NULL
+      AND c.dead_at IS NULL
+      AND (c.xid IS NULL OR c.xid < pg_snapshot_xmin(pg_current_snapshot()))
+      AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= {{schema}}.db_now())
+      AND (c.claimed_until IS NULL OR c.claimed_until <= {{schema}}.db_now())
+      AND NOT EXISTS (
+          SELECT 1
+          FROM (SELECT h.* FROM {{schema}}.outbox h
+                WHERE h.key = c.key AND h.published_at IS NULL
+                ORDER BY h.id LIMIT 1) o
+          WHERE o.id < c.id AND /*outbox_state*/ <> 'pending')
+    ORDER BY c.id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), keep AS (
