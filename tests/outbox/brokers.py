@@ -114,6 +114,7 @@ class _Recorder(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         key = self.headers.get("stepstone-key")
         with self.server.lock:
+            self.server.paths.append(self.path)
             refused = key in self.server.poisoned and body["type"].startswith("poison.")
             if not refused:
                 self.server.received.append((self.headers["idempotency-key"], key, body, dict(self.headers)))
@@ -134,6 +135,7 @@ class _HookServer(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.received: list[tuple[str, str | None, dict[str, Any], dict[str, str]]] = []
         self.poisoned: set[str] = set()
+        self.paths: list[str] = []  # each request's path as it came, percent-encoding and all
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     def wake(self) -> None:

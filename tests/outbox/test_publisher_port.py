@@ -68,6 +68,30 @@ def test_routing_fields() -> None:
     assert Routing("s:{category}:{type}:{key}").target(event) == "s:order:order.shipped:o-1"
 
 
+async def test_a_webhook_url_takes_each_field_as_one_percent_encoded_segment() -> None:
+    """A key went into the URL as it was: `../../admin` posted to /admin, `k#f` to /hooks/k, `k?q=1` added a
+    query; the receiver could not tell the event's key, and a key could aim the event at another endpoint."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from tests.outbox.brokers import _webhook  # noqa: PLC0415
+
+    kind = _webhook("paths")
+    try:
+        publisher = open_publisher(kind.base_url + "/hooks/{type}/{key}")
+        keys = ["../../admin", "k#f", "k?q=1", "a b", "p%41"]
+        now = datetime.now(UTC)
+        batch = [StagedEvent(n, f"e{n}", "i", "order.shipped", key, {}, now) for n, key in enumerate(keys)]
+        try:
+            assert all(r.outcome.value == "ok" for r in await publisher.publish(batch))
+        finally:
+            await publisher.close()
+        assert sorted(kind.extra["server"].paths) == sorted([
+            "/hooks/order.shipped/..%2F..%2Fadmin", "/hooks/order.shipped/k%23f", "/hooks/order.shipped/k%3Fq%3D1",
+            "/hooks/order.shipped/a%20b", "/hooks/order.shipped/p%2541"])
+    finally:
+        await kind.cleanup()
+
+
 def test_broker_url_from_flag_env_or_pyproject(tmp_path: Path) -> None:
     from stepstone.config import load_settings  # noqa: PLC0415
 

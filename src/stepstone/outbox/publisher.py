@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from stepstone.core.limits import MAX_INT8
 from stepstone.errors import BrokerUnavailable, ConfigError, UnknownBroker
@@ -98,10 +98,12 @@ class Routing:
     """Where an event goes (stream, subject, routing key), from a template over the event.
 
     Fields: ``{type}`` (e.g. ``order.shipped``), ``{category}`` (the type up to its first dot, ``order``)
-    and ``{key}`` (the partition key, empty when none).
+    and ``{key}`` (the partition key, empty when none). With `url_quoted` (a webhook URL) each value is
+    percent-encoded, so a key such as ``../admin`` or ``a#b`` stays one path segment of the template.
     """
 
     template: str
+    url_quoted: bool = False
     FIELDS: ClassVar[frozenset[str]] = frozenset({"type", "category", "key"})
 
     def __post_init__(self) -> None:
@@ -115,7 +117,10 @@ class Routing:
                               f"use {{type}}, {{category}} or {{key}}")
 
     def target(self, event: StagedEvent) -> str:
-        return self.template.format(type=event.type, category=event.type.partition(".")[0], key=event.key or "")
+        fields = {"type": event.type, "category": event.type.partition(".")[0], "key": event.key or ""}
+        if self.url_quoted:
+            fields = {name: quote(value, safe="") for name, value in fields.items()}
+        return self.template.format(**fields)
 
 
 def envelope(event: StagedEvent) -> dict[str, Any]:

@@ -3,6 +3,9 @@
     https://hooks.example.com/events          every event to one URL
     https://hooks.example.com/events/{type}   routed by event type ({type}, {category}, {key})
 
+A field's value is percent-encoded into the URL: an event keyed ``../admin`` or ``a#b`` goes to
+``/events/..%2Fadmin`` or ``/events/a%23b``, never to another path or without its fragment.
+
 The body is the JSON envelope; the headers carry ``Idempotency-Key: <event id>`` (the receiver's dedup
 id), the event type, key and instance, and ``traceparent`` / ``tracestate`` when the event has them.
 A 2xx answer acknowledges the event; 408, 425, 429 and 5xx are transient; any other status refuses it
@@ -29,7 +32,7 @@ _TRANSIENT_STATUS = frozenset({408, 425, 429})
 class WebhookPublisher:
     def __init__(self, url: str, *, concurrency: int = 32, timeout: float = 10.0,
                  headers: dict[str, str] | None = None) -> None:
-        self.routing = Routing(url)
+        self.routing = Routing(url, url_quoted=True)
         self.name = redact_url(url)
         self.concurrency = concurrency
         self.client = httpx.AsyncClient(timeout=timeout, headers=headers or {},
