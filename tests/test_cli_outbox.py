@@ -162,6 +162,21 @@ def test_demo_outbox_to_the_in_memory_broker(database_url: str) -> None:
     assert result.stdout.splitlines()[-1] == want
 
 
+async def test_demo_outbox_leaves_an_applications_events_alone(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str
+) -> None:
+    """The demo's relay took every pending event of the database, the application's too: it published
+    them to the demo's broker (the in-memory one keeps nothing) and marked them published, so the
+    application's own relay never sent them."""
+    await stage(conn, ["app-1", "app-2"], type_="invoice.issued")
+    code, out, err = await run("demo", "outbox", "--broker", "memory://app-events", "--database-url", database_url)
+    assert code == 1, out
+    assert "the outbox already holds 2 pending and 0 dead event(s) (an application's, or an earlier run's)" in err
+    assert "instance" not in out, "no order was run"
+    assert await outbox.published_count() == 0
+    assert (await outbox.status()).pending == 2
+
+
 async def test_discard_dead_letters(conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str) -> None:
     held = uuid.uuid4()
     staged = await stage(conn, ["a"], instance=held) + await stage(conn, ["a", "b"])

@@ -113,6 +113,7 @@ async def _demo_outbox(settings: Settings, broker: str | None) -> None:
     try:
         async with open_store(settings, pool_size=8) as store:
             outbox = PostgresOutbox(store)
+            await _nothing_else_unpublished(outbox, recording.name)
             relay = Relay(outbox, recording, RelayConfig(poll_interval=0.2))
             worker = Worker(store, orders.registry, WorkerConfig(concurrency=4, poll_interval=0.5))
             await relay.start()
@@ -127,6 +128,17 @@ async def _demo_outbox(settings: Settings, broker: str | None) -> None:
             await _report(outbox, recording, relay)
     finally:
         await recording.close()
+
+
+async def _nothing_else_unpublished(outbox: PostgresOutbox, broker: str) -> None:
+    """The demo's relay publishes whatever the outbox holds: on a database whose application has events
+    waiting for its own relay, it would send them to the demo's broker and mark them published (and the
+    in-memory broker keeps nothing). So it runs only on an outbox with nothing unpublished."""
+    status = await outbox.status()
+    if status.pending or status.dead:
+        raise CliError(f"the outbox already holds {status.pending} pending and {status.dead} dead event(s) (an "
+                       f"application's, or an earlier run's): the demo's relay would publish them to {broker} as its "
+                       "own. Run the demo on a database of its own, or see them with `stepstone outbox list`")
 
 
 async def _until_nothing_pending(outbox: PostgresOutbox, relay: Relay) -> None:
