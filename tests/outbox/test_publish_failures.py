@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
@@ -83,3 +86,34 @@ async def test_a_redis_client_error_refuses_the_event(conn: asyncpg.Connection, 
     assert len(dead) == 1
     assert dead[0].last_error is not None
     assert "maxlen" in dead[0].last_error
+
+
+async def test_a_nats_stream_jetstream_will_not_create_leaves_no_connection_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream whose subjects overlap another stream's fails every batch; each batch's attempt opened a
+    NATS connection and left it open (three failed batches: three connections held by the relay)."""
+    from stepstone.outbox import nats_jetstream  # noqa: PLC0415 - only with the nats extra
+    from stepstone.outbox.publisher import open_publisher  # noqa: PLC0415
+    from tests.outbox.brokers import open_kind  # noqa: PLC0415
+
+    kind = await open_kind("nats")
+    opened: list[Any] = []
+    connect = nats_jetstream.nats.connect
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        opened.append(await connect(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(nats_jetstream.nats, "connect", recording)
+    publisher = open_publisher(f"{kind.base_url}?subject={kind.tag}.ev.{{type}}&stream=OVERLAP{kind.tag.upper()}")
+    event = StagedEvent(1, str(uuid.uuid4()), str(uuid.uuid4()), "ev.made", "k", {}, datetime.now(UTC))
+    try:
+        for _ in range(3):
+            with pytest.raises(Exception, match="overlap"):
+                await publisher.publish([event])
+        assert len(opened) == 3
+        assert all(nc.is_closed for nc in opened)
+    finally:
+        await publisher.close()
+        await kind.cleanup()

@@ -81,11 +81,17 @@ class NatsJetStreamPublisher:
         except (*_UNREACHABLE, nats_errors.TimeoutError, TimeoutError) as exc:
             raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
         js = nc.jetstream(timeout=self.timeout)
-        if self.stream:
-            try:
-                await js.stream_info(self.stream)
-            except js_errors.NotFoundError:
-                await js.add_stream(name=self.stream, subjects=stream_subjects(self.routing.template))
+        try:
+            if self.stream:
+                try:
+                    await js.stream_info(self.stream)
+                except js_errors.NotFoundError:
+                    await js.add_stream(name=self.stream, subjects=stream_subjects(self.routing.template))
+        except BaseException:
+            # A stream JetStream will not create (its subjects overlap another's, ...) fails every batch: the
+            # connection opened for it is closed, not left open once per batch.
+            await nc.close()
+            raise
         self._nc, self._js = nc, js
         return js
 
