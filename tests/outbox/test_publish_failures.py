@@ -3,6 +3,7 @@ the batch is settled, its attempts counted and the error kept, never left leased
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
@@ -117,3 +118,43 @@ async def test_a_nats_stream_jetstream_will_not_create_leaves_no_connection_open
     finally:
         await publisher.close()
         await kind.cleanup()
+
+
+class AcknowledgesThenHangs(Exploding):
+    """A broker that acknowledges `budget` events, then answers nothing more (a slow or stuck broker)."""
+
+    name = "hangs://"
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.sent: list[str] = []
+        self.stuck = asyncio.Event()  # never set: the publish outlives half the lease
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        async def send(event: StagedEvent) -> PublishResult:
+            if self.budget <= 0:
+                await self.stuck.wait()
+            self.budget -= 1
+            self.sent.append(event.event_id)
+            return PublishResult.OK
+
+        return await publish_in_lanes(batch, send, concurrency=1)
+
+
+async def test_a_publish_cut_at_half_the_lease_keeps_what_the_broker_acknowledged(
+    conn: asyncpg.Connection, outbox: PostgresOutbox
+) -> None:
+    """A broker slower than half the lease for a whole batch (a webhook at 50 ms a POST and 300 events of
+    one key) had every batch cut short and counted as failed: what it had acknowledged was never marked,
+    so the relay sent the same prefix again and again and dead-lettered the key's first event, which the
+    broker had taken each time."""
+    staged = await stage(conn, ["k", "k", "k", "k", "k", "j"])
+    ids = [i for i, _, _ in staged]
+    broker = AcknowledgesThenHangs(budget=3)
+    relay = Relay(outbox, broker, RelayConfig(lease_seconds=1.0, retry_base=60))
+    assert await first_claim(relay) == 3
+    rows = {r.id: r for r in await outbox.unpublished()}
+    assert sorted(rows) == ids[3:], "k's acknowledged prefix is published"
+    assert rows[ids[3]].attempts == 1 and "half the lease" in (rows[ids[3]].last_error or ""), \
+        "the event the broker never answered counts a failed attempt"
+    assert (rows[ids[4]].attempts, rows[ids[5]].attempts) == (0, 0), "never sent: no attempt counted"

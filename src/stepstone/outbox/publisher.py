@@ -22,7 +22,9 @@ import asyncio
 import enum
 import json
 import string
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, ClassVar, Protocol
@@ -46,6 +48,7 @@ __all__ = [
     "headers_of",
     "open_publisher",
     "publish_in_lanes",
+    "publish_progress",
     "query_options",
     "whole_option",
 ]
@@ -184,6 +187,21 @@ def whole_option(options: dict[str, str], name: str, default: int, low: int, hig
 
 Send = Callable[[StagedEvent], Awaitable[PublishResult]]
 
+_PROGRESS: ContextVar[dict[int, PublishResult | None] | None] = ContextVar("stepstone_publish_progress", default=None)
+
+
+@contextmanager
+def publish_progress() -> Iterator[dict[int, PublishResult | None]]:
+    """What `publish_in_lanes` has done so far within this block, by outbox id: None once an event's send
+    began, its result once the broker answered. A publish cut short (the relay's bound of half the lease)
+    still tells which events the broker acknowledged and which it was never offered."""
+    progress: dict[int, PublishResult | None] = {}
+    token = _PROGRESS.set(progress)
+    try:
+        yield progress
+    finally:
+        _PROGRESS.reset(token)
+
 
 async def publish_in_lanes(batch: Sequence[StagedEvent], send: Send, *, concurrency: int = 64) -> list[PublishResult]:
     """Send each key's events one after another, keys (and unkeyed events) in parallel, and stop a key at
@@ -193,15 +211,19 @@ async def publish_in_lanes(batch: Sequence[StagedEvent], send: Send, *, concurre
     for i, event in enumerate(batch):
         lanes.setdefault(event.key if event.key is not None else ("", i), []).append(i)
     gate = asyncio.Semaphore(concurrency)
+    progress = _PROGRESS.get()
+    if progress is None:
+        progress = {}
 
     async def run(lane: list[int]) -> None:
         async with gate:
             for pos, i in enumerate(lane):
+                progress[batch[i].id] = None
                 try:
                     result = await send(batch[i])
                 except Exception as exc:  # noqa: BLE001 - the event's failure, counted; other lanes go on
                     result = PublishResult.transient(f"{type(exc).__name__}: {exc}")
-                results[i] = result
+                results[i] = progress[batch[i].id] = result
                 if result.outcome is not Outcome.OK:
                     skipped = PublishResult.transient(
                         f"not sent: event {batch[i].event_id} of the same key was not acknowledged", attempted=False)

@@ -30,7 +30,7 @@ from stepstone.core.bounds import MAX_BATCH, check_count, check_seconds
 from stepstone.core.limits import MAX_INT4
 from stepstone.errors import BrokerUnavailable
 from stepstone.observability.publishing import publish_spans
-from stepstone.outbox.publisher import Outcome, Publisher, PublishResult
+from stepstone.outbox.publisher import Outcome, Publisher, PublishResult, publish_progress
 from stepstone.runtime.counters import Counters
 from stepstone.store.outbox import OutboxStore, Settlement, StagedEvent
 from stepstone.store.postgres import Listener
@@ -103,6 +103,14 @@ def settlements(
         delay = min(config.retry_max, config.retry_base * 2 ** (attempts - 1))
         out.append(Settlement(event.id, "retry", result.error, delay, counted=True))
     return out
+
+
+def _cut_short(progress: dict[int, PublishResult | None], event_id: int) -> PublishResult:
+    """An event's result when its publish outlived half the lease: the broker's answer if it came, a failed
+    attempt if its send had begun, and nothing counted if it was never offered."""
+    if event_id not in progress:
+        return PublishResult.transient("not sent: the publish timed out (half the lease) first", attempted=False)
+    return progress[event_id] or PublishResult.transient("publish timed out (half the lease)")
 
 
 class Relay:
@@ -186,19 +194,27 @@ class Relay:
                 return total
 
     async def _publish(self, batch: list[StagedEvent]) -> list[PublishResult]:
-        try:
-            async with asyncio.timeout(self.config.lease_seconds / 2):
-                results = await self.publisher.publish(batch)
-        except BrokerUnavailable as exc:
-            return [PublishResult.transient(str(exc), attempted=False)] * len(batch)
-        except TimeoutError:
-            error = "publish timed out (half the lease)"
-        except Exception as exc:  # noqa: BLE001 - the publisher's own failure (its configuration, a bug)
-            error = f"{type(exc).__name__}: {exc}"
-        else:
-            if len(results) != len(batch):
-                raise RuntimeError(f"{self.publisher.name} answered {len(results)} results for {len(batch)} events")
-            return results
+        with publish_progress() as progress:
+            try:
+                async with asyncio.timeout(self.config.lease_seconds / 2):
+                    results = await self.publisher.publish(batch)
+            except BrokerUnavailable as exc:
+                return [PublishResult.transient(str(exc), attempted=False)] * len(batch)
+            except TimeoutError:
+                if progress:  # what the broker acknowledged before the cut stays acknowledged
+                    acked = sum(1 for r in progress.values() if r is not None and r.outcome is Outcome.OK)
+                    log.warning("relay %s: publishing %d event(s) to %s outlived half the lease; %d acknowledged "
+                                "by then are kept, the rest go again", self.config.relay_id, len(batch),
+                                self.publisher.name, acked)
+                    return [_cut_short(progress, event.id) for event in batch]
+                error = "publish timed out (half the lease)"
+            except Exception as exc:  # noqa: BLE001 - the publisher's own failure (its configuration, a bug)
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if len(results) != len(batch):
+                    raise RuntimeError(f"{self.publisher.name} answered {len(results)} results for "
+                                       f"{len(batch)} events")
+                return results
         # Not the broker's "unreachable": counted against each event (backoff, then a dead letter), so a
         # batch is settled and reported instead of left leased and claimed again for ever.
         log.warning("relay %s: publishing %d event(s) to %s failed: %s; counted as a failed attempt",
