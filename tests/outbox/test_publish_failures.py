@@ -89,6 +89,32 @@ async def test_a_redis_client_error_refuses_the_event(conn: asyncpg.Connection, 
     assert "maxlen" in dead[0].last_error
 
 
+def record_connections(monkeypatch: pytest.MonkeyPatch, client: Any) -> list[Any]:
+    """Every connection `client.connect` opens from now on (the real one, kept to look at afterwards)."""
+    opened: list[Any] = []
+    connect = client.connect
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        opened.append(await connect(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(client, "connect", recording)
+    return opened
+
+
+async def fails_three_times_closing_each(publisher: Any, match: str, opened: list[Any]) -> None:
+    """Three publishes of one event fail with `match`; each connection they opened is closed."""
+    event = StagedEvent(1, str(uuid.uuid4()), str(uuid.uuid4()), "ev.made", "k", {}, datetime.now(UTC))
+    try:
+        for _ in range(3):
+            with pytest.raises(Exception, match=match):
+                await publisher.publish([event])
+        assert len(opened) == 3
+        assert all(connection.is_closed for connection in opened)
+    finally:
+        await publisher.close()
+
+
 async def test_a_nats_stream_jetstream_will_not_create_leaves_no_connection_open(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -99,24 +125,11 @@ async def test_a_nats_stream_jetstream_will_not_create_leaves_no_connection_open
     from tests.outbox.brokers import open_kind  # noqa: PLC0415
 
     kind = await open_kind("nats")
-    opened: list[Any] = []
-    connect = nats_jetstream.nats.connect
-
-    async def recording(*args: Any, **kwargs: Any) -> Any:
-        opened.append(await connect(*args, **kwargs))
-        return opened[-1]
-
-    monkeypatch.setattr(nats_jetstream.nats, "connect", recording)
+    opened = record_connections(monkeypatch, nats_jetstream.nats)
     publisher = open_publisher(f"{kind.base_url}?subject={kind.tag}.ev.{{type}}&stream=OVERLAP{kind.tag.upper()}")
-    event = StagedEvent(1, str(uuid.uuid4()), str(uuid.uuid4()), "ev.made", "k", {}, datetime.now(UTC))
     try:
-        for _ in range(3):
-            with pytest.raises(Exception, match="overlap"):
-                await publisher.publish([event])
-        assert len(opened) == 3
-        assert all(nc.is_closed for nc in opened)
+        await fails_three_times_closing_each(publisher, "overlap", opened)
     finally:
-        await publisher.close()
         await kind.cleanup()
 
 
@@ -158,3 +171,28 @@ async def test_a_publish_cut_at_half_the_lease_keeps_what_the_broker_acknowledge
     assert rows[ids[3]].attempts == 1 and "half the lease" in (rows[ids[3]].last_error or ""), \
         "the event the broker never answered counts a failed attempt"
     assert (rows[ids[4]].attempts, rows[ids[5]].attempts) == (0, 0), "never sent: no attempt counted"
+
+
+async def test_an_exchange_rabbitmq_will_not_declare_leaves_no_connection_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exchange of that name of another type fails every batch (PRECONDITION_FAILED); each batch's
+    attempt opened a connection and left it open."""
+    url = os.environ.get("STEPSTONE_TEST_AMQP_URL")
+    if not url:
+        pytest.skip("STEPSTONE_TEST_AMQP_URL is not set")
+    import aio_pika  # noqa: PLC0415 - only with the rabbitmq extra
+
+    from stepstone.outbox import rabbitmq  # noqa: PLC0415
+    from stepstone.outbox.publisher import open_publisher  # noqa: PLC0415
+
+    name = f"t{uuid.uuid4().hex[:10]}"
+    admin = await aio_pika.connect(url)
+    channel = await admin.channel()
+    await channel.declare_exchange(name, aio_pika.ExchangeType.DIRECT, auto_delete=True)
+    opened = record_connections(monkeypatch, rabbitmq.aio_pika)
+    publisher = open_publisher(f"{url}?exchange={name}")
+    try:
+        await fails_three_times_closing_each(publisher, "inequivalent arg 'type'", opened)
+    finally:
+        await admin.close()

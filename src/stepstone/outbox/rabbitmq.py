@@ -11,6 +11,7 @@ message no queue is bound for comes back (mandatory) and is refused, a nack is a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -62,12 +63,20 @@ class RabbitMqPublisher:
         if self._exchange is not None and self._channel is not None and not self._channel.is_closed:
             return self._exchange
         await self._drop()
+        conn: AbstractConnection | None = None
         try:
             conn = await aio_pika.connect(self.url, timeout=2.0)
             channel = await conn.channel(publisher_confirms=True, on_return_raises=True)
             exchange = await channel.declare_exchange(self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True)
-        except (*_UNREACHABLE, TimeoutError) as exc:
-            raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        except BaseException as exc:
+            # An exchange RabbitMQ will not declare (another type of that name, ...) fails every batch: the
+            # connection opened for it is closed, not left open once per batch.
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            if isinstance(exc, (*_UNREACHABLE, TimeoutError)):
+                raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            raise
         self._conn, self._channel, self._exchange = conn, channel, exchange
         return exchange
 
