@@ -99,8 +99,9 @@ class MessageOperations(ClientBase):
             raise IdempotencyConflict(f"message id {message_id!r} was already published with other content",
                                       instance_id="")
         if row["outcome"] == "full":
-            raise OpenSignalLimit(f"message {name!r} ({correlation_key!r}): as many messages are buffered for this "
-                                  "name and key as allowed; nothing was kept", instance_id=None, limit=0)
+            cap = int(row["cap"])
+            raise OpenSignalLimit(f"message {name!r} ({correlation_key!r}): {cap:,} messages are buffered for this "
+                                  "name and key, as many as allowed; nothing was kept", instance_id=None, limit=cap)
         deliveries = [Delivery(str(d["instance_id"]), str(d["position"]), int(d["command_id"]))
                       for d in row["deliveries"] or []]
         status = str(row["status"]).lower()

@@ -233,9 +233,20 @@ async def test_the_cap_is_a_typed_error_on_the_client(database_url: str, conn: a
         assert await conn.fetchval("SELECT count(*) FROM stepstone.dedup WHERE key = 'over'") == 0
         for n in range(5):  # buffered messages of one name and key are capped the same way
             await engine.client.publish_message("receipt_received", "nobody-waits", {"n": n}, ttl=60)
-        with pytest.raises(OpenSignalLimit):
+        with pytest.raises(OpenSignalLimit) as full:
             await engine.client.publish_message("receipt_received", "nobody-waits", {"n": 5}, ttl=60,
                                                 message_id="m-over")
+        assert full.value.limit == 5, "the buffer's refusal names its cap, as the instance's does"
+        assert "5 messages are buffered for this name and key" in str(full.value)
+        caller = await asyncpg.connect(database_url)  # the caller's own transaction (a new session: cap 5)
+        try:
+            async with caller.transaction():
+                with pytest.raises(OpenSignalLimit) as full_in:
+                    await engine.client.publish_message("receipt_received", "nobody-waits", {"n": 6}, ttl=60,
+                                                        connection=caller)
+        finally:
+            await caller.close()
+        assert full_in.value.limit == 5
         assert await conn.fetchval("SELECT count(*) FROM stepstone.messages WHERE message_id = 'm-over'") == 0
         await engine.run_until_idle()  # they drain: one moves the wait, the rest park
         info = await engine.client.get(iid)

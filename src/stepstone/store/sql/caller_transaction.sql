@@ -22,7 +22,9 @@ SELECT outcome, command_id, status FROM {{schema}}.signal_with_context(
 
 -- name: publish
 -- deliveries as text, since a plain asyncpg connection has no jsonb codec (the other drivers decode it).
-SELECT outcome, CAST(deliveries AS text) AS deliveries, expires_at, status, detail, cap
+-- cap: the limit a refusal names; for a 'full' buffer (which the function answers without one) max_open_signals.
+SELECT outcome, CAST(deliveries AS text) AS deliveries, expires_at, status, detail,
+       COALESCE(cap, {{schema}}.max_open_signals()) AS cap
 FROM {{schema}}.publish_in_caller_transaction(
     CAST($1 AS text), CAST($2 AS text), CAST(CAST($3 AS text) AS jsonb), CAST($4 AS text),
     CAST(CAST($5 AS text) AS float8), CAST(CAST($6 AS text) AS boolean), CAST($7 AS text));

@@ -73,7 +73,9 @@ SELECT outcome, task, changed FROM {{schema}}.task_complete($1, $2, $3, $4, $5, 
 SELECT reassigned, skipped FROM {{schema}}.task_reassign_all($1, $2, $3, $4, $5);
 
 -- name: publish_message
-SELECT outcome, deliveries, expires_at, status FROM {{schema}}.publish_message($1, $2, $3, $4, $5, $6, $7);
+-- cap: the buffer's limit (max_open_signals), which a 'full' outcome reports.
+SELECT outcome, deliveries, expires_at, status, {{schema}}.max_open_signals() AS cap
+FROM {{schema}}.publish_message($1, $2, $3, $4, $5, $6, $7);
 
 -- name: start_or_signal
 -- $15 the caller's durable context, $16/$17 the instance deadline (instant, seconds), $18 the start
