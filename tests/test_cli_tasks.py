@@ -124,3 +124,21 @@ def test_messages_publish_says_what_happened(database_url: str) -> None:
     delivered = cli("messages", "publish", "receipt_received", "k-2", "--payload", '{"n": 2}')
     assert delivered.stdout.strip() == f"message receipt_received delivered to {iid}"
     assert "not valid JSON" in cli.error("messages", "publish", "x", "k", "--payload", "{")
+
+
+def test_messages_start_or_signal_from_the_command_line(database_url: str) -> None:
+    """Signal-with-start had the Python and HTTP doors only: no command took it."""
+    cli = Cli(database_url)
+    first = cli.json("messages", "start-or-signal", "receipt", "bk-1", "skip", "--input", '{"order_id": "o-1"}',
+                     "--payload", '{"n": 1}', "--dedup-key", "d-1", "--app", APP)
+    assert first["started"] is True and first["scope"] == "default"
+    again = cli.json("messages", "start-or-signal", "receipt", "bk-1", "skip", "--payload", '{"n": 1}',
+                     "--dedup-key", "d-1", "--app", APP)
+    assert (again["instance_id"], again["started"], again["command_id"]) == (
+        first["instance_id"], False, first["command_id"]), "the same signal: the key's instance, no input needed"
+    said = cli("messages", "start-or-signal", "receipt", "bk-1", "skip", "--app", APP).stdout.strip()
+    assert said.startswith(f"signalled instance {first['instance_id']} (skip, command ")
+    assert "input for workflow 'receipt' is invalid" in cli.error(
+        "messages", "start-or-signal", "receipt", "bk-2", "skip", "--app", APP)
+    assert "has no signal named 'nope'" in cli.error(
+        "messages", "start-or-signal", "receipt", "bk-2", "nope", "--input", '{"order_id": "o-2"}', "--app", APP)
