@@ -177,6 +177,20 @@ async def test_demo_outbox_leaves_an_applications_events_alone(
     assert (await outbox.status()).pending == 2
 
 
+async def test_demo_outbox_refuses_a_broker_it_cannot_read_back_before_it_runs(
+    outbox: PostgresOutbox, database_url: str, webhook: Kind
+) -> None:
+    """With a broker it cannot read back (a webhook, NATS, RabbitMQ) the demo ran the order, published its
+    events for real and only then failed: "the demo cannot read ... back"."""
+    code, out, err = await run("demo", "outbox", "--broker", webhook.url_for(webhook.base_url),
+                               "--database-url", database_url)
+    assert code == 1, out
+    assert "it can read only Redis or the in-memory broker" in err
+    assert "instance" not in out, "no order was run"
+    assert await webhook.read() == []
+    assert await outbox.published_count() == 0
+
+
 async def test_discard_dead_letters(conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str) -> None:
     held = uuid.uuid4()
     staged = await stage(conn, ["a"], instance=held) + await stage(conn, ["a", "b"])

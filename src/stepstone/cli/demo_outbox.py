@@ -60,9 +60,19 @@ async def _choose(broker: str | None) -> Publisher:
     if broker is None:
         return InMemoryPublisher(InMemoryBroker.named("demo"))
     try:
-        return open_publisher(broker)
+        publisher = open_publisher(broker)
     except StepstoneError as exc:
         raise CliError(str(exc)) from exc
+    if not _readable(publisher):  # said before the order runs and its events go out, not after
+        await publisher.close()
+        raise CliError(f"the demo reads its events back from the broker, and it can read only Redis or the "
+                       f"in-memory broker, not {publisher.name}; to publish there, run `stepstone relay --broker` "
+                       "beside your application")
+    return publisher
+
+
+def _readable(publisher: Publisher) -> bool:
+    return isinstance(publisher, InMemoryPublisher) or getattr(publisher, "read", None) is not None
 
 
 class _Recording:
@@ -86,12 +96,9 @@ async def _read_back(publisher: Publisher, targets: set[str]) -> list[str]:
     """Event ids as the broker holds them, in its order (stream by stream, for Redis)."""
     if isinstance(publisher, InMemoryPublisher):
         return [m.event_id for m in publisher.broker.messages]
-    read = getattr(publisher, "read", None)
-    if read is None:
-        raise CliError(f"the demo cannot read {publisher.name} back; use Redis or the in-memory broker")
     held: list[str] = []
-    for stream in sorted(targets):
-        held += [entry["id"] for _, entry in await read(stream)]
+    for stream in sorted(targets):  # a Redis publisher (`_choose` took no other)
+        held += [entry["id"] for _, entry in await publisher.read(stream)]  # type: ignore[attr-defined]
     return held
 
 
@@ -181,7 +188,8 @@ async def _report(outbox: PostgresOutbox, recording: _Recording, relay: Relay) -
 
 @click.command("outbox")
 @click.option("--broker", default=None, metavar="URL",
-              help=f"Publish here instead of {LOCAL_REDIS} (or the in-memory broker when Redis does not answer).")
+              help=f"A Redis (redis://) or in-memory (memory://) broker to publish to and read back, instead of "
+                   f"{LOCAL_REDIS} (or the in-memory broker when Redis does not answer).")
 @with_settings
 def demo_outbox_command(settings: Settings, broker: str | None) -> None:
     """Run the order example with the outbox relay, read the events back from the broker, check their order."""
