@@ -10,6 +10,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from stepstone.cli.instances import describe_wait
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
 from stepstone.testing import Engine, open_engine
 from tests.engine.task_workflows import Receipt, receipt, registry, two_waits
@@ -30,6 +31,13 @@ async def _waiting(engine: Engine, order_id: str) -> str:
 
 async def test_a_message_goes_to_the_open_subscription(engine: Engine) -> None:
     iid = await _waiting(engine, "o-1")
+    # The key the wait subscribed with was nowhere to see (only in the subscriptions table): a message
+    # published under another spelling of it went unexplained.
+    waiting = await engine.client.get(iid)
+    assert waiting.waiting_for["correlation_key"] == "o-1"
+    assert "message receipt_received (key o-1)" in describe_wait(waiting)
+    [entry] = [e for e in await engine.client.history(iid) if e["kind"] == "WAITING"]
+    assert entry["data"]["correlation_key"] == "o-1"
     published = await engine.client.publish_message("receipt_received", "o-1", {"n": 1}, message_id="m-1")
     assert published.outcome == "delivered"
     assert [d.instance_id for d in published.deliveries] == [iid]

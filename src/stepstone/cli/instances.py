@@ -126,7 +126,9 @@ def describe_wait(info: InstanceInfo) -> str:
     if wait.get("kind") == "task":
         return f"task {wait.get('task_id')} ({' or '.join(sorted(wait.get('decisions') or {}))})"
     if wait.get("kind") == "signal":
-        names = ", ".join(sorted([*(wait.get("signals") or {}), *(f"message {m}" for m in wait.get("messages") or {})]))
+        key = f" (key {wait['correlation_key']})" if "correlation_key" in wait else ""
+        names = ", ".join(sorted([*(wait.get("signals") or {}),
+                                  *(f"message {m}{key}" for m in wait.get("messages") or {})]))
         text = f"signal {names}" if names else "a signal"
         return f"{text} (timeout at {at})" if at else text
     if wait.get("kind") == "external":

@@ -84,6 +84,8 @@ def _enter_step(  # noqa: PLR0911 - one return per step kind
         wait = {"kind": "signal", "signals": dict(step.signals), "timeout_seconds": step.timeout_seconds}
         if step.messages:
             wait["messages"] = dict(step.messages)
+            if key is not None:  # what a publisher must give: `show` and the history say it
+                wait["correlation_key"] = key
         timeout = [] if step.timeout_seconds is None else [
             Enqueue("TIMER", target, visit, name="timeout", delay=step.timeout_seconds),
         ]
