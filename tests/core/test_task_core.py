@@ -112,6 +112,21 @@ def test_a_wait_subscribes_with_its_key_and_takes_one_message() -> None:
     assert parked.settle.state == "PARKED"
 
 
+def test_a_wait_whose_key_is_empty_or_missing_subscribes_to_nothing_and_says_so() -> None:
+    """An empty text subscribed with the key "", which no publish can give (an empty correlation key is
+    refused): the wait could never take a message, and nothing said why."""
+    from stepstone.core.effects import RecordHistory  # noqa: PLC0415
+    from stepstone.core.entering import enter  # noqa: PLC0415
+
+    plan = _plan()
+    for state in ({"ref": {"id": ""}}, {"ref": {}}):
+        at_done = InstanceView("00000000-0000-0000-0000-000000000001", "RUNNING", "done", 3, state,
+                               position_status="RUNNING")
+        effects = enter(at_done, plan, "w", at_done.state, NOW)
+        assert not [e for e in effects if isinstance(e, Subscribe)], state
+        assert RecordHistory("NO_CORRELATION_KEY", "w", 4, {"field": "ref.id"}) in effects, state
+
+
 def test_a_due_date_from_the_state_that_no_timestamp_holds_is_no_due_date() -> None:
     """Outside years 1 to 9999 in UTC the driver reads no timestamp (a timer's `until` that far out left
     its instance unreadable), and seconds that far out are no instant at all."""

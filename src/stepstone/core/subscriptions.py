@@ -11,11 +11,12 @@ from stepstone.core.task_spec import lookup
 
 def correlation_key(step: Step, state: JSON) -> str | None:
     """The key the wait's messages are correlated by, read from the state once as it is entered; None when
-    the wait takes no messages or the state has no value there."""
+    the wait takes no messages or the state has no value there, or an empty text (no publish can give an
+    empty key: the wait would wait for a message that cannot come)."""
     if not step.messages or step.correlation is None:
         return None
     key = lookup(state, step.correlation)
-    return None if key is None else str(key)
+    return None if key is None or key == "" else str(key)
 
 
 def key_problem(step: Step, key: str | None) -> str | None:
