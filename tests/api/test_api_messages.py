@@ -30,6 +30,11 @@ async def test_publish_delivers_to_the_waiting_instance_buffers_and_dedups(api: 
     r = await api.http.post(f"{V1}/messages", headers=operator, json={"name": "receipt", "correlation_key": "o",
                                                                      "ttl": -1})
     assert r.status_code == 422
+    # "NaN" and 1e400 (infinity) were refused as "Input should be less than or equal to 315360000".
+    for ttl in ('"NaN"', "1e400", '"-Infinity"'):
+        r = await api.http.post(f"{V1}/messages", headers={**operator, "content-type": "application/json"},
+                                content=f'{{"name": "receipt", "correlation_key": "o", "ttl": {ttl}}}')
+        assert (r.status_code, r.json()["detail"]) == (422, "body.ttl: Input should be a finite number"), ttl
 
 
 async def test_start_or_signal_starts_once_then_signals(api: Api) -> None:
