@@ -7,7 +7,7 @@
     │   ├── DefinitionError         a workflow definition that cannot become a plan
     │   ├── InsufficientPrivilege * the role may not do what stepstone needs
     │   ├── SchemaNotReady        * the schema is missing or behind: run `stepstone db migrate` (schema)
-    │   └── SchemaTooNew          * the schema history has versions this stepstone does not know
+    │   └── SchemaTooNew          * the schema history has versions this stepstone does not know and lacks one it ships
     ├── DatabaseError               a problem talking to or with PostgreSQL (and the * classes above)
     │   └── DatabaseUnavailable   + transient: unreachable, refused, connection lost (host, port)
     ├── Unavailable                 transient: a dependency cannot be reached now (and the + class)
@@ -175,7 +175,8 @@ class SchemaNotReady(DatabaseError, ConfigError):
 
 
 class SchemaTooNew(DatabaseError, ConfigError):
-    """The schema history records migrations newer than this stepstone ships; nothing was applied."""
+    """The schema history records migrations newer than this stepstone ships while one it ships is missing
+    (no release's schema); nothing was applied. A newer release's schema with every shipped migration is used."""
 
     def __init__(self, message: str, *, unknown_versions: tuple[int, ...] = ()) -> None:
         super().__init__(message)

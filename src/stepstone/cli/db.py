@@ -27,15 +27,19 @@ def db_group() -> None:
 def migrate_command(settings: Settings) -> None:
     """Apply pending migrations (safe to run concurrently and repeatedly)."""
 
-    async def go() -> list[migrations.Migration]:
+    async def go() -> tuple[list[migrations.Migration], list[int]]:
         conn = await connect(settings)
         try:
-            return await migrations.migrate(conn, settings.schema)
+            applied = await migrations.migrate(conn, settings.schema)
+            return applied, (await migrations.status(conn, settings.schema)).unknown
         finally:
             await conn.close()
 
-    applied = run_async(go())
-    if not applied:
+    applied, newer = run_async(go())
+    if newer:
+        click.echo(f"schema {settings.schema}: nothing to apply: "
+                   f"{migrations.newer_release(settings.schema, newer)}")
+    elif not applied:
         click.echo(f"schema {settings.schema}: up to date")
     for migration in applied:
         click.echo(f"applied {migration.version:04d}_{migration.name}")

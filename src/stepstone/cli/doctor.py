@@ -1,8 +1,9 @@
 """``stepstone doctor``: the configuration in effect and whether the database is ready for it.
 
-Problems (exit 1): the database is unreachable or its schema is not at the shipped version, or the
+Problems (exit 1): the database is unreachable or its schema lacks a shipped migration, or the
 configured broker has no publisher installed.
-Warnings (exit 0): a database clock a test moved and left moved (`stepstone.testing`'s `advance`),
+Warnings (exit 0): a schema a newer release has migrated further (this one runs on it), a database
+clock a test moved and left moved (`stepstone.testing`'s `advance`),
 work the engine holds back, such as commands deferred because no worker that claimed them has their
 pin (a plan deployed nowhere, or retired too early), or a configured broker that does not answer
 (events wait in the outbox). The broker's URL is shown with its password masked.
@@ -67,7 +68,7 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
         database["reachable"] = True
         database["server_version"] = await health.server_version(conn, settings.schema)
         state = await migrations.status(conn, settings.schema)
-        if state.current_version is not None and not state.pending and not state.unknown:
+        if state.usable:
             database["clock_offset_seconds"] = offset = await health.clock_offset(conn, settings.schema)
             if offset:
                 report["warnings"].append(_clock_warning(offset, settings.schema))
@@ -93,8 +94,10 @@ async def _diagnose(settings: Settings) -> dict[str, Any]:
         "pending": [f"{m.version:04d}_{m.name}" for m in state.pending],
         "unknown": state.unknown,
     }
-    if state.unknown:
-        problems.append(f"schema {settings.schema} has versions {state.unknown} unknown to this stepstone")
+    if state.refused:
+        problems.append(str(migrations.too_new(settings.schema, state.unknown)))
+    elif state.unknown:
+        report["warnings"].append(migrations.newer_release(settings.schema, state.unknown))
     if state.pending:
         problems.append(f"{len(state.pending)} pending migration(s): run `stepstone db migrate`")
     return report

@@ -2,7 +2,10 @@
 
 Each pending file runs in its own transaction while the migrator holds a session-level advisory lock
 derived from the schema name, so concurrent migrators apply every version exactly once. A history that records
-versions this stepstone does not ship is refused with :class:`SchemaTooNew` before anything runs.
+versions this stepstone does not ship on top of every version it does is a newer release's schema: there is
+nothing to apply, and this release runs on it (migrations only add, so the release before keeps running
+through a rolling deploy, and again after a rollback; `MigrationStatus.usable`). A history with such versions
+that lacks one this stepstone ships is refused with :class:`SchemaTooNew` before anything runs.
 
 A file whose first line is ``-- stepstone: outside a transaction`` is the contract step of an
 expand/contract change (``CREATE INDEX CONCURRENTLY`` and ``DROP INDEX CONCURRENTLY IF EXISTS``, which
@@ -38,6 +41,7 @@ __all__ = [
     "MigrationStatus",
     "advisory_lock_key",
     "migrate",
+    "newer_release",
     "pending_sql",
     "shipped_migrations",
     "status",
@@ -106,6 +110,17 @@ class MigrationStatus:
     def current_version(self) -> int | None:
         """Highest applied version, or None on a fresh database."""
         return max((m.version for m in self.applied), default=None)
+
+    @property
+    def usable(self) -> bool:
+        """This release can run on the schema: every migration it ships is applied. Versions a newer
+        release added on top (`unknown`) are additive, so they do not count against it."""
+        return self.current_version is not None and not self.pending
+
+    @property
+    def refused(self) -> bool:
+        """Versions this release does not know beside ones it ships that are missing: no release's schema."""
+        return bool(self.unknown and self.pending)
 
 
 @cache
@@ -208,6 +223,13 @@ async def status(conn: asyncpg.Connection, schema: str) -> MigrationStatus:
     return _status_from(history or [])
 
 
+def newer_release(schema: str, unknown: list[int]) -> str:
+    """What a release says when it runs on a schema a newer release has migrated."""
+    latest = max((m.version for m in shipped_migrations()), default=0)
+    return (f"schema {schema!r} has migration(s) {', '.join(map(str, unknown))} of a newer stepstone (this one "
+            f"knows up to {latest}); running on it, since migrations only add: upgrade stepstone when you can")
+
+
 def too_new(schema: str, unknown: list[int]) -> SchemaTooNew:
     latest = max((m.version for m in shipped_migrations()), default=0)
     return SchemaTooNew(
@@ -250,7 +272,7 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
         history = await _read_history(conn, schema)
         if history is not None:
             current = _status_from(history)
-            if current.unknown:
+            if current.refused:
                 raise too_new(schema, current.unknown)
             if not current.pending:
                 return applied_now
@@ -266,7 +288,7 @@ async def migrate(conn: asyncpg.Connection, schema: str) -> list[Migration]:
                         await conn.execute(render(_BOOTSTRAP, schema))
                         history = []
                     current = _status_from(history)
-                    if current.unknown:
+                    if current.refused:
                         raise too_new(schema, current.unknown)
                     if not current.pending:
                         return applied_now

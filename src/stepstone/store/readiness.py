@@ -29,8 +29,9 @@ log = logging.getLogger("stepstone.store")
 async def ensure_ready(
     store: Store, *, embedded: bool, announce: Callable[[str], None] | None = None
 ) -> list[migrations.Migration]:
-    """Raise unless the schema is at the shipped version; on the embedded default, migrate it instead
-    and say so in one line through `announce` (default: a warning on the ``stepstone`` log).
+    """Raise unless every shipped migration is applied; on the embedded default, migrate it instead
+    and say so in one line through `announce` (default: a warning on the ``stepstone`` log). A schema a
+    newer release migrated further is used, with a warning on that log (migrations only add).
 
     Returns the migrations applied (only ever non-empty when `embedded`).
     """
@@ -38,9 +39,11 @@ async def ensure_ready(
     async with pool.acquire() as pooled:
         conn = cast("asyncpg.Connection", pooled)
         state = await migrations.status(conn, store.schema)
-        if state.unknown:
+        if state.refused:
             raise migrations.too_new(store.schema, state.unknown)
-        if state.current_version is not None and not state.pending:
+        if state.usable:
+            if state.unknown:
+                log.warning("%s", migrations.newer_release(store.schema, state.unknown))
             return []
         if embedded:
             applied = await migrations.migrate(conn, store.schema)
