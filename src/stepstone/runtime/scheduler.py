@@ -27,7 +27,7 @@ from typing import Any
 
 from stepstone.authoring.selection import SelectsVersions, selected_workflow
 from stepstone.authoring.workflow import Registry, Workflow
-from stepstone.errors import DefinitionNotFound, VersionNotAdmitted
+from stepstone.errors import DatabaseUnavailable, DefinitionNotFound, VersionNotAdmitted
 from stepstone.scheduling.schedule import ScheduleSpec, due_ticks, tick_instance_id
 from stepstone.store.scheduling_port import SchedulingStore
 
@@ -158,6 +158,7 @@ class ScheduleFirer:
                 await self.fire_due()
                 upcoming = await self.next_tick()
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
-                log.warning("firing schedules failed (%s: %s)", type(exc).__name__, exc)
+                level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING  # the claim
+                log.log(level, "firing schedules failed (%s: %s)", type(exc).__name__, exc)  # loop tells an outage
             delay = interval if upcoming is None else min(interval, max(upcoming, 0.01))
             await asyncio.sleep(delay)

@@ -16,6 +16,7 @@ from typing import Any
 from stepstone.authoring.registration import recorded_fields
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.pin import DEFAULT_SCOPE, Pin, pin_of
+from stepstone.errors import DatabaseUnavailable
 from stepstone.store.registry_port import DefinitionsPort
 
 __all__ = ["heartbeat_loop", "record_definitions", "served_pins"]
@@ -50,7 +51,8 @@ async def heartbeat_loop(definitions: DefinitionsPort, worker_id: str, pins: lis
         try:
             resumed = await announce(definitions, worker_id, pins)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
-            log.warning("heartbeat failed (%s: %s)", type(exc).__name__, exc)
+            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING  # the claim loop
+            log.log(level, "heartbeat failed (%s: %s)", type(exc).__name__, exc)  # tells an outage
             continue
         if resumed:
             log.info("took back %d command(s) deferred by workers without these plans", resumed)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +35,7 @@ from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.runtime.compensations import run_compensation
 from stepstone.runtime.handlers import ChildVersions, describe_error, run_handler
+from stepstone.runtime.outage import ClaimOutage
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
 from stepstone.runtime.wakeups import WakeUps
@@ -110,6 +110,7 @@ class Worker:
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
         self._listener: Listener | None = None
+        self._outage = ClaimOutage()
         self._executor = HandlerThreads(self.config.concurrency)
         self._stopped = False
         self._committer = GroupCommitter(
@@ -243,7 +244,7 @@ class Worker:
     # -- the loops ------------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        failures = 0
+        outage = self._outage
         last_claim = 0.0
         queue_deep = coalesced = False  # the last claim filled every free slot: more work is likely waiting
         while not self._stopping:
@@ -264,13 +265,10 @@ class Worker:
                 last_claim = asyncio.get_running_loop().time()
                 claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id,
                                                  self.served)
-                failures = 0
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
-                failures += 1
-                delay = min(5.0, 0.1 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
-                log.warning("claim failed (%s: %s); retrying in %.2f s", type(exc).__name__, exc, delay)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(outage.failed(exc, asyncio.get_running_loop().time()))
                 continue
+            outage.worked(asyncio.get_running_loop().time())
             for claim in claims:
                 self._spawn(claim)
             queue_deep = len(claims) == free
@@ -335,8 +333,9 @@ class Worker:
             self._listener = await self.store.listen_due(self._on_due)
         except DatabaseUnavailable as exc:
             self._listener = None
-            log.warning("wake-up connection unavailable (%s); polling every %.1f s",
-                        type(exc).__name__, self.config.poll_interval)
+            log.log(logging.DEBUG if self._outage.failures else logging.WARNING,  # the claim loop tells an outage
+                    "wake-up connection unavailable (%s); polling every %.1f s",
+                    type(exc).__name__, self.config.poll_interval)
 
     def _on_due(self, due_in: float, definition: str | None = None) -> None:
         """A notification: wake up for it unless it names a workflow this worker does not serve (every

@@ -1,0 +1,39 @@
+"""What a worker says while its database fails the claim loop: the claim loop speaks for the outage.
+
+Its first failure is a warning, and so is each failed retry (with the delay before the next); the first
+claim that works again after failures says so at INFO, with how many attempts failed over how long. The
+worker's other loops (the wake-up connection, the schedule firer, the heartbeat) meet the same outage:
+they log a `DatabaseUnavailable` at DEBUG, so an outage is one story in the log, not four interleaved.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+__all__ = ["ClaimOutage"]
+
+log = logging.getLogger("stepstone.worker")
+
+
+class ClaimOutage:
+    """The claim loop's run of failures: the delay before each retry and the lines that tell the outage."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self._since = 0.0
+
+    def failed(self, exc: Exception, now: float) -> float:
+        """Log a failed claim; returns how long to wait before the next (backoff with jitter, at most 5 s)."""
+        if not self.failures:
+            self._since = now
+        self.failures += 1
+        delay = min(5.0, 0.1 * 2.0**self.failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
+        log.warning("claim failed (%s: %s); retrying in %.2f s", type(exc).__name__, exc, delay)
+        return delay
+
+    def worked(self, now: float) -> None:
+        """A claim worked; after failures, say so once."""
+        if self.failures:
+            log.info("claims work again after %d failed attempt(s) over %.1f s", self.failures, now - self._since)
+            self.failures = 0

@@ -1,0 +1,124 @@
+"""A worker whose database goes away and comes back: the claim loop tells the outage (a warning per failed
+claim) and its end (one INFO line), and the worker's other loops, which meet the same outage, stay quiet
+about it instead of interleaving a warning a second each."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.errors import DatabaseUnavailable
+from stepstone.runtime.worker import Worker, WorkerConfig
+from stepstone.store.postgres import PostgresStore
+from stepstone.testing import open_engine
+
+flow: Workflow[Any] = Workflow("outage_flow")
+
+
+@flow.step(start=True, next=None)
+def only(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["done"] = True
+
+
+registry = Registry(flow)
+QUIET = ("listen_due", "due_schedules", "heartbeat")
+"""What the wake-up connection, the schedule firer and the heartbeat call: each must meet the outage."""
+
+
+class Outage:
+    """The real store, except that while `down` every call the worker's loops make fails as an unreachable
+    server's would; `met` is set once each of them has failed at least once."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self.down = False
+        self.failed: set[str] = set()
+        self.met = asyncio.Event()
+        self.claims_failed = 0
+        self.claimed_again = asyncio.Event()
+        self.listeners: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def check(self, what: str) -> None:
+        if self.down:
+            self.failed.add(what)
+            if self.failed >= {"claim", *QUIET}:
+                self.met.set()
+            raise DatabaseUnavailable("cannot reach PostgreSQL at test: connection refused", host="test", port=None)
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self.check("claim")
+        except DatabaseUnavailable:
+            self.claims_failed += 1
+            raise
+        claims = await self._store.claim(*args, **kwargs)
+        if self.claims_failed:
+            self.claimed_again.set()
+        return claims
+
+    async def listen_due(self, *args: Any, **kwargs: Any) -> Any:
+        self.check("listen_due")
+        listener = await self._store.listen_due(*args, **kwargs)
+        self.listeners.append(listener)
+        return listener
+
+    async def due_schedules(self, *args: Any, **kwargs: Any) -> Any:
+        self.check("due_schedules")
+        return await self._store.due_schedules(*args, **kwargs)
+
+    @property
+    def definitions(self) -> Any:
+        return _Definitions(self, self._store.definitions)
+
+
+class _Definitions:
+    def __init__(self, outage: Outage, real: Any) -> None:
+        self._outage, self._real = outage, real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    async def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        self._outage.check("heartbeat")
+        return await self._real.heartbeat(*args, **kwargs)
+
+
+async def test_an_outage_is_told_by_the_claim_loop_once_each_way(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_engine(database_url, registry) as engine:
+        outage = Outage(engine.store)  # type: ignore[arg-type]
+        config = WorkerConfig(poll_interval=0.05, heartbeat_seconds=0.05, schedule_interval=0.05)
+        worker = Worker(outage, registry, config)  # type: ignore[arg-type]
+        with caplog.at_level(logging.DEBUG, logger="stepstone"):
+            await worker.start()
+            try:
+                outage.down = True
+                for listener in outage.listeners:
+                    await listener.close()  # the wake-up connection goes with the server
+                await asyncio.wait_for(outage.met.wait(), 30)  # every loop met it, the claim loop at least once
+                outage.down = False
+                await asyncio.wait_for(outage.claimed_again.wait(), 30)
+                iid = await engine.client.start(flow, {})
+                assert (await engine.client.wait_for(iid, timeout=30)).status == "COMPLETED"
+            finally:
+                await worker.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    claims = [m for m in warnings if m.startswith("claim failed (DatabaseUnavailable")]
+    assert len(claims) == outage.claims_failed >= 1, warnings
+    # The other loops said it at DEBUG; the wake-up connection may be the first to meet the outage (once).
+    others = [m for m in warnings if m not in claims]
+    assert len(others) <= 1 and all(m.startswith("wake-up connection unavailable") for m in others), warnings
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    for said in ("wake-up connection unavailable", "firing schedules failed", "heartbeat failed"):
+        assert any(m.startswith(said) for m in debug), (said, debug)
+    back = [r for r in caplog.records if r.getMessage().startswith("claims work again")]
+    assert len(back) == 1 and back[0].levelno == logging.INFO, [r.getMessage() for r in back]
+    assert f"after {len(claims)} failed attempt(s) over " in back[0].getMessage()
