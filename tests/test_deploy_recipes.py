@@ -62,6 +62,34 @@ def test_the_grace_period_exceeds_the_drain_margin() -> None:
     assert unit["Service"]["KillSignal"] == "SIGTERM"
 
 
+def _unit(name: str) -> configparser.SectionProxy:
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    assert unit.read(DEPLOY / "systemd" / name), name
+    return unit["Service"]
+
+
+def _database_secret(container: dict[str, Any]) -> str:
+    [url] = [e for e in container["env"] if e["name"] == "STEPSTONE_DATABASE_URL"]
+    return str(url["valueFrom"]["secretKeyRef"]["name"])
+
+
+def test_migrations_run_as_the_owner_and_workers_as_the_runtime_role() -> None:
+    """docs/operations.md, "Roles and grants": only the migration holds the schema owner's URL."""
+    [job] = [d for d in _documents() if d["kind"] == "Job"]
+    [migrate] = job["spec"]["template"]["spec"]["containers"]
+    _, worker = _worker_container()
+    assert migrate["command"] == ["stepstone", "db", "migrate"]
+    assert _database_secret(migrate) != _database_secret(worker)
+    service, migration = _unit("stepstone-worker.service"), _unit("stepstone-migrate.service")
+    assert "ExecStartPre" not in service
+    assert migration["ExecStart"].endswith(" db migrate") and migration["Type"] == "oneshot"
+    assert service["EnvironmentFile"] != migration["EnvironmentFile"]
+    unit = configparser.ConfigParser(interpolation=None, strict=False)
+    unit.read(DEPLOY / "systemd" / "stepstone-worker.service")
+    assert "stepstone-migrate.service" in unit["Unit"]["Requires"].split()
+    assert "stepstone-migrate.service" in unit["Unit"]["After"].split()
+
+
 def _builder() -> str | None:
     docker = shutil.which("docker")
     if docker is None:
