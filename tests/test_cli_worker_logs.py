@@ -77,7 +77,9 @@ async def test_text_carries_the_handlers_own_lines_with_their_step(database_url:
     finally:
         out = await _stop(worker)
     assert " INFO chatty_app: " in info and " WARNING chatty_app: " in warning
-    assert f"instance={iid}" in info and "step=charge" in info and "attempt=1" in warning
+    # The fields in the documented order (docs/observability.md), as the worker's own failure lines have them.
+    assert info.rstrip().endswith(f" [workflow=chatty instance={iid} step=charge attempt=1]"), info
+    assert warning.rstrip().endswith(f" [workflow=chatty instance={iid} step=charge attempt=1]"), warning
     assert "never shown" not in out
 
 

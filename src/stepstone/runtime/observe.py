@@ -132,8 +132,8 @@ def step(workflow: Any, instance: InstanceView, run: RunStep, command: CommandVi
         for r in _recorders:
             r.step(workflow.id, run.step, seconds, outcome)
 
-    fields = {"instance": instance.id, "position": instance.position, "step": run.step, "attempt": run.attempt,
-              "workflow": workflow.id}
+    fields = {"workflow": workflow.id, "instance": instance.id, "position": instance.position, "step": run.step,
+              "attempt": run.attempt}  # the order of docs/observability.md and of the failure lines (`_log_failure`)
     return _Seen(spans, end, "crashed", fields)
 
 
