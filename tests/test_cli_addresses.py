@@ -46,3 +46,19 @@ def test_a_port_in_use_on_an_ipv6_literal_is_named_bracketed() -> None:
             listening_socket("::1", port)
     finally:
         held.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(("args", "said"), [
+    (["serve", "--port", "0", "--no-auth"], "serving http://127.0.0.1:"),
+    (["external", "serve", "--port", "0"], "external tasks on http://127.0.0.1:"),
+], ids=["serve", "external-serve"])
+async def test_a_serving_command_stops_on_a_signal_and_exits_0(database_url: str, args: list[str], said: str,
+                                                              signum: signal.Signals) -> None:
+    # `external serve` left the signal to uvicorn, which re-raised it after its shutdown: SIGTERM killed the
+    # process (143) and SIGINT ended as click's "Aborted!" with exit 1, as if something had gone wrong.
+    proc = await spawn(*args, "--database-url", database_url)
+    await proc.line_containing(said)
+    proc.proc.send_signal(signum)
+    assert await proc.exit_code(DEADLINE) == 0, "".join(proc.lines)
+    assert "Aborted" not in "".join(proc.lines)

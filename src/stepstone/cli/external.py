@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -24,6 +25,7 @@ from stepstone.cli.common import (
     with_settings,
 )
 from stepstone.cli.connection import open_store
+from stepstone.cli.http_server import quiet_server, stop_signals
 from stepstone.config import Settings
 from stepstone.external.tasks import STATUSES, ExternalTasks
 
@@ -45,16 +47,24 @@ async def _serve(settings: Settings, host: str, port: int, token: str | None) ->
         from stepstone.external.http import create_app  # noqa: PLC0415 - needs the same extra
     except ImportError as exc:
         raise CliError(f"stepstone external serve needs {exc.name}: pip install 'stepstone[external]'") from exc
-    async with open_store(settings, pool_size=10) as store:
+    async with stop_signals() as stop, open_store(settings, pool_size=10) as store:
         sock = listening_socket(host, port)
         tasks = ExternalTasks(store)
         try:
-            config = uvicorn.Config(create_app(tasks, token=token), log_level="warning", lifespan="off")
-            server = uvicorn.Server(config)
+            config = uvicorn.Config(create_app(tasks, token=token), log_level="warning", lifespan="off",
+                                    timeout_graceful_shutdown=5)  # a long poll in hand ends with it
+            server = quiet_server(uvicorn, config)
             bound_host, bound_port = sock.getsockname()[:2]
             log.info("external tasks on %s (%s)", http_url(bound_host, bound_port),
                      "bearer token required" if token else "no token: bind to a trusted network only")
-            await server.serve(sockets=[sock])
+            serving, stopped = asyncio.create_task(server.serve(sockets=[sock])), asyncio.create_task(stop.wait())
+            try:
+                await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+            server.should_exit = True
+            await serving
+            log.info("external tasks on %s stopped", http_url(bound_host, bound_port))
         finally:
             sock.close()
             await tasks.close()

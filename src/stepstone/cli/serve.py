@@ -8,10 +8,8 @@ in with. ``--read-only`` refuses every state-changing request with 405. docs/api
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -22,6 +20,7 @@ from stepstone.cli.addresses import host_port, http_url
 from stepstone.cli.app import app_option
 from stepstone.cli.common import CliError, listening_socket, run_async, with_settings
 from stepstone.cli.connection import open_store
+from stepstone.cli.http_server import quiet_server, stop_signals
 from stepstone.config import Settings
 from stepstone.errors import StepstoneError
 from stepstone.store.database import redact_url
@@ -30,7 +29,6 @@ from stepstone.store.port import Store
 __all__ = ["app_beside", "check_no_auth", "commands", "serve_options"]
 
 log = logging.getLogger("stepstone.cli.serve")
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def _api_modules() -> Any:
@@ -44,18 +42,6 @@ def _api_modules() -> Any:
         raise CliError(f"stepstone serve needs the api extra: pip install 'stepstone[api]' ({exc.name} is missing)")\
             from None
     return uvicorn, hosting, create_app, check_bind
-
-
-def _quiet_server(uvicorn: Any, config: Any) -> Any:
-    """A uvicorn server that leaves signals to its caller (uvicorn would install its own handlers and
-    re-raise the stop signal after its graceful shutdown)."""
-
-    class Server(uvicorn.Server):  # type: ignore[misc]
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    return Server(config)
 
 
 def _checked(check_bind: Any, host: str, *, auth: bool, active_tokens: int) -> None:
@@ -88,7 +74,7 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
             # not handlers of its own that print text beside the worker's JSON lines.
             config = uvicorn.Config(create_app(ctx), log_level="warning", lifespan="off", log_config=None,
                                     timeout_graceful_shutdown=5)  # live-update streams end with it
-            server = _quiet_server(uvicorn, config)
+            server = quiet_server(uvicorn, config)
             task = asyncio.create_task(server.serve(sockets=[sock]))
             while not server.started:
                 if task.done():  # it stopped before it served: say why in one line
@@ -113,17 +99,9 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
 async def _serve(settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool,
                  no_auth: bool) -> None:
     check_no_auth(host, no_auth)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in _STOP_SIGNALS:
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        async with (open_store(settings, pool_size=10) as store,
-                    app_beside(store, registry, host, port, read_only=read_only, no_auth=no_auth)):
-            await stop.wait()
-    finally:
-        for sig in _STOP_SIGNALS:
-            loop.remove_signal_handler(sig)
+    async with (stop_signals() as stop, open_store(settings, pool_size=10) as store,
+                app_beside(store, registry, host, port, read_only=read_only, no_auth=no_auth)):
+        await stop.wait()
 
 
 def serve_options(func: Any) -> Any:
