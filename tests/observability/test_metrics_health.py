@@ -129,7 +129,8 @@ async def test_probes_and_metrics_on_the_workers_port(engine: Engine) -> None:
             assert await _get(server.port, "/livez") == (200, '{"alive": true}')
             status, body = await _get(server.port, "/readyz")
             assert status == 200
-            assert json.loads(body) == {"ready": True, "checks": {"database": True, "schema": True, "plans": True}}
+            assert json.loads(body) == {"ready": True, "checks": {"database": True, "schema": True, "plans": True,
+                                                                  "claiming": True}}
             await engine.client.start(traced, {})
             status, text = await _get(server.port, "/metrics")
             assert status == 200
@@ -151,7 +152,8 @@ async def test_readiness_fails_when_the_schema_is_behind(engine: Engine, databas
     from stepstone.observability.health import HealthServer  # noqa: PLC0415
 
     server = HealthServer(engine.worker, engine.store, port=0)  # type: ignore[arg-type]
-    assert await server.readiness() == {"database": True, "schema": False, "plans": True}
+    # The testing engine's worker runs by run_until_idle and never claims on its own: not ready either way.
+    assert await server.readiness() == {"database": True, "schema": False, "plans": True, "claiming": False}
 
 
 async def test_json_logs_carry_the_step(engine: Engine) -> None:

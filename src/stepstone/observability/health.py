@@ -1,8 +1,10 @@
 """The worker's health and metrics port: ``stepstone worker --metrics-port 9464``.
 
-    GET /livez     200 while the worker's claim loop runs (cheap: no database round trip)
-    GET /readyz    200 when the database answers, the schema is current and the plans are registered;
-                   503 with the failing check otherwise (JSON body either way)
+    GET /livez     200 while the worker's claim loop runs, and while it drains after a stop signal
+                   (cheap: no database round trip)
+    GET /readyz    200 when the database answers, the schema is current, the plans are registered and
+                   the worker claims (not draining); 503 with the failing check otherwise (JSON body
+                   either way)
     GET /metrics   Prometheus text format (the `prometheus` extra; 404 without it)
 
 A plain asyncio server on the worker's loop: no extra dependency, one request per connection.
@@ -35,6 +37,8 @@ class Probed(Protocol):
     def alive(self) -> bool: ...
     @property
     def registered(self) -> bool: ...
+    @property
+    def claiming(self) -> bool: ...
 
 
 @dataclass
@@ -116,8 +120,10 @@ class HealthServer:
         return _Response(200, self.metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
 
     async def readiness(self) -> dict[str, bool]:
-        """database: answers; schema: at the shipped version; plans: registered by this worker."""
-        checks = {"database": False, "schema": False, "plans": self.worker.registered}
+        """database: answers; schema: at the shipped version; plans: registered by this worker; claiming: it
+        takes new work (not once a stop signal has it draining)."""
+        checks = {"database": False, "schema": False, "plans": self.worker.registered,
+                  "claiming": self.worker.claiming}
         try:
             await self.store.ping()
             checks["database"] = True

@@ -126,8 +126,13 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        """The claim loop runs (the liveness probe)."""
-        return bool(self._loops) and not self._loops[0].done()
+        """The claim loop runs, or the worker drains after a stop (the liveness probe)."""
+        return bool(self._loops) and (not self._loops[0].done() or (self._stopping and not self._stopped))
+
+    @property
+    def claiming(self) -> bool:
+        """It takes new work: started, and not stopping (part of the readiness probe)."""
+        return bool(self._loops) and not self._stopping
 
     @property
     def registered(self) -> bool:
