@@ -15,6 +15,7 @@ from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.postgres import PostgresStore
 from stepstone.testing import open_engine
+from tests.outages import Outage
 
 flow: Workflow[Any] = Workflow("outage_flow")
 
@@ -29,28 +30,13 @@ QUIET = ("listen_due", "due_schedules", "heartbeat")
 """What the wake-up connection, the schedule firer and the heartbeat call: each must meet the outage."""
 
 
-class Outage:
-    """The real store, except that while `down` every call the worker's loops make fails as an unreachable
-    server's would; `met` is set once each of them has failed at least once."""
+class StoreOutage(Outage):
+    """The real store, except that while `down` every call the worker's loops make fails."""
 
     def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-        self.down = False
-        self.failed: set[str] = set()
-        self.met = asyncio.Event()
+        super().__init__(store, ("claim", *QUIET))
         self.claims_failed = 0
         self.claimed_again = asyncio.Event()
-        self.listeners: list[Any] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    def check(self, what: str) -> None:
-        if self.down:
-            self.failed.add(what)
-            if self.failed >= {"claim", *QUIET}:
-                self.met.set()
-            raise DatabaseUnavailable("cannot reach PostgreSQL at test: connection refused", host="test", port=None)
 
     async def claim(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -58,28 +44,25 @@ class Outage:
         except DatabaseUnavailable:
             self.claims_failed += 1
             raise
-        claims = await self._store.claim(*args, **kwargs)
+        claims = await self.real.claim(*args, **kwargs)
         if self.claims_failed:
             self.claimed_again.set()
         return claims
 
     async def listen_due(self, *args: Any, **kwargs: Any) -> Any:
-        self.check("listen_due")
-        listener = await self._store.listen_due(*args, **kwargs)
-        self.listeners.append(listener)
-        return listener
+        return await self.listening("listen_due", self.real.listen_due, *args, **kwargs)
 
     async def due_schedules(self, *args: Any, **kwargs: Any) -> Any:
         self.check("due_schedules")
-        return await self._store.due_schedules(*args, **kwargs)
+        return await self.real.due_schedules(*args, **kwargs)
 
     @property
     def definitions(self) -> Any:
-        return _Definitions(self, self._store.definitions)
+        return _Definitions(self, self.real.definitions)
 
 
 class _Definitions:
-    def __init__(self, outage: Outage, real: Any) -> None:
+    def __init__(self, outage: StoreOutage, real: Any) -> None:
         self._outage, self._real = outage, real
 
     def __getattr__(self, name: str) -> Any:
@@ -94,15 +77,13 @@ async def test_an_outage_is_told_by_the_claim_loop_once_each_way(
     database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with open_engine(database_url, registry) as engine:
-        outage = Outage(engine.store)  # type: ignore[arg-type]
+        outage = StoreOutage(engine.store)  # type: ignore[arg-type]
         config = WorkerConfig(poll_interval=0.05, heartbeat_seconds=0.05, schedule_interval=0.05)
         worker = Worker(outage, registry, config)  # type: ignore[arg-type]
         with caplog.at_level(logging.DEBUG, logger="stepstone"):
             await worker.start()
             try:
-                outage.down = True
-                for listener in outage.listeners:
-                    await listener.close()  # the wake-up connection goes with the server
+                await outage.take_down()
                 await asyncio.wait_for(outage.met.wait(), 30)  # every loop met it, the claim loop at least once
                 outage.down = False
                 await asyncio.wait_for(outage.claimed_again.wait(), 30)

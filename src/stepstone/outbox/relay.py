@@ -127,6 +127,7 @@ class Relay:
         self._loop: asyncio.Task[None] | None = None
         self._listener: Listener | None = None
         self._claimed_last = 0
+        self._failures = 0  # rounds failed in a row: the loop tells an outage, the wake-up line only its start
 
     async def start(self) -> None:
         await self._open_listener()
@@ -222,7 +223,6 @@ class Relay:
         return [PublishResult.transient(error)] * len(batch)
 
     async def _run(self) -> None:
-        failures = 0
         unreachable = False  # the last failure was the broker's BrokerUnavailable
         quick = False
         while not self._stopping:
@@ -231,16 +231,16 @@ class Relay:
                 if self._listener is None or not self._listener.alive:
                     await self._open_listener()
                 await self.run_once()
-                if failures:
+                if self._failures:
                     log.info("relay %s: %s", self.config.relay_id,
                              f"{self.publisher.name} answers again" if unreachable
-                             else f"working again after {failures} failure(s)")
-                failures = 0
+                             else f"working again after {self._failures} failure(s)")
+                self._failures = 0
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
-                failures += 1
+                self._failures += 1
                 unreachable = isinstance(exc, BrokerUnavailable)
-                delay = min(5.0, 0.05 * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
-                if failures == 1 or failures % 20 == 0:
+                delay = min(5.0, 0.05 * 2**self._failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
+                if self._failures == 1 or self._failures % 20 == 0:
                     log.warning("relay %s: %s: %s; events wait, retrying in %.2f s", self.config.relay_id,
                                 type(exc).__name__, exc, delay)
                 if not self._stopping:
@@ -263,5 +263,6 @@ class Relay:
             self._listener = await self.outbox.listen(self._wake.set)
         except Exception as exc:  # noqa: BLE001 - polling covers its absence
             self._listener = None
-            log.warning("relay wake-up connection unavailable (%s); polling every %.1f s",
-                        type(exc).__name__, self.config.poll_interval)
+            log.log(logging.DEBUG if self._failures else logging.WARNING,  # the loop tells an outage
+                    "relay wake-up connection unavailable (%s); polling every %.1f s",
+                    type(exc).__name__, self.config.poll_interval)
