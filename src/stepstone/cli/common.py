@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import math
+import signal
 import socket
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ __all__ = [
     "SETTINGS_FOR_APP",
     "TEXT",
     "CliError",
+    "Interrupted",
     "RootOptions",
     "Text",
     "emit",
@@ -49,6 +51,12 @@ class CliError(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", file=file, err=True)
+
+
+class Interrupted(CliError):
+    """Ctrl-C on a command (`run_async`): exit 128 + SIGINT, as a shell reports a process SIGINT ended."""
+
+    exit_code = 128 + signal.SIGINT
 
 
 if TYPE_CHECKING:
@@ -167,11 +175,14 @@ def output_option(func: F) -> F:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro``; a StepstoneError becomes a one-line message and exit code 1."""
+    """Run ``coro``; a StepstoneError becomes a one-line message and exit code 1, and Ctrl-C (SIGINT, which
+    cancels ``coro``) ``error: interrupted`` and 130 (128 + SIGINT), not click's "Aborted!" and 1."""
     try:
         return asyncio.run(coro)
     except StepstoneError as exc:
         raise CliError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted") from None
 
 
 def render_table(rows: Sequence[Sequence[Any]], headers: Sequence[str] | None = None) -> str:
