@@ -227,3 +227,40 @@ async def test_a_bulk_cancel_leaves_an_ended_saga_as_a_single_cancel_does(engine
     item = report.items[0]
     assert (report.succeeded, item.outcome, item.status) == (0, "unchanged", "COMPENSATED"), report
     assert "INSTANCE_CANCELLED" not in kinds(await engine.client.history(iid))
+
+
+async def test_a_compensation_given_up_is_still_owed_when_a_replayed_saga_compensates_again(engine: Engine) -> None:
+    """A COMPENSATION_FAILED saga replayed from its failed step (the runbook `stepstone replay` names)
+    that fails again compensates once more: the step whose compensation was given up is still not undone,
+    so it is compensated too. Its record stayed FAILED and the new round passed over it, ending the
+    instance COMPENSATED with `one` never undone and no alert."""
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    w.FAIL[(iid, "undo_one")] = -1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    assert [(r["step"], r["status"]) for r in await engine.client.compensations(iid)] == [
+        ("one", "FAILED"), ("two", "COMPENSATED")]
+
+    w.FAIL.pop((iid, "undo_one"))  # the service is back; `three` still fails
+    await engine.client.replay(iid, "three")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATED"
+    assert info.state["undone"] == ["one:{'id': 'one-1'}"]  # the replay's state is the one `three` had
+    assert [(r["step"], r["status"]) for r in await engine.client.compensations(iid)] == [
+        ("one", "COMPENSATED"), ("two", "COMPENSATED")]
+    assert [c for _, c in w.CALLS] == ["two", "one", "one", "one", "one"]  # three given-up attempts, then done
+
+
+async def test_a_replayed_saga_that_cannot_compensate_the_step_given_up_stops_again(engine: Engine) -> None:
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    w.FAIL[(iid, "undo_one")] = -1
+    await engine.run_until_idle()
+    ALERTS.clear()
+    await engine.client.replay(iid, "three")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPENSATION_FAILED"
+    assert [a["step"] for a in ALERTS] == ["one"]
