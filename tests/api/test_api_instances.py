@@ -122,6 +122,30 @@ async def test_cancel_is_idempotent_and_recorded(api: Api) -> None:
     assert [h["actor"] for h in cancelled] == ["token:canceller"]
 
 
+async def test_start_takes_a_deadline_and_cancel_compensates_as_the_cli_and_client_do(api: Api) -> None:
+    """`stepstone start --deadline` and `stepstone cancel --compensate` (and the client's `deadline=` and
+    `compensate=True`) had no counterpart in the API: both fields were refused as unknown (422)."""
+    operator = await api.token("operator")
+    r = await api.http.post(f"{V1}/instances", headers=operator,
+                            json={"workflow": "job", "input": {"name": "late"}, "deadline": 60})
+    assert r.status_code == 201, r.text
+    late = r.json()["id"]
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(late)).status == "WAITING"
+    await api.engine.advance(seconds=61)
+    assert (await api.engine.client.get(late)).status == "TIMED_OUT"
+
+    iid = await api.start("undo")
+    r = await api.http.post(f"{V1}/instances/{iid}/cancel", headers=operator,
+                            json={"reason": "called off", "compensate": True})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"instance_id": iid, "status": "CANCELLED", "outcome": "compensating"}
+    asked = [h["data"] for h in await api.engine.client.history(iid) if h["kind"] == "CANCEL_REQUESTED"]
+    assert asked == [{"reason": "called off", "compensate": True, "status_before": "WAITING"}]
+    r = await api.http.post(f"{V1}/instances/{iid}/cancel", headers=operator, json={"compensate": True})
+    assert r.json() == {"instance_id": iid, "status": "CANCELLED", "outcome": "unchanged"}
+
+
 async def test_errors_are_problem_json(api: Api) -> None:
     viewer = await api.token("admin")
     cases = [

@@ -176,7 +176,7 @@ async def stranded(ctx: ApiContext, who: Principal, within_seconds: float) -> li
 
 async def start(
     ctx: ApiContext, who: Principal, workflow: str, data: Any, *, scope: str | None,
-    idempotency_key: str | None, business_key: str | None,
+    idempotency_key: str | None, business_key: str | None, deadline: float | None = None,
 ) -> dict[str, Any]:
     check_texts(scope=scope)
     target = check_scope(scope if scope is not None else who.home_scope(ctx.default_scope))
@@ -184,7 +184,7 @@ async def start(
         raise DefinitionNotFound(workflow)
     require(who, "operator", target)
     instance_id = await ctx.client(who.actor).start(
-        workflow, data, idempotency_key=idempotency_key, business_key=business_key, scope=target)
+        workflow, data, idempotency_key=idempotency_key, business_key=business_key, scope=target, deadline=deadline)
     return {"id": instance_id, "scope": target}
 
 
@@ -198,10 +198,12 @@ async def signal(
     return {"instance_id": instance_id, "signal": name, "command_id": command_id}
 
 
-async def cancel(ctx: ApiContext, who: Principal, instance_id: str, reason: str) -> dict[str, Any]:
+async def cancel(
+    ctx: ApiContext, who: Principal, instance_id: str, reason: str, *, compensate: bool = False,
+) -> dict[str, Any]:
     require(who, "operator", await visible_instance(ctx, who, instance_id))
-    status = await ctx.client(who.actor).cancel(instance_id, reason)
-    return {"instance_id": instance_id, "status": status}
+    done = await ctx.client(who.actor).cancellation(instance_id, reason, compensate=compensate)
+    return {"instance_id": instance_id, "status": done.status, "outcome": done.outcome}
 
 
 async def retry(ctx: ApiContext, who: Principal, instance_id: str) -> dict[str, Any]:

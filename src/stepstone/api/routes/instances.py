@@ -12,6 +12,7 @@ from stepstone.api import operations as ops
 from stepstone.api.bodies import Body
 from stepstone.api.context import Caller, Writer, context_of
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
+from stepstone.core.timestamps import MAX_SECONDS
 
 __all__ = ["router"]
 
@@ -41,6 +42,10 @@ class StartRequest(Body):
                               description="Default: the caller's only scope, else 'default'.")
     idempotency_key: str | None = Field(default=None, max_length=500)
     business_key: str | None = Field(default=None, max_length=500)
+    deadline: float | None = Field(
+        default=None, ge=0, le=MAX_SECONDS,
+        description="Seconds from now (database clock) until the instance times out, compensating what it "
+                    "completed; default: the workflow's own deadline.")
 
 
 class SignalRequest(Body):
@@ -52,6 +57,7 @@ class SignalRequest(Body):
 
 class CancelRequest(Body):
     reason: str = Field(default="", max_length=10_000)
+    compensate: bool = Field(default=False, description="Compensate the completed steps first, then CANCELLED.")
 
 
 @router.get("", summary="List instances, newest first")
@@ -75,7 +81,8 @@ async def instance_counts(request: Request, who: Caller, workflow: Text = None, 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Start an instance")
 async def start_instance(request: Request, who: Writer, body: StartRequest) -> dict[str, Any]:
     return await ops.start(context_of(request), who, body.workflow, body.input, scope=body.scope,
-                           idempotency_key=body.idempotency_key, business_key=body.business_key)
+                           idempotency_key=body.idempotency_key, business_key=body.business_key,
+                           deadline=body.deadline)
 
 
 @router.get("/{instance_id}", summary="An instance: status, state, positions, children, waits")
@@ -131,7 +138,8 @@ async def send_signal(request: Request, who: Writer, instance_id: str, body: Sig
 async def cancel_instance(
     request: Request, who: Writer, instance_id: str, body: CancelRequest | None = None,
 ) -> dict[str, Any]:
-    return await ops.cancel(context_of(request), who, instance_id, body.reason if body else "")
+    return await ops.cancel(context_of(request), who, instance_id, body.reason if body else "",
+                            compensate=body.compensate if body else False)
 
 
 @router.post("/{instance_id}/retry", summary="Run the failed step of a FAILED instance again")
