@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
+from stepstone.authoring.workflow import CompensationContext, Registry, Retry, StepContext, Workflow
 
 # Under "stepstone", so `stepstone worker` writes it to stderr with its own lines: a test reads it there.
 log = logging.getLogger(f"stepstone.{__name__}")
@@ -88,5 +88,32 @@ def hold(ctx: StepContext, state: Held) -> None:
     state.done = True
 
 
-registry = Registry(hello, approval, flaky, slow, held)
+class Refund(BaseModel):
+    refunded: bool = False
+
+
+# A saga whose compensation fails while REFUNDS_DOWN holds: `pay`, then `ship` fails for good, so `pay`
+# is compensated by `refund`; with the refund service down the instance stops at COMPENSATION_FAILED.
+REFUNDS_DOWN = {"down": True}
+refund_saga: Workflow[Refund] = Workflow("refund_saga", state=Refund)
+
+
+@refund_saga.step(start=True, next="ship")
+def pay(ctx: StepContext, state: Refund) -> None:
+    ctx.record("pay-1")
+
+
+@refund_saga.compensation("pay", retry=Retry(max_attempts=1))
+def refund(ctx: CompensationContext, state: Refund, recorded: Any) -> None:
+    if REFUNDS_DOWN["down"]:
+        raise ConnectionError("refund service unavailable")
+    state.refunded = True
+
+
+@refund_saga.step(next=None, retry=Retry(max_attempts=1))
+def ship(ctx: StepContext, state: Refund) -> None:
+    raise RuntimeError("warehouse closed")
+
+
+registry = Registry(hello, approval, flaky, slow, held, refund_saga)
 not_a_registry = 42

@@ -14,7 +14,7 @@ from stepstone.cli.common import CliError
 
 def test_loads_a_registry() -> None:
     registry = load_app("tests.cli_apps:registry")
-    assert {wf.id for wf in registry} == {"hello", "approval", "flaky", "slow", "held"}
+    assert {wf.id for wf in registry} == {"hello", "approval", "flaky", "slow", "held", "refund_saga"}
 
 
 def test_wraps_a_single_workflow() -> None:

@@ -193,6 +193,22 @@ def test_cancel(run: Cli) -> None:
     assert run.json("show", instance_id)["instance"]["status"] == "CANCELLED"
 
 
+def test_cancel_with_compensation_of_a_saga_that_has_not_ended_says_why_nothing_changed(run: Cli) -> None:
+    """`cancel --compensate` leaves a COMPENSATION_FAILED saga as it is; it said 'already ended, nothing to
+    cancel' of an instance that had not ended and waits for an operator."""
+    instance_id = run.json("start", "refund_saga", "--app", APP)["instance_id"]
+    run.drive()
+    assert run.json("show", instance_id)["instance"]["status"] == "COMPENSATION_FAILED"
+    result = run("cancel", instance_id, "--compensate")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == (
+        f"{instance_id} COMPENSATION_FAILED: its compensation stopped; nothing changed "
+        "(`stepstone retry` resumes it, `stepstone cancel` without --compensate gives up)")
+    assert run.json("cancel", instance_id, "--compensate")["outcome"] == "unchanged"
+    assert run("cancel", instance_id).stdout.strip() == f"{instance_id} CANCELLED"
+    assert run("cancel", instance_id).stdout.strip() == f"{instance_id} CANCELLED: already ended, nothing to cancel"
+
+
 @pytest.mark.usefixtures("flaky_fails")
 def test_retry_a_failed_instance(run: Cli) -> None:
     instance_id = run.json("start", "flaky", "--app", APP)["instance_id"]
