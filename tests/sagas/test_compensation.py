@@ -5,10 +5,13 @@ an operator's retry resuming where it stopped."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import asyncpg
+from pydantic import BaseModel, model_validator
 
-from stepstone.testing import Engine
+from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
+from stepstone.testing import Engine, open_engine
 from tests.sagas import workflows as w
 from tests.sagas.conftest import ALERTS, kinds
 
@@ -264,3 +267,49 @@ async def test_a_replayed_saga_that_cannot_compensate_the_step_given_up_stops_ag
     info = await engine.client.get(iid)
     assert info.status == "COMPENSATION_FAILED"
     assert [a["step"] for a in ALERTS] == ["one"]
+
+
+class _Card(BaseModel):
+    card: str = "4111"
+
+    @model_validator(mode="after")
+    def _known(self) -> _Card:
+        if self.card == "unknown":
+            raise KeyError("no such card")  # not a ValueError: pydantic lets it through as it is
+        return self
+
+
+_carded: Workflow[_Card] = Workflow("carded", state=_Card)
+
+
+@_carded.step(start=True, next="pay")
+def _hold(ctx: StepContext, state: _Card) -> None:
+    ctx.record("hold-1")
+
+
+@_carded.compensation("_hold", retry=Retry(max_attempts=3, backoff=0))
+def _release(ctx: CompensationContext, state: _Card, recorded: Any) -> None:
+    state.card = "unknown"
+
+
+@_carded.step(next=None, name="pay", retry=Retry(max_attempts=1))
+def _pay(ctx: StepContext, state: _Card) -> None:
+    raise w.Declined("no")
+
+
+async def test_a_compensation_whose_state_the_model_refuses_fails_instead_of_crashing_its_worker(
+    database_url: str,
+) -> None:
+    """A state model's validator that raises something other than a ValueError, on the state a
+    compensation left, crashed the worker's segment: the compensation was claimed again after each lease
+    expiry until it was dead-lettered. A step's handler leaving the same state fails the step at once
+    (InvalidState, never retried): a compensation now does the same, so the saga stops at
+    COMPENSATION_FAILED after one attempt, with the reason."""
+    async with open_engine(database_url, Registry(_carded)) as engine:
+        iid = await engine.client.start(_carded, {})
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert info.status == "COMPENSATION_FAILED"
+        assert info.error["attempts"] == 1
+        assert info.error["error"]["type"] == "InvalidState"
+        assert "state left by the compensation of '_hold' cannot be stored: KeyError" in info.error["error"]["message"]

@@ -14,11 +14,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from stepstone.authoring.workflow import CompensationContext, Workflow
-from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.limits import Limits
 from stepstone.core.model import InstanceView, StepFailed, StepSucceeded
 from stepstone.core.saga import RunCompensation
-from stepstone.errors import StepstoneError
-from stepstone.runtime.handlers import _boxed, _failed, _message, _Raised, _reraise_own_cancellation, check_events
+from stepstone.runtime.handlers import _boxed, _failed, _message, _Raised, _reraise_own_cancellation, left_behind
 
 
 def compensation_key(instance_id: str, record: int) -> str:
@@ -50,15 +49,7 @@ async def run_compensation(
         _reraise_own_cancellation(exc)
         return _failed(type(exc).__name__, _message(exc),
                        retryable=not workflow.compensation_never_retried(run.step, exc))
-    try:
-        new_state = workflow.state_to_json(state, what=f"state left by the compensation of {run.step!r}")
-        size = len(limits.encode("state", new_state).encode()) + check_events(limits, ctx.events)
-        limits.check_commit(f"compensation of {run.step!r}", size)
-    except PayloadRejected as exc:
-        return _failed("PayloadRejected", str(exc), retryable=False)
-    except StepstoneError as exc:
-        return _failed("InvalidState", str(exc), retryable=False)
-    return StepSucceeded(None, new_state, tuple(ctx.events))
+    return left_behind(workflow, f"the compensation of {run.step!r}", None, state, ctx.events, limits)
 
 
 async def _call(handler: Any, ctx: CompensationContext, state: Any, recorded: Any, executor: Executor) -> None:

@@ -93,7 +93,8 @@ async def run_handler(
     if result is not None and len(result) > limits.max_name_length:
         problem = f"handler returned a step name of {len(result)} characters; no step has one that long"
         return _failed("InvalidTransition", problem, retryable=False)
-    return _with_record(_left(workflow, run.step, result, state, ctx.events, limits, child), ctx, limits)
+    return _with_record(left_behind(workflow, f"step {run.step!r}", result, state, ctx.events, limits, child), ctx,
+                        limits)
 
 
 def _with_record(left: StepSucceeded | StepFailed, ctx: StepContext, limits: Limits) -> StepSucceeded | StepFailed:
@@ -107,22 +108,24 @@ def _with_record(left: StepSucceeded | StepFailed, ctx: StepContext, limits: Lim
     return replace(left, recorded=ctx.recorded)
 
 
-def _left(
-    workflow: Workflow[Any], step: str, result: str | None, state: Any, events: list[Event], limits: Limits,
-    child: ChildStart | None,
+def left_behind(
+    workflow: Workflow[Any], what: str, result: str | None, state: Any, events: list[Event], limits: Limits,
+    child: ChildStart | None = None,
 ) -> StepSucceeded | StepFailed:
-    """What the handler left, as the commit will store it, or why it cannot be stored."""
+    """What a handler (`what`: "step 'x'", or "the compensation of 'x'") left, as the commit will store it, or
+    why it cannot be stored: the state model's own validators and serializers are user code and may raise
+    anything, which fails this attempt instead of crashing the worker's segment."""
     try:
-        new_state, text = workflow.state_document(state, what=f"state left by step {step!r}")
+        new_state, text = workflow.state_document(state, what=f"state left by {what}")
         size = len(limits.encode("state", new_state, text).encode()) + check_events(limits, events)
-        limits.check_commit(f"step {step!r}", size)
+        limits.check_commit(what, size)
     except PayloadRejected as exc:
         return _failed("PayloadRejected", str(exc), retryable=False)
     except StepstoneError as exc:
         return _failed("InvalidState", str(exc), retryable=False)
-    except BaseException as exc:  # noqa: BLE001 - a serializer of the model raised
+    except BaseException as exc:  # noqa: BLE001 - a validator or serializer of the model raised
         _reraise_own_cancellation(exc)
-        return _failed("InvalidState", f"state left by step {step!r} cannot be stored: {describe_error(exc)}",
+        return _failed("InvalidState", f"state left by {what} cannot be stored: {describe_error(exc)}",
                        retryable=False)
     return StepSucceeded(result, new_state, tuple(events), child=child)
 
