@@ -425,7 +425,9 @@ class Workflow(Generic[S]):
         if isinstance(model, type) and issubclass(model, BaseModel):
             try:
                 if isinstance(value, model):
-                    text = value.model_dump_json()
+                    # Without pydantic's warnings: a value of the wrong type is the validation's error just
+                    # below, named by field, not a UserWarning (an exception where warnings are errors).
+                    text = value.model_dump_json(warnings=False)
                     model.model_validate_json(text)
                     return json_text.loads(text), text
                 return model.model_validate(value).model_dump(mode="json"), None

@@ -53,6 +53,18 @@ async def test_bad_state_is_never_committed_for_the_next_step(engine: Engine, ro
     assert hw.RUNS[iid, "after_spoil"] == 0
 
 
+async def test_a_value_of_the_wrong_type_is_named_as_the_models_error(engine: Engine, rows: Rows) -> None:
+    """A step that put a text where the model holds a number failed with "cannot be stored: UserWarning:
+    Pydantic serializer warnings:" where warnings are errors (pytest's `filterwarnings = error`, as this
+    suite and the testing kit's users run), and printed that warning in a worker elsewhere: the state was
+    serialized with pydantic's warnings on before being validated. Now the validation names the field."""
+    iid = await engine.client.start(hw.strict_typed, {"qty": 3})
+    await engine.run_until_idle()
+    error = await _failed_once(engine, rows, iid, "mistype")
+    assert error["type"] == "InvalidState"
+    assert "is invalid: qty: Input should be a valid integer" in error["message"], error
+
+
 async def test_a_mutated_model_instance_is_validated_at_start(engine: Engine, rows: Rows) -> None:
     value = hw.Strict(qty=2)
     value.qty = -1  # no validation on assignment: the model instance itself is invalid now

@@ -73,6 +73,15 @@ def after_spoil(ctx: StepContext, state: Strict) -> None:
     state.log.append("after")
 
 
+strict_typed: Workflow[Strict] = Workflow("strict_typed", state=Strict)
+
+
+@strict_typed.step(next=None)
+def mistype(ctx: StepContext, state: Strict) -> None:
+    _ran(ctx)
+    state.qty = "three"  # type: ignore[assignment]  # a text where the model holds a number
+
+
 # -- item 2: a handler's BaseException is a step failure ---------------------------------------------------
 
 
@@ -279,7 +288,7 @@ def steer_reset() -> None:
 
 
 registry = Registry(
-    strict_last, strict_mid, bang_sync, bang_async, emitter, held_sync, held_async, stuck,
+    strict_last, strict_mid, strict_typed, bang_sync, bang_async, emitter, held_sync, held_async, stuck,
     until_wf, gated, keyed, parker, backoff_wf, chooser,
 )
 
