@@ -313,3 +313,22 @@ async def test_a_compensation_whose_state_the_model_refuses_fails_instead_of_cra
         assert info.error["attempts"] == 1
         assert info.error["error"]["type"] == "InvalidState"
         assert "state left by the compensation of '_hold' cannot be stored: KeyError" in info.error["error"]["message"]
+
+
+async def test_a_saga_stopped_at_compensation_failed_says_which_step_and_why_in_its_error(engine: Engine) -> None:
+    """`stepstone show` printed `error  CompensationFailed:` and nothing else: the instance's error held
+    only the compensation record's id and, nested, the last error, while every reader (the CLI, the UI's
+    error box, the API) looks for a message and a step, as a failed step's error has."""
+    from stepstone.cli.instances import describe_error  # noqa: PLC0415 - what `stepstone show` prints
+
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    w.FAIL[(iid, "undo_one")] = -1
+    await engine.run_until_idle()
+    error = (await engine.client.get(iid)).error
+    assert error is not None
+    assert (error["type"], error["step"], error["attempts"]) == ("CompensationFailed", "one", 3)
+    assert error["error"] == {"type": "Boom", "message": "undo_one is down"}
+    assert describe_error(error) == (
+        "CompensationFailed: the compensation of step 'one' gave up after 3 attempts: Boom: undo_one is down "
+        "(step one)")

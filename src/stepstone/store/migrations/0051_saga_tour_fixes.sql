@@ -6,7 +6,7 @@
 -- not: a COMPENSATION_FAILED saga replayed from its failed step that failed again passed over the step
 -- whose compensation was given up and ended COMPENSATED with that step never undone and no alert. The
 -- statement is now one function, saga_owe_given_up, which the three call.
--- Expand only: a function added, three replaced with the same signatures.
+-- Expand only: a function added, three replaced with the same signatures (and advance_saga, below).
 
 -- The compensations of an instance given up (FAILED) are owed again (PENDING), in ascending id order.
 CREATE FUNCTION {{schema}}.saga_owe_given_up(p_instance uuid)
@@ -85,4 +85,58 @@ BEGIN
         v_child.saga := jsonb_build_object('cause', 'parent', 'record', p_record);
         PERFORM {{schema}}.tell_parent(v_child, COALESCE(v_child.status, 'MISSING'), 'the child had ended', p_now);
     END IF;
+END $$;
+
+-- A saga stopped at COMPENSATION_FAILED says in its error which step's compensation gave up and why.
+-- The error held the compensation record's id and, nested, the last error, with no `message` and no
+-- `step`: `stepstone show` printed "CompensationFailed:" and nothing else. advance_saga now adds both
+-- (the fields it had are kept).
+CREATE OR REPLACE FUNCTION {{schema}}.advance_saga(p_commit jsonb, p_items jsonb, p_now timestamptz)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := (p_commit->>'instance')::uuid;
+    v_actor text := p_commit->>'actor';
+    v_step text;
+    x jsonb;
+BEGIN
+    FOR x IN SELECT jsonb_array_elements(p_items) LOOP
+        IF x->>'op' = 'begin' THEN
+            PERFORM {{schema}}.saga_begin(v_id, x->>'cause', NULL, v_actor, p_now, p_commit->>'position');
+            CONTINUE;
+        ELSIF x->>'op' = 'compensate_child' THEN
+            PERFORM {{schema}}.compensate_child((x->>'child')::uuid, (x->>'record')::bigint, v_actor, p_now);
+            UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
+            CONTINUE;
+        END IF;
+        UPDATE {{schema}}.compensations k SET
+            attempts = k.attempts + 1,
+            status = CASE x->>'op' WHEN 'done' THEN 'COMPENSATED' WHEN 'exhausted' THEN 'FAILED' ELSE k.status END,
+            last_error = CASE WHEN x->>'op' = 'done' THEN k.last_error ELSE x->'error' END,
+            compensated_at = CASE WHEN x->>'op' = 'done' THEN p_now END
+        WHERE k.id = (x->>'record')::bigint AND k.instance_id = v_id AND k.status = 'PENDING'
+        RETURNING k.step INTO v_step;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'stepstone: compensation % of instance % is not pending', x->>'record', v_id
+                USING ERRCODE = 'P0001';
+        END IF;
+        IF x->>'op' = 'done' THEN
+            PERFORM {{schema}}.saga_next(v_id, p_now, v_actor);
+        ELSIF x->>'op' = 'exhausted' THEN
+            UPDATE {{schema}}.instances i SET status = 'COMPENSATION_FAILED', updated_at = p_now,
+                error = jsonb_build_object(
+                    'type', 'CompensationFailed', 'step', v_step,
+                    'message', format('the compensation of step %L gave up after %s attempt%s: %s: %s', v_step,
+                                      x->>'attempts', CASE WHEN x->>'attempts' = '1' THEN '' ELSE 's' END,
+                                      x->'error'->>'type', x->'error'->>'message'),
+                    'record', (x->>'record')::bigint, 'error', x->'error', 'attempts', (x->>'attempts')::integer)
+            WHERE i.id = v_id;
+            IF (SELECT i.saga ? 'record' FROM {{schema}}.instances i WHERE i.id = v_id) THEN
+                PERFORM {{schema}}.tell_parent(i, 'COMPENSATION_FAILED', x->'error'->>'message', p_now)
+                FROM {{schema}}.instances i WHERE i.id = v_id;
+            END IF;
+        ELSE
+            UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
+        END IF;
+    END LOOP;
 END $$;
