@@ -45,6 +45,15 @@ def build(*steps: Step, start: str | None = "a") -> Plan:
         ((Step("a", "action", (END,), deadline_seconds=4e10),), "a", "step 'a': its deadline must be at most"),
         ((Step("a", "action", (END,), retry=RetryPolicy(max_backoff=float("inf"))),), "a",
          "max_backoff must be at most a thousand years"),
+        # NaN and inf backoffs and multipliers were accepted, and the registry stored them as null.
+        ((Step("a", "action", (END,), retry=RetryPolicy(initial_backoff=float("nan"))),), "a",
+         "step 'a': backoff must be at most a thousand years, got nan s"),
+        ((Step("a", "action", (END,), retry=RetryPolicy(initial_backoff=float("inf"))),), "a",
+         "step 'a': backoff must be at most a thousand years, got inf s"),
+        ((Step("a", "action", (END,), retry=RetryPolicy(multiplier=float("nan"))),), "a",
+         "step 'a': multiplier must be a number of at least 1, got nan"),
+        ((Step("a", "action", (END,), retry=RetryPolicy(multiplier=float("inf"))),), "a",
+         "step 'a': multiplier must be a number of at least 1, got inf"),
         (
             (action("a", "w"), Step("w", "wait", signals={"go": END}, timeout_seconds=5)),
             "a",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,8 +66,9 @@ class RetryPolicy:
             found.append(f"{where}: max_attempts must be at least 1")
         if self.initial_backoff < 0 or self.max_backoff < 0:
             found.append(f"{where}: backoffs must not be negative")
-        if self.multiplier < 1:
-            found.append(f"{where}: multiplier must be at least 1")
+        if not self.multiplier >= 1 or math.isinf(self.multiplier):  # NaN and inf too: the registry stores null
+            found.append(f"{where}: multiplier must be a number of at least 1, got {self.multiplier}")
+        found.extend(too_long(f"{where}: backoff", self.initial_backoff))
         found.extend(too_long(f"{where}: max_backoff", self.max_backoff))
         return found
 
