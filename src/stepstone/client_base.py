@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -93,8 +94,13 @@ def deadline_fields(value: timedelta | float | datetime | None) -> tuple[datetim
         if value.tzinfo is None:
             raise InvalidInput("deadline must be an instant with a time zone", what="deadline")
         return instants.checked(value, "deadline"), None
+    if isinstance(value, bool) or not isinstance(value, timedelta | numbers.Real):
+        raise InvalidInput(f"deadline is seconds (a number), a timedelta or an aware datetime, got {value!r}",
+                           what="deadline")
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if not seconds >= 0:
+    if seconds != seconds:  # noqa: PLR0124 - NaN
+        raise InvalidInput("deadline must be a number of seconds, got nan", what="deadline")
+    if seconds < 0:
         raise InvalidInput(f"deadline must not be negative, got {seconds} s", what="deadline")
     if seconds > MAX_SECONDS:  # inf too
         raise InvalidInput(f"deadline must be at most a thousand years from now, got {seconds} s", what="deadline")

@@ -63,6 +63,8 @@ NAIVE = datetime(2030, 1, 1)  # noqa: DTZ001 - the point: an instant without a z
 @pytest.mark.parametrize("deadline", [
     float("inf"), 1e300, datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1))),
     datetime(9999, 12, 31, 23, 59, tzinfo=timezone(-timedelta(hours=1))), timedelta(days=365_251), -1.0, NAIVE,
+    # These raised a bare ValueError or TypeError from float(), or were taken as seconds ("60", True).
+    "soon", "60", [60], True, float("nan"),
 ])
 async def test_a_deadline_out_of_range_is_refused_before_anything_is_stored(engine: Engine, deadline: Any) -> None:
     """The first four once reached the server, which refused the statement ("interval out of range", "date
