@@ -9,10 +9,11 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.scheduling import Schedule
 from stepstone.scheduling.operations import ScheduleNotFound
-from stepstone.testing import Engine
-from tests.scheduling.workflows import long, registry, report
+from stepstone.testing import Engine, open_engine
+from tests.scheduling.workflows import Job, long, registry, report
 
 HOUR = timedelta(hours=1)
 
@@ -183,3 +184,33 @@ async def test_bad_schedules_are_refused_in_one_line(engine: Engine) -> None:
         await engine.client.schedule(Schedule("s", report, cron="61 * * * *"))
     with pytest.raises(InvalidInput):
         await engine.client.schedule(Schedule("s", report, every=60, input={"kind": 5}))
+
+
+_timed: Workflow[Job] = Workflow("timed", version=1, state=Job, deadline=600)
+
+
+@_timed.step(start=True, next="hold", deadline=60)
+async def _open(ctx: StepContext, state: Job) -> None:
+    state.data["opened"] = True
+
+
+_timed.wait("hold", signals={"done": _timed.end()})
+
+
+async def test_a_ticks_instance_gets_the_workflows_deadlines_as_a_start_does(
+    database_url: str, db: asyncpg.Connection,
+) -> None:
+    """An instance a schedule started never timed out: the tick gave it neither the workflow's default
+    deadline nor its action start step's deadline, which `client.start` (and start_or_signal) give."""
+    async with open_engine(database_url, Registry(_timed)) as engine:
+        await engine.client.schedule(Schedule("timed-hourly", _timed, every=HOUR))
+        await engine.advance(HOUR)  # the first tick comes due on the way (the ticks are on the hour)
+        [row] = await _instances(db, "timed")
+        timers = await db.fetch(  # counted from the firing, as a start's are from the start
+            "SELECT t.name, t.available_at - s.available_at AS after FROM stepstone.commands t "
+            "JOIN stepstone.commands s ON s.instance_id = t.instance_id AND s.kind = 'START' "
+            "WHERE t.instance_id = $1 AND t.kind = 'TIMER' ORDER BY t.id", row["id"])
+        assert [(t["name"], round(t["after"].total_seconds())) for t in timers] == [
+            ("deadline", 600), ("step_deadline", 60)]
+        await engine.advance(minutes=11)
+        assert (await engine.client.get(str(row["id"]))).status == "TIMED_OUT"

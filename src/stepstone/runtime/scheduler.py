@@ -111,7 +111,7 @@ class ScheduleFirer:
         try:
             fired = await self.store.fire_schedule(
                 name, first, following, [(t, tick_instance_id(name, t)) for t in ticks],
-                wf.version, wf.plan.plan_hash, wf.plan.start, state,
+                wf.version, wf.plan.plan_hash, wf.plan.start, state, wf.deadline, wf.plan.start_deadline,
             )
         except VersionNotAdmitted as exc:  # deprecated since it was selected: nothing was written
             self._tell(name, following, logging.WARNING, f"schedule {name}: {exc}; its version is selected again "

@@ -67,9 +67,11 @@ class SchedulingQueries:
     async def fire_schedule(
         self, name: str, expected: datetime, following: datetime, ticks: list[tuple[datetime, str]],
         version: int, plan_hash: str, step: str, state: Any,
+        deadline_seconds: float | None = None, start_deadline_seconds: float | None = None,
     ) -> list[FiredTick]:
         doc = [{"tick": tick.isoformat(), "id": iid} for tick, iid in ticks]
-        rows = await self._sfetch("fire_schedule", name, expected, following, doc, version, plan_hash, step, state)
+        rows = await self._sfetch("fire_schedule", name, expected, following, doc, version, plan_hash, step, state,
+                                  deadline_seconds, start_deadline_seconds)
         return [(r["outcome"], None if r["instance_id"] is None else str(r["instance_id"]), r["tick"]) for r in rows]
 
     async def put_flow_limit(

@@ -33,6 +33,7 @@ class SchedulingStore(Protocol):
     async def fire_schedule(
         self, name: str, expected: datetime, following: datetime, ticks: list[tuple[datetime, str]],
         version: int, plan_hash: str, step: str, state: Any,
+        deadline_seconds: float | None = None, start_deadline_seconds: float | None = None,
     ) -> list[FiredTick]: ...
     async def put_flow_limit(
         self, definition_id: str, key_field: str | None, max_running: int | None, min_interval: float | None,

@@ -6,7 +6,8 @@
 -- not: a COMPENSATION_FAILED saga replayed from its failed step that failed again passed over the step
 -- whose compensation was given up and ended COMPENSATED with that step never undone and no alert. The
 -- statement is now one function, saga_owe_given_up, which the three call.
--- Expand only: a function added, three replaced with the same signatures (and advance_saga, below).
+-- Expand only: a function added, three replaced with the same signatures (and, below, advance_saga
+-- replaced and fire_schedule given a ten-argument form).
 
 -- The compensations of an instance given up (FAILED) are owed again (PENDING), in ascending id order.
 CREATE FUNCTION {{schema}}.saga_owe_given_up(p_instance uuid)
@@ -140,3 +141,78 @@ BEGIN
         END IF;
     END LOOP;
 END $$;
+
+-- A schedule's tick gives the instance it starts the workflow's deadlines, as a start does
+-- (docs/schedules.md, docs/sagas.md "Deadlines"). fire_schedule started instances that never timed
+-- out: neither the workflow's default instance deadline nor its action start step's deadline was
+-- scheduled, which client starts and start_or_signal do (schedule_start_deadlines). The firing worker
+-- passes both (it has the workflow); a worker of before calls the eight-argument form, which is now
+-- the same function without deadlines.
+CREATE FUNCTION {{schema}}.fire_schedule(
+    p_name text, p_expected timestamptz, p_next timestamptz, p_ticks jsonb,
+    p_version integer, p_plan_hash text, p_step text, p_state jsonb,
+    p_deadline_seconds float8, p_start_deadline_seconds float8)
+RETURNS TABLE (outcome text, instance_id uuid, tick timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_s {{schema}}.schedules%ROWTYPE;
+    v_last uuid;
+    v_status text;
+    v_fired integer := 0;
+    v_skipped integer := 0;
+    v_id uuid;
+    v_tick timestamptz;
+    t record;
+BEGIN
+    SELECT * INTO v_s FROM {{schema}}.schedules s WHERE s.name = p_name FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'busy'::text, NULL::uuid, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF v_s.paused OR v_s.next_fire_at <> p_expected THEN
+        RETURN QUERY SELECT 'moved'::text, NULL::uuid, NULL::timestamptz;
+        RETURN;
+    END IF;
+    v_last := v_s.last_instance;
+    v_tick := v_s.last_tick;
+    FOR t IN SELECT x.tick, x.id FROM jsonb_to_recordset(p_ticks) AS x(tick timestamptz, id uuid) ORDER BY x.tick LOOP
+        IF v_last IS NOT NULL AND v_s.spec->>'overlap' <> 'allow' THEN
+            SELECT i.status INTO v_status FROM {{schema}}.instances i WHERE i.id = v_last;
+            IF v_status IS NOT NULL AND NOT {{schema}}.is_ended(v_status) THEN
+                IF v_s.spec->>'overlap' = 'skip' THEN
+                    v_skipped := v_skipped + 1;
+                    v_tick := t.tick;
+                    RETURN QUERY SELECT 'skipped'::text, v_last, t.tick;
+                    CONTINUE;
+                END IF;
+                PERFORM {{schema}}.cancel_instance(v_last, 'schedule ' || p_name || ': overlapped by its next tick',
+                                                  'schedule:' || p_name);
+            END IF;
+        END IF;
+        v_id := {{schema}}.start_instance(t.id, v_s.scope, v_s.definition_id, p_version, p_plan_hash, p_state, p_step,
+                                          NULL, 'schedule:' || p_name || ':' || (extract(epoch FROM t.tick) * 1000000)::bigint::text, 'schedule', NULL,
+                                          'schedule:' || p_name);
+        v_tick := t.tick;
+        IF v_id IS NULL THEN
+            RETURN QUERY SELECT 'duplicate'::text, t.id, t.tick;
+        ELSE
+            PERFORM {{schema}}.schedule_start_deadlines(v_id, NULL, p_deadline_seconds, p_step,
+                                                        p_start_deadline_seconds);
+            v_fired := v_fired + 1;
+            v_last := v_id;
+            RETURN QUERY SELECT 'started'::text, v_id, t.tick;
+        END IF;
+    END LOOP;
+    UPDATE {{schema}}.schedules s SET next_fire_at = p_next, last_tick = v_tick, last_instance = v_last,
+        fired = s.fired + v_fired, skipped = s.skipped + v_skipped, updated_at = {{schema}}.db_now()
+    WHERE s.name = p_name;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.fire_schedule(
+    p_name text, p_expected timestamptz, p_next timestamptz, p_ticks jsonb,
+    p_version integer, p_plan_hash text, p_step text, p_state jsonb)
+RETURNS TABLE (outcome text, instance_id uuid, tick timestamptz)
+LANGUAGE sql AS $$
+    SELECT * FROM {{schema}}.fire_schedule(p_name, p_expected, p_next, p_ticks, p_version, p_plan_hash, p_step,
+                                           p_state, NULL::float8, NULL::float8);
+$$;

@@ -48,7 +48,9 @@ SELECT EXTRACT(EPOCH FROM (min(next_fire_at) - {{schema}}.db_now()))::float8
 FROM {{schema}}.schedules WHERE NOT paused AND definition_id = ANY ($1::text[]) AND name <> ALL ($2::text[]);
 
 -- name: fire_schedule
-SELECT outcome, instance_id, tick FROM {{schema}}.fire_schedule($1, $2, $3, $4, $5, $6, $7, $8);
+-- The instance deadline ($9 seconds) and the action start step's deadline ($10 seconds) of each instance a
+-- tick starts, as a start gives them (migration 0051).
+SELECT outcome, instance_id, tick FROM {{schema}}.fire_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: put_flow_limit
 -- Set a workflow's limit, then admit whatever the new limit lets through in every bucket.
