@@ -4,6 +4,7 @@ completed and ends TIMED_OUT. A handler still running then is a zombie: its comm
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from stepstone.authoring.workflow import Registry, Workflow
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.core.model import FAILURE_KINDS
 from stepstone.core.plan import END
 from stepstone.errors import DefinitionError, InvalidInput, InvalidState
@@ -278,3 +279,45 @@ async def test_every_failures_only_view_shows_the_same_entries(engine: Engine) -
     management = open_management(engine.store)
     rows = await management.history_page(iid, after=0, limit=100, failed_only=True)
     assert [r["kind"] for r in rows] == expected
+
+
+_leg: Workflow[dict[str, Any]] = Workflow("timed_leg", deadline=600)
+
+
+@_leg.step(start=True, next="hold", deadline=60)
+def _book_leg(ctx: StepContext, state: dict[str, Any]) -> None:
+    ctx.record("seat")
+
+
+_leg.wait("hold", signals={"go": _leg.end()})
+_journey: Workflow[dict[str, Any]] = Workflow("journey")
+
+
+@_journey.child(workflow="timed_leg", next="_arrive", start=True)
+def _spawn(ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+@_journey.step(next=None)
+def _arrive(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["arrived"] = True
+
+
+async def test_a_child_gets_its_workflows_deadlines_as_a_start_does(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """A child step's child never timed out: its start (in the parent's commit) gave it neither its
+    workflow's default deadline nor its action start step's deadline, which `client.start` gives."""
+    async with open_engine(database_url, Registry(_leg, _journey)) as engine:
+        parent = await engine.client.start(_journey, {})
+        await engine.run_until_idle()
+        child = str(await conn.fetchval("SELECT id FROM stepstone.instances WHERE parent_id = $1", parent))
+        timers = await conn.fetch(  # counted from the child's start, in its parent's commit
+            "SELECT t.name, t.available_at - i.created_at AS after FROM stepstone.commands t "
+            "JOIN stepstone.instances i ON i.id = t.instance_id "
+            "WHERE t.instance_id = $1 AND t.kind = 'TIMER' ORDER BY t.id", uuid.UUID(child))
+        assert [(t["name"], round(t["after"].total_seconds())) for t in timers] == [
+            ("deadline", 600), ("step_deadline", 60)]
+        await engine.advance(minutes=11)
+        assert (await engine.client.get(child)).status == "TIMED_OUT"
+        assert (await engine.client.get(parent)).status == "FAILED"  # its child ended TIMED_OUT

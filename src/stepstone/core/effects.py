@@ -158,6 +158,8 @@ class StartChild(Effect):
     state: JSON
     step: str
     cancel_with_parent: bool = True
+    deadline_seconds: float | None = None
+    start_deadline_seconds: float | None = None
 
 
 @dataclass(frozen=True)

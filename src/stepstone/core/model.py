@@ -129,13 +129,16 @@ class Event:
 
 @dataclass(frozen=True)
 class ChildStart:
-    """What a child step's handler asked for: the child's pinned plan, first step and input."""
+    """What a child step's handler asked for: the child's pinned plan, first step and input, and the
+    deadlines a start of its workflow gives (its default instance deadline, its action start step's)."""
 
     definition_id: str
     version: int
     plan_hash: str
     step: str
     state: JSON
+    deadline_seconds: float | None = None
+    start_deadline_seconds: float | None = None
 
 
 @dataclass(frozen=True)

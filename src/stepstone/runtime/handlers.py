@@ -172,7 +172,8 @@ async def _child_start(
     except StepstoneError as exc:
         return None, _failed("InvalidInput", f"child step {step!r}: {exc}", retryable=False)
     plan = child_wf.plan
-    return ChildStart(plan.definition_id, plan.version, plan.plan_hash, plan.start, state), None
+    return ChildStart(plan.definition_id, plan.version, plan.plan_hash, plan.start, state,
+                      deadline_seconds=child_wf.deadline, start_deadline_seconds=plan.start_deadline), None
 
 
 def _signal(cause: dict[str, Any] | None) -> Signal | None:

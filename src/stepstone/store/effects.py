@@ -139,6 +139,7 @@ def _child(e: StartChild, doc: _Doc) -> None:
     doc.append("children", {
         "id": e.id, "definition_id": e.definition_id, "version": e.version, "plan_hash": e.plan_hash,
         "state": e.state, "step": e.step, "cancel_with_parent": e.cancel_with_parent,
+        "deadline_seconds": e.deadline_seconds, "start_deadline_seconds": e.start_deadline_seconds,
     })
 
 

@@ -7,7 +7,7 @@
 -- whose compensation was given up and ended COMPENSATED with that step never undone and no alert. The
 -- statement is now one function, saga_owe_given_up, which the three call.
 -- Expand only: a function added, three replaced with the same signatures (and, below, advance_saga
--- replaced and fire_schedule given a ten-argument form).
+-- replaced, fire_schedule given a ten-argument form and start_children replaced).
 
 -- The compensations of an instance given up (FAILED) are owed again (PENDING), in ascending id order.
 CREATE FUNCTION {{schema}}.saga_owe_given_up(p_instance uuid)
@@ -216,3 +216,88 @@ LANGUAGE sql AS $$
     SELECT * FROM {{schema}}.fire_schedule(p_name, p_expected, p_next, p_ticks, p_version, p_plan_hash, p_step,
                                            p_state, NULL::float8, NULL::float8);
 $$;
+
+-- A child gets its workflow's deadlines as a start does (docs/sagas.md, "Deadlines"). start_children
+-- started a child step's child without its workflow's default instance deadline and without its action
+-- start step's deadline, so such a child never timed out. The parent's worker, which selects the child's
+-- version, now names both in each child of the commit ('deadline_seconds', 'start_deadline_seconds'), and
+-- start_children schedules them for a child it inserts (schedule_start_deadlines). A child of a worker
+-- of before carries neither: nothing is scheduled, as before.
+CREATE OR REPLACE FUNCTION {{schema}}.start_children(p_instance uuid, p_position text, p_visit integer,
+                                                     p_children jsonb, p_now timestamptz, p_actor text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_scope text;
+    v_child {{schema}}.instances%ROWTYPE;
+    v_status text;
+    v_state jsonb;
+    v_paths jsonb;
+    v_path jsonb;
+    v_payload jsonb;
+    c jsonb;
+BEGIN
+    SELECT i.scope INTO v_scope FROM {{schema}}.instances i WHERE i.id = p_instance;
+    FOR c IN SELECT jsonb_array_elements(p_children) ORDER BY 1 LOOP
+        INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step, visit,
+                                          parent_id, parent_position, parent_visit, cancel_with_parent,
+                                          next_seq, history_seq, created_at, updated_at)
+        VALUES ((c->>'id')::uuid, v_scope, c->>'definition_id', (c->>'version')::integer, c->>'plan_hash',
+                'PENDING', c->'state', c->>'step', 1, p_instance, p_position, p_visit,
+                (c->>'cancel_with_parent')::boolean, 2, 1, p_now, p_now)
+        ON CONFLICT (id) DO NOTHING;
+        IF FOUND THEN
+            INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
+            VALUES ((c->>'id')::uuid, '', 'RUNNING', c->>'step', 1, p_now, p_now);
+            INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at,
+                                             created_at)
+            VALUES ((c->>'id')::uuid, '', 1, 'START', 'PENDING', c->>'step', 1, p_now, p_now);
+            INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
+            VALUES ((c->>'id')::uuid, 1, p_now, 'INSTANCE_STARTED', c->>'step', 1, p_actor,
+                    jsonb_build_object('state', c->'state', 'parent', p_instance, 'parent_position', p_position));
+            PERFORM {{schema}}.schedule_start_deadlines((c->>'id')::uuid, NULL, (c->>'deadline_seconds')::float8,
+                                                        c->>'step', (c->>'start_deadline_seconds')::float8);
+            CONTINUE;
+        END IF;
+        -- No lock on the child: it never waits on its parent, and a child ending meanwhile has queued its
+        -- report in the same transaction that ended it, which the check below then sees.
+        SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = (c->>'id')::uuid AND i.parent_id = p_instance;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
+        v_status := CASE WHEN {{schema}}.is_ended(v_child.status) THEN v_child.status
+                         WHEN v_child.status = 'COMPENSATING' AND v_child.saga->>'cause' = 'failed'
+                              AND NOT v_child.saga ? 'record' THEN 'FAILED' END;
+        IF v_status IS NULL OR EXISTS (
+            SELECT 1 FROM {{schema}}.commands x
+            WHERE x.instance_id = p_instance AND x.position = p_position AND x.kind = 'CHILD_COMPLETION'
+              AND x.state IN ('PENDING', 'DEFERRED', 'PARKED') AND x.payload->>'child_id' = v_child.id::text) THEN
+            CONTINUE;
+        END IF;
+        IF v_status = 'COMPLETED' THEN
+            v_state := v_child.state;
+            SELECT d.plan -> 'sensitive' INTO v_paths FROM {{schema}}.definitions d
+            WHERE d.scope = COALESCE(v_child.definition_scope, v_child.scope)
+              AND d.definition_id = v_child.definition_id AND d.version = v_child.version;
+            IF jsonb_typeof(v_paths) = 'array' THEN
+                FOR v_path IN SELECT jsonb_array_elements(v_paths) LOOP
+                    v_state := {{schema}}.redact_path(v_state, ARRAY(SELECT jsonb_array_elements_text(v_path)));
+                END LOOP;
+            END IF;
+            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'state', v_state);
+        ELSE
+            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'error', jsonb_strip_nulls(
+                jsonb_build_object(
+                    'step', v_child.error->>'step',
+                    'type', COALESCE(v_child.error->>'type', initcap(v_status)),
+                    'message', 'already ' || v_child.status || ' when the step ran again'
+                               || CASE WHEN v_child.status IN ('FAILED', 'COMPENSATION_FAILED')
+                                       THEN ' (retry the child first, then this instance)' ELSE '' END
+                               || COALESCE(': ' || COALESCE(v_child.error->>'message', v_child.saga->>'reason'), ''))));
+        END IF;
+        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, visit, payload, available_at,
+                                         created_at)
+        VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION', 'PENDING', p_visit,
+                v_payload, p_now, p_now);
+    END LOOP;
+END $$;
