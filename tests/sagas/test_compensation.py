@@ -232,6 +232,26 @@ async def test_a_bulk_cancel_leaves_an_ended_saga_as_a_single_cancel_does(engine
     assert "INSTANCE_CANCELLED" not in kinds(await engine.client.history(iid))
 
 
+async def test_a_bulk_cancel_can_compensate_as_a_single_cancel_does(engine: Engine) -> None:
+    """`client.cancel(compensate=True)` and `stepstone cancel --compensate` undo a saga's completed steps
+    first; `stepstone repair cancel`, the API's `POST /bulk/cancel` and Operations.cancel could only cancel
+    without compensating, leaving every booking of a batch of cancelled sagas in place."""
+    from stepstone.ops import InstanceFilter, Operations  # noqa: PLC0415 - only this test reads the operator's tools
+
+    ids = [await engine.client.start(w.waiting, {"trip": f"t{n}"}) for n in range(2)]
+    await engine.run_until_idle()
+    ops = Operations.on(engine.store, actor="oncall")
+    report = await ops.cancel(where=InstanceFilter(workflow="waiting"), reason="promotion withdrawn", compensate=True)
+    assert (report.succeeded, report.failed) == (2, 0), report
+    assert {i.outcome for i in report.items} == {"compensating"}
+    await engine.run_until_idle()
+    for iid in ids:
+        info = await engine.client.get(iid)
+        assert (info.status, info.state["undone"]) == ("CANCELLED", ["book:None"])
+        asked = [h["data"] for h in await engine.client.history(iid) if h["kind"] == "CANCEL_REQUESTED"]
+        assert asked == [{"reason": "promotion withdrawn", "compensate": True, "status_before": "WAITING"}]
+
+
 async def test_a_compensation_given_up_is_still_owed_when_a_replayed_saga_compensates_again(engine: Engine) -> None:
     """A COMPENSATION_FAILED saga replayed from its failed step (the runbook `stepstone replay` names)
     that fails again compensates once more: the step whose compensation was given up is still not undone,

@@ -27,10 +27,10 @@ Action = Literal["retry", "cancel"]
 
 
 async def _run(ops: Operations, action: Action, *, ids: Sequence[str] | None, where: InstanceFilter | None,
-               reason: str, dry_run: bool) -> BulkReport:
+               reason: str, dry_run: bool, compensate: bool = False) -> BulkReport:
     if action == "retry":
         return await ops.retry(ids, where=where, dry_run=dry_run)
-    return await ops.cancel(ids, where=where, reason=reason, dry_run=dry_run)
+    return await ops.cancel(ids, where=where, reason=reason, dry_run=dry_run, compensate=compensate)
 
 
 def _merge(into: BulkReport, more: BulkReport) -> None:
@@ -80,12 +80,13 @@ async def authorized(
 
 async def bulk(
     ctx: ApiContext, who: Principal, action: Action, *, ids: Sequence[str] | None = None,
-    where: InstanceFilter | None = None, reason: str = "", dry_run: bool = False,
+    where: InstanceFilter | None = None, reason: str = "", dry_run: bool = False, compensate: bool = False,
 ) -> dict[str, Any]:
     """Retry or cancel the instances `ids`, or every one `where` matches; a dry run counts only."""
     ops = Operations.on(ctx.store, actor=who.actor)
 
     async def run(chosen: Sequence[str] | None, matching: InstanceFilter | None) -> BulkReport:
-        return await _run(ops, action, ids=chosen, where=matching, reason=reason, dry_run=dry_run)
+        return await _run(ops, action, ids=chosen, where=matching, reason=reason, dry_run=dry_run,
+                          compensate=compensate)
 
     return (await authorized(ctx, who, action, run, ids=ids, where=where, dry_run=dry_run)).as_dict()

@@ -468,15 +468,17 @@ def repair_retry_command(settings: Settings, output: str, ids: tuple[str, ...], 
 @click.argument("ids", nargs=-1)
 @filter_options
 @click.option("--reason", default="", type=FREE_TEXT, help="Recorded in each history.")
+@click.option("--compensate", is_flag=True, help="Compensate each one's completed steps first (docs/sagas.md).")
 @click.option("--dry-run", is_flag=True, help="Count the matches, change nothing.")
 @actor_option
 @output_option
 @with_settings
-def repair_cancel_command(settings: Settings, output: str, ids: tuple[str, ...], reason: str, dry_run: bool,
-                          actor: str | None, **filters: Any) -> None:
+def repair_cancel_command(settings: Settings, output: str, ids: tuple[str, ...], reason: str, compensate: bool,
+                          dry_run: bool, actor: str | None, **filters: Any) -> None:
     """Cancel the given instances, or every one the filters match."""
     _bulk(settings, output, "cancel", ids, filters,
-          lambda ops, i, w, p: ops.cancel(i, where=w, reason=reason, dry_run=dry_run, progress=p), actor)
+          lambda ops, i, w, p: ops.cancel(i, where=w, reason=reason, dry_run=dry_run, progress=p,
+                                          compensate=compensate), actor)
 
 
 @click.command("replay")

@@ -110,12 +110,12 @@ class Operations:
 
     async def cancel(self, ids: Sequence[str] | None = None, *, where: InstanceFilter | None = None,
                      reason: str = "", dry_run: bool = False, batch_size: int = 500,
-                     progress: repair.Progress | None = None) -> BulkReport:
+                     progress: repair.Progress | None = None, compensate: bool = False) -> BulkReport:
         check_texts(reason=reason, free=True)
         _check_filter(where)
         _check_batch(batch_size)
         return await repair.cancel(self.store, ids=ids, where=where, reason=reason, dry_run=dry_run,
-                                   actor=self.actor, batch_size=batch_size, progress=progress)
+                                   actor=self.actor, batch_size=batch_size, progress=progress, compensate=compensate)
 
     async def replay(self, instance_id: str, step: str) -> ReplayResult:
         check_texts(instance_id=instance_id, step=step)

@@ -50,7 +50,7 @@ async def _bulk(
         chunk = targets[start:start + batch_size]
         rows = await apply(chunk)
         for r in rows:
-            ok = r["outcome"] in ("retried", "cancelled")
+            ok = r["outcome"] in ("retried", "cancelled", "compensating")
             reason = None if ok else _why(action, r["outcome"], r["status"])
             report.items.append(BulkItem(r["id"], ok, r["outcome"], r["status"], reason))
             report.succeeded += ok
@@ -82,11 +82,12 @@ async def retry(
 async def cancel(
     store: OperationsStore, *, ids: Sequence[str] | None = None, where: InstanceFilter | None = None,
     reason: str = "", dry_run: bool = False, actor: str | None = None, batch_size: int = 500,
-    progress: Progress | None = None,
+    progress: Progress | None = None, compensate: bool = False,
 ) -> BulkReport:
-    """Cancel each instance (ids, or every one `where` matches); one result each."""
+    """Cancel each instance (ids, or every one `where` matches), compensating its completed steps first
+    with `compensate` (outcome `compensating`), as a single cancel does; one result each."""
     return await _bulk("cancel", store, ids, where, dry_run=dry_run, batch_size=batch_size, progress=progress,
-                       apply=lambda chunk: store.cancel_many(chunk, reason, actor))
+                       apply=lambda chunk: store.cancel_many(chunk, reason, actor, compensate))
 
 
 _LED_BY = {"SIGNAL_APPLIED": "SIGNAL", "MESSAGE_CORRELATED": "MESSAGE"}

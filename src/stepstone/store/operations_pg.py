@@ -170,8 +170,10 @@ class PostgresOperations:
     async def retry_many(self, ids: list[str], actor: str | None) -> list[dict[str, Any]]:
         return await self._fetch("retry_many", [_id(i) for i in ids], actor)
 
-    async def cancel_many(self, ids: list[str], reason: str, actor: str | None) -> list[dict[str, Any]]:
-        return await self._fetch("cancel_many", [_id(i) for i in ids], reason, actor)
+    async def cancel_many(
+        self, ids: list[str], reason: str, actor: str | None, compensate: bool = False,
+    ) -> list[dict[str, Any]]:
+        return await self._fetch("cancel_many", [_id(i) for i in ids], reason, actor, compensate)
 
     async def command_of(self, instance_id: str, command_id: int) -> dict[str, Any] | None:
         rows = await self._fetch("command_of", _id(instance_id), command_id)

@@ -74,6 +74,7 @@ class BulkRequest(Body):
 
 class BulkCancelRequest(BulkRequest):
     reason: Text = Field(default="", max_length=10_000)
+    compensate: bool = Field(default=False, description="Compensate each one's completed steps first.")
 
 
 class BulkMigrateRequest(BulkRequest):
@@ -91,11 +92,11 @@ def _ids(body: BulkRequest) -> list[str] | None:
 
 
 async def _bulk(
-    request: Request, who: Principal, action: Action, body: BulkRequest, reason: str = "",
+    request: Request, who: Principal, action: Action, body: BulkRequest, reason: str = "", compensate: bool = False,
 ) -> dict[str, Any]:
     return await bulk(context_of(request), who, action, ids=_ids(body),
                       where=None if body.filter is None else body.filter.as_filter(), reason=reason,
-                      dry_run=body.dry_run)
+                      dry_run=body.dry_run, compensate=compensate)
 
 
 @router.post("/retry", summary="Retry the failed step of each selected instance (a result per instance)")
@@ -105,7 +106,7 @@ async def bulk_retry(request: Request, who: Writer, body: BulkRequest) -> dict[s
 
 @router.post("/cancel", summary="Cancel each selected instance (a result per instance)")
 async def bulk_cancel(request: Request, who: Writer, body: BulkCancelRequest) -> dict[str, Any]:
-    return await _bulk(request, who, "cancel", body, body.reason)
+    return await _bulk(request, who, "cancel", body, body.reason, body.compensate)
 
 
 @router.post("/migrate", summary="Move each selected instance to another version of its workflow (a result each)",

@@ -191,12 +191,12 @@ FROM ids, LATERAL (SELECT {{schema}}.retry_saga(ids.id, $2) AS r FROM who OFFSET
 ORDER BY ids.id;
 
 -- name: cancel_many
--- Cancel each instance of $1 with reason $2 as actor $3, as a single cancel without compensation does
--- (cancel_saga: an instance that ended any way is left unchanged); one row per id.
+-- Cancel each instance of $1 with reason $2 as actor $3, compensating its completed steps first when $4,
+-- as a single cancel does (cancel_saga: an instance that ended any way is left unchanged); one row per id.
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($3::text, ''), true)),
 ids AS (SELECT DISTINCT x.id FROM unnest($1::uuid[]) AS x(id))
 SELECT ids.id, (s.r).outcome, (s.r).status
-FROM ids, LATERAL (SELECT {{schema}}.cancel_saga(ids.id, $2, $3, false) AS r FROM who OFFSET 0) AS s
+FROM ids, LATERAL (SELECT {{schema}}.cancel_saga(ids.id, $2, $3, $4::boolean) AS r FROM who OFFSET 0) AS s
 ORDER BY ids.id;
 
 -- name: replay
