@@ -209,6 +209,23 @@ def test_cancel_with_compensation_of_a_saga_that_has_not_ended_says_why_nothing_
     assert run("cancel", instance_id).stdout.strip() == f"{instance_id} CANCELLED: already ended, nothing to cancel"
 
 
+def test_retry_resumes_a_stopped_compensation_as_its_help_says(run: Cli) -> None:
+    """`stepstone retry --help` (and the API's summary) said only "Run the failed step of a FAILED
+    instance again", though retry is the way to resume a saga stopped at COMPENSATION_FAILED."""
+    help_text = " ".join(CliRunner().invoke(cli, ["retry", "--help"]).output.split())
+    assert "or resume the compensation of a COMPENSATION_FAILED one where it stopped" in help_text
+    instance_id = run.json("start", "refund_saga", "--app", APP)["instance_id"]
+    run.drive()
+    cli_apps.REFUNDS_DOWN["down"] = False
+    try:
+        assert run.json("retry", instance_id)["status"] == "COMPENSATING"
+        run.drive()
+    finally:
+        cli_apps.REFUNDS_DOWN["down"] = True
+    shown = run.json("show", instance_id)["instance"]
+    assert (shown["status"], shown["state"]) == ("COMPENSATED", {"refunded": True})
+
+
 @pytest.mark.usefixtures("flaky_fails")
 def test_retry_a_failed_instance(run: Cli) -> None:
     instance_id = run.json("start", "flaky", "--app", APP)["instance_id"]

@@ -344,7 +344,8 @@ def cancel_command(settings: Settings, output: str, instance_id: str, reason: st
 @output_option
 @with_settings
 def retry_command(settings: Settings, output: str, instance_id: str) -> None:
-    """Run the failed step of a FAILED instance again."""
+    """Run the failed step of a FAILED instance again, or resume the compensation of a COMPENSATION_FAILED
+    one where it stopped."""
     iid = instance_id_arg(instance_id)
 
     async def work(client: Client) -> str:

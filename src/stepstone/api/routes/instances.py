@@ -142,6 +142,7 @@ async def cancel_instance(
                             compensate=body.compensate if body else False)
 
 
-@router.post("/{instance_id}/retry", summary="Run the failed step of a FAILED instance again")
+@router.post("/{instance_id}/retry", summary="Run the failed step of a FAILED instance again, or resume the "
+                                           "compensation of a COMPENSATION_FAILED one where it stopped")
 async def retry_instance(request: Request, who: Writer, instance_id: str) -> dict[str, Any]:
     return await ops.retry(context_of(request), who, instance_id)
