@@ -352,3 +352,20 @@ async def test_a_saga_stopped_at_compensation_failed_says_which_step_and_why_in_
     assert describe_error(error) == (
         "CompensationFailed: the compensation of step 'one' gave up after 3 attempts: Boom: undo_one is down "
         "(step one)")
+
+
+
+async def test_a_compensated_saga_replayed_runs_again(engine: Engine) -> None:
+    """`stepstone replay` of a saga that had ended COMPENSATED (or TIMED_OUT, or CANCELLED after
+    compensating) answered "replayed", status RUNNING, and wrote INSTANCE_REPLAYED, but the instance
+    stayed COMPENSATED and the step it was to run again was rejected (INSTANCE_ENDED): once a saga had
+    begun, only the saga could change the instance's status, and a replay did not end the saga."""
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = 1  # fails once: the replay's run completes
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATED"
+    replayed = await engine.client.replay(iid, "one")
+    assert (replayed.status, (await engine.client.get(iid)).status) == ("RUNNING", "RUNNING")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["one", "two", "three"])

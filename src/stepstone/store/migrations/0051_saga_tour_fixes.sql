@@ -7,7 +7,7 @@
 -- whose compensation was given up and ended COMPENSATED with that step never undone and no alert. The
 -- statement is now one function, saga_owe_given_up, which the three call.
 -- Expand only: a function added, three replaced with the same signatures (and, below, advance_saga
--- replaced, fire_schedule given a ten-argument form and start_children replaced).
+-- replaced, fire_schedule given a ten-argument form, start_children and replay_instance replaced).
 
 -- The compensations of an instance given up (FAILED) are owed again (PENDING), in ascending id order.
 CREATE FUNCTION {{schema}}.saga_owe_given_up(p_instance uuid)
@@ -300,4 +300,69 @@ BEGIN
         VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION', 'PENDING', p_visit,
                 v_payload, p_now, p_now);
     END LOOP;
+END $$;
+
+-- A replay of a saga that had ended (COMPENSATED, TIMED_OUT, or CANCELLED after compensating) or
+-- stopped (COMPENSATION_FAILED) runs the instance again. replay_instance answered "replayed" and wrote
+-- INSTANCE_REPLAYED, but left the instance's `saga` set, and while it is set only the saga may change
+-- the status: an ended saga stayed as it was and the step to run again was rejected (INSTANCE_ENDED);
+-- a stopped one read COMPENSATION_FAILED while it ran. replay_instance now ends the saga first.
+CREATE OR REPLACE FUNCTION {{schema}}.replay_instance(p_instance uuid, p_step text, p_state jsonb, p_baseline jsonb,
+                                           p_expected_seq integer, p_from_seq integer, p_actor text)
+RETURNS TABLE (outcome text, status text, visit integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+    v_inst {{schema}}.instances%ROWTYPE;
+    v_visit integer;
+BEGIN
+    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found', NULL::text, NULL::integer;
+        RETURN;
+    END IF;
+    IF v_inst.status IN ('PENDING', 'RUNNING', 'WAITING', 'COMPENSATING') THEN
+        RETURN QUERY SELECT 'active', v_inst.status, NULL::integer;
+        RETURN;
+    END IF;
+    IF v_inst.history_seq <> p_expected_seq THEN
+        RETURN QUERY SELECT 'changed', v_inst.status, NULL::integer;
+        RETURN;
+    END IF;
+    -- Positions (ascending path): branches closed, the root taken over with a fresh visit.
+    PERFORM 1 FROM {{schema}}.positions p WHERE p.instance_id = p_instance ORDER BY p.path FOR UPDATE;
+    SELECT COALESCE(max(h.visit), 0) + 1 INTO v_visit FROM {{schema}}.history h
+    WHERE h.instance_id = p_instance AND COALESCE(h.position, '') = '';
+    v_visit := GREATEST(v_visit, (SELECT p.visit + 1 FROM {{schema}}.positions p
+                                  WHERE p.instance_id = p_instance AND p.path = ''));
+    UPDATE {{schema}}.positions p SET status = 'CANCELLED', lease_token = NULL, lease_until = NULL,
+        lease_owner = NULL, updated_at = v_now
+    WHERE p.instance_id = p_instance AND p.path <> '' AND p.status NOT IN ('COMPLETED', 'CANCELLED');
+    UPDATE {{schema}}.positions p SET status = 'RUNNING', step = p_step, visit = v_visit, wait = NULL,
+        error = NULL, lease_token = NULL, lease_until = NULL, lease_owner = NULL, updated_at = v_now
+    WHERE p.instance_id = p_instance AND p.path = '';
+    -- Commands (ascending id): what the old path still had open is superseded.
+    UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
+        last_error = 'REPLAYED'
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'DEAD')
+                     AND NOT (x.kind = 'SIGNAL' AND x.state <> 'CLAIMED')
+                   ORDER BY x.id FOR UPDATE);
+    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at, created_at,
+                                     actor)
+    VALUES (p_instance, '', nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', p_step, v_visit, v_now, v_now,
+            p_actor);
+    -- The instance goes forward again: a saga it ran is over (its compensations stay recorded, and one
+    -- given up is owed by the next round, saga_owe_given_up). Cleared on its own first, since while
+    -- `saga` is set only the saga may change the status (instance_status_changed).
+    UPDATE {{schema}}.instances i SET saga = NULL WHERE i.id = p_instance AND i.saga IS NOT NULL;
+    UPDATE {{schema}}.instances i SET status = 'RUNNING', state = p_state, state_version = i.state_version + 1,
+        step = p_step, visit = v_visit, wait = NULL, error = NULL, branches = 0, ended_at = NULL,
+        archived_at = NULL, history_seq = i.history_seq + 1, updated_at = v_now
+    WHERE i.id = p_instance;
+    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data, position)
+    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_REPLAYED', p_step, v_visit, p_actor,
+            jsonb_build_object('from_step', p_step, 'from_seq', p_from_seq, 'previous_status', v_inst.status,
+                               'state', p_baseline), '');
+    RETURN QUERY SELECT 'replayed', 'RUNNING'::text, v_visit;
 END $$;
