@@ -369,3 +369,17 @@ async def test_a_compensated_saga_replayed_runs_again(engine: Engine) -> None:
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.status, info.state["log"]) == ("COMPLETED", ["one", "two", "three"])
+
+
+async def test_the_entry_that_ends_a_saga_lists_what_its_own_round_compensated(engine: Engine) -> None:
+    """A saga replayed after it had compensated, then compensated again, ended with INSTANCE_COMPENSATED
+    listing every compensation the instance ever made: ["two", "one", "two", "one"] the second time."""
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = -1
+    await engine.run_until_idle()
+    await engine.client.replay(iid, "one")
+    await engine.run_until_idle()
+    ends = [h["data"] for h in await engine.client.history(iid) if h["kind"] == "INSTANCE_COMPENSATED"]
+    assert ends == [{"cause": "failed", "compensated": ["two", "one"]}] * 2
+    assert [(r["step"], r["status"]) for r in await engine.client.compensations(iid)] == [
+        ("one", "COMPENSATED"), ("two", "COMPENSATED"), ("one", "COMPENSATED"), ("two", "COMPENSATED")]

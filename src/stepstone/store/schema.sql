@@ -5677,3 +5677,59 @@ BEGIN
                                'state', p_baseline), '');
     RETURN QUERY SELECT 'replayed', 'RUNNING'::text, v_visit;
 END $$;
+
+-- The history entry that ends a saga (INSTANCE_COMPENSATED, _CANCELLED, _TIMED_OUT) lists what this
+-- round compensated. It listed every compensation the instance ever made: a saga replayed after it had
+-- compensated, that compensated again, named the steps of the first round too. A round begins at
+-- saga->'at' (saga_begin); a round resumed by a retry keeps it.
+CREATE OR REPLACE FUNCTION {{schema}}.saga_next(p_instance uuid, p_now timestamptz, p_actor text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_inst {{schema}}.instances%ROWTYPE;
+    v_rec {{schema}}.compensations%ROWTYPE;
+    v_final text;
+BEGIN
+    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance;
+    SELECT * INTO v_rec FROM {{schema}}.compensations k
+    WHERE k.instance_id = p_instance AND k.status = 'PENDING' ORDER BY k.id DESC LIMIT 1 FOR UPDATE;
+    IF FOUND THEN
+        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, payload,
+                                         available_at, created_at)
+        VALUES (p_instance, '$saga', nextval('{{schema}}.command_seq'), 'COMPENSATE', 'PENDING', v_rec.step,
+                v_rec.visit, jsonb_build_object('record', v_rec.id, 'step', v_rec.step, 'position', v_rec.position,
+                                                'visit', v_rec.visit, 'recorded', v_rec.recorded,
+                                                'cause', v_inst.saga->>'cause'),
+                p_now, p_now);
+        UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = p_instance;
+        RETURN 'COMPENSATING';
+    END IF;
+    -- By why it compensated: a failure (or a parent's saga) undone, a cancel, a deadline.
+    v_final := CASE v_inst.saga->>'cause' WHEN 'cancelled' THEN 'CANCELLED' WHEN 'timed_out' THEN 'TIMED_OUT'
+                                          ELSE 'COMPENSATED' END;
+    UPDATE {{schema}}.positions p SET status = 'COMPLETED', lease_token = NULL, lease_until = NULL,
+        lease_owner = NULL, updated_at = p_now
+    WHERE p.instance_id = p_instance AND p.path = '$saga';
+    UPDATE {{schema}}.commands c SET state = 'REJECTED', token = NULL, settled_at = p_now,
+        last_error = 'INSTANCE_ENDED'
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'PARKED', 'DEAD')
+                   ORDER BY x.id FOR UPDATE);
+    UPDATE {{schema}}.instances i SET status = v_final, wait = NULL, updated_at = p_now, ended_at = p_now
+    WHERE i.id = p_instance;
+    PERFORM {{schema}}.saga_history(
+        p_instance, 'INSTANCE_' || v_final, NULL, NULL, NULL, NULL, p_actor,
+        jsonb_build_object('cause', v_inst.saga->>'cause',
+                           'compensated', (SELECT coalesce(jsonb_agg(k.step ORDER BY k.compensated_at, k.id), '[]')
+                                           FROM {{schema}}.compensations k
+                                           WHERE k.instance_id = p_instance AND k.status = 'COMPENSATED'
+                                             AND k.compensated_at >= COALESCE((v_inst.saga->>'at')::timestamptz,
+                                                                              '-infinity'))),
+        p_now);
+    -- A child that timed out or was cancelled tells its parent (a failure told it when the step failed),
+    -- and so does a child its parent's saga waits on.
+    IF v_inst.saga->>'cause' <> 'failed' OR v_inst.saga ? 'record' THEN
+        PERFORM {{schema}}.tell_parent(v_inst, v_final, coalesce(v_inst.saga->>'reason', v_final), p_now);
+    END IF;
+    RETURN v_final;
+END $$;
