@@ -5318,7 +5318,7 @@ CREATE TRIGGER instances_deleted
     AFTER DELETE ON {{schema}}.instances REFERENCING OLD TABLE AS gone
     FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.instances_deleted();
 
--- ==== version 51 (migration 0051_saga_tour_fixes) ====
+-- ==== version 50 (migration 0050_saga_tour_fixes) ====
 -- Compensations given up are owed again by every later round of a saga; why: the migration's header.
 -- The compensations of an instance given up (FAILED) are owed again (PENDING), in ascending id order.
 CREATE FUNCTION {{schema}}.saga_owe_given_up(p_instance uuid)

@@ -49,7 +49,7 @@ FROM {{schema}}.schedules WHERE NOT paused AND definition_id = ANY ($1::text[]) 
 
 -- name: fire_schedule
 -- The instance deadline ($9 seconds) and the action start step's deadline ($10 seconds) of each instance a
--- tick starts, as a start gives them (migration 0051).
+-- tick starts, as a start gives them (migration 0050).
 SELECT outcome, instance_id, tick FROM {{schema}}.fire_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: put_flow_limit
