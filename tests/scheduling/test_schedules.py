@@ -204,11 +204,16 @@ async def test_a_ticks_instance_gets_the_workflows_deadlines_as_a_start_does(
     deadline nor its action start step's deadline, which `client.start` (and start_or_signal) give."""
     async with open_engine(database_url, Registry(_timed)) as engine:
         await engine.client.schedule(Schedule("timed-hourly", _timed, every=HOUR))
-        await engine.advance(HOUR)  # the first tick comes due on the way (the ticks are on the hour)
+        # Just past the first tick (the ticks are on the hour): a full hour would also pass the deadlines
+        # whenever the test runs later than a few minutes past an hour, and their claims move the timers.
+        now = await db.fetchval("SELECT stepstone.db_now()")
+        await engine.advance(seconds=HOUR.total_seconds() - now.timestamp() % HOUR.total_seconds() + 1)
         [row] = await _instances(db, "timed")
-        timers = await db.fetch(  # counted from the firing, as a start's are from the start
-            "SELECT t.name, t.available_at - s.available_at AS after FROM stepstone.commands t "
-            "JOIN stepstone.commands s ON s.instance_id = t.instance_id AND s.kind = 'START' "
+        # counted from the firing (the instance's creation), as a start's are from the start; not from the
+        # START command's available_at, which its claim moves to the lease's expiry
+        timers = await db.fetch(
+            "SELECT t.name, t.available_at - i.created_at AS after FROM stepstone.commands t "
+            "JOIN stepstone.instances i ON i.id = t.instance_id "
             "WHERE t.instance_id = $1 AND t.kind = 'TIMER' ORDER BY t.id", row["id"])
         assert [(t["name"], round(t["after"].total_seconds())) for t in timers] == [
             ("deadline", 600), ("step_deadline", 60)]
