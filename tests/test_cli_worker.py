@@ -177,3 +177,17 @@ def test_retention_every_has_a_minimum(every: str) -> None:
     assert "--retention-every" in result.stderr and "at least 1s" in result.stderr
     helped = CliRunner().invoke(cli, ["worker", "--help"], terminal_width=200).stdout
     assert re.search(r"--retention-every DURATION .*x>=1s", helped), helped
+
+
+def test_serve_and_metrics_on_one_port_is_refused_before_anything_starts() -> None:
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from stepstone.cli import cli  # noqa: PLC0415
+
+    # An unreachable database: a worker that started anyway fails on it with exit 1.
+    result = CliRunner().invoke(cli, ["worker", "--app", "tests.cli_apps:registry", "--database-url",
+                                      "postgresql://u@127.0.0.1:1/db", "--serve", "--no-auth", "--port", "8861",
+                                      "--metrics-port", "8861"])
+    assert result.exit_code == 2, result.output
+    assert "Error: Invalid value for '--metrics-port': 8861 is --port too" in result.stderr, result.stderr
+    assert "serving" not in result.stderr and "cannot reach" not in result.stderr

@@ -213,6 +213,9 @@ def worker_command(
                                  param_hint="'--retention-every'")
     web = None
     if serve_web:
+        if port and metrics_port == port:  # the API would take the port and the probes fail after it started
+            raise click.BadParameter(f"{port} is --port too: the API and UI and the probes and metrics need "
+                                     "two ports", param_hint="'--metrics-port'")
         check_no_auth(host, no_auth)
         web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth}
     run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host, web))
