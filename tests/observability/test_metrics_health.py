@@ -111,13 +111,19 @@ async def test_the_sample_is_taken_by_one_worker_at_a_time(engine: Engine, datab
         await conn.close()
 
 
-async def _get(port: int, path: str) -> tuple[int, str]:
+async def _request(port: int, method: str, path: str) -> tuple[str, str]:
+    """The head and the body of the answer (the server closes the connection after it)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     await writer.drain()
     raw = await reader.read()
     writer.close()
     head, _, body = raw.decode().partition("\r\n\r\n")
+    return head, body
+
+
+async def _get(port: int, path: str) -> tuple[int, str]:
+    head, body = await _request(port, "GET", path)
     return int(head.split()[1]), body
 
 
@@ -136,6 +142,13 @@ async def test_probes_and_metrics_on_the_workers_port(engine: Engine) -> None:
             assert status == 200
             assert "stepstone_commands{state=" in text and "# TYPE stepstone_steps_total counter" in text
             assert (await _get(server.port, "/nope"))[0] == 404
+            for path in ("/livez", "/readyz", "/metrics", "/nope"):  # HEAD: GET's status and headers, no body
+                head, body = await _request(server.port, "HEAD", path)
+                assert body == "", (path, body)
+                got_head, got_body = await _request(server.port, "GET", path)
+                assert head.split()[1] == got_head.split()[1], path
+                if path != "/metrics":  # a sample may change between the two
+                    assert f"Content-Length: {len(got_body)}" in head, head
             await worker.stop()
             assert (await _get(server.port, "/livez"))[0] == 503
     finally:

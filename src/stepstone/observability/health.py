@@ -85,15 +85,17 @@ class HealthServer:
             request = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)
             while (await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)) not in (b"\r\n", b"\n", b""):
                 pass
-            response = await self._route(request.decode("latin-1").split())
+            parts = request.decode("latin-1").split()
+            response = await self._route(parts)
         except (TimeoutError, ConnectionError, UnicodeDecodeError):
             writer.close()
             return
         head = (f"HTTP/1.1 {response.status} {_REASONS.get(response.status, '')}\r\n"
                 f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
                 "Connection: close\r\n\r\n")
+        body = b"" if parts[:1] == ["HEAD"] else response.body  # HEAD: GET's headers without its body
         with contextlib.suppress(ConnectionError):
-            writer.write(head.encode() + response.body)
+            writer.write(head.encode() + body)
             await writer.drain()
         writer.close()
 
