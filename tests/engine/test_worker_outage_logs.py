@@ -100,6 +100,8 @@ async def test_an_outage_is_told_by_the_claim_loop_once_each_way(
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
     for said in ("wake-up connection unavailable", "firing schedules failed", "heartbeat failed"):
         assert any(m.startswith(said) for m in debug), (said, debug)
+    wake_ups = [m for m in (*others, *debug) if m.startswith("wake-up connection unavailable")]
+    assert all(m.endswith("; polling every 0.05 s") for m in wake_ups), wake_ups  # as configured, not rounded
     back = [r for r in caplog.records if r.getMessage().startswith("claims work again")]
     assert len(back) == 1 and back[0].levelno == logging.INFO, [r.getMessage() for r in back]
     assert f"after {len(claims)} failed attempt(s) over " in back[0].getMessage()

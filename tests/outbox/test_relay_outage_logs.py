@@ -58,4 +58,5 @@ async def test_an_outage_is_told_by_the_relays_loop(outbox: PostgresOutbox, capl
     assert len(wake_ups) <= 1, said
     assert len([m for m in warned if "DatabaseUnavailable: cannot reach" in m]) == 1, said  # the loop's first
     assert sum(m.startswith("relay wake-up") for level, m in said if level == logging.DEBUG) >= ROUNDS - 1, said
+    assert all(m.endswith("; polling every 0.05 s") for _, m in said if m.startswith("relay wake-up")), said
     assert [m for level, m in said if level == logging.INFO and "working again after" in m], said

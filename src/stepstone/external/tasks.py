@@ -144,7 +144,7 @@ class ExternalTasks:
             try:
                 self._listener = await self.db.listen(self._wake)
             except StepstoneError as exc:  # long polls still work, by polling
-                log.warning("external tasks: cannot listen for new tasks (%s); polling every %.1f s",
+                log.warning("external tasks: cannot listen for new tasks (%s); polling every %g s",
                             exc, self.poll_interval)
 
     def _wake(self) -> None:

@@ -264,5 +264,5 @@ class Relay:
         except Exception as exc:  # noqa: BLE001 - polling covers its absence
             self._listener = None
             log.log(logging.DEBUG if self._failures else logging.WARNING,  # the loop tells an outage
-                    "relay wake-up connection unavailable (%s); polling every %.1f s",
+                    "relay wake-up connection unavailable (%s); polling every %g s",
                     type(exc).__name__, self.config.poll_interval)

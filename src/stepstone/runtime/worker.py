@@ -339,7 +339,7 @@ class Worker:
         except DatabaseUnavailable as exc:
             self._listener = None
             log.log(logging.DEBUG if self._outage.failures else logging.WARNING,  # the claim loop tells an outage
-                    "wake-up connection unavailable (%s); polling every %.1f s",
+                    "wake-up connection unavailable (%s); polling every %g s",
                     type(exc).__name__, self.config.poll_interval)
 
     def _on_due(self, due_in: float, definition: str | None = None) -> None:
