@@ -153,3 +153,53 @@ def test_a_command_line_loads_only_its_own_commands_module() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe, "db", "--help"], capture_output=True, text=True,
                             timeout=60, check=True).stdout
     assert "stepstone.cli.db" in loaded and "stepstone.cli.demo" not in loaded, loaded
+
+
+_EVERYWHERE = {"--app", "--database-url", "--schema", "--output", "--help"}
+"""Options the conventions at the top of docs/cli.md describe once for every command."""
+
+
+def _long_options(command: click.Command) -> set[str]:
+    return {o for p in command.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--")}
+
+
+def test_the_option_tables_of_docs_cli_list_what_help_lists() -> None:
+    """An options table under `## \\`stepstone COMMAND\\`` names every option of COMMAND and no other."""
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    tables = 0
+    for section in text.split("\n## ")[1:]:
+        heading, _, body = section.partition("\n")
+        if "\n| option |" not in body:
+            continue
+        name = re.match(r"`stepstone ([a-z -]+)`", heading)
+        assert name is not None, heading
+        command: Any = cli
+        for word in name.group(1).split():
+            command = command.get_command(click.Context(command), word)
+        rows = [line.split(" | ")[0] for line in body.split("\n| option |", 1)[1].splitlines()[2:]
+                if line.startswith("| ")]
+        documented = set(re.findall(r"`(--[a-z-]+)", " ".join(rows)))
+        assert documented == _long_options(command) - _EVERYWHERE, heading
+        tables += 1
+    assert tables >= 1
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, click.Command]]:
+    found: list[tuple[str, click.Command]] = []
+    for name in group.list_commands(click.Context(group)):
+        command = group.get_command(click.Context(group), name)
+        assert command is not None
+        if isinstance(command, click.Group):
+            found += _commands(command, (*path, name))
+        else:
+            found.append((" ".join((*path, name)), command))
+    return found
+
+
+def test_every_option_of_every_command_is_documented() -> None:
+    """Each command's options are named in docs/cli.md or in the docs page of its area."""
+    docs = "\n".join(page.read_text(encoding="utf-8") for page in sorted((ROOT / "docs").glob("*.md")))
+    missing = {name: sorted(o for o in _long_options(command) - _EVERYWHERE if f"`{o}" not in docs
+                            and f" {o}" not in docs and f"[{o}" not in docs)
+               for name, command in _commands(cli)}
+    assert {name: options for name, options in missing.items() if options} == {}
