@@ -130,3 +130,35 @@ async def test_good_broker_options_and_the_clients_own_are_accepted() -> None:
                 "amqp://h/?exchange=x&routing_key={key}&concurrency=8&heartbeat=30&name=relay"):
         publisher = open_publisher(url)
         await publisher.close()
+
+
+async def test_a_webhook_timeout_names_the_events_url_and_what_timed_out() -> None:
+    """A receiver that never answered left `http://.../{type}: ReadTimeout:` (the template, nothing after)."""
+    import asyncio  # noqa: PLC0415
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from stepstone.outbox.webhook import WebhookPublisher  # noqa: PLC0415
+
+    held: list[asyncio.StreamWriter] = []
+    answered = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read the request, never answer
+        await reader.readuntil(b"\r\n\r\n")
+        await answered.wait()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    publisher = WebhookPublisher(f"http://127.0.0.1:{port}/hooks/{{type}}", timeout=0.2)
+    try:
+        event = StagedEvent(1, "e1", "i", "order.shipped", "o-1", {}, datetime.now(UTC))
+        [result] = await publisher.publish([event])
+    finally:
+        answered.set()
+        await publisher.close()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert result.outcome.value == "transient" and result.attempted
+    assert result.error == f"http://127.0.0.1:{port}/hooks/order.shipped: ReadTimeout: no answer within 0.2 s"

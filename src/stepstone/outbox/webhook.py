@@ -27,6 +27,11 @@ from stepstone.store.outbox import StagedEvent
 __all__ = ["WebhookPublisher", "webhook_publisher"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+_TIMED_OUT: dict[type[httpx.HTTPError], str] = {
+    httpx.ConnectTimeout: "no connection", httpx.WriteTimeout: "the event not sent",
+    httpx.ReadTimeout: "no answer", httpx.PoolTimeout: "no free connection",
+}
+"""What each of httpx's timeouts means for a POST, said in the event's last error."""
 
 
 class WebhookPublisher:
@@ -35,18 +40,20 @@ class WebhookPublisher:
         self.routing = Routing(url, url_quoted=True)
         self.name = redact_url(url)
         self.concurrency = concurrency
+        self.timeout = timeout
         self.client = httpx.AsyncClient(timeout=timeout, headers=headers or {},
                                         limits=httpx.Limits(max_connections=concurrency))
 
     async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
         async def send(event: StagedEvent) -> PublishResult:
             headers = {"content-type": "application/json", "idempotency-key": event.event_id, **headers_of(event)}
+            target = self.routing.target(event)
             try:
-                answer = await self.client.post(self.routing.target(event), content=body_of(event), headers=headers)
+                answer = await self.client.post(target, content=body_of(event), headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                return PublishResult.transient(f"{self.name}: {type(exc).__name__}", attempted=False)
+                return PublishResult.transient(self._failure(target, exc), attempted=False)
             except httpx.HTTPError as exc:
-                return PublishResult.transient(f"{self.name}: {type(exc).__name__}: {exc}")
+                return PublishResult.transient(self._failure(target, exc))
             if answer.is_success:
                 return PublishResult.OK
             reason = f"HTTP {answer.status_code} {answer.reason_phrase}"
@@ -58,6 +65,12 @@ class WebhookPublisher:
         if results and all(not r.attempted for r in results):
             raise BrokerUnavailable(results[0].error or f"{self.name} unreachable")
         return results
+
+    def _failure(self, target: str, exc: httpx.HTTPError) -> str:
+        """The event's own URL (not the template) and what failed: a timeout says what it waited for."""
+        said = _TIMED_OUT.get(type(exc))
+        what = f"{said} within {self.timeout:g} s" if said else str(exc)
+        return f"{redact_url(target)}: {type(exc).__name__}" + (f": {what}" if what else "")
 
     async def close(self) -> None:
         await self.client.aclose()
