@@ -71,6 +71,7 @@ def test_tasks_from_the_inbox_to_completion(database_url: str) -> None:
     moved = cli("tasks", "reassign-all", "mia", "alice", "--as", "boss", "--dry-run")
     assert moved.stdout.strip() == "would move 1 task(s) from mia to alice"
     assert cli.json("tasks", "reassign-all", "mia", "alice", "--as", "boss")["reassigned"] == 1
+    assert "from and to are both 'alice'" in cli.error("tasks", "reassign-all", "alice", "alice", "--as", "boss")
     done = cli.json("tasks", "complete", tid, "approve", "--as", "alice", "--payload", '{"comment": "ok"}',
                     "--idempotency-key", "k", "--app", APP)
     assert done["task"]["status"] == "COMPLETING" and not done["duplicate"]

@@ -186,7 +186,8 @@ class SyncTaskOperations(SyncLoop):
         dry_run: bool = False,
     ) -> BulkReassignment:
         """Move every open task of `from_user` to `to_user` (an absent colleague's), each with a history
-        entry; tasks being completed are skipped and counted. `dry_run` counts and changes nothing."""
+        entry; tasks being completed are skipped and counted. `dry_run` counts and changes nothing. Moving
+        them to `from_user` itself is refused (`InvalidInput`): it would record a move that changed nothing."""
         return self._run(self._client.reassign_all_tasks(
             from_user,
             to_user,

@@ -277,10 +277,15 @@ class TaskOperations(TaskFilterOperations):
         self, from_user: str, to_user: str, *, actor: str | None = None, reason: str = "", dry_run: bool = False,
     ) -> BulkReassignment:
         """Move every open task of `from_user` to `to_user` (an absent colleague's), each with a history
-        entry; tasks being completed are skipped and counted. `dry_run` counts and changes nothing."""
+        entry; tasks being completed are skipped and counted. `dry_run` counts and changes nothing. Moving
+        them to `from_user` itself is refused (`InvalidInput`): it would record a move that changed nothing."""
         who = self._who(actor)
+        source, target = self._user("from user", from_user), self._user("to user", to_user)
+        if source == target:
+            raise InvalidInput(f"from and to are both {source!r}: their tasks are theirs already, nothing was "
+                               "reassigned", what="to user")
         done, skipped = await self.store.task_reassign_all(
-            self._user("from user", from_user), self._user("to user", to_user), actor=who,
+            source, target, actor=who,
             reason=self._task_text("reason", reason, free=True), dry_run=dry_run,
         )
         return BulkReassignment(done, skipped, dry_run)

@@ -223,6 +223,11 @@ async def test_delegate_resolve_reassign_and_bulk(engine: Engine) -> None:
     assert await engine.client.count_tasks(user="pia") == 2
     kinds = await _kinds(engine, iid)
     assert kinds.count("TASK_REASSIGNED") == 2 and "TASK_DELEGATED" in kinds and "TASK_RESOLVED" in kinds
+    for dry_run in (True, False):  # to the same user: refused, nothing moved and no history written
+        with pytest.raises(InvalidInput, match="from and to are both 'pia'"):
+            await engine.client.reassign_all_tasks("pia", "pia", actor="boss", dry_run=dry_run)
+    assert (await _kinds(engine, iid)).count("TASK_REASSIGNED") == 2
+    assert await engine.client.count_tasks(user="pia") == 2
 
 
 async def test_reminder_then_escalation_then_expiry(engine: Engine) -> None:
