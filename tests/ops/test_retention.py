@@ -4,6 +4,7 @@ holding an unsent or dead-lettered event, one sweep at a time, and no deadlock b
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import timedelta
 
 import asyncpg
@@ -213,6 +214,30 @@ async def test_the_worker_loop_sweeps_and_replicas_take_turns(engine: Engine, op
             await loop.stop()
     reports = [loop.last for loop in loops if loop.last is not None]
     assert sum(r.purged for r in reports if r.ran) == 5
+
+
+async def test_the_worker_loop_logs_only_what_it_did(
+    engine: Engine, ops: Operations, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A round that swept nothing logged a line of zeros at INFO, every round."""
+
+    async def one_round() -> list[str]:
+        caplog.clear()
+        loop = RetentionLoop(ops.store, 3600)
+        with caplog.at_level(logging.INFO, logger="stepstone.retention"):
+            await loop.start()
+            try:
+                await asyncio.wait_for(loop.swept.wait(), 30)
+            finally:
+                await loop.stop()
+        assert loop.last is not None and loop.last.ran
+        return [r.getMessage() for r in caplog.records if r.name == "stepstone.retention"]
+
+    assert await one_round() == []
+    await ops.set_retention_policy("*", "completed", timedelta(days=1), timedelta(days=30))
+    await _completed(engine, 3)
+    await engine.move_clock(2 * DAY)
+    assert await one_round() == ["retention: 3 archived"]
 
 
 async def test_an_archived_instance_that_runs_again_shows_and_is_not_purged(

@@ -153,11 +153,27 @@ class RetentionLoop:
                 self.last = await run(self.store, batch_size=self.batch_size)
                 self.runs += 1
                 if self.last.ran:
-                    log.info("retention: %d archived, %d purged, %d outbox rows; held back %d (unsent) and "
-                             "%d (dead-lettered events), skipped %d busy and %d active",
-                             self.last.archived, self.last.purged, self.last.outbox_purged, self.last.held_unsent,
-                             self.last.held_dead, self.last.skipped_busy, self.last.skipped_active)
+                    _log_round(self.last)
             except Exception as exc:  # noqa: BLE001 - a failed round is retried next round
                 log.warning("retention round failed (%s: %s)", type(exc).__name__, exc)
             self.swept.set()
             await asyncio.sleep(self.interval)
+
+
+def _log_round(report: RetentionReport) -> None:
+    """What a loop's round did, at INFO, naming only the counts that are not 0 (with what it left, if it
+    did anything); a round that did nothing says so at DEBUG only: a sweep every minute logged a line of
+    zeros every minute."""
+    def said(counts: tuple[tuple[int, str], ...]) -> str:
+        return ", ".join(f"{n} {what}" for n, what in counts if n)
+
+    done = said(((report.archived, "archived"), (report.purged, "purged"),
+                 (report.outbox_purged, "published outbox row(s) dropped"),
+                 (report.messages_expired, "buffered message(s) expired")))
+    left = said(((report.held_unsent, "held back (unsent event)"),
+                 (report.held_dead, "held back (dead-lettered event)"),
+                 (report.skipped_busy, "skipped (busy)"), (report.skipped_active, "skipped (active)")))
+    if done:
+        log.info("retention: %s%s", done, f"; {left}" if left else "")
+    else:
+        log.debug("retention: nothing to sweep%s", f" ({left})" if left else "")
