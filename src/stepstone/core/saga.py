@@ -118,6 +118,9 @@ def apply_saga(
 def _deadline(instance: InstanceView) -> Decision:
     if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
         return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
+    if instance.status == FAILED:  # it waits for an operator, who may still retry it (or cancel it)
+        kept = {"cause": CAUSE_TIMED_OUT, "status_before": FAILED, "outcome": "left FAILED for an operator"}
+        return Decision(Settle("COMPLETE"), (RecordHistory("DEADLINE_PASSED", None, None, kept),))
     data = {"cause": CAUSE_TIMED_OUT, "status_before": instance.status}
     return Decision(Settle("COMPLETE"), (
         RecordHistory("DEADLINE_PASSED", None, None, data),
