@@ -38,10 +38,10 @@ def build(*steps: Step, start: str | None = "a") -> Plan:
         ((action("a", "t"), Step("t", "timer", (END,), delay_seconds=-1)), "a", "negative delay"),
         # A delay of 1e300 failed every commit that set its timer, until the command was dead-lettered.
         ((action("a", "t"), Step("t", "timer", (END,), delay_seconds=float("inf"))), "a",
-         "timer step 't': its delay must be at most a thousand years, got inf s"),
+         "step 't': its delay must be at most a thousand years, got inf s"),
         ((action("a", "t"), Step("t", "timer", (END,), delay_seconds=float("nan"))), "a", "got nan s"),
         ((action("a", "w"), Step("w", "wait", signals={"go": END}, timeout_seconds=1e300, on_timeout=END)), "a",
-         "wait step 'w': its timeout must be at most a thousand years"),
+         "step 'w': its timeout must be at most a thousand years"),
         ((Step("a", "action", (END,), deadline_seconds=4e10),), "a", "step 'a': its deadline must be at most"),
         ((Step("a", "action", (END,), retry=RetryPolicy(max_backoff=float("inf"))),), "a",
          "max_backoff must be at most a thousand years"),

@@ -135,6 +135,12 @@ TWO = ("id: x\nversion: 1\nsteps:\n  - {name: a, kind: action, handler: h, start
     (TWO.replace("next: b", "next: $end"), "line 4, column 3 (steps)", "unreachable steps: b"),
     (TWO.replace("version: 1", "version: 1.0"), "line 2, column 10 (version)", "a whole number, got 1.0"),
     (TWO + "deadline: .inf\n", "line 6, column 11 (deadline)", "deadline must be at most a thousand years"),
+    # Reported at (steps) before, as if the graph were wrong.
+    (TWO.replace("next: b}", "next: b, deadline: 1e300}"), "line 4, column 73 (steps[0].deadline)",
+     "step 'a': its deadline must be at most a thousand years, got 1e+300 s"),
+    (TWO.replace("start: true, next: b}", "start: true, next: b}\n  - {name: w, kind: wait, signals: {go: b}, "
+                 "timeout: 1e300, on_timeout: b}"), "line 5, column 54 (steps[1].timeout)",
+     "step 'w': its timeout must be at most a thousand years"),
 ])
 def test_problems_found_after_the_schema_have_their_place_too(text: str, where: str, words: str) -> None:
     with pytest.raises(DocumentInvalid) as raised:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 from stepstone.authoring.document_source import Marks, located, parse
 from stepstone.authoring.workflow import Retry, Workflow
-from stepstone.core.plan import END
+from stepstone.core.plan import END, Step, long_durations
 from stepstone.errors import DefinitionError, DocumentInvalid
 
 # yaml and jsonschema (with referencing and attrs) are imported where a document is read: together they
@@ -78,6 +78,10 @@ class DocumentWorkflow(Workflow[Any]):
         self.scope = scope
         self.document_text = document_text
         self.document_format = document_format
+
+    def declared_steps(self) -> list[Step]:
+        """The steps as declared, before the plan validates them (to show a problem at its field)."""
+        return list(self._steps)
 
 
 @cache
@@ -204,6 +208,10 @@ def _build(
     try:
         wf.plan  # noqa: B018 - validate the graph now
     except DefinitionError as exc:
+        declared = {s.name: s for s in wf.declared_steps()}
+        for n, step in enumerate(data["steps"]):  # a problem of one field is shown at that field
+            for field, problem in long_durations(declared[step["name"]]):
+                raise located(problem, ("steps", n, field), marks) from None
         raise located(f"the steps do not form a valid workflow: {exc}", ("steps",), marks) from None
     return wf
 

@@ -339,6 +339,16 @@ def too_long(what: str, seconds: float | None) -> list[str]:
     return [f"{what} must be at most a thousand years, got {seconds} s"]
 
 
+STEP_DURATIONS = (("deadline", "deadline_seconds"), ("delay", "delay_seconds"), ("timeout", "timeout_seconds"))
+"""A step's durations: the field a workflow document names each by, and the Step's attribute."""
+
+
+def long_durations(s: Step) -> list[tuple[str, str]]:
+    """(field, problem) for each of a step's durations longer than a thousand years (or not a number)."""
+    return [(field, problem) for field, attr in STEP_DURATIONS
+            for problem in too_long(f"step {s.name!r}: its {field}", getattr(s, attr))]
+
+
 def _step_problems(s: Step, known: set[str]) -> list[str]:
     found = [] if s.compensation is None else s.compensation.retry.problems(f"compensation of step {s.name!r}")
     if s.compensation is not None and s.kind != "action":
@@ -348,7 +358,7 @@ def _step_problems(s: Step, known: set[str]) -> list[str]:
         found.append(f"step {s.name!r}: a deadline is for {kinds} steps and must not be negative")
     if s.on_deadline is not None and s.deadline_seconds is None:
         found.append(f"step {s.name!r}: on_deadline without a deadline")
-    found.extend(too_long(f"step {s.name!r}: its deadline", s.deadline_seconds))
+    found.extend(problem for _, problem in long_durations(s))
     found += [
         f"step {s.name!r} goes to unknown step {t!r}"
         for t in s.targets()
@@ -364,7 +374,6 @@ def _timer_problems(s: Step) -> list[str]:
         found.append(f"timer step {s.name!r} needs exactly one of delay or until")
     if s.delay_seconds is not None and s.delay_seconds < 0:
         found.append(f"timer step {s.name!r} has a negative delay")
-    found.extend(too_long(f"timer step {s.name!r}: its delay", s.delay_seconds))
     if len(s.next) != 1:
         found.append(f"timer step {s.name!r} needs exactly one next step")
     return found
@@ -382,7 +391,6 @@ def _wait_problems(s: Step) -> list[str]:
         found.append(f"wait step {s.name!r}: timeout and on_timeout go together")
     if s.timeout_seconds is not None and s.timeout_seconds < 0:
         found.append(f"wait step {s.name!r} has a negative timeout")
-    found.extend(too_long(f"wait step {s.name!r}: its timeout", s.timeout_seconds))
     return found
 
 
