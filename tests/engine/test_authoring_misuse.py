@@ -167,3 +167,16 @@ async def test_a_list_of_non_retryable_errors_and_an_int_key_do_not_crash_the_wo
         await engine.assert_step_ran(never, "wary_step", times=0)  # one attempt, not retried: no completion
         info = await engine.client.get(key)  # stored as JSON stores it: the key as text, as json.dumps does
         assert (info.status, info.state) == ("COMPLETED", {"1": "one"}), info
+
+
+def test_a_backoff_past_max_backoff_is_said_when_the_step_is_defined(caplog: pytest.LogCaptureFixture) -> None:
+    """Retry(backoff=600) waits 60 s (max_backoff's default caps every wait): documented, kept, and now
+    said once, in a warning, when the step is defined; the workflow is defined as before."""
+    wf = Workflow("patient_retry")
+    with caplog.at_level("WARNING", logger="stepstone.authoring"):
+        wf.step(name="a", start=True, next="b", retry=Retry(backoff=600))(lambda _ctx, _state: None)
+        wf.step(name="b", next=None, retry=Retry(backoff=600, max_backoff=600))(lambda _ctx, _state: None)
+    said = [r.getMessage() for r in caplog.records if r.name == "stepstone.authoring"]
+    assert said == [("Retry(backoff=600 s) waits at most max_backoff=60 s before each retry: give max_backoff= "
+                     "to wait longer")]
+    assert wf.plan.steps["a"].retry.backoff(1) == 60.0  # the plan (and its hash) as before

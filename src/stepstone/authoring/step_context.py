@@ -7,6 +7,7 @@ Split out of `workflow.py` (which builds the plan from these declarations); it r
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 from stepstone.core.model import Event
 from stepstone.core.plan import RetryPolicy
 from stepstone.errors import DefinitionError
+
+log = logging.getLogger("stepstone.authoring")
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,15 @@ class Retry:
             raise DefinitionError(f"Retry(multiplier=...) takes a number, got {self.multiplier!r}")
 
     def policy(self) -> RetryPolicy:
+        first, cap = _seconds(self.backoff), _seconds(self.max_backoff)
+        if 0 <= cap < first:  # documented and kept (the plan's hash holds it), but easy to miss: say so now
+            log.warning("Retry(backoff=%g s) waits at most max_backoff=%g s before each retry: give max_backoff= "
+                        "to wait longer", first, cap)
         return RetryPolicy(
             max_attempts=self.max_attempts,
-            initial_backoff=_seconds(self.backoff),
+            initial_backoff=first,
             multiplier=self.multiplier,
-            max_backoff=_seconds(self.max_backoff),
+            max_backoff=cap,
             non_retryable=tuple(sorted(_type_name(t) for t in self.non_retryable)),
         )
 
