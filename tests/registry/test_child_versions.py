@@ -11,6 +11,7 @@ import pytest
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.core.pin import pin_of
+from stepstone.errors import DatabaseUnavailable
 from stepstone.testing import Engine, open_engine
 
 
@@ -27,8 +28,16 @@ def kid(version: int) -> Workflow[Any]:
 parent: Workflow[Any] = Workflow("parent", version=1)
 
 
+class _Count:
+    count = 0
+
+
+_SPAWNED = _Count()  # how often the child step's handler ran
+
+
 @parent.child(workflow="kid", next="after", start=True)
 def spawn(ctx: StepContext, state: dict[str, Any]) -> dict[str, Any]:
+    _SPAWNED.count += 1
     return {}
 
 
@@ -132,3 +141,26 @@ async def test_a_worker_without_the_selected_child_version_retries_the_step_then
         info = await deployed.client.get(iid)
         assert info.status == "COMPLETED", info.error
         assert info.state["kid_version"] == 3
+
+
+async def test_a_connection_lost_while_choosing_the_childs_version_does_not_run_the_step_again(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child step's handler has run when its child's version is asked; a connection lost then crashed
+    the segment, and the step ran again after its lease (the chaos rig's cut connections found it)."""
+    definitions = engine.store.definitions
+    asked = definitions.select_version
+    failures = [DatabaseUnavailable("connection was closed in the middle of operation")]
+
+    async def flaky(scope: str, definition_id: str) -> Any:
+        if failures:
+            raise failures.pop()
+        return await asked(scope, definition_id)
+
+    monkeypatch.setattr(definitions, "select_version", flaky)
+    ran_before = _SPAWNED.count
+    info, [_child] = await _run_parent(engine)
+    assert info.status == "COMPLETED", info.error
+    assert failures == [] and _SPAWNED.count - ran_before == 1
+    history = [h["kind"] for h in await engine.client.history(info.id)]
+    assert "STEP_FAILED" not in history and "COMMAND_DEAD_LETTERED" not in history

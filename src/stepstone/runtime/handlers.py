@@ -32,7 +32,7 @@ from stepstone.authoring.workflow import (
 )
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
-from stepstone.errors import DefinitionNotFound, StepstoneError
+from stepstone.errors import DatabaseUnavailable, DefinitionNotFound, StepstoneError
 
 _MAX_MESSAGE = 1000
 
@@ -156,8 +156,7 @@ async def _child_start(
         problem = f"child step {step!r}: workflow {name!r} is not registered on this worker"
         return None, _failed("UnknownWorkflow", problem, retryable=False)
     try:
-        child_wf = await selected_workflow(children.store.definitions, children.registry, name, children.scope,
-                                           holder="this worker's registry")
+        child_wf = await _selected_child(children, name)
     except DefinitionNotFound as exc:  # a rolling deploy: a worker that has the selected version may retry it
         return None, _failed("DefinitionNotFound", f"child step {step!r}: {exc}; deploy it to every worker "
                              f"that runs {workflow.id!r}", retryable=True)
@@ -174,6 +173,20 @@ async def _child_start(
     plan = child_wf.plan
     return ChildStart(plan.definition_id, plan.version, plan.plan_hash, plan.start, state,
                       deadline_seconds=child_wf.deadline, start_deadline_seconds=plan.start_deadline), None
+
+
+async def _selected_child(children: ChildVersions, name: str) -> Workflow[Any] | None:
+    """The child's version, asked again while the database is unreachable: the handler has run, and a
+    segment that crashed here would run it again after its lease (the chaos rig's cut connections found
+    it); a lease lost meanwhile fences the commit, as any other."""
+    delay = 0.05
+    while True:
+        try:
+            return await selected_workflow(children.store.definitions, children.registry, name, children.scope,
+                                           holder="this worker's registry")
+        except DatabaseUnavailable:
+            await asyncio.sleep(delay)  # backoff while the connection is re-established
+            delay = min(delay * 2, 2.0)
 
 
 def _signal(cause: dict[str, Any] | None) -> Signal | None:
