@@ -171,10 +171,25 @@ async def test_demo_outbox_leaves_an_applications_events_alone(
     await stage(conn, ["app-1", "app-2"], type_="invoice.issued")
     code, out, err = await run("demo", "outbox", "--broker", "memory://app-events", "--database-url", database_url)
     assert code == 1, out
-    assert "the outbox already holds 2 pending and 0 dead event(s) (an application's, or an earlier run's)" in err
+    assert "the outbox already holds 2 unpublished event(s) of other workflows and 0 dead event(s)" in err
     assert "instance" not in out, "no order was run"
     assert await outbox.published_count() == 0
     assert (await outbox.status()).pending == 2
+
+
+async def test_demo_outbox_runs_after_the_order_demo_and_publishes_its_events_too(
+    outbox: PostgresOutbox, database_url: str
+) -> None:
+    """`stepstone demo` then `stepstone demo outbox`, as a new user runs them on the embedded default: the
+    first leaves its order's events pending (no relay), which are the example's, not an application's."""
+    code, out, err = await run("demo", "--database-url", database_url)
+    assert code == 0, err
+    left = (await outbox.status()).pending
+    assert left > 0
+    code, out, err = await run("demo", "outbox", "--broker", "memory://after-demo", "--database-url", database_url)
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == (
+        f"outbox: {2 * left} events published to memory://after-demo in per-key order; 0 pending")
 
 
 async def test_demo_outbox_refuses_a_broker_it_cannot_read_back_before_it_runs(

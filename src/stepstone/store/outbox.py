@@ -156,6 +156,11 @@ class PostgresOutbox:
         with translate_errors(self.url):
             return int(await self.pool.fetchval(self.q["outbox_published_count"]))
 
+    async def unpublished_beside(self, workflows: Sequence[str]) -> int:
+        """How many unpublished events (pending or dead) belong to no instance of `workflows`."""
+        with translate_errors(self.url):
+            return int(await self.pool.fetchval(self.q["outbox_unpublished_beside"], list(workflows)))
+
     async def unpublished(self, *, dead: bool = False, limit: int = 50, after: int = 0) -> list[DeadLetter]:
         """Unpublished events oldest first (only dead letters when `dead`)."""
         rows = await self._fetch("outbox_list", dead, limit, after)

@@ -154,6 +154,14 @@ WHERE o.published_at IS NULL
   AND ($1::uuid[] IS NULL OR o.instance_id = ANY($1::uuid[]))
 LIMIT $2;
 
+-- name: outbox_unpublished_beside
+-- Unpublished events (pending or dead) of instances whose workflow is none of $1 (text[]), or of no
+-- instance: what a relay for those workflows alone would take that is not theirs.
+SELECT count(*) FROM {{schema}}.outbox o
+WHERE o.published_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances i
+                  WHERE i.id = o.instance_id AND i.definition_id = ANY($1::text[]));
+
 -- name: outbox_publish_times
 -- Test and bench hook: (event id, published_at, created_at) of published events.
 SELECT o.event_id, o.published_at, o.created_at FROM {{schema}}.outbox o
