@@ -110,6 +110,35 @@ async def test_deadline_during_a_running_handler_fences_it(engine: Engine, conn:
     assert [h["data"]["kind"] for h in cancelled] == ["SIGNAL"]
 
 
+@pytest.mark.parametrize("deadline", [0, timedelta(0), "held"])
+async def test_a_deadline_that_passes_stops_steps_going_on_in_place(engine: Engine, deadline: Any) -> None:
+    """At one slot a run of action steps goes on in place, never letting go of its position, so the
+    deadline's timer waited for the run to end, which then rejected it unfired: the instance COMPLETED past
+    its deadline. "held": the deadline passes while slow_step's handler runs (signalled from the wait), the
+    run going on to `finish` after it; 0 and timedelta(0): passed before the first step."""
+    one_slot = engine.new_worker(concurrency=1, lease_seconds=30)
+    if deadline != "held":
+        iid = await engine.client.start(w.linear, {}, deadline=deadline)
+        await one_slot.run_until_idle()
+        # The START is older than the deadline's timer (both due at the start): `one` runs, then the timer.
+        await assert_ended(engine, iid, "TIMED_OUT", ["one:{'id': 'one-1'}"], "DEADLINE_PASSED",
+                           "INSTANCE_TIMED_OUT")
+        assert (await engine.client.get(iid)).state["log"] == ["one"]
+        return
+    iid = await engine.client.start(w.waiting, {}, deadline=5)
+    await one_slot.run_until_idle()
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    await engine.client.signal(iid, "go")
+    running = asyncio.create_task(one_slot.run_until_idle())
+    await w.ENTERED[iid].wait()
+    await engine.move_clock(6)  # past the deadline, well inside the lease
+    w.HOLD[iid].set()
+    await running
+    await assert_ended(engine, iid, "TIMED_OUT", ["slow_step:None", "book:None"], "DEADLINE_PASSED",
+                       "INSTANCE_TIMED_OUT")
+    assert "finish" not in (await engine.client.get(iid)).state["log"]
+
+
 async def _past_the_step_deadline(engine: Engine, workflow: object) -> str:
     """Start, hold `slow` in its handler, pass its 5 s deadline and let another worker act on it; then
     release the held handler, whose commit must be refused. Returns the instance id."""

@@ -1005,14 +1005,32 @@ DECLARE
     v_timer jsonb;
     v_timer_at integer;
     v_in_place bigint;
+    v_deadline timestamptz;
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
-    SELECT i.state_version, i.branches, i.history_seq, i.definition_id, i.version, i.status
-    INTO v_version, v_branches, v_hist, v_definition, v_pinned, v_before
+    SELECT i.state_version, i.branches, i.history_seq, i.definition_id, i.version, i.status, i.deadline_at
+    INTO v_version, v_branches, v_hist, v_definition, v_pinned, v_before, v_deadline
     FROM {{schema}}.instances i WHERE i.id = v_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
+    END IF;
+    -- A run of steps going on in place never lets go of its position, so the instance's deadline timer
+    -- (on '$saga') waits for a free slot: at one slot, or with every slot busy, it was never taken before
+    -- the run ended the instance, which then completed past its deadline (migration 0051). Once the
+    -- deadline has passed while its timer is still open, the next step is queued instead (behind the due
+    -- timer, which a claim takes first: it is older). The deadline is on the row this commit locks; the
+    -- timer is looked up only once it has passed (two IFs: a condition holding a subquery runs as a query
+    -- even when its first operand is false).
+    IF v_cont AND v_follow IS NOT NULL AND v_deadline <= v_now THEN
+        IF EXISTS (SELECT 1 FROM {{schema}}.commands x
+                   WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER'
+                     AND x.name = 'deadline' AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) THEN
+            v_cont := false;
+            v_lease := NULL;
+            v_commands := v_commands || jsonb_build_array(v_follow || '{"continuation": false}'::jsonb);
+            v_follow := NULL;
+        END IF;
     END IF;
     IF v_pinned <> (d->>'version')::integer THEN  -- (a previous release sends no version: NULL, no test)
         -- A migration moved the instance to another version after this segment's claim read it: a claim
@@ -5733,3 +5751,7 @@ BEGIN
     END IF;
     RETURN v_final;
 END $$;
+
+-- ==== version 51 (migration 0051_deadline_stops_steps_in_place) ====
+-- commit_decision (in the version 5 section) queues the next step instead of going on in place once the
+-- instance's deadline has passed and its timer is still open, so that the timer is taken.
