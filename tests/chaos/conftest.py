@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,19 @@ def rig_unavailable(reason: str) -> None:
     if in_ci():
         pytest.fail(f"{message} (CI=true: these tests must run in CI)", pytrace=False)
     pytest.skip(message)
+
+
+_HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before tests/conftest.py's hook reads the marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The kill tests (test_*_kills.py here) run in CI's first pass only, as the rig's own kills do
+    (test_chaos.py's docstring): what they test, a process dying between its effects and its commit, does
+    not change with the server's version, and they were about 75 s of the second pass's CPU."""
+    for item in items:
+        if item.path.parent == _HERE and item.path.name.endswith("_kills.py"):
+            item.add_marker(pytest.mark.first_pass_only)
 
 
 @pytest.fixture(scope="session")
