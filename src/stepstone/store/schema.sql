@@ -5755,3 +5755,59 @@ END $$;
 -- ==== version 51 (migration 0051_deadline_stops_steps_in_place) ====
 -- commit_decision (in the version 5 section) queues the next step instead of going on in place once the
 -- instance's deadline has passed and its timer is still open, so that the timer is taken.
+-- ==== version 54 (migration 0054_outbox_claim_on_any_statistics) ====
+-- The relay's claim (outbox.sql, `outbox_claim`, calls it) walks the pending events in id order on any
+-- statistics; why: the migration's header.
+CREATE FUNCTION {{schema}}.outbox_claim(p_limit integer, p_lease_seconds double precision, p_relay text,
+                                        p_token uuid)
+RETURNS TABLE (id bigint, event_id uuid, instance_id uuid, type text, key text, payload jsonb,
+               trace_context jsonb, created_at timestamptz, attempts integer)
+LANGUAGE plpgsql
+SET enable_sort = off
+SET jit = off
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Candidates: pending events below the visibility horizon whose key's oldest unpublished event is
+    -- not held back (dead, leased, backing off, above the horizon: outbox.sql's outbox_state is not
+    -- 'pending'); then a candidate is dropped when its key has an older unpublished event this claim
+    -- did not take. Null keys ask for no order.
+    RETURN QUERY
+    WITH cand AS (
+        SELECT c.id, c.key
+        FROM {{schema}}.outbox c
+        WHERE c.published_at IS NULL
+          AND c.dead_at IS NULL
+          AND (c.xid IS NULL OR c.xid < pg_snapshot_xmin(pg_current_snapshot()))
+          AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= {{schema}}.db_now())
+          AND (c.claimed_until IS NULL OR c.claimed_until <= {{schema}}.db_now())
+          AND NOT EXISTS (
+              SELECT 1
+              FROM (SELECT h.* FROM {{schema}}.outbox h
+                    WHERE h.key = c.key AND h.published_at IS NULL
+                    ORDER BY h.id LIMIT 1) o
+              WHERE o.id < c.id
+                AND (o.dead_at IS NOT NULL OR o.claimed_until > {{schema}}.db_now()
+                     OR o.next_attempt_at > {{schema}}.db_now()
+                     OR o.xid >= pg_snapshot_xmin(pg_current_snapshot())))
+        ORDER BY c.id
+        LIMIT p_limit
+        FOR UPDATE SKIP LOCKED
+    ), keep AS (
+        SELECT c.id FROM cand c
+        WHERE c.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {{schema}}.outbox e
+            WHERE e.key = c.key AND e.id < c.id AND e.published_at IS NULL
+              AND e.id NOT IN (SELECT x.id FROM cand x))
+    ), leased AS (
+        UPDATE {{schema}}.outbox o SET
+            claim_token = p_token,
+            claimed_until = {{schema}}.db_now() + make_interval(secs => p_lease_seconds),
+            claimed_by = p_relay
+        FROM keep
+        WHERE o.id = keep.id
+        RETURNING o.id, o.event_id, o.instance_id, o.type, o.key, o.payload, o.trace_context,
+                  o.created_at, o.attempts
+    )
+    SELECT * FROM leased ORDER BY leased.id;
+END $$;

@@ -17,41 +17,10 @@
 -- batch's worth of events behind it does not use up the limit and starve the
 -- keys after it. A candidate is then dropped when its key has an older
 -- unpublished event that this claim did not take (leased by a claim running
--- beside this one, above the horizon); null keys ask for no order and are exempt.
-WITH cand AS (
-    SELECT c.id, c.key
-    FROM {{schema}}.outbox c
-    WHERE c.published_at IS NULL
-      AND c.dead_at IS NULL
-      AND (c.xid IS NULL OR c.xid < pg_snapshot_xmin(pg_current_snapshot()))
-      AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= {{schema}}.db_now())
-      AND (c.claimed_until IS NULL OR c.claimed_until <= {{schema}}.db_now())
-      AND NOT EXISTS (
-          SELECT 1
-          FROM (SELECT h.* FROM {{schema}}.outbox h
-                WHERE h.key = c.key AND h.published_at IS NULL
-                ORDER BY h.id LIMIT 1) o
-          WHERE o.id < c.id AND /*outbox_state*/ <> 'pending')
-    ORDER BY c.id
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-), keep AS (
-    SELECT c.id FROM cand c
-    WHERE c.key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {{schema}}.outbox e
-        WHERE e.key = c.key AND e.id < c.id AND e.published_at IS NULL
-          AND e.id NOT IN (SELECT x.id FROM cand x))
-), leased AS (
-    UPDATE {{schema}}.outbox o SET
-        claim_token = $4,
-        claimed_until = {{schema}}.db_now() + make_interval(secs => $2),
-        claimed_by = $3
-    FROM keep
-    WHERE o.id = keep.id
-    RETURNING o.id, o.event_id, o.instance_id, o.type, o.key, o.payload, o.trace_context,
-              o.created_at, o.attempts
-)
-SELECT * FROM leased ORDER BY id;
+-- beside it, above the horizon); null keys ask for no order and are exempt.
+-- The statement is the function's (migration 0054): it walks outbox_pending in
+-- id order whatever the statistics say.
+SELECT * FROM {{schema}}.outbox_claim($1, $2, $3, $4);
 
 -- name: outbox_settle
 -- What became of a leased batch, fenced on the lease token $1: per id $2 an
