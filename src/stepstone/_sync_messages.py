@@ -23,7 +23,7 @@ class SyncMessageOperations(SyncLoop):
     def publish_message(
         self,
         name: str,
-        correlation_key: str,
+        correlation_key: str | bool | float,
         payload: Any = None,
         *,
         message_id: str | None = None,
@@ -34,7 +34,8 @@ class SyncMessageOperations(SyncLoop):
         """Deliver a message to the oldest open subscription of (`name`, `correlation_key`), or to every
         one with `correlate_all`; buffer it for `ttl` seconds when none is open, else drop it. The same
         `message_id` with the same content answers as before; with other content, IdempotencyConflict.
-        With `connection`, the message is written by the caller's own transaction (as `start`)."""
+        With `connection`, the message is written by the caller's own transaction (as `start`). A key that
+        is not a string (a number, a boolean) is its JSON text (`true`, `42`), as a wait makes it of its state."""
         return self._run(self._client.publish_message(
             name,
             correlation_key,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -20,6 +21,7 @@ from stepstone.authoring.workflow import Workflow
 from stepstone.client_base import ClientBase, deadline_fields
 from stepstone.context import durable
 from stepstone.core.pin import DEFAULT_SCOPE, pin_of
+from stepstone.core.subscriptions import key_text
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import (
     BusinessKeyInUse,
@@ -71,7 +73,7 @@ class MessageOperations(ClientBase):
     async def publish_message(
         self,
         name: str,
-        correlation_key: str,
+        correlation_key: str | bool | float,
         payload: Any = None,
         *,
         message_id: str | None = None,
@@ -82,7 +84,12 @@ class MessageOperations(ClientBase):
         """Deliver a message to the oldest open subscription of (`name`, `correlation_key`), or to every
         one with `correlate_all`; buffer it for `ttl` seconds when none is open, else drop it. The same
         `message_id` with the same content answers as before; with other content, IdempotencyConflict.
-        With `connection`, the message is written by the caller's own transaction (as `start`)."""
+        With `connection`, the message is written by the caller's own transaction (as `start`). A key that
+        is not a string (a number, a boolean) is its JSON text (`true`, `42`), as a wait makes it of its state."""
+        if not isinstance(correlation_key, str) and isinstance(correlation_key, bool | int | float):
+            if not math.isfinite(correlation_key):
+                raise InvalidInput(f"correlation key {correlation_key!r} has no JSON text", what="correlation key")
+            correlation_key = key_text(correlation_key)
         for what, value in (("message name", name), ("correlation key", correlation_key)):
             self._text(what, value)
         if message_id is not None:

@@ -109,3 +109,17 @@ async def test_start_or_signal_needs_no_input_when_the_instance_exists(api: Api)
     started = await api.ctx.management.instances_page(None, status=None, definition="job", business_key="jk-3",
                                                       after=None, limit=5)
     assert started == []
+
+
+async def test_a_key_that_is_not_text_is_matched_as_its_json_text(api: Api) -> None:
+    """A JSON client's `true` or `7` as the key: its JSON text, as a wait makes the key of a state value
+    (a 422 before: the body's key had to be a string)."""
+    operator = await api.token("operator")
+    ids = [await api.engine.client.start("order", {"order_id": k}) for k in ("true", "7")]
+    await api.engine.run_until_idle()
+    for key in ("true", "7"):
+        r = await api.http.post(f"{V1}/messages", headers={**operator, "content-type": "application/json"},
+                                content=f'{{"name": "receipt", "correlation_key": {key}}}')
+        assert (r.status_code, r.json().get("outcome")) == (200, "delivered"), r.text
+    await api.engine.run_until_idle()
+    assert [(await api.engine.client.get(i)).state["got"] for i in ids] == ["filed", "filed"]

@@ -183,4 +183,8 @@ ranked.task("triage", title="Triage", decisions={"done": "$end"}, candidate_grou
 named = Workflow("named", version=1)
 named.task("answer", title="Answer", decisions={"done": "$end"}, assignee=from_state("who"), start=True)
 
-registry = Registry(expense, review, parallel, receipt, callback, two_waits, ranked, named)
+# A wait correlated by whatever the state holds at `key` (a boolean, a number, a map).
+keyed = Workflow("keyed", version=1)
+keyed.wait("await_key", messages={"keyed": "$end"}, correlation="key", start=True)
+
+registry = Registry(expense, review, parallel, receipt, callback, two_waits, ranked, named, keyed)

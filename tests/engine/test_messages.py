@@ -13,7 +13,7 @@ import pytest
 from stepstone.cli.instances import describe_wait
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
 from stepstone.testing import Engine, open_engine
-from tests.engine.task_workflows import Receipt, receipt, registry, two_waits
+from tests.engine.task_workflows import Receipt, keyed, receipt, registry, two_waits
 
 
 @pytest.fixture
@@ -268,3 +268,21 @@ async def test_a_correlation_key_longer_than_an_index_holds_fails_the_instance(e
     info = await engine.client.get(iid)
     assert info.status == "FAILED"
     assert info.error is not None and info.error["type"] == "InvalidCorrelation"
+
+
+async def test_a_key_that_is_not_text_is_its_json_text_on_both_sides(engine: Engine) -> None:
+    """A boolean state value subscribed as `True` (Python's str), which a JSON client publishing `true`
+    never matched; a map as `{'a': 1}`. Now the wait's key and a publish's are one JSON text."""
+    values = [True, False, 7, 2.5, {"b": 1, "a": [1, "x"]}]
+    ids = [await engine.client.start(keyed, {"key": v}) for v in values]
+    await engine.run_until_idle()
+    texts = ["true", "false", "7", "2.5", '{"a":[1,"x"],"b":1}']
+    assert [(await engine.client.get(i)).waiting_for["correlation_key"] for i in ids] == texts
+    # True as text (a JSON client's or the CLI's `true`), False from Python, 7 and 2.5 from Python, the map as text.
+    for key in ("true", False, 7, 2.5, '{"a":[1,"x"],"b":1}'):
+        published = await engine.client.publish_message("keyed", key)
+        assert published.outcome == "delivered", key
+    await engine.run_until_idle()
+    assert [(await engine.client.get(i)).status for i in ids] == ["COMPLETED"] * len(ids)
+    with pytest.raises(InvalidInput, match="has no JSON text"):
+        await engine.client.publish_message("keyed", float("nan"))

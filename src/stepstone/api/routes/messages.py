@@ -9,7 +9,7 @@ request names (the default scope when it names none), so it takes the operator r
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, status
 from pydantic import Field
@@ -25,9 +25,13 @@ __all__ = ["router"]
 router = APIRouter(tags=["messages"])
 
 
+CorrelationKey = Annotated[str, Field(max_length=500)] | bool | int | Annotated[float, Field(allow_inf_nan=False)]
+
+
 class MessageRequest(Body):
     name: str = Field(max_length=500)
-    correlation_key: str = Field(max_length=500)
+    correlation_key: CorrelationKey = Field(
+        description="A number or a boolean is matched as its JSON text (`true`, `42`), as a wait makes its key.")
     payload: Any = None
     message_id: str | None = Field(default=None, max_length=500,
                                    description="Publishing the same id again answers as the first time.")
