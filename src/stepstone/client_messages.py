@@ -33,6 +33,7 @@ from stepstone.errors import (
     UnknownSignal,
 )
 from stepstone.ids import new_instance_id
+from stepstone.store.outcomes import ended
 from stepstone.store.port import NewInstance
 
 __all__ = ["Delivery", "MessageOperations", "Published", "SignalledOrStarted"]
@@ -152,9 +153,12 @@ class MessageOperations(ClientBase):
             if not held:
                 raise
             iid = str(held[0]["id"])
-            command_id = await self.store.signal(iid, signal, payload, dedup_key=dedup_key,
-                                                 fingerprint=signal_fingerprint, actor=self.actor,
-                                                 context=durable.capture())
+            try:
+                command_id = await self.store.signal(iid, signal, payload, dedup_key=dedup_key,
+                                                     fingerprint=signal_fingerprint, actor=self.actor,
+                                                     context=durable.capture())
+            except InvalidState as exc:  # ended: said as the other path says it, by its business key
+                raise ended(iid, str(exc.status), business_key) from None
             return SignalledOrStarted(iid, False, command_id)
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline)  # a started instance gets its deadlines as a start gives them
@@ -171,9 +175,7 @@ class MessageOperations(ClientBase):
         if outcome in ("recorded", "duplicate"):
             return SignalledOrStarted(iid, bool(row["started"]), int(row["command_id"]))
         if outcome == "ended":
-            raise InvalidState(f"instance {iid} with business key {business_key!r} is {row['status']}; it takes no "
-                               "more signals (a business key stays with its instance)", instance_id=iid,
-                               status=str(row["status"]))
+            raise ended(iid, str(row["status"]), business_key)
         if outcome == "conflict":
             raise IdempotencyConflict(f"dedup key {dedup_key!r} was already used on instance {iid} with another "
                                       "signal", instance_id=iid, command_id=row["command_id"])

@@ -286,3 +286,33 @@ async def test_a_key_that_is_not_text_is_its_json_text_on_both_sides(engine: Eng
     assert [(await engine.client.get(i)).status for i in ids] == ["COMPLETED"] * len(ids)
     with pytest.raises(InvalidInput, match="has no JSON text"):
         await engine.client.publish_message("keyed", float("nan"))
+
+
+async def test_a_repeated_start_or_signal_says_it_started_the_instance(engine: Engine) -> None:
+    """The repeat of a call (the same dedup key, after a lost answer) answered started=False although its
+    first attempt had started the instance."""
+    first = await engine.client.start_or_signal(receipt, "bk-r", "skip", {"n": 1}, input=Receipt(order_id="bk-r"),
+                                                dedup_key="call-1")
+    again = await engine.client.start_or_signal(receipt, "bk-r", "skip", {"n": 1}, input=Receipt(order_id="bk-r"),
+                                                dedup_key="call-1")
+    other = await engine.client.start_or_signal(receipt, "bk-r", "skip", {"n": 2}, input=Receipt(order_id="bk-r"),
+                                                dedup_key="call-2")
+    assert (first.started, again.started, other.started) == (True, True, False)
+    assert again.instance_id == first.instance_id and again.command_id == first.command_id
+    assert (await engine.client.start_or_signal(receipt, "bk-r", "skip", {"n": 2}, input=Receipt(order_id="bk-r"),
+                                                dedup_key="call-2")).started is False
+
+
+async def test_an_ended_instance_is_refused_in_the_same_words_on_both_paths(engine: Engine) -> None:
+    """With an input to start it and without one (an instance that has the key needs none), an ended
+    instance was refused in two wordings."""
+    done = await engine.client.start_or_signal(receipt, "bk-e", "skip", {}, input=Receipt(order_id="bk-e"))
+    await engine.run_until_idle()
+    messages = []
+    for given in (Receipt(order_id="bk-e"), None):
+        with pytest.raises(InvalidState) as refused:
+            await engine.client.start_or_signal(receipt, "bk-e", "skip", {"n": 9}, input=given)
+        messages.append(str(refused.value))
+    words = (f"instance {done.instance_id} with business key 'bk-e' is COMPLETED; it takes no more signals "
+             "(a business key stays with its instance)")
+    assert messages == [words, words]

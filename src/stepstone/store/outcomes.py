@@ -14,7 +14,16 @@ from stepstone.errors import (
     UnknownSignal,
 )
 
-__all__ = ["signal_command_id", "start_result"]
+__all__ = ["ended", "signal_command_id", "start_result"]
+
+
+def ended(instance_id: str, status: str, business_key: str | None = None) -> InvalidState:
+    """The refusal of a signal to an instance that has ended, in the same words on every path (a signal,
+    and either path of start-or-signal, which names the business key it found the instance by)."""
+    by_key = "" if business_key is None else f" with business key {business_key!r}"
+    stays = "" if business_key is None else " (a business key stays with its instance)"
+    return InvalidState(f"instance {instance_id}{by_key} is {status}; it takes no more signals{stays}",
+                        instance_id=instance_id, status=status)
 
 
 def signal_command_id(
@@ -29,11 +38,7 @@ def signal_command_id(
     if outcome == "unknown_signal":
         raise UnknownSignal(name, instance_id)
     if outcome == "ended":
-        raise InvalidState(
-            f"instance {instance_id} is {row['status']}; it takes no more signals",
-            instance_id=instance_id,
-            status=row["status"],
-        )
+        raise ended(instance_id, row["status"])
     if outcome == "conflict":
         raise IdempotencyConflict(
             f"dedup key {dedup_key!r} was already used on instance {instance_id} with a different signal",

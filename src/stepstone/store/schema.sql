@@ -4218,6 +4218,14 @@ BEGIN
     END IF;
     SELECT * INTO r FROM {{schema}}.signal_position(v_target, '', p_signal, p_payload, p_dedup_key,
                                                     p_signal_fingerprint, p_actor);
+    IF p_dedup_key IS NOT NULL AND r.outcome = 'recorded' AND v_started THEN
+        UPDATE {{schema}}.dedup x SET started_instance = true
+        WHERE x.kind = 'SIGNAL' AND x.namespace = v_target::text AND x.key = p_dedup_key;
+    ELSIF r.outcome = 'duplicate' THEN  -- this call again: it started the instance if its first attempt did
+        v_started := COALESCE((SELECT x.started_instance FROM {{schema}}.dedup x
+                               WHERE x.kind = 'SIGNAL' AND x.namespace = v_target::text
+                                 AND x.key = p_dedup_key), false);
+    END IF;
     RETURN QUERY SELECT r.outcome, v_target, v_started, r.command_id, r.status;
 END $$;
 
@@ -5755,7 +5763,8 @@ END $$;
 -- ==== version 51 (migration 0051_deadline_stops_steps_in_place) ====
 -- commit_decision (in the version 5 section) queues the next step instead of going on in place once the
 -- instance's deadline has passed and its timer is still open, so that the timer is taken.
--- ==== version 54 (migration 0054_outbox_claim_on_any_statistics) ====
+
+-- ==== version 54 (migration 0054_outbox_and_message_fixes) ====
 -- The relay's claim (outbox.sql, `outbox_claim`, calls it) walks the pending events in id order on any
 -- statistics; why: the migration's header.
 CREATE FUNCTION {{schema}}.outbox_claim(p_limit integer, p_lease_seconds double precision, p_relay text,
@@ -5811,3 +5820,8 @@ BEGIN
     )
     SELECT * FROM leased ORDER BY leased.id;
 END $$;
+
+-- A repeated start-or-signal answers started = true when its first attempt started the instance:
+-- the signal's dedup row says so (start_or_signal_with, in the version 21 section); why: the
+-- migration's header.
+ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;

@@ -67,3 +67,51 @@ BEGIN
     )
     SELECT * FROM leased ORDER BY leased.id;
 END $$;
+
+-- A repeated start-or-signal answers started = true when its first attempt started the instance
+-- (docs/messages.md, "Signal-with-start"). The repeat (the same dedup key, say after a lost answer)
+-- found the instance and its signal already recorded and answered started = false: a caller that
+-- retried could not tell that its own call had started it. The signal's dedup row now says whether
+-- the call that recorded it started the instance, and a duplicate answers that.
+-- Expand only: a nullable column added (rows before it read as false), one function replaced whole.
+ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
+
+CREATE OR REPLACE FUNCTION {{schema}}.start_or_signal_with(
+    p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text, p_state jsonb,
+    p_step text, p_business_key text, p_start_fingerprint text, p_actor text, p_signal text, p_payload jsonb,
+    p_dedup_key text, p_signal_fingerprint text, p_context jsonb, p_deadline_at timestamptz,
+    p_deadline_seconds float8, p_start_deadline_seconds float8)
+RETURNS TABLE (outcome text, instance_id uuid, started boolean, command_id bigint, status text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_target uuid;
+    v_started boolean := false;
+    r record;
+BEGIN
+    SELECT i.id INTO v_target FROM {{schema}}.instances i
+    WHERE i.scope = p_scope AND i.definition_id = p_definition AND i.business_key = p_business_key;
+    IF NOT FOUND THEN
+        BEGIN
+            PERFORM {{schema}}.schedule_start_deadlines(
+                {{schema}}.start_with_context(p_id, p_scope, p_definition, p_version, p_plan_hash, p_state, p_step,
+                                              p_business_key, NULL, p_start_fingerprint, p_actor, p_context),
+                p_deadline_at, p_deadline_seconds, p_step, p_start_deadline_seconds);
+            v_target := p_id;
+            v_started := true;
+        EXCEPTION WHEN unique_violation THEN
+            SELECT i.id INTO v_target FROM {{schema}}.instances i
+            WHERE i.scope = p_scope AND i.definition_id = p_definition AND i.business_key = p_business_key;
+        END;
+    END IF;
+    SELECT * INTO r FROM {{schema}}.signal_position(v_target, '', p_signal, p_payload, p_dedup_key,
+                                                    p_signal_fingerprint, p_actor);
+    IF p_dedup_key IS NOT NULL AND r.outcome = 'recorded' AND v_started THEN
+        UPDATE {{schema}}.dedup x SET started_instance = true
+        WHERE x.kind = 'SIGNAL' AND x.namespace = v_target::text AND x.key = p_dedup_key;
+    ELSIF r.outcome = 'duplicate' THEN  -- this call again: it started the instance if its first attempt did
+        v_started := COALESCE((SELECT x.started_instance FROM {{schema}}.dedup x
+                               WHERE x.kind = 'SIGNAL' AND x.namespace = v_target::text
+                                 AND x.key = p_dedup_key), false);
+    END IF;
+    RETURN QUERY SELECT r.outcome, v_target, v_started, r.command_id, r.status;
+END $$;
