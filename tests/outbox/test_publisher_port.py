@@ -117,6 +117,11 @@ def test_broker_url_from_flag_env_or_pyproject(tmp_path: Path) -> None:
     ("amqp://h?concurrency=-3", "concurrency must be a whole number from 1"),
     ("amqp://h?bogus=1", "unknown option 'bogus'"),
     ("memory://x?bogus=1", "unknown option 'bogus'"),
+    ("http://h/x#timeout=0", "timeout must be a number of seconds above 0"),
+    ("http://h/x#timeout=nan", "timeout must be a number of seconds above 0"),
+    ("https://h/x#timeout=", "timeout must not be empty"),
+    ("http://h/x#concurrency=0", "concurrency must be a whole number from 1"),
+    ("http://h/x?receivers=own#bogus=1", "unknown option 'bogus' in the fragment"),
 ])
 def test_a_bad_broker_option_is_refused_when_the_publisher_is_opened(url: str, reason: str) -> None:
     """`maxlen=-5` was accepted and every XADD then failed with a DataError the relay looped on;
@@ -162,3 +167,50 @@ async def test_a_webhook_timeout_names_the_events_url_and_what_timed_out() -> No
         await server.wait_closed()
     assert result.outcome.value == "transient" and result.attempted
     assert result.error == f"http://127.0.0.1:{port}/hooks/order.shipped: ReadTimeout: no answer within 0.2 s"
+
+
+async def test_a_webhook_takes_its_timeout_and_concurrency_from_the_urls_fragment() -> None:
+    """The timeout was fixed at 10 s and concurrency at 32, with no way to set either from the broker URL
+    (its query is the receiver's). The fragment, which no HTTP client sends, carries them."""
+    from stepstone.outbox.webhook import WebhookPublisher  # noqa: PLC0415
+
+    publisher = open_publisher("https://h.example/events/{type}?to=me#timeout=2.5&concurrency=8")
+    try:
+        assert isinstance(publisher, WebhookPublisher)
+        assert (publisher.timeout, publisher.concurrency) == (2.5, 8)
+        assert publisher.routing.template == "https://h.example/events/{type}?to=me"  # the fragment stays here
+    finally:
+        await publisher.close()
+    default = open_publisher("https://h.example/events")
+    assert (default.timeout, default.concurrency) == (10.0, 32)  # type: ignore[attr-defined]
+    await default.close()
+
+
+async def test_a_webhook_refused_by_status_names_the_events_url() -> None:
+    """A status answer said only `HTTP 404 Not Found`: with events routed to several URLs, which one?"""
+    import asyncio  # noqa: PLC0415
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        line = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(line.lower().split(b"content-length: ")[1].split(b"\r\n")[0]))
+        code = b"404 Not Found" if b"/missing" in line.split(b"\r\n")[0] else b"503 Service Unavailable"
+        writer.write(b"HTTP/1.1 " + code + b"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    publisher = open_publisher(f"http://127.0.0.1:{port}/hooks/{{key}}#timeout=5")
+    try:
+        now = datetime.now(UTC)
+        refused, busy = await publisher.publish([StagedEvent(1, "e1", "i", "order.shipped", "missing", {}, now),
+                                                 StagedEvent(2, "e2", "i", "order.shipped", "busy", {}, now)])
+    finally:
+        await publisher.close()
+        server.close()
+        await server.wait_closed()
+    assert (refused.outcome.value, refused.error) == (
+        "refused", f"http://127.0.0.1:{port}/hooks/missing: HTTP 404 Not Found")
+    assert (busy.outcome.value, busy.error) == (
+        "transient", f"http://127.0.0.1:{port}/hooks/busy: HTTP 503 Service Unavailable")

@@ -10,23 +10,39 @@ The body is the JSON envelope; the headers carry ``Idempotency-Key: <event id>``
 id), the event type, key and instance, and ``traceparent`` / ``tracestate`` when the event has them.
 A 2xx answer acknowledges the event; 408, 425, 429 and 5xx are transient; any other status refuses it
 for good (dead-lettered until requeued); a connection that fails counts no attempt.
+
+The URL's query is the receiver's and goes out as given, so the publisher's own options ride in the
+fragment, which no HTTP client sends: ``https://hooks.example.com/events/{type}#timeout=5&concurrency=8``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import httpx
 
 from stepstone.errors import BrokerUnavailable
-from stepstone.outbox.publisher import PublishResult, Routing, body_of, headers_of, publish_in_lanes
+from stepstone.outbox.publisher import (
+    MAX_CONCURRENCY,
+    PublishResult,
+    Routing,
+    body_of,
+    headers_of,
+    publish_in_lanes,
+    whole_option,
+)
 from stepstone.store.database import redact_url
 from stepstone.store.outbox import StagedEvent
 
 __all__ = ["WebhookPublisher", "webhook_publisher"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+_OPTIONS = ("timeout", "concurrency")
+MAX_TIMEOUT = 3600.0
+"""Seconds a POST may wait at most (`timeout`): the relay bounds a whole publish by half its lease anyway."""
 _TIMED_OUT: dict[type[httpx.HTTPError], str] = {
     httpx.ConnectTimeout: "no connection", httpx.WriteTimeout: "the event not sent",
     httpx.ReadTimeout: "no answer", httpx.PoolTimeout: "no free connection",
@@ -56,7 +72,7 @@ class WebhookPublisher:
                 return PublishResult.transient(self._failure(target, exc))
             if answer.is_success:
                 return PublishResult.OK
-            reason = f"HTTP {answer.status_code} {answer.reason_phrase}"
+            reason = f"{redact_url(target)}: HTTP {answer.status_code} {answer.reason_phrase}"
             if answer.status_code in _TRANSIENT_STATUS or answer.status_code >= 500:
                 return PublishResult.transient(reason)
             return PublishResult.refused(reason)
@@ -77,5 +93,33 @@ class WebhookPublisher:
 
 
 def webhook_publisher(url: str, **options: Any) -> WebhookPublisher:
-    """Entry point for ``http://`` and ``https://``."""
-    return WebhookPublisher(url, concurrency=int(options.get("concurrency", 32)))
+    """Entry point for ``http://`` and ``https://``: the options from the URL's fragment (`options` given
+    by a caller win), the URL without it."""
+    parts = urlsplit(url)
+    ours = {**_fragment_options(parts.fragment), **{name: str(value) for name, value in options.items()}}
+    return WebhookPublisher(urlunsplit(parts._replace(fragment="")), timeout=_timeout(ours.get("timeout", "10")),
+                            concurrency=whole_option(ours, "concurrency", 32, 1, MAX_CONCURRENCY))
+
+
+def _fragment_options(fragment: str) -> dict[str, str]:
+    """`timeout` and `concurrency` from the fragment; anything else in it is refused (ValueError), as an
+    unknown query option of the other publishers is."""
+    found: dict[str, str] = {}
+    for name, value in parse_qsl(fragment, keep_blank_values=True):
+        if name not in _OPTIONS:
+            raise ValueError(f"unknown option {name!r} in the fragment; it takes {', '.join(_OPTIONS)}")
+        if not value:
+            raise ValueError(f"{name} must not be empty")
+        found[name] = value
+    return found
+
+
+def _timeout(text: str) -> float:
+    """Seconds above 0 and at most MAX_TIMEOUT; else ValueError (a malformed broker URL)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_TIMEOUT:  # NaN fails both
+        raise ValueError(f"timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, got {text!r}")
+    return value
