@@ -22,8 +22,8 @@ def test_every_error_descends_from_the_root() -> None:
 
 def test_error_exports() -> None:
     assert sorted(stepstone.errors.__all__) == sorted([
-        "BrokerUnavailable", "BusinessKeyInUse", "ConfigError", "Conflict", "DatabaseError", "DatabaseUnavailable",
-        "DefinitionConflict",
+        "BrokerMisconfigured", "BrokerUnavailable", "BusinessKeyInUse", "ConfigError", "Conflict", "DatabaseError",
+        "DatabaseUnavailable", "DefinitionConflict",
         "DefinitionError", "DefinitionNotFound", "IdempotencyConflict", "InstanceNotFound", "InsufficientPrivilege",
         "InternalError", "InvalidDatabaseUrl", "InvalidInput", "InvalidState", "NotFound", "PayloadTooDeep",
         "PayloadTooLarge", "PositionNotFound", "SchemaNotReady", "SchemaTooNew", "StepstoneError", "UnknownBroker",

@@ -4,6 +4,7 @@
     ├── ConfigError                 permanent until the configuration, the setup or the code changes
     │   ├── InvalidDatabaseUrl      the database URL cannot be parsed (url, redacted)
     │   ├── UnknownBroker           no publisher for a broker URL's scheme, or its extra is not installed
+    │   ├── BrokerMisconfigured     the broker refuses the publisher's setup (events are held, not failed)
     │   ├── DefinitionError         a workflow definition that cannot become a plan
     │   ├── InsufficientPrivilege * the role may not do what stepstone needs
     │   ├── SchemaNotReady        * the schema is missing or behind: run `stepstone db migrate` (schema)
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from stepstone.core.limits import PayloadRejected
 
 __all__ = [
+    "BrokerMisconfigured",
     "BrokerUnavailable",
     "BusinessKeyInUse",
     "ClientClosed",
@@ -138,6 +140,13 @@ class InvalidDatabaseUrl(ConfigError):
 
 class UnknownBroker(ConfigError):
     """No publisher is registered for the broker URL's scheme, or the extra that provides it is missing."""
+
+
+class BrokerMisconfigured(ConfigError):
+    """The broker refuses what the publisher sets up before publishing (a NATS stream whose subjects overlap
+    another stream's, a RabbitMQ exchange of that name of another type, a right the broker's user lacks).
+    Permanent until the broker or the URL changes: the relay holds the batch unpublished, counting no
+    attempt, says so, and tries again after a backoff."""
 
 
 class Unavailable(StepstoneError):

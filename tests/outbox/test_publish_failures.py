@@ -196,3 +196,87 @@ async def test_an_exchange_rabbitmq_will_not_declare_leaves_no_connection_open(
         await fails_three_times_closing_each(publisher, "inequivalent arg 'type'", opened)
     finally:
         await admin.close()
+
+
+async def held_by_a_refused_setup(relay: Relay) -> Exception:
+    """`run_once` until its claim takes something (a transaction elsewhere may hold the horizon) and the
+    publish fails; the error it raised."""
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            await relay.run_once()
+        except Exception as exc:  # noqa: BLE001 - the test looks at what it is
+            return exc
+        await asyncio.sleep(0.01)
+    raise AssertionError("no claim took the staged events")
+
+
+async def assert_held(conn: asyncpg.Connection, outbox: PostgresOutbox, publisher: Any, says: str,
+                      caplog: pytest.LogCaptureFixture) -> None:
+    """Two events meet a broker that refuses the publisher's setup, with max_attempts=1: held, not dead."""
+    from stepstone.errors import BrokerMisconfigured  # noqa: PLC0415
+
+    await stage(conn, ["k", None])
+    relay = Relay(outbox, publisher, RelayConfig(max_attempts=1, retry_base=0))
+    try:
+        for _ in range(2):
+            assert isinstance(await held_by_a_refused_setup(relay), BrokerMisconfigured)
+        rows = await outbox.unpublished()
+        assert [(r.attempts, r.state, r.claimed_by) for r in rows] == [(0, "pending", None)] * 2
+        assert all(says in (r.last_error or "") for r in rows)
+        assert await outbox.unpublished(dead=True) == []
+        assert relay.events.misconfigured == 2
+        with caplog.at_level(logging.WARNING, "stepstone.relay"):  # the loop says it once, as an error
+            await relay.start()
+            await wait_for_count(relay, "misconfigured", 3)
+            await relay.stop()
+        lines = [r for r in caplog.records if r.name == "stepstone.relay"]
+        assert [r.levelname for r in lines] == ["ERROR"]
+        assert "refuses the publisher's setup" in lines[0].getMessage() and says in lines[0].getMessage()
+        assert "no attempt counted" in lines[0].getMessage() and not lines[0].exc_info
+    finally:
+        await publisher.close()
+
+
+async def wait_for_count(relay: Relay, counter: str, n: int) -> None:
+    deadline = asyncio.get_running_loop().time() + 30.0
+    while getattr(relay.events, counter) < n:
+        assert asyncio.get_running_loop().time() < deadline, f"{counter} stayed below {n}"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_nats_stream_that_overlaps_holds_the_events(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream whose subjects overlap another's failed every batch as the events' attempt: after
+    max_attempts every event of the outbox was dead-lettered, for a mistake of the configuration."""
+    from stepstone.outbox.publisher import open_publisher  # noqa: PLC0415
+    from tests.outbox.brokers import open_kind  # noqa: PLC0415
+
+    kind = await open_kind("nats")
+    try:
+        publisher = open_publisher(f"{kind.base_url}?subject={kind.tag}.ev.{{type}}&stream=OVERLAP{kind.tag.upper()}")
+        await assert_held(conn, outbox, publisher, "overlap", caplog)
+    finally:
+        await kind.cleanup()
+
+
+async def test_a_rabbitmq_exchange_of_another_type_holds_the_events(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exchange of that name and another type: every event dead-lettered after max_attempts, before."""
+    url = os.environ.get("STEPSTONE_TEST_AMQP_URL")
+    if not url:
+        pytest.skip("STEPSTONE_TEST_AMQP_URL is not set")
+    import aio_pika  # noqa: PLC0415 - only with the rabbitmq extra
+
+    from stepstone.outbox.publisher import open_publisher  # noqa: PLC0415
+
+    name = f"t{uuid.uuid4().hex[:10]}"
+    admin = await aio_pika.connect(url)
+    try:
+        channel = await admin.channel()
+        await channel.declare_exchange(name, aio_pika.ExchangeType.DIRECT, auto_delete=True)
+        await assert_held(conn, outbox, open_publisher(f"{url}?exchange={name}"), "inequivalent arg 'type'", caplog)
+    finally:
+        await admin.close()

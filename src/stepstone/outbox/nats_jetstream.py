@@ -22,7 +22,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 from nats.js import errors as js_errors
 
-from stepstone.errors import BrokerUnavailable
+from stepstone.errors import BrokerMisconfigured, BrokerUnavailable
 from stepstone.outbox.publisher import (
     MAX_CONCURRENCY,
     PublishResult,
@@ -87,10 +87,14 @@ class NatsJetStreamPublisher:
                     await js.stream_info(self.stream)
                 except js_errors.NotFoundError:
                     await js.add_stream(name=self.stream, subjects=stream_subjects(self.routing.template))
-        except BaseException:
+        except BaseException as exc:
             # A stream JetStream will not create (its subjects overlap another's, ...) fails every batch: the
-            # connection opened for it is closed, not left open once per batch.
+            # connection opened for it is closed, not left open once per batch, and the refusal is the
+            # configuration's (the relay holds the events), not the events'.
             await nc.close()
+            if isinstance(exc, js_errors.APIError) and not isinstance(exc, js_errors.ServiceUnavailableError):
+                raise BrokerMisconfigured(f"{self.name}: JetStream will not create stream {self.stream!r} for "
+                                          f"{stream_subjects(self.routing.template)}: {exc}") from exc
             raise
         self._nc, self._js = nc, js
         return js

@@ -20,7 +20,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
 
-from stepstone.errors import BrokerUnavailable
+from stepstone.errors import BrokerMisconfigured, BrokerUnavailable
 from stepstone.outbox.publisher import (
     MAX_CONCURRENCY,
     PublishResult,
@@ -42,6 +42,9 @@ _OURS = ("exchange", "routing_key", "concurrency")
 _CLIENTS = frozenset({  # what aiormq and aio_pika read from the URL's query: passed on to them
     "auth", "cafile", "cadata", "capath", "certfile", "keyfile", "no_verify_ssl", "heartbeat", "name", "timeout",
     "interleave", "happy_eyeballs_delay", "reconnect_interval", "fail_fast"})
+_REFUSED_SETUP = (aiormq.exceptions.ChannelPreconditionFailed, aiormq.exceptions.ChannelAccessRefused)
+"""What the broker answers a declaration it will not make: another exchange of that name and another
+type or arguments (406), or a user without the right to declare it (403)."""
 _UNREACHABLE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError,
                 OSError)
 
@@ -76,6 +79,9 @@ class RabbitMqPublisher:
                     await conn.close()
             if isinstance(exc, (*_UNREACHABLE, TimeoutError)):
                 raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+            if isinstance(exc, _REFUSED_SETUP):  # the configuration's: the relay holds the events
+                raise BrokerMisconfigured(f"{self.name}: RabbitMQ will not declare exchange {self.exchange_name!r}: "
+                                          f"{exc}") from exc
             raise
         self._conn, self._channel, self._exchange = conn, channel, exchange
         return exchange

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from stepstone.core.bounds import MAX_BATCH, check_count, check_seconds
 from stepstone.core.limits import MAX_INT4
-from stepstone.errors import BrokerUnavailable
+from stepstone.errors import BrokerMisconfigured, BrokerUnavailable
 from stepstone.observability.publishing import publish_spans
 from stepstone.outbox.publisher import Outcome, Publisher, PublishResult, publish_progress
 from stepstone.runtime.counters import Counters
@@ -73,6 +73,7 @@ class RelayEvents(Counters):
     failed: int = 0
     dead: int = 0
     unavailable: int = 0
+    misconfigured: int = 0
     idle: int = 0
 
 
@@ -128,6 +129,7 @@ class Relay:
         self._listener: Listener | None = None
         self._claimed_last = 0
         self._failures = 0  # rounds failed in a row: the loop tells an outage, the wake-up line only its start
+        self._refused_setup: BrokerMisconfigured | None = None  # the last publish's, if the broker refused its setup
 
     async def start(self) -> None:
         await self._open_listener()
@@ -177,6 +179,9 @@ class Relay:
             log.warning("outbox event %s dead-lettered (%s); its key waits until `stepstone outbox requeue`",
                         s.id, s.error)
         self.events.count("dead", len(dead))
+        if self._refused_setup is not None:  # held, not failed: the broker's configuration is to blame
+            self.events.count("misconfigured")
+            raise self._refused_setup
         if all(not r.attempted for r in results):
             self.events.count("unavailable")
             raise BrokerUnavailable(next(r.error for r in results if not r.attempted) or "broker unavailable")
@@ -195,11 +200,17 @@ class Relay:
                 return total
 
     async def _publish(self, batch: list[StagedEvent]) -> list[PublishResult]:
+        self._refused_setup = None
         with publish_progress() as progress:
             try:
                 async with asyncio.timeout(self.config.lease_seconds / 2):
                     results = await self.publisher.publish(batch)
             except BrokerUnavailable as exc:
+                return [PublishResult.transient(str(exc), attempted=False)] * len(batch)
+            except BrokerMisconfigured as exc:
+                # Every batch would meet it, whatever its events: counting attempts would dead-letter the
+                # whole outbox after max_attempts. Released with the error (`outbox list` shows it).
+                self._refused_setup = exc
                 return [PublishResult.transient(str(exc), attempted=False)] * len(batch)
             except TimeoutError:
                 if progress:  # what the broker acknowledged before the cut stays acknowledged
@@ -239,8 +250,13 @@ class Relay:
             except Exception as exc:  # noqa: BLE001 - the loop must outlive any single failure
                 self._failures += 1
                 unreachable = isinstance(exc, BrokerUnavailable)
-                delay = min(5.0, 0.05 * 2**self._failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
-                if self._failures == 1 or self._failures % 20 == 0:
+                refused = isinstance(exc, BrokerMisconfigured)  # until someone fixes it: look less often
+                delay = min(30.0 if refused else 5.0, 0.05 * 2**self._failures) * random.uniform(0.5, 1.0)  # noqa: S311
+                if refused and (self._failures == 1 or self._failures % 20 == 0):
+                    log.error("relay %s: the broker refuses the publisher's setup: %s. Fix the broker or the "  # noqa: TRY400 - one line, no traceback
+                              "broker URL; events are held, no attempt counted, trying again in %.0f s",
+                              self.config.relay_id, exc, delay)
+                elif self._failures == 1 or self._failures % 20 == 0:
                     log.warning("relay %s: %s: %s; events wait, retrying in %.2f s", self.config.relay_id,
                                 type(exc).__name__, exc, delay)
                 if not self._stopping:
