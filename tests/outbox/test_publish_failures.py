@@ -280,3 +280,51 @@ async def test_a_rabbitmq_exchange_of_another_type_holds_the_events(
         await assert_held(conn, outbox, open_publisher(f"{url}?exchange={name}"), "inequivalent arg 'type'", caplog)
     finally:
         await admin.close()
+
+
+def rabbitmqctl(*args: str) -> str | None:
+    """rabbitmqctl's output, or None where it cannot reach the broker (not installed, not allowed)."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    tool = shutil.which("rabbitmqctl")
+    if tool is None:
+        return None
+    done = subprocess.run([tool, *args], capture_output=True, text=True, timeout=60, check=False)
+    return done.stdout if done.returncode == 0 else None
+
+
+async def test_a_rabbitmq_connection_the_broker_closes_is_said_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An operator's close of the publisher's connection: aiormq logged an ERROR ("Unexpected connection
+    close from remote") and a WARNING with a traceback ("Cancelling cause reader exited abnormally"),
+    though the next batch simply connects again."""
+    url = os.environ.get("STEPSTONE_TEST_AMQP_URL")
+    if not url or rabbitmqctl("list_connections", "pid") is None:
+        pytest.skip("needs STEPSTONE_TEST_AMQP_URL and rabbitmqctl on the broker's machine")
+    from stepstone.outbox.publisher import open_publisher  # noqa: PLC0415
+
+    tag = f"t{uuid.uuid4().hex[:10]}"
+    publisher = open_publisher(f"{url}?exchange={tag}&name={tag}")
+
+    def event() -> StagedEvent:
+        return StagedEvent(1, str(uuid.uuid4()), str(uuid.uuid4()), "ev.made", "k", {}, datetime.now(UTC))
+
+    try:
+        await publisher.publish([event()])  # connected (no queue is bound: refused, which is beside the point)
+        listing = rabbitmqctl("list_connections", "pid", "client_properties") or ""
+        [pid] = [line.split("\t")[0] for line in listing.splitlines() if tag in line]
+        with caplog.at_level(logging.DEBUG):
+            assert rabbitmqctl("close_connection", pid, "closed by the test") is not None
+            deadline = asyncio.get_running_loop().time() + 30.0
+            while not any("closed by the test" in r.getMessage() for r in caplog.records):
+                assert asyncio.get_running_loop().time() < deadline, "the close was never said"
+                await asyncio.sleep(0.01)
+            [result] = await publisher.publish([event()])  # connects again
+        assert result.attempted
+    finally:
+        await publisher.close()
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.name, r.levelname, r.exc_info) for r in said] == [("stepstone.outbox.rabbitmq", "WARNING", None)]
+    assert "(320 CONNECTION_FORCED - closed by the test); it connects again" in said[0].getMessage()

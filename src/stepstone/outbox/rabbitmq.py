@@ -12,6 +12,8 @@ message no queue is bound for comes back (mandatory) and is refused, a nack is a
 from __future__ import annotations
 
 import contextlib
+import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -36,6 +38,8 @@ from stepstone.store.outbox import StagedEvent
 
 __all__ = ["RabbitMqPublisher", "amqp_publisher"]
 
+log = logging.getLogger("stepstone.outbox.rabbitmq")
+
 DEFAULT_EXCHANGE = "stepstone"
 DEFAULT_ROUTING_KEY = "{type}"
 _OURS = ("exchange", "routing_key", "concurrency")
@@ -47,6 +51,43 @@ _REFUSED_SETUP = (aiormq.exceptions.ChannelPreconditionFailed, aiormq.exceptions
 type or arguments (406), or a user without the right to declare it (403)."""
 _UNREACHABLE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError,
                 OSError)
+
+
+class _ForcedCloses(logging.Filter):
+    """aiormq says a connection the broker closes (an operator's close, a node going down) as an ERROR and
+    then a WARNING with the traceback of the reader task, though the publisher only connects again for the
+    next batch. For the publishers' own connections both become one WARNING line of ours; other aiormq
+    connections of the process are left as they are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ours: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()  # -> publisher name
+        self.closed: set[tuple[Any, ...]] = set()  # (reply code, text) said, whose reader's end is still to come
+
+    def watch(self, connection: object, name: str) -> None:
+        if self not in logging.getLogger("aiormq.connection").filters:
+            logging.getLogger("aiormq.connection").addFilter(self)
+        self.ours[connection] = name
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if str(record.msg).startswith("Unexpected connection close from remote") and len(args) == 3:
+            name = self.ours.get(args[0])
+            if name is None:
+                return True
+            self.closed.add(tuple(args[1:]))
+            log.warning("RabbitMQ closed the outbox publisher's connection to %s (%s %s); it connects again for "
+                        "the next batch", name, args[1], args[2])
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        if record.msg == "Cancelling cause reader exited abnormally" and isinstance(
+                error, aiormq.exceptions.ConnectionClosed) and tuple(error.args[:2]) in self.closed:
+            self.closed.discard(tuple(error.args[:2]))
+            return False
+        return True
+
+
+_FORCED_CLOSES = _ForcedCloses()
 
 
 class RabbitMqPublisher:
@@ -83,6 +124,8 @@ class RabbitMqPublisher:
                 raise BrokerMisconfigured(f"{self.name}: RabbitMQ will not declare exchange {self.exchange_name!r}: "
                                           f"{exc}") from exc
             raise
+        if conn.transport is not None:
+            _FORCED_CLOSES.watch(conn.transport.connection, self.name)
         self._conn, self._channel, self._exchange = conn, channel, exchange
         return exchange
 
