@@ -23,7 +23,8 @@ class SyncScheduleOperations(SyncLoop):
 
     def schedule(self, schedule: Schedule) -> ScheduleInfo:
         """Create or replace a schedule; any worker that has its workflow fires it. Declaring it again
-        unchanged (at every deploy) keeps its next tick."""
+        unchanged (at every deploy) keeps its next tick. Its input is checked against the version its ticks
+        will start: the one a start of the workflow selects in the schedule's scope."""
         return self._run(self._client.schedule(schedule))
 
     def schedules(self, name: str | None = None) -> Schedules:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from stepstone.authoring.workflow import Workflow
+from stepstone.authoring.selection import selected_workflow
+from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.client_starts import StartOperations
+from stepstone.errors import DefinitionNotFound
 from stepstone.scheduling import operations as scheduling
 from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
 from stepstone.scheduling.schedule import Schedule
@@ -26,13 +28,17 @@ class ScheduleOperations(StartOperations):
 
     async def schedule(self, schedule: Schedule) -> ScheduleInfo:
         """Create or replace a schedule; any worker that has its workflow fires it. Declaring it again
-        unchanged (at every deploy) keeps its next tick."""
+        unchanged (at every deploy) keeps its next tick. Its input is checked against the version its ticks
+        will start: the one a start of the workflow selects in the schedule's scope."""
         self._text("schedule name", schedule.name)
+        self._scope(schedule.scope)
+        self._text("workflow", schedule.workflow_id)
+        if isinstance(schedule.workflow, Workflow):
+            await self._ensure_registered(schedule.workflow)
         state = schedule.input
-        wf = self.registry.latest(schedule.workflow_id) if isinstance(schedule.workflow, str) else schedule.workflow
+        wf = await self._schedule_version(schedule)
         if wf is not None:
             state = wf.state_to_json({} if schedule.input is None else schedule.input, what="schedule input")
-            await self._ensure_registered(wf)
         self._encode("schedule input", state)
         return await scheduling.put_schedule(self._scheduling(), schedule, state)
 
@@ -59,7 +65,8 @@ class ScheduleOperations(StartOperations):
         """Start the schedule's workflow now, with its input, outside its ticks; returns the instance id."""
         self._text("schedule name", name)
         info = (await scheduling.list_schedules(self._scheduling(), name))[0]
-        return await self.start(info.workflow, info.input, idempotency_key=f"schedule:{name}:trigger:{uuid.uuid4()}")
+        return await self.start(info.workflow, info.input, idempotency_key=f"schedule:{name}:trigger:{uuid.uuid4()}",
+                                scope=info.scope)
 
     async def set_flow_limit(
         self, workflow: Workflow[Any] | str, *, max_running: int | None = None, key: str | None = None,
@@ -83,6 +90,21 @@ class ScheduleOperations(StartOperations):
         return await scheduling.flow_limits(self._scheduling(), workflow_id)
 
     # -- helpers --------------------------------------------------------------------------------
+
+    async def _schedule_version(self, schedule: Schedule) -> Workflow[Any] | None:
+        """The version the schedule's ticks start, as the scheduler chooses it (`selected_workflow` in its
+        scope), from this client's registry and the Workflow given. While no version is selected (the
+        scheduler holds the schedule until one is), the Workflow given or the registry's newest. None when
+        this client lacks the selected version: the scheduler checks the input when it fires."""
+        given = schedule.workflow if isinstance(schedule.workflow, Workflow) else None
+        known = self.registry if given is None else Registry(
+            given, *(wf for wf in self.registry if (wf.id, wf.version) != (given.id, given.version)))
+        try:
+            wf = await selected_workflow(self.store.definitions, known, schedule.workflow_id, schedule.scope,
+                                         holder="this client's registry")
+        except DefinitionNotFound:
+            return None
+        return wf or known.latest(schedule.workflow_id)
 
     def _workflow_id(self, workflow: Workflow[Any] | str) -> str:
         """A flow limit's workflow, named or given (as `set_flow_limit` and `remove_flow_limit` take it)."""

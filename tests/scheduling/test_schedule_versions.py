@@ -11,8 +11,10 @@ from typing import Any
 
 import asyncpg
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.errors import InvalidInput
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.worker import Worker
 from stepstone.scheduling import Schedule
@@ -141,3 +143,46 @@ async def test_a_version_deprecated_after_its_selection_holds_that_schedule_only
 
     await engine.run_until_idle()  # selected afresh: v1, the current version
     assert await _started(db) == [(1, {"ran_version": 1})]
+
+
+class Old(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    a: int
+
+
+class New(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    b: int
+
+
+def typed(version: int, model: type[BaseModel]) -> Workflow[Any]:
+    wf: Workflow[Any] = Workflow("typed", version=version, state=model)
+
+    @wf.step(start=True, next=None)
+    def record(ctx: StepContext, state: Any) -> None:
+        return None
+
+    return wf
+
+
+async def test_a_schedules_input_is_checked_against_the_version_its_ticks_start(database_url: str) -> None:
+    """The input was checked against the newest registered version (v2 here), though the ticks start the
+    version the scope selects (v1, recorded first): an input for v1 was refused, and one for v2 was
+    accepted and then skipped at every tick."""
+    async with open_engine(database_url, Registry(typed(1, Old), typed(2, New))) as engine:
+        info = await engine.client.schedule(Schedule("t", "typed", every=60, input={"a": 1}))
+        assert info.input == {"a": 1}
+        with pytest.raises(InvalidInput, match="schedule input"):
+            await engine.client.schedule(Schedule("t", "typed", every=60, input={"b": 1}))
+        await engine.store.definitions.activate("default", "typed", 2)  # now the ticks start v2
+        assert (await engine.client.schedule(Schedule("t", "typed", every=60, input={"b": 2}))).input == {"b": 2}
+
+
+async def test_a_schedule_starts_its_instances_in_its_scope(engine: Engine, db: asyncpg.Connection) -> None:
+    """put_schedule stored every schedule in the default scope, whatever the caller meant."""
+    info = await engine.client.schedule(Schedule("s", "ticker", every=60, scope="acme"))
+    assert info.scope == "acme"
+    await engine.advance(seconds=60)
+    triggered = await engine.client.trigger_schedule("s")
+    scopes = await db.fetch("SELECT id::text, scope FROM stepstone.instances WHERE definition_id = 'ticker'")
+    assert sorted(r["scope"] for r in scopes) == ["acme", "acme"] and triggered in {r["id"] for r in scopes}

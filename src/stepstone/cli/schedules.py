@@ -18,6 +18,7 @@ from stepstone.cli.instances import _with_client  # the one way a command opens 
 from stepstone.client import Client
 from stepstone.config import Settings
 from stepstone.core import json_text
+from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.scheduling import Schedule
 from stepstone.scheduling.operations import ScheduleInfo
 from stepstone.scheduling.schedule import CATCH_UPS, OVERLAPS
@@ -66,12 +67,14 @@ def schedules_group() -> None:
               help="When the previous instance still runs at a tick.")
 @click.option("--catch-up", type=click.Choice(CATCH_UPS), default="one", show_default=True,
               help="Ticks missed while no worker ran: none, the latest one, or all.")
+@click.option("--scope", type=TEXT, default=DEFAULT_SCOPE, show_default=True,
+              help="The scope (tenant) its instances start in, each on the version a start there selects.")
 @app_option(required=False)
 @output_option
 @with_settings
 def create_command(
     settings: Settings, registry: Registry | None, output: str, name: str, workflow: str, cron: str | None,
-    every: float | None, input_text: str | None, timezone: str, overlap: str, catch_up: str,
+    every: float | None, input_text: str | None, timezone: str, overlap: str, catch_up: str, scope: str,
 ) -> None:
     """Create or replace schedule NAME of WORKFLOW (declaring it again unchanged keeps its next tick)."""
     try:
@@ -79,7 +82,7 @@ def create_command(
     except json.JSONDecodeError as exc:
         raise CliError(f"--input is not valid JSON: {exc.msg}") from None
     schedule = Schedule(name, workflow, cron=cron, every=every, input=data, timezone=timezone,
-                        overlap=overlap, catch_up=catch_up)  # type: ignore[arg-type]
+                        overlap=overlap, catch_up=catch_up, scope=scope)  # type: ignore[arg-type]
     info = _with_client(settings, registry, lambda c: c.schedule(schedule))
     emit(asdict(info), output, lambda: f"schedule {name}: {_when(info)}, next tick {_time(info.next_fire_at)}")
 

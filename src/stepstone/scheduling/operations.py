@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from stepstone.core.limits import MAX_INT4
+from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import InvalidInput, NotFound
 from stepstone.scheduling.schedule import Schedule, ScheduleError, ScheduleSpec
@@ -54,11 +55,13 @@ class ScheduleInfo:
     last_instance: str | None
     fired: int
     skipped: int
+    scope: str = DEFAULT_SCOPE
+    """The scope its instances start in."""
 
     @classmethod
     def of(cls, row: dict[str, Any]) -> ScheduleInfo:
         return cls(row["name"], row["definition_id"], row["spec"], row["input"], row["paused"], row["next_fire_at"],
-                   row["last_tick"], row["last_instance"], int(row["fired"]), int(row["skipped"]))
+                   row["last_tick"], row["last_instance"], int(row["fired"]), int(row["skipped"]), row["scope"])
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ async def put_schedule(store: SchedulingStore, schedule: Schedule, state: Any) -
     """Store the schedule (its next tick from the database clock); an unchanged one keeps its next tick."""
     spec = spec_of(schedule)
     now = await store.db_now()
-    await store.put_schedule(schedule.name, schedule.workflow_id, spec.document(), state, spec.next_after(now))
+    await store.put_schedule(schedule.name, schedule.workflow_id, spec.document(), state, spec.next_after(now),
+                             schedule.scope)
     return (await list_schedules(store, schedule.name))[0]
 
 

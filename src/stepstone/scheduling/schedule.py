@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.scheduling.cron import Cron, CronError
 
@@ -102,7 +103,8 @@ class ScheduleSpec:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A named schedule of `workflow` (a Workflow or its id). Exactly one of `cron` and `every`."""
+    """A named schedule of `workflow` (a Workflow or its id). Exactly one of `cron` and `every`. Its instances
+    start in `scope` (tenant), each on the version a start of the workflow selects there."""
 
     name: str
     workflow: Any
@@ -113,6 +115,7 @@ class Schedule:
     overlap: Overlap = "skip"
     catch_up: CatchUp = "one"
     grace: timedelta | float = 60.0
+    scope: str = DEFAULT_SCOPE
 
     @property
     def workflow_id(self) -> str:

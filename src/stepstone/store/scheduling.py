@@ -13,6 +13,7 @@ from typing import Any
 
 import asyncpg
 
+from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
 from stepstone.store.scheduling_port import FiredTick
@@ -36,8 +37,9 @@ class SchedulingQueries:
 
     async def put_schedule(
         self, name: str, definition_id: str, spec: dict[str, Any], input: Any, next_fire_at: datetime,  # noqa: A002
+        scope: str = DEFAULT_SCOPE,
     ) -> tuple[bool, datetime]:
-        row = (await self._sfetch("put_schedule", name, definition_id, spec, input, next_fire_at))[0]
+        row = (await self._sfetch("put_schedule", name, definition_id, spec, input, next_fire_at, scope))[0]
         return bool(row["created"]), row["next_fire_at"]
 
     async def list_schedules(self, name: str | None = None) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from stepstone.core.pin import DEFAULT_SCOPE
+
 __all__ = ["FiredTick", "SchedulingStore"]
 
 FiredTick = tuple[str, str | None, datetime | None]
@@ -21,6 +23,7 @@ class SchedulingStore(Protocol):
     async def db_now(self) -> datetime: ...
     async def put_schedule(
         self, name: str, definition_id: str, spec: dict[str, Any], input: Any, next_fire_at: datetime,  # noqa: A002
+        scope: str = DEFAULT_SCOPE,
     ) -> tuple[bool, datetime]: ...
     async def list_schedules(self, name: str | None = None) -> list[dict[str, Any]]: ...
     async def pause_schedule(self, name: str) -> bool: ...

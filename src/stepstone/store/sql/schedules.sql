@@ -1,11 +1,13 @@
 -- Named queries of schedules and flow limits (store/scheduling.py). {{schema}} is the quoted schema.
 
 -- name: put_schedule
--- Create or replace a schedule. Re-declaring it unchanged (a deploy calling this at start-up) keeps
--- its next tick; a changed spec or a re-created row starts from the tick given.
+-- Create or replace a schedule (its instances start in scope $6). Re-declaring it unchanged (a deploy
+-- calling this at start-up) keeps its next tick; a changed spec or a re-created row starts from the
+-- tick given.
 INSERT INTO {{schema}}.schedules AS s (name, scope, definition_id, spec, input, next_fire_at, created_at, updated_at)
-VALUES ($1, 'default', $2, $3, $4, $5, {{schema}}.db_now(), {{schema}}.db_now())
+VALUES ($1, $6, $2, $3, $4, $5, {{schema}}.db_now(), {{schema}}.db_now())
 ON CONFLICT (name) DO UPDATE SET
+    scope = EXCLUDED.scope,
     definition_id = EXCLUDED.definition_id,
     spec = EXCLUDED.spec,
     input = EXCLUDED.input,
@@ -15,7 +17,7 @@ ON CONFLICT (name) DO UPDATE SET
 RETURNING (xmax = 0) AS created, next_fire_at;
 
 -- name: list_schedules
-SELECT name, definition_id, spec, input, paused, next_fire_at, last_tick, last_instance, fired, skipped,
+SELECT name, scope, definition_id, spec, input, paused, next_fire_at, last_tick, last_instance, fired, skipped,
        created_at, updated_at
 FROM {{schema}}.schedules WHERE ($1::text IS NULL OR name = $1) ORDER BY name;
 
