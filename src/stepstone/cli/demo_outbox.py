@@ -173,9 +173,7 @@ async def _report(outbox: PostgresOutbox, recording: _Recording, relay: Relay) -
     routing: Routing | None = getattr(recording.inner, "routing", None)
 
     def target(event_type: str, key: str | None) -> str:
-        if routing is None:
-            return recording.name
-        return routing.template.format(type=event_type, category=event_type.partition(".")[0], key=key or "")
+        return recording.name if routing is None else routing.target_of(event_type, key)
 
     held = await _read_back(recording.inner, {target(t, k) for _, _, t, k in staged})
     missing = set(recording.acknowledged) - set(held)

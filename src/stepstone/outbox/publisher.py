@@ -120,7 +120,11 @@ class Routing:
                               f"use {{type}}, {{category}} or {{key}}")
 
     def target(self, event: StagedEvent) -> str:
-        fields = {"type": event.type, "category": event.type.partition(".")[0], "key": event.key or ""}
+        return self.target_of(event.type, event.key)
+
+    def target_of(self, event_type: str, key: str | None) -> str:
+        """Where an event of `event_type` and `key` goes (what `target` says of a staged one)."""
+        fields = {"type": event_type, "category": event_type.partition(".")[0], "key": key or ""}
         if self.url_quoted:
             fields = {name: quote(value, safe="") for name, value in fields.items()}
         return self.template.format(**fields)
