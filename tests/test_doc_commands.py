@@ -8,6 +8,10 @@ Fences:
     ```python / ```text / ```toml ...  not shell
 A ``sh`` block that must not run (it installs, runs for minutes, or until stopped) is preceded by an
 ``<!-- not run: why -->`` line. A fence without a language is refused, so nothing escapes by omission.
+
+A block that serves HTTP names its port (``--port 8765``) so a reader can copy it; the test runs it on a
+free port instead (``--port N`` and ``:N`` in that file's runnable blocks), so two suites on one machine
+never answer each other's requests.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _NOT_RUN = re.compile(r"^<!--\s*not run:\s*(\S.*?)\s*-->\s*$")
+_PORT_OPTION = re.compile(r"--(?:metrics-)?port[ =](\d+)\b")
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,21 @@ def blocks(path: Path) -> list[Block]:
     return found
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def on_free_ports(text: str, free_port: Callable[[], int] = _free_port) -> str:
+    """The blocks' text with each port given to ``--port``/``--metrics-port`` moved to a free one,
+    wherever it is passed (``--port N``) or addressed (``:N``)."""
+    for port in dict.fromkeys(_PORT_OPTION.findall(text)):
+        text = re.sub(rf"(?:(?<=--port )|(?<=--port=)|(?<=--metrics-port )|(?<=--metrics-port=)|(?<=:))"
+                      rf"{port}(?!\d)", str(free_port()), text)
+    return text
+
+
 def _script(runnable: list[Block]) -> str:
     parts = [
         "set -euo pipefail",
@@ -69,7 +91,7 @@ def _script(runnable: list[Block]) -> str:
     ]
     for block in runnable:
         parts += [f"echo '>>> block {block.where}' >&2", block.text]
-    return "\n".join(parts) + "\n"
+    return on_free_ports("\n".join(parts) + "\n")
 
 
 def test_every_fence_has_a_language_and_every_marker_a_reason() -> None:
@@ -87,6 +109,15 @@ def test_the_block_parser_sees_markers(tmp_path: Path) -> None:
     found = blocks(doc)
     assert [(b.lang, b.text, b.not_run) for b in found] == [
         ("sh", "echo 1", None), ("sh", "sleep 3600", "takes an hour"), ("console", "$ x", None)]
+
+
+def test_served_ports_are_moved_to_free_ones() -> None:
+    ports = iter([50001, 50002])
+    text = ("stepstone serve --port 8765 &\ncurl localhost:8765/x http://127.0.0.1:8765/y\n"
+            "stepstone worker --metrics-port=9464 && curl :9464/metrics; echo 87650 18765 port 8765")
+    assert on_free_ports(text, lambda: next(ports)) == (
+        "stepstone serve --port 50001 &\ncurl localhost:50001/x http://127.0.0.1:50001/y\n"
+        "stepstone worker --metrics-port=50002 && curl :50002/metrics; echo 87650 18765 port 8765")
 
 
 # First pass only: the blocks drive the CLI and the HTTP API, whose SQL the store's own tests run against
