@@ -12,7 +12,7 @@ from stepstone.external import ExternalTasks
 from stepstone.external.http import create_app
 from stepstone.testing import Engine, open_engine
 from tests.external import workflows
-from tests.external.workflows import payment
+from tests.external.workflows import payment, shipping
 
 
 @pytest.fixture
@@ -103,3 +103,23 @@ async def test_errors_are_json_with_a_status(http: httpx.AsyncClient) -> None:
     wrong_method = await http.get("/external-tasks/fetch-and-lock")
     assert wrong_method.status_code == 405 and wrong_method.json()["error"] == "method_not_allowed"
     assert wrong_method.headers["allow"] == "POST"
+
+
+async def test_the_list_pages_oldest_first(engine: Engine, http: httpx.AsyncClient) -> None:
+    """GET /external-tasks could not page: the first `limit` (at most 10,000) and no way on. A fork's
+    three tasks are made in one commit, at one instant: the cursor keeps their order by id."""
+    await engine.client.start(shipping, {})
+    await engine.run_until_idle()
+    seen: list[str] = []
+    cursor: str | None = None
+    for _ in range(4):
+        got = await http.get("/external-tasks", params={"limit": 1, **({"cursor": cursor} if cursor else {})})
+        assert got.status_code == 200, got.text
+        seen += [t["id"] for t in got.json()["tasks"]]
+        cursor = got.json()["next_cursor"]
+        if cursor is None:
+            break
+    whole = (await http.get("/external-tasks")).json()
+    assert len(seen) == 3 and seen == [t["id"] for t in whole["tasks"]] and whole["next_cursor"] is None
+    bad = await http.get("/external-tasks", params={"cursor": "bm90IGEgY3Vyc29y"})
+    assert (bad.status_code, bad.json()["error"]) == (400, "invalid_input"), bad.text

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
 
 import click
 
+from stepstone import cursors
 from stepstone.cli.addresses import http_url
 from stepstone.cli.common import (
     TEXT,
@@ -27,7 +27,8 @@ from stepstone.cli.common import (
 from stepstone.cli.connection import open_store
 from stepstone.cli.http_server import quiet_server, stop_signals
 from stepstone.config import Settings
-from stepstone.external.tasks import STATUSES, ExternalTasks
+from stepstone.errors import InvalidInput
+from stepstone.external.tasks import STATUSES, ExternalTasks, TaskPage
 
 __all__ = ["commands"]
 
@@ -89,21 +90,34 @@ def serve_command(settings: Settings, host: str, port: int, token: str | None) -
 @click.option("--status", type=click.Choice(STATUSES, case_sensitive=False), default=None)
 @click.option("--instance", "instance_id", type=TEXT, default=None, metavar="ID")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True)
+@click.option("--after", type=TEXT, default=None, metavar="CURSOR",
+              help="Continue after the page that printed this cursor.")
 @with_settings
 @output_option
 def list_command(settings: Settings, topic: str | None, status: str | None, instance_id: str | None, limit: int,
-                 output: str) -> None:
-    """External tasks oldest first: topic, status, who holds the lock, retries left, last error."""
+                 after: str | None, output: str) -> None:
+    """External tasks oldest first, a page at a time: topic, status, who holds the lock, retries left, last error."""
+    if after:  # a bad cursor is refused before connecting, as every CLI argument is
+        _check_cursor(after)
 
-    async def read() -> list[dict[str, Any]]:
+    async def read() -> TaskPage:
         async with open_store(settings, pool_size=2) as store:
-            return await ExternalTasks(store).list(topic=topic, status=status, instance_id=instance_id, limit=limit)
+            return await ExternalTasks(store).page(topic=topic, status=status, instance_id=instance_id, limit=limit,
+                                                   after=after, what="--after")
 
     found = run_async(read())
-    emit(found, output, lambda: render_table(
+    emit({"tasks": found.tasks, "next_cursor": found.next_cursor}, output, lambda: render_table(
         [[t["id"], t["topic"], t["status"], t["instance_id"], t["position"] or "-", t["lock_owner"] or "",
-          t["retries"], t["last_error"] or ""] for t in found],
-        ["id", "topic", "status", "instance", "position", "locked by", "retries", "last error"]))
+          t["retries"], t["last_error"] or ""] for t in found.tasks],
+        ["id", "topic", "status", "instance", "position", "locked by", "retries", "last error"])
+        + (f"\nnext page: --after {found.next_cursor}" if found.next_cursor else ""))
+
+
+def _check_cursor(after: str) -> None:
+    try:
+        cursors.decode(after, cursors.INSTANT, cursors.UUID, what="--after")
+    except InvalidInput:
+        raise CliError(f"--after {after!r} is not a cursor printed by `stepstone external list`") from None
 
 
 commands = [external_group]

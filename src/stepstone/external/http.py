@@ -8,7 +8,7 @@ mount `create_app(tasks)` under a prefix.
     POST /external-tasks/{id}/complete       {"lock_token", "variables", "worker_id"}
     POST /external-tasks/{id}/business-error {"lock_token", "code", "message", "variables", "details"}
     POST /external-tasks/{id}/failure        {"lock_token", "message", "details", "retries", "retry_delay"}
-    GET  /external-tasks?topic=&status=&instance_id=&limit=
+    GET  /external-tasks?topic=&status=&instance_id=&limit=&cursor=
     GET  /health
 
 Errors are one JSON object `{"error": <kind>, "message": <one line>}` with a status that says what
@@ -177,10 +177,10 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
             limit = int(q.get("limit", "50"))
         except ValueError:
             raise InvalidInput(f"limit must be an integer, got {q.get('limit')!r}", what="limit") from None
-        found = await tasks.list(topic=q.get("topic"), status=q.get("status"), instance_id=q.get("instance_id"),
-                                 limit=limit)
+        found = await tasks.page(topic=q.get("topic"), status=q.get("status"), instance_id=q.get("instance_id"),
+                                 limit=limit, after=q.get("cursor"))
         return {"tasks": [{k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in t.items()}
-                          for t in found]}
+                          for t in found.tasks], "next_cursor": found.next_cursor}
 
     async def health(_: Request) -> Any:
         return {"status": "ok"}

@@ -24,6 +24,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
+from stepstone import cursors
 from stepstone.config import Settings
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.plan import valid_name
@@ -41,7 +42,7 @@ from stepstone.store.external import Answer, LockedTask, PostgresExternalTasks
 from stepstone.store.factory import open_ready_store
 from stepstone.store.port import Listener, Store
 
-__all__ = ["STATUSES", "ExternalTasks", "LockedTask", "TaskAnswer"]
+__all__ = ["STATUSES", "ExternalTasks", "LockedTask", "TaskAnswer", "TaskPage"]
 
 STATUSES = ("OPEN", "COMPLETED", "ERROR", "FAILED", "CANCELLED")
 """The statuses of an external task, for the filters of its lists."""
@@ -51,6 +52,14 @@ log = logging.getLogger("stepstone.external")
 MAX_TASKS = 1000
 MAX_LOCK_SECONDS = 24 * 3600.0
 MAX_TIMEOUT_SECONDS = 300.0
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """A page of `ExternalTasks.page`: its tasks, and the cursor of the next page (None on the last)."""
+
+    tasks: list[dict[str, Any]]
+    next_cursor: str | None
 
 
 @dataclass(frozen=True)
@@ -210,18 +219,29 @@ class ExternalTasks:
 
     async def list(self, *, topic: str | None = None, status: str | None = None, instance_id: str | None = None,
                    limit: int = 50) -> list[dict[str, Any]]:
-        """Tasks oldest first, filtered by topic, status and instance."""
+        """The first `limit` tasks oldest first, filtered by topic, status and instance."""
+        return (await self.page(topic=topic, status=status, instance_id=instance_id, limit=limit)).tasks
+
+    async def page(self, *, topic: str | None = None, status: str | None = None, instance_id: str | None = None,
+                   limit: int = 50, after: str | None = None, what: str = "cursor") -> TaskPage:
+        """A page of tasks oldest first, filtered by topic, status and instance, after the page whose
+        `next_cursor` is `after` (InvalidInput naming `what`, the parameter that carried it, when it
+        is not one)."""
         _number("limit", limit, 1, 10_000, integer=True)
         if status is not None and status.upper() not in STATUSES:
             raise InvalidInput(f"status must be one of {', '.join(STATUSES)}, got {status!r}", what="status")
+        key = cursors.decode(after, cursors.INSTANT, cursors.UUID, what=what) if after else None
         instance = None
         if instance_id is not None:
             try:
                 instance = uuid.UUID(str(instance_id))
             except ValueError:
-                return []
-        return await self.db.list(topic=topic, status=status.upper() if status else None, instance_id=instance,
-                                  limit=limit)
+                return TaskPage([], None)
+        rows = await self.db.list(topic=topic, status=status.upper() if status else None, instance_id=instance,
+                                  limit=limit + 1, after=key)
+        found, more = rows[:limit], len(rows) > limit
+        last = found[-1] if found else None
+        return TaskPage(found, cursors.encode(last["created_at"].isoformat(), last["id"]) if more and last else None)
 
     async def _answer(self, task_id: str, lock_token: str, outcome: str, *, variables: Any = None,
                       error: Any = None, retries: int | None = None, retry_delay: float | None = None,

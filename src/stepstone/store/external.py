@@ -108,9 +108,12 @@ class PostgresExternalTasks:
         return Answer(row["outcome"], row["command_id"], row["status"], row["available_at"], row["retries"])
 
     async def list(
-        self, *, topic: str | None, status: str | None, instance_id: uuid.UUID | None, limit: int
+        self, *, topic: str | None, status: str | None, instance_id: uuid.UUID | None, limit: int,
+        after: tuple[datetime, str] | None = None,
     ) -> list[dict[str, Any]]:
-        rows = await self._fetch("external_list", topic, status, instance_id, limit)
+        """Tasks oldest first, after the row whose (created_at, id) is `after`."""
+        at, last = after if after is not None else (None, None)
+        rows = await self._fetch("external_list", topic, status, instance_id, limit, at, last)
         return [{**dict(r), "id": str(r["id"]), "instance_id": str(r["instance_id"])} for r in rows]
 
     async def listen(self, callback: Callable[[], None]) -> Listener:
