@@ -267,3 +267,19 @@ async def test_a_caller_of_several_scopes_gets_exact_pages_and_counts(host: tupl
     assert sorted(seen) == sorted((iid, "acme" if n % 2 == 0 else "globex") for n, iid in enumerate(ours))
     assert (await http.get(f"{V1}/tasks/count", headers=kim, params={"mode": "all"})).json() == {
         "count": 4, "more_than_cap": False, "cap": None}
+
+
+async def test_a_reassign_to_the_assignee_or_to_a_name_with_spaces_changes_nothing(api: Api) -> None:
+    """Reassigning a task to the user who holds it recorded TASK_REASSIGNED though nothing moved; now it
+    answers the task as it is and records nothing. A name with a trailing space is refused (422)."""
+    zoe = await api.token("task_worker", name="zoe")
+    iid = await _expense(api, "ann", approver="zoe")
+    tid = await _task_of(api.engine, iid)
+    before = [e.kind for e in (await api.engine.client.history_page(iid, limit=500)).entries]
+    for op in ("reassign", "delegate"):
+        r = await api.http.post(f"{V1}/tasks/{tid}/{op}", headers=zoe, json={"to": "zoe"})
+        assert (r.status_code, r.json()["assignee"], r.json()["delegation"]) == (200, "zoe", None), r.text
+    r = await api.http.post(f"{V1}/tasks/{tid}/reassign", headers=zoe, json={"to": "kim "})
+    assert (r.status_code, r.json()["error"]) == (422, "InvalidInput"), r.text
+    assert [e.kind for e in (await api.engine.client.history_page(iid, limit=500)).entries] == before
+    assert (await api.engine.client.task(tid)).assignee == "zoe"

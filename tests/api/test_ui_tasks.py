@@ -96,3 +96,16 @@ async def test_a_completion_never_applied_is_not_shown_as_completed(api: Api) ->
     page = (await api.http.get(f"/ui/tasks/{tid}")).text
     assert 'id="task-status">cancelled<' in page
     assert "Completed as" not in page and "was not applied" in page
+
+
+async def test_a_name_with_spaces_around_it_is_refused_not_trimmed(api: Api) -> None:
+    """The form's `to` was stripped before the name check: ' kim ' became kim, where the API and the CLI
+    refuse a name no token can have. It is shown as an error on the task's page, nothing changed."""
+    _, tid = await _expense(api, "cy")
+    csrf = await _sign_in(api, "mia")
+    await api.http.post(f"/ui/tasks/{tid}/claim", data={"csrf": csrf})
+    for action in ("reassign", "delegate"):
+        r = await api.http.post(f"/ui/tasks/{tid}/{action}", data={"csrf": csrf, "to": "kim "})
+        assert r.status_code == 422, (action, r.status_code)
+        assert "has spaces around it" in r.text, r.text[-2000:]
+        assert (await api.engine.client.task(tid)).assignee == "mia"

@@ -450,3 +450,20 @@ async def test_a_task_that_names_nobody_is_anyones(engine: Engine) -> None:
     await engine.client.complete_task(info.id, "done", None, actor="anyone")
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
+
+
+async def test_a_reassign_or_delegate_to_the_assignee_changes_nothing(engine: Engine) -> None:
+    """It recorded TASK_REASSIGNED (TASK_DELEGATED, and made the assignee its own owner) though nothing
+    moved. Now it answers the task as it is and records nothing; one who may not hand it on is still
+    refused."""
+    iid, tid = await _open_expense(engine)
+    claimed = await engine.client.claim_task(tid, actor="alice", groups=["finance"])
+    before = await _kinds(engine, iid)
+    with pytest.raises(TaskNotPermitted):
+        await engine.client.reassign_task(tid, "alice", actor="stranger")
+    for again in (engine.client.reassign_task, engine.client.delegate_task):
+        task = await again(tid, "alice", actor="alice", idempotency_key="same")
+        assert (task.assignee, task.owner, task.delegation) == ("alice", claimed.owner, None)
+    assert await _kinds(engine, iid) == before
+    moved = await engine.client.reassign_task(tid, "olga", actor="alice")
+    assert moved.assignee == "olga" and (await _kinds(engine, iid)).count("TASK_REASSIGNED") == 1

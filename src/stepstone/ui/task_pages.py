@@ -82,13 +82,19 @@ async def act(request: Request, task_id: str, action: str) -> Response:
     who = await signed_in(request)
     form = await posted_form(request, who)
     ctx = context_of(request)
-    to, reason = str(form.get("to", "")).strip(), str(form.get("reason", ""))
+    # The name as typed: one with spaces around it is refused by the name check, as the API and the CLI
+    # refuse it, rather than quietly becoming another user's name.
+    to, reason = str(form.get("to", "")), str(form.get("reason", ""))
     if action in ("claim", "unclaim", "resolve"):
         done = await getattr(tasks, action)(ctx, who, task_id, admin=False)
     elif action in ("delegate", "reassign"):
         if not to:
             return await _task_page(request, who, task_id, error=f"Name the user to {action} the task to.")
-        done = await getattr(tasks, action)(ctx, who, task_id, to, reason=reason, idempotency_key=None, admin=False)
+        try:
+            done = await getattr(tasks, action)(ctx, who, task_id, to, reason=reason, idempotency_key=None,
+                                                admin=False)
+        except InvalidInput as exc:
+            return await _task_page(request, who, task_id, error=str(exc).splitlines()[0])
     else:
         raise InvalidInput(f"no task action {action!r}", what="action")
     flash = f"{action}ed" if not action.endswith("e") else f"{action}d"
