@@ -8,7 +8,11 @@ import os
 import signal
 
 import asyncpg
+import pytest
+from click.testing import CliRunner
 
+from stepstone.cli import cli
+from stepstone.store import migrate
 from stepstone.store.migrate import advisory_lock_key
 from tests._pg import until_shown
 from tests.test_cli_worker import DEADLINE, ROOT, STEPSTONE
@@ -43,3 +47,13 @@ async def test_ctrl_c_on_a_waiting_command_is_one_error_line_and_130(empty_datab
     assert proc.returncode == 130, err
     assert err.decode().strip().splitlines()[-1] == "error: interrupted", err
     assert b"Aborted" not in err and b"Traceback" not in err
+
+
+def test_ctrl_c_on_a_synchronous_command_is_the_same_line_and_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`db sql` runs no event loop: Ctrl-C in it printed click's "Aborted!" and exited 1."""
+    def interrupted(*_: object, **__: object) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(migrate, "pending_sql", interrupted)
+    result = CliRunner().invoke(cli, ["db", "sql"])
+    assert (result.exit_code, result.stderr.strip()) == (130, "error: interrupted"), result.output

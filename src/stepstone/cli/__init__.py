@@ -12,7 +12,7 @@ import sys
 import click
 
 from stepstone import __version__
-from stepstone.cli.common import RootOptions, settings_options
+from stepstone.cli.common import Interrupted, RootOptions, settings_options
 from stepstone.cli.lazy import LazyGroup
 from stepstone.errors import StepstoneError
 
@@ -52,7 +52,19 @@ COMMANDS = {
 }
 
 
-@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+class _Root(LazyGroup):
+    """The root group: Ctrl-C on any command, one that runs synchronously too (`db sql`, `definitions
+    validate`), is ``error: interrupted`` and 130, as `run_async` makes it for the asynchronous ones,
+    not click's "Aborted!" and 1."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted") from None
+
+
+@click.group(cls=_Root, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @settings_options
 @click.option("--app", default=None, metavar="MODULE:ATTR",
               help="The Registry (or Workflow) commands work with, e.g. myapp.flows:registry [env STEPSTONE_APP].")
