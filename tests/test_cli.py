@@ -117,6 +117,10 @@ def test_newer_history_is_run_on_and_one_lacking_a_shipped_version_refused(datab
     # (tests/test_schema_newer_release.py has the rest).
     migrated = run("--database-url", database_url, "db", "migrate")
     assert migrated.exit_code == 0 and "nothing to apply" in migrated.stdout, migrated.output
+    status = run("--database-url", database_url, "db", "status")  # each version once (9999 was listed twice)
+    [line] = [line for line in status.stdout.splitlines() if "9999" in line]
+    assert status.exit_code == 1 and line.startswith("9999_future  applied ")
+    assert line.endswith(", unknown to this stepstone"), status.stdout
     assert run("--database-url", database_url, "doctor").exit_code == 0
     asyncio.run(execute("DELETE FROM stepstone.schema_migrations WHERE version = 1"))  # no release's history
     assert "9999" in one_line_error(run("--database-url", database_url, "db", "migrate"))

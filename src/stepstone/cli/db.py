@@ -71,11 +71,12 @@ def status_command(settings: Settings, output: str) -> None:
     }
 
     def table() -> str:
-        lines = [f"{m.version:04d}_{m.name}  applied {m.applied_at:%Y-%m-%d %H:%M:%S%z}"
+        # One line a version: an unknown or modified one is an applied one, said so on its line.
+        notes = {**dict.fromkeys(state.unknown, ", unknown to this stepstone"),
+                 **dict.fromkeys(state.modified, ", but the shipped file has changed")}
+        lines = [f"{m.version:04d}_{m.name}  applied {m.applied_at:%Y-%m-%d %H:%M:%S%z}{notes.get(m.version, '')}"
                  for m in state.applied]
         lines += [f"{m.version:04d}_{m.name}  pending" for m in state.pending]
-        lines += [f"{v:04d}  unknown to this stepstone" for v in state.unknown]
-        lines += [f"{v:04d}  applied, but the shipped file has changed" for v in state.modified]
         return "\n".join(lines) if lines else "no migrations"
 
     emit(data, output, table)
