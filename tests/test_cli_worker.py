@@ -191,3 +191,25 @@ def test_serve_and_metrics_on_one_port_is_refused_before_anything_starts() -> No
     assert result.exit_code == 2, result.output
     assert "Error: Invalid value for '--metrics-port': 8861 is --port too" in result.stderr, result.stderr
     assert "serving" not in result.stderr and "cannot reach" not in result.stderr
+
+
+def test_serve_and_metrics_on_one_port_of_two_addresses_is_let_through() -> None:
+    """It was refused whatever the hosts; two addresses can each listen on the port. The worker goes on
+    (to the unreachable database, exit 1), where the same address or a wildcard is refused (exit 2)."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from stepstone.cli import cli  # noqa: PLC0415
+
+    def worker(host: str, metrics_host: str) -> tuple[int, str]:
+        result = CliRunner().invoke(cli, [
+            "worker", "--app", "tests.cli_apps:registry", "--database-url", "postgresql://u@127.0.0.1:1/db",
+            "--serve", "--no-auth", "--host", host, "--port", "8861", "--metrics-host", metrics_host,
+            "--metrics-port", "8861"])
+        return result.exit_code, result.stderr
+
+    code, err = worker("127.0.0.1", "127.0.0.2")
+    assert code == 1 and "is --port too" not in err, err
+    for host, metrics_host in (("127.0.0.1", "127.0.0.1"), ("127.0.0.1", "0.0.0.0"), ("::", "::1"),  # noqa: S104
+                               ("::1", "[::1]"), ("localhost", "LOCALHOST")):
+        code, err = worker(host, metrics_host)
+        assert code == 2 and "8861 is --port too" in err, (host, metrics_host, err)

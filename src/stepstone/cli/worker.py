@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from stepstone.authoring.workflow import Registry
-from stepstone.cli.addresses import host_port, http_url
+from stepstone.cli.addresses import host_port, http_url, one_port_clashes
 from stepstone.cli.app import app_option
 from stepstone.cli.common import CliError, Finite, run_async, with_settings
 from stepstone.cli.connection import open_store
@@ -213,9 +213,11 @@ def worker_command(
                                  param_hint="'--retention-every'")
     web = None
     if serve_web:
-        if port and metrics_port == port:  # the API would take the port and the probes fail after it started
-            raise click.BadParameter(f"{port} is --port too: the API and UI and the probes and metrics need "
-                                     "two ports", param_hint="'--metrics-port'")
+        # The API would take the port and the probes fail after it started; on two addresses both can have it.
+        if port and metrics_port == port and one_port_clashes(host, metrics_host):
+            raise click.BadParameter(f"{port} is --port too, on {metrics_host} and {host}: the API and UI and the "
+                                     "probes and metrics need two ports, or two addresses",
+                                     param_hint="'--metrics-port'")
         check_no_auth(host, no_auth)
         web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth}
     run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host, web))
