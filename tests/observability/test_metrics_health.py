@@ -142,6 +142,8 @@ async def test_probes_and_metrics_on_the_workers_port(engine: Engine) -> None:
             assert status == 200
             assert "stepstone_commands{state=" in text and "# TYPE stepstone_steps_total counter" in text
             assert (await _get(server.port, "/nope"))[0] == 404
+            head, _ = await _request(server.port, "POST", "/livez")  # it had no Allow header
+            assert head.split()[1] == "405" and "\r\nAllow: GET, HEAD\r\n" in head, head
             for path in ("/livez", "/readyz", "/metrics", "/nope"):  # HEAD: GET's status and headers, no body
                 head, body = await _request(server.port, "HEAD", path)
                 assert body == "", (path, body)

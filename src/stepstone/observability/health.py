@@ -46,6 +46,7 @@ class _Response:
     status: int
     body: bytes
     content_type: str = "application/json"
+    extra: str = ""  # more header lines, each ending in CRLF
 
 
 _REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
@@ -92,7 +93,7 @@ class HealthServer:
             return
         head = (f"HTTP/1.1 {response.status} {_REASONS.get(response.status, '')}\r\n"
                 f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
-                "Connection: close\r\n\r\n")
+                f"{response.extra}Connection: close\r\n\r\n")
         body = b"" if parts[:1] == ["HEAD"] else response.body  # HEAD: GET's headers without its body
         with contextlib.suppress(ConnectionError):
             writer.write(head.encode() + body)
@@ -102,7 +103,7 @@ class HealthServer:
     async def _route(self, parts: list[str]) -> _Response:
         method, path = (parts[0], parts[1].split("?", 1)[0]) if len(parts) >= 2 else ("", "")
         if method not in ("GET", "HEAD"):
-            return _Response(405, b'{"error": "GET only"}')
+            return _Response(405, b'{"error": "GET only"}', extra="Allow: GET, HEAD\r\n")  # RFC 9110: 405 says which
         if path in ("/livez", "/healthz"):
             ok = self.worker.alive
             return _Response(200 if ok else 503, json.dumps({"alive": ok}).encode())
