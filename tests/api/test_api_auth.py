@@ -104,6 +104,10 @@ async def test_read_only_refuses_every_write_with_405(read_only_api: Api) -> Non
             assert r.status_code == 405, (method, path)
             assert r.headers["content-type"] == "application/problem+json"
             assert r.json()["error"] == "ReadOnly"
+            # before its body is read: a malformed one was parsed first and answered 422
+            r = await api.http.request(method, path.replace(MISSING, iid), headers={
+                **headers, "content-type": "application/json"}, content=b"{not json")
+            assert (r.status_code, r.json()["error"]) == (405, "ReadOnly"), (method, path, r.text)
     assert (await api.http.get(f"{V1}/instances/{iid}", headers=admin)).status_code == 200
     assert (await api.http.get(f"{V1}/whoami", headers=admin)).json()["read_only"] is True
     assert (await api.engine.client.get(iid)).status == "WAITING"

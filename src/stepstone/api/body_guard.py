@@ -11,7 +11,9 @@ without this a request without a token could make the server read and parse any 
   with one) before reading it: 401 `Unauthenticated` without valid credentials (403 `NotLocal` from a
   no-auth server refusing another host or site); the principal found is
   the one the route's `principal` dependency then uses (`PRINCIPAL_STATE`), so the token is looked up once.
-  A read-only server's state changes are let through to their 405 first, as `writer` orders them.
+- answers a state change to the API on a read-only server with its 405 `ReadOnly` before reading the
+  body, as `writer` orders it (405 before 401): FastAPI would otherwise read, parse and validate the
+  body first, answering a malformed one 422 and spending the parse on a request it refuses anyway.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stepstone.api.auth import NotLocal, Unauthenticated
-from stepstone.api.context import PRINCIPAL_STATE, context_of, principal
-from stepstone.api.problems import error_response, problem, status_of
+from stepstone.api.auth import NotLocal, ReadOnly, Unauthenticated
+from stepstone.api.context import PRINCIPAL_STATE, context_of, principal, writable
+from stepstone.api.methods import allowed_methods
+from stepstone.api.problems import error_response, problem, status_of, stepstone_error_response
 from stepstone.core.limits import Limits
 
 __all__ = ["BodyGuard", "body_limit"]
@@ -60,6 +63,12 @@ class BodyGuard:
             return
         path, root = scope["path"], scope.get("root_path", "")
         api = (path[len(root):] if root and path.startswith(root) else path).startswith("/api/")
+        if api and ctx.read_only and scope["method"] in allowed_methods(request).split(", "):
+            try:
+                writable(request)
+            except ReadOnly as exc:  # raised here, outside the app's exception handlers
+                await (await stepstone_error_response(request, exc))(scope, receive, send)
+                return
         if api and not ctx.read_only:
             try:
                 scope.setdefault("state", {})[PRINCIPAL_STATE] = await principal(request)
