@@ -236,7 +236,12 @@ async def test_archived_instances_are_left_out_of_the_list_and_counts_unless_ask
     await api.engine.client.signal(old, "approve")
     await api.engine.run_until_idle()
     await api.engine.move_clock(7200)
-    swept = (await api.http.post(f"{V1}/retention/run", headers=admin, json={"workflow": "job"})).json()
+    for empty in ({"json": {}}, {"json": {"workflow": "job"}}, {}):  # each swept for real: a sweep deletes
+        r = await api.http.post(f"{V1}/retention/run", headers=admin, **empty)  # type: ignore[arg-type]
+        assert (r.status_code, r.json()["error"]) == (422, "InvalidInput"), (empty, r.text)
+    assert (await api.engine.client.get(old)).archived_at is None
+    swept = (await api.http.post(f"{V1}/retention/run", headers=admin,
+                                 json={"workflow": "job", "dry_run": False})).json()
     assert swept["archived"] == 1
     new = await api.engine.client.start("job", {"name": "new"})
     await api.engine.run_until_idle()

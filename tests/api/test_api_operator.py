@@ -88,7 +88,7 @@ async def test_retention_policies_and_a_dry_run_sweep(api: Api) -> None:
     assert narrowed == [1, 0]
     operator = await api.token("operator")
     assert (await api.http.put(f"{V1}/retention/policies", headers=operator, json=policy)).status_code == 403
-    assert (await api.http.post(f"{V1}/retention/run", headers=operator, json={})).status_code == 403
+    assert (await api.http.post(f"{V1}/retention/run", headers=operator, json={"dry_run": True})).status_code == 403
     scoped = await api.token("admin", scope="acme")
     assert (await api.http.get(f"{V1}/retention/policies", headers=scoped)).status_code == 403
     assert (await api.http.get(f"{V1}/retention/policies")).status_code == 401

@@ -33,7 +33,9 @@ class Policy(Body):
 
 
 class Sweep(Body):
-    dry_run: bool = Field(default=False, description="Count what the sweep would archive and purge.")
+    # Required: a sweep deletes, so an empty body (or none) is refused (422) rather than taken for a real one.
+    dry_run: bool = Field(description="true: count what the sweep would archive and purge; false: sweep. "
+                                      "Required, so that no empty request deletes anything.")
     workflow: str | None = Field(default=None, max_length=500, description="Only instances of this workflow.")
     scope: str | None = Field(default=None, max_length=500, description="Only instances of this scope.")
 
@@ -56,9 +58,8 @@ async def set_policy(request: Request, who: Writer, body: Policy) -> dict[str, A
 
 
 @router.post("/run", summary="Run one retention sweep now (archive, purge, old published outbox rows)")
-async def run_sweep(request: Request, who: Writer, body: Sweep | None = None) -> dict[str, Any]:
+async def run_sweep(request: Request, who: Writer, body: Sweep) -> dict[str, Any]:
     require(who, "admin", ALL_SCOPES)
     report = await Operations.on(context_of(request).store, actor=who.actor).retention_run(
-        dry_run=bool(body and body.dry_run), workflow=body.workflow if body else None,
-        scope=body.scope if body else None)
+        dry_run=body.dry_run, workflow=body.workflow, scope=body.scope)
     return report.as_dict()
