@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ __all__ = [
 ]
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
+log = logging.getLogger("stepstone.store")
 
 # Every stepstone connection runs with JIT compilation off (sent at connect, so it survives the pool's
 # RESET ALL and costs no round trip). The claim's plan does not know its batch size (hidden on purpose,
@@ -199,7 +201,8 @@ async def create_pool(
     with translate_errors(url):
         try:
             pool = await asyncpg.create_pool(
-                url, min_size=min_size, max_size=max_size, timeout=timeout, **_session(kwargs)
+                url, min_size=min_size, max_size=max_size, timeout=timeout,
+                **_session({**kwargs, "init": _telling_recovery(kwargs.get("init"))}),
             )
         except ValueError as exc:
             raise _malformed(url, str(exc)) from exc
@@ -207,6 +210,17 @@ async def create_pool(
             raise _malformed(url, f"the server refused a parameter: {exc}") from exc
     assert pool is not None  # create_pool only returns None when not awaited
     return pool
+
+
+def _telling_recovery(
+    init: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """The pool's `init` hook, run on each connection it makes: it ends a quiet run of floor failures."""
+    async def connected(conn: asyncpg.Connection) -> None:
+        _FLOOR.connected()
+        if init is not None:
+            await init(conn)
+    return connected
 
 
 def _session(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -239,12 +253,46 @@ class _OneLineRecords(logging.Filter):
 
 
 _ONE_LINE = _OneLineRecords()
+_FLOOR_FAILED = "Failed to restore the pool connection floor"
+
+
+class _FloorOutage(logging.Filter):
+    """asyncpg warns each time a pool fails to restore its connection floor, every second or two of an
+    outage for each pool of the process. The first failure is said (once for every pool: one outage);
+    the rest are quiet until a pool connects again, which is said at INFO with how many failed over how
+    long, as the claim loop tells an outage (`stepstone.runtime.outage`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = 0
+        self._since = 0.0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _FLOOR_FAILED not in str(record.msg):
+            return True
+        self.failures += 1
+        if self.failures > 1:
+            return False
+        self._since = time.monotonic()
+        record.msg, record.args = f"{record.getMessage()} (said once: quiet until the pool connects again)", None
+        return True
+
+    def connected(self) -> None:
+        """A pool made a connection: after failures, say so once."""
+        if self.failures:
+            log.info("database connections work again after %d failed attempt(s) to restore a pool over %.1f s",
+                     self.failures, time.monotonic() - self._since)
+            self.failures = 0
+
+
+_FLOOR = _FloorOutage()
 
 
 def install_one_line_driver_logs() -> None:
     """asyncpg's pool logs a full traceback each time it fails to reconnect (a PostgreSQL restart
     prints dozens of lines per attempt on a worker's or even a plain client's stderr); make each one
-    line, like stepstone's own warnings. Idempotent."""
+    line, like stepstone's own warnings, and say a run of them once (`_FloorOutage`). Idempotent."""
     pool_log = logging.getLogger("asyncpg.pool")
-    if _ONE_LINE not in pool_log.filters:
-        pool_log.addFilter(_ONE_LINE)
+    for driver_filter in (_ONE_LINE, _FLOOR):  # in this order: the one said is folded first
+        if driver_filter not in pool_log.filters:
+            pool_log.addFilter(driver_filter)
