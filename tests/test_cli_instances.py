@@ -322,3 +322,18 @@ def test_start_needs_an_app(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_unmigrated_database_is_a_one_line_error(empty_database_url: str) -> None:
     line = Cli(empty_database_url).error("list")
     assert "is not set up: run `stepstone db migrate` first" in line
+
+
+def test_deadline_takes_the_duration_forms_of_the_other_options(run: Cli) -> None:
+    """`--deadline` took seconds only (`2h` was a usage error), where --older-than, --retention-every and
+    the retention windows take 90s, 15m, 2h, 30d, 1w."""
+    from datetime import datetime  # noqa: PLC0415
+
+    for given in ("2h", "7200", "120m"):
+        instance_id = run.json("start", "approval", "--app", APP, "--deadline", given)["instance_id"]
+        shown = run.json("show", instance_id)["instance"]
+        due = datetime.fromisoformat(shown["next_timer_at"]) - datetime.fromisoformat(shown["created_at"])
+        assert abs(due.total_seconds() - 7200) < 60, (given, due)
+    for bad in ("2x", "-5", "99999999w"):
+        result = run("start", "approval", "--app", APP, "--deadline", bad)
+        assert result.exit_code == 2 and "--deadline" in result.stderr, (bad, result.output)

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import math
+import re
 import signal
 import socket
 from collections.abc import Callable, Coroutine, Sequence
@@ -26,12 +27,15 @@ __all__ = [
     "SETTINGS_FOR_APP",
     "TEXT",
     "CliError",
+    "Duration",
     "Interrupted",
     "RootOptions",
     "Text",
     "emit",
+    "is_duration",
     "json_value",
     "output_option",
+    "parse_duration",
     "render_table",
     "run_async",
     "settings_options",
@@ -99,6 +103,26 @@ EVENT_ID = click.IntRange(1, MAX_INT8)  # an outbox event's id
 SEQ = click.IntRange(0, MAX_INT4)  # a history entry's sequence number (0: before the first)
 
 
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+def is_duration(text: str) -> bool:
+    """Whether `text` has a duration's form (`90s`, `2h`), to tell it from an instant."""
+    return _DURATION.match(text.strip().lower()) is not None
+
+
+def parse_duration(text: str, what: str) -> timedelta:
+    """`90s`, `15m`, `2h`, `30d`, `1w`; at most `core.timestamps.MAX_DURATION` (a longer one failed the statement,
+    or did not fit a timedelta at all)."""
+    match = _DURATION.match(text.strip().lower())
+    if match is None:
+        raise CliError(f"{what} {text!r} is not a duration like 90s, 15m, 2h, 30d or 1w")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds > MAX_SECONDS:
+        raise CliError(f"{what} {text!r} is longer than a thousand years")
+    return timedelta(seconds=seconds)
+
+
 class Finite(click.FloatRange):
     """A number from `low` to `high` (seconds: at most a thousand years, by default). click's FloatRange
     lets NaN through (no comparison fails for it), which reached the server as 'interval out of range'."""
@@ -111,6 +135,21 @@ class Finite(click.FloatRange):
         if math.isnan(number):
             self.fail(f"{value!r} is not a number", param, ctx)
         return number
+
+
+class Duration(Finite):
+    """Seconds, as a number (`90`) or in the duration forms the other options take (`90s`, `15m`, `2h`,
+    `30d`, `1w`), from `low` to a thousand years."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and is_duration(value):
+            try:
+                value = parse_duration(value, "").total_seconds()
+            except CliError as exc:
+                self.fail(exc.format_message().strip(), param, ctx)
+        return super().convert(value, param, ctx)
 
 
 @dataclass

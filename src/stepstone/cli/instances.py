@@ -24,7 +24,7 @@ from stepstone.cli.common import (
     FREE_TEXT,
     TEXT,
     CliError,
-    Finite,
+    Duration,
     emit,
     output_option,
     render_table,
@@ -203,8 +203,9 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
               help="Unique per workflow while set (e.g. an order number).")
 @click.option("--scope", type=TEXT, default="default", show_default=True,
               help="The scope (tenant key) of the instance; its activation picks the version.")
-@click.option("--deadline", type=Finite(0), metavar="SECONDS",
-              help="Time the instance out after this long: it compensates, then ends TIMED_OUT.")
+@click.option("--deadline", type=Duration(0), metavar="DURATION",
+              help="Time the instance out after this long (seconds, or 90s, 15m, 2h, 30d, 1w): it compensates, "
+                   "then ends TIMED_OUT.")
 @app_option(required=True)
 @output_option
 @with_settings

@@ -8,7 +8,6 @@ instance. The work is `stepstone.ops`, the same the client and the HTTP API call
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -22,7 +21,9 @@ from stepstone.cli.common import (
     VERSION,
     CliError,
     emit,
+    is_duration,
     output_option,
+    parse_duration,
     run_async,
     with_settings,
 )
@@ -32,35 +33,20 @@ from stepstone.cli.rich_output import progress_bar, rich_table
 from stepstone.config import Settings
 from stepstone.core.bounds import MAX_BATCH
 from stepstone.core.model import STATUSES
-from stepstone.core.timestamps import MAX_SECONDS, storable
+from stepstone.core.timestamps import storable
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.ops.model import BulkReport, HistoryEntry, RetentionReport
 from stepstone.ops.retention import OUTBOX_PUBLISHED, STATUS_CLASSES
 
-__all__ = ["commands", "filter_options", "parse_duration"]
+__all__ = ["commands", "filter_options"]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-
-def parse_duration(text: str, what: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `30d`, `1w`; at most `core.timestamps.MAX_DURATION` (a longer one failed the statement,
-    or did not fit a timedelta at all)."""
-    match = _DURATION.match(text.strip().lower())
-    if match is None:
-        raise CliError(f"{what} {text!r} is not a duration like 90s, 15m, 2h, 30d or 1w")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds > MAX_SECONDS:
-        raise CliError(f"{what} {text!r} is longer than a thousand years")
-    return timedelta(seconds=seconds)
-
-
 def _instant(text: str | None, what: str) -> datetime | None:
     """An ISO 8601 time, or a duration meaning that long ago."""
     if text is None:
         return None
-    if _DURATION.match(text.strip().lower()):
+    if is_duration(text):
         return datetime.now(UTC) - parse_duration(text, what)
     try:
         value = datetime.fromisoformat(text)

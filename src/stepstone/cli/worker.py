@@ -23,9 +23,8 @@ import click
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.addresses import host_port, http_url, one_port_clashes
 from stepstone.cli.app import app_option
-from stepstone.cli.common import CliError, Finite, run_async, with_settings
+from stepstone.cli.common import CliError, Finite, parse_duration, run_async, with_settings
 from stepstone.cli.connection import open_store
-from stepstone.cli.operations import parse_duration
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
 from stepstone.cli.serve import check_no_auth, serve_options
 from stepstone.config import Settings
