@@ -337,3 +337,22 @@ def test_deadline_takes_the_duration_forms_of_the_other_options(run: Cli) -> Non
     for bad in ("2x", "-5", "99999999w"):
         result = run("start", "approval", "--app", APP, "--deadline", bad)
         assert result.exit_code == 2 and "--deadline" in result.stderr, (bad, result.output)
+
+
+def test_show_lists_a_sagas_compensations(run: Cli) -> None:
+    """Neither the CLI nor the API listed a saga's compensations (only `client.compensations` did): an
+    operator could not see which step's undo stopped, or how often it was tried."""
+    instance_id = run.json("start", "refund_saga", "--app", APP)["instance_id"]
+    run.drive()
+    shown = run.json("show", instance_id)
+    assert shown["instance"]["status"] == "COMPENSATION_FAILED"
+    [pay] = shown["compensations"]
+    assert (pay["step"], pay["status"], pay["attempts"], pay["position"]) == ("pay", "FAILED", 1, "")
+    assert "refund service unavailable" in json.dumps(pay["last_error"]) and "recorded" not in pay
+    text = run("show", instance_id).stdout
+    section = text.split("\ncompensations\n", 1)[1].split("\n\nhistory\n", 1)[0].splitlines()
+    assert section[0].split() == ["step", "position", "visit", "status", "attempts", "completed", "compensated",
+                                  "last", "error"]
+    assert section[1].split()[:5] == ["pay", "(root)", "1", "FAILED", "1"] and "ConnectionError" in section[1]
+    hello = run.json("start", "hello", "--app", APP, "--input", '{"name": "ada"}')["instance_id"]
+    assert run.json("show", hello)["compensations"] == [] and "compensations" not in run("show", hello).stdout

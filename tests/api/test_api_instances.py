@@ -302,3 +302,20 @@ async def test_an_instance_is_never_started_in_the_wildcard_scope_or_a_scope_tha
     r = await api.http.post("/api/v1/instances", headers=operator,
                             json={"workflow": "job", "input": {"name": "x"}, "scope": "tenant-a.eu_1"})
     assert r.status_code == 201, r.text
+
+
+async def test_a_sagas_compensations_are_listed(api: Api) -> None:
+    """GET /instances/{id}/compensations: there was no HTTP way to see what a saga had to undo and what
+    became of each (its step, status and attempts; not what the step recorded, its undo's own input)."""
+    workflows.FAILING.add("t-9")
+    iid = await api.engine.client.start("trip", {"trip": "t-9"})
+    await api.engine.run_until_idle()
+    viewer = await api.token("viewer")
+    r = await api.http.get(f"{V1}/instances/{iid}/compensations", headers=viewer)
+    assert r.status_code == 200, r.text
+    [book] = r.json()
+    assert (book["step"], book["status"], book["attempts"], book["position"]) == ("book", "COMPENSATED", 1, "")
+    assert book["compensated_at"] is not None and "recorded" not in book
+    assert (await api.http.get(f"{V1}/instances/{iid}/compensations")).status_code == 401
+    other = await api.token("viewer", scope="acme")
+    assert (await api.http.get(f"{V1}/instances/{iid}/compensations", headers=other)).status_code == 404

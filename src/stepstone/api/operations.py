@@ -19,10 +19,12 @@ from stepstone.core.limits import MAX_INT4
 from stepstone.core.pin import check_scope
 from stepstone.errors import DefinitionNotFound
 from stepstone.ops import check_texts
+from stepstone.ops.history import compensations_shown
 
 __all__ = [
     "cancel",
     "commands",
+    "compensations",
     "counts",
     "dead_letters",
     "definition_plan",
@@ -85,6 +87,12 @@ async def instance(ctx: ApiContext, who: Principal, instance_id: str) -> dict[st
     # The state as `stepstone show` shows it: sensitive values redacted (docs/operations.md, Redaction).
     return {**vars(info), "scope": scope,
             "state": info.state if redaction is None else redaction.shown_state(info.state)}
+
+
+async def compensations(ctx: ApiContext, who: Principal, instance_id: str) -> list[dict[str, Any]]:
+    """The steps the instance completed that declare a compensation, in order, with what became of each."""
+    await visible_instance(ctx, who, instance_id)
+    return compensations_shown(await ctx.client(who.actor).compensations(instance_id))
 
 
 async def history(

@@ -38,6 +38,7 @@ from stepstone.config import Settings
 from stepstone.core import json_text
 from stepstone.core.model import WAITING
 from stepstone.errors import DefinitionNotFound, InvalidInput
+from stepstone.ops.history import compensations_shown
 
 __all__ = ["commands", "decode_cursor", "encode_cursor"]
 
@@ -143,7 +144,7 @@ def describe_error(error: Any) -> str:
     return error if isinstance(error, str) else _short(error)
 
 
-def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
+def _show_text(info: InstanceInfo, history: list[dict[str, Any]], compensations: list[dict[str, Any]]) -> str:
     rows: list[list[Any]] = [
         ["instance", info.id],
         ["workflow", f"{info.definition_id} v{info.version}"],
@@ -182,6 +183,13 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]]) -> str:
         parts += ["", "children", render_table(
             [[c["id"], c["definition_id"], c["status"], c["position"] or "(root)"] for c in info.children],
             ["instance", "workflow", "status", "from position"],
+        )]
+    if compensations:  # a saga's: what it completed that can be undone, and what became of each
+        parts += ["", "compensations", render_table(
+            [[c["step"], c["position"] or "(root)", c["visit"], c["status"], c["attempts"],
+              _time(c["completed_at"]), _time(c["compensated_at"]) if c["compensated_at"] else "-",
+              describe_error(c["last_error"]) if c["last_error"] else ""] for c in compensations],
+            ["step", "position", "visit", "status", "attempts", "completed", "compensated", "last error"],
         )]
     return "\n".join([*parts, "", "history", table])
 
@@ -365,15 +373,16 @@ def show_command(settings: Settings, output: str, instance_id: str) -> None:
     """Show an instance: where it is, what it waits for, its state and its history."""
     iid = instance_id_arg(instance_id)
 
-    async def work(client: Client) -> tuple[InstanceInfo, list[dict[str, Any]]]:
+    async def work(client: Client) -> tuple[InstanceInfo, list[dict[str, Any]], list[dict[str, Any]]]:
         info = await client.get(iid)
         shown = (await client.detail(iid)).state  # sensitive values redacted (docs/operations.md)
-        return replace(info, state=shown), await client.history(iid)
+        return replace(info, state=shown), await client.history(iid), await client.compensations(iid)
 
-    info, history = _with_client(settings, None, work)
+    info, history, compensations = _with_client(settings, None, work)
+    compensations = compensations_shown(compensations)
     data = {"instance": _jsonable(asdict(info)), "waiting_for": describe_wait(info) or None,
-            "history": _jsonable(history)}
-    emit(data, output, lambda: _show_text(info, history))
+            "compensations": _jsonable(compensations), "history": _jsonable(history)}
+    emit(data, output, lambda: _show_text(info, history, compensations))
 
 
 commands = [start_command, signal_command, cancel_command, retry_command, show_command]

@@ -17,7 +17,8 @@ from stepstone.core.redaction import REDACTED, Path
 from stepstone.errors import InvalidInput
 from stepstone.ops.model import HistoryEntry
 
-__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "entry", "outcome_of", "replay_point", "replay_start", "state_at"]
+__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "compensations_shown", "entry", "outcome_of", "replay_point",
+           "replay_start", "state_at"]
 
 BASELINE_KINDS = frozenset({"INSTANCE_STARTED", "STATE_BASELINE", "INSTANCE_REPLAYED"})
 
@@ -142,3 +143,12 @@ def _restore(state: Any, live: Any, path: Path) -> Any:
         inner = live.get(head) if isinstance(live, dict) else None
         return {**state, head: _restore(state[head], inner, rest)}
     return state
+
+
+def compensations_shown(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An instance's compensations as the operator's views show them (`stepstone show`, the API, the UI):
+    step, position, visit, status, attempts, last error, when the step completed and when it was undone,
+    in order of completion. Without what the step recorded: that is its compensation's input, kept whole
+    for it as the live state is, and it may hold values the state marks sensitive (`client.compensations`
+    gives it to Python)."""
+    return [{k: v for k, v in row.items() if k != "recorded"} for row in rows]

@@ -111,6 +111,12 @@ async def get_children(request: Request, who: Caller, instance_id: str) -> list[
     return found
 
 
+@router.get("/{instance_id}/compensations",
+            summary="The completed steps that declare a compensation, in order, and what became of each")
+async def get_compensations(request: Request, who: Caller, instance_id: str) -> list[dict[str, Any]]:
+    return await ops.compensations(context_of(request), who, instance_id)
+
+
 @router.get("/{instance_id}/commands", summary="The instance's commands (pending, timers, parked, dead, done)")
 async def get_commands(
     request: Request, who: Caller, instance_id: str,
