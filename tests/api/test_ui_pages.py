@@ -382,3 +382,28 @@ async def test_failures_only_finds_failures_past_the_first_page_of_history(api: 
     shown = re.findall(r'<li class="bad">\s*<time datetime="[^"]+">[^<]*</time>\s*<b>([a-z ]+)</b>', timeline)
     assert shown == [h["kind"].lower().replace("_", " ") for h in failures][:4]
     assert len(failures) > 4 and "Showing the first 4 entries" in timeline
+
+
+async def test_cancel_offers_to_compensate_first(api: Api) -> None:
+    """The UI's cancel had no compensate option (the CLI's --compensate, the API's "compensate"): a saga
+    could only be cancelled as it stood. A COMPENSATION_FAILED saga, as `cancel --compensate` on the CLI,
+    is left as it is when asked to compensate, and given up (CANCELLED) when not."""
+    workflows.FAILING.add("t-ui")
+    workflows.FAILING_UNDO.add("t-ui")
+    try:
+        iid = await api.engine.client.start("trip", {"trip": "t-ui"})
+        await api.engine.run_until_idle()
+    finally:
+        workflows.FAILING_UNDO.discard("t-ui")
+    assert (await api.engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    await _sign_in(api, "operator")
+    page = (await api.http.get(f"/ui/instances/{iid}/confirm/cancel")).text
+    assert 'name="compensate" value="1"' in page
+    csrf = _csrf(page)
+    r = await api.http.post(f"/ui/instances/{iid}/cancel", data={"csrf": csrf, "reason": "x", "compensate": "1"})
+    assert r.status_code == 303, r.text
+    assert "done=nothing+changed%2C+still+compensation_failed" in r.headers["location"], r.headers
+    assert (await api.engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    r = await api.http.post(f"/ui/instances/{iid}/cancel", data={"csrf": csrf, "reason": "give up"})
+    assert r.status_code == 303 and "done=cancelled" in r.headers["location"]
+    assert (await api.engine.client.get(iid)).status == "CANCELLED"

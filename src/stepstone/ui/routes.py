@@ -156,8 +156,8 @@ async def confirm_page(request: Request, instance_id: str, action: str) -> Respo
     return page(request, "confirm.html", who, action=action, heading=heading,
                 question=f"{info['definition_id']} {info['id']} is {info['status'].lower()}. {question}",
                 target=f"{root}/instances/{instance_id}/{action}", back=f"{root}/instances/{instance_id}",
-                confirm_label=label, danger=danger, reason=action == "cancel", hidden=[], items=[],
-                scope=info["scope"])
+                confirm_label=label, danger=danger, reason=action == "cancel", compensate=action == "cancel",
+                hidden=[], items=[], scope=info["scope"])
 
 
 @router.post("/instances/{instance_id}/retry")
@@ -172,8 +172,12 @@ async def retry(request: Request, instance_id: str) -> Response:
 async def cancel(request: Request, instance_id: str) -> Response:
     who = await signed_in(request)
     form = await posted_form(request, who)
-    await ops.cancel(context_of(request), who, instance_id, str(form.get("reason", "")))
-    return back(request, f"/instances/{instance_id}", "cancelled")
+    compensate = form.get("compensate") == "1"  # as `stepstone cancel --compensate` and the API's
+    done = await ops.cancel(context_of(request), who, instance_id, str(form.get("reason", "")),
+                            compensate=compensate)
+    said = {"CANCELLED": "cancelled", "COMPENSATING": "compensating"}  # else nothing changed: say its status
+    return back(request, f"/instances/{instance_id}",
+                said.get(done["status"], f"nothing+changed,+still+{str(done['status']).lower()}"))
 
 
 @router.get("/instances/{instance_id}/signal")
