@@ -60,7 +60,7 @@ line and never contain a password.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stepstone.core.limits import PayloadRejected
@@ -414,13 +414,17 @@ class MigrationRefused(Conflict):
 
 class DocumentInvalid(InvalidInput):
     """A workflow document that fails its JSON Schema, its size limit, or names an unknown handler;
-    `path` is the document path (e.g. ``steps[2].handler``), `line` and `column` 1-based when known."""
+    `path` is the document path (e.g. ``steps[2].handler``), `line` and `column` 1-based when known (of
+    the first problem). `problems` lists every problem found at that stage, each a dict of `path`,
+    `line`, `column` and `message`: all of the schema's, or all of the unknown steps named."""
 
-    def __init__(self, message: str, *, path: str = "", line: int | None = None, column: int | None = None) -> None:
+    def __init__(self, message: str, *, path: str = "", line: int | None = None, column: int | None = None,
+                 problems: tuple[dict[str, Any], ...] = ()) -> None:
         super().__init__(message, what="document")
         self.path = path
         self.line = line
         self.column = column
+        self.problems = problems or ({"path": path, "line": line, "column": column, "message": message},)
 
 
 class TaskNotFound(NotFound):

@@ -223,3 +223,30 @@ async def _publish_big_then_tamper_another(database_url: str) -> None:
         await engine.store.pool.execute("UPDATE stepstone.definitions SET document = document || '# edited' "
                                         "WHERE definition_id = 'approval'")
         assert [wf.id for wf in await load_published(defs, catalog)] == ["big"]
+
+
+def test_every_problem_of_a_stage_is_reported_not_only_the_first(tmp_path: Path) -> None:
+    """A document with three schema problems was refused for the first alone: fixed, it was refused for
+    the next, and so on. A validator reports them all, each at its place, as do the unknown steps."""
+    text = (APPROVAL.replace("kind: wait", "kind: sleep").replace("version: 1", "version: 0")
+            .replace("    handler: ship\n", "    handler: ship\n    colour: red\n"))
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(text, catalog)
+    err = raised.value
+    assert [(p["line"], p["column"], p["path"]) for p in err.problems] == [
+        (2, 10, "version"), (10, 11, "steps[1].kind"), (17, 5, "steps[2].colour")], err.problems
+    assert (err.line, err.column, err.path) == (2, 10, "version")  # the first one's place
+    assert str(err).startswith("3 problems: line 2, column 10 (version): ") and "unknown field 'colour'" in str(err)
+    targets = APPROVAL.replace("next: await_decision", "next: nowhere").replace("on_timeout: ship", "on_timeout: gone")
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(targets, catalog)
+    assert [p["path"] for p in raised.value.problems] == ["steps[0].next", "steps[1].on_timeout"]
+    doc = tmp_path / "approval.yaml"
+    doc.write_text(text)
+    result = CliRunner().invoke(cli, ["definitions", "validate", str(doc)])
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "error: 3 problems in the document:",
+        "  line 2, column 10 (version): 0 is less than the minimum of 1",
+        "  line 10, column 11 (steps[1].kind): " + err.problems[1]["message"],
+        "  line 17, column 5 (steps[2].colour): unknown field 'colour'"], result.stderr

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # yaml is imported where a document is read (see stepstone.authoring.documents).
 
-__all__ = ["Marks", "located", "parse"]
+__all__ = ["Marks", "all_of", "located", "parse"]
 
 Marks = dict[tuple[Any, ...], tuple[int, int]]
 """(line, column), 1-based, of each value by its path; a key's own place is under (*path, key, "<key>")."""
@@ -300,4 +300,22 @@ def located(message: str, path: tuple[Any, ...], marks: Marks) -> DocumentInvali
         probe = probe[:-1]
     line, column = marks.get(probe, (None, None))
     at = f"line {line}, column {column} " if line is not None else ""
-    return DocumentInvalid(f"{at}({where(path)}): {message}", path=where(path), line=line, column=column)
+    return DocumentInvalid(f"{at}({where(path)}): {message}", path=where(path), line=line, column=column,
+                           problems=({"path": where(path), "line": line, "column": column, "message": message},))
+
+
+_LISTED = 20
+"""At most this many problems are written into the message; `DocumentInvalid.problems` has them all."""
+
+
+def all_of(problems: list[DocumentInvalid]) -> DocumentInvalid:
+    """One error for every problem of a stage, in document order, as a validator reports them: the first
+    one's place, every one's text in the message, each in `problems`."""
+    problems = sorted(problems, key=lambda p: (p.line or 0, p.column or 0))
+    first = problems[0]
+    if len(problems) == 1:
+        return first
+    listed = "; ".join(str(p) for p in problems[:_LISTED])
+    more = f"; and {len(problems) - _LISTED} more" if len(problems) > _LISTED else ""
+    return DocumentInvalid(f"{len(problems)} problems: {listed}{more}", path=first.path, line=first.line,
+                           column=first.column, problems=tuple(q for p in problems for q in p.problems))

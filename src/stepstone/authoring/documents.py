@@ -7,7 +7,8 @@
 
     wf = load_document(Path("approval.yaml").read_text(), catalog)   # a Workflow, like a Python one
 
-A document is checked in this order, and the first problem is raised as `DocumentInvalid` naming the
+A document is checked in this order, and the problems of the first stage that finds any are raised as
+one `DocumentInvalid` (every one in its `problems`, the first's place on the error), each naming the
 document path (``steps[2].next``) with its line and column: the size limit (default 256 KiB of UTF-8),
 the YAML/JSON syntax (`stepstone.authoring.document_source`: YAML aliases may not expand the document
 past 262,144 values, or one per byte of a larger text), the published JSON Schema (`SCHEMA`, shipped as
@@ -26,7 +27,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
 
-from stepstone.authoring.document_source import Marks, located, parse
+from stepstone.authoring.document_source import Marks, all_of, located, parse
 from stepstone.authoring.workflow import Retry, Workflow
 from stepstone.core.plan import END, Step, long_durations
 from stepstone.errors import DefinitionError, DocumentInvalid
@@ -120,9 +121,16 @@ def _check_schema(data: Any, marks: Marks) -> None:
     import jsonschema  # noqa: PLC0415 - see the module's imports
 
     validator = jsonschema.Draft202012Validator(schema())
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    if error is None:
-        return
+    problems = [_schema_problem(found, marks) for found in validator.iter_errors(data)]
+    if problems:
+        raise all_of(problems)
+
+
+def _schema_problem(found: Any, marks: Marks) -> DocumentInvalid:
+    """One problem the schema found, at its place (of the alternatives a oneOf tried, the best match)."""
+    import jsonschema  # noqa: PLC0415 - see the module's imports
+
+    error = jsonschema.exceptions.best_match([found])
     path = tuple(error.absolute_path)
     message = error.message
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
@@ -130,10 +138,11 @@ def _check_schema(data: Any, marks: Marks) -> None:
         extra = sorted((k for k in error.instance if k not in allowed), key=str)
         if extra:
             path = (*path, extra[0], "<key>")
-            message = f"unknown field {extra[0]!r}"
+            message = f"unknown field {extra[0]!r}" if len(extra) == 1 else (
+                f"unknown fields {', '.join(map(repr, extra))}")
     if len(message) > 300:
         message = message[:297] + "..."
-    raise located(message, path, marks)
+    return located(message, path, marks)
 
 
 _TARGET_FIELDS = ("next", "on_timeout", "on_deadline", "on_failure", "on_expire", "branch")
@@ -141,12 +150,13 @@ _ROUTE_FIELDS = ("signals", "messages", "decisions", "errors", "branches")
 
 
 def _check_targets(data: dict[str, Any], marks: Marks) -> None:
-    """Step names are unique and every step a step may go to exists (or is $end): the first problem is
-    named with its place, before the graph rules (which know no lines) see the steps."""
+    """Step names are unique and every step a step may go to exists (or is $end): every problem is named
+    with its place, before the graph rules (which know no lines) see the steps."""
     names: set[str] = set()
+    problems: list[DocumentInvalid] = []
     for n, step in enumerate(data["steps"]):
         if step["name"] in names:
-            raise located(f"step {step['name']!r} is defined twice", ("steps", n, "name"), marks)
+            problems.append(located(f"step {step['name']!r} is defined twice", ("steps", n, "name"), marks))
         names.add(step["name"])
     for n, step in enumerate(data["steps"]):
         places: list[tuple[tuple[Any, ...], Any]] = []
@@ -161,8 +171,10 @@ def _check_targets(data: dict[str, Any], marks: Marks) -> None:
         for path, target in places:
             if target != END and target not in names:
                 known = ", ".join(sorted(names))
-                raise located(f"step {step['name']!r} goes to unknown step {target!r} (the steps are: {known})",
-                               path, marks)
+                problems.append(located(f"step {step['name']!r} goes to unknown step {target!r} (the steps are: "
+                                        f"{known})", path, marks))
+    if problems:
+        raise all_of(problems)
 
 
 # -- building the workflow ----------------------------------------------------------------------

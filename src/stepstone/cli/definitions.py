@@ -35,7 +35,7 @@ from stepstone.cli.connection import open_store
 from stepstone.config import Settings
 from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.core.timestamps import MAX_SECONDS
-from stepstone.errors import StepstoneError
+from stepstone.errors import DocumentInvalid, StepstoneError
 from stepstone.ops import definitions as ops
 from stepstone.ops.migration import DEFAULT_PATIENCE
 
@@ -66,8 +66,18 @@ def _read(path: str) -> tuple[str, str]:
 def _checked(func: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return func(*args, **kwargs)
+    except DocumentInvalid as exc:
+        if len(exc.problems) > 1:  # every problem of the document, a line each, as a validator lists them
+            raise CliError(f"{len(exc.problems)} problems in the document:\n" + "\n".join(
+                f"  {_place(p)}{p['message']}" for p in exc.problems)) from None
+        raise CliError(str(exc).splitlines()[0]) from None
     except StepstoneError as exc:
         raise CliError(str(exc).splitlines()[0]) from None
+
+
+def _place(problem: dict[str, Any]) -> str:
+    at = f"line {problem['line']}, column {problem['column']} " if problem["line"] is not None else ""
+    return f"{at}({problem['path']}): " if problem["path"] else at
 
 
 @click.group("definitions")
