@@ -93,7 +93,9 @@ async def test_the_maintenance_page_sets_a_retention_policy(api: Api) -> None:
         "csrf": csrf, "workflow": "job", "status_class": "failed", "retain_days": ""})
     assert "job failed: archive after never, purge 12:00:00 later." in r.text  # blank purge: kept
     for bad, says in (({"status_class": "archived"}, "status_class"), ({"retain_days": "soon"}, "number of days"),
-                      ({"retain_days": "-1"}, "greater than or equal to 0"), ({"purge_days": "nan"}, "purge")):
+                      ({"retain_days": "-1"}, "greater than or equal to 0"), ({"purge_days": "nan"}, "purge"),
+                      ({"workflow": "job "}, "job "),  # it was trimmed, and the policy set for 'job'
+                      ({"workflow": "  "}, "workflow")):
         r = await api.http.post("/ui/maintenance/retention/policy", data={
             "csrf": csrf, "workflow": "job", "status_class": "failed", **bad})
         assert r.status_code == 422 and says in r.text, bad

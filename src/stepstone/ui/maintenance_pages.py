@@ -69,7 +69,8 @@ async def set_retention_policy(request: Request) -> Response:
     form = await posted_form(request, who)
     try:
         body = retention.Policy.model_validate({
-            "workflow": str(form.get("workflow") or "").strip() or "*", "status_class": form.get("status_class"),
+            # The name as typed (blank: the '*' default): 'job ' is refused as the API refuses it, not trimmed.
+            "workflow": str(form.get("workflow") or "") or "*", "status_class": form.get("status_class"),
             "retain_for_seconds": _days(form, "retain_days", "Archive after"),
             "purge_after_seconds": _days(form, "purge_days", "Purge after")})
     except ValidationError as exc:
