@@ -8,7 +8,6 @@ gapless.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, kill_as_commits_go, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, scenario_database, wait_for
 
 SIZE = 60
 WORKERS = 3
@@ -62,14 +61,10 @@ async def test_failed_branches_under_kills_stop_the_instance_only_when_the_join_
                     "SELECT count(*) FROM stepstone.commands WHERE state IN ('PENDING', 'DEFERRED', 'CLAIMED')")
 
         deadline = time.monotonic() + 150
-        try:
+        async with fleet_run(fleet, probe):
             await kill_as_commits_go(fleet, probe, settled, kills=KILLS, every=KILL_EVERY, rng=rng,
                                      deadline=deadline)
             assert await wait_for(settled, deadline), "not every instance settled"
-        finally:
-            await probe.close()
-            await asyncio.to_thread(fleet.stop)
-        assert fleet.crashed() == []
         conn = await asyncpg.connect(url)
         try:
             statuses = dict(await conn.fetch(

@@ -29,6 +29,7 @@ from tests.chaos.rig.fleet import Fleet
 from tests.chaos.rig.scenarios import (
     Probe,
     Target,
+    fleet_run,
     kill_as_commits_go,
     progressed,
     scenario_database,
@@ -90,7 +91,7 @@ async def test_cancels_under_kills_leave_nothing_open_and_nothing_after(pg_serve
             return _settled(probe)
 
         deadline = time.monotonic() + 150
-        try:
+        async with fleet_run(fleet, probe, driver.stop):
             # The cancels start once the workers do: on a backlog nothing has claimed, a cancel tests little.
             await wait_for(lambda: _claimed(probe), deadline, every=0.05)
             cancelling = asyncio.ensure_future(_cancel_half(url, ids, rng, deadline))
@@ -99,11 +100,6 @@ async def test_cancels_under_kills_leave_nothing_open_and_nothing_after(pg_serve
             told = await cancelling
             if not await wait_for(settled, deadline):
                 raise AssertionError(f"instances left moving: {await _moving(url)}")
-        finally:
-            await driver.stop()
-            await probe.close()
-            await asyncio.to_thread(fleet.stop)
-        assert fleet.crashed() == []
         conn = await asyncpg.connect(url)
         try:
             await _check(conn, ids, told)

@@ -10,7 +10,6 @@ free slot), so kills falling between a step and its commit exercise what a dead 
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, kill_as_commits_go, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, scenario_database, wait_for
 
 SIZE = 60
 BUCKETS = (0, 1000)  # the state's `n` at the start: the flow key's two values
@@ -65,14 +64,10 @@ async def test_a_flow_limit_holds_and_frees_its_slots_under_kills(pg_server: PgS
                 "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'")) == SIZE
 
         deadline = time.monotonic() + 150
-        try:
+        async with fleet_run(fleet, probe):
             await kill_as_commits_go(fleet, probe, settled, kills=KILLS, every=KILL_EVERY, rng=rng,
                                      deadline=deadline)
             assert await wait_for(settled, deadline), "not every instance completed"
-        finally:
-            await probe.close()
-            await asyncio.to_thread(fleet.stop)
-        assert fleet.crashed() == []
         conn = await asyncpg.connect(url)
         try:
             statuses = dict(await conn.fetch("SELECT id::text, status FROM stepstone.instances"))

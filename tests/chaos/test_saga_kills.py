@@ -21,7 +21,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, scenario_database, wait_for
 
 SIZE = 40
 WORKERS = 3
@@ -76,7 +76,7 @@ async def test_kills_mid_compensation_skip_nothing_and_repeat_only_the_interrupt
             return bool(in_flight) or await ended()
 
         deadline = time.monotonic() + 150
-        try:
+        async with fleet_run(fleet, probe):
             await wait_for(compensating, deadline, every=0.02)  # the kills are for the compensations
             while time.monotonic() < deadline and len(fleet.kills) < KILLS and not await ended():
                 if not await wait_for(one_in_flight, deadline, every=0.01) or not in_flight:
@@ -87,10 +87,6 @@ async def test_kills_mid_compensation_skip_nothing_and_repeat_only_the_interrupt
                 target = await compensations() + rng.randint(2, 6)
                 await wait_for(functools.partial(_at_least, compensations, target, ended), deadline, every=0.01)
             assert await wait_for(ended, deadline)
-        finally:
-            await probe.close()
-            await asyncio.to_thread(fleet.stop)
-        assert fleet.crashed() == []
         conn = await asyncpg.connect(url)
         try:
             statuses = dict(await conn.fetch("SELECT status, count(*) FROM stepstone.instances GROUP BY 1"))

@@ -24,7 +24,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, kill_as_commits_go, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, scenario_database, wait_for
 
 SIZE = 80
 WORKERS = 3
@@ -75,7 +75,7 @@ async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgS
                 == SIZE
 
         deadline = time.monotonic() + 150
-        try:
+        async with fleet_run(fleet, probe, store.close):
             client = Client(store, workflows.registry)
             ids = [await client.start(workflows.SIGNALLED, {}) for _ in range(SIZE)]
             early, late = ids[: SIZE // 2], ids[SIZE // 2 :]
@@ -87,11 +87,6 @@ async def test_signals_under_kills_are_applied_once_each_in_order(pg_server: PgS
                                      deadline=deadline)
             calls = sent + sum(await sending)
             assert await wait_for(completed, deadline), "not every instance completed"
-        finally:
-            await probe.close()
-            await store.close()
-            await asyncio.to_thread(fleet.stop)
-        assert fleet.crashed() == []
         conn = await asyncpg.connect(url)
         try:
             await checker.assert_none(conn, _NOTHING)

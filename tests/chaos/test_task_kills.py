@@ -7,7 +7,6 @@ expires: every task completes exactly once, every instance moves on with its dec
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, scenario_database, wait_for
 
 SIZE = 8
 WORKERS = 2
@@ -51,7 +50,7 @@ async def test_a_worker_killed_between_reservation_and_segment_completes_the_tas
         probe = Probe(url)
         holder = await asyncpg.connect(url)
         deadline = time.monotonic() + 90
-        try:
+        async with fleet_run(fleet, probe, holder.close, store.close):
             assert await wait_for(lambda: _opened(probe), deadline)
             for slot in range(WORKERS):
                 fleet.pause(slot)  # nobody claims a completion before the rows are held
@@ -82,12 +81,6 @@ async def test_a_worker_killed_between_reservation_and_segment_completes_the_tas
                 await client.publish_message(workflows.RECEIPT, f"k{n}", {"key": f"k{n}"}, message_id=f"r{n}",
                                              ttl=60)
             assert await wait_for(lambda: _completed(probe), deadline)
-        finally:
-            await holder.close()
-            await probe.close()
-            await store.close()
-            await asyncio.to_thread(fleet.stop)
-        assert fleet.crashed() == []
         conn = await asyncpg.connect(url)
         try:
             assert await conn.fetchval("SELECT count(*) FROM stepstone.tasks WHERE status = 'COMPLETED'") == SIZE

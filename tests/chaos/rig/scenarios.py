@@ -16,7 +16,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,6 +180,21 @@ async def kill_as_commits_go(fleet: Fleet, probe: Probe, done: Any, *, kills: in
     while time.monotonic() < deadline and len(fleet.kills) < kills and not await done():
         commits = await progressed(probe, commits, every, deadline, done)
         fleet.kill(rng.randrange(fleet.size))
+
+
+@contextlib.asynccontextmanager
+async def fleet_run(fleet: Fleet, probe: Probe, *also: Callable[[], Awaitable[Any]]) -> AsyncIterator[None]:
+    """The frame of a kill test's run: however the body ends, close `also` (in order), then the probe,
+    then stop the fleet (in a thread: SIGTERM and a drain, while the loop stays free); and when the body
+    ended normally, fail if a worker exited on its own (a crash is not a kill)."""
+    try:
+        yield
+    finally:
+        for close in also:
+            await close()
+        await probe.close()
+        await asyncio.to_thread(fleet.stop)
+    assert fleet.crashed() == [], f"workers exited on their own: {fleet.crashed()}"
 
 
 async def wait_for(predicate: Any, deadline: float, every: float = 0.2) -> bool:
