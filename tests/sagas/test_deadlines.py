@@ -15,8 +15,11 @@ import pytest
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.core.model import FAILURE_KINDS
 from stepstone.core.plan import END
+from stepstone.core.saga import SAGA
 from stepstone.errors import DefinitionError, InvalidInput, InvalidState
+from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.testing import Engine, open_engine
+from tests._pg import until_shown
 from tests.sagas import workflows as w
 from tests.sagas.conftest import assert_ended, kinds
 from tests.sagas.workflows import Trip
@@ -350,3 +353,51 @@ async def test_a_child_gets_its_workflows_deadlines_as_a_start_does(
         await engine.advance(minutes=11)
         assert (await engine.client.get(child)).status == "TIMED_OUT"
         assert (await engine.client.get(parent)).status == "FAILED"  # its child ended TIMED_OUT
+
+
+class _CommitOrder(Worker):
+    """A worker whose root commit waits until its deadline segment (on `$saga`) has decided, and whose
+    deadline commit waits until the test lets it go: the deadline was decided on an instance still
+    waiting, and its commit comes after the root's commit ended the instance."""
+
+    decided: asyncio.Event
+    release: asyncio.Event
+
+    async def _commit(self, claim: Any, command_id: int, decision: Any, visit: int, state_version: int) -> Any:
+        if claim.instance.position == SAGA:
+            self.decided.set()
+            await self.release.wait()
+        else:
+            await self.decided.wait()
+        return await super()._commit(claim, command_id, decision, visit, state_version)
+
+
+async def test_a_deadline_decided_before_its_instance_completed_does_not_reopen_it(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    # Seen under kills (tests/chaos/test_deadline_kills.py): a worker claimed an instance's deadline timer
+    # while the instance ran its last step; that step's commit completed the instance, then the deadline's
+    # commit (fenced on the saga position, whose lease it held) compensated the completed instance and
+    # ended it TIMED_OUT, after INSTANCE_COMPLETED.
+    iid = await engine.client.start(w.waiting, {}, deadline=5)
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "done")  # finish, the last step, is now claimable
+    await engine.move_clock(6)  # and so is the deadline
+    worker = _CommitOrder(engine.store, engine.worker.registry, WorkerConfig(concurrency=2, lease_seconds=30),
+                          engine.worker.limits)
+    worker.decided, worker.release = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(worker.run_until_idle())
+    try:
+        await until_shown(conn, "SELECT status = 'COMPLETED' FROM stepstone.instances WHERE id = $1", iid)
+    finally:
+        worker.release.set()
+        await running
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    history = kinds(await engine.client.history(iid))
+    assert (info.status, info.state["undone"]) == ("COMPLETED", []), history
+    assert history[-1] == "INSTANCE_COMPLETED", history
+    assert "DEADLINE_PASSED" not in history
+    assert w.CALLS == []
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE instance_id = $1 AND name = 'deadline'",
+                               iid) != "COMPLETE"

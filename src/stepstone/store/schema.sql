@@ -1015,6 +1015,28 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    IF v_pinned <> (d->>'version')::integer  -- (a previous release sends no version: NULL, no test)
+       OR (v_pos = '$saga' AND v_settle = 'COMPLETE' AND {{schema}}.is_terminal(v_before))
+    THEN
+        -- A migration moved the instance to another version after this segment's claim read it: a claim
+        -- whose statement ran while the migration committed locks the position as the migration left it
+        -- but reads the instance row of its snapshot, pin included. What the segment decided followed a
+        -- plan the instance no longer has, so nothing of it is written: the claim is given back, and the
+        -- command runs again at once under the new plan (migration 0038; the worker counts it fenced).
+        -- Likewise a deadline (or step deadline) decided on the saga position while the instance ran, whose
+        -- commit comes after another position's commit ended the instance: the saga position's lease is
+        -- not the one the end took, so the fence let it through and it compensated a completed instance.
+        -- Given back, the timer runs again on the ended instance and is settled STALE (migration 0051).
+        WITH pos AS (
+            UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
+            RETURNING p.path
+        )
+        UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = v_now,
+            claims = GREATEST(c.claims - 1, 0)
+        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE AND EXISTS (SELECT 1 FROM pos);
+        RETURN;
+    END IF;
     -- A run of steps going on in place never lets go of its position, so the instance's deadline timer
     -- (on '$saga') waits for a free slot: at one slot, or with every slot busy, it was never taken before
     -- the run ended the instance, which then completed past its deadline (migration 0051). Once the
@@ -1031,22 +1053,6 @@ BEGIN
             v_commands := v_commands || jsonb_build_array(v_follow || '{"continuation": false}'::jsonb);
             v_follow := NULL;
         END IF;
-    END IF;
-    IF v_pinned <> (d->>'version')::integer THEN  -- (a previous release sends no version: NULL, no test)
-        -- A migration moved the instance to another version after this segment's claim read it: a claim
-        -- whose statement ran while the migration committed locks the position as the migration left it
-        -- but reads the instance row of its snapshot, pin included. What the segment decided followed a
-        -- plan the instance no longer has, so nothing of it is written: the claim is given back, and the
-        -- command runs again at once under the new plan (migration 0038; the worker counts it fenced).
-        WITH pos AS (
-            UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
-            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
-            RETURNING p.path
-        )
-        UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = v_now,
-            claims = GREATEST(c.claims - 1, 0)
-        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE AND EXISTS (SELECT 1 FROM pos);
-        RETURN;
     END IF;
     IF v_has_state AND v_version <> (d->>'state_version')::bigint THEN
         -- A writer whose lease is gone learns that first: a zombie never re-runs its step.
@@ -5760,9 +5766,10 @@ BEGIN
     RETURN v_final;
 END $$;
 
--- ==== version 51 (migration 0051_deadline_stops_steps_in_place) ====
+-- ==== version 51 (migration 0051_deadlines_at_the_commit) ====
 -- commit_decision (in the version 5 section) queues the next step instead of going on in place once the
--- instance's deadline has passed and its timer is still open, so that the timer is taken.
+-- instance's deadline has passed and its timer is still open, so that the timer is taken; and gives back
+-- the claim of a decision on '$saga' that finds its instance ended (a deadline decided before the end).
 
 -- ==== version 53 (migration 0053_reassign_to_the_assignee) ====
 -- A reassign or delegate to the user who holds the task already is 'unchanged' and records nothing;

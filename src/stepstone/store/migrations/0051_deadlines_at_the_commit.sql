@@ -1,12 +1,25 @@
--- An instance's deadline stops a run of steps that goes on in place (docs/sagas.md, "Deadlines").
--- A step whose next step is an action step goes on to it in the same claim, without letting go of its
--- position; the deadline's TIMER on '$saga' needs a claim of its own, so at one slot (or with every slot
--- busy) a deadline that passed during such a run was not taken until the run stopped, and a run that ended
--- the instance rejected the timer unfired: an instance started with a deadline already past ran every
--- step and COMPLETED (or, as a failing saga, COMPENSATED), never TIMED_OUT. Now commit_decision, which
--- reads the instance row first anyway, queues the next step instead of going on in place once the
--- instance's deadline has passed and its timer is still open; the due timer is older than that step, so
--- the next claim takes it. The timer's lookup runs only after the deadline has passed.
+-- Deadlines at the commit of a step (docs/sagas.md, "Deadlines"): two defects, one replacement of
+-- commit_decision.
+--
+-- 1. An instance's deadline stops a run of steps that goes on in place. A step whose next step is an
+-- action step goes on to it in the same claim, without letting go of its position; the deadline's TIMER
+-- on '$saga' needs a claim of its own, so at one slot (or with every slot busy) a deadline that passed
+-- during such a run was not taken until the run stopped, and a run that ended the instance rejected the
+-- timer unfired: an instance started with a deadline already past ran every step and COMPLETED (or, as a
+-- failing saga, COMPENSATED), never TIMED_OUT. Now commit_decision, which reads the instance row first
+-- anyway, queues the next step instead of going on in place once the instance's deadline has passed and
+-- its timer is still open; the due timer is older than that step, so the next claim takes it. The
+-- timer's lookup runs only after the deadline has passed.
+--
+-- 2. A deadline decided before its instance ended never reopens it (an instance that ends first settles
+-- its deadline timer; it never fires). Seen under kills (tests/chaos/test_deadline_kills.py): a worker
+-- claimed an instance's deadline timer while the instance was running its last step; that step's commit
+-- completed the instance; then the deadline's commit, fenced only on the saga position's lease (which it
+-- held), began the saga: it compensated the completed instance and ended it TIMED_OUT, after
+-- INSTANCE_COMPLETED. A step deadline's timer committed the same way wrote STEP_DEADLINE_PASSED after the
+-- end. commit_decision now gives the claim back, as it does for a segment that ran a version the
+-- instance left, when a decision on the saga position that completes its command finds the instance
+-- ended: the timer runs again, on the ended instance, and is settled STALE (INSTANCE_ENDED).
 -- Expand only: commit_decision is replaced with the same signature.
 CREATE OR REPLACE FUNCTION {{schema}}.commit_decision(d jsonb)
 RETURNS TABLE (outcome text, continuation bigint, lease_until timestamptz, committed_at timestamptz,
@@ -57,6 +70,28 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    IF v_pinned <> (d->>'version')::integer  -- (a previous release sends no version: NULL, no test)
+       OR (v_pos = '$saga' AND v_settle = 'COMPLETE' AND {{schema}}.is_terminal(v_before))
+    THEN
+        -- A migration moved the instance to another version after this segment's claim read it: a claim
+        -- whose statement ran while the migration committed locks the position as the migration left it
+        -- but reads the instance row of its snapshot, pin included. What the segment decided followed a
+        -- plan the instance no longer has, so nothing of it is written: the claim is given back, and the
+        -- command runs again at once under the new plan (migration 0038; the worker counts it fenced).
+        -- Likewise a deadline (or step deadline) decided on the saga position while the instance ran, whose
+        -- commit comes after another position's commit ended the instance: the saga position's lease is
+        -- not the one the end took, so the fence let it through and it compensated a completed instance.
+        -- Given back, the timer runs again on the ended instance and is settled STALE (migration 0051).
+        WITH pos AS (
+            UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
+            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
+            RETURNING p.path
+        )
+        UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = v_now,
+            claims = GREATEST(c.claims - 1, 0)
+        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE AND EXISTS (SELECT 1 FROM pos);
+        RETURN;
+    END IF;
     -- A run of steps going on in place never lets go of its position, so the instance's deadline timer
     -- (on '$saga') waits for a free slot: at one slot, or with every slot busy, it was never taken before
     -- the run ended the instance, which then completed past its deadline (migration 0051). Once the
@@ -73,22 +108,6 @@ BEGIN
             v_commands := v_commands || jsonb_build_array(v_follow || '{"continuation": false}'::jsonb);
             v_follow := NULL;
         END IF;
-    END IF;
-    IF v_pinned <> (d->>'version')::integer THEN  -- (a previous release sends no version: NULL, no test)
-        -- A migration moved the instance to another version after this segment's claim read it: a claim
-        -- whose statement ran while the migration committed locks the position as the migration left it
-        -- but reads the instance row of its snapshot, pin included. What the segment decided followed a
-        -- plan the instance no longer has, so nothing of it is written: the claim is given back, and the
-        -- command runs again at once under the new plan (migration 0038; the worker counts it fenced).
-        WITH pos AS (
-            UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
-            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token
-            RETURNING p.path
-        )
-        UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = v_now,
-            claims = GREATEST(c.claims - 1, 0)
-        WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE AND EXISTS (SELECT 1 FROM pos);
-        RETURN;
     END IF;
     IF v_has_state AND v_version <> (d->>'state_version')::bigint THEN
         -- A writer whose lease is gone learns that first: a zombie never re-runs its step.
