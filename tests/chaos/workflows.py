@@ -13,6 +13,9 @@
   chaosquorum-3  a fork of branches a, b and c, each running s1 to a join that needs two of them, then s2 on
                  the root; the branches named in the state's `fail` raise in s1 on its only attempt
                  (test_branch_failure_kills.py; the scenarios' workload never starts it)
+  chaosdue-3     s1 (compensated by undo_s1), s2 with a step deadline (on_deadline -> late), late, s3; s2 and
+                 s3 linger for the state's `slow2` / `slow3` seconds after their effect, so that step and instance
+                 deadlines fire while handlers run (test_deadline_kills.py; the scenarios never start it)
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
                  `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
                  and publishes the messages while the workers are killed, paused or cut off)
@@ -335,6 +338,45 @@ def _task() -> Workflow[Ticket]:
     return wf
 
 
+class Due(BaseModel):
+    slow2: float = 0.0
+    slow3: float = 0.0
+
+
+STEP_DEADLINE = timedelta(seconds=1)
+
+
+def _due() -> Workflow[Due]:
+    wf: Workflow[Due] = Workflow("chaosdue-3", version=1, state=Due)
+
+    async def lingering(ctx: StepContext, seconds: float) -> None:
+        await record_effect(ctx)
+        if seconds > 0:
+            await asyncio.sleep(seconds)  # the handler still runs when a deadline fires
+
+    async def s1(ctx: StepContext, state: Due) -> None:
+        await record_effect(ctx)
+
+    async def s2(ctx: StepContext, state: Due) -> None:
+        await lingering(ctx, state.slow2)
+
+    async def late(ctx: StepContext, state: Due) -> None:
+        await record_effect(ctx)
+
+    async def s3(ctx: StepContext, state: Due) -> None:
+        await lingering(ctx, state.slow3)
+
+    async def undo(ctx: CompensationContext, state: Due, recorded: Any) -> None:
+        await record_effect(ctx)
+
+    wf.step(s1, name="s1", start=True, next="s2", retry=_RETRY)
+    wf.step(s2, name="s2", next="s3", retry=_RETRY, deadline=STEP_DEADLINE, on_deadline="late")
+    wf.step(late, name="late", next="s3", retry=_RETRY)
+    wf.step(s3, name="s3", next=None, retry=_RETRY)
+    wf.compensation("s1", retry=_RETRY, name="undo_s1")(undo)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
@@ -342,7 +384,8 @@ SAGA: Workflow[Any] = _saga()
 TASK: Workflow[Any] = _task()
 SIGNALLED: Workflow[Any] = _signalled()
 QUORUM: Workflow[Any] = _quorum()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM)
+DUE: Workflow[Any] = _due()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE)
 
 SERVED_PARTS = ("all", "chains", "rest")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -354,6 +397,6 @@ def served(part: str) -> Registry:
     if part == "chains":
         return Registry(*CHAINS.values())
     if part == "rest":
-        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM,
+        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE,
                         *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry

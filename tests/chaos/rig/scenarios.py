@@ -161,24 +161,29 @@ class Probe:
                 await self.conn.close()
 
 
-async def progressed(probe: Probe, since: int, steps: int, deadline: float, done: Any = None) -> int:
+async def progressed(probe: Probe, since: int, steps: int, deadline: float, done: Any = None,
+                     count: Callable[[], Awaitable[int]] | None = None) -> int:
     """Wait until `steps` more steps than `since` have committed (or `done()` says the run is over):
-    a schedule paced by the engine's own progress, not by the clock. The count of commits then."""
+    a schedule paced by the engine's own progress, not by the clock. The count of commits then.
+    `count` counts the progress instead of the step commits (e.g. every history entry)."""
+    counting = count or probe.commits
+
     async def moved() -> bool:
-        return await probe.commits() >= since + steps or (done is not None and bool(await done()))
+        return await counting() >= since + steps or (done is not None and bool(await done()))
 
     await wait_for(moved, deadline, every=0.01)
-    return await probe.commits()
+    return await counting()
 
 
 async def kill_as_commits_go(fleet: Fleet, probe: Probe, done: Any, *, kills: int, every: int, rng: random.Random,
-                             deadline: float) -> None:
-    """SIGKILL a random worker of `fleet` (and start another in its place) after every `every` step commits,
-    `kills` times, or until `done()` says the run is over or the deadline passes: kills paced by the engine's
-    own progress, so they fall while work runs however fast or slow the machine is."""
-    commits = await probe.commits()
+                             deadline: float, count: Callable[[], Awaitable[int]] | None = None) -> None:
+    """SIGKILL a random worker of `fleet` (and start another in its place) after every `every` step commits
+    (or `count()` moved on by `every`), `kills` times, or until `done()` says the run is over or the deadline
+    passes: kills paced by the engine's own progress, so they fall while work runs however fast or slow the
+    machine is."""
+    commits = await (count or probe.commits)()
     while time.monotonic() < deadline and len(fleet.kills) < kills and not await done():
-        commits = await progressed(probe, commits, every, deadline, done)
+        commits = await progressed(probe, commits, every, deadline, done, count)
         fleet.kill(rng.randrange(fleet.size))
 
 
