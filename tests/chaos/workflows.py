@@ -16,6 +16,8 @@
   chaosdue-3     s1 (compensated by undo_s1), s2 with a step deadline (on_deadline -> late), late, s3; s2 and
                  s3 linger for the state's `slow2` / `slow3` seconds after their effect, so that step and instance
                  deadlines fire while handlers run (test_deadline_kills.py; the scenarios never start it)
+  chaosext-1     s1, the external step `charge` on topic `chaos.ext` (an outside worker completes it with
+                 `charge`), then s2, which checks the variable arrived (test_external_kills.py)
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
                  `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
                  and publishes the messages while the workers are killed, paused or cut off)
@@ -377,6 +379,29 @@ def _due() -> Workflow[Due]:
     return wf
 
 
+class Charged(BaseModel):
+    charge: str = ""
+
+
+EXT_TOPIC = "chaos.ext"
+
+
+def _external() -> Workflow[Charged]:
+    wf: Workflow[Charged] = Workflow("chaosext-1", version=1, state=Charged)
+
+    async def s1(ctx: StepContext, state: Charged) -> None:
+        await _effect(ctx)
+
+    async def s2(ctx: StepContext, state: Charged) -> None:
+        await record_effect(ctx)
+        assert state.charge.startswith("ch-"), state  # the outside worker's variable arrived
+
+    wf.step(s1, name="s1", start=True, next="charge", retry=_RETRY)
+    wf.external("charge", topic=EXT_TOPIC, next="s2", retry=Retry(max_attempts=10, backoff=0.2))
+    wf.step(s2, name="s2", next=None, retry=_RETRY)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
@@ -385,7 +410,8 @@ TASK: Workflow[Any] = _task()
 SIGNALLED: Workflow[Any] = _signalled()
 QUORUM: Workflow[Any] = _quorum()
 DUE: Workflow[Any] = _due()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE)
+EXTERNAL: Workflow[Any] = _external()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL)
 
 SERVED_PARTS = ("all", "chains", "rest")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -397,6 +423,6 @@ def served(part: str) -> Registry:
     if part == "chains":
         return Registry(*CHAINS.values())
     if part == "rest":
-        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE,
+        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL,
                         *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry

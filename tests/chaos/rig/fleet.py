@@ -51,6 +51,8 @@ class Fleet:
     retired: list[Proc] = field(default_factory=list)
     kills: list[dict[str, Any]] = field(default_factory=list)
     slot_urls: dict[int, str] = field(default_factory=dict)  # a slot's own URL (e.g. its own proxy)
+    # The process each slot runs: the engine's worker, or the rig's external-task worker (same arguments).
+    module: str = "tests.chaos.worker_proc"
     _serial: int = 0
 
     def start(self) -> None:
@@ -64,7 +66,7 @@ class Fleet:
         out = (self.workdir / f"worker-{self._serial}.log").open("w")
         env = {**os.environ, **self.env, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         url = self.slot_urls.get(slot, self.url)
-        cmd = [sys.executable, "-m", "tests.chaos.worker_proc", "--url", url, "--lease", str(self.lease),
+        cmd = [sys.executable, "-m", self.module, "--url", url, "--lease", str(self.lease),
                "--concurrency", str(self.concurrency), "--poll", str(self.poll), "--name", f"w{slot}",
                "--stats", str(stats), "--serve", serves(slot, self.size)]
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
