@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from stepstone.core.model import Decision
 from stepstone.errors import DatabaseUnavailable
-from stepstone.store.port import CommitRequest, Committed, WorkerStore
+from stepstone.store.port import CommitRequest, Committed, HeldCommand, WorkerStore
 
 log = logging.getLogger("stepstone.worker")
 
@@ -88,3 +89,11 @@ class GroupCommitter:
 def _fail(future: asyncio.Future[Committed | None], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def went_on_in(held: HeldCommand, decision: Decision) -> bool:
+    """Whether the held command now names the decision's continuation: the commit went on in the claimed
+    row (migration 0030). Before the commit the row names an earlier visit, since a continuation always
+    enters its step on a visit of its own."""
+    follow = decision.continuation
+    return follow is not None and (held.step, held.visit) == (follow.step, follow.visit)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
 from stepstone.authoring.workflow import CompensationContext, Workflow
 from stepstone.core.limits import Limits
-from stepstone.core.model import InstanceView, StepFailed, StepSucceeded
-from stepstone.core.saga import RunCompensation
+from stepstone.core.model import Decision, InstanceView, StepFailed, StepSucceeded
+from stepstone.core.saga import RunCompensation, exhausted_alert
 from stepstone.runtime.handlers import _boxed, _failed, _message, _Raised, _reraise_own_cancellation, left_behind
 
 
@@ -67,3 +69,17 @@ async def _call(handler: Any, ctx: CompensationContext, state: Any, recorded: An
 
 def _with_recorded(handler: Any, recorded: Any, ctx: CompensationContext, state: Any) -> Any:
     return handler(ctx, state, recorded)
+
+
+async def raise_alert(hook: Callable[[dict[str, Any]], Any] | None, decision: Decision) -> None:
+    """The commit gave a compensation up: raise the alert hook (once: only one commit wins)."""
+    alert = None if hook is None else exhausted_alert(decision)
+    if alert is None or hook is None:
+        return
+    try:
+        result = hook(alert)
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception:  # an alert hook that fails must not take the segment down; the outbox event stays
+        logging.getLogger("stepstone.worker").exception(
+            "the compensation_failed alert hook raised for instance %s", alert.get("instance_id"))

@@ -28,19 +28,20 @@ from stepstone.core.folding import fold, foldable
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
 from stepstone.core.pin import pin_of  # kept importable from here for callers and tests (__all__)
-from stepstone.core.saga import RunCompensation, complete_compensation, exhausted_alert
+from stepstone.core.saga import RunCompensation, complete_compensation
 from stepstone.core.transitions import advance, apply, complete_step, reports_wanted
 from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPrivilege
 from stepstone.runtime import external_state, observe, serving
-from stepstone.runtime.committer import GroupCommitter
-from stepstone.runtime.compensations import run_compensation
+from stepstone.runtime.alone import AloneRuns, wait_for_the_others
+from stepstone.runtime.committer import GroupCommitter, went_on_in
+from stepstone.runtime.compensations import raise_alert, run_compensation
 from stepstone.runtime.handlers import ChildVersions, describe_error, run_handler
 from stepstone.runtime.outage import ClaimOutage
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.threads import HandlerThreads
 from stepstone.runtime.wakeups import WakeUps
 from stepstone.runtime.worker_config import WorkerConfig, WorkerEvents
-from stepstone.store.port import Claim, CommitRequest, Committed, HeldCommand, Listener, WorkerStore
+from stepstone.store.port import Claim, CommitRequest, Committed, Listener, WorkerStore
 from stepstone.store.scheduling_port import SchedulingStore
 
 __all__ = ["Worker", "WorkerConfig", "WorkerEvents", "pin_of"]
@@ -107,6 +108,7 @@ class Worker:
         # most `concurrency` segments run or wait for their commit at once, so a kill repeats at most that
         # many effects.
         self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._alone = AloneRuns()  # a command a dead worker held runs alone (runtime/alone.py)
         self._stopping = False
         self._loops: list[asyncio.Task[None]] = []
         self._listener: Listener | None = None
@@ -234,15 +236,14 @@ class Worker:
             free = self.config.concurrency - len(self._tasks)
             finished = self._finished
             claims = []
-            if free > 0:
+            if free > 0 and not self._alone.active:
                 claims = await self.store.claim(free, self.config.lease_seconds, self.config.worker_id,
                                                  self.served)
             if not claims and not self._tasks:
                 if self._finished != finished:
                     continue  # a segment ended during the claim: its commit may have queued work it missed
                 return
-            for claim in claims:
-                self._spawn(claim)
+            await self._take(claims)
             if self._tasks:
                 await asyncio.wait(set(self._tasks), return_when=asyncio.FIRST_COMPLETED)
 
@@ -254,7 +255,7 @@ class Worker:
         queue_deep = coalesced = False  # the last claim filled every free slot: more work is likely waiting
         while not self._stopping:
             free = self.config.concurrency - len(self._tasks) + sum(s.ending for s in self._segments.values())
-            if free <= 0:
+            if free <= 0 or self._alone.active:
                 self._slot_free.clear()
                 await self._slot_free.wait()
                 continue
@@ -274,8 +275,7 @@ class Worker:
                 await asyncio.sleep(outage.failed(exc, asyncio.get_running_loop().time()))
                 continue
             outage.worked(asyncio.get_running_loop().time())
-            for claim in claims:
-                self._spawn(claim)
+            await self._take(claims)
             queue_deep = len(claims) == free
             if queue_deep:
                 continue
@@ -359,6 +359,15 @@ class Worker:
 
     # -- segments -------------------------------------------------------------------------------
 
+    async def _take(self, claims: list[Claim]) -> None:
+        """Run what was claimed, but a command a dead worker held only alone: others are given back."""
+        run, give_back = self._alone.sort(claims)
+        for claim in give_back:  # first: what is given back is not held should the suspect kill the process
+            with contextlib.suppress(*_GONE):  # else its lease expires, as after any crash
+                await self.store.release(claim.instance.id, claim.instance.position, claim.token)
+        for claim in run:
+            self._spawn(claim)
+
     def _spawn(self, claim: Claim) -> None:
         seg = _Segment(claim.instance.id, claim.instance.position, claim.token)
         self._segments[seg.key] = seg
@@ -378,6 +387,8 @@ class Worker:
         """Run a segment; a crash stops renewing its lease, so another claim retries it (and a
         command that keeps crashing is dead-lettered after max_claims)."""
         try:
+            if self._alone.is_alone(claim):
+                await wait_for_the_others(self._tasks)
             async with self._slots:
                 await self._segment(claim)
         except asyncio.CancelledError:
@@ -387,6 +398,12 @@ class Worker:
             self._forget(claim)
             await self._note_crash(claim, exc)
             self.events.count("crashed")
+        finally:
+            self._end_alone(claim)
+
+    def _end_alone(self, claim: Claim) -> None:
+        if self._alone.end(claim):
+            self._slot_free.set()  # the claim loop claims again
 
     async def _note_crash(self, claim: Claim, exc: BaseException) -> None:
         try:
@@ -422,6 +439,7 @@ class Worker:
                 self.events.count("fenced")
                 return
             self.events.count("commits")
+            self._end_alone(claim)  # its step committed: it did not kill the process
             follow = decision.continuation
             if follow is None or committed.continuation is None or self._stopping:
                 if follow is None or committed.continuation is None:
@@ -474,7 +492,7 @@ class Worker:
                 committed = await self._observed_commit(claim, instance, command.id, decision, visit,
                                                         instance.state_version)
             if committed is not None and not committed.conflict:
-                await self._alert(decision)
+                await raise_alert(self.config.on_compensation_failed, decision)
             if committed is None or not committed.conflict:
                 return instance, decision, committed
             self.events.count("conflicts")
@@ -546,19 +564,6 @@ class Worker:
             segment.ending = False  # the step runs again on fresh state; the lease is still held
         return committed
 
-    async def _alert(self, decision: Decision) -> None:
-        """The commit gave a compensation up: raise the alert hook (once: only one commit wins)."""
-        hook = self.config.on_compensation_failed
-        alert = None if hook is None else exhausted_alert(decision)
-        if alert is None or hook is None:
-            return
-        try:
-            result = hook(alert)
-            if asyncio.iscoroutine(result):
-                await result
-        except Exception:  # an alert hook that fails must not take the segment down; the outbox event stays
-            log.exception("the compensation_failed alert hook raised for instance %s", alert.get("instance_id"))
-
     async def _commit(
         self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int
     ) -> Committed | None:
@@ -578,7 +583,7 @@ class Worker:
                     break
                 except DatabaseUnavailable:
                     continue
-            if held is not None and held.id == command_id and not _went_on_in(held, decision):
+            if held is not None and held.id == command_id and not went_on_in(held, decision):
                 continue  # not committed and still ours: commit again
             if held is not None:
                 # Committed, with a continuation. The version is a lower bound: a stale one only costs a rebase.
@@ -588,10 +593,3 @@ class Worker:
                 return Committed(None, await self.store.db_now())  # committed; the position waits or ended
             return None  # never committed, and the lease is gone: fenced
 
-
-def _went_on_in(held: HeldCommand, decision: Decision) -> bool:
-    """Whether the held command now names the decision's continuation: the commit went on in the claimed
-    row (migration 0030). Before the commit the row names an earlier visit, since a continuation always
-    enters its step on a visit of its own."""
-    follow = decision.continuation
-    return follow is not None and (held.step, held.visit) == (follow.step, follow.visit)

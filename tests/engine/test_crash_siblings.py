@@ -1,0 +1,117 @@
+"""A branch whose handler kills its worker's process, and the sibling branches that worker held.
+
+A process that dies (os._exit, a segfault, the OOM killer) leaves every command it held claimed until
+its lease runs out. Here a worker "dies" the way such a process does: its segments stop where they are,
+nothing is released or recorded, and the database clock moves past the lease. The commands it held are
+then run alone, one at a time (runtime/alone.py), so the branch that kills the process is the only one
+dead-lettered, and the siblings complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, Field
+
+from stepstone import Registry, StepContext, Workflow
+from stepstone.runtime.worker import Worker
+from stepstone.testing import Engine, open_engine
+from tests.engine.conftest import Rows
+
+MAX_CLAIMS = 3
+STEER: dict[str, Any] = {}
+"""This round's worker, the event its `bad` branch sets on entering, the branches that entered."""
+
+
+class Split(BaseModel):
+    log: list[str] = Field(default_factory=list)
+
+
+def _entered(name: str) -> None:
+    STEER["entered"].add(name)
+    if len(STEER["entered"]) == 3:
+        STEER["all_in"].set()
+
+
+async def bad(ctx: StepContext, state: Split) -> None:
+    _entered("bad")
+    STEER["bad_in"].set()
+    await asyncio.Event().wait()  # the process dies here (the test stops the worker)
+
+
+async def fine(ctx: StepContext, state: Split) -> None:
+    """Beside `bad` (all three segments spawned at once) it dies with the process; run alone by its
+    worker after the first death, it completes."""
+    assert ctx.branch is not None
+    _entered(ctx.branch.name)
+    worker: Worker = STEER["worker"]
+    if not (STEER["later"] and worker.in_flight == 1):
+        await asyncio.Event().wait()  # the process dies with it
+    state.log.append(ctx.branch.name)
+
+
+def ended(ctx: StepContext, state: Split) -> None:
+    state.log.append("joined")
+
+
+split: Workflow[Split] = Workflow("crash_split", version=1, state=Split)
+split.fork("three", branches={"bad": "bad", "ok1": "fine", "ok2": "fine"}, start=True)
+split.step(next="met")(bad)
+split.step(next="met")(fine)
+split.join("met", fork="three", next="ended", need=2)
+split.step(next=None)(ended)
+registry = Registry(split)
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[Engine]:
+    async with open_engine(database_url, registry, concurrency=4, lease_seconds=30, max_claims=MAX_CLAIMS) as e:
+        yield e
+    STEER.clear()
+
+
+async def _round(engine: Engine, n: int) -> bool:
+    """One worker's life: True when it "died" (its `bad` branch ran), False when it ran out of work."""
+    worker = engine.new_worker(concurrency=4, lease_seconds=30, max_claims=MAX_CLAIMS, worker_id=f"w{n}")
+    STEER.update(worker=worker, bad_in=asyncio.Event(), all_in=asyncio.Event(), entered=set(), later=n > 1)
+    running = asyncio.create_task(worker.run_until_idle())
+    died = asyncio.create_task(STEER["bad_in"].wait())
+    done, _ = await asyncio.wait({running, died}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    assert done, "the round neither ended nor died"
+    if running in done:
+        died.cancel()
+        running.result()
+        return False
+    if n == 1:  # the first death takes all three branches, running side by side
+        await asyncio.wait_for(STEER["all_in"].wait(), 10)
+    # The process dies: every segment stops where it is; nothing is released, noted or committed.
+    for task in [running, *worker._tasks]:
+        task.cancel()
+    await asyncio.gather(running, *worker._tasks, return_exceptions=True)
+    await engine.move_clock(31)
+    return True
+
+
+async def test_a_branch_that_kills_its_process_is_dead_lettered_alone(engine: Engine, rows: Rows) -> None:
+    iid = await engine.client.start(split, {})
+    deaths = 0
+    for n in range(1, 10):
+        if not await _round(engine, n):
+            break
+        deaths += 1
+    # One death beside its siblings, then MAX_CLAIMS - 1 deaths alone; the next claim dead-letters it.
+    assert deaths == MAX_CLAIMS
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED", info.error
+    assert sorted(info.state["log"][:2]) == ["ok1", "ok2"] and info.state["log"][2:] == ["joined"]
+    history = [(h["kind"], h["position"]) for h in await engine.client.history(iid)]
+    assert ("COMMAND_DEAD_LETTERED", "three/bad") in history and ("BRANCH_FAILED", "three/bad") in history
+    assert not any(kind == "COMMAND_DEAD_LETTERED" and position != "three/bad" for kind, position in history)
+    by_branch = {c["position"].split("/")[-1]: c for c in await rows.commands(iid) if c["position"] != ""}
+    assert by_branch["bad"]["claims"] == MAX_CLAIMS + 1  # then the met join closed its branch
+    assert by_branch["ok1"]["state"] == by_branch["ok2"]["state"] == "COMPLETE"
+    # The siblings paid for the one death they shared, and no more.
+    assert by_branch["ok1"]["claims"] == by_branch["ok2"]["claims"] == 2
