@@ -121,7 +121,14 @@ caller_all.child(workflow="vote_all", next="heard", on_failure="refused", start=
 caller_all.step(next=None)(heard)
 caller_all.step(next=None)(refused)
 
-registry = Registry(any_of, two_of, all_of, nested, caller, caller_all)
+brood: Workflow[Vote] = Workflow("vote_brood", version=1, state=Vote)
+brood.fork("ask", branches={"k": "ask_child", "h": "held"}, start=True)
+brood.child(workflow="vote_all", next="agreed")(ask_child)
+brood.wait("held", signals={"go": "agreed"})
+brood.join("agreed", fork="ask", next="done", need="any")
+brood.step(next=None)(done)
+
+registry = Registry(any_of, two_of, all_of, nested, caller, caller_all, brood)
 
 
 @pytest.fixture
@@ -272,3 +279,25 @@ async def test_failures_after_the_instance_stopped_are_passed_over(engine: Engin
     reports = await engine.store.pool.fetchval(
         "SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid AND kind = 'CHILD_COMPLETION'", iid)
     assert reports == 1
+
+
+async def test_a_failed_child_stays_failed_when_the_join_closes_its_branch(engine: Engine) -> None:
+    # Branch k's child fails (its join needs all, and a fails), so k fails; the join needs any and h still
+    # waits: k is passed over. When h arrives the join closes k; its child is a record of that failure and
+    # stays FAILED (it was CANCELLED, which moved it to retention's completed class).
+    FAILING.add("a")
+    iid = await engine.client.start(brood, {})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "WAITING" and _positions(info)["ask/k"] == "FAILED", info
+    [kid] = info.children
+    assert (await engine.client.get(kid["id"])).status == "FAILED"
+
+    await engine.client.signal(iid, "go", {}, position="ask/h")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED", info
+    assert _positions(info)["ask/k"] == "CANCELLED"  # the join closed the branch it did not need
+    kid_info = await engine.client.get(kid["id"])
+    assert kid_info.status == "FAILED" and kid_info.error is not None and kid_info.error["message"] == "a refused"
+    assert "INSTANCE_CANCELLED" not in kinds(await engine.client.history(kid["id"]))
