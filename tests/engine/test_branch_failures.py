@@ -7,6 +7,7 @@ then the other branches go on, the history says BRANCH_FAILED, and the instance 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -301,3 +302,23 @@ async def test_a_failed_child_stays_failed_when_the_join_closes_its_branch(engin
     kid_info = await engine.client.get(kid["id"])
     assert kid_info.status == "FAILED" and kid_info.error is not None and kid_info.error["message"] == "a refused"
     assert "INSTANCE_CANCELLED" not in kinds(await engine.client.history(kid["id"]))
+
+
+async def test_a_branch_failure_the_join_passes_over_logs_a_warning(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a fails and two of three can still arrive: passed over, a WARNING; b fails too and the join can no
+    # longer be met: the instance fails, an ERROR. (Each line was an ERROR that said "only if".)
+    FAILING.update({"a", "b"})
+    caplog.set_level(logging.WARNING, logger="stepstone.worker")
+    iid = await engine.client.start(two_of, {"hold": ["c"]})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "FAILED"
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if iid in r.getMessage()]
+    assert len(lines) == 2, lines
+    history = await engine.client.history(iid)
+    [passed] = [h["position"] for h in history if h["kind"] == "BRANCH_FAILED"]
+    [stopped] = [h["position"] for h in history if h["kind"] == "INSTANCE_FAILED"]
+    by_position = {message.split("position ")[1].split(" ")[0].strip("'"): (level, message) for level, message in lines}
+    assert by_position[passed][0] == logging.WARNING and "its join does not need it" in by_position[passed][1]
+    assert by_position[stopped][0] == logging.ERROR and "the instance fails" in by_position[stopped][1]

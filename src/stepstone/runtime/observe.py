@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import Span
 
-from stepstone.core.effects import MovePosition, RecordHistory
+from stepstone.core.effects import IfStopped, MovePosition, RecordHistory
 from stepstone.core.model import FAILED, CommandView, Decision, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.observability import tracing
 
-__all__ = ["Recorder", "add_recorder", "commit", "log_fields", "remove_recorder", "step"]
+__all__ = ["Recorder", "add_recorder", "branch_failure", "commit", "log_fields", "remove_recorder", "step"]
 
 log = logging.getLogger("stepstone.worker")
 _FAILURES = frozenset({"RETRY", "FAILED", "DEAD"})
@@ -147,16 +147,44 @@ def commit(instance: InstanceView, decision: Decision, workflow: str = "") -> _S
     def end(seconds: float, outcome: str) -> None:
         for r in _recorders:
             r.commit(outcome, str(settle), seconds)
-        if outcome == "ok" and settle in _FAILURES:  # committed: logged once, by the worker whose commit won
+        # Committed: logged once, by the worker whose commit won; a branch's failure once the worker has
+        # read whether it stopped the instance (`branch_failure`).
+        if outcome == "ok" and settle in _FAILURES and _stop_entry(decision) is None:
             _log_failure(workflow, instance, decision)
 
     return _Seen(spans, end, "error")
 
 
-def _log_failure(workflow: str, instance: InstanceView, decision: Decision) -> None:
-    """WARNING for an attempt that will be retried or a dead-lettered signal; ERROR for a failed position
-    (the root's fails the instance; a branch's, when its join can no longer be met) or a compensation
-    given up. With the step's fields, as its own lines."""
+class _StopsReader(Protocol):
+    async def stopped_by(self, instance_id: str, position: str, step: str | None, visit: int | None) -> bool: ...
+
+
+def _stop_entry(decision: Decision) -> RecordHistory | None:
+    """The INSTANCE_FAILED entry of a branch failure whose commit decides whether it stops the instance."""
+    chosen = decision.first(IfStopped)
+    if chosen is None:
+        return None
+    return next((e for e in chosen.stopped if isinstance(e, RecordHistory) and e.kind == "INSTANCE_FAILED"), None)
+
+
+async def branch_failure(store: _StopsReader, workflow: str, instance: InstanceView, decision: Decision) -> None:
+    """After a commit that failed a branch which its join might pass over: log it at ERROR when it stopped the
+    instance, at WARNING when the join passed over it (one round trip, on such failures only)."""
+    entry = _stop_entry(decision)
+    if entry is None:
+        return
+    try:
+        stopped: bool | None = await store.stopped_by(instance.id, instance.position, entry.step, entry.visit)
+    except Exception:  # noqa: BLE001 - a log line must not fail the segment; it says it does not know
+        stopped = None
+    _log_failure(workflow, instance, decision, stopped)
+
+
+def _log_failure(workflow: str, instance: InstanceView, decision: Decision, stopped: bool | None = None) -> None:
+    """WARNING for an attempt that will be retried, a dead-lettered signal or a branch failure its join
+    passed over; ERROR for a failed position that failed the instance (the root's; a branch's when its join
+    could no longer be met, or when that could not be read) or a compensation given up. With the step's
+    fields, as its own lines."""
     settle = decision.settle
     moved = next((e for e in decision.of(MovePosition) if e.status == FAILED), None)
     history = decision.of(RecordHistory)
@@ -172,9 +200,12 @@ def _log_failure(workflow: str, instance: InstanceView, decision: Decision) -> N
     elif moved is not None:
         dead = "its command was dead-lettered: " if settle.state == "DEAD" else ""
         # A branch's failure stops the instance only when its join can no longer be met, which the commit
-        # decided and the worker does not learn: the line says so, the history says which (IfStopped).
-        whether = " (the instance fails with it only if its join can no longer be met)" if instance.position else ""
-        level, message = logging.ERROR, f"{where} failed at step {step}{whether}: {dead}{settle.reason}"
+        # decided (IfStopped) and the worker read after it (`branch_failure`).
+        whether = {None: " (the instance fails with it only if its join can no longer be met)" if instance.position
+                   else "", True: "; its join can no longer be met: the instance fails",
+                   False: "; its join does not need it: the other branches go on"}[stopped]
+        level = logging.WARNING if stopped is False else logging.ERROR
+        message = f"{where} failed at step {step}{whether}: {dead}{settle.reason}"
     elif settle.state == "DEAD":
         level, message = logging.WARNING, f"a command of {where} was dead-lettered: {settle.reason}"
     else:

@@ -560,6 +560,8 @@ class Worker:
         with observe.commit(instance, decision, claim.pin.definition_id) as seen_commit:
             committed = await self._commit(claim, command_id, decision, visit, state_version)
             seen_commit.result(committed)
+        if committed is not None and not committed.conflict:  # which level its failure's line takes
+            await observe.branch_failure(self.store, claim.pin.definition_id, instance, decision)
         if segment is not None and committed is not None and committed.conflict:
             segment.ending = False  # the step runs again on fresh state; the lease is still held
         return committed

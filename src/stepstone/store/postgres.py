@@ -240,6 +240,10 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         """Record a crashed segment's error on the command it holds (shown by its dead letter)."""
         return bool(await self._fetch("note_error", uuid.UUID(instance_id), token, error))
 
+    async def stopped_by(self, instance_id: str, position: str, step: str | None, visit: int | None) -> bool:
+        """Whether the failure of this branch's step visit stopped the instance (INSTANCE_FAILED)."""
+        return bool(await self._fetchval("stopped_by", uuid.UUID(instance_id), position, step, visit))
+
     async def next_available(self, served: list[str] | None = None) -> float | None:
         value = await self._fetchval("next_available", served)
         return None if value is None else float(value)

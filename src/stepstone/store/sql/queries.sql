@@ -109,6 +109,14 @@ RETURNING c.id;
 -- backoff min(5 s * 2^deferrals, 5 min), and a COMMAND_DEFERRED history entry (migration 0017).
 SELECT command_id AS id FROM {{schema}}.defer_command($1, $2, $3, $4);
 
+-- name: stopped_by
+-- Whether a branch's failure stopped the instance: its commit wrote the INSTANCE_FAILED entry of that
+-- position's step visit (the commit decides it under the instance's lock, migration 0046), or only a
+-- BRANCH_FAILED one, which the join passes over. For the failure's log line, read after that commit.
+SELECT EXISTS (SELECT 1 FROM {{schema}}.history h
+               WHERE h.instance_id = $1 AND h.position = $2 AND h.step = $3 AND ($4::integer IS NULL OR h.visit = $4)
+                 AND h.kind = 'INSTANCE_FAILED');
+
 -- name: note_error
 -- A segment crashed: record why on the command its token holds, so the dead
 -- letter of a command that keeps crashing names the cause. Only the command row
