@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -41,3 +42,84 @@ async def test_a_failed_instance_past_its_deadline_can_still_be_retried(database
         await engine.run_until_idle()
         info = await engine.client.get(iid)
         assert (info.status, info.state) == ("COMPLETED", {"done": True})
+
+
+# -- an operator's retry and the deadlines ---------------------------------------------------------------
+
+HANG: dict[str, asyncio.Event] = {}
+"""While set here, `bounded` waits for the event (a handler that hangs), else it completes."""
+
+bounded: Workflow[Job] = Workflow("bounded", version=1, state=Job)
+
+
+@bounded.step(start=True, next=None, retry=Retry(max_attempts=1), deadline=timedelta(minutes=5))
+async def slow(ctx: StepContext, state: Job) -> None:
+    if FLAKY["broken"]:
+        raise RuntimeError("the service is down")
+    if (hang := HANG.get("slow")) is not None:
+        await hang.wait()
+    state.done = True
+
+
+two_steps: Workflow[Job] = Workflow("two_steps", version=1, state=Job, deadline=timedelta(minutes=10))
+
+
+@two_steps.step(start=True, next="after", retry=Retry(max_attempts=1))
+def first(ctx: StepContext, state: Job) -> None:
+    if FLAKY["broken"]:
+        raise RuntimeError("the service is down")
+
+
+@two_steps.step(next=None)
+def after(ctx: StepContext, state: Job) -> None:
+    state.done = True
+
+
+async def test_an_operators_retry_bounds_the_step_by_its_deadline_again(database_url: str) -> None:
+    # The step failed, its deadline passed while it waited for the operator; the retried step hangs. It is
+    # bounded again, counted from the retry: it fails StepDeadline five minutes later (it hung for good).
+    FLAKY["broken"] = True
+    HANG["slow"] = asyncio.Event()
+    async with open_engine(database_url, Registry(bounded), lease_seconds=3600) as engine:
+        try:
+            iid = await engine.client.start(bounded, {})
+            await engine.run_until_idle()
+            assert (await engine.client.get(iid)).status == "FAILED"
+            await engine.advance(minutes=30)
+            FLAKY["broken"] = False
+            await engine.client.retry(iid)
+            hung = asyncio.create_task(engine.run_until_idle())
+            await engine.move_clock(timedelta(minutes=4))
+            other = engine.new_worker(lease_seconds=3600, worker_id="other")
+            await other.run_until_idle()
+            assert (await engine.client.get(iid)).status == "RUNNING"  # not yet: counted from the retry
+            await engine.move_clock(timedelta(minutes=2))
+            await other.run_until_idle()
+            info = await engine.client.get(iid)
+            assert info.status == "FAILED" and info.error is not None and info.error["type"] == "StepDeadline", info
+            history = [h["kind"] for h in await engine.client.history(iid)]
+            assert history[history.index("INSTANCE_RETRIED"):].count("STEP_DEADLINE_EXCEEDED") == 1
+        finally:
+            HANG.pop("slow").set()
+            await asyncio.wait_for(hung, 10)  # its commit is refused: the deadline took its lease
+
+
+async def test_a_retry_after_the_deadline_passed_runs_without_it_before_its_timer_fired(database_url: str) -> None:
+    # The deadline passed while the instance was FAILED, and no worker had fired its timer yet when the
+    # operator retried: the retry runs without that deadline, as it does when the timer fired first.
+    FLAKY["broken"] = True
+    async with open_engine(database_url, Registry(two_steps)) as engine:
+        iid = await engine.client.start(two_steps, {})
+        await engine.run_until_idle()
+        assert (await engine.client.get(iid)).status == "FAILED"
+        await engine.move_clock(timedelta(minutes=30))  # nothing runs: the deadline's timer is due, unclaimed
+        FLAKY["broken"] = False
+        await engine.client.retry(iid)
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert (info.status, info.state) == ("COMPLETED", {"done": True}), info
+        history = await engine.client.history(iid)
+        kinds = [h["kind"] for h in history]
+        assert kinds.index("DEADLINE_PASSED") < kinds.index("INSTANCE_RETRIED")
+        [passed] = [h for h in history if h["kind"] == "DEADLINE_PASSED"]
+        assert passed["data"]["outcome"] == "left FAILED for an operator"
