@@ -9,17 +9,22 @@ from typing import Any
 
 import pytest
 
-from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
 from stepstone.core.pin import pin_of
 from stepstone.errors import DatabaseUnavailable
 from stepstone.testing import Engine, open_engine
+
+KID_FAILS: set[str] = set()
+"""While it holds "grow", every kid's step fails for good."""
 
 
 def kid(version: int) -> Workflow[Any]:
     wf: Workflow[Any] = Workflow("kid", version=version)
 
-    @wf.step(start=True, next=None)
+    @wf.step(start=True, next=None, retry=Retry(max_attempts=1))
     def grow(ctx: StepContext, state: dict[str, Any]) -> None:
+        if "grow" in KID_FAILS:
+            raise RuntimeError("the kid cannot grow")
         state["kid_version"] = version
 
     return wf
@@ -164,3 +169,31 @@ async def test_a_connection_lost_while_choosing_the_childs_version_does_not_run_
     assert failures == [] and _SPAWNED.count - ran_before == 1
     history = [h["kind"] for h in await engine.client.history(info.id)]
     assert "STEP_FAILED" not in history and "COMMAND_DEAD_LETTERED" not in history
+
+
+async def test_a_retried_child_step_names_the_version_its_existing_child_runs(engine: Engine) -> None:
+    # The child failed on v1, so its parent failed; v2 was activated meanwhile. The operator retries the
+    # child (it completes on v1), then the parent: its child step runs again at the same visit and names
+    # the same child, which start_children does not start twice. Its CHILD_STARTED named v2, the version a
+    # new start would get, not the one the child runs.
+    KID_FAILS.add("grow")
+    try:
+        iid = await engine.client.start(parent, {})
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert info.status == "FAILED", info
+        [child] = info.children
+        await engine.store.definitions.activate("default", "kid", 2)
+        KID_FAILS.clear()
+        await engine.client.retry(child["id"])
+        await engine.run_until_idle()
+        assert (await engine.client.get(child["id"])).status == "COMPLETED"
+        await engine.client.retry(iid)
+        await engine.run_until_idle()
+    finally:
+        KID_FAILS.clear()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["kid_version"] == 1, info
+    assert [c["id"] for c in info.children] == [child["id"]]
+    started = [h["data"] for h in await engine.client.history(iid) if h["kind"] == "CHILD_STARTED"]
+    assert [(d["child_id"], d["version"]) for d in started] == [(child["id"], 1), (child["id"], 1)]

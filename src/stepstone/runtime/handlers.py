@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from stepstone.authoring.selection import SelectsVersions, selected_workflow
 from stepstone.authoring.workflow import (
@@ -32,6 +32,7 @@ from stepstone.authoring.workflow import (
 )
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
+from stepstone.core.transitions import child_id
 from stepstone.errors import DatabaseUnavailable, DefinitionNotFound, StepstoneError
 
 _MAX_MESSAGE = 1000
@@ -83,7 +84,8 @@ async def run_handler(
         return _failed(type(exc).__name__, _message(exc), retryable=retryable)
     child: ChildStart | None = None
     if workflow.plan.steps[run.step].kind == "child":
-        child, failed = await _child_start(workflow, run.step, result, children)
+        named = child_id(instance.id, instance.position, run.step, run.visit)
+        child, failed = await _child_start(workflow, run.step, result, children, named)
         if failed is not None:
             return failed
         result = None
@@ -138,25 +140,36 @@ class ChildVersions:
     store: HasDefinitions
     registry: Registry
     scope: str
+    retried: bool = False
+    """The step runs again under an operator's retry, at the visit that may have started its child already."""
+
+
+class _ChildDefinitions(SelectsVersions, Protocol):
+    async def child_pin(self, child_id: str, definition_id: str) -> tuple[int, str] | None: ...
 
 
 class HasDefinitions(Protocol):
     @property
-    def definitions(self) -> SelectsVersions: ...
+    def definitions(self) -> _ChildDefinitions: ...
 
 
 async def _child_start(
-    workflow: Workflow[Any], step: str, value: Any, children: ChildVersions | None
+    workflow: Workflow[Any], step: str, value: Any, children: ChildVersions | None, named: str
 ) -> tuple[ChildStart | None, StepFailed | None]:
     """The child a child step's handler asked for: the version a start in the parent's scope runs, and its
-    input. A version that cannot take the child is the step's failure, never a crash of its commit."""
+    input. A version that cannot take the child is the step's failure, never a crash of its commit. A step
+    an operator's retry runs again names the child its visit started, if it did: that child's version (its
+    input is not used again: the child is not started twice)."""
     name = workflow.plan.steps[step].workflow or ""
     child_wf = None if children is None else children.registry.latest(name)
     if children is None or child_wf is None:
         problem = f"child step {step!r}: workflow {name!r} is not registered on this worker"
         return None, _failed("UnknownWorkflow", problem, retryable=False)
+    existing = await _asked(lambda: children.store.definitions.child_pin(named, name)) if children.retried else None
     try:
-        child_wf = await _selected_child(children, name)
+        child_wf = (children.registry.find(name, *existing) or child_wf) if existing is not None else (
+            await _asked(lambda: selected_workflow(children.store.definitions, children.registry, name,
+                                                   children.scope, holder="this worker's registry")))
     except DefinitionNotFound as exc:  # a rolling deploy: a worker that has the selected version may retry it
         return None, _failed("DefinitionNotFound", f"child step {step!r}: {exc}; deploy it to every worker "
                              f"that runs {workflow.id!r}", retryable=True)
@@ -171,19 +184,22 @@ async def _child_start(
     except StepstoneError as exc:
         return None, _failed("InvalidInput", f"child step {step!r}: {exc}", retryable=False)
     plan = child_wf.plan
-    return ChildStart(plan.definition_id, plan.version, plan.plan_hash, plan.start, state,
+    version, plan_hash = existing or (plan.version, plan.plan_hash)
+    return ChildStart(plan.definition_id, version, plan_hash, plan.start, state,
                       deadline_seconds=child_wf.deadline, start_deadline_seconds=plan.start_deadline), None
 
 
-async def _selected_child(children: ChildVersions, name: str) -> Workflow[Any] | None:
+_T = TypeVar("_T")
+
+
+async def _asked(ask: Callable[[], Awaitable[_T]]) -> _T:
     """The child's version, asked again while the database is unreachable: the handler has run, and a
     segment that crashed here would run it again after its lease (the chaos rig's cut connections found
     it); a lease lost meanwhile fences the commit, as any other."""
     delay = 0.05
     while True:
         try:
-            return await selected_workflow(children.store.definitions, children.registry, name, children.scope,
-                                           holder="this worker's registry")
+            return await ask()
         except DatabaseUnavailable:
             await asyncio.sleep(delay)  # backoff while the connection is re-established
             delay = min(delay * 2, 2.0)

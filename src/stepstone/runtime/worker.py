@@ -513,7 +513,7 @@ class Worker:
             with observe.step(workflow, instance, outcome, command) as seen:
                 result = await run_handler(
                     workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
-                    children=ChildVersions(self.store, self.registry, claim.pin.scope),
+                    children=ChildVersions(self.store, self.registry, claim.pin.scope, command.kind == "RETRY"),
                 )
                 seen.result(result)
             decision = complete_step(instance, command, workflow.plan, result, now)

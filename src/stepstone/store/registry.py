@@ -247,6 +247,11 @@ class PostgresRegistry:
         row = await self._fetchrow("select_version", scope, definition_id)
         return None if row is None else (str(row["target_scope"]), int(row["version"]), str(row["plan_hash"]))
 
+    async def child_pin(self, child_id: str, definition_id: str) -> tuple[int, str] | None:
+        """(version, plan hash) of child `child_id` when it exists already, else None."""
+        row = await self._fetchrow("child_pin", uuid.UUID(child_id), definition_id)
+        return None if row is None else (int(row["version"]), str(row["plan_hash"]))
+
     async def records(
         self, *, scope: str | None = None, definition_id: str | None = None, status: str | None = None
     ) -> list[DefinitionRecord]:

@@ -103,6 +103,11 @@ FROM {{schema}}.definition_activations
 WHERE ($1::text IS NULL OR scope = $1) AND ($2::text IS NULL OR definition_id = $2)
 ORDER BY definition_id, scope;
 
+-- name: child_pin
+-- The version and plan hash child $1 (of workflow $2) runs, when it exists: a child step that an operator's
+-- retry runs again at the same visit names the same child, which is not started twice.
+SELECT k.version, k.plan_hash FROM {{schema}}.instances k WHERE k.id = $1 AND k.definition_id = $2;
+
 -- name: select_version
 -- The version a start in scope $1 selects: the scope's activation, else the default scope's, else the
 -- highest AVAILABLE version of the scope, else of the default scope. One statement, no lock: the pin
