@@ -30,6 +30,11 @@ async def test_a_failed_step_compensates_the_completed_ones_in_reverse(
     history = await engine.client.history(iid)
     k = kinds(history)
     assert k.index("STEP_FAILED") < k.index("COMPENSATION_STARTED") < k.index("STEP_COMPENSATED")
+    # It never was FAILED: no INSTANCE_FAILED (it was written before COMPENSATION_STARTED); the error is
+    # COMPENSATION_STARTED's, as its STEP_FAILED's.
+    assert "INSTANCE_FAILED" not in k
+    [started] = [h for h in history if h["kind"] == "COMPENSATION_STARTED"]
+    assert started["data"]["cause"] == "failed" and started["data"]["error"]["step"] == "three"
     compensated = [h["step"] for h in history if h["kind"] == "STEP_COMPENSATED"]
     assert compensated == ["two", "one"]
     assert k[-1] == "INSTANCE_COMPENSATED"

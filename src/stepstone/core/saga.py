@@ -83,7 +83,10 @@ def on_step_failure(plan: Plan, decision: Decision) -> Decision:
                           {"cause": CAUSE_FAILED, "error": failed.error})
     # A saga undoes what it did at any step's failure, a branch's too: whether the branch's join could
     # still be met without it does not matter here, the instance stops (IfStopped's `stopped` side).
-    effects = tuple(x for e in decision.effects for x in (e.stopped if isinstance(e, IfStopped) else (e,)))
+    # It never is FAILED, so no INSTANCE_FAILED entry: COMPENSATION_STARTED carries the error, and the
+    # saga's end (INSTANCE_COMPENSATED, or COMPENSATION_FAILED) is its status change.
+    effects = tuple(x for e in decision.effects for x in (e.stopped if isinstance(e, IfStopped) else (e,))
+                    if not (isinstance(x, RecordHistory) and x.kind == "INSTANCE_FAILED"))
     return Decision(decision.settle, (*effects, begun, AdvanceSaga("begin", cause=CAUSE_FAILED)))
 
 
