@@ -5977,7 +5977,7 @@ END $$;
 -- migration's header.
 ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 
--- ==== version 56 (migration 0056_retries_and_deadlines) ====
+-- ==== version 55 (migration 0055_retries_and_deadlines) ====
 -- An operator's retry bounds each retried step by its deadline again, and fires an instance deadline that
 -- passed while the instance was FAILED; why: the migration's header.
 -- Retry a FAILED instance: each failed position's dead commands are superseded and a RETRY
