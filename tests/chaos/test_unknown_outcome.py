@@ -127,3 +127,66 @@ async def test_unknown_outcome_of_a_step_that_entered_a_timed_wait(database_url:
     assert kinds == ["INSTANCE_STARTED", "STEP_COMPLETED", "WAITING"]
     assert len(runs) == 1
     assert worker.events.fenced == 0
+
+
+class LossyRereads(LossyStore):
+    """Loses the nth commit's acknowledgement (after the real commit), or its request, then one call of each
+    named read the worker makes to learn what became of it."""
+
+    def __init__(self, store: PostgresStore, nth: int, reads: list[str], before_raise: Any = None) -> None:
+        super().__init__(store, nth, "ack" if before_raise is None else "request", before_raise)
+        self.failing = set(reads)
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._store, name)
+        if name not in self.failing:
+            return real
+
+        async def once(*args: Any, **kwargs: Any) -> Any:
+            self.failing.discard(name)
+            raise DatabaseUnavailable("connection lost while re-reading (test)", host="test", port=None)
+
+        return once
+
+
+@pytest.mark.parametrize(("workflow", "nth", "reads", "status"), [
+    (timed, 1, ["held_command"], "WAITING"),  # the commit turned the claim into the wait's timer: db_now
+    (timed, 1, ["db_now"], "WAITING"),
+    (wf, 2, ["settled_by"], "COMPLETED"),  # the last step's commit: settled_by, then db_now
+    (wf, 2, ["held_command", "settled_by", "db_now"], "COMPLETED"),
+], ids=["held_command", "db_now", "settled_by", "all-three"])
+async def test_a_reread_that_loses_its_connection_is_asked_again(
+    database_url: str, workflow: Workflow[Any], nth: int, reads: list[str], status: str,
+) -> None:
+    """The reads that settle an unknown outcome can meet the same cut: only the first was asked again, and
+    a cut under `settled_by` or `db_now` crashed the segment. Under load (the chaos rig's cuts) the lease
+    then expired, another worker ran the step again, and nothing said the first had been fenced: three
+    repeated effects the rig could not explain."""
+    runs.clear()
+    async with open_engine(database_url, registry) as engine:
+        lossy = LossyRereads(engine.store, nth, reads)
+        worker = Worker(lossy, registry, WorkerConfig(concurrency=1, lease_seconds=5))  # type: ignore[arg-type]
+        iid = await engine.client.start(workflow, {})
+        await worker.run_until_idle()
+        assert lossy.failing == set()  # every read named met its cut
+        assert (worker.events.crashed, worker.events.fenced) == (0, 0)
+        assert (await engine.client.get(iid)).status == status
+        assert len(runs) == nth  # no handler ran again
+
+
+async def test_a_fenced_outcome_is_told_when_its_reread_loses_its_connection(database_url: str) -> None:
+    """The request was lost, another worker took the instance over, and the re-read's `settled_by` met a cut:
+    the worker still learns it was fenced, instead of crashing with nothing said."""
+
+    async def takeover(store: PostgresStore) -> None:
+        await store.move_clock(6)
+        assert len(await store.claim(1, 5, "other-worker")) == 1
+
+    runs.clear()
+    async with open_engine(database_url, registry) as engine:
+        lossy = LossyRereads(engine.store, 1, ["settled_by"], takeover)
+        worker = Worker(lossy, registry, WorkerConfig(concurrency=1, lease_seconds=5))  # type: ignore[arg-type]
+        await engine.client.start(wf, {})
+        await worker.run_until_idle()
+        assert lossy.failing == set()
+        assert (worker.events.crashed, worker.events.fenced) == (0, 1)

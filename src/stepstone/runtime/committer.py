@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from stepstone.core.effects import SetState
 from stepstone.core.model import Decision
 from stepstone.errors import DatabaseUnavailable
 from stepstone.store.port import CommitRequest, Committed, HeldCommand, WorkerStore
@@ -89,6 +90,40 @@ class GroupCommitter:
 def _fail(future: asyncio.Future[Committed | None], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+class CommitAgain:
+    """outcome_of's answer when the commit did not happen and the claim still holds: commit it again."""
+
+
+async def outcome_of(store: WorkerStore, request: CommitRequest) -> Committed | CommitAgain | None:
+    """What became of a commit whose outcome is unknown (its connection was lost), read back, never guessed:
+    the commit when it happened, None when it did not and the lease is gone (fenced), or CommitAgain. The
+    reads are asked again, with backoff, while the database is unreachable, all of them: when only the first
+    was, a cut under a later one crashed the segment, its step ran again after the lease and nothing said
+    the first run had been fenced (three repeated effects the chaos rig's cuts could not explain)."""
+    delay = 0.05
+    while True:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 2.0)
+        try:
+            return await _read_outcome(store, request)
+        except DatabaseUnavailable:
+            continue
+
+
+async def _read_outcome(store: WorkerStore, request: CommitRequest) -> Committed | CommitAgain | None:
+    claim, decision = request.claim, request.decision
+    held = await store.held_command(claim.instance.id, claim.instance.position, claim.token)
+    if held is not None and held.id == request.command_id and not went_on_in(held, decision):
+        return CommitAgain()  # not committed and still ours
+    if held is not None:
+        # Committed, with a continuation. The version is a lower bound: a stale one only costs a rebase.
+        bumped = request.state_version + (1 if decision.first(SetState) is not None else 0)
+        return Committed(held.id, await store.db_now(), bumped)
+    if await store.settled_by(request.command_id, claim.token):
+        return Committed(None, await store.db_now())  # committed; the position waits or ended
+    return None  # never committed, and the lease is gone: fenced
 
 
 def went_on_in(held: HeldCommand, decision: Decision) -> bool:

@@ -23,7 +23,6 @@ from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.context import durable
-from stepstone.core.effects import SetState
 from stepstone.core.folding import fold, foldable
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
@@ -33,7 +32,7 @@ from stepstone.core.transitions import advance, apply, complete_step, reports_wa
 from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPrivilege
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.alone import AloneRuns, wait_for_the_others
-from stepstone.runtime.committer import GroupCommitter, went_on_in
+from stepstone.runtime.committer import CommitAgain, GroupCommitter, outcome_of
 from stepstone.runtime.compensations import raise_alert, run_compensation
 from stepstone.runtime.handlers import ChildVersions, describe_error, run_handler
 from stepstone.runtime.outage import ClaimOutage
@@ -570,28 +569,12 @@ class Worker:
         self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int
     ) -> Committed | None:
         """Commit fenced; when the outcome is unknown (connection lost), re-read instead of guessing."""
-        delay = 0.05
-        position = claim.instance.position
+        request = CommitRequest(claim, command_id, decision, visit, state_version)
         while True:
             try:
-                return await self._committer.commit(CommitRequest(claim, command_id, decision, visit, state_version))
+                return await self._committer.commit(request)
             except DatabaseUnavailable as exc:
                 log.warning("commit of instance %s interrupted (%s); re-reading", claim.instance.id, exc)
-            while True:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                try:
-                    held = await self.store.held_command(claim.instance.id, position, claim.token)
-                    break
-                except DatabaseUnavailable:
-                    continue
-            if held is not None and held.id == command_id and not went_on_in(held, decision):
-                continue  # not committed and still ours: commit again
-            if held is not None:
-                # Committed, with a continuation. The version is a lower bound: a stale one only costs a rebase.
-                bumped = state_version + (1 if decision.first(SetState) is not None else 0)
-                return Committed(held.id, await self.store.db_now(), bumped)
-            if await self.store.settled_by(command_id, claim.token):
-                return Committed(None, await self.store.db_now())  # committed; the position waits or ended
-            return None  # never committed, and the lease is gone: fenced
-
+            outcome = await outcome_of(self.store, request)
+            if not isinstance(outcome, CommitAgain):
+                return outcome
