@@ -22,6 +22,7 @@ import logging
 from stepstone.core.effects import SetState
 from stepstone.core.model import Decision
 from stepstone.errors import DatabaseUnavailable
+from stepstone.runtime.outage import until_reachable
 from stepstone.store.port import CommitRequest, Committed, HeldCommand, WorkerStore
 
 log = logging.getLogger("stepstone.worker")
@@ -102,14 +103,8 @@ async def outcome_of(store: WorkerStore, request: CommitRequest) -> Committed | 
     reads are asked again, with backoff, while the database is unreachable, all of them: when only the first
     was, a cut under a later one crashed the segment, its step ran again after the lease and nothing said
     the first run had been fenced (three repeated effects the chaos rig's cuts could not explain)."""
-    delay = 0.05
-    while True:
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 2.0)
-        try:
-            return await _read_outcome(store, request)
-        except DatabaseUnavailable:
-            continue
+    await asyncio.sleep(0.05)  # the connection was just lost: a moment before the first read
+    return await until_reachable(lambda: _read_outcome(store, request))
 
 
 async def _read_outcome(store: WorkerStore, request: CommitRequest) -> Committed | CommitAgain | None:

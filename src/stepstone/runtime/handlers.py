@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from stepstone.authoring.selection import SelectsVersions, selected_workflow
 from stepstone.authoring.workflow import (
@@ -33,7 +33,8 @@ from stepstone.authoring.workflow import (
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.core.transitions import child_id
-from stepstone.errors import DatabaseUnavailable, DefinitionNotFound, StepstoneError
+from stepstone.errors import DefinitionNotFound, StepstoneError
+from stepstone.runtime.outage import until_reachable
 
 _MAX_MESSAGE = 1000
 
@@ -165,11 +166,12 @@ async def _child_start(
     if children is None or child_wf is None:
         problem = f"child step {step!r}: workflow {name!r} is not registered on this worker"
         return None, _failed("UnknownWorkflow", problem, retryable=False)
-    existing = await _asked(lambda: children.store.definitions.child_pin(named, name)) if children.retried else None
+    pins = children.store.definitions
+    existing = await until_reachable(lambda: pins.child_pin(named, name)) if children.retried else None
     try:
         child_wf = (children.registry.find(name, *existing) or child_wf) if existing is not None else (
-            await _asked(lambda: selected_workflow(children.store.definitions, children.registry, name,
-                                                   children.scope, holder="this worker's registry")))
+            await until_reachable(lambda: selected_workflow(pins, children.registry, name, children.scope,
+                                                            holder="this worker's registry")))
     except DefinitionNotFound as exc:  # a rolling deploy: a worker that has the selected version may retry it
         return None, _failed("DefinitionNotFound", f"child step {step!r}: {exc}; deploy it to every worker "
                              f"that runs {workflow.id!r}", retryable=True)
@@ -188,21 +190,6 @@ async def _child_start(
     return ChildStart(plan.definition_id, version, plan_hash, plan.start, state,
                       deadline_seconds=child_wf.deadline, start_deadline_seconds=plan.start_deadline), None
 
-
-_T = TypeVar("_T")
-
-
-async def _asked(ask: Callable[[], Awaitable[_T]]) -> _T:
-    """The child's version, asked again while the database is unreachable: the handler has run, and a
-    segment that crashed here would run it again after its lease (the chaos rig's cut connections found
-    it); a lease lost meanwhile fences the commit, as any other."""
-    delay = 0.05
-    while True:
-        try:
-            return await ask()
-        except DatabaseUnavailable:
-            await asyncio.sleep(delay)  # backoff while the connection is re-established
-            delay = min(delay * 2, 2.0)
 
 
 def _signal(cause: dict[str, Any] | None) -> Signal | None:

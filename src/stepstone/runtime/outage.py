@@ -8,10 +8,17 @@ they log a `DatabaseUnavailable` at DEBUG, so an outage is one story in the log,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-__all__ = ["ClaimOutage"]
+from stepstone.errors import DatabaseUnavailable
+
+__all__ = ["ClaimOutage", "until_reachable"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("stepstone.worker")
 
@@ -37,3 +44,17 @@ class ClaimOutage:
         if self.failures:
             log.info("claims work again after %d failed attempt(s) over %.1f s", self.failures, now - self._since)
             self.failures = 0
+
+
+async def until_reachable(ask: Callable[[], Awaitable[_T]]) -> _T:
+    """`ask()`, asked again with backoff (0.05 s doubling to 2 s) while the database is unreachable: for the
+    reads a segment makes after its handler ran (a child's version, an unknown commit's outcome), where a
+    segment that crashed would run the step again after its lease. A lease lost meanwhile fences the
+    commit, as any other."""
+    delay = 0.05
+    while True:
+        try:
+            return await ask()
+        except DatabaseUnavailable:
+            await asyncio.sleep(delay)  # backoff while the connection is re-established
+            delay = min(delay * 2, 2.0)
