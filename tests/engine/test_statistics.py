@@ -64,6 +64,10 @@ async def test_small_tables_are_left_to_autovacuum_and_grown_ones_are_analyzed(e
                                                                                database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
+        # The engine's analyses are under test, not the server's: an autovacuum analysis landing between the
+        # engine's and the look at the sample (default target, 101 bounds) failed a clean-clone CI run.
+        for table in HOT:
+            await conn.execute(f"ALTER TABLE stepstone.{table} SET (autovacuum_enabled = false)")
         assert not any((await _analyzed(conn)).values())
         assert await engine.store.refresh_statistics() is False  # nothing big enough yet: look again later
         assert not any((await _analyzed(conn)).values())
