@@ -70,6 +70,19 @@ async def test_schema_sql_equals_migrations(pg_server: PgServer, database_url: s
     assert from_schema == from_migrations
 
 
+_DEFINITION = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION \{\{schema\}\}\.(\w+)\(([^)]*)\)", re.MULTILINE)
+
+
+def test_schema_sql_defines_each_function_once() -> None:
+    """A migration that replaces a function changes its one definition in schema.sql; a second definition
+    further down would leave the first one dead text that still reads as the schema."""
+    seen: dict[str, int] = {}
+    for hit in _DEFINITION.finditer(read_text("schema.sql")):
+        signature = hit.group(1) + "(" + " ".join(hit.group(2).split()) + ")"
+        seen[signature] = seen.get(signature, 0) + 1
+    assert [name for name, count in seen.items() if count > 1] == []
+
+
 _NOT_ADDITIVE = re.compile(r"\b(DROP\s+(?!INDEX\s+CONCURRENTLY\s+IF)|RENAME\b|SET\s+NOT\s+NULL)", re.IGNORECASE)
 
 

@@ -1,4 +1,8 @@
--- stepstone schema, version 2: what migrations 0001 and 0002 build, in that order.
+-- stepstone schema: what the migrations build, in their order, one section a version.
+-- A function a later migration replaces is changed where it is defined, and that version's section says so
+-- in one line: each function has one definition here (a PL/pgSQL one where it first appears, an SQL one,
+-- whose body is checked when it is created, where its last version needs it). The migrations repeat each
+-- replaced function whole. tests/test_schema_matches_migrations.py checks both.
 --
 -- Lock order: see the head of the version 2 section below (instance row -> positions -> commands
 -- -> child instances -> dedup -> history -> outbox). Claims take position rows with SKIP LOCKED.
@@ -11,9 +15,13 @@ CREATE TABLE {{schema}}.clock (
 );
 INSERT INTO {{schema}}.clock DEFAULT VALUES;
 
+-- The one clock, in plpgsql: the same expression as before, but its plan is kept for the session. As a
+-- SQL-language function (not inlinable: it reads a table) it was parsed and planned again in every
+-- statement that calls it, once per call site (a claim had nine): 10% of the server's CPU in the
+-- throughput workload (perf: fmgr_sql -> raw_parser, pg_plan_query).
 CREATE FUNCTION {{schema}}.db_now() RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE
-AS $$ SELECT now() + (SELECT offset_by FROM {{schema}}.clock) $$;
+LANGUAGE plpgsql STABLE PARALLEL SAFE
+AS $$ BEGIN RETURN now() + (SELECT offset_by FROM {{schema}}.clock); END $$;
 
 -- Registered plans, so any node (and the client) can check a pin and its signal names.
 CREATE TABLE {{schema}}.definitions (
@@ -338,9 +346,10 @@ BEGIN
     END LOOP;
 END $$;
 
--- Start an instance: idempotency key, instance row, START command and the
--- baseline history entry in one statement. Returns the new id, or NULL when the
--- key was already used (the caller then reads the dedup row).
+-- Start an instance: idempotency key, instance row, root position, START command and the baseline
+-- history entry, in one statement (one executor run instead of five). Returns the new id, or NULL when
+-- the key was already used (the caller then reads the dedup row). The instance rows are written only
+-- when there is no key or the key's row was inserted here.
 CREATE FUNCTION {{schema}}.start_instance(
     p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text,
     p_state jsonb, p_step text, p_business_key text, p_key text, p_fingerprint text,
@@ -348,27 +357,40 @@ CREATE FUNCTION {{schema}}.start_instance(
 RETURNS uuid
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := {{schema}}.db_now();
+    v_id uuid;
 BEGIN
-    IF p_key IS NOT NULL THEN
+    WITH clock AS (
+        SELECT {{schema}}.db_now() AS now
+    ), key AS (
         INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
-        VALUES ('START', p_scope || '/' || p_definition, p_key, p_fingerprint, p_id::text, v_now)
-        ON CONFLICT DO NOTHING;
-        IF NOT FOUND THEN
-            RETURN NULL;
-        END IF;
-    END IF;
-    INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step,
-                                      visit, business_key, parent_id, next_seq, history_seq,
-                                      created_at, updated_at)
-    VALUES (p_id, p_scope, p_definition, p_version, p_plan_hash, 'PENDING', p_state, p_step,
-            1, p_business_key, p_parent, 2, 1, v_now, v_now);
-    INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, dedup_key, available_at, created_at)
-    VALUES (p_id, 1, 'START', 'PENDING', p_step, 1, p_key, v_now, v_now);
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-    VALUES (p_id, 1, v_now, 'INSTANCE_STARTED', p_step, 1, p_actor,
-            jsonb_build_object('state', p_state, 'version', p_version, 'plan_hash', p_plan_hash));
-    RETURN p_id;
+        SELECT 'START', p_scope || '/' || p_definition, p_key, p_fingerprint, p_id::text, clock.now FROM clock
+        WHERE p_key IS NOT NULL
+        ON CONFLICT DO NOTHING
+        RETURNING 1
+    ), go AS (
+        SELECT clock.now FROM clock WHERE p_key IS NULL OR EXISTS (SELECT 1 FROM key)
+    ), inst AS (
+        INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step,
+                                          visit, business_key, parent_id, next_seq, history_seq,
+                                          created_at, updated_at)
+        SELECT p_id, p_scope, p_definition, p_version, p_plan_hash, 'PENDING', p_state, p_step,
+               1, p_business_key, p_parent, 2, 1, go.now, go.now FROM go
+        RETURNING id
+    ), pos AS (
+        INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
+        SELECT p_id, '', 'RUNNING', p_step, 1, go.now, go.now FROM go
+    ), cmd AS (
+        INSERT INTO {{schema}}.commands (instance_id, definition, seq, kind, state, step, visit, dedup_key,
+                                         available_at, created_at)
+        SELECT p_id, p_definition, 1, 'START', 'PENDING', p_step, 1, p_key, go.now, go.now FROM go
+    ), hist AS (
+        INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
+        SELECT p_id, 1, go.now, 'INSTANCE_STARTED', p_step, 1, p_actor,
+               jsonb_build_object('state', p_state) FROM go
+    )
+    SELECT inst.id FROM inst
+    INTO v_id;
+    RETURN v_id;
 END $$;
 
 -- Record a signal for one instance. Outcomes: not_found, ended, unknown_signal,
@@ -421,50 +443,37 @@ BEGIN
     RETURN QUERY SELECT 'recorded', v_id, v_inst.status;
 END $$;
 
--- Cancel: settle every open command and end the instance. Idempotent: an ended
--- instance is left as it is and its status returned. A worker still running a
--- handler for it loses its lease and its commit is refused.
+-- Cancel: settle every open command, close every position, end the instance, and cancel the
+-- children that go with it. Idempotent: an ended instance is left as it is and its status returned.
+-- A worker still running a handler for it loses its lease and its commit is refused.
 CREATE FUNCTION {{schema}}.cancel_instance(p_instance uuid, p_reason text, p_actor text)
 RETURNS TABLE (outcome text, status text)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_n integer;
+    v_before text;
+    v_after text;
 BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
+    SELECT i.status INTO v_before FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'not_found', NULL::text;
         RETURN;
     END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED') THEN
-        RETURN QUERY SELECT 'unchanged', v_inst.status;
-        RETURN;
-    END IF;
-    UPDATE {{schema}}.commands c SET state = 'CANCELLED', token = NULL, settled_at = v_now,
-        last_error = 'INSTANCE_CANCELLED: ' || c.kind
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance
-                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
-                   ORDER BY x.id FOR UPDATE);
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    UPDATE {{schema}}.instances i SET status = 'CANCELLED', lease_token = NULL, lease_until = NULL,
-        lease_owner = NULL, wait = NULL, history_seq = i.history_seq + 1, updated_at = v_now, ended_at = v_now
-    WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_CANCELLED', v_inst.step, v_inst.visit, p_actor,
-            jsonb_build_object('reason', p_reason, 'commands_cancelled', v_n));
-    RETURN QUERY SELECT 'cancelled', 'CANCELLED'::text;
+    v_after := {{schema}}.cancel_tree(p_instance, p_reason, p_actor, true);
+    RETURN QUERY SELECT CASE WHEN v_before IN ('COMPLETED', 'CANCELLED') THEN 'unchanged' ELSE 'cancelled' END,
+                        v_after;
 END $$;
 
--- Retry a FAILED instance: dead commands are superseded and a RETRY command runs
--- the failed step again from its first attempt.
+-- Retry a FAILED instance: each failed position's dead commands are superseded and a RETRY
+-- command runs its failed step again from its first attempt, bounded by the step's deadline again;
+-- dead signals are offered again. An instance deadline that passed is passed for good.
 CREATE FUNCTION {{schema}}.retry_instance(p_instance uuid, p_actor text)
 RETURNS TABLE (outcome text, status text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := {{schema}}.db_now();
     v_inst {{schema}}.instances%ROWTYPE;
+    v_retries bigint[];
+    v_timer bigint;
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
     IF NOT FOUND THEN
@@ -475,6 +484,62 @@ BEGIN
         RETURN QUERY SELECT 'not_failed', v_inst.status;
         RETURN;
     END IF;
+    -- The instance deadline passed while it was FAILED and its timer has not fired: it fires here, as a
+    -- worker's claim would have fired it (core/saga.py, _deadline).
+    SELECT c.id INTO v_timer FROM {{schema}}.commands c
+    WHERE c.instance_id = p_instance AND c.position = '$saga' AND c.kind = 'TIMER' AND c.name = 'deadline'
+      AND ((c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.available_at <= v_now
+           OR (c.state = 'CLAIMED') IS TRUE)  -- claimed: it was due; a worker's late commit is refused
+    ORDER BY c.id LIMIT 1 FOR UPDATE;
+    IF FOUND THEN
+        UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now
+        WHERE c.id = v_timer;
+        PERFORM {{schema}}.saga_history(p_instance, 'DEADLINE_PASSED', NULL, NULL, '$saga', v_timer, p_actor,
+                                        jsonb_build_object('cause', 'timed_out', 'status_before', 'FAILED',
+                                                           'outcome', 'left FAILED for an operator'), v_now);
+        SELECT i.history_seq INTO v_inst.history_seq FROM {{schema}}.instances i WHERE i.id = p_instance;
+    END IF;
+    WITH failed AS (
+        UPDATE {{schema}}.positions p SET status = 'RUNNING', error = NULL, updated_at = v_now
+        WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
+                                          WHERE x.instance_id = p_instance AND x.status = 'FAILED'
+                                          ORDER BY x.path FOR UPDATE)
+        RETURNING p.path, p.step, p.visit
+    ), queued AS (
+        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at,
+                                         created_at)
+        SELECT p_instance, failed.path, nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', failed.step,
+               failed.visit, v_now, v_now
+        FROM failed ORDER BY failed.path
+        RETURNING id
+    )
+    SELECT COALESCE(array_agg(queued.id), '{}') INTO v_retries FROM queued;
+    -- Each retried step's deadline, counted from now: the pending timers of those positions' steps are
+    -- superseded (ascending id) and new ones queued. The RETRY commands just queued name the positions.
+    UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
+        last_error = 'RETRIED'
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   JOIN {{schema}}.commands r ON r.id = ANY (v_retries)
+                        AND r.position = x.payload->>'position' AND r.step = x.step
+                   WHERE x.instance_id = p_instance AND x.position = '$saga' AND x.kind = 'TIMER'
+                     AND x.name = 'step_deadline' AND (x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
+                   ORDER BY x.id FOR UPDATE OF x);
+    IF EXISTS (SELECT 1 FROM {{schema}}.definitions d, jsonb_array_elements(d.plan->'steps') AS s
+               WHERE d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
+                 AND d.version = v_inst.version AND s ? 'deadline') THEN
+        PERFORM {{schema}}.open_saga_position(p_instance, v_now);
+        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
+                                         available_at, created_at)
+        SELECT p_instance, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', r.step, r.visit,
+               'step_deadline', jsonb_build_object('position', r.position, 'step', r.step, 'visit', r.visit),
+               v_now + make_interval(secs => (s->'deadline'->>'seconds')::float8), v_now
+        FROM {{schema}}.commands r
+        JOIN {{schema}}.definitions d ON d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
+             AND d.version = v_inst.version
+        CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
+        WHERE r.id = ANY (v_retries) AND s->>'name' = r.step AND s ? 'deadline'
+        ORDER BY r.position;
+    END IF;
     UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
         last_error = 'RETRIED'
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
@@ -484,14 +549,12 @@ BEGIN
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
                    WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind = 'SIGNAL'
                    ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.instances i SET status = 'RUNNING', error = NULL, next_seq = i.next_seq + 1,
+    UPDATE {{schema}}.instances i SET status = 'RUNNING', error = NULL,
         history_seq = i.history_seq + 1, updated_at = v_now
     WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, available_at, created_at)
-    VALUES (p_instance, v_inst.next_seq, 'RETRY', 'PENDING', v_inst.step, v_inst.visit, v_now, v_now);
     INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
     VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_RETRIED', v_inst.step, v_inst.visit, p_actor,
-            jsonb_build_object('error', v_inst.error));
+            jsonb_build_object('error', v_inst.error, 'positions', cardinality(v_retries)));
     RETURN QUERY SELECT 'retried', 'RUNNING'::text;
 END $$;
 
@@ -583,9 +646,9 @@ BEGIN
     RETURN v_n;
 END $$;
 
--- Cancel one instance and everything under it: its open commands, its positions, and the children
--- that are cancelled with their parent. `p_notify` tells the parent (an operator's cancel of a
--- child); a cancel that comes from the parent does not. Returns the instance's status afterwards.
+-- Cancel one instance and everything under it (replaces migration 0002's): its open commands, each
+-- with its own history entry, its positions, and the children cancelled with their parent.
+-- `p_notify` tells the parent (an operator's cancel of a child). Returns the status afterwards.
 CREATE FUNCTION {{schema}}.cancel_tree(p_instance uuid, p_reason text, p_actor text, p_notify boolean)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -593,52 +656,29 @@ DECLARE
     v_now timestamptz := {{schema}}.db_now();
     v_inst {{schema}}.instances%ROWTYPE;
     v_n integer;
-    v_child uuid;
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED') THEN
+    IF NOT FOUND OR v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN
         RETURN v_inst.status;
     END IF;
-    UPDATE {{schema}}.positions p SET status = 'CANCELLED', lease_token = NULL, lease_until = NULL,
-        lease_owner = NULL, updated_at = v_now
-    WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
-                                      WHERE x.instance_id = p_instance AND x.status NOT IN ('COMPLETED', 'CANCELLED')
-                                      ORDER BY x.path FOR UPDATE);
-    UPDATE {{schema}}.commands c SET state = 'CANCELLED', token = NULL, settled_at = v_now,
-        last_error = 'INSTANCE_CANCELLED: ' || c.kind
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance
-                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
-                   ORDER BY x.id FOR UPDATE);
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    UPDATE {{schema}}.instances i SET status = 'CANCELLED', wait = NULL, branches = 0,
-        history_seq = i.history_seq + 1, updated_at = v_now, ended_at = v_now
+    PERFORM {{schema}}.close_positions(p_instance, v_now, NULL, false);
+    v_n := {{schema}}.settle_open_commands(p_instance, p_reason, p_actor, v_now);
+    UPDATE {{schema}}.instances i SET status = 'CANCELLED', wait = NULL, branches = 0, updated_at = v_now,
+        ended_at = v_now
     WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_CANCELLED', v_inst.step, v_inst.visit, p_actor,
-            jsonb_build_object('reason', p_reason, 'commands_cancelled', v_n));
-    FOR v_child IN SELECT i.id FROM {{schema}}.instances i
-                   WHERE i.parent_id = p_instance AND i.cancel_with_parent
-                     AND i.status NOT IN ('COMPLETED', 'CANCELLED') ORDER BY i.id LOOP
-        PERFORM {{schema}}.cancel_tree(v_child, 'parent cancelled', p_actor, false);
-    END LOOP;
-    IF p_notify AND v_inst.parent_id IS NOT NULL THEN
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, payload,
-                                         available_at, created_at)
-        VALUES (v_inst.parent_id, COALESCE(v_inst.parent_position, ''), nextval('{{schema}}.command_seq'),
-                'CHILD_COMPLETION', 'PENDING', NULL, v_inst.parent_visit,
-                jsonb_build_object('child_id', p_instance, 'status', 'CANCELLED',
-                                   'error', jsonb_build_object('type', 'Cancelled', 'message', p_reason)),
-                v_now, v_now);
+    PERFORM {{schema}}.saga_history(p_instance, 'INSTANCE_CANCELLED', v_inst.step, v_inst.visit, NULL, NULL,
+                                    p_actor, jsonb_build_object('reason', p_reason, 'commands_cancelled', v_n,
+                                                                'status_before', v_inst.status), v_now);
+    PERFORM {{schema}}.cancel_children(p_instance, 'parent cancelled', p_actor);
+    IF p_notify THEN
+        PERFORM {{schema}}.tell_parent(v_inst, 'CANCELLED', p_reason, v_now);
     END IF;
     RETURN 'CANCELLED';
 END $$;
 
 -- Cancel the live branches under a path prefix (a join's losers): their positions, open commands
--- and children. Returns how many positions it closed.
+-- and the children still running (one that ended is a record, FAILED ones above all). Returns how many
+-- positions it closed.
 CREATE FUNCTION {{schema}}.close_branches(p_instance uuid, p_prefix text, p_reason text, p_now timestamptz,
                                           p_actor text)
 RETURNS integer
@@ -663,20 +703,30 @@ BEGIN
                    ORDER BY x.id FOR UPDATE);
     FOR v_child IN SELECT i.id FROM {{schema}}.instances i
                    WHERE i.parent_id = p_instance AND left(i.parent_position, v_len) = p_prefix
-                     AND i.cancel_with_parent AND i.status NOT IN ('COMPLETED', 'CANCELLED') ORDER BY i.id LOOP
+                     AND i.cancel_with_parent AND NOT {{schema}}.is_ended(i.status) ORDER BY i.id LOOP
         PERFORM {{schema}}.cancel_tree(v_child, 'branch cancelled: ' || p_reason, p_actor, false);
     END LOOP;
     RETURN v_n;
 END $$;
 
--- Start the children a step asked for, in that step's commit. The id is derived from the parent
--- position's step visit, so a second insert of the same child does nothing.
-CREATE FUNCTION {{schema}}.start_children(p_instance uuid, p_position text, p_visit integer, p_children jsonb,
-                                          p_now timestamptz, p_actor text)
+-- A child gets its workflow's deadlines as a start does (docs/sagas.md, "Deadlines"). start_children
+-- started a child step's child without its workflow's default instance deadline and without its action
+-- start step's deadline, so such a child never timed out. The parent's worker, which selects the child's
+-- version, now names both in each child of the commit ('deadline_seconds', 'start_deadline_seconds'), and
+-- start_children schedules them for a child it inserts (schedule_start_deadlines). A child of a worker
+-- of before carries neither: nothing is scheduled, as before.
+CREATE FUNCTION {{schema}}.start_children(p_instance uuid, p_position text, p_visit integer,
+                                                     p_children jsonb, p_now timestamptz, p_actor text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_scope text;
+    v_child {{schema}}.instances%ROWTYPE;
+    v_status text;
+    v_state jsonb;
+    v_paths jsonb;
+    v_path jsonb;
+    v_payload jsonb;
     c jsonb;
 BEGIN
     SELECT i.scope INTO v_scope FROM {{schema}}.instances i WHERE i.id = p_instance;
@@ -697,7 +747,50 @@ BEGIN
             INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
             VALUES ((c->>'id')::uuid, 1, p_now, 'INSTANCE_STARTED', c->>'step', 1, p_actor,
                     jsonb_build_object('state', c->'state', 'parent', p_instance, 'parent_position', p_position));
+            PERFORM {{schema}}.schedule_start_deadlines((c->>'id')::uuid, NULL, (c->>'deadline_seconds')::float8,
+                                                        c->>'step', (c->>'start_deadline_seconds')::float8);
+            CONTINUE;
         END IF;
+        -- No lock on the child: it never waits on its parent, and a child ending meanwhile has queued its
+        -- report in the same transaction that ended it, which the check below then sees.
+        SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = (c->>'id')::uuid AND i.parent_id = p_instance;
+        IF NOT FOUND THEN
+            CONTINUE;
+        END IF;
+        v_status := CASE WHEN {{schema}}.is_ended(v_child.status) THEN v_child.status
+                         WHEN v_child.status = 'COMPENSATING' AND v_child.saga->>'cause' = 'failed'
+                              AND NOT v_child.saga ? 'record' THEN 'FAILED' END;
+        IF v_status IS NULL OR EXISTS (
+            SELECT 1 FROM {{schema}}.commands x
+            WHERE x.instance_id = p_instance AND x.position = p_position AND x.kind = 'CHILD_COMPLETION'
+              AND x.state IN ('PENDING', 'DEFERRED', 'PARKED') AND x.payload->>'child_id' = v_child.id::text) THEN
+            CONTINUE;
+        END IF;
+        IF v_status = 'COMPLETED' THEN
+            v_state := v_child.state;
+            SELECT d.plan -> 'sensitive' INTO v_paths FROM {{schema}}.definitions d
+            WHERE d.scope = COALESCE(v_child.definition_scope, v_child.scope)
+              AND d.definition_id = v_child.definition_id AND d.version = v_child.version;
+            IF jsonb_typeof(v_paths) = 'array' THEN
+                FOR v_path IN SELECT jsonb_array_elements(v_paths) LOOP
+                    v_state := {{schema}}.redact_path(v_state, ARRAY(SELECT jsonb_array_elements_text(v_path)));
+                END LOOP;
+            END IF;
+            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'state', v_state);
+        ELSE
+            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'error', jsonb_strip_nulls(
+                jsonb_build_object(
+                    'step', v_child.error->>'step',
+                    'type', COALESCE(v_child.error->>'type', initcap(v_status)),
+                    'message', 'already ' || v_child.status || ' when the step ran again'
+                               || CASE WHEN v_child.status IN ('FAILED', 'COMPENSATION_FAILED')
+                                       THEN ' (retry the child first, then this instance)' ELSE '' END
+                               || COALESCE(': ' || COALESCE(v_child.error->>'message', v_child.saga->>'reason'), ''))));
+        END IF;
+        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, visit, payload, available_at,
+                                         created_at)
+        VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION', 'PENDING', p_visit,
+                v_payload, p_now, p_now);
     END LOOP;
 END $$;
 
@@ -762,44 +855,8 @@ BEGIN
     END LOOP;
 END $$;
 
--- Start an instance: idempotency key, instance row, root position, START command and the
--- baseline history entry in one statement. Returns the new id, or NULL when the key was already
--- used (the caller then reads the dedup row).
-CREATE OR REPLACE FUNCTION {{schema}}.start_instance(
-    p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text,
-    p_state jsonb, p_step text, p_business_key text, p_key text, p_fingerprint text,
-    p_parent uuid, p_actor text)
-RETURNS uuid
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-BEGIN
-    IF p_key IS NOT NULL THEN
-        INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
-        VALUES ('START', p_scope || '/' || p_definition, p_key, p_fingerprint, p_id::text, v_now)
-        ON CONFLICT DO NOTHING;
-        IF NOT FOUND THEN
-            RETURN NULL;
-        END IF;
-    END IF;
-    INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step,
-                                      visit, business_key, parent_id, next_seq, history_seq,
-                                      created_at, updated_at)
-    VALUES (p_id, p_scope, p_definition, p_version, p_plan_hash, 'PENDING', p_state, p_step,
-            1, p_business_key, p_parent, 2, 1, v_now, v_now);
-    INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
-    VALUES (p_id, '', 'RUNNING', p_step, 1, v_now, v_now);
-    INSERT INTO {{schema}}.commands (instance_id, seq, kind, state, step, visit, dedup_key, available_at, created_at)
-    VALUES (p_id, 1, 'START', 'PENDING', p_step, 1, p_key, v_now, v_now);
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-    VALUES (p_id, 1, v_now, 'INSTANCE_STARTED', p_step, 1, p_actor,
-            jsonb_build_object('state', p_state, 'version', p_version, 'plan_hash', p_plan_hash));
-    RETURN p_id;
-END $$;
+-- start_instance changes here; its one definition is in the version 1 section.
 
--- Record a signal for one position of an instance (the root: ''). Outcomes: not_found,
--- no_position, ended, unknown_signal, duplicate (same dedup key and payload: the earlier
--- command), conflict (same key, other payload), recorded.
 CREATE FUNCTION {{schema}}.signal_position(
     p_instance uuid, p_position text, p_name text, p_payload jsonb, p_dedup_key text, p_fingerprint text,
     p_actor text)
@@ -817,7 +874,8 @@ BEGIN
         RETURN;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM {{schema}}.definitions d
-                   WHERE d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
+                   WHERE d.scope IN (v_inst.scope, v_inst.definition_scope)
+                     AND d.definition_id = v_inst.definition_id
                      AND d.version = v_inst.version AND d.plan->'signals' ? p_name) THEN
         RETURN QUERY SELECT 'unknown_signal', NULL::bigint, v_inst.status;
         RETURN;
@@ -836,7 +894,7 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED') THEN
+    IF {{schema}}.is_terminal(v_inst.status) THEN
         RETURN QUERY SELECT 'ended', NULL::bigint, v_inst.status;
         RETURN;
     END IF;
@@ -852,74 +910,9 @@ BEGIN
     RETURN QUERY SELECT 'recorded', v_id, v_inst.status;
 END $$;
 
--- Cancel: settle every open command, close every position, end the instance, and cancel the
--- children that go with it. Idempotent: an ended instance is left as it is and its status returned.
--- A worker still running a handler for it loses its lease and its commit is refused.
-CREATE OR REPLACE FUNCTION {{schema}}.cancel_instance(p_instance uuid, p_reason text, p_actor text)
-RETURNS TABLE (outcome text, status text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_before text;
-    v_after text;
-BEGIN
-    SELECT i.status INTO v_before FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::text;
-        RETURN;
-    END IF;
-    v_after := {{schema}}.cancel_tree(p_instance, p_reason, p_actor, true);
-    RETURN QUERY SELECT CASE WHEN v_before IN ('COMPLETED', 'CANCELLED') THEN 'unchanged' ELSE 'cancelled' END,
-                        v_after;
-END $$;
+-- cancel_instance changes here; its one definition is in the version 1 section.
 
--- Retry a FAILED instance: each failed position's dead commands are superseded and a RETRY
--- command runs its failed step again from its first attempt; dead signals are offered again.
-CREATE OR REPLACE FUNCTION {{schema}}.retry_instance(p_instance uuid, p_actor text)
-RETURNS TABLE (outcome text, status text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_n integer;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::text;
-        RETURN;
-    END IF;
-    IF v_inst.status <> 'FAILED' THEN
-        RETURN QUERY SELECT 'not_failed', v_inst.status;
-        RETURN;
-    END IF;
-    WITH failed AS (
-        UPDATE {{schema}}.positions p SET status = 'RUNNING', error = NULL, updated_at = v_now
-        WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
-                                          WHERE x.instance_id = p_instance AND x.status = 'FAILED'
-                                          ORDER BY x.path FOR UPDATE)
-        RETURNING p.path, p.step, p.visit
-    )
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at, created_at)
-    SELECT p_instance, failed.path, nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', failed.step,
-           failed.visit, v_now, v_now
-    FROM failed ORDER BY failed.path;
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
-        last_error = 'RETRIED'
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind <> 'SIGNAL'
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.commands c SET state = 'PENDING', claims = 0, available_at = v_now, token = NULL
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind = 'SIGNAL'
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.instances i SET status = 'RUNNING', error = NULL,
-        history_seq = i.history_seq + 1, updated_at = v_now
-    WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_RETRIED', v_inst.step, v_inst.visit, p_actor,
-            jsonb_build_object('error', v_inst.error, 'positions', v_n));
-    RETURN QUERY SELECT 'retried', 'RUNNING'::text;
-END $$;
+-- retry_instance changes here; its one definition is in the version 1 section.
 
 -- ==== version 4 (migration 0004_status_notify) ====
 
@@ -1511,14 +1504,12 @@ BEGIN
     END LOOP;
 END $$;
 
--- A child that ended other than by completing tells its parent's position; a child its parent's saga
--- asked to compensate tells the parent's '$saga' position which compensation it answers.
 CREATE FUNCTION {{schema}}.tell_parent(p_child {{schema}}.instances, p_status text, p_message text,
-                                       p_now timestamptz)
+                                                  p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_for_saga boolean := p_child.saga->>'cause' = 'parent';
+    v_for_saga boolean := coalesce(p_child.saga ? 'record', false);
 BEGIN
     IF p_child.parent_id IS NULL THEN
         RETURN;
@@ -1537,38 +1528,12 @@ BEGIN
             p_now, p_now);
 END $$;
 
--- Cancel one instance and everything under it (replaces migration 0002's): its open commands, each
--- with its own history entry, its positions, and the children cancelled with their parent.
--- `p_notify` tells the parent (an operator's cancel of a child). Returns the status afterwards.
-CREATE OR REPLACE FUNCTION {{schema}}.cancel_tree(p_instance uuid, p_reason text, p_actor text, p_notify boolean)
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_n integer;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND OR v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN
-        RETURN v_inst.status;
-    END IF;
-    PERFORM {{schema}}.close_positions(p_instance, v_now, NULL, false);
-    v_n := {{schema}}.settle_open_commands(p_instance, p_reason, p_actor, v_now);
-    UPDATE {{schema}}.instances i SET status = 'CANCELLED', wait = NULL, branches = 0, updated_at = v_now,
-        ended_at = v_now
-    WHERE i.id = p_instance;
-    PERFORM {{schema}}.saga_history(p_instance, 'INSTANCE_CANCELLED', v_inst.step, v_inst.visit, NULL, NULL,
-                                    p_actor, jsonb_build_object('reason', p_reason, 'commands_cancelled', v_n,
-                                                                'status_before', v_inst.status), v_now);
-    PERFORM {{schema}}.cancel_children(p_instance, 'parent cancelled', p_actor);
-    IF p_notify THEN
-        PERFORM {{schema}}.tell_parent(v_inst, 'CANCELLED', p_reason, v_now);
-    END IF;
-    RETURN 'CANCELLED';
-END $$;
+-- cancel_tree changes here; its one definition is in the version 2 section.
 
--- Queue the next compensation (the latest completed step not yet compensated) on '$saga', or, when
--- none is left, end the instance by why it compensated. Returns the instance's status afterwards.
+-- The history entry that ends a saga (INSTANCE_COMPENSATED, _CANCELLED, _TIMED_OUT) lists what this
+-- round compensated. It listed every compensation the instance ever made: a saga replayed after it had
+-- compensated, that compensated again, named the steps of the first round too. A round begins at
+-- saga->'at' (saga_begin); a round resumed by a retry keeps it.
 CREATE FUNCTION {{schema}}.saga_next(p_instance uuid, p_now timestamptz, p_actor text)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -1609,21 +1574,20 @@ BEGIN
         jsonb_build_object('cause', v_inst.saga->>'cause',
                            'compensated', (SELECT coalesce(jsonb_agg(k.step ORDER BY k.compensated_at, k.id), '[]')
                                            FROM {{schema}}.compensations k
-                                           WHERE k.instance_id = p_instance AND k.status = 'COMPENSATED')),
+                                           WHERE k.instance_id = p_instance AND k.status = 'COMPENSATED'
+                                             AND k.compensated_at >= COALESCE((v_inst.saga->>'at')::timestamptz,
+                                                                              '-infinity'))),
         p_now);
-    -- A child that timed out or was cancelled tells its parent (a failure told it when the step failed).
-    IF v_inst.saga->>'cause' <> 'failed' THEN
+    -- A child that timed out or was cancelled tells its parent (a failure told it when the step failed),
+    -- and so does a child its parent's saga waits on.
+    IF v_inst.saga->>'cause' <> 'failed' OR v_inst.saga ? 'record' THEN
         PERFORM {{schema}}.tell_parent(v_inst, v_final, coalesce(v_inst.saga->>'reason', v_final), p_now);
     END IF;
     RETURN v_final;
 END $$;
 
--- Begin a saga: every position but '$saga' is closed (a failed one keeps FAILED) and loses its lease
--- (so a handler still running there commits nothing), except `p_keep`, the position whose commit this
--- is; their open commands are settled one history entry each; children are cancelled with their
--- parent; then the first compensation is queued (or the instance ends when there is none).
-CREATE FUNCTION {{schema}}.saga_begin(p_instance uuid, p_cause text, p_reason text, p_actor text, p_now timestamptz,
-                                      p_keep text, p_record bigint DEFAULT NULL)
+CREATE FUNCTION {{schema}}.saga_begin(p_instance uuid, p_cause text, p_reason text, p_actor text,
+                                                 p_now timestamptz, p_keep text, p_record bigint DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1636,13 +1600,12 @@ BEGIN
         saga = jsonb_strip_nulls(jsonb_build_object('cause', p_cause, 'reason', p_reason, 'actor', p_actor,
                                                     'at', p_now, 'record', p_record))
     WHERE i.id = p_instance;
-    PERFORM {{schema}}.cancel_children(p_instance, 'parent compensating', p_actor);
+    PERFORM {{schema}}.record_open_children(p_instance, p_now);
+    -- A step whose compensation an earlier round gave up (then a replay went on) is still not undone.
+    PERFORM {{schema}}.saga_owe_given_up(p_instance);
     RETURN {{schema}}.saga_next(p_instance, p_now, p_actor);
 END $$;
 
--- The parent's saga compensates a child it completed: the child compensates its own steps (its
--- saga begins, or resumes where it stopped) and reports to the parent's '$saga' position when it
--- ends, naming `p_record`. A child that has already ended another way answers at once.
 CREATE FUNCTION {{schema}}.compensate_child(p_child uuid, p_record bigint, p_actor text, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -1650,15 +1613,18 @@ DECLARE
     v_child {{schema}}.instances%ROWTYPE;
 BEGIN
     SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = p_child FOR UPDATE;
-    IF v_child.status = 'COMPLETED' THEN
+    IF v_child.status IN ('COMPLETED', 'PENDING', 'RUNNING', 'WAITING', 'FAILED') THEN
+        -- Completed, or still open: cancel with compensation (a running handler's commit is refused).
         PERFORM {{schema}}.saga_begin(p_child, 'parent', 'the parent compensates', p_actor, p_now, NULL, p_record);
+    ELSIF v_child.status = 'COMPENSATING' THEN
+        -- It compensates on its own already: it reports to this saga when it ends.
+        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record)
+        WHERE i.id = p_child;
     ELSIF v_child.status = 'COMPENSATION_FAILED' THEN
         UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record), error = NULL
         WHERE i.id = p_child;
         UPDATE {{schema}}.positions p SET status = 'SAGA' WHERE p.instance_id = p_child AND p.path = '$saga';
-        UPDATE {{schema}}.compensations k SET status = 'PENDING'
-        WHERE k.id IN (SELECT y.id FROM {{schema}}.compensations y
-                       WHERE y.instance_id = p_child AND y.status = 'FAILED' ORDER BY y.id FOR UPDATE);
+        PERFORM {{schema}}.saga_owe_given_up(p_child);
         PERFORM {{schema}}.saga_next(p_child, p_now, p_actor);
     ELSE
         v_child.saga := jsonb_build_object('cause', 'parent', 'record', p_record);
@@ -1678,13 +1644,17 @@ BEGIN
     ORDER BY x.ord;
 END $$;
 
--- Section 'saga': begin, one compensation done (then the next), an attempt failed, or given up.
+-- A saga stopped at COMPENSATION_FAILED says in its error which step's compensation gave up and why.
+-- The error held the compensation record's id and, nested, the last error, with no `message` and no
+-- `step`: `stepstone show` printed "CompensationFailed:" and nothing else. advance_saga now adds both
+-- (the fields it had are kept).
 CREATE FUNCTION {{schema}}.advance_saga(p_commit jsonb, p_items jsonb, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := (p_commit->>'instance')::uuid;
     v_actor text := p_commit->>'actor';
+    v_step text;
     x jsonb;
 BEGIN
     FOR x IN SELECT jsonb_array_elements(p_items) LOOP
@@ -1701,7 +1671,8 @@ BEGIN
             status = CASE x->>'op' WHEN 'done' THEN 'COMPENSATED' WHEN 'exhausted' THEN 'FAILED' ELSE k.status END,
             last_error = CASE WHEN x->>'op' = 'done' THEN k.last_error ELSE x->'error' END,
             compensated_at = CASE WHEN x->>'op' = 'done' THEN p_now END
-        WHERE k.id = (x->>'record')::bigint AND k.instance_id = v_id AND k.status = 'PENDING';
+        WHERE k.id = (x->>'record')::bigint AND k.instance_id = v_id AND k.status = 'PENDING'
+        RETURNING k.step INTO v_step;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'stepstone: compensation % of instance % is not pending', x->>'record', v_id
                 USING ERRCODE = 'P0001';
@@ -1710,10 +1681,14 @@ BEGIN
             PERFORM {{schema}}.saga_next(v_id, p_now, v_actor);
         ELSIF x->>'op' = 'exhausted' THEN
             UPDATE {{schema}}.instances i SET status = 'COMPENSATION_FAILED', updated_at = p_now,
-                error = jsonb_build_object('type', 'CompensationFailed', 'record', (x->>'record')::bigint,
-                                           'error', x->'error', 'attempts', (x->>'attempts')::integer)
+                error = jsonb_build_object(
+                    'type', 'CompensationFailed', 'step', v_step,
+                    'message', format('the compensation of step %L gave up after %s attempt%s: %s: %s', v_step,
+                                      x->>'attempts', CASE WHEN x->>'attempts' = '1' THEN '' ELSE 's' END,
+                                      x->'error'->>'type', x->'error'->>'message'),
+                    'record', (x->>'record')::bigint, 'error', x->'error', 'attempts', (x->>'attempts')::integer)
             WHERE i.id = v_id;
-            IF (SELECT i.saga->>'cause' FROM {{schema}}.instances i WHERE i.id = v_id) = 'parent' THEN
+            IF (SELECT i.saga ? 'record' FROM {{schema}}.instances i WHERE i.id = v_id) THEN
                 PERFORM {{schema}}.tell_parent(i, 'COMPENSATION_FAILED', x->'error'->>'message', p_now)
                 FROM {{schema}}.instances i WHERE i.id = v_id;
             END IF;
@@ -1770,9 +1745,7 @@ BEGIN
         UPDATE {{schema}}.positions p SET status = 'SAGA', lease_token = NULL, lease_until = NULL,
             lease_owner = NULL, updated_at = v_now
         WHERE p.instance_id = p_instance AND p.path = '$saga';
-        UPDATE {{schema}}.compensations k SET status = 'PENDING'
-        WHERE k.id IN (SELECT y.id FROM {{schema}}.compensations y
-                       WHERE y.instance_id = p_instance AND y.status = 'FAILED' ORDER BY y.id FOR UPDATE);
+        PERFORM {{schema}}.saga_owe_given_up(p_instance);
         UPDATE {{schema}}.instances i SET error = NULL WHERE i.id = p_instance;
         PERFORM {{schema}}.saga_history(p_instance, 'INSTANCE_RETRIED', NULL, NULL, NULL, NULL, p_actor,
                                         jsonb_build_object('error', v_inst.error, 'compensation', true), v_now);
@@ -1801,12 +1774,8 @@ BEGIN
     RETURN p_instance;
 END $$;
 
--- Step deadlines. Entering an action step that declares one queues a TIMER 'step_deadline' on '$saga'
--- (section 'step_deadlines', rank 12), so a handler running on the step's own position does not hold it
--- up. When it fires there (section 'interrupts', rank 13) and the position still runs that step visit,
--- the position loses its lease (the handler's commit is refused), its step commands are settled with
--- one history entry each, and a TIMER 'step_deadline' is queued on it, which moves it to the step's
--- on_deadline, or fails the step.
+-- Step deadlines on the first step of a fork's branches, which the fork schedules: why, the migration's
+-- header.
 CREATE FUNCTION {{schema}}.schedule_step_deadlines(p_commit jsonb, p_items jsonb, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -1816,13 +1785,23 @@ BEGIN
     PERFORM {{schema}}.open_saga_position(v_id, p_now);
     INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                      available_at, created_at)
-    SELECT v_id, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step', (x->>'visit')::integer,
-           'step_deadline',
-           jsonb_build_object('position', p_commit->>'position', 'step', x->>'step', 'visit', (x->>'visit')::integer),
+    SELECT v_id, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step', t.visit,
+           'step_deadline', jsonb_build_object('position', t.path, 'step', x->>'step', 'visit', t.visit),
            p_now + make_interval(secs => (x->>'seconds')::float8), p_now
-    FROM jsonb_array_elements(p_items) AS x;
+    FROM jsonb_array_elements(p_items) AS x
+    CROSS JOIN LATERAL (
+        -- A branch the commit opened: the visit open_branches gave it (1, or the next on a fork's rerun).
+        SELECT COALESCE(x->>'position', p_commit->>'position') AS path,
+               COALESCE((x->>'visit')::integer,
+                        (SELECT p.visit FROM {{schema}}.positions p
+                         WHERE p.instance_id = v_id AND p.path = x->>'position' AND p.step = x->>'step'
+                           AND p.status = 'RUNNING')) AS visit
+    ) AS t
+    WHERE t.visit IS NOT NULL;
 END $$;
 
+-- Step deadlines on waits and timers too, and on the start step. A position interrupted at a wait or
+-- a timer is left by its TIMER 'step_deadline' like a running one (core/saga.py).
 CREATE FUNCTION {{schema}}.interrupt_steps(p_commit jsonb, p_items jsonb, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -1834,7 +1813,7 @@ BEGIN
         UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL,
             updated_at = p_now
         WHERE p.instance_id = v_id AND p.path = x->>'position' AND p.step = x->>'step'
-          AND p.visit = (x->>'visit')::integer AND p.status = 'RUNNING';
+          AND p.visit = (x->>'visit')::integer AND p.status IN ('RUNNING', 'WAITING');
         IF NOT FOUND THEN
             CONTINUE;  -- the step finished (or the position moved on) in time
         END IF;
@@ -2252,11 +2231,9 @@ LANGUAGE sql STABLE AS $$
     FROM {{schema}}.dedup x WHERE x.kind = p_kind AND x.namespace = p_task::text AND x.key = p_key
 $$;
 
--- Claim, unclaim, reassign, delegate, resolve: one function for the operations that change who holds
--- a task. Outcomes: ok, unchanged, not_found, not_open (status), held (someone else holds it: claim
--- never steals unless p_force, which is recorded), not_permitted, not_delegated, duplicate, conflict.
-CREATE FUNCTION {{schema}}.task_assign(p_task uuid, p_op text, p_to text, p_actor text, p_groups text[],
-                                       p_force boolean, p_reason text, p_key text, p_fingerprint text)
+CREATE FUNCTION {{schema}}.task_assign(p_task uuid, p_op text, p_to text, p_actor text,
+                                                  p_groups text[], p_force boolean, p_reason text,
+                                                  p_key text, p_fingerprint text)
 RETURNS TABLE (outcome text, task jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2314,6 +2291,12 @@ BEGIN
     ELSIF p_op IN ('reassign', 'delegate') THEN
         IF NOT p_force AND p_actor IS DISTINCT FROM v_task.assignee AND p_actor IS DISTINCT FROM v_task.owner THEN
             RETURN QUERY SELECT 'not_permitted', to_jsonb(v_task);
+            RETURN;
+        END IF;
+        -- To the user who holds it already: nothing moves, so nothing is recorded (as claiming one's
+        -- own task); a retried reassign or delegate whose reply was lost gets the task as it is.
+        IF p_to = v_task.assignee THEN
+            RETURN QUERY SELECT 'unchanged', to_jsonb(v_task);
             RETURN;
         END IF;
         IF p_op = 'delegate' THEN
@@ -2467,36 +2450,7 @@ BEGIN
     RETURN QUERY SELECT v_done, v_skipped;
 END $$;
 
--- Signal the instance with a business key, starting it first when none has the key, atomically: of
--- two concurrent calls one starts it and both signal it. Outcomes are signal_position's.
-CREATE FUNCTION {{schema}}.start_or_signal(
-    p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text, p_state jsonb,
-    p_step text, p_business_key text, p_start_fingerprint text, p_actor text, p_signal text, p_payload jsonb,
-    p_dedup_key text, p_signal_fingerprint text)
-RETURNS TABLE (outcome text, instance_id uuid, started boolean, command_id bigint, status text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_target uuid;
-    v_started boolean := false;
-    r record;
-BEGIN
-    SELECT i.id INTO v_target FROM {{schema}}.instances i
-    WHERE i.scope = p_scope AND i.definition_id = p_definition AND i.business_key = p_business_key;
-    IF NOT FOUND THEN
-        BEGIN
-            PERFORM {{schema}}.start_instance(p_id, p_scope, p_definition, p_version, p_plan_hash, p_state, p_step,
-                                              p_business_key, NULL, p_start_fingerprint, NULL, p_actor);
-            v_target := p_id;
-            v_started := true;
-        EXCEPTION WHEN unique_violation THEN
-            SELECT i.id INTO v_target FROM {{schema}}.instances i
-            WHERE i.scope = p_scope AND i.definition_id = p_definition AND i.business_key = p_business_key;
-        END;
-    END IF;
-    SELECT * INTO r FROM {{schema}}.signal_position(v_target, '', p_signal, p_payload, p_dedup_key,
-                                                    p_signal_fingerprint, p_actor);
-    RETURN QUERY SELECT r.outcome, v_target, v_started, r.command_id, r.status;
-END $$;
+-- start_or_signal changes here; its one definition is in the version 21 section.
 
 -- ==== version 8 (migration 0008_registry) ====
 -- The definitions registry: versions and their lifecycle, scopes and activations, pin admission,
@@ -2571,46 +2525,16 @@ CREATE FUNCTION {{schema}}.define_lock_key(p_definition text) RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT hashtext('stepstone.definition:' || p_definition) $$;
 
--- Pin admission: before an instance row gets a pin (a start, a child, a migration's re-pin), the pinned
--- version must be AVAILABLE with the same plan hash. An id the registry has never seen is admitted
--- (an engine used without registration). Refusals raise SQLSTATE SSR01 (not admitted) or SSR02 (drift)
--- with a one-line message; the store maps them to VersionNotAdmitted and DefinitionDrift.
+-- The trigger keeps its behaviour and now calls the one check.
 CREATE FUNCTION {{schema}}.admit_pin() RETURNS trigger
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_row record;
 BEGIN
     IF TG_OP = 'UPDATE' AND NEW.definition_id = OLD.definition_id AND NEW.version = OLD.version
        AND NEW.plan_hash = OLD.plan_hash AND NEW.scope = OLD.scope THEN
         RETURN NEW;
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(1936028530, {{schema}}.define_lock_key(NEW.definition_id));
-    SELECT d.scope, d.status, d.plan_hash INTO v_row
-    FROM {{schema}}.definitions d
-    WHERE d.definition_id = NEW.definition_id AND d.version = NEW.version AND d.scope IN (NEW.scope, 'default')
-    ORDER BY (d.scope = NEW.scope) DESC
-    LIMIT 1;
-    IF NOT FOUND THEN
-        IF EXISTS (SELECT 1 FROM {{schema}}.definitions d WHERE d.definition_id = NEW.definition_id) THEN
-            RAISE EXCEPTION USING ERRCODE = 'SSR01',
-                MESSAGE = format('workflow %s v%s is not registered in scope %s or default',
-                                 NEW.definition_id, NEW.version, NEW.scope);
-        END IF;
-        RETURN NEW;
-    END IF;
-    IF v_row.plan_hash <> NEW.plan_hash THEN
-        RAISE EXCEPTION USING ERRCODE = 'SSR02',
-            MESSAGE = format('workflow %s v%s: the pin has plan %s but scope %s registered plan %s '
-                             '(the structure changed without a version bump)',
-                             NEW.definition_id, NEW.version, left(NEW.plan_hash, 12), v_row.scope,
-                             left(v_row.plan_hash, 12));
-    END IF;
-    IF v_row.status <> 'AVAILABLE' THEN
-        RAISE EXCEPTION USING ERRCODE = 'SSR01',
-            MESSAGE = format('workflow %s v%s is %s in scope %s; only an AVAILABLE version takes new instances',
-                             NEW.definition_id, NEW.version, v_row.status, v_row.scope);
-    END IF;
-    NEW.definition_scope := v_row.scope;
+    NEW.definition_scope := COALESCE({{schema}}.admitted_scope(NEW.definition_id, NEW.version, NEW.plan_hash,
+                                                               NEW.scope), NEW.definition_scope);
     RETURN NEW;
 END $$;
 
@@ -2618,69 +2542,8 @@ CREATE TRIGGER instances_admit_pin
     BEFORE INSERT OR UPDATE OF definition_id, version, plan_hash, scope ON {{schema}}.instances
     FOR EACH ROW EXECUTE FUNCTION {{schema}}.admit_pin();
 
--- Signals are checked against the definition the instance is pinned to (its definition scope).
-CREATE OR REPLACE FUNCTION {{schema}}.signal_position(
-    p_instance uuid, p_position text, p_name text, p_payload jsonb, p_dedup_key text, p_fingerprint text,
-    p_actor text)
-RETURNS TABLE (outcome text, command_id bigint, status text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_id bigint;
-    v_prior record;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::text;
-        RETURN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM {{schema}}.definitions d
-                   WHERE d.scope IN (v_inst.scope, v_inst.definition_scope)
-                     AND d.definition_id = v_inst.definition_id
-                     AND d.version = v_inst.version AND d.plan->'signals' ? p_name) THEN
-        RETURN QUERY SELECT 'unknown_signal', NULL::bigint, v_inst.status;
-        RETURN;
-    END IF;
-    IF p_position <> '' AND NOT EXISTS (SELECT 1 FROM {{schema}}.positions p
-                                        WHERE p.instance_id = p_instance AND p.path = p_position) THEN
-        RETURN QUERY SELECT 'no_position', NULL::bigint, v_inst.status;
-        RETURN;
-    END IF;
-    IF p_dedup_key IS NOT NULL THEN
-        SELECT x.fingerprint, x.target INTO v_prior FROM {{schema}}.dedup x
-        WHERE x.kind = 'SIGNAL' AND x.namespace = p_instance::text AND x.key = p_dedup_key;
-        IF FOUND THEN
-            RETURN QUERY SELECT CASE WHEN v_prior.fingerprint = p_fingerprint THEN 'duplicate' ELSE 'conflict' END,
-                                v_prior.target::bigint, v_inst.status;
-            RETURN;
-        END IF;
-    END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED') THEN
-        RETURN QUERY SELECT 'ended', NULL::bigint, v_inst.status;
-        RETURN;
-    END IF;
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, name, payload, dedup_key,
-                                     available_at, created_at)
-    VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'SIGNAL', 'PENDING', p_name, p_payload,
-            p_dedup_key, v_now, v_now)
-    RETURNING id INTO v_id;
-    IF p_dedup_key IS NOT NULL THEN
-        INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
-        VALUES ('SIGNAL', p_instance::text, p_dedup_key, p_fingerprint, v_id::text, v_now);
-    END IF;
-    RETURN QUERY SELECT 'recorded', v_id, v_inst.status;
-END $$;
+-- signal_position changes here; its one definition is in the version 2 section.
 
--- In-flight migration of one instance to another version of its definition, between segments:
--- refused ('busy') while any position of it is leased or any command CLAIMED, ('changed') when its
--- state or pin moved since the caller read them (the caller reads again and re-plans). Otherwise, in
--- one transaction: positions and their open commands move to their mapped steps, the pin and state
--- change (pin admission checks the target), a settled MIGRATION command is recorded in the instance's
--- command order and the history gets an INSTANCE_MIGRATED entry with the full state baseline.
--- p_step_map maps step names of open commands to their targets; p_positions holds every position as
--- the caller read it (path, step, visit, status) with where it goes (to_step, to_wait; a JSON null
--- to_wait keeps the wait as it is): any difference from the rows is 'changed'.
 CREATE FUNCTION {{schema}}.migrate_instance(
     p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
     p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
@@ -2705,7 +2568,7 @@ BEGIN
         RETURN QUERY SELECT 'changed', NULL::bigint;
         RETURN;
     END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED') THEN
+    IF {{schema}}.is_terminal(v_inst.status) THEN
         RETURN QUERY SELECT 'ended', NULL::bigint;
         RETURN;
     END IF;
@@ -2728,7 +2591,11 @@ BEGIN
     END IF;
     UPDATE {{schema}}.positions p SET
         step = e->>'to_step',
-        wait = CASE WHEN e->'to_wait' = 'null'::jsonb THEN p.wait ELSE e->'to_wait' END,
+        wait = CASE WHEN e->'to_wait' = 'null'::jsonb THEN p.wait
+                    -- a fork's: its own progress (a branch may have reported since the read), the new join
+                    WHEN p.wait->>'kind' = 'join' AND e->'to_wait'->>'kind' = 'join'
+                        THEN p.wait || jsonb_build_object('join', e->'to_wait'->'join')
+                    ELSE e->'to_wait' END,
         updated_at = v_now
     FROM jsonb_array_elements(p_positions) e
     WHERE p.instance_id = p_instance AND p.path = e->>'path' AND e ? 'to_step';
@@ -2742,7 +2609,6 @@ BEGIN
         state_version = i.state_version + 1,
         step = COALESCE((SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
                         i.step),
-        wait = (SELECT p.wait FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
         history_seq = i.history_seq + 1, updated_at = v_now
     WHERE i.id = p_instance;
     INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, payload, available_at, created_at,
@@ -2826,137 +2692,7 @@ LANGUAGE sql STABLE AS $$
     ORDER BY r.workflow = '*' LIMIT 1
 $$;
 
--- One bounded batch of a retention sweep (phase 'archive' or 'purge'), in its own transaction.
--- Candidates come in id order after `p_after` (the caller's cursor, so a sweep visits each once),
--- their rows taken with FOR UPDATE SKIP LOCKED: a worker committing there right now makes the
--- instance busy, never a wait. A candidate is then left alone when a position is locked or leased
--- (busy), when it has a PENDING, DEFERRED or CLAIMED command or a child that has not ended (active),
--- and, for a purge, when it holds
--- an outbox event not published yet (unsent) or dead-lettered (dead): there is no age at which
--- dropping an unsent event is right. A dry run decides the same and writes nothing. A purge takes the
--- instance's positions, commands, dedup keys and history; its published events are left to their own
--- window (`outbox_published`), which the sweep applies after the instances.
--- Lock order: instance rows (ascending id, SKIP LOCKED) -> their positions (SKIP LOCKED) -> commands
--- -> history -> outbox; nothing here waits for a row a worker holds (lock_timeout is the net).
-CREATE FUNCTION {{schema}}.retention_batch(p_phase text, p_limit integer, p_after uuid, p_dry_run boolean)
-RETURNS TABLE (last_id uuid, scanned integer, done integer, busy integer, active integer, unsent integer,
-               dead integer, done_ids uuid[])
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_min interval;
-    v_cands uuid[];
-    v_locked uuid[];
-    v_free uuid[];
-    v_ok uuid[];
-BEGIN
-    IF p_phase NOT IN ('archive', 'purge') THEN
-        RAISE EXCEPTION 'stepstone: unknown retention phase %', p_phase USING ERRCODE = '22023';
-    END IF;
-    PERFORM set_config('lock_timeout', '2s', true);
-    -- The shortest window of any policy bounds the scan.
-    SELECT min(CASE WHEN p_phase = 'archive' THEN r.retain_for ELSE r.purge_after END) INTO v_min
-    FROM {{schema}}.retention_policies r
-    WHERE r.status_class <> 'outbox_published' AND r.retain_for IS NOT NULL;
-    IF v_min IS NULL THEN
-        RETURN QUERY SELECT NULL::uuid, 0, 0, 0, 0, 0, 0, '{}'::uuid[];
-        RETURN;
-    END IF;
-    IF p_phase = 'archive' THEN
-        SELECT array_agg(x.id ORDER BY x.id) INTO v_cands FROM (
-            SELECT i.id FROM {{schema}}.instances i
-            CROSS JOIN LATERAL {{schema}}.retention_window(i.definition_id, {{schema}}.retention_class(i.status)) w
-            WHERE (p_after IS NULL OR i.id > p_after)
-              AND (i.archived_at IS NULL OR i.archived_at < COALESCE(i.ended_at, i.updated_at))
-              AND COALESCE(i.ended_at, i.updated_at) < v_now - v_min
-              AND COALESCE(i.ended_at, i.updated_at) < v_now - w.retain_for
-            ORDER BY i.id LIMIT p_limit) x;
-    ELSE
-        SELECT array_agg(x.id ORDER BY x.id) INTO v_cands FROM (
-            SELECT i.id FROM {{schema}}.instances i
-            CROSS JOIN LATERAL {{schema}}.retention_window(i.definition_id, {{schema}}.retention_class(i.status)) w
-            WHERE (p_after IS NULL OR i.id > p_after) AND i.archived_at IS NOT NULL
-              AND i.archived_at >= COALESCE(i.ended_at, i.updated_at)
-              AND i.archived_at < v_now - v_min
-              AND i.archived_at < v_now - w.purge_after
-              AND COALESCE(i.ended_at, i.updated_at) < v_now - w.retain_for
-            ORDER BY i.id LIMIT p_limit) x;
-    END IF;
-    IF v_cands IS NULL THEN
-        RETURN QUERY SELECT NULL::uuid, 0, 0, 0, 0, 0, 0, '{}'::uuid[];
-        RETURN;
-    END IF;
-    -- The try-lock: rows a worker (or another sweep) holds are skipped, never waited for.
-    SELECT array_agg(i.id ORDER BY i.id) INTO v_locked FROM (
-        SELECT i.id FROM {{schema}}.instances i WHERE i.id = ANY (v_cands) ORDER BY i.id
-        FOR UPDATE SKIP LOCKED) i;
-    v_locked := COALESCE(v_locked, '{}');
-    -- Busy: a position locked by a claim in progress (not all of them could be taken), or under a
-    -- live lease. Set-based: one pass over the batch's positions.
-    WITH taken AS (
-        SELECT p.instance_id, p.lease_until FROM {{schema}}.positions p
-        WHERE p.instance_id = ANY (v_locked) ORDER BY p.instance_id, p.path FOR UPDATE SKIP LOCKED
-    ), got AS (
-        SELECT t.instance_id, count(*) AS n, bool_or(t.lease_until > v_now) AS leased FROM taken t
-        GROUP BY t.instance_id
-    ), total AS (
-        SELECT p.instance_id, count(*) AS n FROM {{schema}}.positions p
-        WHERE p.instance_id = ANY (v_locked) GROUP BY p.instance_id
-    )
-    SELECT array_agg(l.id ORDER BY l.id) INTO v_free
-    FROM unnest(v_locked) AS l(id)
-    LEFT JOIN total ON total.instance_id = l.id
-    LEFT JOIN got ON got.instance_id = l.id
-    WHERE COALESCE(total.n, 0) = COALESCE(got.n, 0) AND NOT COALESCE(got.leased, false);
-    v_free := COALESCE(v_free, '{}');
-    -- Active: a command still to run, or a child that has not ended (it reports to this instance).
-    -- Then, for a purge, events a consumer has not had.
-    SELECT array_agg(f.id ORDER BY f.id) INTO v_ok FROM unnest(v_free) AS f(id)
-    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
-                      WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
-                      WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED'))
-      AND (p_phase = 'archive' OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox o
-                                              WHERE o.instance_id = f.id AND o.published_at IS NULL));
-    v_ok := COALESCE(v_ok, '{}');
-    last_id := v_cands[cardinality(v_cands)];
-    scanned := cardinality(v_cands);
-    done := cardinality(v_ok);
-    busy := cardinality(v_cands) - cardinality(v_free);
-    active := (SELECT count(*) FROM unnest(v_free) AS f(id)
-               WHERE EXISTS (SELECT 1 FROM {{schema}}.commands c
-                             WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
-                  OR EXISTS (SELECT 1 FROM {{schema}}.instances k
-                             WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED')));
-    unsent := 0;
-    dead := 0;
-    IF p_phase = 'purge' THEN
-        SELECT count(*) FILTER (WHERE NOT h.has_dead), count(*) FILTER (WHERE h.has_dead) INTO unsent, dead
-        FROM (SELECT f.id, bool_or(o.dead_at IS NOT NULL) AS has_dead
-              FROM unnest(v_free) AS f(id)
-              JOIN {{schema}}.outbox o ON o.instance_id = f.id AND o.published_at IS NULL
-              WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
-                                WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
-                AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
-                                WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED'))
-              GROUP BY f.id) h;
-    END IF;
-    done_ids := v_ok;
-    IF NOT p_dry_run AND cardinality(v_ok) > 0 THEN
-        IF p_phase = 'archive' THEN
-            UPDATE {{schema}}.instances i SET archived_at = v_now WHERE i.id = ANY (v_ok);
-        ELSE
-            DELETE FROM {{schema}}.positions p WHERE p.instance_id = ANY (v_ok);
-            DELETE FROM {{schema}}.commands c WHERE c.instance_id = ANY (v_ok);
-            DELETE FROM {{schema}}.dedup d
-            WHERE (d.kind = 'START' AND d.target = ANY (v_ok::text[]))
-               OR (d.kind = 'SIGNAL' AND d.namespace = ANY (v_ok::text[]));
-            DELETE FROM {{schema}}.history h WHERE h.instance_id = ANY (v_ok);
-            DELETE FROM {{schema}}.instances i WHERE i.id = ANY (v_ok);
-        END IF;
-    END IF;
-    RETURN NEXT;
-END $$;
+-- retention_batch changes here; its one definition is in the version 22 section.
 
 -- Published outbox rows past their window ('*', 'outbox_published'), oldest first, at most p_limit.
 -- Rows a relay holds are skipped. Returns how many went (or would go, in a dry run).
@@ -2986,13 +2722,11 @@ BEGIN
     RETURN v_n;
 END $$;
 
--- Replay (fork) an instance from a step of its history: a new attempt of that step with the state it
--- had there, the old path kept in history. Every open branch is closed (a fork re-entered opens fresh
--- ones), every open command but parked signals superseded, the root moved to `p_step` at a new visit
--- with a RETRY command, and INSTANCE_REPLAYED records it with the (redacted) state as a baseline.
--- `p_expected_seq` is the history length the caller computed the state from: a history that grew
--- since is refused ('changed'), so the state is never one computed from a stale history. An instance
--- that is running or waiting is refused ('active'): cancel it first.
+-- A replay of a saga that had ended (COMPENSATED, TIMED_OUT, or CANCELLED after compensating) or
+-- stopped (COMPENSATION_FAILED) runs the instance again. replay_instance answered "replayed" and wrote
+-- INSTANCE_REPLAYED, but left the instance's `saga` set, and while it is set only the saga may change
+-- the status: an ended saga stayed as it was and the step to run again was rejected (INSTANCE_ENDED);
+-- a stopped one read COMPENSATION_FAILED while it ran. replay_instance now ends the saga first.
 CREATE FUNCTION {{schema}}.replay_instance(p_instance uuid, p_step text, p_state jsonb, p_baseline jsonb,
                                            p_expected_seq integer, p_from_seq integer, p_actor text)
 RETURNS TABLE (outcome text, status text, visit integer)
@@ -3038,6 +2772,10 @@ BEGIN
                                      actor)
     VALUES (p_instance, '', nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', p_step, v_visit, v_now, v_now,
             p_actor);
+    -- The instance goes forward again: a saga it ran is over (its compensations stay recorded, and one
+    -- given up is owed by the next round, saga_owe_given_up). Cleared on its own first, since while
+    -- `saga` is set only the saga may change the status (instance_status_changed).
+    UPDATE {{schema}}.instances i SET saga = NULL WHERE i.id = p_instance AND i.saga IS NOT NULL;
     UPDATE {{schema}}.instances i SET status = 'RUNNING', state = p_state, state_version = i.state_version + 1,
         step = p_step, visit = v_visit, wait = NULL, error = NULL, branches = 0, ended_at = NULL,
         archived_at = NULL, history_seq = i.history_seq + 1, updated_at = v_now
@@ -3080,6 +2818,10 @@ BEGIN
     RETURN jsonb_set(p_doc, ARRAY[v_head], {{schema}}.redact_path(p_doc -> v_head, v_rest));
 END $$;
 
+-- The baseline's redaction read the sensitive paths of the registration in the instance's own scope,
+-- but an instance in a scope with no registration of its own runs the default scope's
+-- (definition_scope, set by the pin admission): it found no paths, and a sensitive input value was
+-- kept in the INSTANCE_STARTED entry. It now reads the registration the pin was admitted against.
 CREATE FUNCTION {{schema}}.redact_baseline() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -3089,7 +2831,8 @@ DECLARE
 BEGIN
     SELECT d.plan -> 'sensitive' INTO v_paths
     FROM {{schema}}.instances i
-    JOIN {{schema}}.definitions d ON d.scope = i.scope AND d.definition_id = i.definition_id AND d.version = i.version
+    JOIN {{schema}}.definitions d ON d.scope = COALESCE(i.definition_scope, i.scope)
+                                  AND d.definition_id = i.definition_id AND d.version = i.version
     WHERE i.id = NEW.instance_id;
     IF v_paths IS NULL OR jsonb_typeof(v_paths) <> 'array' OR NEW.data IS NULL OR NOT NEW.data ? 'state' THEN
         RETURN NEW;
@@ -3326,67 +3069,7 @@ CREATE FUNCTION {{schema}}.is_ended(p_status text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT p_status IN ('COMPLETED', 'FAILED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT', 'COMPENSATION_FAILED') $$;
 
--- Fire one schedule: p_ticks ([{"tick": ..., "id": ...}], oldest first) are the ticks the caller
--- computed from the row's next_fire_at (p_expected); p_next is the tick after them. Outcomes per
--- tick: started, skipped (overlap=skip and the previous instance still runs), duplicate (that
--- tick already started); or one row 'busy' (another worker holds the row) / 'moved' (the row
--- changed since it was read: paused, fired or edited).
-CREATE FUNCTION {{schema}}.fire_schedule(
-    p_name text, p_expected timestamptz, p_next timestamptz, p_ticks jsonb,
-    p_version integer, p_plan_hash text, p_step text, p_state jsonb)
-RETURNS TABLE (outcome text, instance_id uuid, tick timestamptz)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_s {{schema}}.schedules%ROWTYPE;
-    v_last uuid;
-    v_status text;
-    v_fired integer := 0;
-    v_skipped integer := 0;
-    v_id uuid;
-    v_tick timestamptz;
-    t record;
-BEGIN
-    SELECT * INTO v_s FROM {{schema}}.schedules s WHERE s.name = p_name FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'busy'::text, NULL::uuid, NULL::timestamptz;
-        RETURN;
-    END IF;
-    IF v_s.paused OR v_s.next_fire_at <> p_expected THEN
-        RETURN QUERY SELECT 'moved'::text, NULL::uuid, NULL::timestamptz;
-        RETURN;
-    END IF;
-    v_last := v_s.last_instance;
-    v_tick := v_s.last_tick;
-    FOR t IN SELECT x.tick, x.id FROM jsonb_to_recordset(p_ticks) AS x(tick timestamptz, id uuid) ORDER BY x.tick LOOP
-        IF v_last IS NOT NULL AND v_s.spec->>'overlap' <> 'allow' THEN
-            SELECT i.status INTO v_status FROM {{schema}}.instances i WHERE i.id = v_last;
-            IF v_status IS NOT NULL AND NOT {{schema}}.is_ended(v_status) THEN
-                IF v_s.spec->>'overlap' = 'skip' THEN
-                    v_skipped := v_skipped + 1;
-                    v_tick := t.tick;
-                    RETURN QUERY SELECT 'skipped'::text, v_last, t.tick;
-                    CONTINUE;
-                END IF;
-                PERFORM {{schema}}.cancel_instance(v_last, 'schedule ' || p_name || ': overlapped by its next tick',
-                                                  'schedule:' || p_name);
-            END IF;
-        END IF;
-        v_id := {{schema}}.start_instance(t.id, v_s.scope, v_s.definition_id, p_version, p_plan_hash, p_state, p_step,
-                                          NULL, 'schedule:' || p_name || ':' || (extract(epoch FROM t.tick) * 1000000)::bigint::text, 'schedule', NULL,
-                                          'schedule:' || p_name);
-        v_tick := t.tick;
-        IF v_id IS NULL THEN
-            RETURN QUERY SELECT 'duplicate'::text, t.id, t.tick;
-        ELSE
-            v_fired := v_fired + 1;
-            v_last := v_id;
-            RETURN QUERY SELECT 'started'::text, v_id, t.tick;
-        END IF;
-    END LOOP;
-    UPDATE {{schema}}.schedules s SET next_fire_at = p_next, last_tick = v_tick, last_instance = v_last,
-        fired = s.fired + v_fired, skipped = s.skipped + v_skipped, updated_at = {{schema}}.db_now()
-    WHERE s.name = p_name;
-END $$;
+-- fire_schedule changes here; its one definition is in the version 50 section.
 
 -- Flow control: at most max_running instances of a workflow run at once (per value of key_field
 -- when given: 'business_key' or a top-level state field), and starts at least min_interval_seconds
@@ -3474,14 +3157,15 @@ BEGIN
     RETURN v_admitted;
 END $$;
 
--- At commit of a transaction that inserted a START: admit the instance into its bucket, or hold it.
+-- flow_on_start read the clock before it knew there was a limit: now only when there is one (a start of a
+-- workflow without a flow limit, the common case, runs two index lookups and returns).
 CREATE FUNCTION {{schema}}.flow_on_start() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_inst record;
     v_lim {{schema}}.flow_limits%ROWTYPE;
     v_key text;
-    v_now timestamptz := {{schema}}.db_now();
+    v_now timestamptz;
 BEGIN
     SELECT i.scope, i.definition_id, i.business_key, i.state INTO v_inst
     FROM {{schema}}.instances i WHERE i.id = NEW.instance_id;
@@ -3490,6 +3174,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    v_now := {{schema}}.db_now();
     v_key := CASE WHEN v_lim.key_field IS NULL THEN ''
                   WHEN v_lim.key_field = 'business_key' THEN COALESCE(v_inst.business_key, '')
                   ELSE COALESCE(v_inst.state->>v_lim.key_field, '') END;
@@ -3651,60 +3336,9 @@ END $$;
 -- once per statement now, see queries.sql). docs/performance.md ("Commit path, round 2") has the
 -- measurements that chose these shapes.
 
--- Start an instance: idempotency key, instance row, root position, START command and the baseline
--- history entry, in one statement (one executor run instead of five). Returns the new id, or NULL when
--- the key was already used (the caller then reads the dedup row). The instance rows are written only
--- when there is no key or the key's row was inserted here.
-CREATE OR REPLACE FUNCTION {{schema}}.start_instance(
-    p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text,
-    p_state jsonb, p_step text, p_business_key text, p_key text, p_fingerprint text,
-    p_parent uuid, p_actor text)
-RETURNS uuid
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id uuid;
-BEGIN
-    WITH clock AS (
-        SELECT {{schema}}.db_now() AS now
-    ), key AS (
-        INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
-        SELECT 'START', p_scope || '/' || p_definition, p_key, p_fingerprint, p_id::text, clock.now FROM clock
-        WHERE p_key IS NOT NULL
-        ON CONFLICT DO NOTHING
-        RETURNING 1
-    ), go AS (
-        SELECT clock.now FROM clock WHERE p_key IS NULL OR EXISTS (SELECT 1 FROM key)
-    ), inst AS (
-        INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step,
-                                          visit, business_key, parent_id, next_seq, history_seq,
-                                          created_at, updated_at)
-        SELECT p_id, p_scope, p_definition, p_version, p_plan_hash, 'PENDING', p_state, p_step,
-               1, p_business_key, p_parent, 2, 1, go.now, go.now FROM go
-        RETURNING id
-    ), pos AS (
-        INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
-        SELECT p_id, '', 'RUNNING', p_step, 1, go.now, go.now FROM go
-    ), cmd AS (
-        INSERT INTO {{schema}}.commands (instance_id, definition, seq, kind, state, step, visit, dedup_key,
-                                         available_at, created_at)
-        SELECT p_id, p_definition, 1, 'START', 'PENDING', p_step, 1, p_key, go.now, go.now FROM go
-    ), hist AS (
-        INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-        SELECT p_id, 1, go.now, 'INSTANCE_STARTED', p_step, 1, p_actor,
-               jsonb_build_object('state', p_state) FROM go
-    )
-    SELECT inst.id FROM inst
-    INTO v_id;
-    RETURN v_id;
-END $$;
+-- start_instance changes here; its one definition is in the version 1 section.
 
--- The one clock, in plpgsql: the same expression as before, but its plan is kept for the session. As a
--- SQL-language function (not inlinable: it reads a table) it was parsed and planned again in every
--- statement that calls it, once per call site (a claim had nine): 10% of the server's CPU in the
--- throughput workload (perf: fmgr_sql -> raw_parser, pg_plan_query).
-CREATE OR REPLACE FUNCTION {{schema}}.db_now() RETURNS timestamptz
-LANGUAGE plpgsql STABLE PARALLEL SAFE
-AS $$ BEGIN RETURN now() + (SELECT offset_by FROM {{schema}}.clock); END $$;
+-- db_now changes here; its one definition is in the version 1 section.
 
 -- ==== version 13 (migration 0013_api_tokens) ====
 -- API tokens of the management HTTP API and the web UI (stepstone serve).
@@ -3787,29 +3421,7 @@ INSERT INTO {{schema}}.effect_sections VALUES ('redacted_payloads', 60, 'redact_
 -- commands -> the child's instance row -> the child's positions and commands -> compensations ->
 -- history. A child never waits on its parent's rows: it reports by inserting a command.
 
-CREATE OR REPLACE FUNCTION {{schema}}.tell_parent(p_child {{schema}}.instances, p_status text, p_message text,
-                                                  p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_for_saga boolean := coalesce(p_child.saga ? 'record', false);
-BEGIN
-    IF p_child.parent_id IS NULL THEN
-        RETURN;
-    END IF;
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, visit, payload, available_at,
-                                     created_at)
-    VALUES (p_child.parent_id, CASE WHEN v_for_saga THEN '$saga' ELSE COALESCE(p_child.parent_position, '') END,
-            nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION', 'PENDING',
-            CASE WHEN v_for_saga THEN 1 ELSE p_child.parent_visit END,
-            jsonb_build_object('child_id', p_child.id, 'status', p_status,
-                               'error', jsonb_build_object('type', initcap(p_status), 'message', p_message))
-            || CASE WHEN v_for_saga THEN (SELECT jsonb_build_object('record', k.id, 'step', k.step, 'visit', k.visit)
-                                          FROM {{schema}}.compensations k
-                                          WHERE k.id = (p_child.saga->>'record')::bigint)
-                    ELSE '{}'::jsonb END,
-            p_now, p_now);
-END $$;
+-- tell_parent changes here; its one definition is in the version 6 section.
 
 -- The children still open that go with their parent become the parent's newest compensations (in
 -- ascending child id order, so the highest id is undone first).
@@ -3832,171 +3444,15 @@ BEGIN
     ORDER BY c.id;
 END $$;
 
-CREATE OR REPLACE FUNCTION {{schema}}.saga_begin(p_instance uuid, p_cause text, p_reason text, p_actor text,
-                                                 p_now timestamptz, p_keep text, p_record bigint DEFAULT NULL)
-RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM {{schema}}.close_positions(p_instance, p_now, p_keep, true);
-    PERFORM {{schema}}.open_saga_position(p_instance, p_now);
-    PERFORM {{schema}}.settle_open_commands(p_instance, coalesce(p_reason, 'compensating: ' || p_cause), p_actor,
-                                            p_now);
-    -- (A completed child its parent compensates is reopened: ended_at is cleared.)
-    UPDATE {{schema}}.instances i SET branches = 0, wait = NULL, updated_at = p_now, ended_at = NULL,
-        saga = jsonb_strip_nulls(jsonb_build_object('cause', p_cause, 'reason', p_reason, 'actor', p_actor,
-                                                    'at', p_now, 'record', p_record))
-    WHERE i.id = p_instance;
-    PERFORM {{schema}}.record_open_children(p_instance, p_now);
-    RETURN {{schema}}.saga_next(p_instance, p_now, p_actor);
-END $$;
+-- saga_begin changes here; its one definition is in the version 6 section.
 
-CREATE OR REPLACE FUNCTION {{schema}}.compensate_child(p_child uuid, p_record bigint, p_actor text, p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_child {{schema}}.instances%ROWTYPE;
-BEGIN
-    SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = p_child FOR UPDATE;
-    IF v_child.status IN ('COMPLETED', 'PENDING', 'RUNNING', 'WAITING', 'FAILED') THEN
-        -- Completed, or still open: cancel with compensation (a running handler's commit is refused).
-        PERFORM {{schema}}.saga_begin(p_child, 'parent', 'the parent compensates', p_actor, p_now, NULL, p_record);
-    ELSIF v_child.status = 'COMPENSATING' THEN
-        -- It compensates on its own already: it reports to this saga when it ends.
-        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record)
-        WHERE i.id = p_child;
-    ELSIF v_child.status = 'COMPENSATION_FAILED' THEN
-        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record), error = NULL
-        WHERE i.id = p_child;
-        UPDATE {{schema}}.positions p SET status = 'SAGA' WHERE p.instance_id = p_child AND p.path = '$saga';
-        UPDATE {{schema}}.compensations k SET status = 'PENDING'
-        WHERE k.id IN (SELECT y.id FROM {{schema}}.compensations y
-                       WHERE y.instance_id = p_child AND y.status = 'FAILED' ORDER BY y.id FOR UPDATE);
-        PERFORM {{schema}}.saga_next(p_child, p_now, p_actor);
-    ELSE
-        v_child.saga := jsonb_build_object('cause', 'parent', 'record', p_record);
-        PERFORM {{schema}}.tell_parent(v_child, COALESCE(v_child.status, 'MISSING'), 'the child had ended', p_now);
-    END IF;
-END $$;
+-- compensate_child changes here; its one definition is in the version 6 section.
 
-CREATE OR REPLACE FUNCTION {{schema}}.saga_next(p_instance uuid, p_now timestamptz, p_actor text)
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_rec {{schema}}.compensations%ROWTYPE;
-    v_final text;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance;
-    SELECT * INTO v_rec FROM {{schema}}.compensations k
-    WHERE k.instance_id = p_instance AND k.status = 'PENDING' ORDER BY k.id DESC LIMIT 1 FOR UPDATE;
-    IF FOUND THEN
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, payload,
-                                         available_at, created_at)
-        VALUES (p_instance, '$saga', nextval('{{schema}}.command_seq'), 'COMPENSATE', 'PENDING', v_rec.step,
-                v_rec.visit, jsonb_build_object('record', v_rec.id, 'step', v_rec.step, 'position', v_rec.position,
-                                                'visit', v_rec.visit, 'recorded', v_rec.recorded,
-                                                'cause', v_inst.saga->>'cause'),
-                p_now, p_now);
-        UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = p_instance;
-        RETURN 'COMPENSATING';
-    END IF;
-    -- By why it compensated: a failure (or a parent's saga) undone, a cancel, a deadline.
-    v_final := CASE v_inst.saga->>'cause' WHEN 'cancelled' THEN 'CANCELLED' WHEN 'timed_out' THEN 'TIMED_OUT'
-                                          ELSE 'COMPENSATED' END;
-    UPDATE {{schema}}.positions p SET status = 'COMPLETED', lease_token = NULL, lease_until = NULL,
-        lease_owner = NULL, updated_at = p_now
-    WHERE p.instance_id = p_instance AND p.path = '$saga';
-    UPDATE {{schema}}.commands c SET state = 'REJECTED', token = NULL, settled_at = p_now,
-        last_error = 'INSTANCE_ENDED'
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'PARKED', 'DEAD')
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.instances i SET status = v_final, wait = NULL, updated_at = p_now, ended_at = p_now
-    WHERE i.id = p_instance;
-    PERFORM {{schema}}.saga_history(
-        p_instance, 'INSTANCE_' || v_final, NULL, NULL, NULL, NULL, p_actor,
-        jsonb_build_object('cause', v_inst.saga->>'cause',
-                           'compensated', (SELECT coalesce(jsonb_agg(k.step ORDER BY k.compensated_at, k.id), '[]')
-                                           FROM {{schema}}.compensations k
-                                           WHERE k.instance_id = p_instance AND k.status = 'COMPENSATED')),
-        p_now);
-    -- A child that timed out or was cancelled tells its parent (a failure told it when the step failed),
-    -- and so does a child its parent's saga waits on.
-    IF v_inst.saga->>'cause' <> 'failed' OR v_inst.saga ? 'record' THEN
-        PERFORM {{schema}}.tell_parent(v_inst, v_final, coalesce(v_inst.saga->>'reason', v_final), p_now);
-    END IF;
-    RETURN v_final;
-END $$;
+-- saga_next changes here; its one definition is in the version 6 section.
 
-CREATE OR REPLACE FUNCTION {{schema}}.advance_saga(p_commit jsonb, p_items jsonb, p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id uuid := (p_commit->>'instance')::uuid;
-    v_actor text := p_commit->>'actor';
-    x jsonb;
-BEGIN
-    FOR x IN SELECT jsonb_array_elements(p_items) LOOP
-        IF x->>'op' = 'begin' THEN
-            PERFORM {{schema}}.saga_begin(v_id, x->>'cause', NULL, v_actor, p_now, p_commit->>'position');
-            CONTINUE;
-        ELSIF x->>'op' = 'compensate_child' THEN
-            PERFORM {{schema}}.compensate_child((x->>'child')::uuid, (x->>'record')::bigint, v_actor, p_now);
-            UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
-            CONTINUE;
-        END IF;
-        UPDATE {{schema}}.compensations k SET
-            attempts = k.attempts + 1,
-            status = CASE x->>'op' WHEN 'done' THEN 'COMPENSATED' WHEN 'exhausted' THEN 'FAILED' ELSE k.status END,
-            last_error = CASE WHEN x->>'op' = 'done' THEN k.last_error ELSE x->'error' END,
-            compensated_at = CASE WHEN x->>'op' = 'done' THEN p_now END
-        WHERE k.id = (x->>'record')::bigint AND k.instance_id = v_id AND k.status = 'PENDING';
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'stepstone: compensation % of instance % is not pending', x->>'record', v_id
-                USING ERRCODE = 'P0001';
-        END IF;
-        IF x->>'op' = 'done' THEN
-            PERFORM {{schema}}.saga_next(v_id, p_now, v_actor);
-        ELSIF x->>'op' = 'exhausted' THEN
-            UPDATE {{schema}}.instances i SET status = 'COMPENSATION_FAILED', updated_at = p_now,
-                error = jsonb_build_object('type', 'CompensationFailed', 'record', (x->>'record')::bigint,
-                                           'error', x->'error', 'attempts', (x->>'attempts')::integer)
-            WHERE i.id = v_id;
-            IF (SELECT i.saga ? 'record' FROM {{schema}}.instances i WHERE i.id = v_id) THEN
-                PERFORM {{schema}}.tell_parent(i, 'COMPENSATION_FAILED', x->'error'->>'message', p_now)
-                FROM {{schema}}.instances i WHERE i.id = v_id;
-            END IF;
-        ELSE
-            UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
-        END IF;
-    END LOOP;
-END $$;
+-- advance_saga changes here; its one definition is in the version 6 section.
 
--- Step deadlines on waits and timers too, and on the start step. A position interrupted at a wait or
--- a timer is left by its TIMER 'step_deadline' like a running one (core/saga.py).
-CREATE OR REPLACE FUNCTION {{schema}}.interrupt_steps(p_commit jsonb, p_items jsonb, p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id uuid := (p_commit->>'instance')::uuid;
-    x jsonb;
-BEGIN
-    FOR x IN SELECT jsonb_array_elements(p_items) LOOP
-        UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL,
-            updated_at = p_now
-        WHERE p.instance_id = v_id AND p.path = x->>'position' AND p.step = x->>'step'
-          AND p.visit = (x->>'visit')::integer AND p.status IN ('RUNNING', 'WAITING');
-        IF NOT FOUND THEN
-            CONTINUE;  -- the step finished (or the position moved on) in time
-        END IF;
-        PERFORM {{schema}}.settle_open_commands(v_id, 'step deadline', p_commit->>'actor', p_now, x->>'position',
-                                                ARRAY['START', 'STEP', 'RETRY'], 'STEP_DEADLINE');
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, available_at,
-                                         created_at)
-        VALUES (v_id, x->>'position', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step',
-                (x->>'visit')::integer, 'step_deadline', p_now, p_now);
-    END LOOP;
-END $$;
+-- interrupt_steps changes here; its one definition is in the version 6 section.
 
 -- The start's timers, in the start's own statement: the instance deadline (schedule_deadline) and the
 -- start step's deadline (`p_step` entered at visit 1 on the root position; its TIMER queues on '$saga'
@@ -4235,7 +3691,7 @@ BEGIN
     RETURN QUERY SELECT r.outcome, v_target, v_started, r.command_id, r.status;
 END $$;
 
-CREATE OR REPLACE FUNCTION {{schema}}.start_or_signal(
+CREATE FUNCTION {{schema}}.start_or_signal(
     p_id uuid, p_scope text, p_definition text, p_version integer, p_plan_hash text, p_state jsonb,
     p_step text, p_business_key text, p_start_fingerprint text, p_actor text, p_signal text, p_payload jsonb,
     p_dedup_key text, p_signal_fingerprint text)
@@ -4374,7 +3830,7 @@ BEGIN
     RETURN NEXT;
 END $$;
 
-CREATE OR REPLACE FUNCTION {{schema}}.retention_batch(p_phase text, p_limit integer, p_after uuid, p_dry_run boolean)
+CREATE FUNCTION {{schema}}.retention_batch(p_phase text, p_limit integer, p_after uuid, p_dry_run boolean)
 RETURNS TABLE (last_id uuid, scanned integer, done integer, busy integer, active integer, unsent integer,
                dead integer, done_ids uuid[])
 LANGUAGE sql AS $$
@@ -4435,18 +3891,7 @@ BEGIN
     RETURN v_row.scope;
 END $$;
 
--- The trigger keeps its behaviour and now calls the one check.
-CREATE OR REPLACE FUNCTION {{schema}}.admit_pin() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'UPDATE' AND NEW.definition_id = OLD.definition_id AND NEW.version = OLD.version
-       AND NEW.plan_hash = OLD.plan_hash AND NEW.scope = OLD.scope THEN
-        RETURN NEW;
-    END IF;
-    NEW.definition_scope := COALESCE({{schema}}.admitted_scope(NEW.definition_id, NEW.version, NEW.plan_hash,
-                                                               NEW.scope), NEW.definition_scope);
-    RETURN NEW;
-END $$;
+-- admit_pin changes here; its one definition is in the version 8 section.
 
 -- Each trigger below reads the setting inline: a trigger's WHEN is not planned, so a SQL function there
 -- would be run through the function manager for every row (no inlining), which costs more than the
@@ -4564,69 +4009,9 @@ BEGIN
 END $$;
 
 
--- flow_on_start read the clock before it knew there was a limit: now only when there is one (a start of a
--- workflow without a flow limit, the common case, runs two index lookups and returns).
-CREATE OR REPLACE FUNCTION {{schema}}.flow_on_start() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_inst record;
-    v_lim {{schema}}.flow_limits%ROWTYPE;
-    v_key text;
-    v_now timestamptz;
-BEGIN
-    SELECT i.scope, i.definition_id, i.business_key, i.state INTO v_inst
-    FROM {{schema}}.instances i WHERE i.id = NEW.instance_id;
-    SELECT * INTO v_lim FROM {{schema}}.flow_limits l
-    WHERE l.scope = v_inst.scope AND l.definition_id = v_inst.definition_id;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
-    v_now := {{schema}}.db_now();
-    v_key := CASE WHEN v_lim.key_field IS NULL THEN ''
-                  WHEN v_lim.key_field = 'business_key' THEN COALESCE(v_inst.business_key, '')
-                  ELSE COALESCE(v_inst.state->>v_lim.key_field, '') END;
-    INSERT INTO {{schema}}.flow_slots (scope, definition_id, key_value) VALUES (v_inst.scope, v_inst.definition_id, v_key)
-    ON CONFLICT DO NOTHING;
-    PERFORM 1 FROM {{schema}}.flow_slots s
-    WHERE s.scope = v_inst.scope AND s.definition_id = v_inst.definition_id AND s.key_value = v_key FOR UPDATE;
-    UPDATE {{schema}}.instances i SET flow_key = v_key WHERE i.id = NEW.instance_id;
-    UPDATE {{schema}}.commands c SET state = 'DEFERRED', available_at = {{schema}}.flow_held_until(),
-        last_error = 'FLOW_HELD: waiting for a slot of the concurrency or rate limit'
-    WHERE c.id = NEW.id AND c.state = 'PENDING';
-    IF FOUND THEN
-        INSERT INTO {{schema}}.flow_queue (instance_id, scope, definition_id, key_value, queued_at)
-        VALUES (NEW.instance_id, v_inst.scope, v_inst.definition_id, v_key, v_now);
-        PERFORM {{schema}}.flow_admit_queued(v_inst.scope, v_inst.definition_id, v_key, v_now);
-    END IF;
-    RETURN NULL;
-END $$;
+-- flow_on_start changes here; its one definition is in the version 11 section.
 
--- The baseline's redaction read the sensitive paths of the registration in the instance's own scope,
--- but an instance in a scope with no registration of its own runs the default scope's
--- (definition_scope, set by the pin admission): it found no paths, and a sensitive input value was
--- kept in the INSTANCE_STARTED entry. It now reads the registration the pin was admitted against.
-CREATE OR REPLACE FUNCTION {{schema}}.redact_baseline() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_paths jsonb;
-    v_path jsonb;
-    v_state jsonb;
-BEGIN
-    SELECT d.plan -> 'sensitive' INTO v_paths
-    FROM {{schema}}.instances i
-    JOIN {{schema}}.definitions d ON d.scope = COALESCE(i.definition_scope, i.scope)
-                                  AND d.definition_id = i.definition_id AND d.version = i.version
-    WHERE i.id = NEW.instance_id;
-    IF v_paths IS NULL OR jsonb_typeof(v_paths) <> 'array' OR NEW.data IS NULL OR NOT NEW.data ? 'state' THEN
-        RETURN NEW;
-    END IF;
-    v_state := NEW.data -> 'state';
-    FOR v_path IN SELECT jsonb_array_elements(v_paths) LOOP
-        v_state := {{schema}}.redact_path(v_state, ARRAY(SELECT jsonb_array_elements_text(v_path)));
-    END LOOP;
-    NEW.data := jsonb_set(NEW.data, '{state}', v_state);
-    RETURN NEW;
-END $$;
+-- redact_baseline changes here; its one definition is in the version 9 section.
 
 -- ==== version 24 (migration 0024_commands_fillfactor) ====
 -- Commands fill their pages. Their rows are never updated in place (HOT): every claim and settle
@@ -4637,97 +4022,7 @@ END $$;
 ALTER TABLE {{schema}}.commands SET (fillfactor = 100);
 
 -- ==== version 25 (migration 0025_migration_keeps_join_progress) ====
--- A migration no longer loses a join's progress. A fork's position waits with its join's counts
--- (`{"kind": "join", "total", "need", "done", ...}`), and the migration wrote back the wait as its
--- caller had read it, with the target's join name. A branch that reported between that read and the
--- migration (its BRANCH_DONE changes the fork's wait but not the position's step, visit or status,
--- which is all the fence compares) was forgotten: the join waited for a branch that had already
--- come, and the instance never ended (tests/registry/test_migration_branches.py, under load, about
--- one run in three on the local PostgreSQL 15). The fork's wait now keeps the row's own counts,
--- read under the row lock, and takes only the join's name from the caller.
-CREATE OR REPLACE FUNCTION {{schema}}.migrate_instance(
-    p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
-    p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
-RETURNS TABLE (outcome text, command_id bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_id bigint;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::bigint;
-        RETURN;
-    END IF;
-    IF v_inst.version = p_to_version AND v_inst.plan_hash = p_to_hash THEN
-        RETURN QUERY SELECT 'already', NULL::bigint;
-        RETURN;
-    END IF;
-    IF v_inst.version <> p_from_version OR v_inst.plan_hash <> p_from_hash
-       OR v_inst.state_version <> p_state_version THEN
-        RETURN QUERY SELECT 'changed', NULL::bigint;
-        RETURN;
-    END IF;
-    IF v_inst.status IN ('COMPLETED', 'CANCELLED') THEN
-        RETURN QUERY SELECT 'ended', NULL::bigint;
-        RETURN;
-    END IF;
-    PERFORM 1 FROM {{schema}}.positions p WHERE p.instance_id = p_instance ORDER BY p.path FOR UPDATE;
-    IF (SELECT count(*) FROM {{schema}}.positions p WHERE p.instance_id = p_instance)
-           <> jsonb_array_length(p_positions)
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_positions) e
-                  LEFT JOIN {{schema}}.positions p ON p.instance_id = p_instance AND p.path = e->>'path'
-                  WHERE p.path IS NULL OR p.step IS DISTINCT FROM e->>'step' OR p.visit <> (e->>'visit')::integer
-                     OR p.status <> e->>'status') THEN
-        RETURN QUERY SELECT 'changed', NULL::bigint;
-        RETURN;
-    END IF;
-    IF EXISTS (SELECT 1 FROM {{schema}}.positions p
-               WHERE p.instance_id = p_instance AND p.lease_until IS NOT NULL AND p.lease_until > v_now)
-       OR EXISTS (SELECT 1 FROM {{schema}}.commands c
-                  WHERE c.instance_id = p_instance AND c.state = 'CLAIMED' AND c.available_at > v_now) THEN
-        RETURN QUERY SELECT 'busy', NULL::bigint;
-        RETURN;
-    END IF;
-    UPDATE {{schema}}.positions p SET
-        step = e->>'to_step',
-        wait = CASE WHEN e->'to_wait' = 'null'::jsonb THEN p.wait
-                    -- a fork's: its own progress (a branch may have reported since the read), the new join
-                    WHEN p.wait->>'kind' = 'join' AND e->'to_wait'->>'kind' = 'join'
-                        THEN p.wait || jsonb_build_object('join', e->'to_wait'->'join')
-                    ELSE e->'to_wait' END,
-        updated_at = v_now
-    FROM jsonb_array_elements(p_positions) e
-    WHERE p.instance_id = p_instance AND p.path = e->>'path' AND e ? 'to_step';
-    UPDATE {{schema}}.commands c SET step = p_step_map->>c.step
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
-                     AND x.step IS NOT NULL AND p_step_map ? x.step
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.instances i SET
-        version = p_to_version, plan_hash = p_to_hash, state = p_state,
-        state_version = i.state_version + 1,
-        step = COALESCE((SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
-                        i.step),
-        history_seq = i.history_seq + 1, updated_at = v_now
-    WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, payload, available_at, created_at,
-                                     settled_at)
-    VALUES (p_instance, '', nextval('{{schema}}.command_seq'), 'MIGRATION', 'COMPLETE',
-            jsonb_build_object('from_version', p_from_version, 'to_version', p_to_version,
-                               'to_plan_hash', p_to_hash, 'step_map', p_step_map),
-            v_now, v_now, v_now)
-    RETURNING id INTO v_id;
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data)
-    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_MIGRATED',
-            (SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
-            v_inst.visit, v_id, p_actor,
-            jsonb_build_object('from_version', p_from_version, 'from_plan_hash', p_from_hash,
-                               'to_version', p_to_version, 'to_plan_hash', p_to_hash,
-                               'step_map', p_step_map, 'positions', p_positions, 'state', p_state));
-    RETURN QUERY SELECT 'migrated', v_id;
-END $$;
+-- migrate_instance changes here; its one definition is in the version 8 section.
 
 -- ==== version 26 (migration 0026_drop_superseded_queue_index) ====
 -- The per-instance queue index of version 1 (commands_queue) is gone: commands_position_queue
@@ -5030,142 +4325,9 @@ CREATE FUNCTION {{schema}}.is_terminal(p_status text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT p_status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') $$;
 
-CREATE OR REPLACE FUNCTION {{schema}}.migrate_instance(
-    p_instance uuid, p_from_version integer, p_from_hash text, p_state_version bigint,
-    p_to_version integer, p_to_hash text, p_step_map jsonb, p_positions jsonb, p_state jsonb, p_actor text)
-RETURNS TABLE (outcome text, command_id bigint)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_id bigint;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::bigint;
-        RETURN;
-    END IF;
-    IF v_inst.version = p_to_version AND v_inst.plan_hash = p_to_hash THEN
-        RETURN QUERY SELECT 'already', NULL::bigint;
-        RETURN;
-    END IF;
-    IF v_inst.version <> p_from_version OR v_inst.plan_hash <> p_from_hash
-       OR v_inst.state_version <> p_state_version THEN
-        RETURN QUERY SELECT 'changed', NULL::bigint;
-        RETURN;
-    END IF;
-    IF {{schema}}.is_terminal(v_inst.status) THEN
-        RETURN QUERY SELECT 'ended', NULL::bigint;
-        RETURN;
-    END IF;
-    PERFORM 1 FROM {{schema}}.positions p WHERE p.instance_id = p_instance ORDER BY p.path FOR UPDATE;
-    IF (SELECT count(*) FROM {{schema}}.positions p WHERE p.instance_id = p_instance)
-           <> jsonb_array_length(p_positions)
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(p_positions) e
-                  LEFT JOIN {{schema}}.positions p ON p.instance_id = p_instance AND p.path = e->>'path'
-                  WHERE p.path IS NULL OR p.step IS DISTINCT FROM e->>'step' OR p.visit <> (e->>'visit')::integer
-                     OR p.status <> e->>'status') THEN
-        RETURN QUERY SELECT 'changed', NULL::bigint;
-        RETURN;
-    END IF;
-    IF EXISTS (SELECT 1 FROM {{schema}}.positions p
-               WHERE p.instance_id = p_instance AND p.lease_until IS NOT NULL AND p.lease_until > v_now)
-       OR EXISTS (SELECT 1 FROM {{schema}}.commands c
-                  WHERE c.instance_id = p_instance AND c.state = 'CLAIMED' AND c.available_at > v_now) THEN
-        RETURN QUERY SELECT 'busy', NULL::bigint;
-        RETURN;
-    END IF;
-    UPDATE {{schema}}.positions p SET
-        step = e->>'to_step',
-        wait = CASE WHEN e->'to_wait' = 'null'::jsonb THEN p.wait
-                    -- a fork's: its own progress (a branch may have reported since the read), the new join
-                    WHEN p.wait->>'kind' = 'join' AND e->'to_wait'->>'kind' = 'join'
-                        THEN p.wait || jsonb_build_object('join', e->'to_wait'->'join')
-                    ELSE e->'to_wait' END,
-        updated_at = v_now
-    FROM jsonb_array_elements(p_positions) e
-    WHERE p.instance_id = p_instance AND p.path = e->>'path' AND e ? 'to_step';
-    UPDATE {{schema}}.commands c SET step = p_step_map->>c.step
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
-                     AND x.step IS NOT NULL AND p_step_map ? x.step
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.instances i SET
-        version = p_to_version, plan_hash = p_to_hash, state = p_state,
-        state_version = i.state_version + 1,
-        step = COALESCE((SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
-                        i.step),
-        history_seq = i.history_seq + 1, updated_at = v_now
-    WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, payload, available_at, created_at,
-                                     settled_at)
-    VALUES (p_instance, '', nextval('{{schema}}.command_seq'), 'MIGRATION', 'COMPLETE',
-            jsonb_build_object('from_version', p_from_version, 'to_version', p_to_version,
-                               'to_plan_hash', p_to_hash, 'step_map', p_step_map),
-            v_now, v_now, v_now)
-    RETURNING id INTO v_id;
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, command_id, actor, data)
-    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_MIGRATED',
-            (SELECT p.step FROM {{schema}}.positions p WHERE p.instance_id = p_instance AND p.path = ''),
-            v_inst.visit, v_id, p_actor,
-            jsonb_build_object('from_version', p_from_version, 'from_plan_hash', p_from_hash,
-                               'to_version', p_to_version, 'to_plan_hash', p_to_hash,
-                               'step_map', p_step_map, 'positions', p_positions, 'state', p_state));
-    RETURN QUERY SELECT 'migrated', v_id;
-END $$;
+-- migrate_instance changes here; its one definition is in the version 8 section.
 
-CREATE OR REPLACE FUNCTION {{schema}}.signal_position(
-    p_instance uuid, p_position text, p_name text, p_payload jsonb, p_dedup_key text, p_fingerprint text,
-    p_actor text)
-RETURNS TABLE (outcome text, command_id bigint, status text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_id bigint;
-    v_prior record;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::text;
-        RETURN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM {{schema}}.definitions d
-                   WHERE d.scope IN (v_inst.scope, v_inst.definition_scope)
-                     AND d.definition_id = v_inst.definition_id
-                     AND d.version = v_inst.version AND d.plan->'signals' ? p_name) THEN
-        RETURN QUERY SELECT 'unknown_signal', NULL::bigint, v_inst.status;
-        RETURN;
-    END IF;
-    IF p_position <> '' AND NOT EXISTS (SELECT 1 FROM {{schema}}.positions p
-                                        WHERE p.instance_id = p_instance AND p.path = p_position) THEN
-        RETURN QUERY SELECT 'no_position', NULL::bigint, v_inst.status;
-        RETURN;
-    END IF;
-    IF p_dedup_key IS NOT NULL THEN
-        SELECT x.fingerprint, x.target INTO v_prior FROM {{schema}}.dedup x
-        WHERE x.kind = 'SIGNAL' AND x.namespace = p_instance::text AND x.key = p_dedup_key;
-        IF FOUND THEN
-            RETURN QUERY SELECT CASE WHEN v_prior.fingerprint = p_fingerprint THEN 'duplicate' ELSE 'conflict' END,
-                                v_prior.target::bigint, v_inst.status;
-            RETURN;
-        END IF;
-    END IF;
-    IF {{schema}}.is_terminal(v_inst.status) THEN
-        RETURN QUERY SELECT 'ended', NULL::bigint, v_inst.status;
-        RETURN;
-    END IF;
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, name, payload, dedup_key,
-                                     available_at, created_at)
-    VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'SIGNAL', 'PENDING', p_name, p_payload,
-            p_dedup_key, v_now, v_now)
-    RETURNING id INTO v_id;
-    IF p_dedup_key IS NOT NULL THEN
-        INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
-        VALUES ('SIGNAL', p_instance::text, p_dedup_key, p_fingerprint, v_id::text, v_now);
-    END IF;
-    RETURN QUERY SELECT 'recorded', v_id, v_inst.status;
-END $$;
+-- signal_position changes here; its one definition is in the version 2 section.
 
 -- ==== version 45 (migration 0045_one_test_of_archived) ====
 -- One test of "archived", for every list and count: why, the migration's header.
@@ -5211,119 +4373,10 @@ BEGIN
 END $$;
 
 -- ==== version 47 (migration 0047_branch_first_step_deadlines) ====
--- Step deadlines on the first step of a fork's branches, which the fork schedules: why, the migration's
--- header.
-CREATE OR REPLACE FUNCTION {{schema}}.schedule_step_deadlines(p_commit jsonb, p_items jsonb, p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id uuid := (p_commit->>'instance')::uuid;
-BEGIN
-    PERFORM {{schema}}.open_saga_position(v_id, p_now);
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                     available_at, created_at)
-    SELECT v_id, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', x->>'step', t.visit,
-           'step_deadline', jsonb_build_object('position', t.path, 'step', x->>'step', 'visit', t.visit),
-           p_now + make_interval(secs => (x->>'seconds')::float8), p_now
-    FROM jsonb_array_elements(p_items) AS x
-    CROSS JOIN LATERAL (
-        -- A branch the commit opened: the visit open_branches gave it (1, or the next on a fork's rerun).
-        SELECT COALESCE(x->>'position', p_commit->>'position') AS path,
-               COALESCE((x->>'visit')::integer,
-                        (SELECT p.visit FROM {{schema}}.positions p
-                         WHERE p.instance_id = v_id AND p.path = x->>'position' AND p.step = x->>'step'
-                           AND p.status = 'RUNNING')) AS visit
-    ) AS t
-    WHERE t.visit IS NOT NULL;
-END $$;
+-- schedule_step_deadlines changes here; its one definition is in the version 6 section.
 
 -- ==== version 48 (migration 0048_children_already_ended) ====
--- A child step that runs again at the same visit names the same child;
--- start_children now tells the parent at once of one that has already ended; why: the migration's header.
--- Start the children a step asked for, in that step's commit. The id is derived from the parent
--- position's step visit, so a second insert of the same child does nothing. When the step ran again at
--- the same visit (a retried parent) and its child is already there, the child starts no second time: a
--- child that has not ended reports when it ends, as before; one that has ended, or that reported a
--- failure it now compensates, will never report again, so the parent position is told its end at once
--- (a CHILD_COMPLETION with the payload the child's own report carries: COMPLETED with its final state,
--- redacted at its definition's sensitive paths, else its status and error), unless such a report
--- already waits in the position's queue.
-CREATE OR REPLACE FUNCTION {{schema}}.start_children(p_instance uuid, p_position text, p_visit integer,
-                                                     p_children jsonb, p_now timestamptz, p_actor text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_scope text;
-    v_child {{schema}}.instances%ROWTYPE;
-    v_status text;
-    v_state jsonb;
-    v_paths jsonb;
-    v_path jsonb;
-    v_payload jsonb;
-    c jsonb;
-BEGIN
-    SELECT i.scope INTO v_scope FROM {{schema}}.instances i WHERE i.id = p_instance;
-    FOR c IN SELECT jsonb_array_elements(p_children) ORDER BY 1 LOOP
-        INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step, visit,
-                                          parent_id, parent_position, parent_visit, cancel_with_parent,
-                                          next_seq, history_seq, created_at, updated_at)
-        VALUES ((c->>'id')::uuid, v_scope, c->>'definition_id', (c->>'version')::integer, c->>'plan_hash',
-                'PENDING', c->'state', c->>'step', 1, p_instance, p_position, p_visit,
-                (c->>'cancel_with_parent')::boolean, 2, 1, p_now, p_now)
-        ON CONFLICT (id) DO NOTHING;
-        IF FOUND THEN
-            INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
-            VALUES ((c->>'id')::uuid, '', 'RUNNING', c->>'step', 1, p_now, p_now);
-            INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at,
-                                             created_at)
-            VALUES ((c->>'id')::uuid, '', 1, 'START', 'PENDING', c->>'step', 1, p_now, p_now);
-            INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-            VALUES ((c->>'id')::uuid, 1, p_now, 'INSTANCE_STARTED', c->>'step', 1, p_actor,
-                    jsonb_build_object('state', c->'state', 'parent', p_instance, 'parent_position', p_position));
-            CONTINUE;
-        END IF;
-        -- No lock on the child: it never waits on its parent, and a child ending meanwhile has queued its
-        -- report in the same transaction that ended it, which the check below then sees.
-        SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = (c->>'id')::uuid AND i.parent_id = p_instance;
-        IF NOT FOUND THEN
-            CONTINUE;
-        END IF;
-        v_status := CASE WHEN {{schema}}.is_ended(v_child.status) THEN v_child.status
-                         WHEN v_child.status = 'COMPENSATING' AND v_child.saga->>'cause' = 'failed'
-                              AND NOT v_child.saga ? 'record' THEN 'FAILED' END;
-        IF v_status IS NULL OR EXISTS (
-            SELECT 1 FROM {{schema}}.commands x
-            WHERE x.instance_id = p_instance AND x.position = p_position AND x.kind = 'CHILD_COMPLETION'
-              AND x.state IN ('PENDING', 'DEFERRED', 'PARKED') AND x.payload->>'child_id' = v_child.id::text) THEN
-            CONTINUE;
-        END IF;
-        IF v_status = 'COMPLETED' THEN
-            v_state := v_child.state;
-            SELECT d.plan -> 'sensitive' INTO v_paths FROM {{schema}}.definitions d
-            WHERE d.scope = COALESCE(v_child.definition_scope, v_child.scope)
-              AND d.definition_id = v_child.definition_id AND d.version = v_child.version;
-            IF jsonb_typeof(v_paths) = 'array' THEN
-                FOR v_path IN SELECT jsonb_array_elements(v_paths) LOOP
-                    v_state := {{schema}}.redact_path(v_state, ARRAY(SELECT jsonb_array_elements_text(v_path)));
-                END LOOP;
-            END IF;
-            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'state', v_state);
-        ELSE
-            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'error', jsonb_strip_nulls(
-                jsonb_build_object(
-                    'step', v_child.error->>'step',
-                    'type', COALESCE(v_child.error->>'type', initcap(v_status)),
-                    'message', 'already ' || v_child.status || ' when the step ran again'
-                               || CASE WHEN v_child.status IN ('FAILED', 'COMPENSATION_FAILED')
-                                       THEN ' (retry the child first, then this instance)' ELSE '' END
-                               || COALESCE(': ' || COALESCE(v_child.error->>'message', v_child.saga->>'reason'), ''))));
-        END IF;
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, visit, payload, available_at,
-                                         created_at)
-        VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION', 'PENDING', p_visit,
-                v_payload, p_now, p_now);
-    END LOOP;
-END $$;
+-- start_children changes here; its one definition is in the version 2 section.
 
 -- ==== version 49 (migration 0049_task_fixes) ====
 -- close_position_waits (with the tasks' functions above) cancels a cancelled position's external tasks
@@ -5361,129 +4414,13 @@ LANGUAGE sql AS $$
                    WHERE y.instance_id = p_instance AND y.status = 'FAILED' ORDER BY y.id FOR UPDATE);
 $$;
 
-CREATE OR REPLACE FUNCTION {{schema}}.saga_begin(p_instance uuid, p_cause text, p_reason text, p_actor text,
-                                                 p_now timestamptz, p_keep text, p_record bigint DEFAULT NULL)
-RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM {{schema}}.close_positions(p_instance, p_now, p_keep, true);
-    PERFORM {{schema}}.open_saga_position(p_instance, p_now);
-    PERFORM {{schema}}.settle_open_commands(p_instance, coalesce(p_reason, 'compensating: ' || p_cause), p_actor,
-                                            p_now);
-    -- (A completed child its parent compensates is reopened: ended_at is cleared.)
-    UPDATE {{schema}}.instances i SET branches = 0, wait = NULL, updated_at = p_now, ended_at = NULL,
-        saga = jsonb_strip_nulls(jsonb_build_object('cause', p_cause, 'reason', p_reason, 'actor', p_actor,
-                                                    'at', p_now, 'record', p_record))
-    WHERE i.id = p_instance;
-    PERFORM {{schema}}.record_open_children(p_instance, p_now);
-    -- A step whose compensation an earlier round gave up (then a replay went on) is still not undone.
-    PERFORM {{schema}}.saga_owe_given_up(p_instance);
-    RETURN {{schema}}.saga_next(p_instance, p_now, p_actor);
-END $$;
+-- saga_begin changes here; its one definition is in the version 6 section.
 
--- Retry: a COMPENSATION_FAILED instance resumes its compensation at the one given up (from its first
--- attempt); anything else goes to retry_instance.
-CREATE OR REPLACE FUNCTION {{schema}}.retry_saga(p_instance uuid, p_actor text)
-RETURNS TABLE (outcome text, status text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF FOUND AND v_inst.status = 'COMPENSATION_FAILED' THEN
-        UPDATE {{schema}}.positions p SET status = 'SAGA', lease_token = NULL, lease_until = NULL,
-            lease_owner = NULL, updated_at = v_now
-        WHERE p.instance_id = p_instance AND p.path = '$saga';
-        PERFORM {{schema}}.saga_owe_given_up(p_instance);
-        UPDATE {{schema}}.instances i SET error = NULL WHERE i.id = p_instance;
-        PERFORM {{schema}}.saga_history(p_instance, 'INSTANCE_RETRIED', NULL, NULL, NULL, NULL, p_actor,
-                                        jsonb_build_object('error', v_inst.error, 'compensation', true), v_now);
-        RETURN QUERY SELECT 'retried', {{schema}}.saga_next(p_instance, v_now, p_actor);
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM {{schema}}.retry_instance(p_instance, p_actor);
-END $$;
+-- retry_saga changes here; its one definition is in the version 6 section.
 
-CREATE OR REPLACE FUNCTION {{schema}}.compensate_child(p_child uuid, p_record bigint, p_actor text, p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_child {{schema}}.instances%ROWTYPE;
-BEGIN
-    SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = p_child FOR UPDATE;
-    IF v_child.status IN ('COMPLETED', 'PENDING', 'RUNNING', 'WAITING', 'FAILED') THEN
-        -- Completed, or still open: cancel with compensation (a running handler's commit is refused).
-        PERFORM {{schema}}.saga_begin(p_child, 'parent', 'the parent compensates', p_actor, p_now, NULL, p_record);
-    ELSIF v_child.status = 'COMPENSATING' THEN
-        -- It compensates on its own already: it reports to this saga when it ends.
-        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record)
-        WHERE i.id = p_child;
-    ELSIF v_child.status = 'COMPENSATION_FAILED' THEN
-        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record), error = NULL
-        WHERE i.id = p_child;
-        UPDATE {{schema}}.positions p SET status = 'SAGA' WHERE p.instance_id = p_child AND p.path = '$saga';
-        PERFORM {{schema}}.saga_owe_given_up(p_child);
-        PERFORM {{schema}}.saga_next(p_child, p_now, p_actor);
-    ELSE
-        v_child.saga := jsonb_build_object('cause', 'parent', 'record', p_record);
-        PERFORM {{schema}}.tell_parent(v_child, COALESCE(v_child.status, 'MISSING'), 'the child had ended', p_now);
-    END IF;
-END $$;
+-- compensate_child changes here; its one definition is in the version 6 section.
 
--- A saga stopped at COMPENSATION_FAILED says in its error which step's compensation gave up and why.
--- The error held the compensation record's id and, nested, the last error, with no `message` and no
--- `step`: `stepstone show` printed "CompensationFailed:" and nothing else. advance_saga now adds both
--- (the fields it had are kept).
-CREATE OR REPLACE FUNCTION {{schema}}.advance_saga(p_commit jsonb, p_items jsonb, p_now timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_id uuid := (p_commit->>'instance')::uuid;
-    v_actor text := p_commit->>'actor';
-    v_step text;
-    x jsonb;
-BEGIN
-    FOR x IN SELECT jsonb_array_elements(p_items) LOOP
-        IF x->>'op' = 'begin' THEN
-            PERFORM {{schema}}.saga_begin(v_id, x->>'cause', NULL, v_actor, p_now, p_commit->>'position');
-            CONTINUE;
-        ELSIF x->>'op' = 'compensate_child' THEN
-            PERFORM {{schema}}.compensate_child((x->>'child')::uuid, (x->>'record')::bigint, v_actor, p_now);
-            UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
-            CONTINUE;
-        END IF;
-        UPDATE {{schema}}.compensations k SET
-            attempts = k.attempts + 1,
-            status = CASE x->>'op' WHEN 'done' THEN 'COMPENSATED' WHEN 'exhausted' THEN 'FAILED' ELSE k.status END,
-            last_error = CASE WHEN x->>'op' = 'done' THEN k.last_error ELSE x->'error' END,
-            compensated_at = CASE WHEN x->>'op' = 'done' THEN p_now END
-        WHERE k.id = (x->>'record')::bigint AND k.instance_id = v_id AND k.status = 'PENDING'
-        RETURNING k.step INTO v_step;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'stepstone: compensation % of instance % is not pending', x->>'record', v_id
-                USING ERRCODE = 'P0001';
-        END IF;
-        IF x->>'op' = 'done' THEN
-            PERFORM {{schema}}.saga_next(v_id, p_now, v_actor);
-        ELSIF x->>'op' = 'exhausted' THEN
-            UPDATE {{schema}}.instances i SET status = 'COMPENSATION_FAILED', updated_at = p_now,
-                error = jsonb_build_object(
-                    'type', 'CompensationFailed', 'step', v_step,
-                    'message', format('the compensation of step %L gave up after %s attempt%s: %s: %s', v_step,
-                                      x->>'attempts', CASE WHEN x->>'attempts' = '1' THEN '' ELSE 's' END,
-                                      x->'error'->>'type', x->'error'->>'message'),
-                    'record', (x->>'record')::bigint, 'error', x->'error', 'attempts', (x->>'attempts')::integer)
-            WHERE i.id = v_id;
-            IF (SELECT i.saga ? 'record' FROM {{schema}}.instances i WHERE i.id = v_id) THEN
-                PERFORM {{schema}}.tell_parent(i, 'COMPENSATION_FAILED', x->'error'->>'message', p_now)
-                FROM {{schema}}.instances i WHERE i.id = v_id;
-            END IF;
-        ELSE
-            UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = v_id;
-        END IF;
-    END LOOP;
-END $$;
+-- advance_saga changes here; its one definition is in the version 6 section.
 
 -- A schedule's tick gives the instance it starts the workflow's deadlines, as a start does
 -- (docs/schedules.md, docs/sagas.md "Deadlines"). fire_schedule started instances that never timed
@@ -5551,7 +4488,7 @@ BEGIN
     WHERE s.name = p_name;
 END $$;
 
-CREATE OR REPLACE FUNCTION {{schema}}.fire_schedule(
+CREATE FUNCTION {{schema}}.fire_schedule(
     p_name text, p_expected timestamptz, p_next timestamptz, p_ticks jsonb,
     p_version integer, p_plan_hash text, p_step text, p_state jsonb)
 RETURNS TABLE (outcome text, instance_id uuid, tick timestamptz)
@@ -5560,211 +4497,11 @@ LANGUAGE sql AS $$
                                            p_state, NULL::float8, NULL::float8);
 $$;
 
--- A child gets its workflow's deadlines as a start does (docs/sagas.md, "Deadlines"). start_children
--- started a child step's child without its workflow's default instance deadline and without its action
--- start step's deadline, so such a child never timed out. The parent's worker, which selects the child's
--- version, now names both in each child of the commit ('deadline_seconds', 'start_deadline_seconds'), and
--- start_children schedules them for a child it inserts (schedule_start_deadlines). A child of a worker
--- of before carries neither: nothing is scheduled, as before.
-CREATE OR REPLACE FUNCTION {{schema}}.start_children(p_instance uuid, p_position text, p_visit integer,
-                                                     p_children jsonb, p_now timestamptz, p_actor text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_scope text;
-    v_child {{schema}}.instances%ROWTYPE;
-    v_status text;
-    v_state jsonb;
-    v_paths jsonb;
-    v_path jsonb;
-    v_payload jsonb;
-    c jsonb;
-BEGIN
-    SELECT i.scope INTO v_scope FROM {{schema}}.instances i WHERE i.id = p_instance;
-    FOR c IN SELECT jsonb_array_elements(p_children) ORDER BY 1 LOOP
-        INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step, visit,
-                                          parent_id, parent_position, parent_visit, cancel_with_parent,
-                                          next_seq, history_seq, created_at, updated_at)
-        VALUES ((c->>'id')::uuid, v_scope, c->>'definition_id', (c->>'version')::integer, c->>'plan_hash',
-                'PENDING', c->'state', c->>'step', 1, p_instance, p_position, p_visit,
-                (c->>'cancel_with_parent')::boolean, 2, 1, p_now, p_now)
-        ON CONFLICT (id) DO NOTHING;
-        IF FOUND THEN
-            INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
-            VALUES ((c->>'id')::uuid, '', 'RUNNING', c->>'step', 1, p_now, p_now);
-            INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at,
-                                             created_at)
-            VALUES ((c->>'id')::uuid, '', 1, 'START', 'PENDING', c->>'step', 1, p_now, p_now);
-            INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-            VALUES ((c->>'id')::uuid, 1, p_now, 'INSTANCE_STARTED', c->>'step', 1, p_actor,
-                    jsonb_build_object('state', c->'state', 'parent', p_instance, 'parent_position', p_position));
-            PERFORM {{schema}}.schedule_start_deadlines((c->>'id')::uuid, NULL, (c->>'deadline_seconds')::float8,
-                                                        c->>'step', (c->>'start_deadline_seconds')::float8);
-            CONTINUE;
-        END IF;
-        -- No lock on the child: it never waits on its parent, and a child ending meanwhile has queued its
-        -- report in the same transaction that ended it, which the check below then sees.
-        SELECT * INTO v_child FROM {{schema}}.instances i WHERE i.id = (c->>'id')::uuid AND i.parent_id = p_instance;
-        IF NOT FOUND THEN
-            CONTINUE;
-        END IF;
-        v_status := CASE WHEN {{schema}}.is_ended(v_child.status) THEN v_child.status
-                         WHEN v_child.status = 'COMPENSATING' AND v_child.saga->>'cause' = 'failed'
-                              AND NOT v_child.saga ? 'record' THEN 'FAILED' END;
-        IF v_status IS NULL OR EXISTS (
-            SELECT 1 FROM {{schema}}.commands x
-            WHERE x.instance_id = p_instance AND x.position = p_position AND x.kind = 'CHILD_COMPLETION'
-              AND x.state IN ('PENDING', 'DEFERRED', 'PARKED') AND x.payload->>'child_id' = v_child.id::text) THEN
-            CONTINUE;
-        END IF;
-        IF v_status = 'COMPLETED' THEN
-            v_state := v_child.state;
-            SELECT d.plan -> 'sensitive' INTO v_paths FROM {{schema}}.definitions d
-            WHERE d.scope = COALESCE(v_child.definition_scope, v_child.scope)
-              AND d.definition_id = v_child.definition_id AND d.version = v_child.version;
-            IF jsonb_typeof(v_paths) = 'array' THEN
-                FOR v_path IN SELECT jsonb_array_elements(v_paths) LOOP
-                    v_state := {{schema}}.redact_path(v_state, ARRAY(SELECT jsonb_array_elements_text(v_path)));
-                END LOOP;
-            END IF;
-            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'state', v_state);
-        ELSE
-            v_payload := jsonb_build_object('child_id', v_child.id, 'status', v_status, 'error', jsonb_strip_nulls(
-                jsonb_build_object(
-                    'step', v_child.error->>'step',
-                    'type', COALESCE(v_child.error->>'type', initcap(v_status)),
-                    'message', 'already ' || v_child.status || ' when the step ran again'
-                               || CASE WHEN v_child.status IN ('FAILED', 'COMPENSATION_FAILED')
-                                       THEN ' (retry the child first, then this instance)' ELSE '' END
-                               || COALESCE(': ' || COALESCE(v_child.error->>'message', v_child.saga->>'reason'), ''))));
-        END IF;
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, visit, payload, available_at,
-                                         created_at)
-        VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'CHILD_COMPLETION', 'PENDING', p_visit,
-                v_payload, p_now, p_now);
-    END LOOP;
-END $$;
+-- start_children changes here; its one definition is in the version 2 section.
 
--- A replay of a saga that had ended (COMPENSATED, TIMED_OUT, or CANCELLED after compensating) or
--- stopped (COMPENSATION_FAILED) runs the instance again. replay_instance answered "replayed" and wrote
--- INSTANCE_REPLAYED, but left the instance's `saga` set, and while it is set only the saga may change
--- the status: an ended saga stayed as it was and the step to run again was rejected (INSTANCE_ENDED);
--- a stopped one read COMPENSATION_FAILED while it ran. replay_instance now ends the saga first.
-CREATE OR REPLACE FUNCTION {{schema}}.replay_instance(p_instance uuid, p_step text, p_state jsonb, p_baseline jsonb,
-                                           p_expected_seq integer, p_from_seq integer, p_actor text)
-RETURNS TABLE (outcome text, status text, visit integer)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_visit integer;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::text, NULL::integer;
-        RETURN;
-    END IF;
-    IF v_inst.status IN ('PENDING', 'RUNNING', 'WAITING', 'COMPENSATING') THEN
-        RETURN QUERY SELECT 'active', v_inst.status, NULL::integer;
-        RETURN;
-    END IF;
-    IF v_inst.history_seq <> p_expected_seq THEN
-        RETURN QUERY SELECT 'changed', v_inst.status, NULL::integer;
-        RETURN;
-    END IF;
-    -- Positions (ascending path): branches closed, the root taken over with a fresh visit.
-    PERFORM 1 FROM {{schema}}.positions p WHERE p.instance_id = p_instance ORDER BY p.path FOR UPDATE;
-    SELECT COALESCE(max(h.visit), 0) + 1 INTO v_visit FROM {{schema}}.history h
-    WHERE h.instance_id = p_instance AND COALESCE(h.position, '') = '';
-    v_visit := GREATEST(v_visit, (SELECT p.visit + 1 FROM {{schema}}.positions p
-                                  WHERE p.instance_id = p_instance AND p.path = ''));
-    UPDATE {{schema}}.positions p SET status = 'CANCELLED', lease_token = NULL, lease_until = NULL,
-        lease_owner = NULL, updated_at = v_now
-    WHERE p.instance_id = p_instance AND p.path <> '' AND p.status NOT IN ('COMPLETED', 'CANCELLED');
-    UPDATE {{schema}}.positions p SET status = 'RUNNING', step = p_step, visit = v_visit, wait = NULL,
-        error = NULL, lease_token = NULL, lease_until = NULL, lease_owner = NULL, updated_at = v_now
-    WHERE p.instance_id = p_instance AND p.path = '';
-    -- Commands (ascending id): what the old path still had open is superseded.
-    UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
-        last_error = 'REPLAYED'
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'DEAD')
-                     AND NOT (x.kind = 'SIGNAL' AND x.state <> 'CLAIMED')
-                   ORDER BY x.id FOR UPDATE);
-    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at, created_at,
-                                     actor)
-    VALUES (p_instance, '', nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', p_step, v_visit, v_now, v_now,
-            p_actor);
-    -- The instance goes forward again: a saga it ran is over (its compensations stay recorded, and one
-    -- given up is owed by the next round, saga_owe_given_up). Cleared on its own first, since while
-    -- `saga` is set only the saga may change the status (instance_status_changed).
-    UPDATE {{schema}}.instances i SET saga = NULL WHERE i.id = p_instance AND i.saga IS NOT NULL;
-    UPDATE {{schema}}.instances i SET status = 'RUNNING', state = p_state, state_version = i.state_version + 1,
-        step = p_step, visit = v_visit, wait = NULL, error = NULL, branches = 0, ended_at = NULL,
-        archived_at = NULL, history_seq = i.history_seq + 1, updated_at = v_now
-    WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data, position)
-    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_REPLAYED', p_step, v_visit, p_actor,
-            jsonb_build_object('from_step', p_step, 'from_seq', p_from_seq, 'previous_status', v_inst.status,
-                               'state', p_baseline), '');
-    RETURN QUERY SELECT 'replayed', 'RUNNING'::text, v_visit;
-END $$;
+-- replay_instance changes here; its one definition is in the version 9 section.
 
--- The history entry that ends a saga (INSTANCE_COMPENSATED, _CANCELLED, _TIMED_OUT) lists what this
--- round compensated. It listed every compensation the instance ever made: a saga replayed after it had
--- compensated, that compensated again, named the steps of the first round too. A round begins at
--- saga->'at' (saga_begin); a round resumed by a retry keeps it.
-CREATE OR REPLACE FUNCTION {{schema}}.saga_next(p_instance uuid, p_now timestamptz, p_actor text)
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_rec {{schema}}.compensations%ROWTYPE;
-    v_final text;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance;
-    SELECT * INTO v_rec FROM {{schema}}.compensations k
-    WHERE k.instance_id = p_instance AND k.status = 'PENDING' ORDER BY k.id DESC LIMIT 1 FOR UPDATE;
-    IF FOUND THEN
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, payload,
-                                         available_at, created_at)
-        VALUES (p_instance, '$saga', nextval('{{schema}}.command_seq'), 'COMPENSATE', 'PENDING', v_rec.step,
-                v_rec.visit, jsonb_build_object('record', v_rec.id, 'step', v_rec.step, 'position', v_rec.position,
-                                                'visit', v_rec.visit, 'recorded', v_rec.recorded,
-                                                'cause', v_inst.saga->>'cause'),
-                p_now, p_now);
-        UPDATE {{schema}}.instances i SET status = 'COMPENSATING', updated_at = p_now WHERE i.id = p_instance;
-        RETURN 'COMPENSATING';
-    END IF;
-    -- By why it compensated: a failure (or a parent's saga) undone, a cancel, a deadline.
-    v_final := CASE v_inst.saga->>'cause' WHEN 'cancelled' THEN 'CANCELLED' WHEN 'timed_out' THEN 'TIMED_OUT'
-                                          ELSE 'COMPENSATED' END;
-    UPDATE {{schema}}.positions p SET status = 'COMPLETED', lease_token = NULL, lease_until = NULL,
-        lease_owner = NULL, updated_at = p_now
-    WHERE p.instance_id = p_instance AND p.path = '$saga';
-    UPDATE {{schema}}.commands c SET state = 'REJECTED', token = NULL, settled_at = p_now,
-        last_error = 'INSTANCE_ENDED'
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'PARKED', 'DEAD')
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.instances i SET status = v_final, wait = NULL, updated_at = p_now, ended_at = p_now
-    WHERE i.id = p_instance;
-    PERFORM {{schema}}.saga_history(
-        p_instance, 'INSTANCE_' || v_final, NULL, NULL, NULL, NULL, p_actor,
-        jsonb_build_object('cause', v_inst.saga->>'cause',
-                           'compensated', (SELECT coalesce(jsonb_agg(k.step ORDER BY k.compensated_at, k.id), '[]')
-                                           FROM {{schema}}.compensations k
-                                           WHERE k.instance_id = p_instance AND k.status = 'COMPENSATED'
-                                             AND k.compensated_at >= COALESCE((v_inst.saga->>'at')::timestamptz,
-                                                                              '-infinity'))),
-        p_now);
-    -- A child that timed out or was cancelled tells its parent (a failure told it when the step failed),
-    -- and so does a child its parent's saga waits on.
-    IF v_inst.saga->>'cause' <> 'failed' OR v_inst.saga ? 'record' THEN
-        PERFORM {{schema}}.tell_parent(v_inst, v_final, coalesce(v_inst.saga->>'reason', v_final), p_now);
-    END IF;
-    RETURN v_final;
-END $$;
+-- saga_next changes here; its one definition is in the version 6 section.
 
 -- ==== version 51 (migration 0051_deadlines_at_the_commit) ====
 -- commit_decision (in the version 5 section) queues the next step instead of going on in place once the
@@ -5773,147 +4510,12 @@ END $$;
 
 -- ==== version 52 (migration 0052_failed_children_stay_failed) ====
 -- A join that closes a branch leaves the children that already ended as they are; why: the migration's header.
--- Cancel the live branches under a path prefix (a join's losers): their positions, open commands
--- and the children still running (one that ended is a record, FAILED ones above all). Returns how many
--- positions it closed.
-CREATE OR REPLACE FUNCTION {{schema}}.close_branches(p_instance uuid, p_prefix text, p_reason text, p_now timestamptz,
-                                          p_actor text)
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_n integer;
-    v_len integer := length(p_prefix);
-    v_child uuid;
-BEGIN
-    UPDATE {{schema}}.positions p SET status = 'CANCELLED', lease_token = NULL, lease_until = NULL,
-        lease_owner = NULL, updated_at = p_now
-    WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
-                                      WHERE x.instance_id = p_instance AND left(x.path, v_len) = p_prefix
-                                        AND x.status NOT IN ('COMPLETED', 'CANCELLED')
-                                      ORDER BY x.path FOR UPDATE);
-    GET DIAGNOSTICS v_n = ROW_COUNT;
-    UPDATE {{schema}}.commands c SET state = 'CANCELLED', token = NULL, settled_at = p_now,
-        last_error = 'BRANCH_CANCELLED: ' || p_reason
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND left(x.position, v_len) = p_prefix
-                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
-                   ORDER BY x.id FOR UPDATE);
-    FOR v_child IN SELECT i.id FROM {{schema}}.instances i
-                   WHERE i.parent_id = p_instance AND left(i.parent_position, v_len) = p_prefix
-                     AND i.cancel_with_parent AND NOT {{schema}}.is_ended(i.status) ORDER BY i.id LOOP
-        PERFORM {{schema}}.cancel_tree(v_child, 'branch cancelled: ' || p_reason, p_actor, false);
-    END LOOP;
-    RETURN v_n;
-END $$;
+-- close_branches changes here; its one definition is in the version 2 section.
 
 -- ==== version 53 (migration 0053_reassign_to_the_assignee) ====
 -- A reassign or delegate to the user who holds the task already is 'unchanged' and records nothing;
 -- why: the migration's header.
-CREATE OR REPLACE FUNCTION {{schema}}.task_assign(p_task uuid, p_op text, p_to text, p_actor text,
-                                                  p_groups text[], p_force boolean, p_reason text,
-                                                  p_key text, p_fingerprint text)
-RETURNS TABLE (outcome text, task jsonb)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_task {{schema}}.tasks%ROWTYPE;
-    v_seen text;
-    v_assignee text;
-    v_owner text;
-    v_delegation text;
-    v_kind text;
-BEGIN
-    v_task := {{schema}}.lock_task(p_task);
-    IF v_task.id IS NULL THEN
-        RETURN QUERY SELECT 'not_found', NULL::jsonb;
-        RETURN;
-    END IF;
-    v_seen := {{schema}}.task_key_seen('TASK_OP', p_task, p_key, p_fingerprint);
-    IF v_seen IS NOT NULL THEN
-        RETURN QUERY SELECT v_seen, to_jsonb(v_task);
-        RETURN;
-    END IF;
-    IF v_task.status <> 'OPEN' THEN
-        RETURN QUERY SELECT 'not_open', to_jsonb(v_task);
-        RETURN;
-    END IF;
-    v_assignee := v_task.assignee;
-    v_owner := v_task.owner;
-    v_delegation := v_task.delegation;
-    IF p_op = 'claim' THEN
-        IF v_task.assignee = p_actor THEN
-            RETURN QUERY SELECT 'unchanged', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        IF v_task.assignee IS NOT NULL AND NOT p_force THEN
-            RETURN QUERY SELECT 'held', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        IF NOT p_force AND NOT {{schema}}.task_allows(v_task, p_actor, p_groups) THEN
-            RETURN QUERY SELECT 'not_permitted', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        v_assignee := p_actor;
-        v_kind := 'TASK_CLAIMED';
-    ELSIF p_op = 'unclaim' THEN
-        IF v_task.assignee IS NULL THEN
-            RETURN QUERY SELECT 'unchanged', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        IF v_task.assignee IS DISTINCT FROM p_actor AND NOT p_force THEN
-            RETURN QUERY SELECT 'not_permitted', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        v_assignee := NULL;
-        v_kind := 'TASK_UNCLAIMED';
-    ELSIF p_op IN ('reassign', 'delegate') THEN
-        IF NOT p_force AND p_actor IS DISTINCT FROM v_task.assignee AND p_actor IS DISTINCT FROM v_task.owner THEN
-            RETURN QUERY SELECT 'not_permitted', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        -- To the user who holds it already: nothing moves, so nothing is recorded (as claiming one's
-        -- own task); a retried reassign or delegate whose reply was lost gets the task as it is.
-        IF p_to = v_task.assignee THEN
-            RETURN QUERY SELECT 'unchanged', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        IF p_op = 'delegate' THEN
-            v_owner := COALESCE(v_task.owner, v_task.assignee, p_actor);
-            v_delegation := 'PENDING';
-            v_kind := 'TASK_DELEGATED';
-        ELSE
-            v_kind := 'TASK_REASSIGNED';
-        END IF;
-        v_assignee := p_to;
-    ELSIF p_op = 'resolve' THEN
-        IF v_task.delegation IS DISTINCT FROM 'PENDING' THEN
-            RETURN QUERY SELECT 'not_delegated', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        IF NOT p_force AND p_actor IS DISTINCT FROM v_task.assignee THEN
-            RETURN QUERY SELECT 'not_permitted', to_jsonb(v_task);
-            RETURN;
-        END IF;
-        v_assignee := v_task.owner;
-        v_delegation := 'RESOLVED';
-        v_kind := 'TASK_RESOLVED';
-    ELSE
-        RAISE EXCEPTION 'stepstone: unknown task operation %', p_op USING ERRCODE = 'P0001';
-    END IF;
-    UPDATE {{schema}}.tasks k SET assignee = v_assignee, owner = v_owner, delegation = v_delegation,
-        updated_at = v_now
-    WHERE k.id = p_task RETURNING * INTO v_task;
-    IF p_key IS NOT NULL THEN
-        INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
-        VALUES ('TASK_OP', p_task::text, p_key, p_fingerprint, p_op, v_now);
-    END IF;
-    PERFORM {{schema}}.append_history(v_task.instance_id, v_task.position, v_kind, v_task.step, v_task.visit,
-                                      p_actor, jsonb_strip_nulls(jsonb_build_object(
-                                          'task_id', p_task, 'assignee', v_assignee, 'owner', v_owner,
-                                          'forced', CASE WHEN p_force THEN true END, 'reason', NULLIF(p_reason, ''))),
-                                      v_now);
-    RETURN QUERY SELECT 'ok', to_jsonb(v_task);
-END $$;
+-- task_assign changes here; its one definition is in the version 7 section.
 
 -- ==== version 54 (migration 0054_outbox_and_message_fixes) ====
 -- The relay's claim (outbox.sql, `outbox_claim`, calls it) walks the pending events in id order on any
@@ -5980,97 +4582,4 @@ ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 -- ==== version 55 (migration 0055_retries_and_deadlines) ====
 -- An operator's retry bounds each retried step by its deadline again, and fires an instance deadline that
 -- passed while the instance was FAILED; why: the migration's header.
--- Retry a FAILED instance: each failed position's dead commands are superseded and a RETRY
--- command runs its failed step again from its first attempt, bounded by the step's deadline again;
--- dead signals are offered again. An instance deadline that passed is passed for good.
-CREATE OR REPLACE FUNCTION {{schema}}.retry_instance(p_instance uuid, p_actor text)
-RETURNS TABLE (outcome text, status text)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_now timestamptz := {{schema}}.db_now();
-    v_inst {{schema}}.instances%ROWTYPE;
-    v_retries bigint[];
-    v_timer bigint;
-BEGIN
-    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'not_found', NULL::text;
-        RETURN;
-    END IF;
-    IF v_inst.status <> 'FAILED' THEN
-        RETURN QUERY SELECT 'not_failed', v_inst.status;
-        RETURN;
-    END IF;
-    -- The instance deadline passed while it was FAILED and its timer has not fired: it fires here, as a
-    -- worker's claim would have fired it (core/saga.py, _deadline).
-    SELECT c.id INTO v_timer FROM {{schema}}.commands c
-    WHERE c.instance_id = p_instance AND c.position = '$saga' AND c.kind = 'TIMER' AND c.name = 'deadline'
-      AND ((c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND c.available_at <= v_now
-           OR (c.state = 'CLAIMED') IS TRUE)  -- claimed: it was due; a worker's late commit is refused
-    ORDER BY c.id LIMIT 1 FOR UPDATE;
-    IF FOUND THEN
-        UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now
-        WHERE c.id = v_timer;
-        PERFORM {{schema}}.saga_history(p_instance, 'DEADLINE_PASSED', NULL, NULL, '$saga', v_timer, p_actor,
-                                        jsonb_build_object('cause', 'timed_out', 'status_before', 'FAILED',
-                                                           'outcome', 'left FAILED for an operator'), v_now);
-        SELECT i.history_seq INTO v_inst.history_seq FROM {{schema}}.instances i WHERE i.id = p_instance;
-    END IF;
-    WITH failed AS (
-        UPDATE {{schema}}.positions p SET status = 'RUNNING', error = NULL, updated_at = v_now
-        WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
-                                          WHERE x.instance_id = p_instance AND x.status = 'FAILED'
-                                          ORDER BY x.path FOR UPDATE)
-        RETURNING p.path, p.step, p.visit
-    ), queued AS (
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at,
-                                         created_at)
-        SELECT p_instance, failed.path, nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', failed.step,
-               failed.visit, v_now, v_now
-        FROM failed ORDER BY failed.path
-        RETURNING id
-    )
-    SELECT COALESCE(array_agg(queued.id), '{}') INTO v_retries FROM queued;
-    -- Each retried step's deadline, counted from now: the pending timers of those positions' steps are
-    -- superseded (ascending id) and new ones queued. The RETRY commands just queued name the positions.
-    UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
-        last_error = 'RETRIED'
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   JOIN {{schema}}.commands r ON r.id = ANY (v_retries)
-                        AND r.position = x.payload->>'position' AND r.step = x.step
-                   WHERE x.instance_id = p_instance AND x.position = '$saga' AND x.kind = 'TIMER'
-                     AND x.name = 'step_deadline' AND (x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
-                   ORDER BY x.id FOR UPDATE OF x);
-    IF EXISTS (SELECT 1 FROM {{schema}}.definitions d, jsonb_array_elements(d.plan->'steps') AS s
-               WHERE d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
-                 AND d.version = v_inst.version AND s ? 'deadline') THEN
-        PERFORM {{schema}}.open_saga_position(p_instance, v_now);
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                         available_at, created_at)
-        SELECT p_instance, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', r.step, r.visit,
-               'step_deadline', jsonb_build_object('position', r.position, 'step', r.step, 'visit', r.visit),
-               v_now + make_interval(secs => (s->'deadline'->>'seconds')::float8), v_now
-        FROM {{schema}}.commands r
-        JOIN {{schema}}.definitions d ON d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
-             AND d.version = v_inst.version
-        CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
-        WHERE r.id = ANY (v_retries) AND s->>'name' = r.step AND s ? 'deadline'
-        ORDER BY r.position;
-    END IF;
-    UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
-        last_error = 'RETRIED'
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind <> 'SIGNAL'
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.commands c SET state = 'PENDING', claims = 0, available_at = v_now, token = NULL
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind = 'SIGNAL'
-                   ORDER BY x.id FOR UPDATE);
-    UPDATE {{schema}}.instances i SET status = 'RUNNING', error = NULL,
-        history_seq = i.history_seq + 1, updated_at = v_now
-    WHERE i.id = p_instance;
-    INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
-    VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_RETRIED', v_inst.step, v_inst.visit, p_actor,
-            jsonb_build_object('error', v_inst.error, 'positions', cardinality(v_retries)));
-    RETURN QUERY SELECT 'retried', 'RUNNING'::text;
-END $$;
+-- retry_instance changes here; its one definition is in the version 1 section.
