@@ -5,9 +5,11 @@ an operator's retry resuming where it stopped."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import asyncpg
+import pytest
 from pydantic import BaseModel, model_validator
 
 from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
@@ -388,3 +390,28 @@ async def test_the_entry_that_ends_a_saga_lists_what_its_own_round_compensated(e
     assert ends == [{"cause": "failed", "compensated": ["two", "one"]}] * 2
     assert [(r["step"], r["status"]) for r in await engine.client.compensations(iid)] == [
         ("one", "COMPENSATED"), ("two", "COMPENSATED"), ("one", "COMPENSATED"), ("two", "COMPENSATED")]
+
+
+async def test_a_failed_step_logs_a_warning_that_compensation_starts_and_an_error_only_when_it_gives_up(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The saga's failing step was logged at ERROR "failed at step" while the instance compensated.
+    caplog.set_level(logging.WARNING, logger="stepstone.worker")
+    compensated = await engine.client.start(w.linear, {})
+    w.FAIL[(compensated, "three")] = -1
+    gave_up = await engine.client.start(w.linear, {})
+    w.FAIL[(gave_up, "three")] = -1
+    w.FAIL[(gave_up, "undo_one")] = -1
+    await engine.run_until_idle()
+    assert (await engine.client.get(compensated)).status == "COMPENSATED"
+    assert (await engine.client.get(gave_up)).status == "COMPENSATION_FAILED"
+
+    def lines(iid: str) -> list[tuple[int, str]]:
+        return [(r.levelno, r.getMessage()) for r in caplog.records if iid in r.getMessage()]
+
+    [(level, message)] = lines(compensated)
+    assert level == logging.WARNING
+    assert message.startswith(f"step three of linear instance {compensated} failed, compensation starts: Boom")
+    assert len([m for _, m in lines(gave_up) if "compensation starts" in m]) == 1
+    errors = [m.split(" gave up")[0] for level, m in lines(gave_up) if level >= logging.ERROR]
+    assert errors == [f"compensation of step one of linear instance {gave_up} position '$saga'"]

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from opentelemetry.trace import Span
 
-from stepstone.core.effects import IfStopped, MovePosition, RecordHistory
+from stepstone.core.effects import AdvanceSaga, IfStopped, MovePosition, RecordHistory
 from stepstone.core.model import FAILED, CommandView, Decision, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.observability import tracing
 
@@ -181,10 +181,10 @@ async def branch_failure(store: _StopsReader, workflow: str, instance: InstanceV
 
 
 def _log_failure(workflow: str, instance: InstanceView, decision: Decision, stopped: bool | None = None) -> None:
-    """WARNING for an attempt that will be retried, a dead-lettered signal or a branch failure its join
-    passed over; ERROR for a failed position that failed the instance (the root's; a branch's when its join
-    could no longer be met, or when that could not be read) or a compensation given up. With the step's
-    fields, as its own lines."""
+    """WARNING for an attempt that will be retried, a dead-lettered signal, a branch failure its join
+    passed over or a saga's failed step (it compensates); ERROR for a failed position that failed the
+    instance (the root's; a branch's when its join could no longer be met, or when that could not be read)
+    or a compensation given up. With the step's fields, as its own lines."""
     settle = decision.settle
     moved = next((e for e in decision.of(MovePosition) if e.status == FAILED), None)
     history = decision.of(RecordHistory)
@@ -197,6 +197,11 @@ def _log_failure(workflow: str, instance: InstanceView, decision: Decision, stop
     if settle.state == "RETRY":
         level, message = logging.WARNING, (f"{what} {step} of {where} failed (attempt {attempt}), "
                                            f"retrying in {settle.retry_delay or 0:g} s: {settle.reason}")
+    elif moved is not None and any(a.op == "begin" for a in decision.of(AdvanceSaga)):
+        # A saga's step failed for good: the instance does not fail, it compensates (an ERROR only if
+        # the compensation itself gives up, below).
+        level, message = logging.WARNING, (f"step {step} of {where} failed, compensation starts: "
+                                           f"{settle.reason}")
     elif moved is not None:
         dead = "its command was dead-lettered: " if settle.state == "DEAD" else ""
         # A branch's failure stops the instance only when its join can no longer be met, which the commit
