@@ -69,7 +69,8 @@ async def main(args: argparse.Namespace) -> None:
                         format=f"%(asctime)s {worker_id} %(levelname)s %(name)s %(message)s")
     store = await _open(args.url, args.concurrency)
     config = WorkerConfig(concurrency=args.concurrency, lease_seconds=args.lease, poll_interval=args.poll,
-                          worker_id=worker_id, drain_timeout=args.drain)
+                          worker_id=worker_id, drain_timeout=args.drain,
+                          max_claims=int(os.environ.get(workflows.MAX_CLAIMS_ENV) or WorkerConfig.max_claims))
     worker = RigWorker(store, workflows.served(args.serve), config)
     worker.fenced_log = []
     worker.conflict_log = []

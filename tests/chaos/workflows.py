@@ -16,6 +16,9 @@
   chaosdue-3     s1 (compensated by undo_s1), s2 with a step deadline (on_deadline -> late), late, s3; s2 and
                  s3 linger for the state's `slow2` / `slow3` seconds after their effect, so that step and instance
                  deadlines fire while handlers run (test_deadline_kills.py; the scenarios never start it)
+  chaoskill-3    a fork of branches boom, a and b to a join that needs two of them, then s2 on the root: boom's
+                 s1 kills its worker's process (os._exit) every time it runs, a's and b's s1 complete
+                 (test_crash_kills.py; the scenarios' workload never starts it)
   chaosext-1     s1, the external step `charge` on topic `chaos.ext` (an outside worker completes it with
                  `charge`), then s2, which checks the variable arrived (test_external_kills.py)
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
@@ -60,6 +63,10 @@ CREATE INDEX IF NOT EXISTS ledger_key ON chaos.ledger (key);
 MAX_STEPS = 5
 # Seconds a handler lingers after its effect and before it returns (the window a kill or pause hits).
 PAUSE_ENV = "CHAOS_HANDLER_PAUSE"
+MAX_CLAIMS_ENV = "CHAOS_MAX_CLAIMS"
+"""The workers' `max_claims` (worker_proc; the engine's default when unset)."""
+BOOM_EXIT = 17
+"""The exit status of a process that chaoskill-3's boom branch killed."""
 
 
 class Chain(BaseModel):
@@ -402,6 +409,30 @@ def _external() -> Workflow[Charged]:
     return wf
 
 
+def _kill() -> Workflow[Quorum]:
+    wf: Workflow[Quorum] = Workflow("chaoskill-3", version=1, state=Quorum)
+    wf.fork("split", branches={"boom": "boom", "a": "s1", "b": "s1"}, start=True)
+
+    async def boom(ctx: StepContext, state: Quorum) -> None:
+        await record_effect(ctx)
+        await asyncio.sleep(0.2)  # simulated work: the siblings claimed beside it start meanwhile
+        os._exit(BOOM_EXIT)  # the process dies with every command it holds, as on a segfault or the OOM killer
+
+    async def s1(ctx: StepContext, state: Quorum) -> None:
+        await _effect(ctx)
+        assert ctx.branch is not None
+        state.done[ctx.branch.name] = 1
+
+    async def s2(ctx: StepContext, state: Quorum) -> None:
+        await _effect(ctx)
+
+    wf.step(boom, name="boom", next="joined", retry=_RETRY)
+    wf.step(s1, name="s1", next="joined", retry=_RETRY)
+    wf.join("joined", fork="split", next="s2", need=2)
+    wf.step(s2, name="s2", next=None, retry=_RETRY)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
@@ -411,7 +442,8 @@ SIGNALLED: Workflow[Any] = _signalled()
 QUORUM: Workflow[Any] = _quorum()
 DUE: Workflow[Any] = _due()
 EXTERNAL: Workflow[Any] = _external()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL)
+KILL: Workflow[Any] = _kill()
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL)
 
 SERVED_PARTS = ("all", "chains", "rest")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -423,6 +455,6 @@ def served(part: str) -> Registry:
     if part == "chains":
         return Registry(*CHAINS.values())
     if part == "rest":
-        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL,
+        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL,
                         *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry

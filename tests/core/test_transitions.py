@@ -187,15 +187,18 @@ def test_ended_instances_take_no_commands(status: str, kind: str, settle: str) -
 
 
 def test_too_many_claims_dead_letters_the_command_and_fails_the_instance() -> None:
-    d = decide(inst(), CommandView(1, "START", "reserve", 1, claims=4), max_claims=3)
+    d = decide(inst(), CommandView(1, "START", "reserve", 1, claims=5, alone_claims=3), max_claims=3)
     assert d.settle.state == "DEAD"
     assert d.instance is not None and d.instance.status == "FAILED" and d.instance.error["type"] == "DeadLetter"
     assert hist(d) == ["COMMAND_DEAD_LETTERED", "INSTANCE_FAILED"]
-    assert apply(inst(), CommandView(1, "START", "reserve", 1, claims=3), PLAN, NOW, 3) == RunStep("reserve", 1, 1)
+    assert apply(inst(), CommandView(1, "START", "reserve", 1, claims=4, alone_claims=2), PLAN, NOW, 3) == RunStep(
+        "reserve", 1, 1)
+    # Claims beside other commands (of a worker whose process died with them) count for nothing.
+    assert apply(inst(), CommandView(1, "START", "reserve", 1, claims=9), PLAN, NOW, 3) == RunStep("reserve", 1, 1)
 
 
 def test_a_poison_signal_is_dead_lettered_alone() -> None:
-    d = decide(waiting_at("await_pay"), CommandView(1, "SIGNAL", name="paid", claims=6))
+    d = decide(waiting_at("await_pay"), CommandView(1, "SIGNAL", name="paid", claims=7, alone_claims=5))
     assert d.settle.state == "DEAD" and d.instance is None and hist(d) == ["COMMAND_DEAD_LETTERED"]
 
 
@@ -378,7 +381,7 @@ def test_a_branch_failing_for_good_leaves_whether_the_instance_fails_to_its_comm
 
 
 def test_a_dead_lettered_branch_leaves_it_to_its_commit_too() -> None:
-    d = decide(_branch(), CommandView(1, "STEP", "reserve", 1, claims=6))
+    d = decide(_branch(), CommandView(1, "STEP", "reserve", 1, claims=7, alone_claims=5))
     assert d.settle.state == "DEAD" and hist(d) == ["COMMAND_DEAD_LETTERED"]
     [branch] = d.decision.of(IfStopped)
     assert [e.kind for e in branch.stopped if isinstance(e, RecordHistory)] == ["INSTANCE_FAILED"]

@@ -233,9 +233,11 @@ async def test_commit_with_a_stale_token_changes_nothing(engine: Engine, rows: R
 async def test_poison_command_is_dead_lettered_then_retryable(engine: Engine, rows: Rows) -> None:
     max_claims = engine.worker.config.max_claims
     iid = await engine.client.start(three, {"order_id": "p-1"})
-    for n in range(1, max_claims + 1):
+    for n in range(1, max_claims + 2):
         [claim] = await engine.store.claim(1, 30, f"crashing-{n}")
         assert claim.command.claims == n
+        if n > 1:  # claimed again: its worker runs it alone (runtime/alone.py) and marks the claim
+            assert await engine.store.run_alone(iid, "", claim.token) == n - 2  # the earlier ones alone
         await engine.move_clock(31)  # the worker "dies": its lease runs out, nothing committed
 
     await engine.run_until_idle()
@@ -253,6 +255,39 @@ async def test_poison_command_is_dead_lettered_then_retryable(engine: Engine, ro
     info = await engine.client.get(iid)
     assert info.status == "COMPLETED" and info.state["log"] == ["a", "b", "c"]
     assert await rows.open_commands(iid) == []
+
+
+async def test_a_claim_run_alone_is_marked_given_back_with_its_claim_and_not_counted_after_a_reset(
+    engine: Engine, rows: Rows
+) -> None:
+    iid = await engine.client.start(three, {"order_id": "m-1"})
+    [first] = await engine.store.claim(1, 30, "dies")
+    await engine.move_clock(31)
+    [second] = await engine.store.claim(1, 30, "alone")
+    assert await engine.store.run_alone(iid, "", first.token) is None  # a stale token marks nothing
+    assert await engine.store.run_alone(iid, "", second.token) == 0
+    assert await engine.store.release(iid, "", second.token)  # given back (a drain): mark and claim both
+    [third] = await engine.store.claim(1, 30, "alone")
+    assert third.command.claims == 2
+    assert await engine.store.run_alone(iid, "", third.token) == 0
+    await engine.move_clock(31)
+    [fourth] = await engine.store.claim(1, 30, "alone")
+    assert await engine.store.run_alone(iid, "", fourth.token) == 1  # the third claim ran alone and died
+    # Settled or rescheduled since (claims counted again from 0): the old marks count for nothing.
+    await rows.conn.execute("UPDATE stepstone.commands SET claims = 0, state = 'PENDING', token = NULL, "
+                            "available_at = stepstone.db_now() WHERE instance_id = $1", iid)
+    await rows.conn.execute("UPDATE stepstone.positions SET lease_token = NULL, lease_until = NULL "
+                            "WHERE instance_id = $1", iid)
+    await engine.store.claim(1, 30, "dies")
+    await engine.move_clock(31)
+    [again] = await engine.store.claim(1, 30, "alone")
+    assert again.command.claims == 2
+    assert await engine.store.run_alone(iid, "", again.token) == 0
+    [row] = await rows.commands(iid)
+    assert row["alone_claims"] == 1
+    await engine.move_clock(31)
+    await engine.run_until_idle()  # run alone by the worker, it completes
+    assert (await engine.client.get(iid)).status == "COMPLETED"
 
 
 async def test_drain_releases_in_flight_claims(engine: Engine, rows: Rows) -> None:

@@ -13,6 +13,7 @@ import pytest
 from stepstone.cli.instances import describe_wait
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
 from stepstone.testing import Engine, open_engine
+from tests.crashes import die_alone
 from tests.engine.task_workflows import Receipt, keyed, receipt, registry, two_waits
 
 
@@ -155,11 +156,9 @@ async def test_a_dead_lettered_signal_holds_no_timeout_back(engine: Engine, conn
     iid = await engine.client.start(two_waits, {})
     await engine.run_until_idle()
     await engine.client.signal(iid, "go", {})  # for the first wait: recorded before its timeout
-    for _ in range(5):  # five workers claim it and die before committing (their leases run out)
-        [claim] = await engine.store.claim(1, 30.0, "dies")
-        assert claim.command.kind == "SIGNAL"
-        await engine.move_clock(timedelta(seconds=31))
-    await engine.run_until_idle()  # the sixth claim is over max_claims (5): the signal is dead-lettered
+    # Workers claim it and die before committing (their leases run out): once, then max_claims (3) times alone.
+    assert {claim.command.kind for claim in await die_alone(engine)} == {"SIGNAL"}
+    await engine.run_until_idle()  # the next claim finds max_claims alone spent: the signal is dead-lettered
     assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'SIGNAL'") == "DEAD"
     assert (await engine.client.get(iid)).step == "first"  # a dead signal does not fail the wait
     await engine.move_clock(timedelta(minutes=10))  # past the timeout: the dead signal holds nothing back

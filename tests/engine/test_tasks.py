@@ -26,6 +26,7 @@ from stepstone.errors import (
 )
 from stepstone.ops import Operations
 from stepstone.testing import Engine, open_engine
+from tests.crashes import die_alone
 from tests.engine.task_workflows import Expense, Receipt, callback, expense, parallel, receipt, registry, review
 
 
@@ -353,9 +354,7 @@ async def test_a_completing_task_refuses_claims_and_reassignment(engine: Engine)
 async def test_a_dead_lettered_completion_gives_the_task_back_on_retry(engine: Engine) -> None:
     iid, tid = await _open_expense(engine)
     await engine.client.complete_task(tid, "approve", {"comment": "x"}, actor="alice", groups=["finance"])
-    for _ in range(3):  # claimed and abandoned until the engine's max_claims (3) is spent
-        assert len(await engine.store.claim(1, 1, "crashing")) == 1
-        await engine.move_clock(2)
+    await die_alone(engine, lease=1)  # claimed and abandoned until the engine's max_claims (3) alone is spent
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "FAILED"
     assert (await engine.client.task(tid)).status == "COMPLETING"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 
 from stepstone.observability.logs import JsonFormatter
 from stepstone.testing import Engine
+from tests.crashes import die_alone
 from tests.observability import workflows
 from tests.observability.workflows import traced, wobbly
 
@@ -59,9 +59,7 @@ async def test_a_retry_and_a_failed_instance_are_logged_once_each(
 
 async def test_a_dead_letter_is_logged(engine: Engine, logged: list[dict[str, object]]) -> None:
     poison = await engine.client.start(traced, {})
-    for _ in range(engine.worker.config.max_claims):  # every claim dies before it settles
-        await engine.store.claim(1, 1, "a-worker-that-dies")
-        await engine.move_clock(timedelta(seconds=2))
+    await die_alone(engine, lease=1)  # every claim dies before it settles, all but the first alone
     await engine.run_until_idle()
     assert (await engine.client.get(poison)).status == "FAILED"
     [line] = [line for line in logged if line.get("instance") == poison]

@@ -14,6 +14,7 @@ import pytest
 from stepstone.cli.worker import health_beside
 from stepstone.observability.logs import JsonFormatter
 from stepstone.testing import Engine
+from tests.crashes import die_alone
 from tests.observability import workflows
 from tests.observability.workflows import traced, wobbly
 
@@ -88,9 +89,7 @@ async def test_lease_expiries_and_dead_letters_are_counted(engine: Engine, metri
     assert (await engine.client.get(iid)).status == "WAITING"
 
     poison = await engine.client.start(traced, {})
-    for _ in range(engine.worker.config.max_claims):  # every claim dies before it settles
-        await engine.store.claim(1, 1, "a-worker-that-dies")
-        await engine.move_clock(timedelta(seconds=2))
+    await die_alone(engine, lease=1)  # every claim dies before it settles, all but the first alone
     await engine.run_until_idle()
     assert (await engine.client.get(poison)).status == "FAILED"
     assert _value(metrics, "stepstone_dead_letters_total") == 1

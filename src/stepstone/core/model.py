@@ -113,6 +113,9 @@ class CommandView:
     behind: tuple[CommandView, ...] = ()
     """For a join's `BRANCH_DONE`: the ready commands queued right behind it on its position, in queue
     order, which its decision may carry out too (`SettleQueued`); empty for every other kind."""
+    alone_claims: int = 0
+    """How many earlier claims ran it alone in their worker and did not commit (`runtime/alone.py`): a
+    crash counts on a command only by those (`core.dead_letter`)."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from stepstone.core.dead_letter import claims_spent, dead_lettered
 from stepstone.core.effects import (
     AdvanceSaga,
     CloseTimers,
@@ -176,10 +177,8 @@ def _compensate(
         visit=int(payload.get("visit") or 0), recorded=recorded, attempt=command.attempt,
         cause=payload.get("cause"),
     )
-    if command.claims > max_claims:  # it kept crashing workers: give up as an exhausted compensation
-        reason = f"claimed {command.claims - 1} times without a commit (limit {max_claims})"
-        if command.last_error:
-            reason += f"; last error: {command.last_error}"
+    if dead_lettered(command, max_claims):  # it kept crashing workers: give up as an exhausted compensation
+        reason = claims_spent(command, max_claims)
         declared = plan.steps[run.step].compensation if run.step in plan.steps else None
         name = declared.name if declared is not None else ""
         return _exhausted(instance, run, "DeadLetter", reason, name, plan.definition_id)

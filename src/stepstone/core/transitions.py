@@ -17,6 +17,7 @@ from itertools import islice, takewhile
 from typing import Any
 
 from stepstone.core.baselines import step_completed
+from stepstone.core.dead_letter import claims_spent, dead_lettered
 from stepstone.core.effects import (
     CloseTimers,
     IfStopped,
@@ -80,7 +81,7 @@ def apply(
         return apply_saga(instance, command, plan, max_claims)
     if instance.position_status in POSITION_CLOSED:
         return _ignored(instance, command, f"POSITION_{instance.position_status}")
-    if command.claims > max_claims:
+    if dead_lettered(command, max_claims):
         return _finish(instance, _dead_letter(instance, command, max_claims))
     handle = _run_current_step if command.kind in RUNS_STEP else _BY_KIND.get(command.kind)
     if handle is None:
@@ -293,9 +294,7 @@ def _ignored(instance: InstanceView, command: CommandView, reason: str) -> Decis
 
 
 def _dead_letter(instance: InstanceView, command: CommandView, max_claims: int) -> Decision:
-    reason = f"ATTEMPTS_EXHAUSTED: claimed {command.claims - 1} times without a commit (limit {max_claims})"
-    if command.last_error:
-        reason += f"; last error: {command.last_error}"
+    reason = f"ATTEMPTS_EXHAUSTED: {claims_spent(command, max_claims)}"
     dead = RecordHistory(
         "COMMAND_DEAD_LETTERED", instance.step, instance.visit, {"command": command.id, "kind": command.kind}
     )

@@ -1,16 +1,16 @@
 """Commands a dead worker held run one at a time, alone in their worker, so crashes fall on their cause.
 
 A handler that kills its process (os._exit, a segfault, the OOM killer) takes down every command its
-worker held: each one's lease runs out and its next claim counts a claim without a commit, and a
-command is dead-lettered after `max_claims` of them. Which of the held commands killed the process
-cannot be told afterwards; a mark written when a handler starts would cost a round trip a step. So a
-command claimed again after a claim that ended without a commit (`claims > 1`: a suspect) runs alone:
-the worker gives back (releases, refunding the claim) any other suspect it claimed beside it, starts
-nothing more, waits for its other segments to end, and runs the suspect with nothing beside it until
-its first commit. A crash of that run falls on that command only. The siblings that merely shared the
-first crash pay for that one crash and then run alone themselves and complete; the command that kills
-its process keeps killing it alone and is dead-lettered (with `max_claims` 1, the first crash
-dead-letters every command the worker held: there is no second claim to tell them apart).
+worker held: each one's lease runs out and it is claimed again. Which of the held commands killed the
+process cannot be told afterwards; a mark written when every handler starts would cost a round trip a
+step. So a command claimed again after a claim that ended without a commit (`claims > 1`: a suspect)
+runs alone: the worker gives back (releases, refunding the claim) any other suspect it claimed beside
+it, starts nothing more, waits for its other segments to end, marks the claim as run alone (one update,
+on suspects only) and runs the suspect with nothing beside it until its first commit. A crash of that
+run falls on that command only, and crashes count on a command only by such claims (core/dead_letter.py):
+the siblings that merely shared the first crash pay nothing for it, run alone themselves and complete;
+the command that kills its process keeps killing it alone and is dead-lettered after `max_claims` of
+those (`max_claims` 1 included).
 """
 
 from __future__ import annotations

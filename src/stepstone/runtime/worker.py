@@ -421,6 +421,13 @@ class Worker:
             self.events.count("deferred")
             return
         instance, command, now = claim.instance, claim.command, claim.now
+        if self._alone.is_alone(claim):  # marked: a crash from here on counts on it (core/dead_letter.py)
+            earlier = await self.store.run_alone(instance.id, instance.position, claim.token)
+            if earlier is None:  # its lease is gone
+                self._forget(claim)
+                self.events.count("fenced")
+                return
+            command = replace(command, alone_claims=earlier)
         observe.claimed(claim.pin.definition_id, command, claim.now, claim.instance_created_at)
         # The reports queued behind a join's report may join in the same commit; no round trip when the
         # join needs none of them (this report completes it, or it is not one the join waits for).

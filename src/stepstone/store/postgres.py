@@ -236,6 +236,12 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
     async def defer(self, instance_id: str, position: str, token: Any, reason: str) -> bool:
         return bool(await self._fetch("defer", uuid.UUID(instance_id), position, token, reason))
 
+    async def run_alone(self, instance_id: str, position: str, token: Any) -> int | None:
+        """Mark the claim this token holds as run alone; how many earlier claims ran alone without a
+        commit, or None when the token no longer holds the lease."""
+        value = await self._fetchval("run_alone", uuid.UUID(instance_id), position, token)
+        return None if value is None else int(value)
+
     async def note_error(self, instance_id: str, token: Any, error: str) -> bool:
         """Record a crashed segment's error on the command it holds (shown by its dead letter)."""
         return bool(await self._fetch("note_error", uuid.UUID(instance_id), token, error))

@@ -4583,3 +4583,9 @@ ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 -- An operator's retry bounds each retried step by its deadline again, and fires an instance deadline that
 -- passed while the instance was FAILED; why: the migration's header.
 -- retry_instance changes here; its one definition is in the version 1 section.
+
+-- ==== version 58 (migration 0058_crashes_count_alone) ====
+-- A worker marks a suspect's claim that runs alone (queries.sql, `run_alone`), and crashes count only by
+-- such claims; why: the migration's header.
+ALTER TABLE {{schema}}.commands ADD COLUMN alone_claims integer NOT NULL DEFAULT 0;
+ALTER TABLE {{schema}}.commands ADD COLUMN alone_token uuid;

@@ -99,10 +99,26 @@ WITH pos AS (
     RETURNING p.instance_id, p.path
 )
 UPDATE {{schema}}.commands c SET state = 'PENDING', token = NULL, available_at = {{schema}}.db_now(),
-    claims = GREATEST(c.claims - 1, 0)
+    claims = GREATEST(c.claims - 1, 0),
+    -- and so is its mark, when it ran alone (run_alone)
+    alone_claims = c.alone_claims - CASE WHEN c.alone_token = $3 THEN 1 ELSE 0 END,
+    alone_token = CASE WHEN c.alone_token = $3 THEN NULL ELSE c.alone_token END
 FROM pos
 WHERE c.instance_id = pos.instance_id AND c.position = pos.path AND c.token = $3 AND (c.state = 'CLAIMED') IS TRUE
 RETURNING c.id;
+
+-- name: run_alone
+-- The worker runs the command this token holds alone (runtime/alone.py): mark the claim, and return how
+-- many earlier claims of the command ran alone and did not commit (its dead letter counts those, migration
+-- 0058); no row when the token no longer holds the position's unexpired lease. At most claims - 2 earlier
+-- claims ran alone (the first claim of a command never does), which drops the marks of a command settled
+-- or rescheduled since (its claims counted again from 0 or 1). Only the command row is updated.
+UPDATE {{schema}}.commands c SET alone_claims = LEAST(c.alone_claims, GREATEST(c.claims - 2, 0)) + 1,
+    alone_token = c.token
+FROM {{schema}}.positions p
+WHERE p.instance_id = $1 AND p.path = $2 AND p.lease_token = $3 AND p.lease_until > {{schema}}.db_now()
+  AND c.instance_id = $1 AND c.position = $2 AND c.token = $3 AND (c.state = 'CLAIMED') IS TRUE
+RETURNING c.alone_claims - 1 AS earlier;
 
 -- name: defer
 -- This node lacks the pinned plan: hand the command to a node that has it, with
