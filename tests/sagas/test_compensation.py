@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel, model_validator
 
 from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
+from stepstone.errors import InvalidState
 from stepstone.testing import Engine, open_engine
 from tests.sagas import workflows as w
 from tests.sagas.conftest import ALERTS, kinds
@@ -260,10 +261,11 @@ async def test_a_bulk_cancel_can_compensate_as_a_single_cancel_does(engine: Engi
 
 
 async def test_a_compensation_given_up_is_still_owed_when_a_replayed_saga_compensates_again(engine: Engine) -> None:
-    """A COMPENSATION_FAILED saga replayed from its failed step (the runbook `stepstone replay` names)
-    that fails again compensates once more: the step whose compensation was given up is still not undone,
-    so it is compensated too. Its record stayed FAILED and the new round passed over it, ending the
-    instance COMPENSATED with `one` never undone and no alert."""
+    """A COMPENSATION_FAILED saga replayed (from `two`, the step compensated last: a replay from its failed
+    step is refused, `two` having been undone since) that fails again compensates once more: the step
+    whose compensation was given up is still not undone, so it is compensated too. Its record stayed
+    FAILED and the new round passed over it, ending the instance COMPENSATED with `one` never undone and
+    no alert."""
     iid = await engine.client.start(w.linear, {})
     w.FAIL[(iid, "three")] = -1
     w.FAIL[(iid, "undo_one")] = -1
@@ -273,14 +275,16 @@ async def test_a_compensation_given_up_is_still_owed_when_a_replayed_saga_compen
         ("one", "FAILED"), ("two", "COMPENSATED")]
 
     w.FAIL.pop((iid, "undo_one"))  # the service is back; `three` still fails
-    await engine.client.replay(iid, "three")
+    await engine.client.replay(iid, "two")
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPENSATED"
-    assert info.state["undone"] == ["one:{'id': 'one-1'}"]  # the replay's state is the one `three` had
+    # The replay's state is the one `two` had; then two's new run and one are undone.
+    assert info.state["undone"] == ["two:two-1", "one:{'id': 'one-1'}"]
     assert [(r["step"], r["status"]) for r in await engine.client.compensations(iid)] == [
-        ("one", "COMPENSATED"), ("two", "COMPENSATED")]
-    assert [c for _, c in w.CALLS] == ["two", "one", "one", "one", "one"]  # three given-up attempts, then done
+        ("one", "COMPENSATED"), ("two", "COMPENSATED"), ("two", "COMPENSATED")]
+    # two, three given-up attempts of one; after the replay two's new run, then one at last
+    assert [c for _, c in w.CALLS] == ["two", "one", "one", "one", "two", "one"]
 
 
 async def test_a_replayed_saga_that_cannot_compensate_the_step_given_up_stops_again(engine: Engine) -> None:
@@ -289,7 +293,7 @@ async def test_a_replayed_saga_that_cannot_compensate_the_step_given_up_stops_ag
     w.FAIL[(iid, "undo_one")] = -1
     await engine.run_until_idle()
     ALERTS.clear()
-    await engine.client.replay(iid, "three")
+    await engine.client.replay(iid, "two")
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert info.status == "COMPENSATION_FAILED"
@@ -415,3 +419,27 @@ async def test_a_failed_step_logs_a_warning_that_compensation_starts_and_an_erro
     assert len([m for _, m in lines(gave_up) if "compensation starts" in m]) == 1
     errors = [m.split(" gave up")[0] for level, m in lines(gave_up) if level >= logging.ERROR]
     assert errors == [f"compensation of step one of linear instance {gave_up} position '$saga'"]
+
+
+async def test_a_replay_from_after_a_compensated_step_is_refused(engine: Engine) -> None:
+    """A replay from a step that a compensated step ran before completed with that step undone: `three`
+    replayed after `two` and `one` were compensated ran `three` alone and ended COMPLETED, the trip half
+    undone. It is refused, naming the step to replay from; a replay from there runs it again."""
+    iid = await engine.client.start(w.linear, {})
+    w.FAIL[(iid, "three")] = 1  # fails once: the saga compensates two, then one
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATED"
+    for step in ("three", "two"):
+        with pytest.raises(InvalidState, match=r"step 'one' ran before .* and was compensated .* replay from 'one'"):
+            await engine.client.replay(iid, step)
+    assert (await engine.client.get(iid)).status == "COMPENSATED"  # nothing was written
+    assert "INSTANCE_REPLAYED" not in kinds(await engine.client.history(iid))
+
+    await engine.client.replay(iid, "one")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["one", "two", "three"])
+    # Once run again, neither is compensated any more: a replay from the last step is taken.
+    assert (await engine.client.replay(iid, "three")).status == "RUNNING"
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"

@@ -14,11 +14,12 @@ from typing import Any
 from stepstone.core.attribution import Actor
 from stepstone.core.model import FAILURE_KINDS
 from stepstone.core.redaction import REDACTED, Path
+from stepstone.core.saga import SAGA
 from stepstone.errors import InvalidInput
 from stepstone.ops.model import HistoryEntry
 
-__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "compensations_shown", "entry", "outcome_of", "replay_point",
-           "replay_start", "state_at"]
+__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "compensated_since", "compensations_shown", "entry", "outcome_of",
+           "replay_point", "replay_start", "state_at"]
 
 BASELINE_KINDS = frozenset({"INSTANCE_STARTED", "STATE_BASELINE", "INSTANCE_REPLAYED"})
 
@@ -122,6 +123,23 @@ def replay_point(history: list[HistoryEntry], step: str) -> HistoryEntry:
                            + (f"; it ran: {', '.join(ran)}" if ran else ""), what="step")
     latest = max(e.visit or 0 for e in visits)
     return min((e for e in visits if e.visit == latest), key=lambda e: e.seq)
+
+
+def compensated_since(history: list[HistoryEntry], point: HistoryEntry) -> str | None:
+    """The first step whose latest run before `point` a saga has compensated since, if any: a replay from
+    `point` starts from a state that holds what that run did, which is undone (docs/sagas.md)."""
+    undone = {(e.step, e.visit) for e in history if e.kind == "STEP_COMPENSATED"}
+    latest: dict[tuple[str, str], HistoryEntry] = {}  # (position, step) -> the first entry of its latest visit
+    for e in history:
+        if e.seq >= point.seq or not e.step or e.visit is None or e.position == SAGA:
+            continue
+        if (e.position, e.step, e.visit) == (point.position, point.step, point.visit):
+            continue  # the run replayed itself (its INSTANCE_STARTED, say)
+        seen = latest.get((e.position, e.step))
+        if seen is None or (seen.visit or 0) < e.visit:
+            latest[(e.position, e.step)] = e
+    hits = [e for e in latest.values() if (e.step, e.visit) in undone]
+    return min(hits, key=lambda e: e.seq).step if hits else None
 
 
 def restore_sensitive(state: Any, live: Any, paths: tuple[Path, ...]) -> Any:

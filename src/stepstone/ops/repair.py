@@ -10,7 +10,7 @@ from typing import Any
 from stepstone.core.messages import signal_cause
 from stepstone.core.redaction import redact_state
 from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState
-from stepstone.ops.history import entry, replay_point, replay_start, restore_sensitive, state_at
+from stepstone.ops.history import compensated_since, entry, replay_point, replay_start, restore_sensitive, state_at
 from stepstone.ops.model import BulkItem, BulkReport, HistoryEntry, ReplayResult
 from stepstone.ops.queries import sensitive_paths_of
 from stepstone.store.operations_port import InstanceFilter, OperationsStore
@@ -114,7 +114,9 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
     Sensitive values, which history never held, come from the live state. Children: a child step
     run again starts a new child (its id comes from the new visit) and the old child is left as it
     ended; a replayed child reports to its parent only if the parent still waits for it (otherwise
-    the parent records the report as CALLBACK_IGNORED and does not move)."""
+    the parent records the report as CALLBACK_IGNORED and does not move). Refused (InvalidState)
+    when a step that ran before it was compensated since: the instance would go on with that step
+    undone; the message names the step to replay from."""
     rows = await store.full_history(instance_id)
     if not rows:
         raise InstanceNotFound(instance_id)
@@ -123,7 +125,14 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
     point = replay_point(history, step)
     extra = await store.instance_extra(instance_id)
     paths = sensitive_paths_of(extra)
-    live = (await store.instance(instance_id))["state"]
+    row = await store.instance(instance_id)
+    undone = compensated_since(history, point)
+    if undone is not None:
+        raise InvalidState(
+            f"step {undone!r} ran before {step!r} and was compensated (undone) since: a replay from {step!r} "
+            f"would go on as if it had not been; replay from {undone!r} or an earlier step, which runs it again",
+            instance_id=instance_id, status=row["status"])
+    live = row["state"]
     state = restore_sensitive(state_at(history, point.seq), live, paths)
     baseline = redact_state(state, paths)
     cause = await _cause(store, instance_id, history, point)
