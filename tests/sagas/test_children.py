@@ -107,3 +107,32 @@ async def test_a_running_child_is_cancelled_with_compensation_before_the_parent_
     assert [c for _, c in w.CALLS] == ["busy_one", "side", "home"]
     assert kinds(child_history)[-1] == "INSTANCE_COMPENSATED"
     assert "INSTANCE_CANCELLED" not in kinds(child_history)
+
+
+async def test_a_child_replayed_while_its_parents_saga_stopped_on_it_is_compensated_by_the_parents_retry(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """The replay of a child its parent's saga could not compensate ends the child's saga, link to the
+    parent's saga (`saga.record`) included, as any new saga round sets it afresh: the child goes forward
+    as an instance of its own, and its end does not move the stopped parent (CALLBACK_IGNORED). The
+    parent's retry links it again: the child, completed once more, is compensated, both of its runs."""
+    iid = await engine.client.start(w.trip, {})
+    cid = child_id(iid, "", "sub", 2)
+    w.FAIL[(cid, "undo_leg_book")] = -1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    assert await conn.fetchval("SELECT saga ? 'record' FROM stepstone.instances WHERE id = $1", cid)
+
+    w.FAIL.pop((cid, "undo_leg_book"))
+    await engine.client.replay(cid, "leg_book")
+    assert await conn.fetchval("SELECT saga FROM stepstone.instances WHERE id = $1", cid) is None
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "COMPLETED"
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    assert kinds(await engine.client.history(iid))[-1] == "CALLBACK_IGNORED"
+
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATED"
+    child = await engine.client.get(cid)
+    assert child.status == "COMPENSATED" and child.state["undone"] == ["leg_book:seat-7", "leg_book:seat-7"]
