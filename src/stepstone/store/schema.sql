@@ -4587,5 +4587,5 @@ ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 -- ==== version 58 (migration 0058_crashes_count_alone) ====
 -- A worker marks a suspect's claim that runs alone (queries.sql, `run_alone`), and crashes count only by
 -- such claims; why: the migration's header.
-ALTER TABLE {{schema}}.commands ADD COLUMN alone_claims integer NOT NULL DEFAULT 0;
+ALTER TABLE {{schema}}.commands ADD COLUMN alone_claims integer;  -- NULL: none (why: the migration)
 ALTER TABLE {{schema}}.commands ADD COLUMN alone_token uuid;

@@ -113,7 +113,7 @@ RETURNING c.id;
 -- 0058); no row when the token no longer holds the position's unexpired lease. At most claims - 2 earlier
 -- claims ran alone (the first claim of a command never does), which drops the marks of a command settled
 -- or rescheduled since (its claims counted again from 0 or 1). Only the command row is updated.
-UPDATE {{schema}}.commands c SET alone_claims = LEAST(c.alone_claims, GREATEST(c.claims - 2, 0)) + 1,
+UPDATE {{schema}}.commands c SET alone_claims = LEAST(coalesce(c.alone_claims, 0), GREATEST(c.claims - 2, 0)) + 1,
     alone_token = c.token
 FROM {{schema}}.positions p
 WHERE p.instance_id = $1 AND p.path = $2 AND p.lease_token = $3 AND p.lease_until > {{schema}}.db_now()
