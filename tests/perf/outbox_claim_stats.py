@@ -5,8 +5,11 @@ docs/performance.md. On a fresh database (on the server at --admin-url) it stage
 insert (keys cycling over --keys keys, as the bench stages them), then claims --limit events --claims times
 without ANALYZE, publishing each batch (as a relay does), and prints the p50/max of those claims; then it
 analyzes the outbox and does the same again. With --plan it prints the first claim's plan of each phase.
+With --held N it first stages one event of key 'held', dead-lettered, and N events of that key behind it
+(older than the others): a key held back with a backlog that no claim may take.
 
     python tests/perf/outbox_claim_stats.py --events 100000 --keys 1000 --limit 50
+    python tests/perf/outbox_claim_stats.py --events 10000 --held 100000
 
 For an A/B, run it on each tree alternately, the other tree's `src` first on PYTHONPATH.
 """
@@ -30,6 +33,10 @@ SCHEMA = "stepstone"
 STAGE = f"""INSERT INTO {SCHEMA}.outbox (event_id, instance_id, type, key, payload, created_at)
 SELECT gen_random_uuid(), gen_random_uuid(), 'bench.event', 'k' || (g % $2), jsonb_build_object('n', g), now()
 FROM generate_series(1, $1) AS g"""
+HELD = f"""INSERT INTO {SCHEMA}.outbox (event_id, instance_id, type, key, payload, created_at, dead_at)
+SELECT gen_random_uuid(), gen_random_uuid(), 'bench.event', 'held', jsonb_build_object('n', g), now(),
+       CASE WHEN g = 0 THEN now() END
+FROM generate_series(0, $1) AS g"""
 
 
 async def claims(outbox: PostgresOutbox, conn: asyncpg.Connection, n: int, limit: int, plan: bool) -> list[float]:
@@ -73,6 +80,8 @@ async def run(args: argparse.Namespace) -> None:
         store = await PostgresStore.open(url, SCHEMA, max_size=2)
         try:
             outbox = PostgresOutbox(store)
+            if args.held:
+                await conn.execute(HELD, args.held)
             await conn.execute(STAGE, args.events, args.keys)
             summary("before ANALYZE", await claims(outbox, conn, args.claims, args.limit, args.plan))
             await conn.execute(f"ANALYZE {SCHEMA}.outbox")
@@ -90,6 +99,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument("--claims", type=int, default=20)
     parser.add_argument("--plan", action="store_true")
+    parser.add_argument("--held", type=int, default=0, metavar="N",
+                        help="first a dead event of key 'held' with N events of that key behind it")
     asyncio.run(run(parser.parse_args()))
 
 

@@ -4529,31 +4529,79 @@ SET enable_sort = off
 SET jit = off
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_window integer := 4 * p_limit + 100;
+    v_horizon xid8 := pg_snapshot_xmin(pg_current_snapshot());
+    v_now timestamptz := {{schema}}.db_now();
+    v_seen integer;
+    v_ids bigint[];
 BEGIN
-    -- Candidates: pending events below the visibility horizon whose key's oldest unpublished event is
-    -- not held back (dead, leased, backing off, above the horizon: outbox.sql's outbox_state is not
-    -- 'pending'); then a candidate is dropped when its key has an older unpublished event this claim
-    -- did not take. Null keys ask for no order.
+    -- Candidates, unlocked. First the oldest v_window unpublished events: the first of a key among
+    -- them is its oldest, so a key is held back from its first event that is not claimable (dead,
+    -- leased, backing off, above the horizon: outbox.sql's outbox_state is not 'pending') on.
+    WITH win AS (
+        SELECT o.id, o.key,
+               {{schema}}.outbox_claimable(o.dead_at, o.xid, o.next_attempt_at, o.claimed_until, v_horizon, v_now)
+                   AS ok
+        FROM {{schema}}.outbox o
+        WHERE o.published_at IS NULL
+        ORDER BY o.id
+        LIMIT v_window
+    ), held AS (
+        SELECT w.key, min(w.id) AS since FROM win w WHERE NOT w.ok AND w.key IS NOT NULL GROUP BY w.key
+    )
+    SELECT (SELECT count(*) FROM win),
+           ARRAY(SELECT w.id FROM win w LEFT JOIN held h ON h.key = w.key
+                 WHERE w.ok AND (h.since IS NULL OR w.id < h.since) ORDER BY w.id LIMIT p_limit)
+    INTO v_seen, v_ids;
+    -- Those held back filled the window (a key held back with a backlog behind it, say): rather than
+    -- walk the backlog, take each key's oldest event by a skip over outbox_pending_key (one probe a
+    -- key with unpublished events), the keys whose oldest is claimable in id order, and each one's
+    -- claimable run from there; and the unkeyed events from outbox_pending_unkeyed.
+    IF v_seen = v_window AND cardinality(v_ids) < p_limit THEN
+        WITH RECURSIVE heads AS (
+            (SELECT o.key, o.id, o.dead_at, o.xid, o.next_attempt_at, o.claimed_until FROM {{schema}}.outbox o
+             WHERE o.published_at IS NULL AND o.key IS NOT NULL ORDER BY o.key, o.id LIMIT 1)
+            UNION ALL
+            SELECT n.* FROM heads h, LATERAL (
+                SELECT o.key, o.id, o.dead_at, o.xid, o.next_attempt_at, o.claimed_until FROM {{schema}}.outbox o
+                WHERE o.published_at IS NULL AND o.key IS NOT NULL AND o.key > h.key
+                ORDER BY o.key, o.id LIMIT 1) n
+        ), first_keys AS (
+            SELECT h.key, h.id FROM heads h
+            WHERE {{schema}}.outbox_claimable(h.dead_at, h.xid, h.next_attempt_at, h.claimed_until, v_horizon, v_now)
+            ORDER BY h.id
+            LIMIT p_limit
+        ), runs AS (
+            SELECT r.id FROM first_keys f, LATERAL (
+                SELECT x.id, bool_and(x.ok) OVER (ORDER BY x.id) AS clear
+                FROM (SELECT o.id,
+                             {{schema}}.outbox_claimable(o.dead_at, o.xid, o.next_attempt_at, o.claimed_until,
+                                                         v_horizon, v_now) AS ok
+                      FROM {{schema}}.outbox o
+                      WHERE o.key = f.key AND o.published_at IS NULL
+                      ORDER BY o.id LIMIT p_limit) x) r
+            WHERE r.clear
+            UNION ALL
+            SELECT u.id FROM (
+                SELECT o.id FROM {{schema}}.outbox o
+                WHERE o.published_at IS NULL AND o.key IS NULL
+                  AND {{schema}}.outbox_claimable(o.dead_at, o.xid, o.next_attempt_at, o.claimed_until,
+                                                  v_horizon, v_now)
+                ORDER BY o.id LIMIT p_limit) u
+        )
+        SELECT ARRAY(SELECT r.id FROM runs r ORDER BY r.id LIMIT p_limit) INTO v_ids;
+    END IF;
+    -- Lock the candidates still claimable, skipping those another claim holds; then a candidate is
+    -- dropped when its key has an older unpublished event this claim did not take (whatever chose the
+    -- candidates, this keeps each key's order). Null keys ask for no order.
     RETURN QUERY
     WITH cand AS (
         SELECT c.id, c.key
         FROM {{schema}}.outbox c
-        WHERE c.published_at IS NULL
-          AND c.dead_at IS NULL
-          AND (c.xid IS NULL OR c.xid < pg_snapshot_xmin(pg_current_snapshot()))
-          AND (c.next_attempt_at IS NULL OR c.next_attempt_at <= {{schema}}.db_now())
-          AND (c.claimed_until IS NULL OR c.claimed_until <= {{schema}}.db_now())
-          AND NOT EXISTS (
-              SELECT 1
-              FROM (SELECT h.* FROM {{schema}}.outbox h
-                    WHERE h.key = c.key AND h.published_at IS NULL
-                    ORDER BY h.id LIMIT 1) o
-              WHERE o.id < c.id
-                AND (o.dead_at IS NOT NULL OR o.claimed_until > {{schema}}.db_now()
-                     OR o.next_attempt_at > {{schema}}.db_now()
-                     OR o.xid >= pg_snapshot_xmin(pg_current_snapshot())))
-        ORDER BY c.id
-        LIMIT p_limit
+        WHERE c.id = ANY (v_ids)
+          AND c.published_at IS NULL
+          AND {{schema}}.outbox_claimable(c.dead_at, c.xid, c.next_attempt_at, c.claimed_until, v_horizon, v_now)
         FOR UPDATE SKIP LOCKED
     ), keep AS (
         SELECT c.id FROM cand c
@@ -4589,3 +4637,21 @@ ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 -- such claims; why: the migration's header.
 ALTER TABLE {{schema}}.commands ADD COLUMN alone_claims integer;  -- NULL: none (why: the migration)
 ALTER TABLE {{schema}}.commands ADD COLUMN alone_token uuid;
+
+-- ==== version 60 (migration 0060_outbox_claim_skips_held_keys) ====
+-- The relay's claim skips a key held back with a backlog instead of walking it; why: the migration's header.
+-- outbox_claim changes here; its one definition is in the version 54 section.
+-- Whether the unpublished event of these columns is claimable below the horizon p_horizon at p_now (not
+-- dead, leased, backing off or above the horizon: outbox.sql's outbox_state is 'pending'). Inlined.
+CREATE FUNCTION {{schema}}.outbox_claimable(p_dead_at timestamptz, p_xid xid8, p_next_attempt_at timestamptz,
+                                            p_claimed_until timestamptz, p_horizon xid8, p_now timestamptz)
+RETURNS boolean LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT p_dead_at IS NULL AND (p_xid IS NULL OR p_xid < p_horizon)
+       AND (p_next_attempt_at IS NULL OR p_next_attempt_at <= p_now)
+       AND (p_claimed_until IS NULL OR p_claimed_until <= p_now)
+$$;
+
+-- The unkeyed unpublished events in id order: the claim's skip past held keys takes them from here.
+CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at IS NULL AND key IS NULL;
+
