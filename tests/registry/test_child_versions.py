@@ -197,3 +197,40 @@ async def test_a_retried_child_step_names_the_version_its_existing_child_runs(en
     assert [c["id"] for c in info.children] == [child["id"]]
     started = [h["data"] for h in await engine.client.history(iid) if h["kind"] == "CHILD_STARTED"]
     assert [(d["child_id"], d["version"]) for d in started] == [(child["id"], 1), (child["id"], 1)]
+
+
+async def test_a_child_version_deprecated_between_its_selection_and_the_commit_is_selected_again(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's worker selected kid v1 for the child; before its commit, v2 was activated and v1
+    deprecated. The commit's start of the child was refused (VersionNotAdmitted): the segment crashed, its
+    step waited for the lease to expire and its handler ran again. Now the worker selects again and commits
+    in the same segment (the step's handler runs again there, at the same visit, as after a conflict on
+    the shared state): the child runs v2, and there is no crash and no failed step."""
+    definitions = engine.store.definitions
+    asked = definitions.select_version
+    raced: list[int] = []
+
+    async def then_deprecated(scope: str, definition_id: str) -> Any:
+        chosen = await asked(scope, definition_id)
+        if definition_id == "kid" and not raced:
+            raced.append(chosen[1])
+            await definitions.activate("default", "kid", 2)
+            await definitions.transition("default", "kid", 1, "DEPRECATED")
+        return chosen
+
+    monkeypatch.setattr(definitions, "select_version", then_deprecated)
+    ran_before = _SPAWNED.count
+    iid = await engine.client.start(parent, {})
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert raced == [1]
+    assert info.status == "COMPLETED", info.error
+    assert info.state["kid_version"] == 2
+    assert [(await engine.client.get(c["id"])).version for c in info.children] == [2]
+    history = await engine.client.history(iid)
+    kinds = [h["kind"] for h in history]
+    assert "STEP_FAILED" not in kinds and "COMMAND_DEAD_LETTERED" not in kinds, kinds
+    assert [h["data"]["version"] for h in history if h["kind"] == "CHILD_STARTED"] == [2]
+    assert engine.worker.events.crashed == 0
+    assert _SPAWNED.count - ran_before == 2

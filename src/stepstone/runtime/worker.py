@@ -23,13 +23,14 @@ from typing import Any
 
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.context import durable
+from stepstone.core.effects import StartChild
 from stepstone.core.folding import fold, foldable
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
 from stepstone.core.pin import pin_of  # kept importable from here for callers and tests (__all__)
 from stepstone.core.saga import RunCompensation, complete_compensation
 from stepstone.core.transitions import advance, apply, complete_step, reports_wanted
-from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPrivilege
+from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPrivilege, VersionNotAdmitted
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.alone import AloneRuns, wait_for_the_others
 from stepstone.runtime.committer import CommitAgain, GroupCommitter, outcome_of
@@ -495,8 +496,15 @@ class Worker:
                         command, transition = replace(command, id=first.continuation), None
                     else:
                         decision = folded  # on a conflict the step runs again and folds again
-                committed = await self._observed_commit(claim, instance, command.id, decision, visit,
-                                                        instance.state_version)
+                try:
+                    committed = await self._observed_commit(claim, instance, command.id, decision, visit,
+                                                            instance.state_version)
+                except VersionNotAdmitted:  # the child's version, deprecated since its selection: nothing
+                    if decision.first(StartChild) is None:  # was written and the claim holds; select again
+                        raise
+                    log.info("instance %s: its child's version was deprecated since it was selected; the step "
+                             "selects again", instance.id)
+                    continue
             if committed is not None and not committed.conflict:
                 await raise_alert(self.config.on_compensation_failed, decision)
             if committed is None or not committed.conflict:
@@ -564,7 +572,12 @@ class Worker:
         if ending:
             self._slot_free.set()
         with observe.commit(instance, decision, claim.pin.definition_id) as seen_commit:
-            committed = await self._commit(claim, command_id, decision, visit, state_version)
+            try:
+                committed = await self._commit(claim, command_id, decision, visit, state_version)
+            except VersionNotAdmitted:
+                if segment is not None:
+                    segment.ending = False  # nothing was written and the step runs again: keep renewing
+                raise
             seen_commit.result(committed)
         if committed is not None and not committed.conflict:  # which level its failure's line takes
             await observe.branch_failure(self.store, claim.pin.definition_id, instance, decision)
