@@ -4655,3 +4655,7 @@ $$;
 -- The unkeyed unpublished events in id order: the claim's skip past held keys takes them from here.
 CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at IS NULL AND key IS NULL;
 
+-- ==== version 61 (migration 0061_business_key_alone) ====
+-- A business key without a workflow finds its instances through an index of its own; why: the migration's
+-- header.
+CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key) WHERE business_key IS NOT NULL;
