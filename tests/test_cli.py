@@ -236,3 +236,39 @@ def test_json_output_writes_every_time_as_iso_8601(capsys: pytest.CaptureFixture
     assert json.loads(capsys.readouterr().out) == {
         "at": "2026-12-06T07:02:38.050301+00:00", "rows": [{"on": "2026-12-06"}], "window": 7200.0,
         "id": "00000000-0000-0000-0000-000000000001"}
+
+
+def test_migrate_and_status_take_the_database_an_app_names(empty_database_url: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`db migrate --app M:A` migrates the database and schema the app names with `stepstone_database()`,
+    as every other command given that --app works on; `db migrate` took no --app (exit 2, "No such
+    option"), so an app's database had to be named again by hand."""
+    (tmp_path / "app_with_db.py").write_text(
+        "from stepstone.authoring.workflow import Registry\n"
+        "from stepstone.config import Settings\n"
+        "registry = Registry()\n"
+        "def stepstone_database():\n"
+        f"    return Settings(database_url={empty_database_url!r}, schema='appflows',\n"
+        "                    sources={'database_url': 'the test app'})\n")
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml here: nothing configured but what the app names
+    for name in ("STEPSTONE_DATABASE_URL", "DATABASE_URL", "STEPSTONE_SCHEMA", "STEPSTONE_APP"):
+        monkeypatch.delenv(name, raising=False)
+    status = run("db", "status", "--app", "app_with_db:registry")
+    assert status.exit_code == 1 and "pending" in status.stdout, status.output
+    migrated = run("db", "migrate", "--app", "app_with_db:registry")
+    assert migrated.exit_code == 0 and "applied 0001_" in migrated.stdout, migrated.output
+    assert run("--app", "app_with_db:registry", "db", "status").exit_code == 0
+
+    async def versions() -> int:
+        conn = await asyncpg.connect(empty_database_url)
+        try:
+            return int(await conn.fetchval("SELECT count(*) FROM appflows.schema_migrations"))
+        finally:
+            await conn.close()
+
+    import asyncio  # noqa: PLC0415
+
+    assert asyncio.run(versions()) == len(shipped_migrations())
+    assert not (tmp_path / ".stepstone").exists()  # no embedded server was started instead
+    refused = one_line_error(run("db", "migrate", "--app", "app_with_db:registry", "--schema", "other"))
+    assert "works in the schema 'appflows'" in refused

@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from stepstone.authoring.workflow import Registry
+from stepstone.cli.app import app_option
 from stepstone.cli.common import CliError, emit, output_option, run_async, with_settings
 from stepstone.cli.lazy import LazyGroup
 from stepstone.config import Settings
@@ -23,9 +25,11 @@ def db_group() -> None:
 
 
 @db_group.command("migrate")
+@app_option(required=False)
 @with_settings
-def migrate_command(settings: Settings) -> None:
-    """Apply pending migrations (safe to run concurrently and repeatedly)."""
+def migrate_command(settings: Settings, registry: Registry | None) -> None:  # noqa: ARG001 - --app: its database
+    """Apply pending migrations (safe to run concurrently and repeatedly); with --app, on the database
+    the app names when none is configured."""
 
     async def go() -> tuple[list[migrations.Migration], list[int]]:
         conn = await connect(settings)
@@ -46,9 +50,10 @@ def migrate_command(settings: Settings) -> None:
 
 
 @db_group.command("status")
+@app_option(required=False)
 @with_settings
 @output_option
-def status_command(settings: Settings, output: str) -> None:
+def status_command(settings: Settings, registry: Registry | None, output: str) -> None:  # noqa: ARG001 - as migrate
     """Show applied and pending migrations; exit 1 when migrations are pending or unknown."""
 
     async def go() -> migrations.MigrationStatus:
