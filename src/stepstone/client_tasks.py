@@ -34,6 +34,7 @@ from stepstone.errors import (
     UnknownDecision,
     refused,
 )
+from stepstone.json_schemas import schema_refusal
 from stepstone.store.port import ClientStore
 from stepstone.store.task_port import InboxMode, TaskQuery
 
@@ -419,17 +420,10 @@ def _check_form(form: Any, decision: str, payload: Any) -> Any:
         if payload is not None:
             raise InvalidInput(f"decision {decision!r} takes no payload", what="payload")
         return None
-    # Imported here, as authoring.documents does: jsonschema is tens of ms of every command's start-up.
-    import jsonschema  # noqa: PLC0415
-
     # The payload's schema is validated as a document of its own: its $refs point into its own $defs.
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(payload))
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "payload"
-        message = error.message if len(error.message) <= 300 else error.message[:297] + "..."
-        if error.validator == "required" and isinstance(error.instance, dict):
-            message = "missing " + ", ".join(str(f) for f in error.validator_value if f not in error.instance)
-        raise InvalidInput(f"payload of decision {decision!r} is invalid: {where}: {message}", what="payload")
+    problem = schema_refusal(schema, payload, "payload")
+    if problem is not None:
+        raise InvalidInput(f"payload of decision {decision!r} is invalid: {problem}", what="payload")
     return payload
 
 

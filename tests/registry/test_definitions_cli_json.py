@@ -33,7 +33,7 @@ def test_the_definitions_commands_answer_in_json(database_url: str, tmp_path: Pa
     assert (first["status"], first["recorded"], first["plan_hash"]) == ("AVAILABLE", "inserted", valid["plan_hash"])
     assert run("publish", str(tmp_path / "v2.yaml"), "--catalog", CATALOG, *db)["version"] == 2
     assert run("activate", "approval", "2", *db) == {"scope": "default", "workflow": "approval", "version": 2,
-                                                     "of_scope": "default"}
+                                                     "of_scope": "default", "schedules_refused": []}
     assert run("deprecate", "approval", "1", *db)["before"] == "AVAILABLE"
     assert run("reinstate", "approval", "1", *db) == {"workflow": "approval", "version": 1, "scope": "default",
                                                       "before": "DEPRECATED", "status": "AVAILABLE"}

@@ -5,19 +5,24 @@ a schedule a worker cannot fire is held without a poll loop and without losing i
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
+from click.testing import CliRunner
 from pydantic import BaseModel, ConfigDict
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
+from stepstone.cli import cli
 from stepstone.errors import InvalidInput
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.worker import Worker
 from stepstone.scheduling import Schedule
+from stepstone.scheduling.operations import inputs_refused
 from stepstone.testing import Engine, open_engine
 
 
@@ -186,3 +191,27 @@ async def test_a_schedule_starts_its_instances_in_its_scope(engine: Engine, db: 
     triggered = await engine.client.trigger_schedule("s")
     scopes = await db.fetch("SELECT id::text, scope FROM stepstone.instances WHERE definition_id = 'ticker'")
     assert sorted(r["scope"] for r in scopes) == ["acme", "acme"] and triggered in {r["id"] for r in scopes}
+
+
+async def test_activating_a_version_names_the_schedules_whose_input_it_refuses(database_url: str) -> None:
+    """A schedule's input is checked against the version its ticks start when it is declared; activating
+    another version checked nothing, so a schedule whose input that version refuses had every tick skipped
+    (an error in some worker's log) with nothing said at the activation. Now the activation names it."""
+    async with open_engine(database_url, Registry(typed(1, Old), typed(2, New))) as engine:
+        await engine.client.schedule(Schedule("t", "typed", every=60, input={"a": 1}))
+        await engine.store.definitions.activate("acme", "typed", 1, target_scope="default")  # acme keeps v1
+        await engine.client.schedule(Schedule("kept", "typed", every=60, input={"a": 2}, scope="acme"))
+        args = ["--database-url", database_url, "definitions", "activate", "typed", "2"]
+        text = await asyncio.to_thread(CliRunner().invoke, cli, args, catch_exceptions=False)
+        assert text.exit_code == 0, text.output
+        assert text.stdout.strip() == "scope default: typed v2 is current"
+        [warning] = text.stderr.strip().splitlines()
+        assert warning.startswith("warning: schedule t (scope default) starts typed v2 now"), warning
+        assert "every tick will be skipped" in warning
+        as_json = await asyncio.to_thread(CliRunner().invoke, cli, [*args, "-o", "json"], catch_exceptions=False)
+        [refused] = json.loads(as_json.stdout)["schedules_refused"]
+        assert (refused["name"], refused["scope"]) == ("t", "default") and refused["problem"].startswith("input")
+        assert await inputs_refused(engine.store, engine.store.definitions, "typed", 1) == []  # no ticks start v1
+        # Declared again with an input v2 takes, nothing is refused
+        await engine.client.schedule(Schedule("t", "typed", every=60, input={"b": 1}))
+        assert await inputs_refused(engine.store, engine.store.definitions, "typed", 2) == []

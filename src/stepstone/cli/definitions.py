@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import DocumentInvalid, StepstoneError
 from stepstone.ops import definitions as ops
 from stepstone.ops.migration import DEFAULT_PATIENCE
+from stepstone.scheduling.operations import RefusedInput, inputs_refused
+from stepstone.store.scheduling_port import SchedulingStore
 
 __all__ = ["commands", "load_catalog"]
 
@@ -191,17 +194,26 @@ def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int,
 @with_settings
 def activate_command(settings: Settings, definition_id: str, version: int, scope: str, from_default: bool,
                      output: str) -> None:
-    """Make VERSION the current version of the scope: starts by id select it from now on."""
+    """Make VERSION the current version of the scope: starts by id select it from now on. A schedule whose
+    ticks now start VERSION and whose input VERSION's input schema refuses is named in a warning."""
     target = DEFAULT_SCOPE if from_default else scope
 
-    async def go() -> None:
+    async def go() -> list[RefusedInput]:
         async with open_store(settings) as store:
             await store.definitions.activate(scope, definition_id, version, target_scope=target, actor="cli")
+            if not isinstance(store, SchedulingStore):  # a store that keeps no schedules has none to check
+                return []
+            return await inputs_refused(store, store.definitions, definition_id, version)
 
-    run_async(go())
-    emit({"scope": scope, "workflow": definition_id, "version": version, "of_scope": target}, output,
+    refused = run_async(go())
+    emit({"scope": scope, "workflow": definition_id, "version": version, "of_scope": target,
+          "schedules_refused": [asdict(r) for r in refused]}, output,
          lambda: f"scope {scope}: {definition_id} v{version}" + (" (of scope default)" if target != scope else "")
          + " is current")
+    for r in refused:
+        click.echo(f"warning: schedule {r.name} (scope {r.scope}) starts {definition_id} v{version} now, whose input "
+                   f"schema refuses its input ({r.problem}): every tick will be skipped until its input or the "
+                   f"activation changes (`stepstone schedules create {r.name} {definition_id} --input ...`)", err=True)
 
 
 def _lifecycle(name: str, to: str, help_text: str) -> None:
