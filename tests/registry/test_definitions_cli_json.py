@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from stepstone.cli import cli
@@ -59,3 +60,30 @@ def test_reinstate_says_already_available_and_refuses_an_app_without_the_version
     assert lacking.stderr.startswith("error: --app has no approval v2, so its plan hash cannot be checked")
     listed = runner.invoke(cli, ["definitions", "list", "--workflow", "approval", *db, "-o", "json"])
     assert {r["version"]: r["status"] for r in json.loads(listed.stdout)} == {1: "AVAILABLE", 2: "DEPRECATED"}
+
+
+def test_reinstate_of_an_available_version_with_other_code_is_drift(
+        database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reinstate --app` checks the app's code against the recorded version; for a version already AVAILABLE
+    it answered "already AVAILABLE, nothing changed" (exit 0) to code of another structure, as if it
+    matched. Now that is drift (exit 1), named as such; nothing changes either way."""
+    runner = CliRunner()
+    db = ("--database-url", database_url)
+    (tmp_path / "v1.yaml").write_text(APPROVAL)
+    assert runner.invoke(cli, ["definitions", "publish", str(tmp_path / "v1.yaml"), "--catalog", CATALOG,
+                               *db]).exit_code == 0
+    (tmp_path / "other_approval.py").write_text(
+        "from stepstone.authoring.workflow import Registry, Workflow\n"
+        "wf = Workflow('approval', version=1)\n"
+        "@wf.step(start=True, next=None)\n"
+        "def only(ctx, state):\n"
+        "    return None\n"
+        "registry = Registry(wf)\n")
+    monkeypatch.chdir(tmp_path)
+    drifted = runner.invoke(cli, ["definitions", "reinstate", "approval", "1", *db, "--app", "other_approval:registry"])
+    assert drifted.exit_code == 1, drifted.output
+    [line] = drifted.stderr.strip().splitlines()
+    assert line.startswith("error: drift: workflow 'approval' v1 (scope default) was registered with plan "), line
+    assert "it is AVAILABLE, but that code is not this version" in line
+    listed = runner.invoke(cli, ["definitions", "list", "--workflow", "approval", *db, "-o", "json"])
+    assert {r["version"]: r["status"] for r in json.loads(listed.stdout)} == {1: "AVAILABLE"}

@@ -130,6 +130,9 @@ async def test_lifecycle_rules(engine: Engine) -> None:
     with pytest.raises(DefinitionDrift):
         await d.transition("default", "orders", 2, "AVAILABLE", plan_hash=flow(2, second="q").plan.plan_hash)
     assert await d.transition("default", "orders", 2, "AVAILABLE", plan_hash=V2.plan.plan_hash) == "RETIRED"
+    with pytest.raises(DefinitionDrift, match="it is AVAILABLE, but that code is not this version"):
+        await d.transition("default", "orders", 2, "AVAILABLE", plan_hash=flow(2, second="q").plan.plan_hash)
+    assert await d.transition("default", "orders", 2, "AVAILABLE", plan_hash=V2.plan.plan_hash) == "AVAILABLE"
     with pytest.raises(InvalidTransition, match="cannot become CANDIDATE"):
         await d.transition("default", "orders", 2, "CANDIDATE")
     with pytest.raises(DefinitionNotFound):

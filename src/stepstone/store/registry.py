@@ -125,6 +125,16 @@ class PostgresRegistry:
                     raise DefinitionNotFound(definition_id, version)
                 before = str(row["status"])
                 where = f"workflow {definition_id!r} v{version} (scope {scope})"
+                # Checked first: code that is not this version is drift even where nothing would change
+                # (a reinstate of an AVAILABLE version said "already AVAILABLE" to drifted code).
+                if to == "AVAILABLE" and plan_hash is not None and plan_hash != row["plan_hash"]:
+                    raise DefinitionDrift(
+                        f"drift: {where} was registered with plan {row['plan_hash'][:12]}; the code at hand has "
+                        f"plan {plan_hash[:12]}: " + ("it cannot be reinstated as that version" if before != to else
+                        "it is AVAILABLE, but that code is not this version (a worker with it refuses to start); "
+                        "give the code a new version"),
+                        definition_id=definition_id, version=version,
+                    )
                 if before == to:
                     return before
                 if to == "RETIRED":
@@ -132,12 +142,6 @@ class PostgresRegistry:
                 elif (before, to) not in _TRANSITIONS:
                     raise InvalidTransition(f"{where} is {before}; it cannot become {to}",
                                             definition_id=definition_id, version=version)
-                if to == "AVAILABLE" and plan_hash is not None and plan_hash != row["plan_hash"]:
-                    raise DefinitionDrift(
-                        f"drift: {where} was registered with plan {row['plan_hash'][:12]}; the code at hand has "
-                        f"plan {plan_hash[:12]}: it cannot be reinstated as that version",
-                        definition_id=definition_id, version=version,
-                    )
                 if to in ("DEPRECATED", "RETIRED"):
                     await self._check_not_current(conn, scope, definition_id, version, where)
                 await conn.fetchval(self.q["set_status"], scope, definition_id, version, to, None)
