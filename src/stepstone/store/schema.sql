@@ -4638,7 +4638,7 @@ ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 ALTER TABLE {{schema}}.commands ADD COLUMN alone_claims integer;  -- NULL: none (why: the migration)
 ALTER TABLE {{schema}}.commands ADD COLUMN alone_token uuid;
 
--- ==== version 60 (migration 0060_outbox_claim_skips_held_keys) ====
+-- ==== version 59 (migration 0059_outbox_claim_skips_held_keys) ====
 -- The relay's claim skips a key held back with a backlog instead of walking it; why: the migration's header.
 -- outbox_claim changes here; its one definition is in the version 54 section.
 -- Whether the unpublished event of these columns is claimable below the horizon p_horizon at p_now (not
@@ -4652,10 +4652,9 @@ AS $$
        AND (p_claimed_until IS NULL OR p_claimed_until <= p_now)
 $$;
 
+-- ==== version 60 (migration 0060_outbox_and_business_key_indexes) ====
 -- The unkeyed unpublished events in id order: the claim's skip past held keys takes them from here.
 CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at IS NULL AND key IS NULL;
-
--- ==== version 61 (migration 0061_business_key_alone) ====
 -- A business key without a workflow finds its instances through an index of its own; why: the migration's
 -- header.
 CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key) WHERE business_key IS NOT NULL;

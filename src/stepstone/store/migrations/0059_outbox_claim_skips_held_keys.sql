@@ -11,11 +11,11 @@
 -- held back and from where) and takes the claimable ones in id order. Only when those held back fill that
 -- window and leave the batch short does it skip: a recursive walk of outbox_pending_key takes each key's
 -- oldest unpublished event (one probe a key), the keys whose oldest is claimable in id order, and each
--- one's claimable run from there, with the unkeyed events from a new partial index; the cost is one
+-- one's claimable run from there, with the unkeyed events from a new partial index (migration 0060); the cost is one
 -- probe per key with unpublished events, not one per event held back. The locking statement is as
 -- before (SKIP LOCKED, then a candidate whose key has an older unpublished event this claim did not take
 -- is dropped), so each key's order does not depend on how the candidates were chosen.
--- Expand only: a function and an index added, outbox_claim replaced with the same signature.
+-- Expand only: a function added, outbox_claim replaced with the same signature.
 
 -- Whether the unpublished event of these columns is claimable below the horizon p_horizon at p_now (not
 -- dead, leased, backing off or above the horizon: outbox.sql's outbox_state is 'pending'). Inlined.
@@ -28,8 +28,9 @@ AS $$
        AND (p_claimed_until IS NULL OR p_claimed_until <= p_now)
 $$;
 
--- The unkeyed unpublished events in id order: the claim's skip past held keys takes them from here.
-CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at IS NULL AND key IS NULL;
+-- The claim's skip takes the unkeyed events from an index of their own, outbox_pending_unkeyed, which
+-- migration 0060 builds without blocking the relays (CONCURRENTLY); until it is there the skip reads them
+-- from outbox_pending, which is slower, not wrong.
 
 CREATE OR REPLACE FUNCTION {{schema}}.outbox_claim(p_limit integer, p_lease_seconds double precision, p_relay text,
                                         p_token uuid)
