@@ -183,6 +183,26 @@ async def test_a_step_that_finishes_in_time_ignores_its_deadline(engine: Engine)
     assert "STEP_DEADLINE_EXCEEDED" not in kinds(await engine.client.history(iid))
 
 
+async def test_a_step_deadline_that_fires_after_its_step_was_left_records_nothing(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """begin commits in time and the instance waits on past begin's deadline, so the deadline's timer fires
+    on a position that moved on: nothing happens, and the history says nothing either (it recorded
+    STEP_DEADLINE_PASSED for a step that was left in time)."""
+    iid = await engine.client.start(w.punctual, {})
+    await engine.run_until_idle()
+    await engine.advance(seconds=10)
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE instance_id = $1 AND kind = 'TIMER' "
+                               "AND name = 'step_deadline'", iid) == "COMPLETE"  # it fired
+    assert (await engine.client.get(iid)).step == "linger"
+    await engine.client.signal(iid, "go")
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["begin", "on_time"])
+    k = kinds(await engine.client.history(iid))
+    assert not {"STEP_DEADLINE_PASSED", "STEP_DEADLINE_EXCEEDED"} & set(k), k
+
+
 async def test_the_start_step_takes_a_deadline_and_its_late_commit_is_refused(engine: Engine) -> None:
     iid = await _past_the_step_deadline(engine, w.hasty)  # slow is the start step: its START is fenced
     info = await engine.client.get(iid)

@@ -401,5 +401,13 @@ policies.child(kid, name="loose", workflow="pair", next="meet", cancel_with_pare
 policies.join("meet", fork="split", next="finish")
 policies.step(finish, name="finish", next=None)
 
+# -- a step left in time, its instance waiting on past its deadline: begin (5 s) -> linger -> on_time ----
+
+punctual: Workflow[Trip] = Workflow("punctual", version=1, state=Trip)
+punctual.step(begin, name="begin", start=True, next="linger", deadline=5, on_deadline="fallback")
+punctual.wait("linger", signals={"go": "on_time"})
+punctual.step(on_time, name="on_time", next=None)
+punctual.step(fallback, name="fallback", next=None)
+
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
-                    patient, stubborn, sleepy, touchy, policies)
+                    patient, stubborn, sleepy, touchy, policies, punctual)

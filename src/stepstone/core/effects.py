@@ -257,8 +257,9 @@ class ScheduleStepDeadline(Effect):
 @dataclass(frozen=True)
 class InterruptStep(Effect):
     """A step deadline passed: when `position` is still running `step` at `visit`, its lease is taken
-    (a handler still running commits nothing), its step commands are settled, and a TIMER
-    `step_deadline` is queued on it, which moves it on (`on_deadline`) or fails the step."""
+    (a handler still running commits nothing), STEP_DEADLINE_PASSED is recorded, its step commands are
+    settled, and a TIMER `step_deadline` is queued on it, which moves it on (`on_deadline`) or fails the
+    step. A position that left that visit in time is left alone, and nothing is recorded."""
 
     position: str
     step: str

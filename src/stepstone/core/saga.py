@@ -133,14 +133,13 @@ def _deadline(instance: InstanceView) -> Decision:
 
 
 def _interrupt(instance: InstanceView, command: CommandView) -> Decision:
-    """A step deadline passed: interrupt the position if it still runs that step visit (the store checks)."""
+    """A step deadline passed: interrupt the position if it still runs that step visit. The store checks,
+    and records STEP_DEADLINE_PASSED only then: a step left in time ignores its deadline, in history too."""
     if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
         return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
     payload = command.payload if isinstance(command.payload, dict) else {}
     step, visit, position = str(payload.get("step")), int(payload.get("visit") or 0), str(payload.get("position"))
-    data = {"position": position}
-    return Decision(Settle("COMPLETE"), (
-        RecordHistory("STEP_DEADLINE_PASSED", step, visit, data), InterruptStep(position, step, visit)))
+    return Decision(Settle("COMPLETE"), (InterruptStep(position, step, visit),))
 
 
 def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:

@@ -1801,7 +1801,8 @@ BEGIN
 END $$;
 
 -- Step deadlines on waits and timers too, and on the start step. A position interrupted at a wait or
--- a timer is left by its TIMER 'step_deadline' like a running one (core/saga.py).
+-- a timer is left by its TIMER 'step_deadline' like a running one (core/saga.py). STEP_DEADLINE_PASSED
+-- is recorded only for a position interrupted (migration 0056).
 CREATE FUNCTION {{schema}}.interrupt_steps(p_commit jsonb, p_items jsonb, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -1815,8 +1816,12 @@ BEGIN
         WHERE p.instance_id = v_id AND p.path = x->>'position' AND p.step = x->>'step'
           AND p.visit = (x->>'visit')::integer AND p.status IN ('RUNNING', 'WAITING');
         IF NOT FOUND THEN
-            CONTINUE;  -- the step finished (or the position moved on) in time
+            CONTINUE;  -- the step finished (or the position moved on) in time: nothing to record
         END IF;
+        -- Written here, where the interrupt applies, not by the core, which cannot know (migration 0056).
+        PERFORM {{schema}}.saga_history(v_id, 'STEP_DEADLINE_PASSED', x->>'step', (x->>'visit')::integer,
+                                        p_commit->>'position', (p_commit->>'command')::bigint, p_commit->>'actor',
+                                        jsonb_build_object('position', x->>'position'), p_now);
         PERFORM {{schema}}.settle_open_commands(v_id, 'step deadline', p_commit->>'actor', p_now, x->>'position',
                                                 ARRAY['START', 'STEP', 'RETRY'], 'STEP_DEADLINE');
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, available_at,
@@ -4632,6 +4637,10 @@ ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 -- passed while the instance was FAILED; why: the migration's header.
 -- retry_instance changes here; its one definition is in the version 1 section.
 
+-- ==== version 56 (migration 0056_step_deadline_passed_when_it_applies) ====
+-- interrupt_steps (in the version 6 section) records STEP_DEADLINE_PASSED itself, only for a step visit it
+-- interrupts; why: the migration's header.
+
 -- ==== version 58 (migration 0058_crashes_count_alone) ====
 -- A worker marks a suspect's claim that runs alone (queries.sql, `run_alone`), and crashes count only by
 -- such claims; why: the migration's header.
@@ -4658,3 +4667,4 @@ CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at
 -- A business key without a workflow finds its instances through an index of its own; why: the migration's
 -- header.
 CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key) WHERE business_key IS NOT NULL;
+
