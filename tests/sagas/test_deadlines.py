@@ -173,6 +173,30 @@ async def test_a_step_deadline_without_a_transition_fails_the_step(engine: Engin
     assert (await engine.client.get(iid)).error["type"] == "StepDeadline"
 
 
+@pytest.mark.parametrize("workflow", ["timely", "hasty"])
+async def test_a_step_that_outlives_its_deadline_at_one_slot_goes_to_on_deadline(engine: Engine, workflow: str) -> None:
+    """At one slot the step deadline's timer cannot be claimed while the held handler runs: its commit,
+    after the deadline, went on to `on_time` and `fallback` never ran. The deadline wins: the late commit
+    writes nothing of the step, the deadline interrupts it there, and `on_deadline` runs (hasty: the start
+    step, whose START the commit would have gone on in)."""
+    one_slot = engine.new_worker(concurrency=1, lease_seconds=30)
+    iid = await engine.client.start(getattr(w, workflow), {})
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(one_slot.run_until_idle())
+    await w.ENTERED[iid].wait()
+    await engine.move_clock(6)  # past the 5 s step deadline, well inside the lease
+    w.HOLD[iid].set()
+    await running
+    info = await engine.client.get(iid)
+    first = ["begin"] if workflow == "timely" else []
+    assert (info.status, info.state["log"]) == ("COMPLETED", [*first, "fallback"])
+    history = await engine.client.history(iid)
+    k = kinds(history)
+    assert k.index("STEP_DEADLINE_PASSED") < k.index("STEP_DEADLINE_EXCEEDED") < k.index("INSTANCE_COMPLETED")
+    assert [h["step"] for h in history if h["kind"] == "STEP_COMPLETED"] == [*first, "fallback"]
+    assert one_slot.events.fenced == 1
+
+
 async def test_a_step_that_finishes_in_time_ignores_its_deadline(engine: Engine) -> None:
     iid = await engine.client.start(w.timely, {})
     await engine.run_until_idle()

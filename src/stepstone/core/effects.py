@@ -267,6 +267,18 @@ class InterruptStep(Effect):
 
 
 @dataclass(frozen=True)
+class WithinStepDeadline(Effect):
+    """This commit is of a handler's run of `step` at `visit` of this position, a step with a deadline.
+    When that deadline has passed and its timer has not fired (no slot was free to claim it), the deadline
+    wins: nothing of the decision is written, the step is interrupted there as the timer would have done
+    (`InterruptStep`), and the commit is refused (fenced). The due instant is the timer's: the store reads
+    it only for such a commit."""
+
+    step: str
+    visit: int
+
+
+@dataclass(frozen=True)
 class OpenTask(Effect):
     """A human task opens at this position's visit: `task` is its resolved document (id, title,
     assignee, candidates, decisions, form, data shown, dates), written as a row in this commit."""

@@ -27,6 +27,7 @@ from stepstone.core.effects import (
     SetState,
     SettleQueued,
     StartChild,
+    WithinStepDeadline,
     state_change,
 )
 from stepstone.core.entering import child_failed, enter, fail, failed, join_branch, settled
@@ -107,7 +108,11 @@ def complete_step(
     decision = _complete(instance, command, plan, outcome, now)
     if isinstance(outcome, StepSucceeded):
         decision = on_step_success(plan, instance.step or "", instance.visit, outcome, decision)
-    return _finish(instance, on_step_failure(plan, decision))
+    decision = _finish(instance, on_step_failure(plan, decision))
+    step = plan.steps[instance.step or ""]
+    if step.deadline_seconds is None:
+        return decision
+    return Decision(decision.settle, (*decision.effects, WithinStepDeadline(step.name, instance.visit)))
 
 
 def _complete(

@@ -44,6 +44,7 @@ from stepstone.core.effects import (
     SettleQueued,
     StartChild,
     Subscribe,
+    WithinStepDeadline,
 )
 from stepstone.core.model import ROOT, Decision
 
@@ -188,6 +189,10 @@ def _interrupt(e: InterruptStep, doc: _Doc) -> None:
     doc.extend("interrupts", {"position": e.position, "step": e.step, "visit": e.visit})
 
 
+def _within_deadline(e: WithinStepDeadline, doc: _Doc) -> None:
+    doc.body["step_deadline"] = {"step": e.step, "visit": e.visit}
+
+
 def _open_task(e: OpenTask, doc: _Doc) -> None:
     doc.extend("tasks", {"op": "open", "task": e.task})
 
@@ -223,6 +228,7 @@ WRITERS: dict[type[Effect], Callable[[Any, _Doc], None]] = {
     AdvanceSaga: _saga,
     ScheduleStepDeadline: _step_deadline,
     InterruptStep: _interrupt,
+    WithinStepDeadline: _within_deadline,
     OpenTask: _open_task,
     ChangeTask: _change_task,
     Subscribe: _subscribe,
@@ -250,6 +256,7 @@ SECTION_SQL: dict[type[Effect], str] = {
     AdvanceSaga: feature_section("saga"),
     ScheduleStepDeadline: feature_section("step_deadlines"),
     InterruptStep: feature_section("interrupts"),
+    WithinStepDeadline: "d ? 'step_deadline'",
     OpenTask: feature_section("tasks"),
     ChangeTask: feature_section("tasks"),
     Subscribe: feature_section("subscriptions"),

@@ -999,6 +999,7 @@ DECLARE
     v_timer_at integer;
     v_in_place bigint;
     v_deadline timestamptz;
+    v_due bigint;
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
@@ -1045,6 +1046,46 @@ BEGIN
             v_lease := NULL;
             v_commands := v_commands || jsonb_build_array(v_follow || '{"continuation": false}'::jsonb);
             v_follow := NULL;
+        END IF;
+    END IF;
+    -- A handler's run of a step with a deadline (WithinStepDeadline) committing once that deadline has
+    -- passed while its timer (on '$saga') has not fired: no slot was free to claim the timer (one slot, or
+    -- every slot busy), and the step went on as if in time (migration 0057). The deadline wins: nothing of
+    -- this decision is written, the step is interrupted here as the timer would interrupt it (the timer
+    -- settled as fired, STEP_DEADLINE_PASSED, the step's commands settled, its position's 'step_deadline'
+    -- TIMER queued, which goes to on_deadline), and the worker counts the commit fenced. A timer a worker
+    -- has claimed (or is claiming) is that worker's to fire: this commit is refused and writes nothing.
+    -- Looked up only for such a commit, and written only once the deadline has passed (two IFs: a
+    -- condition holding a subquery runs as a query even when its first operand is false).
+    IF d ? 'step_deadline' THEN
+        IF EXISTS (SELECT 1 FROM {{schema}}.commands x
+                   WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER'
+                     AND x.name = 'step_deadline' AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+                     AND (x.state = 'CLAIMED' OR x.available_at <= v_now)
+                     AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
+                     AND x.payload->>'position' = v_pos) THEN
+            -- This position first (the lock order), fenced as every commit is: a zombie writes nothing.
+            PERFORM 1 FROM {{schema}}.positions p
+            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token FOR UPDATE;
+            IF FOUND THEN
+                SELECT x.id INTO v_due FROM {{schema}}.commands x
+                WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER'
+                  AND x.name = 'step_deadline' AND x.state IN ('PENDING', 'DEFERRED') AND x.available_at <= v_now
+                  AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
+                  AND x.payload->>'position' = v_pos
+                ORDER BY x.id LIMIT 1 FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
+            END IF;
+            IF v_due IS NOT NULL THEN
+                PERFORM {{schema}}.interrupt_steps(
+                    jsonb_build_object('instance', v_id, 'position', '$saga', 'command', v_due, 'actor', v_actor),
+                    jsonb_build_array(jsonb_build_object('position', v_pos, 'step', d->'step_deadline'->>'step',
+                                                         'visit', (d->'step_deadline'->>'visit')::integer)),
+                    v_now);
+                UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
+                    claimed_by = d->>'worker'
+                WHERE c.id = v_due;
+            END IF;
+            RETURN;
         END IF;
     END IF;
     IF v_has_state AND v_version <> (d->>'state_version')::bigint THEN
@@ -4640,6 +4681,11 @@ ALTER TABLE {{schema}}.dedup ADD COLUMN started_instance boolean;
 -- ==== version 56 (migration 0056_step_deadline_passed_when_it_applies) ====
 -- interrupt_steps (in the version 6 section) records STEP_DEADLINE_PASSED itself, only for a step visit it
 -- interrupts; why: the migration's header.
+
+-- ==== version 57 (migration 0057_step_deadlines_at_the_commit) ====
+-- commit_decision (in the version 5 section) refuses a step's commit that comes after the step's deadline
+-- while the deadline's timer has not fired, and interrupts the step there as the timer would; why: the
+-- migration's header.
 
 -- ==== version 58 (migration 0058_crashes_count_alone) ====
 -- A worker marks a suspect's claim that runs alone (queries.sql, `run_alone`), and crashes count only by

@@ -1,7 +1,8 @@
 """The mutation the zombie checker must catch: the store's commit function with its fence removed.
 
 The fence of `commit_decision` is the position's token (checked before a state conflict is reported,
-and again when the position is moved) and the command's (settled, taken over by a continuation, or
+before a step's commit after its step deadline interrupts the step, and again when the position is moved)
+and the command's (settled, taken over by a continuation, or
 turned into the wait's timer, only while CLAIMED under that token); a segment that ran a version the
 instance was migrated from gives its claim back under both tokens too. Each predicate is replaced by one
 without the token. Each anchor must be found as many times as listed; when it is not (the commit
@@ -18,7 +19,7 @@ COMMIT_FUNCTION = "commit_decision"
 
 FENCE = (
     ("p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token",
-     "p.instance_id = v_id AND p.path = v_pos", 3),
+     "p.instance_id = v_id AND p.path = v_pos", 4),
     ("WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE", "WHERE c.id = v_cmd", 4),
 )
 
