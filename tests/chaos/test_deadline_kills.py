@@ -5,27 +5,33 @@ undo_s1; s2 with a one-second step deadline whose `on_deadline` is `late`; then 
   in time     a deadline a minute away, no lingering: every one COMPLETED (by s2, or by `late` when a kill
               held s2 past its step deadline)
   step due    s2 lingers 6 s after its effect: its step deadline fires while the handler runs, the handler's
-              commit is refused, the position goes to `late`, and the instance COMPLETES (or, when a kill
-              held the timer up until the handler returned, s2 commits late and the instance COMPLETES)
+              commit is refused, the position goes to `late`, and the instance COMPLETES (also when a kill
+              held the timer up until the handler returned: the commit finds the deadline passed, writes
+              nothing of s2 and interrupts it there, or, the timer being held, is refused)
   instance due  started once the workers run, a deadline 2.5 s after the start, s3 lingering 8 s: the
               deadline fires (mid-s3, or earlier when a kill held the instance), the saga undoes s1 if it
               committed, and the instance ends TIMED_OUT
+
+A second run crowds the slots: 2 workers of 2 slots, 12 instances whose s2 lingers 3 s past its 1 s step
+deadline, so that no slot is free for a deadline's timer while s2 runs; every s2 commit must be refused,
+and every instance take `late`.
 
 The outcome is judged from the tables, not from the kind: an instance ends TIMED_OUT only after its
 deadline (its deadline entry is at or after `deadline_at`), exactly once, and then only if it had not
 completed; a COMPLETED instance's deadline timer never fired; the saga undoes exactly the committed s1; no
 command is left open (the deadline timer settled or fired); nothing commits after the terminal entry, and
 no handler effect comes after it but the one step visit that was in flight; a step deadline passes only
-for a visit of s2 that did not commit, once, and leads to `late`. Every committed step once with its
-effect, every repeated effect explained by a kill or a refused commit; histories gapless.
+for a visit of s2 that did not commit, once, and leads to `late`, and is recorded passed only for such a
+visit; no s2 visit commits after its step deadline. Every committed step once with its effect, every
+repeated effect explained by a kill or a refused commit; histories gapless.
 
-Not asserted, but reported: a deadline fires when a worker claims its timer, and nothing else looks at
-it: a step commits whatever the time when its deadline's timer has not fired yet. A kill can hold a timer
-up (claimed by the dead worker until its lease expires); and with every slot busy the timer waits in the
-queue behind older commands, so that an instance may run to its end after its deadline passed (COMPLETED,
-its timer REJECTED when it is finally claimed). The test gives every instance a slot and prints how many
-s2 visits committed after their step deadline, how many instances completed after theirs, and how late the
-fired deadlines were (report-chaos.md has a run with fewer slots).
+Not asserted, but reported: an instance deadline fires when a worker claims its timer (its commit only
+stops a run of steps going on in place, migration 0051): a step that ends the instance commits whatever the
+time when the deadline's timer has not fired yet. A kill can hold a timer up (claimed by the dead worker
+until its lease expires); and with every slot busy the timer waits in the queue behind older commands, so
+that an instance may run to its end after its deadline passed (COMPLETED, its timer REJECTED when it is
+finally claimed). The test gives every instance a slot and prints how many instances completed after their
+deadline and how late the fired deadlines were (report-chaos.md has a run with fewer slots).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from __future__ import annotations
 import random
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +87,7 @@ async def test_deadlines_under_kills_time_out_exactly_what_was_late(pg_server: P
         fleet = Fleet(url, tmp_path, WORKERS, lease=1.0, concurrency=SLOTS, poll=0.2)
         fleet.start()
         probe = Probe(url)
-        async def settled() -> bool:
-            return not await probe.fetchval(
-                "SELECT count(*) FROM stepstone.instances WHERE status NOT IN ('COMPLETED', 'TIMED_OUT')") \
-                and not await probe.fetchval(
-                    "SELECT count(*) FROM stepstone.commands WHERE state IN ('PENDING', 'DEFERRED', 'CLAIMED')")
-
-        async def entries() -> int:
-            return int(await probe.fetchval("SELECT count(*) FROM stepstone.history"))
-
+        settled, entries = _settled(probe), _entries(probe)
         deadline = time.monotonic() + 150
         async with fleet_run(fleet, probe, store.close):
             # The third kind once the workers run: its deadline is counted from its start, and a deadline
@@ -97,20 +97,8 @@ async def test_deadlines_under_kills_time_out_exactly_what_was_late(pg_server: P
             await kill_as_commits_go(fleet, probe, settled, kills=KILLS, every=KILL_EVERY, rng=rng,
                                      deadline=deadline, count=entries)
             assert await wait_for(settled, deadline), "instances left moving"
-        fenced = {(s["pid"], f["instance"], f.get("position") or "", int(f["visit"]))
-                  for s in fleet.stats() for f in s.get("fenced_log", [])}
-        conn = await asyncpg.connect(url)
-        try:
-            await checker.assert_none(conn, _NOTHING)
-            statuses = dict(await conn.fetch("SELECT id::text, status FROM stepstone.instances"))
-            ledger = await conn.fetch(checker.LEDGER_SQL)
-            retried = {(r["key"], r["attempt"]) for r in await conn.fetch(_RETRIED)}
-            counts = dict(await conn.fetch(_COUNT_BY_KIND))
-            late = await conn.fetchrow(_LATE)
-            s2_late = await conn.fetchval(_S2_LATE)
-            stray = await conn.fetchval(_STRAY)
-        finally:
-            await conn.close()
+        seen = await _checked(url, fleet)
+    statuses, counts, late = seen.statuses, seen.counts, seen.late
     assert set(statuses) == set(kinds)
     outcome: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for iid, kind in kinds.items():
@@ -122,7 +110,7 @@ async def test_deadlines_under_kills_time_out_exactly_what_was_late(pg_server: P
     # kind times out, under a loaded one (the suite beside it) 4 of 12 once did, so one is asked for here.
     assert set(outcome["instance due"]) <= {"TIMED_OUT", "COMPLETED"}, dict(outcome["instance due"])
     assert outcome["instance due"]["TIMED_OUT"] >= 1, dict(outcome["instance due"])
-    _assert_repeats_explained(ledger, retried, fleet.kills, fenced)
+    _assert_repeats_explained(seen, fleet.kills)
     assert len(fleet.kills) >= KILLS // 2
     # The deadlines fired where the test means them to (at least once each; a kill or a busy machine can hold
     # a timer up, see the docstring): a step deadline under a running handler, an instance deadline after s1
@@ -130,10 +118,87 @@ async def test_deadlines_under_kills_time_out_exactly_what_was_late(pg_server: P
     assert counts.get("STEP_DEADLINE_EXCEEDED", 0) >= 1, counts
     assert counts.get("STEP_COMPENSATED", 0) >= 1, counts
     print(f"deadline kills: {len(fleet.kills)} kills, {counts}, outcomes {_plain(outcome)}, "  # noqa: T201
-          f"{s2_late} s2 visits committed after their step deadline, "
           f"completed past their deadline {late['completed_late']} (at most {late['completed_by']:.2f} s), "
-          f"deadlines fired at most {late['fired_late']:.2f} s late, {stray} step deadlines passed for a visit "
-          "left in time")
+          f"deadlines fired at most {late['fired_late']:.2f} s late")
+
+
+# With every slot busy, none is free for a step deadline's timer: 2 workers of 2 slots, 12 instances whose s2
+# lingers 3 s past its 1 s deadline. Each held handler returns with its deadline's timer still queued.
+CROWDED, CROWDED_WORKERS, CROWDED_SLOTS, CROWDED_KILLS, CROWDED_EVERY = 12, 2, 2, 3, 15
+
+
+async def test_step_deadlines_hold_with_every_slot_busy_under_kills(pg_server: PgServer, tmp_path: Path) -> None:
+    """Every s2 outlives its step deadline, and no slot is free to fire the deadline's timer while it runs:
+    s2's commit must not go on (before migration 0057 it did, to s3, and `late` never ran); each instance
+    takes `late` instead, and records the deadline passed once, for that s2 visit."""
+    rng = random.Random(29)  # noqa: S311 - a reproducible kill schedule
+    async with scenario_database(Target(pg_server.admin_url), "crowded") as url:
+        store = await PostgresStore.open(url, max_size=4)
+        await store.register(pin_of(DUE), DUE.plan.document())
+        client = Client(store, workflows.registry)
+        kinds = await _start(client, "crowded", CROWDED, workflows.Due(slow2=3.0), 600)
+        fleet = Fleet(url, tmp_path, CROWDED_WORKERS, lease=1.0, concurrency=CROWDED_SLOTS, poll=0.2)
+        fleet.start()
+        probe = Probe(url)
+        settled = _settled(probe)
+        deadline = time.monotonic() + 150
+        async with fleet_run(fleet, probe, store.close):
+            await kill_as_commits_go(fleet, probe, settled, kills=CROWDED_KILLS, every=CROWDED_EVERY, rng=rng,
+                                     deadline=deadline, count=_entries(probe))
+            assert await wait_for(settled, deadline), "instances left moving"
+        seen = await _checked(url, fleet)
+    assert seen.statuses == dict.fromkeys(kinds, "COMPLETED"), seen.statuses
+    # No s2 committed (the checks above: none past its deadline, and each lingers past it), so every
+    # instance went to `late` through its step deadline, once.
+    assert seen.counts.get("STEP_DEADLINE_EXCEEDED", 0) == CROWDED, seen.counts
+    _assert_repeats_explained(seen, fleet.kills)
+    print(f"crowded deadline kills: {len(fleet.kills)} kills, {seen.counts}")  # noqa: T201
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What a run left, read once its invariants (`_NOTHING`) held."""
+
+    statuses: dict[str, str]
+    counts: dict[str, int]
+    late: Any
+    ledger: list[Any]
+    retried: set[tuple[str, int]]
+    fenced: set[tuple[int, str, str, int]]
+
+
+async def _checked(url: str, fleet: Fleet) -> _Seen:
+    fenced = {(s["pid"], f["instance"], f.get("position") or "", int(f["visit"]))
+              for s in fleet.stats() for f in s.get("fenced_log", [])}
+    conn = await asyncpg.connect(url)
+    try:
+        await checker.assert_none(conn, _NOTHING)
+        return _Seen(
+            statuses=dict(await conn.fetch("SELECT id::text, status FROM stepstone.instances")),
+            counts=dict(await conn.fetch(_COUNT_BY_KIND)),
+            late=await conn.fetchrow(_LATE),
+            ledger=await conn.fetch(checker.LEDGER_SQL),
+            retried={(r["key"], r["attempt"]) for r in await conn.fetch(_RETRIED)},
+            fenced=fenced,
+        )
+    finally:
+        await conn.close()
+
+
+def _settled(probe: Probe) -> Callable[[], Awaitable[bool]]:
+    """Every instance ended, and no command left to run."""
+    async def settled() -> bool:
+        return not await probe.fetchval(
+            "SELECT count(*) FROM stepstone.instances WHERE status NOT IN ('COMPLETED', 'TIMED_OUT')") \
+            and not await probe.fetchval(
+                "SELECT count(*) FROM stepstone.commands WHERE state IN ('PENDING', 'DEFERRED', 'CLAIMED')")
+    return settled
+
+
+def _entries(probe: Probe) -> Callable[[], Awaitable[int]]:
+    async def entries() -> int:
+        return int(await probe.fetchval("SELECT count(*) FROM stepstone.history"))
+    return entries
 
 
 async def _at_least(probe: Probe, kind: str, n: int) -> bool:
@@ -144,22 +209,21 @@ def _plain(outcome: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return {kind: dict(counts) for kind, counts in outcome.items()}
 
 
-def _assert_repeats_explained(ledger: list[Any], retried: set[tuple[str, int]], kills: list[dict[str, Any]],
-                              fenced: set[tuple[int, str, str, int]]) -> None:
+def _assert_repeats_explained(seen: _Seen, kills: list[dict[str, Any]]) -> None:
     """Of one step visit's effects, every one but the committed one explained (a kill in its effect ->
     commit window, or a commit of that visit refused: a deadline took its lease)."""
     by_key: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
-    for r in ledger:
+    for r in seen.ledger:
         by_key[r["key"]].append((r["pid"], r["at"], r["attempt"]))
-    fenced_on = dict.fromkeys(fenced, 1)
+    fenced_on = dict.fromkeys(seen.fenced, 1)
     # A compensation's key names its record, not the saga position's visit its fenced commit names: a
     # compensation run is explained by any refused commit of its process on the instance's saga position.
-    saga_fenced = {(pid, instance) for pid, instance, position, _ in fenced if position == "$saga"}
+    saga_fenced = {(pid, instance) for pid, instance, position, _ in seen.fenced if position == "$saga"}
     kill_at = {k["pid"]: k["at"] for k in kills}
     unexplained = []
     for key, rows in by_key.items():
         if len(rows) > 1:
-            reasons = checker.explain(key, rows, retried=retried, kill_at=kill_at, fenced_on=fenced_on, paused={})
+            reasons = checker.explain(key, rows, retried=seen.retried, kill_at=kill_at, fenced_on=fenced_on, paused={})
             if "/compensate/" in key:
                 instance = key.split("/", 1)[0]
                 reasons = [r or ("fenced" if (pid, instance) in saga_fenced else "")
@@ -181,10 +245,6 @@ _LATE = (
     "  coalesce(extract(epoch FROM max(h.at - i.deadline_at)), 0) AS fired_late "
     "FROM stepstone.instances i LEFT JOIN stepstone.history h ON h.instance_id = i.id AND h.kind = 'DEADLINE_PASSED'")
 
-# s2 visits committed more than the step deadline after s1's commit (which entered s2).
-_S2_LATE = ("SELECT count(*) FROM stepstone.history a JOIN stepstone.history b ON b.instance_id = a.instance_id "
-            "AND b.kind = 'STEP_COMPLETED' AND b.step = 's2' WHERE a.kind = 'STEP_COMPLETED' AND a.step = 's1' "
-            f"AND b.at > a.at + interval '{workflows.STEP_DEADLINE.total_seconds()} s'")
 
 # An instance's terminal entry: the one that ended it.
 _TERMINAL = ("(SELECT h.seq, h.at FROM stepstone.history h WHERE h.instance_id = i.id "
@@ -193,13 +253,6 @@ _S1_DONE = ("(SELECT count(*) FROM stepstone.history h WHERE h.instance_id = i.i
             "AND h.step = 's1')")
 _UNDONE = "(SELECT count(*) FROM stepstone.history h WHERE h.instance_id = i.id AND h.kind = 'STEP_COMPENSATED')"
 
-# A step deadline's timer that fires after its step visit was left in time, while the instance still runs,
-# records STEP_DEADLINE_PASSED (and nothing else: the interrupt finds the position gone on): core/saga.py
-# `_interrupt` records it before the store checks the position. The docs say a step left in time ignores
-# its deadline; counted and reported, not failed (report-chaos.md).
-_LEFT_IN_TIME = ("EXISTS (SELECT 1 FROM stepstone.history c WHERE c.instance_id = h.instance_id "
-                 "AND c.kind = 'STEP_COMPLETED' AND c.step = h.step AND c.visit = h.visit)")
-_STRAY = f"SELECT count(*) FROM stepstone.history h WHERE h.kind = 'STEP_DEADLINE_PASSED' AND {_LEFT_IN_TIME}"
 
 _NOTHING = {
     "instances not ended once": (
@@ -245,6 +298,20 @@ _NOTHING = {
         "SELECT p.instance_id, p.visit, count(*) FROM stepstone.history p WHERE p.kind = 'STEP_DEADLINE_EXCEEDED' "
         "GROUP BY 1, 2 HAVING count(*) > 1 OR EXISTS (SELECT 1 FROM stepstone.history h "
         "WHERE h.instance_id = p.instance_id AND h.kind = 'STEP_COMPLETED' AND h.step = 's2' AND h.visit = p.visit)"),
+    # s1's commit enters s2 and schedules its deadline's timer at the same database instant: an s2 commit
+    # later than that plus the deadline went on past it (before migration 0057, whenever no slot was free
+    # for the timer, or a kill held it: the commit did not look at the deadline, only the timer's claim did).
+    "s2 visits committed after their step deadline": (
+        "SELECT b.instance_id, b.visit, b.at - a.at AS after FROM stepstone.history a JOIN stepstone.history b "
+        "ON b.instance_id = a.instance_id AND b.kind = 'STEP_COMPLETED' AND b.step = 's2' "
+        "WHERE a.kind = 'STEP_COMPLETED' AND a.step = 's1' "
+        f"AND b.at > a.at + interval '{workflows.STEP_DEADLINE.total_seconds()} s'"),
+    # A timer that fires after its visit was left in time finds the position gone on and records nothing
+    # (before migration 0056 the core wrote STEP_DEADLINE_PASSED before the store looked).
+    "step deadlines passed for a visit that committed": (
+        "SELECT h.instance_id, h.step, h.visit FROM stepstone.history h WHERE h.kind = 'STEP_DEADLINE_PASSED' "
+        "AND EXISTS (SELECT 1 FROM stepstone.history c WHERE c.instance_id = h.instance_id "
+        "AND c.kind = 'STEP_COMPLETED' AND c.step = h.step AND c.visit = h.visit)"),
     "step deadlines exceeded without passing first": (
         "SELECT p.instance_id, p.visit FROM stepstone.history p WHERE p.kind = 'STEP_DEADLINE_EXCEEDED' "
         "AND NOT EXISTS (SELECT 1 FROM stepstone.history h WHERE h.instance_id = p.instance_id "
