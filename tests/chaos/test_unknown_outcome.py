@@ -1,6 +1,7 @@
 """A commit whose outcome is unknown (the connection died around it) is settled by re-reading, never by
-guessing: Worker._commit re-reads the claim and either reports the commit that did happen, commits again
-when it did not and the claim still holds, or gives up when another worker holds the instance now.
+guessing: runtime/committer.commit_fenced re-reads the claim and either reports the commit that did
+happen, commits again when it did not and the claim still holds, or gives up when another worker holds
+the instance now.
 
 The store is wrapped in test code to lose the acknowledgement (after the real commit) or the request
 (before it); the restart and cut-connection chaos scenarios do the same for real.

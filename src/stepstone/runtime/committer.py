@@ -93,6 +93,19 @@ def _fail(future: asyncio.Future[Committed | None], exc: BaseException) -> None:
         future.set_exception(exc)
 
 
+async def commit_fenced(committer: GroupCommitter, store: WorkerStore, request: CommitRequest) -> Committed | None:
+    """Commit fenced (None: fenced); when the outcome is unknown (connection lost), re-read instead of
+    guessing, and commit again only when the read says it did not happen and the claim still holds."""
+    while True:
+        try:
+            return await committer.commit(request)
+        except DatabaseUnavailable as exc:
+            log.warning("commit of instance %s interrupted (%s); re-reading", request.claim.instance.id, exc)
+        outcome = await outcome_of(store, request)
+        if not isinstance(outcome, CommitAgain):
+            return outcome
+
+
 class CommitAgain:
     """outcome_of's answer when the commit did not happen and the claim still holds: commit it again."""
 

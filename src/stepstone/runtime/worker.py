@@ -33,7 +33,7 @@ from stepstone.core.transitions import advance, apply, complete_step, reports_wa
 from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPrivilege, VersionNotAdmitted
 from stepstone.runtime import external_state, observe, serving
 from stepstone.runtime.alone import AloneRuns, wait_for_the_others
-from stepstone.runtime.committer import CommitAgain, GroupCommitter, outcome_of
+from stepstone.runtime.committer import GroupCommitter, commit_fenced
 from stepstone.runtime.compensations import raise_alert, run_compensation
 from stepstone.runtime.handlers import ChildVersions, describe_error, run_handler
 from stepstone.runtime.outage import ClaimOutage
@@ -588,13 +588,5 @@ class Worker:
     async def _commit(
         self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int
     ) -> Committed | None:
-        """Commit fenced; when the outcome is unknown (connection lost), re-read instead of guessing."""
-        request = CommitRequest(claim, command_id, decision, visit, state_version)
-        while True:
-            try:
-                return await self._committer.commit(request)
-            except DatabaseUnavailable as exc:
-                log.warning("commit of instance %s interrupted (%s); re-reading", claim.instance.id, exc)
-            outcome = await outcome_of(self.store, request)
-            if not isinstance(outcome, CommitAgain):
-                return outcome
+        return await commit_fenced(self._committer, self.store, CommitRequest(claim, command_id, decision, visit,
+                                                                              state_version))
