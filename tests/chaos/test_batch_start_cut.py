@@ -1,6 +1,8 @@
 """A batch start whose connection is cut mid-statement starts nothing of that batch, and calling again with
 the same idempotency keys starts each instance exactly once (a real server backend is terminated while
-`start_batch` runs)."""
+`start_batch` runs). The batch is held at its last insert (history, locked by the test) until the cut, so the
+cut always lands mid-statement, after its other rows were written: polling for a statement that can
+finish first raced it (a quiet machine ran the 10,000 rows before a look saw them)."""
 
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ ITEMS = 10_000
 
 
 async def _cut_the_batch(conn: asyncpg.Connection) -> int:
-    """Terminate the backend running start_batch as soon as it is seen running; its pid."""
+    """Terminate the backend running start_batch once it waits for the history lock; its pid."""
     pid = await until_shown(conn, "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
-                                  "AND query LIKE '%start_batch(%' AND pid <> pg_backend_pid() LIMIT 1", every=0.001,
-                            failure="start_batch was never seen running")
+                                  "AND wait_event_type = 'Lock' AND query LIKE '%start_batch(%' "
+                                  "AND pid <> pg_backend_pid() LIMIT 1",
+                            failure="start_batch was never seen waiting at its history insert")
     await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
     return int(pid)
 
@@ -41,7 +44,11 @@ async def test_a_cut_batch_starts_nothing_and_a_retry_starts_each_once(database_
     async with open_engine(database_url, registry, concurrency=2) as engine:
         await engine.client.start(wf, {"warm": True})  # registers the workflow before the cut
         conn = await asyncpg.connect(database_url)
+        holder = await asyncpg.connect(database_url)
         try:
+            hold = holder.transaction()
+            await hold.start()
+            await holder.execute("LOCK TABLE stepstone.history IN SHARE MODE")  # inserts wait; reads do not
             cutter = asyncio.create_task(_cut_the_batch(conn))
             try:
                 await engine.client.start_many(wf, inputs, idempotency_keys=keys, batch_size=ITEMS)
@@ -49,6 +56,7 @@ async def test_a_cut_batch_starts_nothing_and_a_retry_starts_each_once(database_
             except DatabaseUnavailable:
                 pass
             await asyncio.wait_for(cutter, timeout=30)
+            await hold.rollback()
             counts = await conn.fetchrow(
                 "SELECT (SELECT count(*) FROM stepstone.instances WHERE definition_id = 'batch-cut') AS instances, "
                 "(SELECT count(*) FROM stepstone.positions) AS positions, "
@@ -65,4 +73,5 @@ async def test_a_cut_batch_starts_nothing_and_a_retry_starts_each_once(database_
         finally:
             cutter.cancel()
             await asyncio.gather(cutter, return_exceptions=True)
+            await holder.close()
             await conn.close()
