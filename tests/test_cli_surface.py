@@ -155,6 +155,16 @@ def test_a_command_line_loads_only_its_own_commands_module() -> None:
     assert "stepstone.cli.db" in loaded and "stepstone.cli.demo" not in loaded, loaded
 
 
+def test_the_tokens_commands_load_no_web_app() -> None:
+    """`stepstone tokens ...` imports stepstone.api.tokens, not the HTTP app beside it: FastAPI, the routes
+    and their models were 0.3 s of CPU of each such command line, which needs none of them."""
+    probe = ("import sys, stepstone.api.tokens\n"
+             "print(sorted(m for m in sys.modules if m == 'fastapi' or m.startswith('stepstone.api.')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            check=True).stdout
+    assert "fastapi" not in loaded and "stepstone.api.app" not in loaded, loaded
+
+
 _EVERYWHERE = {"--app", "--database-url", "--schema", "--output", "--help"}
 """Options the conventions at the top of docs/cli.md describe once for every command."""
 

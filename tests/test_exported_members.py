@@ -47,3 +47,16 @@ def test_external_exports() -> None:
         "LockedTask", "TaskAnswer", "TaskEnded",
         "TaskLockRefused",
     ])
+
+
+def test_api_exports() -> None:
+    """The API package's names are imported on first use (PEP 562): each one still resolves."""
+    import stepstone.api  # noqa: PLC0415 - the module under test
+
+    assert sorted(stepstone.api.__all__) == sorted([
+        "ALL_SCOPES", "API_PREFIX", "NO_AUTH", "ROLES", "ROUTERS", "ApiContext", "Authenticate", "Principal",
+        "TokenAuth", "context_on", "create_app", "open_app",
+    ])
+    for name in stepstone.api.__all__:
+        assert getattr(stepstone.api, name) is not None, name
+    assert set(dir(stepstone.api)) >= set(stepstone.api.__all__)
