@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stepstone.cli import cli
-from stepstone.cli.instances import decode_cursor, encode_cursor
+from stepstone.cli.instance_args import decode_cursor, encode_cursor
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.postgres import PostgresStore
 from tests import cli_apps

@@ -155,6 +155,16 @@ def test_a_command_line_loads_only_its_own_commands_module() -> None:
     assert "stepstone.cli.db" in loaded and "stepstone.cli.demo" not in loaded, loaded
 
 
+def test_the_operations_commands_load_no_client() -> None:
+    """find, list, history, inspect, repair and the other operations commands read through the operations
+    module: their command lines import neither the client nor the authoring layer (pydantic with it),
+    about 0.04 s of CPU of each."""
+    probe = ("import sys, stepstone.cli.operations\n"
+             "print([m for m in ('stepstone.client', 'stepstone.authoring.workflow', 'pydantic') if m in sys.modules])")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                            check=True).stdout
+    assert loaded.strip() == "[]", loaded
+
 def test_the_tokens_commands_load_no_web_app() -> None:
     """`stepstone tokens ...` imports stepstone.api.tokens, not the HTTP app beside it: FastAPI, the routes
     and their models were 0.3 s of CPU of each such command line, which needs none of them."""

@@ -12,7 +12,7 @@ import pytest
 
 from stepstone import instants
 from stepstone.cli.common import CliError
-from stepstone.cli.instances import decode_cursor
+from stepstone.cli.instance_args import decode_cursor
 from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter
 from stepstone.store.task_port import TaskFilter

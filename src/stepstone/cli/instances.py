@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
@@ -17,7 +16,6 @@ from typing import Any, TypeVar
 
 import click
 
-from stepstone import cursors
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
 from stepstone.cli.common import (
@@ -32,6 +30,7 @@ from stepstone.cli.common import (
     with_settings,
 )
 from stepstone.cli.connection import open_store
+from stepstone.cli.instance_args import describe_error, instance_id_arg, short_json
 from stepstone.client import Client, InstanceInfo
 from stepstone.client_starts import DEFAULT_START_BATCH
 from stepstone.config import Settings
@@ -40,10 +39,9 @@ from stepstone.core.model import WAITING
 from stepstone.errors import DefinitionNotFound, InvalidInput
 from stepstone.ops.history import compensations_shown
 
-__all__ = ["commands", "decode_cursor", "encode_cursor"]
+__all__ = ["commands"]
 
 T = TypeVar("T")
-_SHORT = 60
 
 
 # -- argument parsing (before anything touches the database) ---------------------------------------
@@ -56,27 +54,6 @@ def parse_json(text: str, what: str) -> Any:
         raise CliError(f"{what} is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
 
 
-def instance_id_arg(value: str, what: str = "an instance id") -> str:
-    """`value` as a canonical UUID, or one line saying it is not `what`."""
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise CliError(f"{value!r} is not {what} (expected a UUID)") from None
-
-
-def encode_cursor(created_at: datetime, instance_id: str) -> str:
-    """An opaque `--after` value for the page after the row (created_at, id)."""
-    return cursors.encode(created_at.isoformat(), instance_id)
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, instance_id = cursors.decode(cursor, cursors.INSTANT, cursors.UUID, what="--after")
-    except InvalidInput:
-        raise CliError(f"--after {cursor!r} is not a cursor printed by `stepstone list`") from None
-    return at, instance_id
-
-
 def _with_client(settings: Settings, registry: Registry | None, work: Callable[[Client], Awaitable[T]]) -> T:
     async def go() -> T:
         async with open_store(settings) as store:
@@ -87,18 +64,12 @@ def _with_client(settings: Settings, registry: Registry | None, work: Callable[[
                 await client.detach()
 
     return run_async(go())
-
-
 # -- formatting ------------------------------------------------------------------------------------
-
-
 def _time(value: datetime | None, *, millis: bool = False) -> str:
     if value is None:
         return ""
     text = value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
     return (text[:-3] if millis else text[:-7]) + "Z"
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
@@ -107,15 +78,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_jsonable(v) for v in value]
     return value
-
-
-def _short(data: Any) -> str:
-    if data is None:
-        return ""
-    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
-    return text if len(text) <= _SHORT else text[: _SHORT - 1] + "…"
-
-
 def describe_wait(info: InstanceInfo) -> str:
     """What a waiting instance waits for, in words."""
     wait = info.waiting_for
@@ -134,16 +96,7 @@ def describe_wait(info: InstanceInfo) -> str:
         return f"{text} (timeout at {at})" if at else text
     if wait.get("kind") == "external":
         return f"external task {wait.get('task_id')} on topic {wait.get('topic')}"
-    return _short(wait)
-
-
-def describe_error(error: Any) -> str:
-    if isinstance(error, dict) and "type" in error:
-        where = ", ".join(f"{k} {error[k]}" for k in ("step", "attempt") if error.get(k) is not None)
-        return f"{error['type']}: {error.get('message') or ''}" + (f" ({where})" if where else "")
-    return error if isinstance(error, str) else _short(error)
-
-
+    return short_json(wait)
 def _show_text(info: InstanceInfo, history: list[dict[str, Any]], compensations: list[dict[str, Any]]) -> str:
     rows: list[list[Any]] = [
         ["instance", info.id],
@@ -167,8 +120,8 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]], compensations:
     if info.archived_at:
         rows.append(["archived", _time(info.archived_at)])
     table = render_table(
-        [[h["seq"], _time(h["at"], millis=True), h["kind"], h.get("position") or "", h["step"] or "", _short(h["data"])]
-         for h in history],
+        [[h["seq"], _time(h["at"], millis=True), h["kind"], h.get("position") or "", h["step"] or "",
+          short_json(h["data"])] for h in history],
         ["seq", "time", "kind", "position", "step", "data"],
     )
     state = json.dumps(info.state, indent=2, ensure_ascii=False, sort_keys=True)
@@ -192,11 +145,7 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]], compensations:
             ["step", "position", "visit", "status", "attempts", "completed", "compensated", "last error"],
         )]
     return "\n".join([*parts, "", "history", table])
-
-
 # -- commands --------------------------------------------------------------------------------------
-
-
 @click.command("start")
 @click.argument("workflow", type=TEXT)
 @click.option("--input", "input_text", metavar="JSON", help="The instance's input as a JSON object.")
@@ -252,8 +201,6 @@ def start_command(
 
     instance_id = _with_client(settings, registry, work)
     emit({"instance_id": instance_id}, output, lambda: instance_id)
-
-
 def input_lines(text: str, what: str) -> list[tuple[int, Any]] | None:
     """The inputs of a JSON-lines file (one document per non-empty line), each with its line number, or
     None when the text is one JSON document (which may span lines): a single start."""
@@ -273,14 +220,10 @@ def input_lines(text: str, what: str) -> list[tuple[int, Any]] | None:
     if len(lines) < 2:  # not JSON lines: one document that does not parse, and the error says where
         parse_json(text, what)
     return [(number, parse_json(line, f"{what} line {number}")) for number, line in lines]
-
-
 def _known_workflow(registry: Registry, workflow: str) -> None:
     if registry.latest(workflow) is None:
         known = ", ".join(sorted({wf.id for wf in registry})) or "none"
         raise CliError(f"{DefinitionNotFound(workflow)} (workflows here: {known})")
-
-
 def _start_many(settings: Settings, registry: Registry, output: str, workflow: str, lines: list[tuple[int, Any]],
                 source: str, scope: str, deadline: float | None) -> None:
     def progress(started: int, total: int) -> None:
@@ -298,8 +241,6 @@ def _start_many(settings: Settings, registry: Registry, output: str, workflow: s
 
     ids = _with_client(settings, registry, work)
     emit({"instance_ids": ids}, output, lambda: "\n".join(ids))
-
-
 @click.command("signal")
 @click.argument("instance_id")
 @click.argument("name", type=TEXT)
@@ -321,16 +262,12 @@ def signal_command(
     )
     result = {"instance_id": iid, "signal": name, "command_id": command_id}
     emit(result, output, lambda: f"signal {name} sent to {iid} (command {command_id})")
-
-
 _UNCHANGED = {
     "COMPENSATING": "already compensating; nothing changed (`stepstone cancel` without --compensate stops it)",
     "COMPENSATION_FAILED": "its compensation stopped; nothing changed (`stepstone retry` resumes it, "
                            "`stepstone cancel` without --compensate gives up)",
 }
 """Why `cancel --compensate` left a saga that has not ended as it is (an ended instance: 'already ended')."""
-
-
 @click.command("cancel")
 @click.argument("instance_id")
 @click.option("--reason", default="", type=FREE_TEXT, help="Recorded in the history.")
@@ -346,8 +283,6 @@ def cancel_command(settings: Settings, output: str, instance_id: str, reason: st
         words["compensating"] = f"{iid} COMPENSATING: the completed steps are undone first, then CANCELLED"
     emit({"instance_id": iid, "status": done.status, "outcome": done.outcome}, output,
          lambda: words.get(done.outcome, f"{iid} {done.status}"))
-
-
 @click.command("retry")
 @click.argument("instance_id")
 @output_option
@@ -363,8 +298,6 @@ def retry_command(settings: Settings, output: str, instance_id: str) -> None:
 
     status = _with_client(settings, None, work)
     emit({"instance_id": iid, "status": status}, output, lambda: f"{iid} {status}: retry scheduled")
-
-
 @click.command("show")
 @click.argument("instance_id")
 @output_option
@@ -383,6 +316,4 @@ def show_command(settings: Settings, output: str, instance_id: str) -> None:
     data = {"instance": _jsonable(asdict(info)), "waiting_for": describe_wait(info) or None,
             "compensations": _jsonable(compensations), "history": _jsonable(history)}
     emit(data, output, lambda: _show_text(info, history, compensations))
-
-
 commands = [start_command, signal_command, cancel_command, retry_command, show_command]

@@ -28,7 +28,7 @@ from stepstone.cli.common import (
     with_settings,
 )
 from stepstone.cli.connection import open_store
-from stepstone.cli.instances import decode_cursor, describe_error, encode_cursor, instance_id_arg
+from stepstone.cli.instance_args import decode_cursor, describe_error, encode_cursor, instance_id_arg
 from stepstone.cli.rich_output import progress_bar, rich_table
 from stepstone.config import Settings
 from stepstone.core.bounds import MAX_BATCH
