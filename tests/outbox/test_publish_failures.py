@@ -228,7 +228,7 @@ async def assert_held(conn: asyncpg.Connection, outbox: PostgresOutbox, publishe
         assert relay.events.misconfigured == 2
         with caplog.at_level(logging.WARNING, "stepstone.relay"):  # the loop says it once, as an error
             await relay.start()
-            await wait_for_count(relay, "misconfigured", 3)
+            await relay.events.wait_until(lambda: relay.events.misconfigured >= 3, timeout=30)
             await relay.stop()
         lines = [r for r in caplog.records if r.name == "stepstone.relay"]
         assert [r.levelname for r in lines] == ["ERROR"]
@@ -236,13 +236,6 @@ async def assert_held(conn: asyncpg.Connection, outbox: PostgresOutbox, publishe
         assert "no attempt counted" in lines[0].getMessage() and not lines[0].exc_info
     finally:
         await publisher.close()
-
-
-async def wait_for_count(relay: Relay, counter: str, n: int) -> None:
-    deadline = asyncio.get_running_loop().time() + 30.0
-    while getattr(relay.events, counter) < n:
-        assert asyncio.get_running_loop().time() < deadline, f"{counter} stayed below {n}"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_nats_stream_that_overlaps_holds_the_events(
