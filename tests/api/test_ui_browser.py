@@ -10,6 +10,7 @@ else to the test's temporary directory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -115,11 +116,18 @@ async def sign_in(browser: Any, url: str, token: str) -> None:
 
 
 async def _settled(engine: Any, iid: str, status: str) -> None:
+    """Until the instance has `status`: read again after each of the worker's commits, which are what move it."""
+    events = engine.worker.events
     loop = asyncio.get_running_loop()
     deadline = loop.time() + WAIT
-    while (await engine.client.get(iid)).status != status:
-        assert loop.time() < deadline, f"{iid} never became {status}"
-        await asyncio.sleep(0.05)
+    while True:
+        seen = events.commits  # before the read: a commit from here on wakes the wait below
+        if (await engine.client.get(iid)).status == status:
+            return
+        remaining = deadline - loop.time()
+        assert remaining > 0, f"{iid} never became {status}"
+        with contextlib.suppress(TimeoutError):
+            await events.wait_until(lambda seen=seen: events.commits != seen, timeout=remaining)
 
 
 async def test_find_a_failed_instance_retry_it_and_see_it_complete_live(
