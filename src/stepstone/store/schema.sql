@@ -1000,6 +1000,7 @@ DECLARE
     v_in_place bigint;
     v_deadline timestamptz;
     v_due bigint;
+    v_due_state text;
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
@@ -1055,35 +1056,32 @@ BEGIN
     -- settled as fired, STEP_DEADLINE_PASSED, the step's commands settled, its position's 'step_deadline'
     -- TIMER queued, which goes to on_deadline), and the worker counts the commit fenced. A timer a worker
     -- has claimed (or is claiming) is that worker's to fire: this commit is refused and writes nothing.
-    -- Looked up only for such a commit, and written only once the deadline has passed (two IFs: a
-    -- condition holding a subquery runs as a query even when its first operand is false).
+    -- Looked up only for such a commit, and written only once the deadline has passed.
     IF d ? 'step_deadline' THEN
-        IF EXISTS (SELECT 1 FROM {{schema}}.commands x
-                   WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER'
-                     AND x.name = 'step_deadline' AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-                     AND (x.state = 'CLAIMED' OR x.available_at <= v_now)
-                     AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
-                     AND x.payload->>'position' = v_pos) THEN
+        -- The visit's deadline timer, due or held by a worker (one a visit).
+        SELECT x.id, x.state INTO v_due, v_due_state FROM {{schema}}.commands x
+        WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER' AND x.name = 'step_deadline'
+          AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
+          AND x.payload->>'position' = v_pos AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+          AND (x.state = 'CLAIMED' OR x.available_at <= v_now)
+        ORDER BY x.id LIMIT 1;
+        IF FOUND THEN
             -- This position first (the lock order), fenced as every commit is: a zombie writes nothing.
             PERFORM 1 FROM {{schema}}.positions p
             WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token FOR UPDATE;
-            IF FOUND THEN
-                SELECT x.id INTO v_due FROM {{schema}}.commands x
-                WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER'
-                  AND x.name = 'step_deadline' AND x.state IN ('PENDING', 'DEFERRED') AND x.available_at <= v_now
-                  AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
-                  AND x.payload->>'position' = v_pos
-                ORDER BY x.id LIMIT 1 FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
-            END IF;
-            IF v_due IS NOT NULL THEN
-                PERFORM {{schema}}.interrupt_steps(
-                    jsonb_build_object('instance', v_id, 'position', '$saga', 'command', v_due, 'actor', v_actor),
-                    jsonb_build_array(jsonb_build_object('position', v_pos, 'step', d->'step_deadline'->>'step',
-                                                         'visit', (d->'step_deadline'->>'visit')::integer)),
-                    v_now);
-                UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
-                    claimed_by = d->>'worker'
-                WHERE c.id = v_due;
+            IF FOUND AND v_due_state <> 'CLAIMED' THEN
+                PERFORM 1 FROM {{schema}}.commands x WHERE x.id = v_due AND x.state IN ('PENDING', 'DEFERRED')
+                FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
+                IF FOUND THEN
+                    PERFORM {{schema}}.interrupt_steps(
+                        jsonb_build_object('instance', v_id, 'position', '$saga', 'command', v_due, 'actor', v_actor),
+                        jsonb_build_array(jsonb_build_object('position', v_pos, 'step', d->'step_deadline'->>'step',
+                                                             'visit', (d->'step_deadline'->>'visit')::integer)),
+                        v_now);
+                    UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
+                        claimed_by = d->>'worker'
+                    WHERE c.id = v_due;
+                END IF;
             END IF;
             RETURN;
         END IF;
