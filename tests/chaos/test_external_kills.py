@@ -74,7 +74,12 @@ async def test_external_tasks_under_kills_complete_once_each(pg_server: PgServer
             while time.monotonic() < deadline and (len(engine.kills) < KILLS or len(outside.kills) < KILLS) \
                     and not await completed():
                 if len(outside.kills) < KILLS and await effects() >= next_outside:
-                    outside.kill(rng.randrange(EXTERNAL))  # its handlers are inside the linger: locks held
+                    # The process that wrote the newest effect: that handler lingers after it, its lock held,
+                    # so the kill repeats an effect (a process picked at random may hold no such handler).
+                    newest = await other_probe.fetchval(
+                        "SELECT pid FROM chaos.ledger WHERE step = 'charge' ORDER BY at DESC LIMIT 1")
+                    slots = [slot for slot, proc in outside.procs.items() if proc.pid == newest]
+                    outside.kill(slots[0] if slots else rng.randrange(EXTERNAL))
                     next_outside = await effects() + KILL_EVERY
                 if len(engine.kills) < KILLS and await probe.commits() >= next_engine:
                     engine.kill(rng.randrange(WORKERS))
