@@ -266,6 +266,17 @@ class InvalidState(Conflict):
         self.status = status
 
 
+def parent_went_on(instance_id: str, parent_id: str | None, parent_status: str | None) -> InvalidState:
+    """The refusal of a retry of a child stopped at COMPENSATION_FAILED whose parent a replay took forward
+    after its saga asked the child to compensate: resuming would undo the child under that parent."""
+    return InvalidState(
+        f"instance {instance_id} is not retried: its parent {parent_id} asked it to compensate, then went forward "
+        f"(replayed; it is {parent_status}), and a retry would undo this child under it. Replay the child to take "
+        "it forward too, or cancel it to leave it as it is",
+        instance_id=instance_id, status="COMPENSATION_FAILED",
+    )
+
+
 class TaskLockRefused(Conflict):
     """An answer to an external task (extend, complete, fail, business error) was refused: the lock
     token given no longer holds the task. `reason` is lock_lost, lock_expired, not_open or not_awaited."""

@@ -4,11 +4,16 @@ compensations run (in its own reverse order), and the parent goes on once the ch
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import asyncpg
+import pytest
+from click.testing import CliRunner
 
+from stepstone.cli import cli
 from stepstone.core.transitions import child_id
+from stepstone.errors import InvalidState
 from stepstone.testing import Engine
 from tests.sagas import workflows as w
 from tests.sagas.conftest import ALERTS, kinds
@@ -136,3 +141,77 @@ async def test_a_child_replayed_while_its_parents_saga_stopped_on_it_is_compensa
     assert (await engine.client.get(iid)).status == "COMPENSATED"
     child = await engine.client.get(cid)
     assert child.status == "COMPENSATED" and child.state["undone"] == ["leg_book:seat-7", "leg_book:seat-7"]
+
+
+async def _parent_replayed_forward(engine: Engine) -> tuple[str, str]:
+    """A tour whose child could not compensate, stopping the parent too; the parent then replayed from its
+    last step, which now succeeds: the parent COMPLETED, the child still COMPENSATION_FAILED."""
+    iid = await engine.client.start(w.tour, {})
+    cid = child_id(iid, "", "sub", 2)
+    w.FAIL[(cid, "undo_leg_book")] = -1
+    w.FAIL[(iid, "settle")] = -1
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "COMPENSATION_FAILED"
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+
+    w.FAIL.pop((iid, "settle"))
+    await engine.client.replay(iid, "settle")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    assert (await engine.client.get(cid)).status == "COMPENSATION_FAILED"
+    w.FAIL.pop((cid, "undo_leg_book"))
+    return iid, cid
+
+
+async def test_a_child_whose_parent_was_replayed_forward_is_not_undone_by_its_retry(
+    engine: Engine, database_url: str
+) -> None:
+    """The parent went forward and COMPLETED counting on its child's work: a retry of the child, which
+    would go on undoing it under that parent, is refused and names the parent (the client, the CLI and a
+    bulk repair alike); nothing changes. Replaying the child takes it forward too."""
+    iid, cid = await _parent_replayed_forward(engine)
+    child_before = await engine.client.history(cid)
+    calls = list(w.CALLS)
+
+    with pytest.raises(InvalidState) as refused:
+        await engine.client.retry(cid)
+    assert str(refused.value) == (
+        f"instance {cid} is not retried: its parent {iid} asked it to compensate, then went forward (replayed; it "
+        "is COMPLETED), and a retry would undo this child under it. Replay the child to take it forward too, or "
+        "cancel it to leave it as it is")
+    said = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["retry", "--database-url", database_url, cid], catch_exceptions=False)
+    assert (said.exit_code, said.stdout) == (1, ""), said.output
+    assert said.stderr.strip() == f"error: {refused.value}"
+    bulk = await asyncio.to_thread(
+        CliRunner().invoke, cli, ["--database-url", database_url, "repair", "retry", cid, "-o", "json"])
+    assert bulk.exit_code == 4, bulk.output
+    [item] = json.loads(bulk.stdout)["items"]
+    assert (item["ok"], item["outcome"], item["reason"]) == (False, "parent_went_on", str(refused.value))
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "COMPENSATION_FAILED"
+    assert await engine.client.history(cid) == child_before
+    assert calls == w.CALLS
+
+    await engine.client.replay(cid, "leg_book")  # the way forward, as its parent went
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "COMPLETED"
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    assert calls == w.CALLS
+
+
+async def test_a_later_round_of_the_replayed_parents_saga_asks_the_child_again(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """The link a replay settled is made again by the next round of the parent's saga, which resumes the
+    child's compensation (given up, so owed) and then goes on; the child's mark is gone."""
+    iid, cid = await _parent_replayed_forward(engine)
+    assert await conn.fetchval("SELECT saga ? 'parent_replayed' AND NOT saga ? 'record' FROM stepstone.instances "
+                               "WHERE id = $1", cid)
+    w.FAIL[(iid, "settle")] = -1
+    await engine.client.replay(iid, "settle")
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "COMPENSATED"
+    assert (await engine.client.get(iid)).status == "COMPENSATED"
+    assert [c for _, c in w.CALLS] == ["leg_book"] * 4 + ["outbound"]
+    assert not await conn.fetchval("SELECT saga ? 'parent_replayed' FROM stepstone.instances WHERE id = $1", cid)

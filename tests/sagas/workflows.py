@@ -209,6 +209,20 @@ def pay(ctx: StepContext, state: Trip) -> None:
     raise Declined("no")
 
 
+# -- tour: outbound -> sub (child workflow leg) -> settle, which fails while FAIL says so -------------
+
+tour: Workflow[Trip] = Workflow("tour", version=1, state=Trip)
+tour.step(outbound, name="outbound", start=True, next="sub")
+tour.compensation("outbound", retry=QUICK)(_undo("outbound"))
+tour.child(sub, name="sub", workflow="leg", next="settle")
+
+
+@tour.step(name="settle", next=None, retry=Retry(max_attempts=1))
+def tour_settle(ctx: StepContext, state: Trip) -> None:
+    _maybe_fail(ctx.instance_id, "settle")
+    state.log.append("settle")
+
+
 # -- step deadlines: begin -> slow (5 s; on_deadline: fallback) -> fallback; strict fails instead ------
 
 timely: Workflow[Trip] = Workflow("timely", version=1, state=Trip)
@@ -410,4 +424,4 @@ punctual.step(on_time, name="on_time", next=None)
 punctual.step(fallback, name="fallback", next=None)
 
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
-                    patient, stubborn, sleepy, touchy, policies, punctual)
+                    patient, stubborn, sleepy, touchy, policies, punctual, tour)

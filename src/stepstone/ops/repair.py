@@ -9,7 +9,7 @@ from typing import Any
 
 from stepstone.core.messages import signal_cause
 from stepstone.core.redaction import redact_state
-from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState
+from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState, parent_went_on
 from stepstone.ops.history import compensated_since, entry, replay_point, replay_start, restore_sensitive, state_at
 from stepstone.ops.model import BulkItem, BulkReport, HistoryEntry, ReplayResult
 from stepstone.ops.queries import sensitive_paths_of
@@ -51,7 +51,7 @@ async def _bulk(
         rows = await apply(chunk)
         for r in rows:
             ok = r["outcome"] in ("retried", "cancelled", "compensating")
-            reason = None if ok else _why(action, r["outcome"], r["status"])
+            reason = None if ok else _why(action, r)
             report.items.append(BulkItem(r["id"], ok, r["outcome"], r["status"], reason))
             report.succeeded += ok
             report.failed += not ok
@@ -60,7 +60,10 @@ async def _bulk(
     return report
 
 
-def _why(action: str, outcome: str, status: str | None) -> str:
+def _why(action: str, row: dict[str, Any]) -> str:
+    outcome, status = row["outcome"], row["status"]
+    if outcome == "parent_went_on":
+        return str(parent_went_on(str(row["id"]), str(row["parent_id"]), row["parent_status"] or "deleted"))
     if outcome == "not_found":
         return "no such instance"
     if outcome == "not_failed":

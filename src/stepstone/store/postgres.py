@@ -26,6 +26,7 @@ from stepstone.errors import (
     InstanceNotFound,
     InternalError,
     InvalidState,
+    parent_went_on,
 )
 from stepstone.store.caller_transaction import CallerTransactionQueries
 from stepstone.store.database import create_pool, translate_errors
@@ -441,6 +442,8 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
         row = await self._one("retry", _uuid(instance_id), actor)
         if row["outcome"] == "not_found":
             raise InstanceNotFound(instance_id)
+        if row["outcome"] == "parent_went_on":
+            raise parent_went_on(instance_id, str(row["parent_id"]), row["parent_status"] or "deleted")
         if row["outcome"] == "not_failed":
             raise InvalidState(
                 f"instance {instance_id} is {row['status']}; only a FAILED or COMPENSATION_FAILED instance can be "

@@ -1657,10 +1657,12 @@ BEGIN
         PERFORM {{schema}}.saga_begin(p_child, 'parent', 'the parent compensates', p_actor, p_now, NULL, p_record);
     ELSIF v_child.status = 'COMPENSATING' THEN
         -- It compensates on its own already: it reports to this saga when it ends.
-        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record)
+        UPDATE {{schema}}.instances i SET saga = (i.saga - 'parent_replayed') || jsonb_build_object('record', p_record)
         WHERE i.id = p_child;
     ELSIF v_child.status = 'COMPENSATION_FAILED' THEN
-        UPDATE {{schema}}.instances i SET saga = i.saga || jsonb_build_object('record', p_record), error = NULL
+        -- (A link a replay of this parent settled, replay_instance, is made again: this round asks.)
+        UPDATE {{schema}}.instances i SET saga = (i.saga - 'parent_replayed') || jsonb_build_object('record', p_record),
+            error = NULL
         WHERE i.id = p_child;
         UPDATE {{schema}}.positions p SET status = 'SAGA' WHERE p.instance_id = p_child AND p.path = '$saga';
         PERFORM {{schema}}.saga_owe_given_up(p_child);
@@ -1771,7 +1773,9 @@ BEGIN
 END $$;
 
 -- Retry: a COMPENSATION_FAILED instance resumes its compensation at the one given up (from its first
--- attempt); anything else goes to retry_instance.
+-- attempt); anything else goes to retry_instance. A child whose compensation its parent's saga asked for,
+-- and whose parent a replay has taken forward since (replay_instance marks it `parent_replayed`), is
+-- refused (outcome parent_went_on): its compensation would undo it under a parent that goes on with it.
 CREATE FUNCTION {{schema}}.retry_saga(p_instance uuid, p_actor text)
 RETURNS TABLE (outcome text, status text)
 LANGUAGE plpgsql AS $$
@@ -1780,6 +1784,10 @@ DECLARE
     v_inst {{schema}}.instances%ROWTYPE;
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
+    IF FOUND AND v_inst.status = 'COMPENSATION_FAILED' AND v_inst.saga ? 'parent_replayed' THEN
+        RETURN QUERY SELECT 'parent_went_on', v_inst.status;
+        RETURN;
+    END IF;
     IF FOUND AND v_inst.status = 'COMPENSATION_FAILED' THEN
         UPDATE {{schema}}.positions p SET status = 'SAGA', lease_token = NULL, lease_until = NULL,
             lease_owner = NULL, updated_at = v_now
@@ -2816,6 +2824,16 @@ BEGIN
                                      actor)
     VALUES (p_instance, '', nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', p_step, v_visit, v_now, v_now,
             p_actor);
+    -- A child its saga asked to compensate that has not ended (it stopped at COMPENSATION_FAILED) answers
+    -- that saga no more: its link (`saga.record`) is settled, and marked, so that a retry of the child,
+    -- which would undo it under a parent that goes on, is refused (retry_saga). A later round of this
+    -- saga that reaches the child asks it again (compensate_child). Child rows after the parent's
+    -- positions and commands, in ascending id order: the lock order.
+    UPDATE {{schema}}.instances c SET saga = (c.saga - 'record') || jsonb_build_object('parent_replayed', v_now),
+        updated_at = v_now
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.instances x
+                   WHERE x.parent_id = p_instance AND x.ended_at IS NULL AND x.saga ? 'record'
+                   ORDER BY x.id FOR UPDATE);
     -- The instance goes forward again: a saga it ran is over (its compensations stay recorded, and one
     -- given up is owed by the next round, saga_owe_given_up). Cleared on its own first, since while
     -- `saga` is set only the saga may change the status (instance_status_changed).
@@ -4712,3 +4730,9 @@ CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at
 -- header.
 CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key) WHERE business_key IS NOT NULL;
 
+-- ==== version 63 (migration 0063_replay_settles_child_saga_links) ====
+-- A replay settles the saga link of a child stopped at COMPENSATION_FAILED, and a retry of that child is
+-- refused; why: the migration's header.
+-- replay_instance changes here; its one definition is in the version 9 section.
+-- retry_saga changes here; its one definition is in the version 6 section.
+-- compensate_child changes here; its one definition is in the version 6 section.

@@ -183,11 +183,14 @@ SELECT pg_advisory_unlock(hashtextextended('stepstone.retention.' || $1::text, 0
 
 -- name: retry_many
 -- Retry each instance of $1 (ascending id: the lock order) as actor $2, as a single retry does: a FAILED
--- one's failed step, a COMPENSATION_FAILED one's compensation where it stopped (retry_saga); one row per id.
+-- one's failed step, a COMPENSATION_FAILED one's compensation where it stopped (retry_saga); one row per id,
+-- with the instance's parent and its status, which a refused retry of a child names (parent_went_on).
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($2::text, ''), true)),
 ids AS (SELECT DISTINCT x.id FROM unnest($1::uuid[]) AS x(id))
-SELECT ids.id, (s.r).outcome, (s.r).status
-FROM ids, LATERAL (SELECT {{schema}}.retry_saga(ids.id, $2) AS r FROM who OFFSET 0) AS s
+SELECT ids.id, (s.r).outcome, (s.r).status, c.parent_id, p.status AS parent_status
+FROM ids CROSS JOIN LATERAL (SELECT {{schema}}.retry_saga(ids.id, $2) AS r FROM who OFFSET 0) AS s
+LEFT JOIN {{schema}}.instances c ON c.id = ids.id
+LEFT JOIN {{schema}}.instances p ON p.id = c.parent_id
 ORDER BY ids.id;
 
 -- name: cancel_many

@@ -251,8 +251,12 @@ WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($3::text
 SELECT (s.r).outcome, (s.r).status FROM (SELECT {{schema}}.cancel_saga($1, $2, $3, $4) AS r FROM who OFFSET 0) AS s;
 
 -- name: retry
+-- With the instance's parent and its status, which a refused retry of a child names (parent_went_on).
 WITH who AS MATERIALIZED (SELECT set_config('stepstone.actor', COALESCE($2::text, ''), true))
-SELECT (s.r).outcome, (s.r).status FROM (SELECT {{schema}}.retry_saga($1, $2) AS r FROM who OFFSET 0) AS s;
+SELECT (s.r).outcome, (s.r).status, c.parent_id, p.status AS parent_status
+FROM (SELECT {{schema}}.retry_saga($1, $2) AS r FROM who OFFSET 0) AS s
+LEFT JOIN {{schema}}.instances c ON c.id = $1
+LEFT JOIN {{schema}}.instances p ON p.id = c.parent_id;
 
 -- name: compensations
 SELECT id, position, step, visit, recorded, status, attempts, last_error, completed_at, compensated_at
