@@ -16,7 +16,7 @@ import contextvars
 import functools
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from stepstone.authoring.selection import SelectsVersions, selected_workflow
@@ -58,13 +58,36 @@ async def run_handler(
 ) -> StepSucceeded | StepFailed:
     """Run the step's handler and describe its outcome; never raises for handler errors.
     `cause` is what led to this step (a signal, a child's end), shown to the handler; `children` is
-    where a child step finds the version of its child."""
+    where a child step finds the version of its child, and keeps the run that started one: when its
+    commit is refused because the child's version was deprecated since, the step's next run on the same
+    state selects the version again instead of running the handler a second time."""
+    key = (run.step, run.visit, instance.state_version)
+    again = children.ran.pop(key, None) if children is not None else None
+    outcome: StepSucceeded | StepFailed
+    if again is not None and children is not None:
+        ran, asked = again
+        named = child_id(instance.id, instance.position, run.step, run.visit)
+        child, failed = await _child_start(workflow, run.step, asked, children, named)
+        outcome = failed or replace(ran, child=child)
+    else:
+        outcome, asked = await _run(workflow, instance, run, cause, executor, limits, children)
+    if children is not None and isinstance(outcome, StepSucceeded) and outcome.child is not None:
+        children.ran[key] = (outcome, asked)
+    return outcome
+
+
+async def _run(
+    workflow: Workflow[Any], instance: InstanceView, run: RunStep, cause: dict[str, Any] | None, executor: Executor,
+    limits: Limits, children: ChildVersions | None,
+) -> tuple[StepSucceeded | StepFailed, Any]:
+    """The handler's outcome, and what it returned as its child's input (a child step that started one)."""
+    asked: Any = None
     try:
         state = workflow.state_from_json(instance.state)
     except BaseException as exc:  # noqa: BLE001 - the model's own validators are user code too
         _reraise_own_cancellation(exc)
         problem = f"stored state no longer fits the state model: {describe_error(exc)}"
-        return _failed("InvalidState", problem, retryable=False)
+        return _failed("InvalidState", problem, retryable=False), None
     ctx = StepContext(
         instance_id=instance.id,
         workflow=workflow.id,
@@ -82,22 +105,22 @@ async def run_handler(
     except BaseException as exc:  # noqa: BLE001 - every handler error becomes a StepFailed
         _reraise_own_cancellation(exc)
         retryable = not workflow.never_retried(run.step, exc)
-        return _failed(type(exc).__name__, _message(exc), retryable=retryable)
+        return _failed(type(exc).__name__, _message(exc), retryable=retryable), None
     child: ChildStart | None = None
     if workflow.plan.steps[run.step].kind == "child":
         named = child_id(instance.id, instance.position, run.step, run.visit)
         child, failed = await _child_start(workflow, run.step, result, children, named)
         if failed is not None:
-            return failed
-        result = None
+            return failed, None
+        asked, result = result, None
     if result is not None and not isinstance(result, str):
         problem = f"handler returned {type(result).__name__}, not a step name"
-        return _failed("InvalidTransition", problem, retryable=False)
+        return _failed("InvalidTransition", problem, retryable=False), None
     if result is not None and len(result) > limits.max_name_length:
         problem = f"handler returned a step name of {len(result)} characters; no step has one that long"
-        return _failed("InvalidTransition", problem, retryable=False)
+        return _failed("InvalidTransition", problem, retryable=False), None
     return _with_record(left_behind(workflow, f"step {run.step!r}", result, state, ctx.events, limits, child), ctx,
-                        limits)
+                        limits), asked
 
 
 def _with_record(left: StepSucceeded | StepFailed, ctx: StepContext, limits: Limits) -> StepSucceeded | StepFailed:
@@ -143,6 +166,9 @@ class ChildVersions:
     scope: str
     retried: bool = False
     """The step runs again under an operator's retry, at the visit that may have started its child already."""
+    ran: dict[tuple[str, int, int], tuple[StepSucceeded, Any]] = field(default_factory=dict, compare=False)
+    """By (step, visit, state version): the outcome of the run that started a child and what its handler
+    returned as the child's input, should that commit be refused and the child's version be selected again."""
 
 
 class _ChildDefinitions(SelectsVersions, Protocol):

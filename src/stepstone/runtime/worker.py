@@ -475,9 +475,10 @@ class Worker:
 
         `transition`: the uncommitted decision that entered this step (`core.folding`); the step's
         decision is committed with it as one, or after it when the step does not complete."""
+        children = ChildVersions(self.store, self.registry, claim.pin.scope, command.kind == "RETRY")
         for _ in range(_MAX_STATE_CONFLICTS):
             with durable.bound(claim.context):  # the caller's trace and registered values (stepstone.context)
-                decided = await self._decide(claim, workflow, instance, command, now)
+                decided = await self._decide(claim, workflow, instance, command, now, children)
                 if decided is None:
                     return instance, Decision(Settle("COMPLETE")), None
                 decision, visit, handled = decided
@@ -499,11 +500,10 @@ class Worker:
                 try:
                     committed = await self._observed_commit(claim, instance, command.id, decision, visit,
                                                             instance.state_version)
-                except VersionNotAdmitted:  # the child's version, deprecated since its selection: nothing
-                    if decision.first(StartChild) is None:  # was written and the claim holds; select again
-                        raise
-                    log.info("instance %s: its child's version was deprecated since it was selected; the step "
-                             "selects again", instance.id)
+                except VersionNotAdmitted:  # the child's version, deprecated since its selection: nothing was
+                    if decision.first(StartChild) is None:  # written and the claim holds; select again, without
+                        raise  # running the handler again (`ChildVersions.ran`)
+                    log.info("instance %s: the child's version, deprecated since, is selected again", instance.id)
                     continue
             if committed is not None and not committed.conflict:
                 await raise_alert(self.config.on_compensation_failed, decision)
@@ -514,7 +514,8 @@ class Worker:
         raise RuntimeError(f"instance {instance.id}: the shared state kept changing under the step; giving up")
 
     async def _decide(
-        self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any
+        self, claim: Claim, workflow: Workflow[Any], instance: InstanceView, command: CommandView, now: Any,
+        children: ChildVersions,
     ) -> tuple[Decision, int, bool] | None:
         """The decision (redacted), the visit that names its events, and whether a handler (a step's or
         a compensation's) ran for it; None when a compensation finds its lease gone. Only a decision no
@@ -525,10 +526,8 @@ class Worker:
         if isinstance(outcome, RunStep):
             cause = command.payload if isinstance(command.payload, dict) else None
             with observe.step(workflow, instance, outcome, command) as seen:
-                result = await run_handler(
-                    workflow, instance, outcome, cause=cause, executor=self._executor, limits=self.limits,
-                    children=ChildVersions(self.store, self.registry, claim.pin.scope, command.kind == "RETRY"),
-                )
+                result = await run_handler(workflow, instance, outcome, cause=cause, executor=self._executor,
+                                           limits=self.limits, children=children)
                 seen.result(result)
             decision = complete_step(instance, command, workflow.plan, result, now)
             visit = outcome.visit
