@@ -199,6 +199,39 @@ async def test_a_retried_child_step_names_the_version_its_existing_child_runs(en
     assert [(d["child_id"], d["version"]) for d in started] == [(child["id"], 1), (child["id"], 1)]
 
 
+async def test_a_retried_child_step_whose_existing_child_runs_a_deprecated_version_goes_on_with_it(
+    engine: Engine,
+) -> None:
+    """As above, with kid v1 deprecated before the parent's retry. The retried step names the child it
+    started, on v1, which is not started again; the pin admission (the instances' BEFORE INSERT trigger,
+    which fires before ON CONFLICT DO NOTHING finds the row) refused v1 all the same, every time the step
+    ran again: the parent's commit never landed. Now the step commits and the parent goes on with the
+    child it has, on the version it runs; no second child."""
+    KID_FAILS.add("grow")
+    try:
+        iid = await engine.client.start(parent, {})
+        await engine.run_until_idle()
+        [child] = (await engine.client.get(iid)).children
+        await engine.store.definitions.activate("default", "kid", 2)
+        await engine.store.definitions.transition("default", "kid", 1, "DEPRECATED")
+        KID_FAILS.clear()
+        await engine.client.retry(child["id"])
+        await engine.run_until_idle()
+        assert (await engine.client.get(child["id"])).status == "COMPLETED"
+        ran_before = _SPAWNED.count
+        await engine.client.retry(iid)
+        await engine.run_until_idle()
+    finally:
+        KID_FAILS.clear()
+    info = await engine.client.get(iid)
+    assert info.status == "COMPLETED" and info.state["kid_version"] == 1, info
+    assert [c["id"] for c in info.children] == [child["id"]]
+    assert (await engine.client.get(child["id"])).version == 1
+    started = [h["data"] for h in await engine.client.history(iid) if h["kind"] == "CHILD_STARTED"]
+    assert [(d["child_id"], d["version"]) for d in started] == [(child["id"], 1), (child["id"], 1)]
+    assert (_SPAWNED.count - ran_before, engine.worker.events.crashed) == (1, 0)
+
+
 async def test_a_child_version_deprecated_between_its_selection_and_the_commit_is_selected_again(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

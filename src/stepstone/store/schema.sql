@@ -727,18 +727,26 @@ DECLARE
     v_paths jsonb;
     v_path jsonb;
     v_payload jsonb;
+    v_started boolean;
     c jsonb;
 BEGIN
     SELECT i.scope INTO v_scope FROM {{schema}}.instances i WHERE i.id = p_instance;
     FOR c IN SELECT jsonb_array_elements(p_children) ORDER BY 1 LOOP
-        INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step, visit,
-                                          parent_id, parent_position, parent_visit, cancel_with_parent,
-                                          next_seq, history_seq, created_at, updated_at)
-        VALUES ((c->>'id')::uuid, v_scope, c->>'definition_id', (c->>'version')::integer, c->>'plan_hash',
-                'PENDING', c->'state', c->>'step', 1, p_instance, p_position, p_visit,
-                (c->>'cancel_with_parent')::boolean, 2, 1, p_now, p_now)
-        ON CONFLICT (id) DO NOTHING;
-        IF FOUND THEN
+        -- A child that exists already (the step runs again at the visit that started it: an operator's
+        -- retry) is not inserted again: the pin admission (a BEFORE INSERT trigger) fires before ON
+        -- CONFLICT finds the row, and refused the version that child runs once it was deprecated.
+        v_started := false;
+        IF NOT EXISTS (SELECT 1 FROM {{schema}}.instances i WHERE i.id = (c->>'id')::uuid) THEN
+            INSERT INTO {{schema}}.instances (id, scope, definition_id, version, plan_hash, status, state, step,
+                                              visit, parent_id, parent_position, parent_visit, cancel_with_parent,
+                                              next_seq, history_seq, created_at, updated_at)
+            VALUES ((c->>'id')::uuid, v_scope, c->>'definition_id', (c->>'version')::integer, c->>'plan_hash',
+                    'PENDING', c->'state', c->>'step', 1, p_instance, p_position, p_visit,
+                    (c->>'cancel_with_parent')::boolean, 2, 1, p_now, p_now)
+            ON CONFLICT (id) DO NOTHING;
+            v_started := FOUND;
+        END IF;
+        IF v_started THEN
             INSERT INTO {{schema}}.positions (instance_id, path, status, step, visit, created_at, updated_at)
             VALUES ((c->>'id')::uuid, '', 'RUNNING', c->>'step', 1, p_now, p_now);
             INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at,
@@ -4736,3 +4744,8 @@ CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key)
 -- replay_instance changes here; its one definition is in the version 9 section.
 -- retry_saga changes here; its one definition is in the version 6 section.
 -- compensate_child changes here; its one definition is in the version 6 section.
+
+-- ==== version 64 (migration 0064_retried_child_step_keeps_its_child) ====
+-- A child step run again at the visit that started its child does not insert it again, so its pin admission
+-- does not refuse a version deprecated since; why: the migration's header.
+-- start_children changes here; its one definition is in the version 2 section.
