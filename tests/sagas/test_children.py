@@ -58,6 +58,36 @@ async def test_a_child_that_cannot_compensate_stops_the_parent_until_retried(eng
     assert [c for _, c in w.CALLS] == ["leg_book"] * 4 + ["outbound"]
 
 
+async def test_a_child_that_cannot_compensate_again_after_the_parents_retry_stops_the_parent_again(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """The parent's retry resumes the child's compensation, which gives up again: the parent stops again,
+    with its alert and its event raised again. Its commit of the child's report crashed instead: the
+    event's id, named by the saga position's visit (1 for every command there), was the first round's, so
+    its insert broke the outbox's unique event id; the segment crashed on every claim."""
+    iid = await engine.client.start(w.trip, {})
+    cid = child_id(iid, "", "sub", 2)
+    w.FAIL[(cid, "undo_leg_book")] = -1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "COMPENSATION_FAILED"
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    assert engine.worker.events.crashed == 0
+    assert [a["instance_id"] for a in ALERTS] == [cid, iid, cid, iid]
+    events = await conn.fetch("SELECT instance_id, event_id FROM stepstone.outbox WHERE type = "
+                              "'stepstone.compensation_failed' ORDER BY id")
+    assert [str(e["instance_id"]) for e in events] == [cid, iid, cid, iid]
+    assert len({e["event_id"] for e in events}) == 4
+
+    w.FAIL.pop((cid, "undo_leg_book"))
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATED"
+
+
 def _compensated_in_order(*histories: list[dict[str, Any]]) -> list[str]:
     """Every STEP_COMPENSATED of these instances, in the order they committed (each is its own commit)."""
     done = [h for history in histories for h in history if h["kind"] == "STEP_COMPENSATED"]

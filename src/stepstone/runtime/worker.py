@@ -28,7 +28,7 @@ from stepstone.core.folding import fold, foldable
 from stepstone.core.limits import Limits
 from stepstone.core.model import CommandView, Decision, InstanceView, RunStep, Settle
 from stepstone.core.pin import pin_of  # kept importable from here for callers and tests (__all__)
-from stepstone.core.saga import RunCompensation, complete_compensation
+from stepstone.core.saga import SAGA, RunCompensation, complete_compensation
 from stepstone.core.transitions import advance, apply, complete_step, reports_wanted
 from stepstone.errors import ClientClosed, DatabaseUnavailable, InsufficientPrivilege, VersionNotAdmitted
 from stepstone.runtime import external_state, observe, serving
@@ -522,7 +522,7 @@ class Worker:
         handler ran for is a transition that may fold: a step's completion always commits before the
         next step runs, so a crash repeats at most the one step in flight."""
         outcome = apply(instance, command, workflow.plan, now, self.config.max_claims)
-        visit = instance.visit
+        visit = command.id if instance.position == SAGA else instance.visit  # every '$saga' command is visit 1
         if isinstance(outcome, RunStep):
             cause = command.payload if isinstance(command.payload, dict) else None
             with observe.step(workflow, instance, outcome, command) as seen:
