@@ -48,6 +48,8 @@ async def test_a_failed_instance_past_its_deadline_can_still_be_retried(database
 
 HANG: dict[str, asyncio.Event] = {}
 """While set here, `bounded` waits for the event (a handler that hangs), else it completes."""
+HUNG: dict[str, asyncio.Event] = {}
+"""Set by `bounded` when its handler starts to hang (so a test knows which worker holds it)."""
 
 bounded: Workflow[Job] = Workflow("bounded", version=1, state=Job)
 
@@ -57,6 +59,8 @@ async def slow(ctx: StepContext, state: Job) -> None:
     if FLAKY["broken"]:
         raise RuntimeError("the service is down")
     if (hang := HANG.get("slow")) is not None:
+        if (started := HUNG.get("slow")) is not None:
+            started.set()
         await hang.wait()
     state.done = True
 
@@ -80,6 +84,7 @@ async def test_an_operators_retry_bounds_the_step_by_its_deadline_again(database
     # bounded again, counted from the retry: it fails StepDeadline five minutes later (it hung for good).
     FLAKY["broken"] = True
     HANG["slow"] = asyncio.Event()
+    HUNG["slow"] = asyncio.Event()
     async with open_engine(database_url, Registry(bounded), lease_seconds=3600) as engine:
         try:
             iid = await engine.client.start(bounded, {})
@@ -89,6 +94,9 @@ async def test_an_operators_retry_bounds_the_step_by_its_deadline_again(database
             FLAKY["broken"] = False
             await engine.client.retry(iid)
             hung = asyncio.create_task(engine.run_until_idle())
+            # The engine's worker must hold the hanging step before the other worker looks: else the other
+            # could claim the retried step first and hang in its handler itself.
+            await asyncio.wait_for(HUNG["slow"].wait(), 60)
             await engine.move_clock(timedelta(minutes=4))
             other = engine.new_worker(lease_seconds=3600, worker_id="other")
             await other.run_until_idle()
@@ -101,6 +109,7 @@ async def test_an_operators_retry_bounds_the_step_by_its_deadline_again(database
             assert history[history.index("INSTANCE_RETRIED"):].count("STEP_DEADLINE_EXCEEDED") == 1
         finally:
             HANG.pop("slow").set()
+            HUNG.pop("slow", None)
             await asyncio.wait_for(hung, 10)  # its commit is refused: the deadline took its lease
 
 
