@@ -30,13 +30,41 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
-async def _pages(conn: asyncpg.Connection, query: str, *args: Any) -> tuple[int, list[str]]:
-    """Pages the statement touched (shared hit or read, the plan's root counts its children's) and the
-    indexes its scans of instances used."""
-    raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}", *args)
-    plan = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
-    used = [n.get("Index Name") or n["Node Type"] for n in _nodes(plan) if n.get("Relation Name") == "instances"]
-    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"], used
+async def _explained(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """auto_explain on this session alone: every statement's plan (nested ones too) with its buffers, as a
+    NOTICE the returned list collects."""
+    plans: list[dict[str, Any]] = []
+
+    def collect(_: object, message: asyncpg.PostgresLogMessage) -> None:
+        if "plan:" in message.message:
+            plans.append(json.loads(message.message.split("plan:", 1)[1]))
+
+    conn.add_log_listener(collect)
+    for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0", "SET auto_explain.log_analyze = on",
+                    "SET auto_explain.log_buffers = on", "SET auto_explain.log_timing = off",
+                    "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_format = json",
+                    "SET auto_explain.log_level = notice"):
+        await conn.execute(setting)
+    return plans
+
+
+async def _pages(
+    conn: asyncpg.Connection, plans: list[dict[str, Any]], query: str, *args: Any,
+) -> tuple[int, list[str]]:
+    """Pages the statements that read instances touched while `query` ran (shared hit or read, a plan's
+    root counts its children's) and the indexes their scans of instances used. The lists and counts run
+    their statement inside a function (migration 0065), so the plans are auto_explain's (`_explained`'s
+    `plans` of `conn`), nested ones too."""
+    plans.clear()
+    await conn.fetch(query, *args)
+    await conn.execute("SELECT 1")  # the NOTICEs of the call above have arrived
+    reading = [p["Plan"] for p in plans
+               if any(n.get("Relation Name") == "instances" for n in _nodes(p["Plan"]))
+               and not any(n.get("Node Type") == "Function Scan" for n in _nodes(p["Plan"]))]
+    assert reading, f"no plan read instances: {query[:80]}"
+    used = [n.get("Index Name") or n["Node Type"] for p in reading for n in _nodes(p)
+            if n.get("Relation Name") == "instances"]
+    return sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in reading), used
 
 
 def _filter(key: str, scope: str | None = None) -> list[Any]:
@@ -66,10 +94,53 @@ async def test_a_business_key_alone_is_looked_up_not_scanned(database_url: str) 
             "stepstone list, one scope": (ops["find_instances"], *_filter(key, "acme"), None, None, 51),
             "stepstone list, counts": (ops["count_instances"], *_filter(key)),
         }
-        found = {name: await _pages(conn, sql, *args) for name, (sql, *args) in cases.items()}
+        plans = await _explained(conn)
+        found = {name: await _pages(conn, plans, sql, *args) for name, (sql, *args) in cases.items()}
+        assert all(any("business_key" in index for index in used) for _, used in found.values()), found
         [row] = await conn.fetch(q["instances_page"], None, None, None, key, None, None, 51, False)
         assert row["business_key"] == key
     finally:
         await conn.close()
     # A lookup: the index's few levels and the row's page (the counts: for each status branch, 11).
     assert {name: found[name] for name, (pages, _) in found.items() if pages > 60} == {}
+
+
+async def test_a_business_key_is_looked_up_after_other_calls_of_the_statement(database_url: str) -> None:
+    """A prepared statement (asyncpg's statement cache) takes its generic plan after five custom ones when
+    that costs less than their average, and a generic plan cannot drop a `($n IS NULL OR col = $n)` filter
+    nor use col's index for it. On one connection, after six lists or counts without a business key, a
+    list or count by a business key must still be a lookup (docs/performance.md, "Listings on their custom
+    plans"): the management API's counts read 2,209 pages for it on their generic plan."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await seed_waiting(conn, "stepstone", pin_of(waiting), 1, ROWS)
+        await conn.execute("UPDATE stepstone.instances SET business_key = md5(id::text)")
+        await conn.execute("UPDATE stepstone.instances SET status = 'FAILED' WHERE (hashtext(id::text) % 100) = 0")
+        await conn.execute(bench_queries("stepstone")["analyze"])
+        key = await conn.fetchval("SELECT business_key FROM stepstone.instances LIMIT 1")
+    finally:
+        await conn.close()
+    q = management_queries("stepstone")
+    ops = named_queries("operations.sql", "stepstone")
+    client = named_queries("queries.sql", "stepstone")
+    failed = [["FAILED"], *_filter(None)[1:]]
+    cases = {  # (statement, arguments of the other calls, arguments with the key)
+        "list": (q["instances_page"], [None, "FAILED", None, None, None, None, 51, False],
+                 [None, None, None, key, None, None, 51, False]),
+        "counts": (q["instance_counts"], [None, None, 10_000, False, None], [None, None, 10_000, False, key]),
+        "stepstone list": (ops["find_instances"], [*failed, None, None, 51], [*_filter(key), None, None, 51]),
+        "stepstone list, counts": (ops["count_instances"], failed, _filter(key)),
+        "Client.list": (client["list_instances"], ["FAILED", None, None, None, None, 51, None, False],
+                        [None, None, key, None, None, 51, None, False]),
+    }
+    found = {}
+    for name, (sql, other, keyed) in cases.items():
+        conn = await asyncpg.connect(database_url)
+        try:
+            plans = await _explained(conn)
+            for _ in range(6):
+                await conn.fetch(sql, *other)
+            found[name], _ = await _pages(conn, plans, sql, *keyed)
+        finally:
+            await conn.close()
+    assert {name: pages for name, pages in found.items() if pages > 60} == {}

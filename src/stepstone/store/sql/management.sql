@@ -44,34 +44,22 @@ WHERE i.id = ANY($1::uuid[]);
 -- name: instances_page
 -- Newest first on (created_at, id): scopes $1, status $2, definition $3, business key $4,
 -- after ($5, $6), at most $7 rows; archived instances only when $8 (is_archived, as the operations'
--- find). A single scope reads instances_scope_created backwards.
-SELECT i.id, i.scope, i.definition_id, i.version, i.status, i.step, i.business_key, i.parent_id,
-       i.created_at, i.updated_at, i.ended_at, i.error,
-       CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at
-FROM {{schema}}.instances i
-WHERE ($8::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at))
-  AND ($1::text[] IS NULL OR i.scope = ANY($1::text[]))
-  AND ($2::text IS NULL OR i.status = $2)
-  AND ($3::text IS NULL OR i.definition_id = $3)
-  AND ($4::text IS NULL OR i.business_key = $4)
-  AND ($5::timestamptz IS NULL OR (i.created_at, i.id) < ($5, $6::uuid))
-ORDER BY i.created_at DESC, i.id DESC
-LIMIT $7;
+-- find). A single scope reads instances_scope_created backwards. The statement is the function's
+-- (migration 0065): planned with its arguments on every call, so a filter given reads its index.
+SELECT * FROM {{schema}}.instances_page($1::text[], $2::text, $3::text, $4::text, $5::timestamptz, $6::uuid,
+                                        $7::bigint, $8::boolean);
 
 -- name: instance_count
 -- How many instances of the status /*status*/ of the scopes $1 (and definition $2, business key $5)
 -- there are, counting at most $3 + 1: a status with more shows as $3 + 1 ("more than $3"), so the counts
 -- cost about the same at a million instances as at a thousand. store/management.py joins one branch per
--- status (core.model.STATUSES) into `instance_counts`, each naming its status as a literal, so the
--- planner knows how common it is (a rare one is read through instances_status_created). Archived
--- instances count only when $4 (as instances_page's $8). A business key $5 matches few instances, so no
--- branch may scan the table for it (tests/perf/test_management_query_plans.py).
-SELECT '/*status*/' AS status, (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.instances i
-    WHERE i.status = '/*status*/'
-      AND ($1::text[] IS NULL OR i.scope = ANY($1::text[])) AND ($2::text IS NULL OR i.definition_id = $2)
-      AND ($5::text IS NULL OR i.business_key = $5)
-      AND ($4::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at))
-    LIMIT $3 + 1) c) AS n
+-- status (core.model.STATUSES) into `instance_counts`. Archived instances count only when $4 (as
+-- instances_page's $8). The function (migration 0065) plans its count with the status and the filters
+-- known on every call, so the planner knows how common the status is (a rare one is read through
+-- instances_status_created) and a business key $5, which matches few instances, is looked up: no branch
+-- may scan the table for it (tests/perf/test_management_query_plans.py, test_business_key_plans.py).
+SELECT '/*status*/' AS status, {{schema}}.instance_count('/*status*/', $1::text[], $2::text, $3::bigint, $4::boolean,
+                                                         $5::text) AS n
 
 -- name: history_page
 -- History of instance $1 oldest first, entries after seq $2, at most $3; only the kinds $4 when given

@@ -291,17 +291,10 @@ SELECT status FROM {{schema}}.instances WHERE id = $1;
 
 -- name: list_instances
 -- Newest first, keyset-paginated on (created_at, id); every filter optional; archived instances only
--- when $8 (is_archived, as every list).
-SELECT i.id, i.definition_id, i.version, i.status, i.step, i.business_key, i.created_at, i.updated_at, i.scope
-FROM {{schema}}.instances i
-WHERE ($8::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at))
-  AND ($1::text IS NULL OR i.status = $1)
-  AND ($2::text IS NULL OR i.definition_id = $2)
-  AND ($3::text IS NULL OR i.business_key = $3)
-  AND ($4::timestamptz IS NULL OR (i.created_at, i.id) < ($4, $5::uuid))
-  AND ($7::text IS NULL OR i.scope = $7)
-ORDER BY i.created_at DESC, i.id DESC
-LIMIT $6;
+-- when $8 (is_archived, as every list). The statement is the function's (migration 0065): planned with
+-- its arguments on every call, so a filter given reads its index.
+SELECT * FROM {{schema}}.list_instances($1::text, $2::text, $3::text, $4::timestamptz, $5::uuid, $6::bigint,
+                                        $7::text, $8::boolean);
 
 -- name: history
 -- The root's entries are stored without a position; they say '' (the root's path), as the operations do.
