@@ -14,7 +14,6 @@ from typing import Any
 import asyncpg
 import pytest
 from click.testing import CliRunner
-from pydantic import BaseModel, ConfigDict
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.cli import cli
@@ -24,6 +23,7 @@ from stepstone.runtime.worker import Worker
 from stepstone.scheduling import Schedule
 from stepstone.scheduling.operations import inputs_refused
 from stepstone.testing import Engine, open_engine
+from tests.scheduling.workflows import New, Old, typed
 
 
 def ticker(version: int, workflow_id: str = "ticker") -> Workflow[Any]:
@@ -150,26 +150,6 @@ async def test_a_version_deprecated_after_its_selection_holds_that_schedule_only
     assert await _started(db) == [(1, {"ran_version": 1})]
 
 
-class Old(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    a: int
-
-
-class New(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    b: int
-
-
-def typed(version: int, model: type[BaseModel]) -> Workflow[Any]:
-    wf: Workflow[Any] = Workflow("typed", version=version, state=model)
-
-    @wf.step(start=True, next=None)
-    def record(ctx: StepContext, state: Any) -> None:
-        return None
-
-    return wf
-
-
 async def test_a_schedules_input_is_checked_against_the_version_its_ticks_start(database_url: str) -> None:
     """The input was checked against the newest registered version (v2 here), though the ticks start the
     version the scope selects (v1, recorded first): an input for v1 was refused, and one for v2 was
@@ -215,3 +195,28 @@ async def test_activating_a_version_names_the_schedules_whose_input_it_refuses(d
         # Declared again with an input v2 takes, nothing is refused
         await engine.client.schedule(Schedule("t", "typed", every=60, input={"b": 1}))
         assert await inputs_refused(engine.store, engine.store.definitions, "typed", 2) == []
+
+
+async def test_the_refused_inputs_are_found_with_a_read_per_scope_not_per_schedule(database_url: str) -> None:
+    """inputs_refused asked the registry for the selected version and its schema once per schedule."""
+    async with open_engine(database_url, Registry(typed(1, Old), typed(2, New))) as engine:
+        for n in range(5):
+            await engine.client.schedule(Schedule(f"t{n}", "typed", every=60, input={"a": n}))
+        await engine.client.schedule(Schedule("beta", "typed", every=60, input={"a": 9}, scope="beta"))
+        await engine.client.schedule(Schedule("o", "ticker", every=60))
+        await engine.store.definitions.activate("default", "typed", 2)
+        asked: list[str] = []
+        registry = engine.store.definitions
+
+        class Counting:
+            async def select_version(self, scope: str, definition_id: str) -> tuple[str, int, str] | None:
+                asked.append(f"select {scope}")
+                return await registry.select_version(scope, definition_id)
+
+            async def find(self, scope: str, definition_id: str, version: int) -> dict[str, Any]:
+                asked.append(f"find {scope}")
+                return await registry.find(scope, definition_id, version)
+
+        refused = await inputs_refused(engine.store, Counting(), "typed", 2)
+        assert sorted(r.name for r in refused) == ["beta", "t0", "t1", "t2", "t3", "t4"]
+        assert sorted(asked) == ["find default", "select beta", "select default"]

@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 
@@ -85,3 +85,25 @@ async def remind(ctx: StepContext, state: Job) -> str:
 daily.timer("wait_a_day", delay=timedelta(days=1), next="remind")
 
 registry.add(daily)
+
+
+# Two versions of one workflow whose state models take different inputs: for checking a schedule's input
+# against the version its ticks start.
+class Old(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    a: int
+
+
+class New(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    b: int
+
+
+def typed(version: int, model: type[BaseModel]) -> Workflow[Any]:
+    wf: Workflow[Any] = Workflow("typed", version=version, state=model)
+
+    @wf.step(start=True, next=None)
+    def record(ctx: StepContext, state: Any) -> None:
+        return None
+
+    return wf

@@ -16,12 +16,14 @@ from stepstone.api.context import ApiContext, require, visible_instance
 from stepstone.api.pagination import decode_cursor, decode_id_cursor, page
 from stepstone.core.attribution import Actor
 from stepstone.core.limits import MAX_INT4
-from stepstone.core.pin import check_scope
+from stepstone.core.pin import DEFAULT_SCOPE, check_scope
 from stepstone.errors import DefinitionNotFound
 from stepstone.ops import check_texts
+from stepstone.ops import definitions as definition_ops
 from stepstone.ops.history import compensations_shown
 
 __all__ = [
+    "activate",
     "cancel",
     "commands",
     "compensations",
@@ -166,6 +168,25 @@ async def definition_plan(
     if found is None:
         raise DefinitionNotFound(definition_id, version)
     return found
+
+
+async def activate(
+    ctx: ApiContext, who: Principal, scope: str, definition_id: str, version: int, *, from_default: bool,
+) -> dict[str, Any]:
+    """Make `version` (of `scope`, or of the default scope) the scope's current version, as `stepstone
+    definitions activate` does: the operator role in `scope`; a version of a scope the caller does not see
+    (the default scope's, for a tenant's token) is not found. The schedules whose input the version refuses
+    are those of the scopes the caller sees."""
+    check_texts(scope=scope, workflow=definition_id)
+    target = DEFAULT_SCOPE if from_default else scope
+    if not (who.sees(scope) and who.sees(target)) or not 1 <= version <= MAX_INT4:
+        raise DefinitionNotFound(definition_id, version)
+    require(who, "operator", scope)
+    done = await definition_ops.activate(ctx.store, scope, definition_id, version, target_scope=target,
+                                         actor=who.actor)
+    answer = done.as_dict()
+    answer["schedules_refused"] = [r for r in answer["schedules_refused"] if who.sees(r["scope"])]
+    return answer
 
 
 async def stranded(ctx: ApiContext, who: Principal, within_seconds: float) -> list[dict[str, Any]]:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,6 @@ from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import DocumentInvalid, StepstoneError
 from stepstone.ops import definitions as ops
 from stepstone.ops.migration import DEFAULT_PATIENCE
-from stepstone.scheduling.operations import RefusedInput, inputs_refused
-from stepstone.store.scheduling_port import SchedulingStore
 
 __all__ = ["commands", "load_catalog"]
 
@@ -198,16 +195,14 @@ def activate_command(settings: Settings, definition_id: str, version: int, scope
     ticks now start VERSION and whose input VERSION's input schema refuses is named in a warning."""
     target = DEFAULT_SCOPE if from_default else scope
 
-    async def go() -> list[RefusedInput]:
+    async def go() -> ops.Activated:
         async with open_store(settings) as store:
-            await store.definitions.activate(scope, definition_id, version, target_scope=target, actor="cli")
-            if not isinstance(store, SchedulingStore):  # a store that keeps no schedules has none to check
-                return []
-            return await inputs_refused(store, store.definitions, definition_id, version)
+            return await ops.activate(store, scope, definition_id, version, target_scope=target, actor="cli",
+                                      log_refused=False)  # printed below, a `warning:` line each
 
-    refused = run_async(go())
-    emit({"scope": scope, "workflow": definition_id, "version": version, "of_scope": target,
-          "schedules_refused": [asdict(r) for r in refused]}, output,
+    done = run_async(go())
+    refused = done.schedules_refused
+    emit(done.as_dict(), output,
          lambda: f"scope {scope}: {definition_id} v{version}" + (" (of scope default)" if target != scope else "")
          + " is current")
     for r in refused:

@@ -1,21 +1,26 @@
-"""Definition operations: validate and publish documents, read them back, the lifecycle, the stranded report.
+"""Definition operations: validate and publish documents, read them back, activate a version, the stranded
+report.
 
-The CLI (`stepstone definitions ...`) and programs call these; the rules live in the registry
+The CLI (`stepstone definitions ...`), the HTTP API and programs call these; the rules live in the registry
 (`stepstone.store.registry`) and the document loader (`stepstone.authoring.documents`).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, DocumentWorkflow, load_document
 from stepstone.authoring.registration import state_model_name
 from stepstone.core.pin import Pin, pin_of
 from stepstone.errors import StepstoneError
+from stepstone.scheduling.operations import RefusedInput, inputs_refused
+from stepstone.store.port import ClientStore
 from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionRecord, DefinitionsPort, StrandedPin
+from stepstone.store.scheduling_port import SchedulingStore
 
-__all__ = ["Published", "load_published", "publish_document", "stranded_report"]
+__all__ = ["Activated", "Published", "activate", "load_published", "publish_document", "stranded_report"]
 
 log = logging.getLogger("stepstone.definitions")
 
@@ -81,3 +86,39 @@ async def stranded_report(
 ) -> list[StrandedPin]:
     """Instances that may still run whose pinned plan no worker served in the last `within_seconds`."""
     return await definitions.stranded(within_seconds, scope)
+
+
+@dataclass(frozen=True)
+class Activated:
+    """A scope's new current version, and the schedules whose stored input that version refuses (each of
+    their ticks will be skipped until the input or the activation changes)."""
+
+    scope: str
+    workflow: str
+    version: int
+    of_scope: str
+    """The scope whose row is activated: `scope` itself, or the default scope (`--from-default`)."""
+    schedules_refused: list[RefusedInput] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def activate(
+    store: ClientStore, scope: str, definition_id: str, version: int, *, target_scope: str | None = None,
+    actor: str | None = None, log_refused: bool = True,
+) -> Activated:
+    """Make `version` (of `target_scope`: `scope` or the default scope) the scope's current version, then
+    name the schedules whose ticks start it from now on and whose stored input its input schema refuses:
+    each is returned, and logged as a warning on the ``stepstone.definitions`` logger unless `log_refused` is
+    false (the CLI prints its own line). The activation is not refused for them (it is usually what new starts
+    need); a store that keeps no schedules has none. `store.definitions.activate` alone checks nothing."""
+    target = target_scope or scope
+    await store.definitions.activate(scope, definition_id, version, target_scope=target, actor=actor)
+    refused = await inputs_refused(store, store.definitions, definition_id, version) \
+        if isinstance(store, SchedulingStore) else []
+    for r in refused if log_refused else ():
+        log.warning("schedule %s (scope %s) starts %s v%s now, whose input schema refuses its input (%s): every "
+                    "tick will be skipped until its input or the activation changes", r.name, r.scope,
+                    definition_id, version, r.problem)
+    return Activated(scope, definition_id, version, target, refused)

@@ -166,15 +166,21 @@ async def inputs_refused(
     """The schedules of `definition_id` whose ticks start `version` (the version a start in the schedule's scope
     selects) and whose stored input that version's input schema, recorded at its registration, refuses. A
     version recorded without one (no pydantic state model) refuses none here; its worker checks every tick."""
+    chosen: dict[str, tuple[str, int, str] | None] = {}  # a schedule's scope -> what a start there selects
+    schemas: dict[str, Any] = {}  # the selected row's scope -> its input schema
     refused = []
     for row in await store.list_schedules():
-        chosen = await definitions.select_version(row["scope"], definition_id) \
-            if row["definition_id"] == definition_id else None
-        if chosen is None or chosen[1] != version:
+        if row["definition_id"] != definition_id:
             continue
-        schema = (await definitions.find(chosen[0], definition_id, version)).get("input_schema")
-        problem = schema_refusal(schema, {} if row["input"] is None else row["input"])
+        scope = str(row["scope"])
+        if scope not in chosen:  # asked once per scope, not once per schedule
+            chosen[scope] = await definitions.select_version(scope, definition_id)
+        selected = chosen[scope]
+        if selected is None or selected[1] != version:
+            continue
+        if selected[0] not in schemas:
+            schemas[selected[0]] = (await definitions.find(selected[0], definition_id, version)).get("input_schema")
+        problem = schema_refusal(schemas[selected[0]], {} if row["input"] is None else row["input"])
         if problem is not None:
-            refused.append(RefusedInput(str(row["name"]), str(row["scope"]), problem))
+            refused.append(RefusedInput(str(row["name"]), scope, problem))
     return refused
-

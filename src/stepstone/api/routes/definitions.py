@@ -1,14 +1,16 @@
-"""Definitions: the registered workflow versions of the visible scopes, their plans, and the stranded
-report."""
+"""Definitions: the registered workflow versions of the visible scopes, their plans, the stranded
+report, and activating a version (the operator role in its scope)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
+from pydantic import Field
 
 from stepstone.api import operations as ops
-from stepstone.api.context import Caller, context_of
+from stepstone.api.bodies import Body
+from stepstone.api.context import Caller, Writer, context_of
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
 from stepstone.core.limits import MAX_INT4
 
@@ -39,3 +41,19 @@ async def get_definition(
     version: Annotated[int, Path(ge=1, le=MAX_INT4)],
 ) -> dict[str, Any]:
     return await ops.definition_plan(context_of(request), who, scope, definition_id, version)
+
+
+class ActivateRequest(Body):
+    from_default: bool = Field(default=False, description="Follow this version of the default scope (for a "
+                                                          "tenant scope), as `stepstone definitions activate "
+                                                          "--from-default`.")
+
+
+@router.post("/{scope}/{definition_id}/{version}/activate",
+             summary="Make a version the scope's current one (what starts by id select from now on)")
+async def activate_definition(
+    request: Request, who: Writer, scope: str, definition_id: str, version: Annotated[int, Path(ge=1, le=MAX_INT4)],
+    body: ActivateRequest | None = None,
+) -> dict[str, Any]:
+    return await ops.activate(context_of(request), who, scope, definition_id, version,
+                              from_default=body is not None and body.from_default)
