@@ -427,7 +427,8 @@ class DocumentInvalid(InvalidInput):
     """A workflow document that fails its JSON Schema, its size limit, or names an unknown handler;
     `path` is the document path (e.g. ``steps[2].handler``), `line` and `column` 1-based when known (of
     the first problem). `problems` lists every problem found at that stage, each a dict of `path`,
-    `line`, `column` and `message`: all of the schema's, or all of the unknown steps named."""
+    `line`, `column` and `message`: all of the schema's, of the unknown steps named, of the catalog's
+    unknown names, or of the graph's rules."""
 
     def __init__(self, message: str, *, path: str = "", line: int | None = None, column: int | None = None,
                  problems: tuple[dict[str, Any], ...] = ()) -> None:

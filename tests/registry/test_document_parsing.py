@@ -138,7 +138,7 @@ TWO = ("id: x\nversion: 1\nsteps:\n  - {name: a, kind: action, handler: h, start
     # Reported at (steps) before, as if the graph were wrong.
     (TWO.replace("next: b}", "next: b, deadline: 1e300}"), "line 4, column 73 (steps[0].deadline)",
      "step 'a': its deadline must be at most a thousand years, got 1e+300 s"),
-    (TWO.replace("start: true, next: b}", "start: true, next: b}\n  - {name: w, kind: wait, signals: {go: b}, "
+    (TWO.replace("start: true, next: b}", "start: true, next: w}\n  - {name: w, kind: wait, signals: {go: b}, "
                  "timeout: 1e300, on_timeout: b}"), "line 5, column 54 (steps[1].timeout)",
      "step 'w': its timeout must be at most a thousand years"),
 ])

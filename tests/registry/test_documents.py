@@ -250,3 +250,68 @@ def test_every_problem_of_a_stage_is_reported_not_only_the_first(tmp_path: Path)
         "  line 2, column 10 (version): 0 is less than the minimum of 1",
         "  line 10, column 11 (steps[1].kind): " + err.problems[1]["message"],
         "  line 17, column 5 (steps[2].colour): unknown field 'colour'"], result.stderr
+
+
+NAMES = """\
+id: x
+version: 1
+state: nomodel
+steps:
+  - {name: a, kind: action, handler: review, start: true, next: w}
+  - name: w
+    kind: wait
+    signals: {go: b}
+    payloads: {go: missing_model}
+  - name: b
+    kind: action
+    handler: shipp
+    compensation: {handler: undo}
+  - {name: c, kind: child, workflow: y, handler: nope, next: $end}
+"""
+GRAPH = """\
+id: x
+version: 1
+steps:
+  - {name: a, kind: action, handler: review, start: true, next: b, deadline: 1e300}
+  - {name: b, kind: action, handler: ship}
+  - {name: c, kind: action, handler: ship, next: b}
+  - {name: w, kind: wait, signals: {go: b}, payloads: {stop: note}}
+  - {name: j, kind: join, fork: a, next: b}
+"""
+
+
+def test_the_catalog_and_graph_stages_report_every_problem_too(tmp_path: Path) -> None:
+    """The catalog's names and the graph's rules stopped at the first problem (an unknown state model hid
+    three unknown handlers; a deadline past a thousand years hid an unreachable step): a user fixed one,
+    published again, and met the next. Each stage now reports all of its problems, each at its place."""
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(NAMES, catalog)
+    assert [(p["path"], p["line"], p["column"]) for p in raised.value.problems] == [
+        ("state", 3, 8), ("steps[1].payloads.go", 9, 20), ("steps[2].handler", 12, 14),
+        ("steps[2].compensation.handler", 13, 29), ("steps[3].handler", 14, 50)], raised.value.problems
+    assert [p["message"].split(" (")[0] for p in raised.value.problems] == [
+        "unknown state model 'nomodel'", "unknown payload model 'missing_model'", "unknown handler 'shipp'",
+        "unknown handler 'undo'", "unknown handler 'nope'"]
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(GRAPH, None)  # structure only: the catalog's names are not asked
+    assert [(p["path"], p["message"]) for p in raised.value.problems] == [
+        ("steps", "unreachable steps: c, j"),
+        ("steps[0].deadline", "step 'a': its deadline must be at most a thousand years, got 1e+300 s"),
+        ("steps[3].payloads.stop", "payload for 'stop', which is none of the wait's signals and messages"),
+        ("steps[4]", "join step 'j' names no fork (fork='a')")]  # a rule about one step, at that step
+    assert str(raised.value).startswith("4 problems: line 4, column 3 (steps): unreachable steps: c, j; ")
+    doc = tmp_path / "x.yaml"
+    doc.write_text(NAMES)
+    shown = CliRunner().invoke(cli, ["definitions", "validate", str(doc), "--catalog",
+                                     "tests.registry.test_documents:catalog"])
+    assert shown.exit_code == 1
+    assert shown.stderr.splitlines()[:2] == [
+        "error: 5 problems in the document:",
+        "  line 3, column 8 (state): unknown state model 'nomodel' (the catalog has: none)"], shown.stderr
+    doc.write_text(GRAPH)
+    as_json = CliRunner().invoke(cli, ["definitions", "validate", str(doc), "-o", "json"])
+    assert as_json.exit_code == 1
+    found = json.loads(as_json.stdout)
+    assert found["valid"] is False
+    assert [p["path"] for p in found["problems"]] == ["steps", "steps[0].deadline", "steps[3].payloads.stop",
+                                                      "steps[4]"]

@@ -13,7 +13,9 @@ document path (``steps[2].next``) with its line and column: the size limit (defa
 the YAML/JSON syntax (`stepstone.authoring.document_source`: YAML aliases may not expand the document
 past 262,144 values, or one per byte of a larger text), the published JSON Schema (`SCHEMA`, shipped as
 ``workflow-document.schema.json`` beside this module and in docs/), the steps every transition
-names, handler and model names against the catalog, then the graph rules every plan obeys. Each step
+names, handler and model names against the catalog, then the graph rules every plan obeys (a
+problem of one step at that step, or at its field). The last four stages report every problem they
+find, not only the first. Each step
 goes through the same `Workflow` call a Python author makes, so a document and its Python twin have
 one plan and one plan hash. The plan hash covers structure only, so
 the same document bound to other handler bodies keeps its version.
@@ -29,7 +31,7 @@ from typing import Any, TypeVar
 
 from stepstone.authoring.document_source import Marks, all_of, located, parse
 from stepstone.authoring.workflow import Retry, Workflow
-from stepstone.core.plan import END, Step, long_durations
+from stepstone.core.plan import END, Step, long_durations, plan_problems
 from stepstone.errors import DefinitionError, DocumentInvalid
 
 # yaml and jsonschema (with referencing and attrs) are imported where a document is read: together they
@@ -84,6 +86,11 @@ class DocumentWorkflow(Workflow[Any]):
         """The steps as declared, before the plan validates them (to show a problem at its field)."""
         return list(self._steps)
 
+    def plan_problems(self) -> list[str]:
+        """Every problem the plan's validation would find in the steps declared so far, one text each."""
+        start = self._start or (self._steps[0].name if len(self._steps) == 1 else None)  # as `plan` takes it
+        return plan_problems(self.id, self.version, start, self._steps)
+
 
 @cache
 def schema() -> dict[str, Any]:
@@ -111,6 +118,8 @@ def load_document(
     data, marks = parse(body, fmt, max_values=max(_MAX_EXPANSION, size))
     _check_schema(data, marks)
     _check_targets(data, marks)
+    if catalog is not None:
+        _check_catalog(data, marks, catalog)
     return _build(data, marks, catalog, text, fmt)
 
 
@@ -177,6 +186,29 @@ def _check_targets(data: dict[str, Any], marks: Marks) -> None:
         raise all_of(problems)
 
 
+def _check_catalog(data: dict[str, Any], marks: Marks, catalog: Catalog) -> None:
+    """Every handler and model the document names is in the catalog: each one that is not is named with
+    its place (what the catalog has, once per kind)."""
+    handlers = ", ".join(sorted(catalog.handlers)) or "none"
+    models = ", ".join(sorted(catalog.models)) or "none"
+    problems: list[DocumentInvalid] = []
+    if "state" in data and data["state"] not in catalog.models:
+        problems.append(located(f"unknown state model {data['state']!r} (the catalog has: {models})", ("state",),
+                                marks))
+    for n, step in enumerate(data["steps"]):
+        named: list[tuple[tuple[Any, ...], Any]] = [(("steps", n, "handler"), step["handler"])] \
+            if "handler" in step else []
+        if "compensation" in step:
+            named.append((("steps", n, "compensation", "handler"), step["compensation"]["handler"]))
+        problems += [located(f"unknown handler {name!r} (the catalog has: {handlers})", path, marks)
+                     for path, name in named if name not in catalog.handlers]
+        problems += [located(f"unknown payload model {name!r} (the catalog has: {models})",
+                             ("steps", n, "payloads", route), marks)
+                     for route, name in (step.get("payloads") or {}).items() if name not in catalog.models]
+    if problems:
+        raise all_of(problems)
+
+
 # -- building the workflow ----------------------------------------------------------------------
 
 
@@ -184,48 +216,75 @@ def _unbound(*_: Any) -> None:
     raise DefinitionError("this workflow was loaded without a catalog: its handlers are not bound")
 
 
-def _handler(
-    step: dict[str, Any], n: int, catalog: Catalog | None, marks: Marks,
-    where: tuple[Any, ...] | None = None,
-) -> Any:
-    name = step["handler"]
-    if catalog is None:
-        return _unbound
-    found = catalog.handlers.get(name)
-    if found is None:
-        known = ", ".join(sorted(catalog.handlers)) or "none"
-        raise located(f"unknown handler {name!r} (the catalog has: {known})", where or ("steps", n, "handler"),
-                       marks)
-    return found
+def _handler(step: dict[str, Any], catalog: Catalog | None) -> Any:
+    """The catalog's handler of the step (`_check_catalog` has made sure it has it)."""
+    return _unbound if catalog is None else catalog.handlers[step["handler"]]
 
 
 def _build(
     data: dict[str, Any], marks: Marks, catalog: Catalog | None, text: str, fmt: str
 ) -> DocumentWorkflow:
-    model = None
-    if "state" in data:
-        model = None if catalog is None else catalog.models.get(data["state"])
-        if catalog is not None and model is None:
-            known = ", ".join(sorted(catalog.models)) or "none"
-            raise located(f"unknown state model {data['state']!r} (the catalog has: {known})", ("state",), marks)
-    if not isinstance(data["version"], int):  # the schema's integer takes 1.0, which no version column holds
-        raise located(f"version must be a whole number, got {data['version']!r}", ("version",), marks)
+    """The workflow, every step through its authoring call; every problem of the graph stage raised at
+    once: the document's own fields, each step's, then the plan's rules (a rule about one step at it)."""
+    problems: list[DocumentInvalid] = []
+    model = None if catalog is None else catalog.models.get(data.get("state", ""))
+    version = data["version"]
+    if not isinstance(version, int):  # the schema's integer takes 1.0, which no version column holds
+        problems.append(located(f"version must be a whole number, got {version!r}", ("version",), marks))
+        version = 1  # stands in, so the steps are still checked
     try:  # the document's own fields: the schema has checked all but the deadline's thousand years
-        wf = DocumentWorkflow(data["id"], version=data["version"], state=model, scope=data.get("scope", "default"),
+        wf = DocumentWorkflow(data["id"], version=version, state=model, scope=data.get("scope", "default"),
                               document_text=text, document_format=fmt, deadline=data.get("deadline"))
     except DefinitionError as exc:
-        raise located(str(exc), ("deadline",), marks) from None
+        problems.append(located(str(exc), ("deadline",), marks))
+        wf = DocumentWorkflow(data["id"], version=version, state=model, scope=data.get("scope", "default"),
+                              document_text=text, document_format=fmt)
+    failed: list[str] = []  # steps not added: the plan's rules would call them unknown
     for n, step in enumerate(data["steps"]):
-        _add_step(wf, step, n, catalog, marks)
-    try:
-        wf.plan  # noqa: B018 - validate the graph now
-    except DefinitionError as exc:
-        declared = {s.name: s for s in wf.declared_steps()}
-        for n, step in enumerate(data["steps"]):  # a problem of one field is shown at that field
-            for field, problem in long_durations(declared[step["name"]]):
-                raise located(problem, ("steps", n, field), marks) from None
-        raise located(f"the steps do not form a valid workflow: {exc}", ("steps",), marks) from None
+        try:
+            if stray := _stray_payloads(step, n, marks):
+                problems += stray
+            else:
+                _add_step(wf, step, n, catalog, marks)
+                continue
+        except DocumentInvalid as exc:
+            problems.append(exc)
+        failed.append(step["name"])
+    problems += _plan_problems(wf, data["steps"], failed, marks)
+    if problems:
+        raise all_of(problems)
+    wf.plan  # noqa: B018 - freeze it now (its rules found nothing above)
     return wf
+
+
+def _plan_problems(
+    wf: DocumentWorkflow, steps: list[dict[str, Any]], failed: list[str], marks: Marks,
+) -> list[DocumentInvalid]:
+    """The plan's rules, each problem at the step it is about (a duration's at its field), else at
+    ``steps``; a problem that names a step that could not be added is left out (it is reported already)."""
+    index = {step["name"]: n for n, step in enumerate(steps)}
+    fields = {problem: ("steps", index[s.name], field)
+              for s in wf.declared_steps() for field, problem in long_durations(s)}
+    found = []
+    for problem in wf.plan_problems():
+        if any(f"{name!r}" in problem for name in failed):
+            continue
+        named = [(problem.find(f"{name!r}"), name) for name in index if f"{name!r}" in problem]
+        path = fields.get(problem) or (("steps", index[min(named)[1]]) if named else ("steps",))
+        found.append(located(problem, path, marks))
+    return found
+
+
+def _stray_payloads(step: dict[str, Any], n: int, marks: Marks) -> list[DocumentInvalid]:
+    """A payload model for a route the step does not have: a wait's signals and messages, a task's
+    decisions."""
+    if step["kind"] == "task":
+        routes, what = step["decisions"], "not one of the task's decisions"
+    else:
+        routes, what = {**(step.get("signals") or {}), **(step.get("messages") or {})}, \
+            "none of the wait's signals and messages"
+    return [located(f"payload for {route!r}, which is {what}", ("steps", n, "payloads", route), marks)
+            for route in step.get("payloads") or {} if route not in routes]
 
 
 def _add_step(
@@ -238,25 +297,19 @@ def _add_step(
     try:
         if kind == "action":
             nxt = step.get("next")
-            wf.step(name=name, next=nxt, start=start, retry=_retry(step), **deadline)(_handler(step, n, catalog, marks))
+            wf.step(name=name, next=nxt, start=start, retry=_retry(step), **deadline)(_handler(step, catalog))
             if "compensation" in step:
                 undo = step["compensation"]
-                wf.compensation(name, retry=_retry(undo), name=undo["handler"])(
-                    _handler(undo, n, catalog, marks, ("steps", n, "compensation", "handler")))
+                wf.compensation(name, retry=_retry(undo), name=undo["handler"])(_handler(undo, catalog))
         elif kind == "timer":
             wf.timer(name, next=step["next"], delay=step.get("delay"), until=step.get("until"), start=start,
                      **deadline)
         elif kind == "wait":
-            routes = {**(step.get("signals") or {}), **(step.get("messages") or {})}
-            for route in step.get("payloads") or {}:
-                if route not in routes:
-                    raise located(f"payload for {route!r}, which is none of the wait's signals and messages",
-                                   ("steps", n, "payloads", route), marks)
             wf.wait(name, signals=step.get("signals"), timeout=step.get("timeout"), on_timeout=step.get("on_timeout"),
                     messages=step.get("messages"), correlation=step.get("correlation"), start=start,
-                    payloads=_models(step, "payloads", n, catalog, marks), **deadline)
+                    payloads=_models(step, "payloads", catalog), **deadline)
         elif kind == "task":
-            _add_task(wf, step, n, catalog, marks, start)
+            _add_task(wf, step, catalog, start)
         elif kind == "external":
             wf.external(name, topic=step["topic"], next=step["next"], inputs=step.get("inputs"),
                         errors=step.get("errors"), retry=_retry(step), start=start)
@@ -268,7 +321,7 @@ def _add_step(
         else:
             wf.child(workflow=step["workflow"], next=step["next"], name=name, on_failure=step.get("on_failure"),
                      cancel_with_parent=step.get("cancel_with_parent", True),
-                     start=start)(_handler(step, n, catalog, marks))
+                     start=start)(_handler(step, catalog))
     except DefinitionError as exc:
         raise located(str(exc), ("steps", n), marks) from None
 
@@ -280,36 +333,21 @@ def _retry(step: dict[str, Any]) -> Retry:
                  multiplier=r.get("multiplier", 2.0), max_backoff=r.get("max_backoff", 60.0))
 
 
-def _models(
-    step: dict[str, Any], key: str, n: int, catalog: Catalog | None, marks: Marks,
-) -> dict[str, Any] | None:
-    """The payload models a step names (route name -> model name), looked up in the catalog."""
-    found = {}
-    for route, model_name in (step.get(key) or {}).items():
-        model = None if catalog is None else catalog.models.get(model_name)
-        if catalog is not None and model is None:
-            known = ", ".join(sorted(catalog.models)) or "none"
-            raise located(f"unknown payload model {model_name!r} (the catalog has: {known})",
-                           ("steps", n, key, route), marks)
-        if model is not None:
-            found[route] = model
-    return found or None
+def _models(step: dict[str, Any], key: str, catalog: Catalog | None) -> dict[str, Any] | None:
+    """The payload models a step names (route name -> model name), from the catalog (`_check_catalog` has
+    made sure it has them)."""
+    if catalog is None:
+        return None
+    return {route: catalog.models[name] for route, name in (step.get(key) or {}).items()} or None
 
 
 _TASK_FIELDS = ("description", "assignee", "owner", "priority", "due", "follow_up", "reminder", "escalate_to_user",
                 "escalate_to_group", "expire", "on_expire", "require_version_stability")
 
 
-def _add_task(
-    wf: DocumentWorkflow, step: dict[str, Any], n: int, catalog: Catalog | None,
-    marks: Marks, start: bool,
-) -> None:
+def _add_task(wf: DocumentWorkflow, step: dict[str, Any], catalog: Catalog | None, start: bool) -> None:
     """A human task step; its decision payloads name pydantic models registered in the catalog."""
-    for decision in step.get("payloads") or {}:
-        if decision not in step["decisions"]:
-            raise located(f"payload for {decision!r}, which is not one of the task's decisions",
-                           ("steps", n, "payloads", decision), marks)
-    payloads = _models(step, "payloads", n, catalog, marks)
+    payloads = _models(step, "payloads", catalog)
     extra = {k: step[k] for k in _TASK_FIELDS if k in step}
     for key in ("candidate_users", "candidate_groups", "show"):
         if key in step:

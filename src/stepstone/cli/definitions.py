@@ -63,16 +63,16 @@ def _read(path: str) -> tuple[str, str]:
     return text, "json" if file.suffix.lower() == ".json" else "yaml"
 
 
-def _checked(func: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return func(*args, **kwargs)
-    except DocumentInvalid as exc:
-        if len(exc.problems) > 1:  # every problem of the document, a line each, as a validator lists them
-            raise CliError(f"{len(exc.problems)} problems in the document:\n" + "\n".join(
-                f"  {_place(p)}{p['message']}" for p in exc.problems)) from None
-        raise CliError(str(exc).splitlines()[0]) from None
-    except StepstoneError as exc:
-        raise CliError(str(exc).splitlines()[0]) from None
+def _refused(exc: StepstoneError, output: str = "table") -> CliError:
+    """The error to exit with: a document's every problem a line each, as a validator lists them (with
+    `-o json`, also ``{"valid": false, "problems": [...]}`` on stdout)."""
+    if isinstance(exc, DocumentInvalid):
+        if output == "json":
+            emit({"valid": False, "problems": list(exc.problems)}, output, lambda: "")
+        if len(exc.problems) > 1:
+            return CliError(f"{len(exc.problems)} problems in the document:\n" + "\n".join(
+                f"  {_place(p)}{p['message']}" for p in exc.problems))
+    return CliError(str(exc).splitlines()[0])
 
 
 def _place(problem: dict[str, Any]) -> str:
@@ -144,10 +144,14 @@ def show_command(settings: Settings, definition_id: str, version: int, scope: st
 @_max_bytes_option
 @output_option
 def validate_command(file: str, catalog: str | None, max_bytes: int, output: str) -> None:
-    """Check a YAML or JSON workflow document; prints where the first problem is (line and column)."""
+    """Check a YAML or JSON workflow document; prints every problem of the first stage that finds any, each
+    with its line, column and path."""
     text, fmt = _read(file)
     found = load_catalog(catalog) if catalog else None
-    wf = _checked(load_document, text, found, fmt=fmt, max_bytes=max_bytes)
+    try:
+        wf = load_document(text, found, fmt=fmt, max_bytes=max_bytes)
+    except StepstoneError as exc:
+        raise _refused(exc, output) from None
     checked = ("schema, handlers and graph" if found is not None
                else "schema and graph (no --catalog: handlers unchecked)")
     emit({"valid": True, "workflow": wf.id, "version": wf.version, "scope": wf.scope, "steps": len(wf.plan.steps),
@@ -170,7 +174,10 @@ def publish_command(settings: Settings, file: str, catalog: str, max_bytes: int,
 
     async def go() -> ops.Published:
         async with open_store(settings) as store:
-            return await ops.publish_document(store.definitions, text, found, fmt=fmt, max_bytes=max_bytes)
+            try:
+                return await ops.publish_document(store.definitions, text, found, fmt=fmt, max_bytes=max_bytes)
+            except DocumentInvalid as exc:  # nothing was written
+                raise _refused(exc, output) from None
 
     done = run_async(go())
     pin = done.pin

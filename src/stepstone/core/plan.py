@@ -263,7 +263,7 @@ class Plan:
     @classmethod
     def build(cls, definition_id: str, version: int, start: str | None, steps: list[Step]) -> Plan:
         """Validate the graph and freeze it; raises PlanError naming every problem."""
-        problems = _problems(definition_id, version, start, steps)
+        problems = plan_problems(definition_id, version, start, steps)
         if problems or start is None:
             raise PlanError(f"workflow {definition_id!r} v{version}: " + "; ".join(problems))
         by_name = {s.name: s for s in steps}
@@ -302,7 +302,9 @@ def _shape_problems(steps: list[Step]) -> list[str]:
     return found
 
 
-def _problems(definition_id: str, version: int, start: str | None, steps: list[Step]) -> list[str]:
+def plan_problems(definition_id: str, version: int, start: str | None, steps: list[Step]) -> list[str]:
+    """Every problem that keeps these steps from becoming a plan, one text each (none: `Plan.build` takes
+    them); a text about a step names it (``step 'a' ...``, ``wait step 'w' ...``)."""
     found: list[str] = []
     if shape := _shape_problems(steps):
         return shape
