@@ -1,7 +1,9 @@
 """What a worker says while its database fails the claim loop: the claim loop speaks for the outage.
 
-Its first failure is a warning, and so is each failed retry (with the delay before the next); the first
-claim that works again after failures says so at INFO, with how many attempts failed over how long. The
+Its first failure is a warning, said once an outage: the retries that fail the same way are logged at
+DEBUG (with the attempts so far and the delay before the next), and one that fails another way (another
+exception class) warns again. The first claim that works again after failures says so at INFO, with
+how many attempts failed over how long. The
 worker's other loops (the wake-up connection, the schedule firer, the heartbeat) meet the same outage:
 they log a `DatabaseUnavailable` at DEBUG, so an outage is one story in the log, not four interleaved.
 """
@@ -28,15 +30,25 @@ class ClaimOutage:
 
     def __init__(self) -> None:
         self.failures = 0
+        """Failed claims since the last one that worked."""
         self._since = 0.0
+        self._told: str | None = None  # the exception class the last warning named
 
     def failed(self, exc: Exception, now: float) -> float:
-        """Log a failed claim; returns how long to wait before the next (backoff with jitter, at most 5 s)."""
+        """Log a failed claim (a warning when the outage starts or fails another way, else DEBUG); returns
+        how long to wait before the next (backoff with jitter, at most 5 s)."""
         if not self.failures:
             self._since = now
         self.failures += 1
         delay = min(5.0, 0.1 * 2.0**self.failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
-        log.warning("claim failed (%s: %s); retrying in %.2f s", type(exc).__name__, exc, delay)
+        kind = type(exc).__name__
+        if kind != self._told:
+            self._told = kind
+            log.warning("claim failed (%s: %s); retrying in %.2f s, then backing off to every 5 s (said once while "
+                        "it fails this way: quiet until claims work again)", kind, exc, delay)
+        else:
+            log.debug("claim failed again (%s: %s), %d attempt(s) over %.1f s; retrying in %.2f s", kind, exc,
+                      self.failures, now - self._since, delay)
         return delay
 
     def worked(self, now: float) -> None:
@@ -44,6 +56,7 @@ class ClaimOutage:
         if self.failures:
             log.info("claims work again after %d failed attempt(s) over %.1f s", self.failures, now - self._since)
             self.failures = 0
+            self._told = None
 
 
 async def until_reachable(ask: Callable[[], Awaitable[_T]]) -> _T:
