@@ -135,8 +135,10 @@ def test_messages_start_or_signal_from_the_command_line(database_url: str) -> No
     assert first["started"] is True and first["scope"] == "default"
     again = cli.json("messages", "start-or-signal", "receipt", "bk-1", "skip", "--payload", '{"n": 1}',
                      "--dedup-key", "d-1", "--app", APP)
+    # the same call again (its dedup key): the key's instance, no input needed, and it says its first attempt
+    # started the instance
     assert (again["instance_id"], again["started"], again["command_id"]) == (
-        first["instance_id"], False, first["command_id"]), "the same signal: the key's instance, no input needed"
+        first["instance_id"], True, first["command_id"]), "the same signal: the key's instance, no input needed"
     said = cli("messages", "start-or-signal", "receipt", "bk-1", "skip", "--app", APP).stdout.strip()
     assert said.startswith(f"signalled instance {first['instance_id']} (skip, command ")
     assert "input for workflow 'receipt' is invalid" in cli.error(

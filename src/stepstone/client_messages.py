@@ -159,7 +159,9 @@ class MessageOperations(ClientBase):
                                                      context=durable.capture())
             except InvalidState as exc:  # ended: said as the other path says it, by its business key
                 raise ended(iid, str(exc.status), business_key) from None
-            return SignalledOrStarted(iid, False, command_id)
+            # A repeat of a call that started the instance (its dedup key) says so, as the other path does
+            started = dedup_key is not None and await self.store.signal_started_instance(iid, dedup_key)
+            return SignalledOrStarted(iid, started, command_id)
         await self._ensure_registered(wf)
         at, seconds = deadline_fields(wf.deadline)  # a started instance gets its deadlines as a start gives them
         new = NewInstance(

@@ -302,6 +302,24 @@ async def test_a_repeated_start_or_signal_says_it_started_the_instance(engine: E
                                                 dedup_key="call-2")).started is False
 
 
+async def test_a_repeat_without_its_input_says_it_started_the_instance_too(engine: Engine) -> None:
+    """A repeat of the call that started the instance (its dedup key) without its input, or with one no longer
+    valid, goes the signal-only path, which answered started=False: the caller that retried after a lost
+    answer was told its own call had not started the instance."""
+    first = await engine.client.start_or_signal(receipt, "bk-n", "skip", {"n": 1}, input=Receipt(order_id="bk-n"),
+                                                dedup_key="call-1")
+    bare = await engine.client.start_or_signal(receipt, "bk-n", "skip", {"n": 1}, dedup_key="call-1")
+    wrong = await engine.client.start_or_signal(receipt, "bk-n", "skip", {"n": 1}, input={"order_id": 5},
+                                                dedup_key="call-1")
+    assert (first.started, bare.started, wrong.started) == (True, True, True)
+    assert {bare.command_id, wrong.command_id} == {first.command_id}  # the same signal, recorded once
+    # Another call (another key) only signals it, and so does one without a dedup key: neither started it
+    other = await engine.client.start_or_signal(receipt, "bk-n", "skip", {"n": 2}, dedup_key="call-2")
+    assert other.started is False and other.command_id != first.command_id
+    assert (await engine.client.start_or_signal(receipt, "bk-n", "skip", {"n": 2}, dedup_key="call-2")).started is False
+    assert (await engine.client.start_or_signal(receipt, "bk-n", "skip", {"n": 3})).started is False
+
+
 async def test_an_ended_instance_is_refused_in_the_same_words_on_both_paths(engine: Engine) -> None:
     """With an input to start it and without one (an instance that has the key needs none), an ended
     instance was refused in two wordings."""

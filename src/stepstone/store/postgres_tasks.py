@@ -155,6 +155,10 @@ class TaskQueries:
             )
         return dict(row)
 
+    async def signal_started_instance(self, instance_id: str, dedup_key: str) -> bool:
+        """Whether the start-or-signal call that recorded the instance's signal `dedup_key` started it."""
+        return bool((await self._task_row("signal_started_instance", instance_id, dedup_key))["started"])
+
     async def save_task_filter(self, scope: str, owner: str, name: str, mode: str,
                                where: dict[str, Any]) -> dict[str, Any]:
         return dict(await self._task_row("save_task_filter", scope, owner, name, mode, where))

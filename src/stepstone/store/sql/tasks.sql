@@ -84,6 +84,12 @@ SELECT outcome, instance_id, started, command_id, status
 FROM {{schema}}.start_or_signal_with($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
                                      $18);
 
+-- name: signal_started_instance
+-- Whether the start-or-signal call that recorded instance $1's signal with dedup key $2 started the
+-- instance (migration 0054's dedup.started_instance): what a repeat of that call answers as `started`.
+SELECT COALESCE((SELECT started_instance FROM {{schema}}.dedup
+                 WHERE kind = 'SIGNAL' AND namespace = $1::text AND key = $2), false) AS started;
+
 -- name: business_key_instance
 SELECT id FROM {{schema}}.instances WHERE scope = $1 AND definition_id = $2 AND business_key = $3;
 
