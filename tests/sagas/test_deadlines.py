@@ -428,6 +428,12 @@ async def test_a_deadline_decided_before_its_instance_completed_does_not_reopen_
     await engine.run_until_idle()
     await engine.client.signal(iid, "done")  # finish, the last step, is now claimable
     await engine.move_clock(6)  # and so is the deadline
+    # The root's commit must come in time, its clock reading before deadline_at, while the deadline's claim
+    # reads it after (a commit whose transaction began just before the deadline, committing after the claim).
+    # One test clock cannot split them: the deadline's instant moves on, its timer stays due. (A commit that
+    # reads the deadline passed does not end the instance, migration 0061.)
+    await conn.execute("UPDATE stepstone.instances SET deadline_at = deadline_at + interval '1 minute' "
+                       "WHERE id = $1", iid)
     worker = _CommitOrder(engine.store, engine.worker.registry, WorkerConfig(concurrency=2, lease_seconds=30),
                           engine.worker.limits)
     worker.decided, worker.release = asyncio.Event(), asyncio.Event()
@@ -446,3 +452,60 @@ async def test_a_deadline_decided_before_its_instance_completed_does_not_reopen_
     assert w.CALLS == []
     assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE instance_id = $1 AND name = 'deadline'",
                                iid) != "COMPLETE"
+
+
+class _HoldsTheDeadline(Worker):
+    """A worker whose deadline commit (on `$saga`) waits, once decided, until the test lets it go: its
+    timer is CLAIMED meanwhile."""
+
+    decided: asyncio.Event
+    release: asyncio.Event
+
+    async def _commit(self, claim: Any, command_id: int, decision: Any, visit: int, state_version: int) -> Any:
+        if claim.instance.position == SAGA:
+            self.decided.set()
+            await self.release.wait()
+        return await super()._commit(claim, command_id, decision, visit, state_version)
+
+
+@pytest.mark.parametrize("timer", ["unclaimed", "held"])
+async def test_a_last_step_that_outlives_the_instances_deadline_at_one_slot_times_it_out(
+    engine: Engine, conn: asyncpg.Connection, timer: str
+) -> None:
+    """At one slot the instance deadline's timer cannot be claimed while the last step's handler runs: its
+    commit, after the deadline, completed the instance, and the timer, claimed later, was settled STALE on
+    it. The deadline wins: the late commit writes nothing of the step and the instance times out, as if
+    the timer had fired just before. "unclaimed": that commit fires the deadline itself; "held": another
+    worker has claimed the timer, so the commit is refused and that worker's commit times the instance out."""
+    one_slot = engine.new_worker(concurrency=1, lease_seconds=30)
+    iid = await engine.client.start(w.tardy, {}, deadline=5)
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(one_slot.run_until_idle())
+    await w.ENTERED[iid].wait()  # last_word runs, after book committed
+    await engine.move_clock(6)  # past the 5 s deadline, well inside the lease
+    if timer == "held":
+        other = _HoldsTheDeadline(engine.store, engine.worker.registry,
+                                  WorkerConfig(concurrency=2, lease_seconds=30), engine.worker.limits)
+        other.decided, other.release = asyncio.Event(), asyncio.Event()
+        deadline = asyncio.create_task(other.run_until_idle())
+        await other.decided.wait()
+    w.HOLD[iid].set()
+    await running
+    assert one_slot.events.fenced == 1
+    if timer == "held":
+        assert (await engine.client.get(iid)).status == "RUNNING"  # refused: nothing written
+        other.release.set()
+        await deadline
+    await engine.run_until_idle()
+    history = await assert_ended(engine, iid, "TIMED_OUT", ["book:None"], "DEADLINE_PASSED", "STEP_COMPENSATED",
+                                 "INSTANCE_TIMED_OUT")
+    assert "INSTANCE_COMPLETED" not in history
+    assert (await engine.client.get(iid)).state["log"] == ["book"]  # last_word's change was not written
+    entries = await engine.client.history(iid)
+    assert [h["step"] for h in entries if h["kind"] == "STEP_COMPLETED"] == ["book"]
+    # last_word's command, settled once: the START, gone on in place from book to last_word
+    assert [h["data"]["kind"] for h in entries if h["kind"] == "COMMAND_CANCELLED"] == ["START"]
+    row = await conn.fetchrow(
+        "SELECT i.ended_at >= i.deadline_at AS late, c.state FROM stepstone.instances i JOIN stepstone.commands c "
+        "ON c.instance_id = i.id AND c.name = 'deadline' WHERE i.id = $1", iid)
+    assert (row["late"], row["state"]) == (True, "COMPLETE")  # the deadline's timer fired, once

@@ -383,6 +383,13 @@ sleepy.timer("nap", next="finish", delay=3600, start=True, deadline=60, on_deadl
 sleepy.step(finish, name="finish", next=None)
 sleepy.step(fallback, name="fallback", next=None)
 
+# -- a last step that outlives its instance's deadline: book (compensated) -> last_word (held) -> end ----
+
+tardy: Workflow[Trip] = Workflow("tardy", version=1, state=Trip)
+tardy.step(book, name="book", start=True, next="last_word")
+tardy.compensation("book", retry=QUICK)(_undo("book"))
+tardy.step(_slow, name="last_word", next=None)
+
 # -- a compensation two workers race for: the first call holds until the test releases it (RACE) ---
 
 RACE: dict[str, asyncio.Event] = {}
@@ -424,4 +431,4 @@ punctual.step(on_time, name="on_time", next=None)
 punctual.step(fallback, name="fallback", next=None)
 
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
-                    patient, stubborn, sleepy, touchy, policies, punctual, tour)
+                    patient, stubborn, sleepy, touchy, policies, punctual, tour, tardy)

@@ -1040,6 +1040,43 @@ BEGIN
         WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE AND EXISTS (SELECT 1 FROM pos);
         RETURN;
     END IF;
+    -- A commit that would end the instance once its deadline has passed while the deadline's timer (on
+    -- '$saga') has not fired: no slot was free to claim the timer (one slot, or every slot busy), and the
+    -- instance completed past its deadline (migration 0061). The deadline wins, as if its timer had fired
+    -- just before: nothing of this decision is written, the timer is settled as fired, DEADLINE_PASSED is
+    -- recorded and the saga begins (timed_out: every position closed and its lease taken, the open
+    -- commands settled, this one too, what the instance completed compensated, then TIMED_OUT), and the
+    -- worker counts the commit fenced. A timer a worker has claimed (or is claiming) is that worker's to
+    -- fire: this commit is refused and writes nothing. The deadline is on the row this commit locks, so an
+    -- ordinary commit pays no lookup: the timer is looked up only by a commit that ends the instance after
+    -- its deadline.
+    IF v_end IS NOT NULL AND v_deadline <= v_now AND v_before IN ('PENDING', 'RUNNING', 'WAITING') THEN
+        SELECT x.id, x.state INTO v_due, v_due_state FROM {{schema}}.commands x
+        WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER' AND x.name = 'deadline'
+          AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+        ORDER BY x.id LIMIT 1;
+        IF FOUND THEN
+            -- This position first (the lock order), fenced as every commit is: a zombie writes nothing.
+            PERFORM 1 FROM {{schema}}.positions p
+            WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token FOR UPDATE;
+            IF FOUND AND v_due_state <> 'CLAIMED' THEN
+                PERFORM 1 FROM {{schema}}.commands x WHERE x.id = v_due AND x.state IN ('PENDING', 'DEFERRED')
+                FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
+                IF FOUND THEN
+                    -- Settled first: the saga settles every open command, and this one fired.
+                    UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
+                        claimed_by = d->>'worker'
+                    WHERE c.id = v_due;
+                    -- What the timer's own commit writes (core/saga.py, _deadline), in the same order.
+                    PERFORM {{schema}}.saga_history(v_id, 'DEADLINE_PASSED', NULL, NULL, '$saga', v_due, v_actor,
+                                                    jsonb_build_object('cause', 'timed_out', 'status_before', v_before),
+                                                    v_now);
+                    PERFORM {{schema}}.saga_begin(v_id, 'timed_out', NULL, v_actor, v_now, '$saga');
+                END IF;
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
     -- A run of steps going on in place never lets go of its position, so the instance's deadline timer
     -- (on '$saga') waits for a free slot: at one slot, or with every slot busy, it was never taken before
     -- the run ended the instance, which then completed past its deadline (migration 0051). Once the
@@ -4737,6 +4774,10 @@ CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at
 -- A business key without a workflow finds its instances through an index of its own; why: the migration's
 -- header.
 CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key) WHERE business_key IS NOT NULL;
+
+-- ==== version 61 (migration 0061_instance_deadlines_at_the_end) ====
+-- commit_decision (in the version 5 section) does not end an instance past its deadline while the deadline's
+-- timer has not fired: the deadline wins there, as its timer would; why: the migration's header.
 
 -- ==== version 63 (migration 0063_replay_settles_child_saga_links) ====
 -- A replay settles the saga link of a child stopped at COMPENSATION_FAILED, and a retry of that child is
