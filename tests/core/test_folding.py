@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from stepstone.core.effects import CloseTimers, Enqueue, MovePosition, RecordHistory, SetState
+from stepstone.core.effects import (
+    CloseTimers,
+    Enqueue,
+    MovePosition,
+    RecordHistory,
+    SetState,
+    WithinStepDeadline,
+)
 from stepstone.core.folding import fold, foldable
 from stepstone.core.model import CommandView, Decision, Settle, StepFailed, StepSucceeded
+from stepstone.core.plan import END, Plan, Step
 from stepstone.core.transitions import advance, apply, complete_step
-from tests.core.test_transitions import NOW, PLAN, waiting_at
+from tests.core.test_transitions import NOW, PLAN, inst, waiting_at
 
 
 def _signal(name: str) -> Decision:
@@ -54,3 +62,42 @@ def test_a_step_that_retries_or_fails_does_not_fold() -> None:
     assert failed.settle.state == "FAILED" and fold(transition, failed) is None
     retry = Decision(Settle("RETRY", "Boom: no", retry_delay=1.0), (RecordHistory("STEP_FAILED", "ship", 4),))
     assert fold(transition, retry) is None
+
+
+_TIMED = Plan.build(
+    "timed", 1, "await_pay",
+    [
+        Step("await_pay", "wait", signals={"paid": "ship"}, deadline_seconds=60,
+             on_deadline="give_up"),
+        Step("ship", "action", (END,)),
+        Step("give_up", "action", ()),
+    ],
+)
+
+
+_TIMED_WAIT = inst("WAITING", "await_pay", 3,
+                   wait={"kind": "signal", "signals": dict(_TIMED.steps["await_pay"].signals)})
+
+
+def _timed_signal(name: str) -> Decision:
+    out = apply(_TIMED_WAIT, CommandView(7, "SIGNAL", name=name), _TIMED, NOW)
+    assert isinstance(out, Decision)
+    return out
+
+
+def test_a_signal_leaving_a_wait_with_a_deadline_folds_and_the_commit_holds_the_waits_deadline() -> None:
+    """The commit that folds the step in is the signal's: it says how the signal settles if the wait's deadline
+    has left the wait first (parked, migration 0062), and the step's handler commits nothing then."""
+    transition = _timed_signal("paid")
+    assert foldable(transition)
+    held = transition.first(WithinStepDeadline)
+    assert held is not None and (held.step, held.visit, held.late_settle) == ("await_pay", 3, "PARKED")
+    assert [h.kind for h in held.late_history] == ["SIGNAL_PARKED"]
+    follow = transition.continuation
+    assert follow is not None
+    entered = advance(_TIMED_WAIT, transition, 0)
+    step = complete_step(entered, CommandView(7, "STEP", follow.step, follow.visit), _TIMED,
+                         StepSucceeded(None, {}), NOW)
+    folded = fold(transition, step)
+    assert folded is not None and folded.of(WithinStepDeadline) == [held]
+

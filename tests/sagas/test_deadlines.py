@@ -509,3 +509,123 @@ async def test_a_last_step_that_outlives_the_instances_deadline_at_one_slot_time
         "SELECT i.ended_at >= i.deadline_at AS late, c.state FROM stepstone.instances i JOIN stepstone.commands c "
         "ON c.instance_id = i.id AND c.name = 'deadline' WHERE i.id = $1", iid)
     assert (row["late"], row["state"]) == (True, "COMPLETE")  # the deadline's timer fired, once
+
+
+async def _one_slot_held_past(engine: Engine, seconds: float, then: Any = None) -> Worker:
+    """A worker of one slot, held by another instance's handler (tardy's last_word) while the clock moves
+    `seconds` on; `then()` runs before the handler returns. Returns the worker, idle."""
+    one_slot = engine.new_worker(concurrency=1, lease_seconds=30)
+    holder = await engine.client.start(w.tardy, {})
+    w.HOLD[holder], w.ENTERED[holder] = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(one_slot.run_until_idle())
+    await w.ENTERED[holder].wait()
+    await engine.move_clock(seconds)
+    if then is not None:
+        await then()
+    w.HOLD[holder].set()
+    await running
+    return one_slot
+
+
+async def _left_by_the_deadline(engine: Engine, conn: asyncpg.Connection, iid: str, name: str,
+                                settled: tuple[str, str]) -> list[str]:
+    """The wait went to on_deadline, and the command `name` that came after its deadline ended `settled`."""
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["log"]) == ("COMPLETED", ["book", "fallback"])
+    k = kinds(await engine.client.history(iid))
+    assert k.index("STEP_DEADLINE_PASSED") < k.index("STEP_DEADLINE_EXCEEDED") < k.index("INSTANCE_COMPLETED"), k
+    assert "SIGNAL_APPLIED" not in k and "WAIT_TIMED_OUT" not in k, k
+    rows = await conn.fetch("SELECT state, last_error FROM stepstone.commands WHERE instance_id = $1 AND name = $2",
+                            iid, name)
+    assert [(r["state"], r["last_error"]) for r in rows] == [settled]
+    return k
+
+
+async def _parked_then_rejected(engine: Engine, conn: asyncpg.Connection, iid: str) -> None:
+    """`go` was parked as the deadline had left the wait, and rejected when the instance ended (the rule for a
+    signal applied to a wait already left, docs/messages.md)."""
+    await _left_by_the_deadline(engine, conn, iid, "go", ("REJECTED", "INSTANCE_ENDED"))
+    history = await engine.client.history(iid)
+    [parked] = [h for h in history if h["kind"] == "SIGNAL_PARKED"]
+    assert parked["data"] == {"signal": "go", "reason": "STEP_DEADLINE_PASSED"}
+    assert parked["seq"] < next(h["seq"] for h in history if h["kind"] == "STEP_DEADLINE_EXCEEDED")
+
+
+async def test_a_signal_that_comes_after_its_waits_deadline_at_one_slot_is_parked(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """`patient` waits on a one-slot worker held by another instance while the clock passes the wait's 60 s
+    deadline; then `go` is sent. The deadline's timer, claimed first, queued its TIMER on the position behind
+    the signal, and the wait took the signal as if in time: `finish`, not `fallback`. The deadline wins: the
+    signal is parked (kept for a later wait that takes it), and the wait goes to `fallback`."""
+    iid = await engine.client.start(w.patient, {})
+    one_slot = engine.new_worker(concurrency=1, lease_seconds=30)
+    await one_slot.run_until_idle()
+    assert (await engine.client.get(iid)).step == "linger"
+
+    async def go() -> None:
+        await engine.client.signal(iid, "go")
+
+    one_slot = await _one_slot_held_past(engine, 61, go)
+    await _parked_then_rejected(engine, conn, iid)
+    assert one_slot.events.fenced == 1
+
+
+async def test_a_signal_whose_folded_step_commits_after_its_waits_deadline_is_parked(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """At one slot `go` is applied to `wary`'s wait in time, and the step it enters (dawdle, held) runs in the
+    same segment, its commit the signal's too (core.folding); it returns after the wait's deadline, whose
+    timer no slot was free to claim. The commit went on to `dawdle`'s next step. The deadline wins there."""
+    one_slot = engine.new_worker(concurrency=1, lease_seconds=30)
+    iid = await engine.client.start(w.wary, {})
+    await one_slot.run_until_idle()
+    await engine.client.signal(iid, "go")
+    w.HOLD[iid], w.ENTERED[iid] = asyncio.Event(), asyncio.Event()
+    running = asyncio.create_task(one_slot.run_until_idle())
+    await w.ENTERED[iid].wait()  # dawdle's handler runs: the signal is claimed, nothing committed
+    await engine.move_clock(61)
+    w.HOLD[iid].set()
+    await running
+    await _parked_then_rejected(engine, conn, iid)
+    assert one_slot.events.fenced == 1
+
+
+async def test_a_timeout_applied_after_its_waits_deadline_at_one_slot_gives_way_to_it(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """`hurried`'s wait times out at 30 s and its deadline is at 60 s; its one-slot worker is held until 61 s.
+    The timeout, the older, was claimed first and left the wait for `finish` after the deadline had passed.
+    The deadline wins: the timeout is settled STALE and the wait goes to `fallback`."""
+    one_slot = engine.new_worker(concurrency=1, lease_seconds=30)
+    iid = await engine.client.start(w.hurried, {})
+    await one_slot.run_until_idle()
+    one_slot = await _one_slot_held_past(engine, 61)
+    await _left_by_the_deadline(engine, conn, iid, "timeout", ("STALE", "STEP_DEADLINE_PASSED"))
+    assert one_slot.events.fenced == 1
+
+
+async def test_a_signal_that_comes_while_a_worker_fires_its_waits_deadline_is_parked(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """`patient`'s wait deadline has passed and another worker holds its timer (decided, not committed) when `go`
+    is applied: the signal's commit went on to `finish`, and the timer's, coming after, found the wait left. The
+    deadline wins: the signal's commit parks it and writes nothing else, and the timer's commit interrupts the
+    wait."""
+    iid = await engine.client.start(w.patient, {})
+    await engine.run_until_idle()
+    await engine.move_clock(61)
+    other = _HoldsTheDeadline(engine.store, engine.worker.registry, WorkerConfig(concurrency=2, lease_seconds=30),
+                              engine.worker.limits)
+    other.decided, other.release = asyncio.Event(), asyncio.Event()
+    deadline = asyncio.create_task(other.run_until_idle())
+    await other.decided.wait()
+    await engine.client.signal(iid, "go")
+    signalled = engine.new_worker(concurrency=1, lease_seconds=30)
+    await signalled.run_until_idle()
+    assert signalled.events.fenced == 1
+    assert (await engine.client.get(iid)).step == "linger"  # nothing of the signal written
+    other.release.set()
+    await deadline
+    await engine.run_until_idle()
+    await _parked_then_rejected(engine, conn, iid)

@@ -390,6 +390,22 @@ tardy.step(book, name="book", start=True, next="last_word")
 tardy.compensation("book", retry=QUICK)(_undo("book"))
 tardy.step(_slow, name="last_word", next=None)
 
+# -- waits left after their deadline: a signal folding into a held step (wary), a timeout due first (hurried) --
+
+wary: Workflow[Trip] = Workflow("wary", version=1, state=Trip)
+wary.step(book, name="book", start=True, next="linger")
+wary.wait("linger", signals={"go": "dawdle"}, deadline=60, on_deadline="fallback")
+wary.step(_slow, name="dawdle", next="finish")
+wary.step(finish, name="finish", next=None)
+wary.step(fallback, name="fallback", next=None)
+
+hurried: Workflow[Trip] = Workflow("hurried", version=1, state=Trip)
+hurried.step(book, name="book", start=True, next="linger")
+hurried.wait("linger", signals={"go": "finish"}, timeout=30, on_timeout="finish", deadline=60,
+             on_deadline="fallback")
+hurried.step(finish, name="finish", next=None)
+hurried.step(fallback, name="fallback", next=None)
+
 # -- a compensation two workers race for: the first call holds until the test releases it (RACE) ---
 
 RACE: dict[str, asyncio.Event] = {}
@@ -431,4 +447,5 @@ punctual.step(on_time, name="on_time", next=None)
 punctual.step(fallback, name="fallback", next=None)
 
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
-                    patient, stubborn, sleepy, touchy, policies, punctual, tour, tardy)
+                    patient, stubborn, sleepy, touchy, policies, punctual, tour, tardy, wary,
+                    hurried)

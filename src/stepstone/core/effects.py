@@ -268,14 +268,21 @@ class InterruptStep(Effect):
 
 @dataclass(frozen=True)
 class WithinStepDeadline(Effect):
-    """This commit is of a handler's run of `step` at `visit` of this position, a step with a deadline.
-    When that deadline has passed and its timer has not fired (no slot was free to claim it), the deadline
-    wins: nothing of the decision is written, the step is interrupted there as the timer would have done
+    """This commit is of a handler's run of `step` at `visit` of this position, a step with a deadline, or
+    (with `late_settle`) of a signal, message or timer leaving that step, a wait or timer. When that
+    deadline has passed and its timer has not fired (no slot was free to claim it), the deadline wins:
+    nothing of the decision is written, the step is interrupted there as the timer would have done
     (`InterruptStep`), and the commit is refused (fenced). The due instant is the timer's: the store reads
-    it only for such a commit."""
+    it only for such a commit. A command leaving a wait is then settled `late_settle` (a signal or message
+    PARKED, kept for a later wait, a timer STALE) with `late_reason` and the `late_history` entries, as
+    the wait's leaving would settle it: also when the timer's worker interrupts the step, or already has
+    (its TIMER queued on this position, behind this command), so that the deadline still wins."""
 
     step: str
     visit: int
+    late_settle: str | None = None
+    late_reason: str | None = None
+    late_history: tuple[RecordHistory, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ one (`fold`), under the command that was claimed (the signal settles, the step's
 transition's in the same commit). Measured on the idle signal -> next step path (docs/performance.md,
 "Signal -> next step on an idle worker"): the transition's commit was 1.4 ms of 3.55 ms at p50.
 
-Only a plain transition folds (`foldable`): history, closed timers, the move, the continuation and the
-join reports settled with the claimed one (`SettleQueued`), no state change and nothing else, so the
+Only a plain transition folds (`foldable`): history, closed timers, the move, the continuation, the
+join reports settled with the claimed one (`SettleQueued`) and the deadline of the wait it leaves
+(`WithinStepDeadline`, held at the commit), no state change and nothing else, so the
 folded commit writes exactly what the two commits would have, save the continuation command between
 them. Only a step that completes folds into it: a step that fails or retries settles its own command
 (RETRY puts that command back), so the worker commits the transition first and then the step, as
@@ -18,12 +19,22 @@ before, without running the handler again.
 
 from __future__ import annotations
 
-from stepstone.core.effects import CloseTimers, Effect, Enqueue, MovePosition, RecordHistory, SettleQueued
+from stepstone.core.effects import (
+    CloseTimers,
+    Effect,
+    Enqueue,
+    MovePosition,
+    RecordHistory,
+    SettleQueued,
+    WithinStepDeadline,
+)
 from stepstone.core.model import Decision
 
 __all__ = ["fold", "foldable"]
 
-_PLAIN = (RecordHistory, CloseTimers, MovePosition, Enqueue, SettleQueued)
+# WithinStepDeadline: a signal leaving a wait that has a deadline folds too; the commit holds the wait's deadline
+# (migration 0062). The step it enters has none, or the transition would schedule it (ScheduleStepDeadline).
+_PLAIN = (RecordHistory, CloseTimers, MovePosition, Enqueue, SettleQueued, WithinStepDeadline)
 
 
 def foldable(transition: Decision) -> bool:

@@ -12,6 +12,7 @@ from typing import Any
 
 from stepstone.core.effects import CloseTimers, RecordHistory
 from stepstone.core.entering import enter, settled
+from stepstone.core.leaving_waits import LATE, within_deadline
 from stepstone.core.model import WAITING, CommandView, Decision, InstanceView, Settle
 from stepstone.core.plan import Plan
 
@@ -42,4 +43,7 @@ def message_received(instance: InstanceView, command: CommandView, plan: Plan, n
                               "correlation_key": body.get("correlation_key")})
     cause = signal_cause("MESSAGE", name, command.payload)
     entered = enter(instance, plan, accepted[name], instance.state, now, cause=cause)
-    return Decision(settled(entered), (received, CloseTimers(), *entered))
+    parked = RecordHistory("MESSAGE_PARKED", instance.step, instance.visit,
+                           {"message": name, "command": command.id, "reason": LATE})
+    return within_deadline(instance, plan, Decision(settled(entered), (received, CloseTimers(), *entered)),
+                           Settle("PARKED", LATE), parked)

@@ -32,6 +32,7 @@ from stepstone.core.effects import (
 )
 from stepstone.core.entering import child_failed, enter, fail, failed, join_branch, settled
 from stepstone.core.external_completion import awaited, external_done
+from stepstone.core.leaving_waits import LATE, within_deadline
 from stepstone.core.messages import message_received, signal_cause
 from stepstone.core.model import (
     CANCELLED,
@@ -205,7 +206,9 @@ def _signal(instance: InstanceView, command: CommandView, plan: Plan, now: datet
     received = RecordHistory("SIGNAL_APPLIED", instance.step, instance.visit, {"signal": name, "command": command.id})
     cause = signal_cause("SIGNAL", name, command.payload)
     entered = enter(instance, plan, accepted[name], instance.state, now, cause=cause)
-    return Decision(settled(entered), (received, CloseTimers(), *entered))
+    parked = RecordHistory("SIGNAL_PARKED", instance.step, instance.visit, {"signal": name, "reason": LATE})
+    return within_deadline(instance, plan, Decision(settled(entered), (received, CloseTimers(), *entered)),
+                           Settle("PARKED", LATE), parked)
 
 
 def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
@@ -223,7 +226,8 @@ def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: dateti
     else:
         kind, target = "TIMER_FIRED", step.next[0]
     entered = enter(instance, plan, target, instance.state, now)
-    return Decision(settled(entered), (RecordHistory(kind, step.name, instance.visit), CloseTimers(), *entered))
+    decision = Decision(settled(entered), (RecordHistory(kind, step.name, instance.visit), CloseTimers(), *entered))
+    return within_deadline(instance, plan, decision, Settle("STALE", LATE))
 
 
 def _branch_done(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:

@@ -190,7 +190,12 @@ def _interrupt(e: InterruptStep, doc: _Doc) -> None:
 
 
 def _within_deadline(e: WithinStepDeadline, doc: _Doc) -> None:
-    doc.body["step_deadline"] = {"step": e.step, "visit": e.visit}
+    within: dict[str, Any] = {"step": e.step, "visit": e.visit}
+    if e.late_settle is not None:  # a command leaving a wait or timer (migration 0062)
+        within["late"] = {"state": e.late_settle, "reason": e.late_reason,
+                          "history": [{"kind": h.kind, "step": h.step, "visit": h.visit, "data": h.data}
+                                      for h in e.late_history]}
+    doc.body["step_deadline"] = within
 
 
 def _open_task(e: OpenTask, doc: _Doc) -> None:

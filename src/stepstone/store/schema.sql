@@ -1009,6 +1009,7 @@ DECLARE
     v_deadline timestamptz;
     v_due bigint;
     v_due_state text;
+    v_due_pos text;
     x jsonb;
 BEGIN
     -- 1. The instance row (first in the lock order), and the shared state's version.
@@ -1101,31 +1102,65 @@ BEGIN
     -- settled as fired, STEP_DEADLINE_PASSED, the step's commands settled, its position's 'step_deadline'
     -- TIMER queued, which goes to on_deadline), and the worker counts the commit fenced. A timer a worker
     -- has claimed (or is claiming) is that worker's to fire: this commit is refused and writes nothing.
-    -- Looked up only for such a commit, and written only once the deadline has passed.
+    -- A signal, message or timer leaving a wait or timer step with a deadline (`late`) does the same, and
+    -- its command is settled as the wait's leaving would settle it (a signal or message PARKED, with its
+    -- entry, a timer STALE), its position's lease given back: also while a worker holds the timer (whose
+    -- commit interrupts the step), and once the timer has fired and its TIMER waits on this position
+    -- behind this command, for a command queued before it would otherwise leave the wait as if in time
+    -- (migration 0062). Looked up only for such a commit, and written only once the deadline has passed.
     IF d ? 'step_deadline' THEN
         -- The visit's deadline timer, due or held by a worker (one a visit).
-        SELECT x.id, x.state INTO v_due, v_due_state FROM {{schema}}.commands x
+        SELECT x.id, x.state, x.position INTO v_due, v_due_state, v_due_pos FROM {{schema}}.commands x
         WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER' AND x.name = 'step_deadline'
           AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
           AND x.payload->>'position' = v_pos AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
           AND (x.state = 'CLAIMED' OR x.available_at <= v_now)
         ORDER BY x.id LIMIT 1;
+        IF NOT FOUND AND d->'step_deadline' ? 'late' THEN
+            -- For a command leaving a wait: the TIMER a fired deadline queued on this position for this visit
+            -- (a query of its own, by the position's queue index, as the one above).
+            SELECT x.id, x.state, x.position INTO v_due, v_due_state, v_due_pos FROM {{schema}}.commands x
+            WHERE x.instance_id = v_id AND x.position = v_pos AND x.kind = 'TIMER' AND x.name = 'step_deadline'
+              AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
+              AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+            ORDER BY x.id LIMIT 1;
+        END IF;
         IF FOUND THEN
             -- This position first (the lock order), fenced as every commit is: a zombie writes nothing.
             PERFORM 1 FROM {{schema}}.positions p
             WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token FOR UPDATE;
-            IF FOUND AND v_due_state <> 'CLAIMED' THEN
-                PERFORM 1 FROM {{schema}}.commands x WHERE x.id = v_due AND x.state IN ('PENDING', 'DEFERRED')
-                FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
-                IF FOUND THEN
-                    PERFORM {{schema}}.interrupt_steps(
-                        jsonb_build_object('instance', v_id, 'position', '$saga', 'command', v_due, 'actor', v_actor),
-                        jsonb_build_array(jsonb_build_object('position', v_pos, 'step', d->'step_deadline'->>'step',
-                                                             'visit', (d->'step_deadline'->>'visit')::integer)),
-                        v_now);
-                    UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
-                        claimed_by = d->>'worker'
-                    WHERE c.id = v_due;
+            IF FOUND THEN
+                IF v_due_pos = '$saga' AND v_due_state <> 'CLAIMED' THEN
+                    PERFORM 1 FROM {{schema}}.commands x WHERE x.id = v_due AND x.state IN ('PENDING', 'DEFERRED')
+                    FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
+                    IF FOUND THEN
+                        PERFORM {{schema}}.interrupt_steps(
+                            jsonb_build_object('instance', v_id, 'position', '$saga', 'command', v_due,
+                                               'actor', v_actor),
+                            jsonb_build_array(jsonb_build_object('position', v_pos,
+                                                                 'step', d->'step_deadline'->>'step',
+                                                                 'visit', (d->'step_deadline'->>'visit')::integer)),
+                            v_now);
+                        UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
+                            claimed_by = d->>'worker'
+                        WHERE c.id = v_due;
+                    END IF;
+                END IF;
+                IF d->'step_deadline' ? 'late' THEN
+                    -- The deadline has left the wait (here, by the timer's worker, or before): this command
+                    -- comes after it, as one applied to a wait already left does (the settle of section 5).
+                    v_side := d->'step_deadline'->'late';
+                    UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL,
+                        updated_at = v_now
+                    WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token;
+                    UPDATE {{schema}}.commands c SET state = v_side->>'state', last_error = v_side->>'reason',
+                        claims = CASE WHEN v_side->>'state' = 'PARKED' THEN 0 ELSE c.claims END,
+                        settled_at = CASE WHEN v_side->>'state' = 'PARKED' THEN NULL ELSE v_now END
+                    WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE;
+                    FOR x IN SELECT jsonb_array_elements(v_side->'history') LOOP
+                        PERFORM {{schema}}.saga_history(v_id, x->>'kind', x->>'step', (x->>'visit')::integer, v_pos,
+                                                        v_cmd, v_actor, NULLIF(x->'data', 'null'::jsonb), v_now);
+                    END LOOP;
                 END IF;
             END IF;
             RETURN;
@@ -4778,6 +4813,10 @@ CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key)
 -- ==== version 61 (migration 0061_instance_deadlines_at_the_end) ====
 -- commit_decision (in the version 5 section) does not end an instance past its deadline while the deadline's
 -- timer has not fired: the deadline wins there, as its timer would; why: the migration's header.
+
+-- ==== version 62 (migration 0062_waits_left_after_their_deadline) ====
+-- commit_decision (in the version 5 section) holds a wait's or timer's step deadline at the commit of the
+-- signal, message or timer that leaves it, as at a handler's; why: the migration's header.
 
 -- ==== version 63 (migration 0063_replay_settles_child_saga_links) ====
 -- A replay settles the saga link of a child stopped at COMPENSATION_FAILED, and a retry of that child is

@@ -2,9 +2,10 @@
 
 The fence of `commit_decision` is the position's token (checked before a state conflict is reported,
 before a step's commit after its step deadline interrupts the step, before a commit that would end the
-instance after its deadline times it out, and again when the position is moved)
-and the command's (settled, taken over by a continuation, or
-turned into the wait's timer, only while CLAIMED under that token); a segment that ran a version the
+instance after its deadline times it out, when a command leaving a wait after its deadline gives the
+position's lease back, and again when the position is moved) and the command's (settled, taken over by a
+continuation, turned into the wait's timer, or settled as one that came after its wait's deadline, only
+while CLAIMED under that token); a segment that ran a version the
 instance was migrated from gives its claim back under both tokens too. Each predicate is replaced by one
 without the token. Each anchor must be found as many times as listed; when it is not (the commit
 changed), the mutation raises instead of silently mutating nothing or only part of the fence.
@@ -20,8 +21,8 @@ COMMIT_FUNCTION = "commit_decision"
 
 FENCE = (
     ("p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token",
-     "p.instance_id = v_id AND p.path = v_pos", 5),
-    ("WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE", "WHERE c.id = v_cmd", 4),
+     "p.instance_id = v_id AND p.path = v_pos", 6),
+    ("WHERE c.id = v_cmd AND c.token = v_token AND (c.state = 'CLAIMED') IS TRUE", "WHERE c.id = v_cmd", 5),
 )
 
 
