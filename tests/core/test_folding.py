@@ -7,6 +7,7 @@ from stepstone.core.effects import (
     Enqueue,
     MovePosition,
     RecordHistory,
+    ScheduleStepDeadline,
     SetState,
     WithinStepDeadline,
 )
@@ -67,9 +68,10 @@ def test_a_step_that_retries_or_fails_does_not_fold() -> None:
 _TIMED = Plan.build(
     "timed", 1, "await_pay",
     [
-        Step("await_pay", "wait", signals={"paid": "ship"}, deadline_seconds=60,
+        Step("await_pay", "wait", signals={"paid": "ship", "rush": "rushed"}, deadline_seconds=60,
              on_deadline="give_up"),
         Step("ship", "action", (END,)),
+        Step("rushed", "action", (END,), deadline_seconds=5, on_deadline="give_up"),
         Step("give_up", "action", ()),
     ],
 )
@@ -101,3 +103,10 @@ def test_a_signal_leaving_a_wait_with_a_deadline_folds_and_the_commit_holds_the_
     folded = fold(transition, step)
     assert folded is not None and folded.of(WithinStepDeadline) == [held]
 
+
+def test_a_transition_into_a_step_with_a_deadline_does_not_fold() -> None:
+    """Its commit schedules the step's deadline, counted from entering the step, before its handler runs: a
+    folded one would count it from the handler's end (docs/sagas.md, "Step deadlines")."""
+    transition = _timed_signal("rush")
+    assert transition.first(ScheduleStepDeadline) is not None
+    assert not foldable(transition)
