@@ -89,7 +89,7 @@ def _timed_signal(name: str) -> Decision:
 
 def test_a_signal_leaving_a_wait_with_a_deadline_folds_and_the_commit_holds_the_waits_deadline() -> None:
     """The commit that folds the step in is the signal's: it says how the signal settles if the wait's deadline
-    has left the wait first (parked, migration 0062), and the step's handler commits nothing then."""
+    has left the wait first (parked, migration 0061), and the step's handler commits nothing then."""
     transition = _timed_signal("paid")
     assert foldable(transition)
     held = transition.first(WithinStepDeadline)

@@ -1,4 +1,4 @@
-"""The operations' list and counts run in functions (migration 0065: find_instances, count_instances) that
+"""The operations' list and counts run in functions (migration 0064: find_instances, count_instances) that
 state operations.sql's `instance_filter` again, so that each is planned with its arguments; the stuck
 report and the probe compose the fragment. Both must mean the same."""
 

@@ -53,7 +53,7 @@ async def _pages(
 ) -> tuple[int, list[str]]:
     """Pages the statements that read instances touched while `query` ran (shared hit or read, a plan's
     root counts its children's) and the indexes their scans of instances used. The lists and counts run
-    their statement inside a function (migration 0065), so the plans are auto_explain's (`_explained`'s
+    their statement inside a function (migration 0064), so the plans are auto_explain's (`_explained`'s
     `plans` of `conn`), nested ones too."""
     plans.clear()
     await conn.fetch(query, *args)

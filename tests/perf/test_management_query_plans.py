@@ -33,7 +33,7 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 async def _seq_scans(conn: asyncpg.Connection, plans: list[dict[str, Any]], query: str, *args: Any) -> list[str]:
     """The guarded tables `query` scanned row by row, from the plans auto_explain sent while it ran: the
-    instance lists and counts run their statement inside a function (migration 0065), whose plan EXPLAIN
+    instance lists and counts run their statement inside a function (migration 0064), whose plan EXPLAIN
     of the call does not show."""
     plans.clear()
     await conn.fetch(query, *args)

@@ -33,7 +33,7 @@ from stepstone.core.model import Decision
 __all__ = ["fold", "foldable"]
 
 # WithinStepDeadline: a signal leaving a wait that has a deadline folds too; the commit holds the wait's deadline
-# (migration 0062). A transition into a step that has a deadline does not fold: its ScheduleStepDeadline is not
+# (migration 0061). A transition into a step that has a deadline does not fold: its ScheduleStepDeadline is not
 # plain, so the transition commits first and the deadline counts from entering the step, not from the end of
 # its handler (docs/sagas.md, "Step deadlines").
 _PLAIN = (RecordHistory, CloseTimers, MovePosition, Enqueue, SettleQueued, WithinStepDeadline)

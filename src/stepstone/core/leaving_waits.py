@@ -4,7 +4,7 @@ A signal, message or timer that leaves such a step is applied by its own commit,
 the step's deadline has passed by then while its timer has not fired (no slot was free to claim it, or a
 worker that died holds it), or has fired and its TIMER still waits on this position behind the command,
 the deadline wins: the store interrupts the step (or leaves that to the timer's worker) and settles the
-command as the wait's leaving would have (`WithinStepDeadline`, migration 0062).
+command as the wait's leaving would have (`WithinStepDeadline`, migration 0061).
 """
 
 from __future__ import annotations

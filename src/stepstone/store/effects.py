@@ -191,7 +191,7 @@ def _interrupt(e: InterruptStep, doc: _Doc) -> None:
 
 def _within_deadline(e: WithinStepDeadline, doc: _Doc) -> None:
     within: dict[str, Any] = {"step": e.step, "visit": e.visit}
-    if e.late_settle is not None:  # a command leaving a wait or timer (migration 0062)
+    if e.late_settle is not None:  # a command leaving a wait or timer (migration 0061)
         within["late"] = {"state": e.late_settle, "reason": e.late_reason,
                           "history": [{"kind": h.kind, "step": h.step, "visit": h.visit, "data": h.data}
                                       for h in e.late_history]}

@@ -1107,7 +1107,7 @@ BEGIN
     -- entry, a timer STALE), its position's lease given back: also while a worker holds the timer (whose
     -- commit interrupts the step), and once the timer has fired and its TIMER waits on this position
     -- behind this command, for a command queued before it would otherwise leave the wait as if in time
-    -- (migration 0062). Looked up only for such a commit, and written only once the deadline has passed.
+    -- (migration 0061). Looked up only for such a commit, and written only once the deadline has passed.
     IF d ? 'step_deadline' THEN
         -- The visit's deadline timer, due or held by a worker (one a visit).
         SELECT x.id, x.state, x.position INTO v_due, v_due_state, v_due_pos FROM {{schema}}.commands x
@@ -4810,27 +4810,25 @@ CREATE INDEX outbox_pending_unkeyed ON {{schema}}.outbox (id) WHERE published_at
 -- header.
 CREATE INDEX instances_business_key_alone ON {{schema}}.instances (business_key) WHERE business_key IS NOT NULL;
 
--- ==== version 61 (migration 0061_instance_deadlines_at_the_end) ====
+-- ==== version 61 (migration 0061_deadlines_at_ending_and_leaving_commits) ====
 -- commit_decision (in the version 5 section) does not end an instance past its deadline while the deadline's
--- timer has not fired: the deadline wins there, as its timer would; why: the migration's header.
+-- timer has not fired: the deadline wins there, as its timer would; and it holds a wait's or timer's step
+-- deadline at the commit of the signal, message or timer that leaves it, as at a handler's; why: the
+-- migration's header.
 
--- ==== version 62 (migration 0062_waits_left_after_their_deadline) ====
--- commit_decision (in the version 5 section) holds a wait's or timer's step deadline at the commit of the
--- signal, message or timer that leaves it, as at a handler's; why: the migration's header.
-
--- ==== version 63 (migration 0063_replay_settles_child_saga_links) ====
+-- ==== version 62 (migration 0062_replay_settles_child_saga_links) ====
 -- A replay settles the saga link of a child stopped at COMPENSATION_FAILED, and a retry of that child is
 -- refused; why: the migration's header.
 -- replay_instance changes here; its one definition is in the version 9 section.
 -- retry_saga changes here; its one definition is in the version 6 section.
 -- compensate_child changes here; its one definition is in the version 6 section.
 
--- ==== version 64 (migration 0064_retried_child_step_keeps_its_child) ====
+-- ==== version 63 (migration 0063_retried_child_step_keeps_its_child) ====
 -- A child step run again at the visit that started its child does not insert it again, so its pin admission
 -- does not refuse a version deprecated since; why: the migration's header.
 -- start_children changes here; its one definition is in the version 2 section.
 
--- ==== version 65 (migration 0065_listings_on_their_custom_plans) ====
+-- ==== version 64 (migration 0064_listings_on_their_custom_plans) ====
 -- The operators' instance lists and counts run on their custom plans (the named queries call these); why:
 -- the migration's header.
 -- The operations' instance list and counts (operations.sql, find_instances and count_instances:

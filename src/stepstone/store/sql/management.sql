@@ -45,7 +45,7 @@ WHERE i.id = ANY($1::uuid[]);
 -- Newest first on (created_at, id): scopes $1, status $2, definition $3, business key $4,
 -- after ($5, $6), at most $7 rows; archived instances only when $8 (is_archived, as the operations'
 -- find). A single scope reads instances_scope_created backwards. The statement is the function's
--- (migration 0065): planned with its arguments on every call, so a filter given reads its index.
+-- (migration 0064): planned with its arguments on every call, so a filter given reads its index.
 SELECT * FROM {{schema}}.instances_page($1::text[], $2::text, $3::text, $4::text, $5::timestamptz, $6::uuid,
                                         $7::bigint, $8::boolean);
 
@@ -54,7 +54,7 @@ SELECT * FROM {{schema}}.instances_page($1::text[], $2::text, $3::text, $4::text
 -- there are, counting at most $3 + 1: a status with more shows as $3 + 1 ("more than $3"), so the counts
 -- cost about the same at a million instances as at a thousand. store/management.py joins one branch per
 -- status (core.model.STATUSES) into `instance_counts`. Archived instances count only when $4 (as
--- instances_page's $8). The function (migration 0065) plans its count with the status and the filters
+-- instances_page's $8). The function (migration 0064) plans its count with the status and the filters
 -- known on every call, so the planner knows how common the status is (a rare one is read through
 -- instances_status_created) and a business key $5, which matches few instances, is looked up: no branch
 -- may scan the table for it (tests/perf/test_management_query_plans.py, test_business_key_plans.py).

@@ -2,14 +2,14 @@
 -- stuck report, retention, repair. {{schema}} is the quoted schema identifier. The `instance_filter`
 -- fragment is composed where its name stands in a comment (store/queries.py): one definition of
 -- what the filters mean, for the stuck report and the probe; the list and the counts state them in their
--- functions (migration 0065).
+-- functions (migration 0064).
 
 -- name: instance_filter
 -- $1 statuses, $2 workflow, $3 version, $4 scope, $5 business key, $6 business key contains (a LIKE
 -- pattern, escaped by the caller), $7 parent, $8/$9 created since/until, $10/$11 updated since/until,
 -- $12 include archived (is_archived, migration 0045: one that changed since shows again). The stuck
 -- report and the probe compose it; the list and counts are functions that state the same filters
--- (migration 0065: find_instances and count_instances), which tests/ops checks against it.
+-- (migration 0064: find_instances and count_instances), which tests/ops checks against it.
     ($1::text[] IS NULL OR i.status = ANY ($1))
 AND ($2::text IS NULL OR i.definition_id = $2)
 AND ($3::integer IS NULL OR i.version = $3)
@@ -25,7 +25,7 @@ AND ($12::boolean OR NOT {{schema}}.is_archived(i.archived_at, i.ended_at, i.upd
 
 -- name: find_instances
 -- Newest first, keyset-paginated on (created_at, id) after ($13, $14); at most $15 rows; the filters $1-$12
--- of instance_filter. The statement is the function's (migration 0065): planned with its arguments on
+-- of instance_filter. The statement is the function's (migration 0064): planned with its arguments on
 -- every call, so a filter given reads its index.
 SELECT * FROM {{schema}}.find_instances($1::text[], $2::text, $3::integer, $4::text, $5::text, $6::text, $7::uuid,
     $8::timestamptz, $9::timestamptz, $10::timestamptz, $11::timestamptz, $12::boolean, $13::timestamptz,

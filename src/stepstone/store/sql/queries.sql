@@ -291,7 +291,7 @@ SELECT status FROM {{schema}}.instances WHERE id = $1;
 
 -- name: list_instances
 -- Newest first, keyset-paginated on (created_at, id); every filter optional; archived instances only
--- when $8 (is_archived, as every list). The statement is the function's (migration 0065): planned with
+-- when $8 (is_archived, as every list). The statement is the function's (migration 0064): planned with
 -- its arguments on every call, so a filter given reads its index.
 SELECT * FROM {{schema}}.list_instances($1::text, $2::text, $3::text, $4::timestamptz, $5::uuid, $6::bigint,
                                         $7::text, $8::boolean);

@@ -1,3 +1,31 @@
+-- An instance deadline at the commit that would end the instance (docs/sagas.md, "Deadlines"): the instance
+-- completed past its deadline when no worker had claimed the deadline's timer yet.
+--
+-- An instance deadline's timer runs on '$saga' and needs a slot of its own. At one slot (`--concurrency 1`),
+-- with every slot busy, or while a worker that died held the timer, a step whose commit ends the instance
+-- (its next step is the end) committed after the deadline had passed: the instance COMPLETED, and the
+-- timer, claimed later, was settled STALE on the ended instance (tests/chaos/test_deadline_kills.py
+-- reported instances completed up to 14 s past their deadline). Migration 0051 stopped a run of steps
+-- going on in place past the deadline, but not the commit that ends the instance; migration 0057 held a
+-- step deadline at the step's commit. This is the instance deadline's part, in the same place.
+--
+-- commit_decision already reads the instance's deadline_at with the row it locks first, and knows whether
+-- the decision ends the instance (the document's `end`). Only a commit that ends the instance after its
+-- deadline looks the deadline's timer up; an ordinary step commit pays nothing. When the timer is still
+-- due and no worker holds it, the deadline wins, as if its timer had fired just before: nothing of the
+-- decision is written (the step did not finish in time), the timer is settled as fired, DEADLINE_PASSED is
+-- recorded (the same entry as the timer's own commit: cause timed_out, the status before) and the saga
+-- begins (saga_begin, cause timed_out: every position closed, their leases taken, the open commands
+-- settled, this step's command too, what the instance completed compensated, then TIMED_OUT, the parent
+-- told), on the database clock; no row comes back, so the worker counts the commit fenced. When a worker
+-- holds the timer (claimed, or being claimed: it is skipped, never waited for), the commit is refused and
+-- writes nothing; that worker's commit of the timer ends the instance TIMED_OUT and settles this step's
+-- command. A deadline whose timer has fired already (an instance left FAILED for an operator, then
+-- retried) leaves the commit alone, and so does an instance that is compensating.
+--
+-- Second part (written as its own migration, folded in here before either landed, so that the function
+-- is carried once):
+--
 -- Step deadlines on waits and timers at the commit that leaves them (docs/sagas.md, "Step deadlines"): a
 -- signal, message or timer applied after a wait's deadline had passed left the wait as if in time.
 --
@@ -161,7 +189,7 @@ BEGIN
     -- entry, a timer STALE), its position's lease given back: also while a worker holds the timer (whose
     -- commit interrupts the step), and once the timer has fired and its TIMER waits on this position
     -- behind this command, for a command queued before it would otherwise leave the wait as if in time
-    -- (migration 0062). Looked up only for such a commit, and written only once the deadline has passed.
+    -- (migration 0061). Looked up only for such a commit, and written only once the deadline has passed.
     IF d ? 'step_deadline' THEN
         -- The visit's deadline timer, due or held by a worker (one a visit).
         SELECT x.id, x.state, x.position INTO v_due, v_due_state, v_due_pos FROM {{schema}}.commands x
