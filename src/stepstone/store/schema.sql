@@ -1008,7 +1008,6 @@ DECLARE
     v_in_place bigint;
     v_deadline timestamptz;
     v_due bigint;
-    v_due_state text;
     v_due_pos text;
     x jsonb;
 BEGIN
@@ -1047,12 +1046,13 @@ BEGIN
     -- just before: nothing of this decision is written, the timer is settled as fired, DEADLINE_PASSED is
     -- recorded and the saga begins (timed_out: every position closed and its lease taken, the open
     -- commands settled, this one too, what the instance completed compensated, then TIMED_OUT), and the
-    -- worker counts the commit fenced. A timer a worker has claimed (or is claiming) is that worker's to
-    -- fire: this commit is refused and writes nothing. The deadline is on the row this commit locks, so an
-    -- ordinary commit pays no lookup: the timer is looked up only by a commit that ends the instance after
-    -- its deadline.
+    -- worker counts the commit fenced. A timer a live worker has claimed (or is claiming) is that worker's
+    -- to fire: this commit is refused and writes nothing; one whose worker's lease has expired is taken
+    -- from it and fired here (fire_deadline_timer, migration 0065). The deadline is on the row this commit
+    -- locks, so an ordinary commit pays no lookup: the timer is looked up only by a commit that ends the
+    -- instance after its deadline.
     IF v_end IS NOT NULL AND v_deadline <= v_now AND v_before IN ('PENDING', 'RUNNING', 'WAITING') THEN
-        SELECT x.id, x.state INTO v_due, v_due_state FROM {{schema}}.commands x
+        SELECT x.id INTO v_due FROM {{schema}}.commands x
         WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER' AND x.name = 'deadline'
           AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
         ORDER BY x.id LIMIT 1;
@@ -1060,15 +1060,10 @@ BEGIN
             -- This position first (the lock order), fenced as every commit is: a zombie writes nothing.
             PERFORM 1 FROM {{schema}}.positions p
             WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token FOR UPDATE;
-            IF FOUND AND v_due_state <> 'CLAIMED' THEN
-                PERFORM 1 FROM {{schema}}.commands x WHERE x.id = v_due AND x.state IN ('PENDING', 'DEFERRED')
-                FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
-                IF FOUND THEN
-                    -- Settled first: the saga settles every open command, and this one fired.
-                    UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
-                        claimed_by = d->>'worker'
-                    WHERE c.id = v_due;
-                    -- What the timer's own commit writes (core/saga.py, _deadline), in the same order.
+            IF FOUND THEN
+                -- Settled first (the saga settles every open command, and this one fired), then what the
+                -- timer's own commit writes (core/saga.py, _deadline), in the same order.
+                IF {{schema}}.fire_deadline_timer(v_id, v_due, v_now, d->>'worker') THEN
                     PERFORM {{schema}}.saga_history(v_id, 'DEADLINE_PASSED', NULL, NULL, '$saga', v_due, v_actor,
                                                     jsonb_build_object('cause', 'timed_out', 'status_before', v_before),
                                                     v_now);
@@ -1100,8 +1095,9 @@ BEGIN
     -- every slot busy), and the step went on as if in time (migration 0057). The deadline wins: nothing of
     -- this decision is written, the step is interrupted here as the timer would interrupt it (the timer
     -- settled as fired, STEP_DEADLINE_PASSED, the step's commands settled, its position's 'step_deadline'
-    -- TIMER queued, which goes to on_deadline), and the worker counts the commit fenced. A timer a worker
-    -- has claimed (or is claiming) is that worker's to fire: this commit is refused and writes nothing.
+    -- TIMER queued, which goes to on_deadline), and the worker counts the commit fenced. A timer a live
+    -- worker has claimed (or is claiming) is that worker's to fire: this commit is refused and writes
+    -- nothing; one whose worker's lease has expired is taken from it and fired here (migration 0065).
     -- A signal, message or timer leaving a wait or timer step with a deadline (`late`) does the same, and
     -- its command is settled as the wait's leaving would settle it (a signal or message PARKED, with its
     -- entry, a timer STALE), its position's lease given back: also while a worker holds the timer (whose
@@ -1110,7 +1106,7 @@ BEGIN
     -- (migration 0061). Looked up only for such a commit, and written only once the deadline has passed.
     IF d ? 'step_deadline' THEN
         -- The visit's deadline timer, due or held by a worker (one a visit).
-        SELECT x.id, x.state, x.position INTO v_due, v_due_state, v_due_pos FROM {{schema}}.commands x
+        SELECT x.id, x.position INTO v_due, v_due_pos FROM {{schema}}.commands x
         WHERE x.instance_id = v_id AND x.position = '$saga' AND x.kind = 'TIMER' AND x.name = 'step_deadline'
           AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
           AND x.payload->>'position' = v_pos AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
@@ -1119,7 +1115,7 @@ BEGIN
         IF NOT FOUND AND d->'step_deadline' ? 'late' THEN
             -- For a command leaving a wait: the TIMER a fired deadline queued on this position for this visit
             -- (a query of its own, by the position's queue index, as the one above).
-            SELECT x.id, x.state, x.position INTO v_due, v_due_state, v_due_pos FROM {{schema}}.commands x
+            SELECT x.id, x.position INTO v_due, v_due_pos FROM {{schema}}.commands x
             WHERE x.instance_id = v_id AND x.position = v_pos AND x.kind = 'TIMER' AND x.name = 'step_deadline'
               AND x.step = d->'step_deadline'->>'step' AND x.visit = (d->'step_deadline'->>'visit')::integer
               AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
@@ -1130,10 +1126,9 @@ BEGIN
             PERFORM 1 FROM {{schema}}.positions p
             WHERE p.instance_id = v_id AND p.path = v_pos AND p.lease_token = v_token FOR UPDATE;
             IF FOUND THEN
-                IF v_due_pos = '$saga' AND v_due_state <> 'CLAIMED' THEN
-                    PERFORM 1 FROM {{schema}}.commands x WHERE x.id = v_due AND x.state IN ('PENDING', 'DEFERRED')
-                    FOR UPDATE SKIP LOCKED;  -- a claim taking it now: its worker fires it
-                    IF FOUND THEN
+                -- The deadline's timer (not the TIMER it queued), fired here when no live worker holds it.
+                IF v_due_pos = '$saga' THEN
+                    IF {{schema}}.fire_deadline_timer(v_id, v_due, v_now, d->>'worker') THEN
                         PERFORM {{schema}}.interrupt_steps(
                             jsonb_build_object('instance', v_id, 'position', '$saga', 'command', v_due,
                                                'actor', v_actor),
@@ -1141,9 +1136,6 @@ BEGIN
                                                                  'step', d->'step_deadline'->>'step',
                                                                  'visit', (d->'step_deadline'->>'visit')::integer)),
                             v_now);
-                        UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = v_now,
-                            claimed_by = d->>'worker'
-                        WHERE c.id = v_due;
                     END IF;
                 END IF;
                 IF d->'step_deadline' ? 'late' THEN
@@ -4966,4 +4958,55 @@ BEGIN
       AND (p_scope IS NULL OR i.scope = p_scope)
     ORDER BY i.created_at DESC, i.id DESC
     LIMIT p_limit;
+END $$;
+
+-- ==== version 65 (migration 0065_deadline_timers_of_dead_workers) ====
+-- A commit the deadline holds takes over a deadline's timer whose worker's lease has expired, and fires the
+-- deadline there, as for a due free timer (fire_deadline_timer, called by commit_decision in the version 5
+-- section); why: the migration's header.
+-- The deadline's timer p_timer (on '$saga') fired by the commit of instance p_instance the deadline holds
+-- (commit_decision, migrations 0057 and 0061): settled as fired (COMPLETE, by p_worker), true; false, and
+-- nothing written, while a live worker holds it. Due and free (no claim, or a claim taking it now: its
+-- worker fires it), or held by a worker whose lease has expired (it died, or lost its lease, and no claim
+-- has taken it over yet): then the saga position's lease is taken from that worker as a claim would take
+-- it (the position first, as the claim locks it), so that its late commit of the timer is fenced.
+-- The caller holds the instance row (every commit of the instance waits for it) and its own position; the
+-- rows here are skipped when locked, never waited for.
+CREATE FUNCTION {{schema}}.fire_deadline_timer(p_instance uuid, p_timer bigint, p_now timestamptz,
+                                               p_worker text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_token uuid;
+BEGIN
+    -- (IS TRUE: by the primary key, never a scan of a partial index, migration 0028.)
+    PERFORM 1 FROM {{schema}}.commands x WHERE x.id = p_timer AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        -- An expired lease, as the claim's takeover reads it: the command's and the position's.
+        SELECT x.token INTO v_token FROM {{schema}}.commands x
+        WHERE x.id = p_timer AND (x.state = 'CLAIMED') IS TRUE AND x.available_at <= p_now;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        PERFORM 1 FROM {{schema}}.positions p
+        WHERE p.instance_id = p_instance AND p.path = '$saga' AND p.lease_token = v_token
+          AND (p.lease_until IS NULL OR p.lease_until <= p_now)
+        FOR UPDATE SKIP LOCKED;  -- a claim taking the expired lease over now: its worker fires it
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        PERFORM 1 FROM {{schema}}.commands x
+        WHERE x.id = p_timer AND x.token = v_token AND (x.state = 'CLAIMED') IS TRUE
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+        UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL,
+            updated_at = p_now
+        WHERE p.instance_id = p_instance AND p.path = '$saga' AND p.lease_token = v_token;
+    END IF;
+    UPDATE {{schema}}.commands c SET state = 'COMPLETE', token = NULL, settled_at = p_now, claimed_by = p_worker
+    WHERE c.id = p_timer;
+    RETURN true;
 END $$;
