@@ -71,9 +71,9 @@ async def function_statement(conn: asyncpg.Connection, function: str, schema: st
     return statement
 
 
-STATEMENT_FUNCTIONS = ("claim_heads",)
-"""Functions whose body is the one statement a named query runs (queries.sql, `claim`), audited as that
-statement."""
+STATEMENT_FUNCTIONS = ("claim_heads", "stranded")
+"""Functions whose body is the one statement a named query runs (queries.sql, `claim`; registry.sql,
+`stranded`, migration 0066), audited as that statement."""
 
 
 async def whole_index_reads(conn: asyncpg.Connection, schema: str) -> list[tuple[str, str, str]]:

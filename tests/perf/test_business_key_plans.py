@@ -9,8 +9,6 @@ index multiplies by the table's size and a direct lookup keeps to a handful.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -20,51 +18,16 @@ from stepstone.bench.workflows import waiting
 from stepstone.core.pin import pin_of
 from stepstone.store.management import management_queries
 from stepstone.store.queries import named_queries
+from tests.perf.explained import explained, pages_of
 
 ROWS = 20_000
-
-
-def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
-
-
-async def _explained(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    """auto_explain on this session alone: every statement's plan (nested ones too) with its buffers, as a
-    NOTICE the returned list collects."""
-    plans: list[dict[str, Any]] = []
-
-    def collect(_: object, message: asyncpg.PostgresLogMessage) -> None:
-        if "plan:" in message.message:
-            plans.append(json.loads(message.message.split("plan:", 1)[1]))
-
-    conn.add_log_listener(collect)
-    for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0", "SET auto_explain.log_analyze = on",
-                    "SET auto_explain.log_buffers = on", "SET auto_explain.log_timing = off",
-                    "SET auto_explain.log_nested_statements = on", "SET auto_explain.log_format = json",
-                    "SET auto_explain.log_level = notice"):
-        await conn.execute(setting)
-    return plans
 
 
 async def _pages(
     conn: asyncpg.Connection, plans: list[dict[str, Any]], query: str, *args: Any,
 ) -> tuple[int, list[str]]:
-    """Pages the statements that read instances touched while `query` ran (shared hit or read, a plan's
-    root counts its children's) and the indexes their scans of instances used. The lists and counts run
-    their statement inside a function (migration 0064), so the plans are auto_explain's (`_explained`'s
-    `plans` of `conn`), nested ones too."""
-    plans.clear()
-    await conn.fetch(query, *args)
-    await conn.execute("SELECT 1")  # the NOTICEs of the call above have arrived
-    reading = [p["Plan"] for p in plans
-               if any(n.get("Relation Name") == "instances" for n in _nodes(p["Plan"]))
-               and not any(n.get("Node Type") == "Function Scan" for n in _nodes(p["Plan"]))]
-    assert reading, f"no plan read instances: {query[:80]}"
-    used = [n.get("Index Name") or n["Node Type"] for p in reading for n in _nodes(p)
-            if n.get("Relation Name") == "instances"]
-    return sum(p["Shared Hit Blocks"] + p["Shared Read Blocks"] for p in reading), used
+    """Pages the statements that read instances touched while `query` ran, and the indexes they used."""
+    return await pages_of(conn, plans, "instances", query, *args)
 
 
 def _filter(key: str, scope: str | None = None) -> list[Any]:
@@ -94,7 +57,7 @@ async def test_a_business_key_alone_is_looked_up_not_scanned(database_url: str) 
             "stepstone list, one scope": (ops["find_instances"], *_filter(key, "acme"), None, None, 51),
             "stepstone list, counts": (ops["count_instances"], *_filter(key)),
         }
-        plans = await _explained(conn)
+        plans = await explained(conn)
         found = {name: await _pages(conn, plans, sql, *args) for name, (sql, *args) in cases.items()}
         assert all(any("business_key" in index for index in used) for _, used in found.values()), found
         [row] = await conn.fetch(q["instances_page"], None, None, None, key, None, None, 51, False)
@@ -137,7 +100,7 @@ async def test_a_business_key_is_looked_up_after_other_calls_of_the_statement(da
     for name, (sql, other, keyed) in cases.items():
         conn = await asyncpg.connect(database_url)
         try:
-            plans = await _explained(conn)
+            plans = await explained(conn)
             for _ in range(6):
                 await conn.fetch(sql, *other)
             found[name], _ = await _pages(conn, plans, sql, *keyed)

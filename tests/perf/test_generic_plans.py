@@ -22,7 +22,7 @@ WANT_THE_WHOLE_QUEUE = {
     ("schedules.sql", "delete_flow_limit"),
     ("health.sql", "deferred_pins"),
     ("registry.sql", "resume_deferred"),
-    ("registry.sql", "stranded"),
+    ("functions", "stranded"),
 }
 
 

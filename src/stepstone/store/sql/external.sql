@@ -64,15 +64,9 @@ SELECT * FROM {{schema}}.answer_external_task($1, $2, $3, $4, $5, $6, $7, $8);
 
 -- name: external_list
 -- Tasks oldest first, of topic $1 (any when NULL), status $2 (any when NULL), instance $3 (any when NULL),
--- after the row (created_at $5, id $6) when a page cursor gave one.
-SELECT t.id, t.instance_id, t.position, t.step, t.visit, t.topic, t.status, t.retries, t.attempts,
-       t.available_at, t.lock_owner, t.lock_until, t.last_error, t.command_id, t.created_at, t.ended_at
-FROM {{schema}}.external_tasks t
-WHERE ($1::text IS NULL OR t.topic = $1) AND ($2::text IS NULL OR t.status = $2)
-  AND ($3::uuid IS NULL OR t.instance_id = $3)
-  AND ($5::timestamptz IS NULL OR (t.created_at, t.id) > ($5, $6::uuid))
-ORDER BY t.created_at, t.id
-LIMIT $4;
+-- after the row (created_at $5, id $6) when a page cursor gave one. The function (migration 0066) plans its
+-- statement with the arguments on every call, so a topic or an instance finds its index.
+SELECT * FROM {{schema}}.external_list($1::text, $2::text, $3::uuid, $4::bigint, $5::timestamptz, $6::uuid);
 
 -- name: external_get
 SELECT t.*, {{schema}}.db_now() AS now FROM {{schema}}.external_tasks t WHERE t.id = $1;

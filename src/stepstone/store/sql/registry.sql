@@ -186,24 +186,10 @@ RETURNING c.id;
 -- name: stranded
 -- Instances that may still run whose pinned plan no worker has served within the last $1 seconds,
 -- per pin: how many, how many commands wait deferred, and when the plan was last served. Only instances
--- (and their deferred commands) of the scopes $2 when given: a scoped caller counts its own alone.
-SELECT i.definition_scope AS scope, i.definition_id, i.version, i.plan_hash, count(*) AS instances,
-       (SELECT count(*) FROM {{schema}}.commands c JOIN {{schema}}.instances j ON j.id = c.instance_id
-        WHERE c.state = 'DEFERRED' AND j.definition_id = i.definition_id AND j.version = i.version
-          AND j.plan_hash = i.plan_hash AND j.definition_scope IS NOT DISTINCT FROM i.definition_scope
-          AND ($2::text[] IS NULL OR j.scope = ANY($2::text[]))) AS deferred_commands,
-       (SELECT max(w.seen_at) FROM {{schema}}.worker_plans w
-        WHERE w.definition_id = i.definition_id AND w.version = i.version AND w.plan_hash = i.plan_hash)
-           AS last_served
-FROM {{schema}}.instances i
-WHERE i.status IN ('PENDING', 'RUNNING', 'WAITING')
-  AND NOT EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
-                  WHERE w.definition_id = i.definition_id AND w.version = i.version
-                    AND w.plan_hash = i.plan_hash
-                    AND w.seen_at > {{schema}}.db_now() - make_interval(secs => $1))
-  AND ($2::text[] IS NULL OR i.scope = ANY($2::text[]))
-GROUP BY i.definition_scope, i.definition_id, i.version, i.plan_hash
-ORDER BY i.definition_id, i.version;
+-- (and their deferred commands) of the scopes $2 when given: a scoped caller counts its own alone. The
+-- function (migration 0066) plans its statement with the arguments on every call, so scopes find their
+-- index.
+SELECT * FROM {{schema}}.stranded($1::double precision, $2::text[]);
 
 -- name: served
 -- Which live workers serve which pins (seen within the last $1 seconds).

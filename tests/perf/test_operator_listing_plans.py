@@ -1,0 +1,106 @@
+"""The operators' reads with optional filters other than the instance lists: after other calls of the
+same statement on one connection, a call with a filter still reads that filter's index.
+
+Each filter is written `($n IS NULL OR col = $n)`. A prepared statement (asyncpg's statement cache) takes
+its generic plan after five custom ones when that costs less than their average, and a generic plan can
+use no index for such a filter. The external-task list and the stranded report did (migration 0066 moved
+them into functions planned on every call); the others here kept their custom plans, and this holds them
+to it (docs/performance.md, "Listings on their custom plans"). Measured as the pages the plan touches
+(auto_explain, BUFFERS): after six calls without the filter, the call with it may read little more than on
+a fresh connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+from stepstone.bench.common import bench_queries, seed_waiting
+from stepstone.bench.workflows import waiting
+from stepstone.core.pin import pin_of
+from stepstone.store.management import management_queries
+from stepstone.store.queries import named_queries
+from tests.perf.explained import explained, pages_of
+
+ROWS = 20_000
+
+# 2,000 scopes, a task and an external task per instance (1% of the external tasks OPEN, 20 topics), 2,000
+# assignees and 1,000 groups, the commands of 2% of the instances dead-lettered, a business key each.
+SEED = (
+    "UPDATE stepstone.instances SET scope = 't' || abs(hashtext(id::text)) % 2000, business_key = md5(id::text)",
+    """INSERT INTO stepstone.tasks (id, instance_id, position, step, visit, scope, definition_id, status, title,
+         assignee, candidate_groups, priority, decisions, form, data, state_version, created_at, updated_at)
+       SELECT gen_random_uuid(), i.id, '', 'review', 1, i.scope, i.definition_id, 'OPEN', 'Review ' || i.n,
+              CASE WHEN i.n % 10 = 0 THEN NULL ELSE 'user' || (i.n % 2000) END, ARRAY['group' || (i.n % 1000)],
+              50, '{approve}', '{}', '{}', 1, now() - i.n * interval '1 second', now()
+       FROM (SELECT i.*, row_number() OVER () AS n FROM stepstone.instances i) i""",
+    """INSERT INTO stepstone.external_tasks (id, instance_id, position, step, visit, topic, status, retries,
+         backoff, available_at, created_at, updated_at)
+       SELECT gen_random_uuid(), i.id, '', 'charge', 1, 'topic' || (i.n % 20),
+              CASE WHEN i.n % 100 = 0 THEN 'OPEN' ELSE 'COMPLETED' END, 3, '{}', now(),
+              now() - i.n * interval '1 second', now()
+       FROM (SELECT i.*, row_number() OVER () AS n FROM stepstone.instances i) i""",
+    "UPDATE stepstone.commands SET state = 'DEAD' WHERE hashtext(instance_id::text) % 50 = 0",
+    "ANALYZE stepstone.external_tasks",
+)
+
+
+def _cases(instance: Any, key: str, command: int) -> dict[str, tuple[str, str, list[Any], list[Any]]]:
+    """name: (the table read, statement, arguments of the other calls, arguments with the filter)."""
+    tq = named_queries("tasks.sql", "stepstone")
+    inbox_all = "\n".join([tq["task_select"], tq["task_mode_all"], tq["task_filters"], tq["task_page"]])
+    inbox = "\n".join([tq["task_select"], tq["task_mode_inbox"], tq["task_filters"], tq["task_page"]])
+    count_all = "\n".join([tq["task_count"], tq["task_mode_all"], tq["task_filters"]])
+    rest, page = [None] * 9, [None, None, None, 51]
+    external = named_queries("external.sql", "stepstone")["external_list"]
+    dead = management_queries("stepstone")["dead_commands_page"]
+    registry = named_queries("registry.sql", "stepstone")
+    ops = named_queries("operations.sql", "stepstone")
+    every = [None] * 11 + [True]  # operations.sql's instance_filter: nothing, archived too
+    by_key = [None, None, None, None, key, *every[5:]]
+    return {
+        "external tasks of an instance": ("external_tasks", external, [None, None, None, 51, None, None],
+                                          [None, None, instance, 51, None, None]),
+        "open external tasks of a topic": ("external_tasks", external, [None, None, None, 51, None, None],
+                                           ["topic3", "OPEN", None, 51, None, None]),
+        "stranded, one scope": ("instances", registry["stranded"], [60, None], [60, ["t5"]]),
+        "tasks of an assignee": ("tasks", inbox_all, [None, None, *rest, *page], ["user5", None, *rest, *page]),
+        "tasks of a group": ("tasks", inbox_all, [None, None, *rest, *page], [None, ["group5"], *rest, *page]),
+        "task count of an assignee": ("tasks", count_all, [None, None, *rest], ["user5", None, *rest]),
+        "inbox": ("tasks", inbox, ["user6", ["group9"], *rest, *page], ["user5", ["group7"], *rest, *page]),
+        "dead letters, one scope": ("commands", dead, [None, None, 51, None], [["t5"], None, 51, None]),
+        "dead letters, next page": ("commands", dead, [None, None, 51, None], [None, command, 51, None]),
+        "migration candidates, one scope": ("instances", registry["migration_candidates"],
+                                            ["waiting", 1, None, 100], ["waiting", 1, "t5", 100]),
+        "probe, one instance": ("commands", ops["open_commands"], [*every, None, 100], [*every, instance, 100]),
+        "probe, a business key": ("commands", ops["open_commands"], [*every, None, 100], [*by_key, None, 100]),
+        "stuck, a business key": ("commands", ops["stuck"], [*every, 60.0, 100], [*by_key, 60.0, 100]),
+    }
+
+
+async def test_a_filter_reads_its_index_after_other_calls_of_the_statement(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await seed_waiting(conn, "stepstone", pin_of(waiting), 1, ROWS)
+        for statement in SEED:
+            await conn.execute(statement)
+        await conn.execute(bench_queries("stepstone")["analyze"])
+        instance = await conn.fetchval("SELECT instance_id FROM stepstone.external_tasks LIMIT 1")
+        key = await conn.fetchval("SELECT business_key FROM stepstone.instances LIMIT 1")
+        command = await conn.fetchval("SELECT id FROM stepstone.commands ORDER BY id LIMIT 1 OFFSET 100")
+    finally:
+        await conn.close()
+    found = {}
+    for name, (table, sql, other, filtered) in _cases(instance, key, command).items():
+        conn = await asyncpg.connect(database_url)
+        try:
+            plans = await explained(conn)
+            fresh, _ = await pages_of(conn, plans, table, sql, *filtered)
+            for _ in range(6):
+                await conn.fetch(sql, *other)
+            after, used = await pages_of(conn, plans, table, sql, *filtered)
+            found[name] = (fresh, after, used)
+        finally:
+            await conn.close()
+    assert {name: f for name, f in found.items() if f[1] > 2 * f[0] + 20} == {}
