@@ -117,3 +117,17 @@ async def test_a_program_activating_through_the_operation_hears_of_refused_sched
     assert [r.name for r in done.schedules_refused] == ["t"]
     [line] = [r.getMessage() for r in caplog.records if r.name == "stepstone.definitions"]
     assert line.startswith("schedule t (scope default) starts typed v2 now") and "every tick will be skipped" in line
+
+
+async def test_the_registry_write_returns_the_schedules_it_refuses(served: Served) -> None:
+    """`store.definitions.activate`, the registry write the operation calls, checked nothing and returned
+    None: a program calling it moved a schedule onto a version that refuses its input without a word. It
+    returns them now, read in the activation's own transaction (the operation only logs them too)."""
+    await served.engine.client.schedule(Schedule("t", "typed", every=60, input={"a": 1}))
+    await served.engine.client.schedule(Schedule("kept", "typed", every=60, input={"a": 2}, scope="acme"))
+    refused = await served.engine.store.definitions.activate("acme", "typed", 1, target_scope="default")
+    assert refused == []  # acme keeps v1, which takes its input
+    [t] = await served.engine.store.definitions.activate("default", "typed", 2)
+    assert (t.name, t.scope) == ("t", "default") and t.problem.startswith("input")
+    assert await served.engine.store.definitions.activate("default", "typed", 2) == [t]  # again: the same
+    assert await served.engine.store.definitions.activate("default", "typed", 1) == []

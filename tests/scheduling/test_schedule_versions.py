@@ -21,7 +21,7 @@ from stepstone.errors import InvalidInput
 from stepstone.runtime.scheduler import ScheduleFirer
 from stepstone.runtime.worker import Worker
 from stepstone.scheduling import Schedule
-from stepstone.scheduling.operations import inputs_refused
+from stepstone.store.activation_inputs import inputs_refused
 from stepstone.testing import Engine, open_engine
 from tests.scheduling.workflows import New, Old, typed
 
@@ -191,10 +191,11 @@ async def test_activating_a_version_names_the_schedules_whose_input_it_refuses(d
         as_json = await asyncio.to_thread(CliRunner().invoke, cli, [*args, "-o", "json"], catch_exceptions=False)
         [refused] = json.loads(as_json.stdout)["schedules_refused"]
         assert (refused["name"], refused["scope"]) == ("t", "default") and refused["problem"].startswith("input")
-        assert await inputs_refused(engine.store, engine.store.definitions, "typed", 1) == []  # no ticks start v1
+        schedules = await engine.store.list_schedules()
+        assert await inputs_refused(schedules, engine.store.definitions, "typed", 1) == []  # no ticks start v1
         # Declared again with an input v2 takes, nothing is refused
         await engine.client.schedule(Schedule("t", "typed", every=60, input={"b": 1}))
-        assert await inputs_refused(engine.store, engine.store.definitions, "typed", 2) == []
+        assert await inputs_refused(await engine.store.list_schedules(), engine.store.definitions, "typed", 2) == []
 
 
 async def test_the_refused_inputs_are_found_with_a_read_per_scope_not_per_schedule(database_url: str) -> None:
@@ -217,6 +218,6 @@ async def test_the_refused_inputs_are_found_with_a_read_per_scope_not_per_schedu
                 asked.append(f"find {scope}")
                 return await registry.find(scope, definition_id, version)
 
-        refused = await inputs_refused(engine.store, Counting(), "typed", 2)
+        refused = await inputs_refused(await engine.store.list_schedules(), Counting(), "typed", 2)
         assert sorted(r.name for r in refused) == ["beta", "t0", "t1", "t2", "t3", "t4"]
         assert sorted(asked) == ["find default", "select beta", "select default"]

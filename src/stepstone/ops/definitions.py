@@ -15,10 +15,14 @@ from stepstone.authoring.documents import DEFAULT_MAX_BYTES, Catalog, DocumentWo
 from stepstone.authoring.registration import state_model_name
 from stepstone.core.pin import Pin, pin_of
 from stepstone.errors import StepstoneError
-from stepstone.scheduling.operations import RefusedInput, inputs_refused
 from stepstone.store.port import ClientStore
-from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionRecord, DefinitionsPort, StrandedPin
-from stepstone.store.scheduling_port import SchedulingStore
+from stepstone.store.registry_port import (
+    SERVED_WITHIN_SECONDS,
+    DefinitionRecord,
+    DefinitionsPort,
+    RefusedInput,
+    StrandedPin,
+)
 
 __all__ = ["Activated", "Published", "activate", "load_published", "publish_document", "stranded_report"]
 
@@ -108,15 +112,13 @@ async def activate(
     store: ClientStore, scope: str, definition_id: str, version: int, *, target_scope: str | None = None,
     actor: str | None = None, log_refused: bool = True,
 ) -> Activated:
-    """Make `version` (of `target_scope`: `scope` or the default scope) the scope's current version, then
-    name the schedules whose ticks start it from now on and whose stored input its input schema refuses:
-    each is returned, and logged as a warning on the ``stepstone.definitions`` logger unless `log_refused` is
-    false (the CLI prints its own line). The activation is not refused for them (it is usually what new starts
-    need); a store that keeps no schedules has none. `store.definitions.activate` alone checks nothing."""
+    """Make `version` (of `target_scope`: `scope` or the default scope) the scope's current version, and name
+    the schedules whose ticks start it from now on and whose stored input its input schema refuses: each is
+    returned (as the registry's `activate` returns them) and logged as a warning on the
+    ``stepstone.definitions`` logger unless `log_refused` is false (the CLI prints its own line). The
+    activation is not refused for them (it is usually what new starts need)."""
     target = target_scope or scope
-    await store.definitions.activate(scope, definition_id, version, target_scope=target, actor=actor)
-    refused = await inputs_refused(store, store.definitions, definition_id, version) \
-        if isinstance(store, SchedulingStore) else []
+    refused = await store.definitions.activate(scope, definition_id, version, target_scope=target, actor=actor)
     for r in refused if log_refused else ():
         log.warning("schedule %s (scope %s) starts %s v%s now, whose input schema refuses its input (%s): every "
                     "tick will be skipped until its input or the activation changes", r.name, r.scope,

@@ -8,26 +8,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 from stepstone.core.limits import MAX_INT4
 from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import InvalidInput, NotFound
-from stepstone.json_schemas import schema_refusal
 from stepstone.scheduling.schedule import Schedule, ScheduleError, ScheduleSpec
 from stepstone.store.scheduling_port import SchedulingStore
 
 __all__ = [
     "FlowLimitInfo",
     "FlowLimits",
-    "RefusedInput",
     "ScheduleInfo",
     "ScheduleNotFound",
     "Schedules",
     "delete_schedule",
     "flow_limits",
-    "inputs_refused",
     "list_schedules",
     "pause_schedule",
     "put_flow_limit",
@@ -144,43 +141,3 @@ async def put_flow_limit(
 async def flow_limits(store: SchedulingStore, workflow: str | None = None) -> list[FlowLimitInfo]:
     return [FlowLimitInfo(r["definition_id"], r["key_field"], r["max_running"], r["min_interval_seconds"],
                           int(r["running"]), int(r["waiting"])) for r in await store.flow_limits(workflow)]
-
-
-@dataclass(frozen=True)
-class RefusedInput:
-    """A schedule whose stored input the version its ticks now start refuses: each tick would be skipped."""
-
-    name: str
-    scope: str
-    problem: str
-
-
-class _Versions(Protocol):
-    async def select_version(self, scope: str, definition_id: str) -> tuple[str, int, str] | None: ...
-    async def find(self, scope: str, definition_id: str, version: int) -> dict[str, Any]: ...
-
-
-async def inputs_refused(
-    store: SchedulingStore, definitions: _Versions, definition_id: str, version: int
-) -> list[RefusedInput]:
-    """The schedules of `definition_id` whose ticks start `version` (the version a start in the schedule's scope
-    selects) and whose stored input that version's input schema, recorded at its registration, refuses. A
-    version recorded without one (no pydantic state model) refuses none here; its worker checks every tick."""
-    chosen: dict[str, tuple[str, int, str] | None] = {}  # a schedule's scope -> what a start there selects
-    schemas: dict[str, Any] = {}  # the selected row's scope -> its input schema
-    refused = []
-    for row in await store.list_schedules():
-        if row["definition_id"] != definition_id:
-            continue
-        scope = str(row["scope"])
-        if scope not in chosen:  # asked once per scope, not once per schedule
-            chosen[scope] = await definitions.select_version(scope, definition_id)
-        selected = chosen[scope]
-        if selected is None or selected[1] != version:
-            continue
-        if selected[0] not in schemas:
-            schemas[selected[0]] = (await definitions.find(selected[0], definition_id, version)).get("input_schema")
-        problem = schema_refusal(schemas[selected[0]], {} if row["input"] is None else row["input"])
-        if problem is not None:
-            refused.append(RefusedInput(str(row["name"]), scope, problem))
-    return refused

@@ -5,7 +5,8 @@
     transition        AVAILABLE -> DEPRECATED, DEPRECATED -> AVAILABLE, RETIRED -> AVAILABLE (reinstate,
                       with the caller's plan hash checked), CANDIDATE|DEPRECATED -> RETIRED (no live pins)
     publish           CANDIDATE -> PUBLISHING (claim token) -> AVAILABLE (fenced on the token)
-    activate          a scope's current version (the target must be AVAILABLE)
+    activate          a scope's current version (the target must be AVAILABLE), with the schedules whose
+                      stored input it refuses (store.activation_inputs)
     select_version    what a start in a scope selects; pin admission (the instances trigger) is the fence
     heartbeat         which pins a worker serves; `stranded` reports instances nobody serves
     migrate_instance  one fenced in-flight migration, in the instance's command order (migrations 0008, 0017)
@@ -31,9 +32,10 @@ from stepstone.errors import (
     InstanceNotFound,
     InvalidTransition,
 )
+from stepstone.store.activation_inputs import inputs_refused
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
-from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionRecord, StrandedPin
+from stepstone.store.registry_port import SERVED_WITHIN_SECONDS, DefinitionRecord, RefusedInput, StrandedPin
 
 __all__ = ["PostgresRegistry", "digest_of"]
 
@@ -216,8 +218,11 @@ class PostgresRegistry:
     async def activate(
         self, scope: str, definition_id: str, version: int, *, target_scope: str | None = None,
         actor: str | None = None,
-    ) -> None:
-        """Make `version` (of `target_scope`: the scope itself or default) the scope's current version."""
+    ) -> list[RefusedInput]:
+        """Make `version` (of `target_scope`: the scope itself or default) the scope's current version, and
+        return the schedules whose ticks start it from now on and whose stored input its input schema refuses
+        (each tick of them will be skipped): read in the same transaction. They do not refuse the activation;
+        `stepstone.ops.definitions.activate` also logs them."""
         target = target_scope or scope
         if target not in (scope, DEFAULT_SCOPE):
             raise InvalidTransition(f"scope {scope} can only follow its own rows or the default scope's, not {target}",
@@ -235,6 +240,8 @@ class PostgresRegistry:
                         definition_id=definition_id, version=version,
                     )
                 await conn.execute(self.q["put_activation"], scope, definition_id, target, version, actor)
+                schedules = [dict(r) for r in await conn.fetch(self.q["definition_schedules"], definition_id)]
+                return await inputs_refused(schedules, _OnConnection(conn, self.q), definition_id, version)
 
     async def deactivate(self, scope: str, definition_id: str) -> None:
         """Remove the scope's activation: it follows the default scope again."""
@@ -372,3 +379,18 @@ class PostgresRegistry:
     async def _fetchrow(self, name: str, *args: Any) -> asyncpg.Record | None:
         with translate_errors(self.url):
             return await self.pool.fetchrow(self.q[name], *args)
+
+
+class _OnConnection:
+    """The registry reads of the activation check, on the activation's own connection (its transaction)."""
+
+    def __init__(self, conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy, q: dict[str, str]) -> None:
+        self.conn, self.q = conn, q
+
+    async def select_version(self, scope: str, definition_id: str) -> tuple[str, int, str] | None:
+        row = await self.conn.fetchrow(self.q["select_version"], scope, definition_id)
+        return None if row is None else (str(row["target_scope"]), int(row["version"]), str(row["plan_hash"]))
+
+    async def find(self, scope: str, definition_id: str, version: int) -> dict[str, Any]:
+        row = await self.conn.fetchrow(self.q["definition_row"], scope, definition_id, version)
+        return {} if row is None else dict(row)

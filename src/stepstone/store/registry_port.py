@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from stepstone.core.pin import Pin
 
-__all__ = ["SERVED_WITHIN_SECONDS", "DefinitionRecord", "DefinitionsPort", "StrandedPin"]
+__all__ = ["SERVED_WITHIN_SECONDS", "DefinitionRecord", "DefinitionsPort", "RefusedInput", "StrandedPin"]
 
 SERVED_WITHIN_SECONDS = 300.0
 """A pin counts as served by a live worker when a worker heartbeated it within this (5 minutes)."""
@@ -47,6 +47,15 @@ class StrandedPin:
     """The last heartbeat on record; None when there is none (never served, or its workers stopped cleanly)."""
 
 
+@dataclass(frozen=True)
+class RefusedInput:
+    """A schedule whose stored input the version its ticks now start refuses: each tick would be skipped."""
+
+    name: str
+    scope: str
+    problem: str
+
+
 class DefinitionsPort(Protocol):
     """The registry's operations (see `stepstone.store.registry` for the rules)."""
 
@@ -65,7 +74,7 @@ class DefinitionsPort(Protocol):
     async def activate(
         self, scope: str, definition_id: str, version: int, *, target_scope: str | None = None,
         actor: str | None = None,
-    ) -> None: ...
+    ) -> list[RefusedInput]: ...
     async def deactivate(self, scope: str, definition_id: str) -> None: ...
     async def activations(
         self, scope: str | None = None, definition_id: str | None = None

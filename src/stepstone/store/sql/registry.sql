@@ -94,6 +94,10 @@ VALUES ($1, $2, $3, $4, {{schema}}.db_now(), $5)
 ON CONFLICT (scope, definition_id) DO UPDATE SET target_scope = EXCLUDED.target_scope,
     version = EXCLUDED.version, activated_at = EXCLUDED.activated_at, activated_by = EXCLUDED.activated_by;
 
+-- name: definition_schedules
+-- The schedules of workflow $1 with their stored input: what an activation checks (store.activation_inputs).
+SELECT name, scope, definition_id, input FROM {{schema}}.schedules WHERE definition_id = $1 ORDER BY name;
+
 -- name: remove_activation
 DELETE FROM {{schema}}.definition_activations WHERE scope = $1 AND definition_id = $2;
 
