@@ -93,6 +93,18 @@ def test_invalid_documents_name_the_line_column_and_path(
     assert str(err).startswith(f"line {line}, column {column}")
 
 
+def test_a_character_yaml_does_not_take_is_a_problem_of_the_document(tmp_path: Path) -> None:
+    """PyYAML's reader refuses a control character when the loader is made, which was outside the parse's
+    translation: load_document raised yaml's ReaderError (a traceback from `definitions validate`, a 500
+    from the API's POST /definitions/validate)."""
+    with pytest.raises(DocumentInvalid, match="not valid YAML: special characters are not allowed #x0008 at "
+                                              "character 3"):
+        load_document("id:\x08 x", catalog)
+    (tmp_path / "bell.yaml").write_text(APPROVAL.replace("version: 1", "version: 1\x07"), encoding="utf-8")
+    done = CliRunner().invoke(cli, ["definitions", "validate", str(tmp_path / "bell.yaml")])
+    assert done.exit_code == 1 and done.stderr.startswith("error: not valid YAML: special characters"), done.output
+
+
 def test_graph_problems_and_the_size_limit() -> None:
     with pytest.raises(DocumentInvalid, match="goes to unknown step 'nowhere'"):
         load_document(APPROVAL.replace("next: await_decision", "next: nowhere"), catalog)

@@ -94,8 +94,9 @@ def _loader() -> type[yaml.SafeLoader]:
 def _parse_yaml(text: str, max_values: int) -> tuple[Any, Marks]:
     import yaml  # noqa: PLC0415 - see the module's imports
 
-    loader = _loader()(text)
+    loader = None
     try:
+        loader = _loader()(text)  # its reader refuses a control character at once: inside the try
         node = loader.get_single_node()
         if node is None:  # nothing but space and comments: None, which the schema would call "not an object"
             raise DocumentInvalid("the document is empty")
@@ -108,10 +109,14 @@ def _parse_yaml(text: str, max_values: int) -> tuple[Any, Marks]:
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
         raise DocumentInvalid(f"line {line}, column {column}: not valid YAML: {exc.problem}",
                               line=line, column=column) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not take: where, and which
+        raise DocumentInvalid(f"not valid YAML: {exc.reason} #x{exc.character:04x} at character {exc.position}"
+                              if isinstance(exc.character, int) else f"not valid YAML: {exc.reason}") from None
     except yaml.YAMLError as exc:
         raise DocumentInvalid(f"not valid YAML: {type(exc).__name__}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _check_expansion(root: yaml.Node, max_values: int) -> None:
