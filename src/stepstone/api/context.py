@@ -22,6 +22,7 @@ from starlette.requests import Request
 
 from stepstone.api.auth import Authenticate, Forbidden, Principal, ReadOnly, Unauthenticated
 from stepstone.api.live import Broadcaster
+from stepstone.authoring.documents import Catalog
 from stepstone.authoring.workflow import Registry
 from stepstone.client import Client
 from stepstone.core.limits import Limits
@@ -69,6 +70,10 @@ class ApiContext:
     """Principal of a UI request (also reads the login cookie); default: `authenticate`."""
     outbox: OutboxAdmin | None = None
     registry: Registry = field(default_factory=Registry)
+    catalog: Catalog | None = None
+    """The handlers and models workflow documents may name (`stepstone serve --catalog`): validate checks a
+    document's names against it when given, and publish binds against it (none: a document naming any
+    handler or model is refused, docs/api.md)."""
     read_only: bool = False
     limits: Limits = field(default_factory=Limits)
     default_scope: str = DEFAULT_SCOPE

@@ -22,6 +22,7 @@ from stepstone.api.auth import Authenticate, NotLocal, Principal, TokenAuth, loc
 from stepstone.api.binding import is_loopback
 from stepstone.api.context import ApiContext
 from stepstone.api.live import Broadcaster
+from stepstone.authoring.documents import Catalog
 from stepstone.authoring.workflow import Registry
 from stepstone.config import Settings
 from stepstone.store.factory import open_ready_store
@@ -73,7 +74,7 @@ def check_local(request: Request) -> None:
 
 def context_on(
     store: Store, *, registry: Registry | None = None, authenticate: Authenticate | None = None,
-    read_only: bool = False,
+    read_only: bool = False, catalog: Catalog | None = None,
 ) -> ApiContext:
     """The app's parts on an open store: token auth unless `authenticate` is given."""
     management = open_management(store)
@@ -81,17 +82,17 @@ def context_on(
     ui_auth = authenticate or TokenAuth(management, cookie=True)
     return ApiContext(store=store, management=management, authenticate=api_auth, authenticate_ui=ui_auth,
                       outbox=PostgresOutbox(store), registry=registry or Registry(), read_only=read_only,
-                      broadcaster=Broadcaster(store))
+                      broadcaster=Broadcaster(store), catalog=catalog)
 
 
 @asynccontextmanager
 async def open_app(
     database_url: str | None = None, *, schema: str | None = None, settings: Settings | None = None,
     registry: Registry | None = None, authenticate: Authenticate | None = None, read_only: bool = False,
-    ui: bool = True, pool_size: int = 10,
+    ui: bool = True, pool_size: int = 10, catalog: Catalog | None = None,
 ) -> AsyncIterator[FastAPI]:
     store = await open_ready_store(database_url, schema, settings=settings, max_size=pool_size)
-    ctx = context_on(store, registry=registry, authenticate=authenticate, read_only=read_only)
+    ctx = context_on(store, registry=registry, authenticate=authenticate, read_only=read_only, catalog=catalog)
     try:
         yield create_app(ctx, ui=ui)
     finally:

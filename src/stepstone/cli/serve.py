@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from stepstone.authoring.documents import Catalog
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.addresses import host_port, http_url
 from stepstone.cli.app import app_option
@@ -59,11 +60,11 @@ def check_no_auth(host: str, no_auth: bool) -> None:
 
 @asynccontextmanager
 async def app_beside(store: Store, registry: Registry | None, host: str, port: int, *, read_only: bool,
-                     no_auth: bool) -> AsyncIterator[None]:
+                     no_auth: bool, catalog: Catalog | None = None) -> AsyncIterator[None]:
     """The API and UI served on `store` (the bind rule checked first) until the block ends."""
     uvicorn, hosting, create_app, check_bind = _api_modules()
     ctx = hosting.context_on(store, registry=registry, read_only=read_only,
-                             authenticate=hosting.NO_AUTH if no_auth else None)
+                             authenticate=hosting.NO_AUTH if no_auth else None, catalog=catalog)
     try:
         tokens = await ctx.management.active_token_count()
         _checked(check_bind, host, auth=not no_auth, active_tokens=tokens)
@@ -97,10 +98,10 @@ async def app_beside(store: Store, registry: Registry | None, host: str, port: i
 
 
 async def _serve(settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool,
-                 no_auth: bool) -> None:
+                 no_auth: bool, catalog: Catalog | None) -> None:
     check_no_auth(host, no_auth)
     async with (stop_signals() as stop, open_store(settings, pool_size=10) as store,
-                app_beside(store, registry, host, port, read_only=read_only, no_auth=no_auth)):
+                app_beside(store, registry, host, port, read_only=read_only, no_auth=no_auth, catalog=catalog)):
         await stop.wait()
 
 
@@ -117,18 +118,25 @@ def serve_options(func: Any) -> Any:
 @click.command("serve")
 @serve_options
 @app_option(required=False)
+@click.option("--catalog", default=None, metavar="MODULE:ATTR",
+              help="The Catalog of handlers workflow documents may name: POST /definitions/validate checks "
+                   "against it, POST /definitions/publish binds with it.")
 @with_settings
 def serve_command(
     settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool, no_auth: bool,
+    catalog: str | None,
 ) -> None:
     """Serve the management API and the web UI until SIGTERM/SIGINT.
 
-    Starting instances from the API or UI needs --app (the workflows to start); everything else works
-    on any instance in the database."""
+    Starting instances from the API or UI needs --app (the workflows to start); publishing a workflow
+    document that names handlers needs --catalog; everything else works on any instance in the database."""
     from stepstone.cli.worker import configure_logging  # noqa: PLC0415 - worker imports this module
 
     configure_logging()
-    run_async(_serve(settings, registry, host, port, read_only, no_auth))
+    from stepstone.cli.definitions import load_catalog  # noqa: PLC0415 - only when asked
+
+    found = load_catalog(catalog) if catalog else None
+    run_async(_serve(settings, registry, host, port, read_only, no_auth, found))
 
 
 commands = [serve_command]

@@ -24,7 +24,8 @@ from stepstone.store.registry_port import (
     StrandedPin,
 )
 
-__all__ = ["Activated", "Published", "activate", "load_published", "publish_document", "stranded_report"]
+__all__ = ["Activated", "Published", "activate", "load_published", "publish_document", "publish_loaded",
+           "stranded_report"]
 
 log = logging.getLogger("stepstone.definitions")
 
@@ -48,7 +49,12 @@ async def publish_document(
     """Validate `text` against the schema and `catalog`, record it as a CANDIDATE, publish it (PUBLISHING,
     then AVAILABLE). Nothing is written when the document is invalid; the same version with other
     structure or text is drift (DefinitionDrift)."""
-    wf = load_document(text, catalog, fmt=fmt, max_bytes=max_bytes)
+    return await publish_loaded(definitions, load_document(text, catalog, fmt=fmt, max_bytes=max_bytes))
+
+
+async def publish_loaded(definitions: DefinitionsPort, wf: DocumentWorkflow) -> Published:
+    """Record a document `load_document` accepted as a CANDIDATE and publish it (`publish_document`'s
+    second half, for a caller that checks something of the loaded document first: the API, its scope)."""
     pin = pin_of(wf, wf.scope)
     recorded = await definitions.record(
         pin, wf.plan.document(), kind="DOCUMENT", status="CANDIDATE", state_model=state_model_name(wf),

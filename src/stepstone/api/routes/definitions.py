@@ -1,13 +1,15 @@
 """Definitions: the registered workflow versions of the visible scopes, their plans, the stranded
-report, and activating a version (the operator role in its scope)."""
+report, activating a version (the operator role in its scope), and validating and publishing workflow
+documents (`stepstone.api.documents`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import Field
 
+from stepstone.api import documents
 from stepstone.api import operations as ops
 from stepstone.api.bodies import Body
 from stepstone.api.context import Caller, Writer, context_of
@@ -33,6 +35,31 @@ async def stranded_definitions(
     within_seconds: Annotated[float, Query(gt=0, le=365 * 86400, description="How recently served.")] = 300.0,
 ) -> list[dict[str, Any]]:
     return await ops.stranded(context_of(request), who, within_seconds)
+
+
+class DocumentRequest(Body):
+    document: str = Field(description="The YAML or JSON text of a workflow document (docs/versions.md), at most "
+                                      "262,144 bytes of UTF-8.")
+    format: Literal["yaml", "json"] | None = Field(
+        default=None, description="yaml or json; guessed from the first character when not given.")
+
+
+_INVALID: dict[int | str, dict[str, Any]] = {422: {
+    "description": "Invalid input; an invalid document is `DocumentInvalid` with `problems` (each `path`, `line`, "
+                   "`column`, `message`) and the first one's place",
+    "content": {"application/problem+json": {}}}}
+
+
+@router.post("/validate", summary="Check a workflow document (schema, steps, graph; handlers with the catalog)",
+             responses=_INVALID)
+async def validate_document(request: Request, _who: Caller, body: DocumentRequest) -> dict[str, Any]:
+    return documents.validate_document(context_of(request), body.document, body.format)
+
+
+@router.post("/publish", summary="Validate, record and publish a workflow document (the operator role in its scope)",
+             responses=_INVALID)
+async def publish_document(request: Request, who: Writer, body: DocumentRequest) -> dict[str, Any]:
+    return await documents.publish_document(context_of(request), who, body.document, body.format)
 
 
 @router.get("/{scope}/{definition_id}/{version}", summary="One version's plan (its steps and transitions)")
