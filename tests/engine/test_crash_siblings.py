@@ -6,7 +6,9 @@ nothing is released or recorded, and the database clock moves past the lease. Th
 then run alone, one at a time (runtime/alone.py), and a crash counts on a command only by the claims in
 which it ran alone (core/dead_letter.py): the branch that kills the process is the only one
 dead-lettered, after its first death and `max_claims` deaths alone, and the siblings complete, with
-`max_claims` 1 too (the first death dead-lettered every command the worker held).
+`max_claims` 1 too (the first death dead-lettered every command the worker held). The suspects run alone
+in the order they became claimable again, so the commands given back beside one that then killed its
+process run before it does again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import pytest
 from pydantic import BaseModel, Field
 
@@ -24,7 +27,8 @@ from stepstone.testing import Engine, open_engine
 from tests.engine.conftest import Rows
 
 STEER: dict[str, Any] = {}
-"""This round's worker, the event its `bad` branch sets on entering, the branches that entered."""
+"""This round's worker, the event its `bad` branch sets on entering, the branches that entered (how many
+run side by side in the first round), and in which order they entered."""
 
 
 class Split(BaseModel):
@@ -33,7 +37,8 @@ class Split(BaseModel):
 
 def _entered(name: str) -> None:
     STEER["entered"].add(name)
-    if len(STEER["entered"]) == 3:
+    STEER.setdefault("runs", []).append(name)
+    if len(STEER["entered"]) == STEER.get("together", 3):
         STEER["all_in"].set()
 
 
@@ -64,7 +69,25 @@ split.step(next="met")(bad)
 split.step(next="met")(fine)
 split.join("met", fork="three", next="ended")  # all three: bad's dead letter fails the instance
 split.step(next=None)(ended)
-registry = Registry(split)
+
+
+class Lone(BaseModel):
+    name: str
+
+
+async def lone(ctx: StepContext, state: Lone) -> None:
+    """One instance's only step: `bad` kills the process, the others complete when run alone (not beside it)."""
+    if state.name == "bad":
+        await bad(ctx, Split())
+    _entered(state.name)
+    worker: Worker = STEER["worker"]
+    if not (STEER["later"] and worker.in_flight == 1):
+        await asyncio.Event().wait()  # the process dies with it
+
+
+lone_steps: Workflow[Lone] = Workflow("crash_lone", version=1, state=Lone)
+lone_steps.step(next=None, start=True)(lone)
+registry = Registry(split, lone_steps)
 
 
 @pytest.fixture(params=[1, 3], ids=["max_claims_1", "max_claims_3"])
@@ -119,3 +142,33 @@ async def test_a_branch_that_kills_its_process_is_dead_lettered_alone(engine: En
     assert by_branch["ok1"]["state"] == by_branch["ok2"]["state"] == "COMPLETE"
     # The siblings paid for the one death they shared, and no more.
     assert by_branch["ok1"]["claims"] == by_branch["ok2"]["claims"] == 2
+
+
+async def test_the_commands_given_back_run_alone_before_the_suspect_that_killed_the_process(database_url: str) -> None:
+    """Four instances' steps die together; the next worker runs `bad` alone first (all four became claimable
+    at once: the oldest command first) and gives the others back, and `bad` kills it. The others were given
+    back before `bad`'s lease ran out, so the next worker runs each of them alone before `bad` again. After
+    each death the commands table is rewritten in id order (CLUSTER, as VACUUM FULL or a reused page can
+    order a heap), where `bad`, started first, comes first: the claim's result had no order, and a small
+    table's followed the heap (a large one's puts the expired leases first), so `bad` ran alone at every
+    claim and the others waited for its dead letter, `max_claims` deaths later. (The worker's claim takes
+    all four here: expired leases are still claimed first, docs/guarantees.md.)"""
+    async with open_engine(database_url, registry, concurrency=4, lease_seconds=30, max_claims=3) as engine:
+        conn = await asyncpg.connect(database_url)
+        try:
+            ids = {name: await engine.client.start(lone_steps, {"name": name}) for name in ("bad", "ok1", "ok2", "ok3")}
+            STEER["together"] = 4
+            deaths = 0
+            for n in range(1, 10):
+                if not await _round(engine, n):
+                    break
+                deaths += 1
+                await conn.execute("CLUSTER stepstone.commands USING commands_pkey")
+            alone = STEER["runs"][4:]  # the first round ran all four side by side
+            assert alone[:5] == ["bad", "ok1", "ok2", "ok3", "bad"], alone
+            assert deaths == 4  # the first, then max_claims alone; then its dead letter
+            for name, iid in ids.items():
+                assert (await engine.client.get(iid)).status == ("FAILED" if name == "bad" else "COMPLETED"), name
+        finally:
+            await conn.close()
+            STEER.clear()

@@ -4282,7 +4282,7 @@ BEGIN
         SELECT {{schema}}.db_now() AS now, p_batch AS batch, p_served AS served,
                COALESCE(p_served, {{schema}}.ready_definitions()) AS walk
     ), expired AS (
-        SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
+        SELECT c.id, c.instance_id, c.position, c.available_at, gen_random_uuid() AS token
         FROM {{schema}}.commands c
         JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
         WHERE c.state = 'CLAIMED'
@@ -4305,7 +4305,7 @@ BEGIN
         -- that another workflow's backlog is never read. The definition whose oldest ready command is the
         -- oldest is walked first, then the next, until the batch is full: a walk locks no more positions
         -- than the claim keeps (the ones it skips aside), however many definitions the worker serves.
-        SELECT r.id, r.instance_id, r.position, r.token
+        SELECT r.id, r.instance_id, r.position, r.available_at, r.token
         FROM (
             SELECT s.definition_id, h.available_at
             FROM unnest((SELECT clock.walk FROM clock)::text[]) AS s(definition_id)
@@ -4320,7 +4320,7 @@ BEGIN
             ORDER BY h.available_at
         ) AS d
         CROSS JOIN LATERAL (
-            SELECT c.id, c.instance_id, c.position, gen_random_uuid() AS token
+            SELECT c.id, c.instance_id, c.position, c.available_at, gen_random_uuid() AS token
             FROM {{schema}}.commands c
             JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
             WHERE c.definition = d.definition_id
@@ -4357,7 +4357,7 @@ BEGIN
           AND (c.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
           AND c.available_at <= (SELECT clock.now FROM clock)
         RETURNING c.id, c.instance_id, c.position, c.kind, c.step, c.visit, c.name, c.payload, c.attempt, c.claims,
-                  c.token, c.last_error, c.actor, c.context
+                  c.token, c.last_error, c.actor, c.context, cand.available_at AS queued_at
     ), leased AS (
         UPDATE {{schema}}.positions p SET
             lease_token = claimed.token,
@@ -4379,7 +4379,10 @@ BEGIN
            (SELECT clock.now FROM clock) AS now
     FROM claimed
     JOIN leased ON leased.instance_id = claimed.instance_id AND leased.path = claimed.position
-    JOIN {{schema}}.instances i ON i.id = claimed.instance_id;
+    JOIN {{schema}}.instances i ON i.id = claimed.instance_id
+    -- In the order they became claimable (available_at before this claim: an expired lease's is when it ran
+    -- out): the worker runs the first suspect alone and gives the others back (runtime/alone.py, migration 0067).
+    ORDER BY claimed.queued_at, claimed.id;
 END $$;
 
 -- ==== version 37 (migration 0037_joins_take_queued_reports) ====
@@ -5067,3 +5070,7 @@ BEGIN
     GROUP BY i.definition_scope, i.definition_id, i.version, i.plan_hash
     ORDER BY i.definition_id, i.version;
 END $$;
+
+-- ==== version 67 (migration 0067_claims_in_queue_order) ====
+-- claim_heads (in the version 36 section) returns its batch in the order the commands became claimable;
+-- why: the migration's header.
