@@ -17,6 +17,7 @@ from stepstone.client import Client
 from stepstone.errors import ConfigError, InvalidInput
 from stepstone.store.postgres import PostgresStore
 from tests.api import workflows
+from tests.registry.test_documents import APPROVAL  # the approval document of docs/versions.md
 from tests.test_cli_worker import spawn
 
 
@@ -136,6 +137,7 @@ async def test_serve_answers_on_loopback_and_needs_a_token(database_url: str) ->
 async def test_worker_serve_runs_the_workflows_and_the_api_in_one_process(database_url: str) -> None:
     port = free_port()
     proc = await spawn("worker", "--app", "tests.api.workflows:registry", "--serve", "--no-auth", "--port", str(port),
+                       "--catalog", "stepstone.examples.document_catalog:catalog",
                        env={"STEPSTONE_DATABASE_URL": database_url})
     store = await PostgresStore.open(database_url)
     client = Client(store, workflows.registry)
@@ -150,6 +152,9 @@ async def test_worker_serve_runs_the_workflows_and_the_api_in_one_process(databa
             assert (done.status, done.state["log"]) == ("COMPLETED", ["charged", "shipped"])
             history = (await http.get(f"/instances/{iid}/history")).json()["items"]
             assert history[0]["actor"]["id"] == "local"
+            # --catalog reaches the API served here: a document's handlers are checked against it.
+            checked = await http.post("/definitions/validate", json={"document": APPROVAL})
+            assert checked.status_code == 200 and checked.json()["handlers_checked"] is True, checked.text
     finally:
         await client.detach()
         await store.close()

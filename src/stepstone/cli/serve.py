@@ -27,7 +27,7 @@ from stepstone.errors import StepstoneError
 from stepstone.store.database import redact_url
 from stepstone.store.port import Store
 
-__all__ = ["app_beside", "check_no_auth", "commands", "serve_options"]
+__all__ = ["app_beside", "catalog_of", "check_no_auth", "commands", "serve_options"]
 
 log = logging.getLogger("stepstone.cli.serve")
 
@@ -106,7 +106,10 @@ async def _serve(settings: Settings, registry: Registry | None, host: str, port:
 
 
 def serve_options(func: Any) -> Any:
-    """--host, --port, --read-only, --no-auth (for `serve`, and `worker --serve`)."""
+    """--host, --port, --read-only, --no-auth, --catalog (for `serve`, and `worker --serve`)."""
+    func = click.option("--catalog", default=None, metavar="MODULE:ATTR",
+                        help="The Catalog of handlers workflow documents may name: POST /definitions/validate "
+                             "checks against it, POST /definitions/publish binds with it.")(func)
     func = click.option("--no-auth", is_flag=True,
                         help="No tokens: every request is the local admin (loopback only).")(func)
     func = click.option("--read-only", is_flag=True, help="Refuse every state-changing request (HTTP 405).")(func)
@@ -118,9 +121,6 @@ def serve_options(func: Any) -> Any:
 @click.command("serve")
 @serve_options
 @app_option(required=False)
-@click.option("--catalog", default=None, metavar="MODULE:ATTR",
-              help="The Catalog of handlers workflow documents may name: POST /definitions/validate checks "
-                   "against it, POST /definitions/publish binds with it.")
 @with_settings
 def serve_command(
     settings: Settings, registry: Registry | None, host: str, port: int, read_only: bool, no_auth: bool,
@@ -133,10 +133,16 @@ def serve_command(
     from stepstone.cli.worker import configure_logging  # noqa: PLC0415 - worker imports this module
 
     configure_logging()
+    run_async(_serve(settings, registry, host, port, read_only, no_auth, catalog_of(catalog)))
+
+
+def catalog_of(spec: str | None) -> Catalog | None:
+    """The Catalog `--catalog MODULE:ATTR` names, or None without one."""
+    if spec is None:
+        return None
     from stepstone.cli.definitions import load_catalog  # noqa: PLC0415 - only when asked
 
-    found = load_catalog(catalog) if catalog else None
-    run_async(_serve(settings, registry, host, port, read_only, no_auth, found))
+    return load_catalog(spec)
 
 
 commands = [serve_command]

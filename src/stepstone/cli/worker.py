@@ -26,7 +26,7 @@ from stepstone.cli.app import app_option
 from stepstone.cli.common import CliError, Finite, parse_duration, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
-from stepstone.cli.serve import check_no_auth, serve_options
+from stepstone.cli.serve import catalog_of, check_no_auth, serve_options
 from stepstone.config import Settings
 from stepstone.ops import Operations
 from stepstone.ops.retention import MIN_INTERVAL, RetentionLoop
@@ -192,7 +192,7 @@ def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float, heartbeat_seconds: float, broker: str | None, no_relay: bool, batch_size: int,
     max_attempts: int, retention_every: str | None, metrics_port: int | None, metrics_host: str, log_format: str,
-    serve_web: bool, host: str, port: int, read_only: bool, no_auth: bool,
+    serve_web: bool, host: str, port: int, read_only: bool, no_auth: bool, catalog: str | None,
 ) -> None:
     """Run the workflows of --app until SIGTERM/SIGINT.
 
@@ -218,7 +218,7 @@ def worker_command(
                                      "probes and metrics need two ports, or two addresses",
                                      param_hint="'--metrics-port'")
         check_no_auth(host, no_auth)
-        web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth}
+        web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth, "catalog": catalog_of(catalog)}
     run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host, web))
 
 
