@@ -131,3 +131,8 @@ async def test_the_registry_write_returns_the_schedules_it_refuses(served: Serve
     assert (t.name, t.scope) == ("t", "default") and t.problem.startswith("input")
     assert await served.engine.store.definitions.activate("default", "typed", 2) == [t]  # again: the same
     assert await served.engine.store.definitions.activate("default", "typed", 1) == []
+    # Removing a scope's activation moves its schedules too: acme follows the default scope's v2 again.
+    await served.engine.store.definitions.activate("default", "typed", 2)
+    [kept] = await served.engine.store.definitions.deactivate("acme", "typed")
+    assert (kept.name, kept.scope) == ("kept", "acme") and kept.problem.startswith("input")
+    assert await served.engine.store.definitions.deactivate("acme", "typed") == [kept]  # again: the same

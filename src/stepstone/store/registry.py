@@ -243,12 +243,20 @@ class PostgresRegistry:
                 schedules = [dict(r) for r in await conn.fetch(self.q["definition_schedules"], definition_id)]
                 return await inputs_refused(schedules, _OnConnection(conn, self.q), definition_id, version)
 
-    async def deactivate(self, scope: str, definition_id: str) -> None:
-        """Remove the scope's activation: it follows the default scope again."""
+    async def deactivate(self, scope: str, definition_id: str) -> list[RefusedInput]:
+        """Remove the scope's activation: it follows the default scope again. Returns, as `activate` does, the
+        scope's schedules whose stored input the version it now selects refuses, read in the same transaction."""
         with translate_errors(self.url):
             async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 await conn.execute(self.q["lock_definition"], definition_id)
                 await conn.execute(self.q["remove_activation"], scope, definition_id)
+                versions = _OnConnection(conn, self.q)
+                selected = await versions.select_version(scope, definition_id)
+                if selected is None:
+                    return []
+                schedules = [dict(r) for r in await conn.fetch(self.q["definition_schedules"], definition_id)
+                             if r["scope"] == scope]
+                return await inputs_refused(schedules, versions, definition_id, selected[1])
 
     async def activations(self, scope: str | None = None, definition_id: str | None = None) -> list[dict[str, Any]]:
         return [dict(r) for r in await self._fetch("activations", scope, definition_id)]
