@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import asyncpg
 import pytest
@@ -36,44 +37,51 @@ async def stage(
 
 
 HORIZON_WAIT = 30.0
+T = TypeVar("T")
 
 
-async def publish_until(relay: Relay, expected: int) -> int:
-    """`run_until_idle` until `expected` events are published; returns the count published.
+async def past_the_horizon(attempt: Callable[[], Awaitable[T]], took: Callable[[T], bool]) -> T:
+    """`attempt()` until `took` its result; that result, or the last one once HORIZON_WAIT has passed (the
+    caller's assertions say what was missing).
 
     A transaction open anywhere on the server (another database too: transaction ids are per server)
     holds the visibility horizon back while it runs, so on a shared server a claim can come back empty
-    for a moment. This waits for such a foreign transaction to end, never for the test's own work."""
-    deadline = asyncio.get_running_loop().time() + HORIZON_WAIT
-    total = await relay.run_until_idle()
-    while total < expected and asyncio.get_running_loop().time() < deadline:
+    for a moment. PostgreSQL tells no one when such a foreign transaction ends: this looks again every
+    10 ms, and never waits for the test's own work, which `attempt` does."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HORIZON_WAIT
+    while True:
+        result = await attempt()
+        if took(result) or loop.time() >= deadline:
+            return result
         await asyncio.sleep(0.01)
+
+
+async def publish_until(relay: Relay, expected: int) -> int:
+    """`run_until_idle` until `expected` events are published (see `past_the_horizon`); the count published."""
+    total = 0
+
+    async def more() -> int:
+        nonlocal total
         total += await relay.run_until_idle()
-    return total
+        return total
+
+    return await past_the_horizon(more, lambda n: n >= expected)
 
 
 async def first_claim(relay: Relay) -> int:
-    """`run_once` until a claim takes something (see `publish_until`); returns the count published."""
-    deadline = asyncio.get_running_loop().time() + HORIZON_WAIT
-    published = await relay.run_once()
-    while not relay.last_claimed and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-        published = await relay.run_once()
-    return published
+    """`run_once` until a claim takes something (see `past_the_horizon`); returns the count published."""
+    return await past_the_horizon(relay.run_once, lambda _: bool(relay.last_claimed))
 
 
 async def claim(outbox: PostgresOutbox, limit: int = 500, relay: str = "r", *, some: bool = True
                 ) -> tuple[uuid.UUID, list[int]]:
-    """One claim; when `some`, repeated while it comes back empty because a transaction elsewhere on
-    the server holds the visibility horizon (see tests/outbox/conftest.py `publish_until`)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + HORIZON_WAIT
-    while True:
+    """One claim; when `some`, repeated while it comes back empty (see `past_the_horizon`)."""
+    async def once() -> tuple[uuid.UUID, list[int]]:
         token = uuid.uuid4()
-        ids = [e.id for e in await outbox.claim(limit, 30, relay, token)]
-        if ids or not some or loop.time() > deadline:
-            return token, ids
-        await asyncio.sleep(0.01)
+        return token, [e.id for e in await outbox.claim(limit, 30, relay, token)]
+
+    return await past_the_horizon(once, lambda got: bool(got[1]) or not some)
 
 
 @pytest.fixture

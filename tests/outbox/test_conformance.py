@@ -22,7 +22,7 @@ from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
 from stepstone.store.postgres import PostgresStore
 from tests.outbox.brokers import Kind, Seen, TcpProxy, with_port
-from tests.outbox.conftest import HORIZON_WAIT, first_claim, publish_until, stage
+from tests.outbox.conftest import first_claim, past_the_horizon, publish_until, stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,17 +56,15 @@ def assert_keys_in_order(seen: list[Seen], staged: list[tuple[int, str, str | No
 
 
 async def drain(relays: Sequence[Relay], outbox: PostgresOutbox) -> None:
-    """Run the relays side by side until nothing is pending (each round is real work; a round that
-    finds nothing waits briefly for a foreign transaction holding the horizon, see `publish_until`)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + HORIZON_WAIT
-    while loop.time() < deadline:
-        done = await asyncio.gather(*(r.run_until_idle() for r in relays))
-        if (await outbox.status()).pending == 0:
-            return
-        if not any(done):
-            await asyncio.sleep(0.01)
-    raise AssertionError(f"still pending: {await outbox.status()}")
+    """Run the relays side by side until a round finds nothing and nothing is pending (a round that finds
+    nothing while events are pending waits for a foreign transaction holding the horizon: `past_the_horizon`)."""
+    async def rounds() -> int:
+        while any(await asyncio.gather(*(r.run_until_idle() for r in relays))):
+            pass
+        return (await outbox.status()).pending
+
+    if await past_the_horizon(rounds, lambda pending: pending == 0):
+        raise AssertionError(f"still pending: {await outbox.status()}")
 
 
 async def test_every_event_arrives_with_its_id_and_trace_context(kind: Kind, conn: asyncpg.Connection,

@@ -8,7 +8,6 @@ claim runs (its own statement and the statement inside the function it calls).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from stepstone.store.outbox import PostgresOutbox, Settlement
+from tests.outbox.conftest import past_the_horizon
 from tests.perf.generic_plans import plan_nodes
 
 EVENTS = 5_000
@@ -41,13 +41,12 @@ async def claim_with_plans(conn: asyncpg.Connection, outbox: PostgresOutbox, lim
         await conn.execute(setting)
     conn.add_log_listener(notice)
     token = uuid.uuid4()
-    deadline = asyncio.get_running_loop().time() + 30.0
-    while True:  # a transaction elsewhere on the server may hold the visibility horizon for a moment
+
+    async def once() -> list[asyncpg.Record]:
         plans.clear()
-        rows = await conn.fetch(outbox.q["outbox_claim"], limit, 30.0, "r", token)
-        if rows or asyncio.get_running_loop().time() > deadline:
-            break
-        await asyncio.sleep(0.01)
+        return await conn.fetch(outbox.q["outbox_claim"], limit, 30.0, "r", token)
+
+    rows = await past_the_horizon(once, bool)
     conn.remove_log_listener(notice)
     if publish:
         await outbox.settle(token, [Settlement(r["id"], "published") for r in rows])

@@ -17,7 +17,7 @@ import pytest
 from stepstone.outbox.publisher import PublishResult, publish_in_lanes
 from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
-from tests.outbox.conftest import first_claim, stage
+from tests.outbox.conftest import first_claim, past_the_horizon, stage
 
 
 class Exploding:
@@ -201,14 +201,17 @@ async def test_an_exchange_rabbitmq_will_not_declare_leaves_no_connection_open(
 async def held_by_a_refused_setup(relay: Relay) -> Exception:
     """`run_once` until its claim takes something (a transaction elsewhere may hold the horizon) and the
     publish fails; the error it raised."""
-    deadline = asyncio.get_running_loop().time() + 30.0
-    while asyncio.get_running_loop().time() < deadline:
+    async def once() -> Exception | None:
         try:
             await relay.run_once()
         except Exception as exc:  # noqa: BLE001 - the test looks at what it is
             return exc
-        await asyncio.sleep(0.01)
-    raise AssertionError("no claim took the staged events")
+        return None
+
+    raised = await past_the_horizon(once, lambda exc: exc is not None)
+    if raised is None:
+        raise AssertionError("no claim took the staged events")
+    return raised
 
 
 async def assert_held(conn: asyncpg.Connection, outbox: PostgresOutbox, publisher: Any, says: str,

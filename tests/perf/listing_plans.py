@@ -18,11 +18,9 @@ import time
 from typing import Any
 
 import asyncpg
-from scratch_database import scratch_database  # a sibling: see scratch_database.py
+from keyed_seed import seed_keyed  # siblings
+from scratch_database import scratch_database  # see scratch_database.py
 
-from stepstone.bench.common import bench_queries, seed_waiting
-from stepstone.bench.workflows import waiting
-from stepstone.core.pin import pin_of
 from stepstone.store.management import management_queries
 from stepstone.store.migrate import migrate
 from stepstone.store.queries import named_queries
@@ -36,11 +34,7 @@ async def measure(url: str, count: int, calls: int) -> None:
     conn = await asyncpg.connect(url)
     try:
         await migrate(conn, "stepstone")
-        await seed_waiting(conn, "stepstone", pin_of(waiting), 1, count)
-        await conn.execute("UPDATE stepstone.instances SET business_key = md5(id::text)")
-        await conn.execute("UPDATE stepstone.instances SET status = 'FAILED' WHERE (hashtext(id::text) % 100) = 0")
-        await conn.execute(bench_queries("stepstone")["analyze"])
-        key = await conn.fetchval("SELECT business_key FROM stepstone.instances LIMIT 1")
+        key = await seed_keyed(conn, count)
     finally:
         await conn.close()
     q = management_queries("stepstone")

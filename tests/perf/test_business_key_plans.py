@@ -19,6 +19,7 @@ from stepstone.core.pin import pin_of
 from stepstone.store.management import management_queries
 from stepstone.store.queries import named_queries
 from tests.perf.explained import explained, pages_of
+from tests.perf.keyed_seed import seed_keyed
 
 ROWS = 20_000
 
@@ -76,11 +77,7 @@ async def test_a_business_key_is_looked_up_after_other_calls_of_the_statement(da
     plans"): the management API's counts read 2,209 pages for it on their generic plan."""
     conn = await asyncpg.connect(database_url)
     try:
-        await seed_waiting(conn, "stepstone", pin_of(waiting), 1, ROWS)
-        await conn.execute("UPDATE stepstone.instances SET business_key = md5(id::text)")
-        await conn.execute("UPDATE stepstone.instances SET status = 'FAILED' WHERE (hashtext(id::text) % 100) = 0")
-        await conn.execute(bench_queries("stepstone")["analyze"])
-        key = await conn.fetchval("SELECT business_key FROM stepstone.instances LIMIT 1")
+        key = await seed_keyed(conn, ROWS)
     finally:
         await conn.close()
     q = management_queries("stepstone")

@@ -400,10 +400,9 @@ async def test_a_child_gets_its_workflows_deadlines_as_a_start_does(
         assert (await engine.client.get(parent)).status == "FAILED"  # its child ended TIMED_OUT
 
 
-class _CommitOrder(Worker):
-    """A worker whose root commit waits until its deadline segment (on `$saga`) has decided, and whose
-    deadline commit waits until the test lets it go: the deadline was decided on an instance still
-    waiting, and its commit comes after the root's commit ended the instance."""
+class _HoldsTheDeadline(Worker):
+    """A worker whose deadline commit (on `$saga`) waits, once decided, until the test lets it go: its
+    timer is CLAIMED meanwhile."""
 
     decided: asyncio.Event
     release: asyncio.Event
@@ -412,7 +411,16 @@ class _CommitOrder(Worker):
         if claim.instance.position == SAGA:
             self.decided.set()
             await self.release.wait()
-        else:
+        return await super()._commit(claim, command_id, decision, visit, state_version)
+
+
+class _CommitOrder(_HoldsTheDeadline):
+    """A worker whose root commit waits until its deadline segment (on `$saga`) has decided, and whose
+    deadline commit waits until the test lets it go: the deadline was decided on an instance still
+    waiting, and its commit comes after the root's commit ended the instance."""
+
+    async def _commit(self, claim: Any, command_id: int, decision: Any, visit: int, state_version: int) -> Any:
+        if claim.instance.position != SAGA:
             await self.decided.wait()
         return await super()._commit(claim, command_id, decision, visit, state_version)
 
@@ -452,20 +460,6 @@ async def test_a_deadline_decided_before_its_instance_completed_does_not_reopen_
     assert w.CALLS == []
     assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE instance_id = $1 AND name = 'deadline'",
                                iid) != "COMPLETE"
-
-
-class _HoldsTheDeadline(Worker):
-    """A worker whose deadline commit (on `$saga`) waits, once decided, until the test lets it go: its
-    timer is CLAIMED meanwhile."""
-
-    decided: asyncio.Event
-    release: asyncio.Event
-
-    async def _commit(self, claim: Any, command_id: int, decision: Any, visit: int, state_version: int) -> Any:
-        if claim.instance.position == SAGA:
-            self.decided.set()
-            await self.release.wait()
-        return await super()._commit(claim, command_id, decision, visit, state_version)
 
 
 @pytest.mark.parametrize("timer", ["unclaimed", "held"])

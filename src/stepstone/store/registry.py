@@ -240,8 +240,7 @@ class PostgresRegistry:
                         definition_id=definition_id, version=version,
                     )
                 await conn.execute(self.q["put_activation"], scope, definition_id, target, version, actor)
-                schedules = [dict(r) for r in await conn.fetch(self.q["definition_schedules"], definition_id)]
-                return await inputs_refused(schedules, _OnConnection(conn, self.q), definition_id, version)
+                return await self._refused(conn, definition_id, version)
 
     async def deactivate(self, scope: str, definition_id: str) -> list[RefusedInput]:
         """Remove the scope's activation: it follows the default scope again. Returns, as `activate` does, the
@@ -250,13 +249,16 @@ class PostgresRegistry:
             async with self.pool.acquire() as conn, conn.transaction(isolation="read_committed"):
                 await conn.execute(self.q["lock_definition"], definition_id)
                 await conn.execute(self.q["remove_activation"], scope, definition_id)
-                versions = _OnConnection(conn, self.q)
-                selected = await versions.select_version(scope, definition_id)
-                if selected is None:
-                    return []
-                schedules = [dict(r) for r in await conn.fetch(self.q["definition_schedules"], definition_id)
-                             if r["scope"] == scope]
-                return await inputs_refused(schedules, versions, definition_id, selected[1])
+                selected = await _OnConnection(conn, self.q).select_version(scope, definition_id)
+                return [] if selected is None else await self._refused(conn, definition_id, selected[1], scope)
+
+    async def _refused(self, conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy, definition_id: str,
+                       version: int, scope: str | None = None) -> list[RefusedInput]:
+        """The schedules of `definition_id` (of `scope` alone when given) whose ticks start `version` and whose
+        stored input it refuses, read on `conn` (the write's transaction)."""
+        schedules = [dict(r) for r in await conn.fetch(self.q["definition_schedules"], definition_id)
+                     if scope is None or r["scope"] == scope]
+        return await inputs_refused(schedules, _OnConnection(conn, self.q), definition_id, version)
 
     async def activations(self, scope: str | None = None, definition_id: str | None = None) -> list[dict[str, Any]]:
         return [dict(r) for r in await self._fetch("activations", scope, definition_id)]
