@@ -12,13 +12,14 @@ the siblings failed and with them the instances.
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 from pathlib import Path
 
 import asyncpg
 
 from stepstone.client import Client
 from stepstone.core.pin import pin_of
+from stepstone.errors import WaitTimeout
 from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
 from tests.chaos import workflows
@@ -47,20 +48,27 @@ async def test_a_branch_that_kills_its_process_dead_letters_no_sibling(pg_server
         fleet.start()
         deaths: list[Proc] = []
         conn = await asyncpg.connect(url)
-        try:
-            # Polled: the instances end in another process, and the one that died must be replaced by a
-            # new one; there is no signal this test could await for either.
-            deadline = time.monotonic() + 120
-            while await conn.fetchval(
-                "SELECT count(*) FROM stepstone.instances WHERE status IN ('PENDING', 'RUNNING', 'WAITING')"
-            ) and time.monotonic() < deadline:
+        store = await PostgresStore.open(url, max_size=4)
+        client = Client(store, workflows.registry)
+
+        async def replace_the_dead() -> None:
+            while True:  # boom kills the process: a new one takes its place
                 proc = fleet.procs[0]
-                if proc.popen.poll() is not None:  # boom killed it: a new process takes its place
-                    proc.out.close()
-                    fleet.retired.append(proc)
-                    deaths.append(proc)
-                    fleet.spawn(0)
-                await asyncio.sleep(0.2)
+                await asyncio.to_thread(proc.popen.wait)
+                proc.out.close()
+                fleet.retired.append(proc)
+                deaths.append(proc)
+                fleet.spawn(0)
+
+        replacing = asyncio.create_task(replace_the_dead())
+        try:
+            # Each instance ends in a worker process; its settle notification wakes the wait (the assertions
+            # below say which did not end in time).
+            with contextlib.suppress(WaitTimeout):
+                await asyncio.gather(*(client.wait_for(iid, timeout=120) for iid in iids))
+            replacing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replacing
             statuses = dict(await conn.fetch("SELECT id::text, status FROM stepstone.instances"))
             dead = await conn.fetch(
                 "SELECT c.position, count(*) AS n FROM stepstone.commands c WHERE c.state = 'DEAD' "
@@ -69,6 +77,9 @@ async def test_a_branch_that_kills_its_process_dead_letters_no_sibling(pg_server
                 "SELECT c.position, c.state, c.claims FROM stepstone.commands c "
                 "WHERE c.position IN ('split/a', 'split/b') ORDER BY c.instance_id, c.position")
         finally:
+            replacing.cancel()
+            await client.detach()
+            await store.close()
             await conn.close()
             await asyncio.to_thread(fleet.stop)
     assert {iid: statuses[iid] for iid in iids} == dict.fromkeys(iids, "COMPLETED")
