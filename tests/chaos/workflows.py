@@ -21,6 +21,10 @@
                  (test_crash_kills.py; the scenarios' workload never starts it)
   chaosext-1     s1, the external step `charge` on topic `chaos.ext` (an outside worker completes it with
                  `charge`), then s2, which checks the variable arrived (test_external_kills.py)
+  chaosmove-2    versions 1 and 2: s1, a wait for the signal `go` (-> s2), s2; version 2 runs s3 after s2 and
+                 its state needs the `currency` only a migration's state transform gives; each step appends
+                 `v<version>:<step>` to `ran` (test_migration_kills.py migrates instances from 1 to 2 while
+                 workers die; the scenarios never start it)
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
                  `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
                  and publishes the messages while the workers are killed, paused or cut off)
@@ -433,6 +437,29 @@ def _kill() -> Workflow[Quorum]:
     return wf
 
 
+class Moving(BaseModel):
+    ran: list[str] = Field(default_factory=list)
+
+
+class MovedOn(Moving):
+    currency: str  # no default: only the migration's state transform gives it
+
+
+def _moving(version: int) -> Workflow[Any]:
+    wf: Workflow[Any] = Workflow("chaosmove-2", version=version, state=Moving if version == 1 else MovedOn)
+
+    async def ran(ctx: StepContext, state: Moving) -> None:
+        await _effect(ctx)
+        state.ran.append(f"v{version}:{ctx.step}")
+
+    wf.step(ran, name="s1", start=True, next="w", retry=_RETRY)
+    wf.wait("w", signals={GO: "s2"})
+    wf.step(ran, name="s2", next="s3" if version == 2 else None, retry=_RETRY)
+    if version == 2:
+        wf.step(ran, name="s3", next=None, retry=_RETRY)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
@@ -443,7 +470,10 @@ QUORUM: Workflow[Any] = _quorum()
 DUE: Workflow[Any] = _due()
 EXTERNAL: Workflow[Any] = _external()
 KILL: Workflow[Any] = _kill()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL)
+MOVING: Workflow[Any] = _moving(1)
+MOVED: Workflow[Any] = _moving(2)
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL,
+                    MOVING, MOVED)
 
 SERVED_PARTS = ("all", "chains", "rest")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -455,6 +485,6 @@ def served(part: str) -> Registry:
     if part == "chains":
         return Registry(*CHAINS.values())
     if part == "rest":
-        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL,
+        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL, MOVING, MOVED,
                         *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry

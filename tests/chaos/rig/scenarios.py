@@ -130,13 +130,20 @@ async def start_instances(url: str, n: int, rng: random.Random, fans: float = 0.
 
 
 class Probe:
-    """A reconnecting connection for the rig's own polling (the server may be restarting)."""
+    """A reconnecting connection for the rig's own polling (the server may be restarting). Callers may
+    share it from concurrent tasks (a test's kills and its own waits): they take turns, since a second
+    query on a busy connection fails like a lost one, and the reconnect would leave it open."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.conn: asyncpg.Connection | None = None
+        self.turn = asyncio.Lock()
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
+        async with self.turn:
+            return await self._fetchval(sql, *args)
+
+    async def _fetchval(self, sql: str, *args: Any) -> Any:
         while True:
             try:
                 if self.conn is None or self.conn.is_closed():
