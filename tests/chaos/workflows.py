@@ -475,15 +475,19 @@ MOVED: Workflow[Any] = _moving(2)
 registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL,
                     MOVING, MOVED)
 
-SERVED_PARTS = ("all", "chains", "rest")
+SERVED_PARTS = ("all", "chains", "rest", "moving", "moved")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
 other workflow (with the chain the parent starts as its child, which its registry must hold). The fleet
-splits its slots between them so that claims of workers serving some workflows run under every fault."""
+splits its slots between them so that claims of workers serving some workflows run under every fault.
+`moving` and `moved` are the two releases of a rolling deploy, version 1 and version 2 of chaosmove-2 alone
+(test_rolling_deploy_kills.py gives them slots of their own)."""
 
 
 def served(part: str) -> Registry:
     if part == "chains":
         return Registry(*CHAINS.values())
+    if part in ("moving", "moved"):
+        return Registry(MOVING if part == "moving" else MOVED)
     if part == "rest":
         return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL, MOVING, MOVED,
                         *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))

@@ -51,6 +51,7 @@ class Fleet:
     retired: list[Proc] = field(default_factory=list)
     kills: list[dict[str, Any]] = field(default_factory=list)
     slot_urls: dict[int, str] = field(default_factory=dict)  # a slot's own URL (e.g. its own proxy)
+    parts: dict[int, str] = field(default_factory=dict)  # what a slot serves, where not `serves`' choice
     # The process each slot runs: the engine's worker, or the rig's external-task worker (same arguments).
     module: str = "tests.chaos.worker_proc"
     _serial: int = 0
@@ -68,7 +69,7 @@ class Fleet:
         url = self.slot_urls.get(slot, self.url)
         cmd = [sys.executable, "-m", self.module, "--url", url, "--lease", str(self.lease),
                "--concurrency", str(self.concurrency), "--poll", str(self.poll), "--name", f"w{slot}",
-               "--stats", str(stats), "--serve", serves(slot, self.size)]
+               "--stats", str(stats), "--serve", self.parts.get(slot) or serves(slot, self.size)]
         popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         proc = Proc(slot, popen, stats, out, time.monotonic())
         self.procs[slot] = proc
