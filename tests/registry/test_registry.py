@@ -201,6 +201,28 @@ async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fa
     assert info.status == "COMPLETED"
 
 
+async def test_beside_a_live_worker_that_has_the_plan_the_backoff_is_short(engine: Engine) -> None:
+    # A rolling deploy: a worker of the new release heartbeats v2 while one of the old release (v1 alone)
+    # claims v2's commands. Each deferral then waits 0.25 s * 2^n, at most 1 s, not 5 s * 2^n; once the
+    # heartbeat is 30 s old, the long backoff is back (migration 0071).
+    d = engine.store.definitions
+    only_v1 = Worker(engine.store, Registry(V1))
+    iid = await engine.client.start(V2, {})
+    waits = []
+    for _ in range(4):
+        await d.heartbeat("new-release", [pin_of(V2)])
+        await only_v1.run_until_idle()
+        row = await _command(engine, iid)
+        waits.append(row["wait"])
+        await engine.move_clock(row["wait"] + 0.01)
+    await engine.move_clock(31)  # the new release's last heartbeat is now over 30 s old
+    await only_v1.run_until_idle()
+    waits.append((await _command(engine, iid))["wait"])
+    assert [round(w * 4) / 4 for w in waits] == [0.25, 0.5, 1, 1, 80]  # the fifth: min(5 s * 2^4, 5 min)
+    history = await engine.client.history(iid)
+    assert [h["data"]["backoff_seconds"] for h in history if h["kind"] == "COMMAND_DEFERRED"] == [0.25, 0.5, 1, 1, 80]
+
+
 async def test_a_worker_never_claims_a_workflow_it_does_not_serve(engine: Engine) -> None:
     # Workers serving different workflows share one database: each runs its own, the other's
     # commands stay untouched (no deferral, no claim), so neither waits on the other's heartbeat.

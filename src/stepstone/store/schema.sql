@@ -3673,6 +3673,8 @@ END $$;
 -- the claim it spent restored) and says so in the instance's history: COMMAND_DEFERRED names the
 -- command, the pin no live worker served, the backoff and when it is tried again, so an operator can
 -- see why the instance does not move. Locks: instance row -> position -> command -> history.
+-- While a worker that has the pin heartbeats (version 71), the backoff is min(0.25 s * 2^deferrals, 1 s):
+-- why, the migration's header.
 CREATE FUNCTION {{schema}}.defer_command(p_instance uuid, p_path text, p_token uuid, p_reason text)
 RETURNS TABLE (command_id bigint)
 LANGUAGE plpgsql AS $$
@@ -3694,7 +3696,13 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    v_backoff := LEAST(300, 5 * power(2, v_cmd.deferrals));
+    IF EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
+               WHERE w.definition_id = v_inst.definition_id AND w.version = v_inst.version
+                 AND w.plan_hash = v_inst.plan_hash AND w.seen_at > v_now - interval '30 seconds') THEN
+        v_backoff := LEAST(1, 0.25 * power(2, v_cmd.deferrals));  -- a worker that has it is up
+    ELSE
+        v_backoff := LEAST(300, 5 * power(2, v_cmd.deferrals));
+    END IF;
     UPDATE {{schema}}.commands c SET state = 'DEFERRED', token = NULL, claims = GREATEST(c.claims - 1, 0),
         deferrals = c.deferrals + 1, last_error = p_reason, available_at = v_now + make_interval(secs => v_backoff)
     WHERE c.id = v_cmd.id;
@@ -5073,4 +5081,8 @@ END $$;
 
 -- ==== version 67 (migration 0067_claims_in_queue_order) ====
 -- claim_heads (in the version 36 section) returns its batch in the order the commands became claimable;
+-- why: the migration's header.
+
+-- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
+-- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;
 -- why: the migration's header.
