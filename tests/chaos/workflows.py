@@ -25,6 +25,9 @@
                  its state needs the `currency` only a migration's state transform gives; each step appends
                  `v<version>:<step>` to `ran` (test_migration_kills.py migrates instances from 1 to 2 while
                  workers die; the scenarios never start it)
+  chaosgather-3  s1, then a wait for the signal `go` (-> s2), s2 appends the signal's `n` to `got` and
+                 waits again until it holds three, then s3 (test_start_or_signal_kills.py starts and signals
+                 it by business key with start_or_signal; the scenarios never start it)
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
                  `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
                  and publishes the messages while the workers are killed, paused or cut off)
@@ -460,6 +463,32 @@ def _moving(version: int) -> Workflow[Any]:
     return wf
 
 
+class Gathered(BaseModel):
+    got: list[int] = Field(default_factory=list)
+
+
+GATHER = 3  # signals a chaosgather-3 instance takes before it ends
+
+
+def _gather() -> Workflow[Gathered]:
+    wf: Workflow[Gathered] = Workflow(f"chaosgather-{GATHER}", version=1, state=Gathered)
+
+    async def s1(ctx: StepContext, state: Gathered) -> None:
+        await _effect(ctx)
+
+    async def took(ctx: StepContext, state: Gathered) -> str:
+        await _effect(ctx)
+        assert ctx.signal is not None and ctx.signal.name == GO, ctx.signal
+        state.got.append(int((ctx.signal.payload or {})["n"]))
+        return "s3" if len(state.got) >= GATHER else "w"
+
+    wf.step(s1, name="s1", start=True, next="w", retry=_RETRY)
+    wf.wait("w", signals={GO: "s2"})
+    wf.step(took, name="s2", next=["w", "s3"], retry=_RETRY)
+    wf.step(s1, name="s3", next=None, retry=_RETRY)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
@@ -472,8 +501,9 @@ EXTERNAL: Workflow[Any] = _external()
 KILL: Workflow[Any] = _kill()
 MOVING: Workflow[Any] = _moving(1)
 MOVED: Workflow[Any] = _moving(2)
+GATHERING: Workflow[Any] = _gather()
 registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL,
-                    MOVING, MOVED)
+                    MOVING, MOVED, GATHERING)
 
 SERVED_PARTS = ("all", "chains", "rest", "moving", "moved")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -490,5 +520,5 @@ def served(part: str) -> Registry:
         return Registry(MOVING if part == "moving" else MOVED)
     if part == "rest":
         return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL, MOVING, MOVED,
-                        *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
+                        GATHERING, *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry
