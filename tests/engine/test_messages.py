@@ -13,6 +13,7 @@ import pytest
 from stepstone.cli.instances import describe_wait
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
 from stepstone.testing import Engine, open_engine
+from tests._pg import until_shown
 from tests.crashes import die_alone
 from tests.engine.task_workflows import Receipt, keyed, receipt, registry, two_waits
 
@@ -333,3 +334,33 @@ async def test_an_ended_instance_is_refused_in_the_same_words_on_both_paths(engi
     words = (f"instance {done.instance_id} with business key 'bk-e' is COMPLETED; it takes no more signals "
              "(a business key stays with its instance)")
     assert messages == [words, words]
+
+
+async def test_one_message_id_published_at_once_under_two_names_is_a_conflict(
+    engine: Engine, database_url: str,
+) -> None:
+    """A message id names one message whatever its name and key, but two publishes of one id took the
+    locks of their own (name, key) only: the one that came second waited on the first's row and then
+    failed on the unique index (asyncpg's UniqueViolationError, an HTTP 500), where a publish after the
+    first's commit is told IdempotencyConflict. Publishes of one id now serialize on the id."""
+    first, watcher = await asyncpg.connect(database_url), await asyncpg.connect(database_url)
+    try:
+        held = first.transaction()
+        await held.start()
+        kept = await engine.client.publish_message("receipt_received", "o-a", {"n": 1}, message_id="m-twice",
+                                                   ttl=60, connection=first)
+        assert kept.outcome == "buffered"
+        second = asyncio.ensure_future(
+            engine.client.publish_message("other_name", "o-b", {"n": 1}, message_id="m-twice", ttl=60))
+        await until_shown(watcher, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                          "AND query LIKE '%publish_message%' AND pid <> pg_backend_pid()",
+                          failure="the second publish never waited for the first")
+        assert not second.done()
+        await held.commit()
+        with pytest.raises(IdempotencyConflict, match="m-twice"):
+            await second
+        same = await engine.client.publish_message("receipt_received", "o-a", {"n": 1}, message_id="m-twice", ttl=60)
+        assert same.duplicate and same.outcome == "buffered"
+    finally:
+        await first.close()
+        await watcher.close()

@@ -1969,8 +1969,9 @@ INSERT INTO {{schema}}.effect_sections VALUES ('step_deadlines', 12, 'schedule_s
 -- advisory lock, so a message published while a subscription opens is delivered exactly once.
 --
 -- Lock order (extends the one of version 2): instance row -> positions -> commands -> child instances
--- -> the correlation key's advisory lock (by ascending name, key) -> subscriptions -> messages -> tasks
--- -> dedup -> history -> outbox. A publisher takes the key's lock before it knows the instance; it
+-- -> a message id's advisory lock (migration 0068) -> the correlation key's advisory lock (by ascending
+-- name, key) -> subscriptions -> messages -> tasks -> dedup -> history -> outbox. A publisher takes its
+-- message id's lock, then the key's lock, before it knows the instance; it
 -- then takes the instance row with NOWAIT (a busy instance fails the attempt, 55P03, and the client
 -- tries again), so it never waits on an instance while holding a key.
 --
@@ -2200,6 +2201,12 @@ DECLARE
     v_cmd bigint;
     s record;
 BEGIN
+    -- A message id names one message whatever its name and key: two publishes of one id wait for each
+    -- other here, so the second finds the first's row (duplicate or conflict) instead of failing on the
+    -- unique index once the first commits (migration 0068).
+    IF p_message_id IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_message_id, 12));
+    END IF;
     PERFORM {{schema}}.lock_correlation(p_name, p_key);
     IF p_message_id IS NOT NULL THEN
         SELECT * INTO v_prior FROM {{schema}}.messages m WHERE m.message_id = p_message_id;
@@ -5081,6 +5088,10 @@ END $$;
 
 -- ==== version 67 (migration 0067_claims_in_queue_order) ====
 -- claim_heads (in the version 36 section) returns its batch in the order the commands became claimable;
+-- why: the migration's header.
+
+-- ==== version 68 (migration 0068_one_message_id_one_lock) ====
+-- publish_message (in the version 7 section) takes a lock on its message id before the correlation key's;
 -- why: the migration's header.
 
 -- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
