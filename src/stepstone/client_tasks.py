@@ -21,7 +21,8 @@ from pydantic import BaseModel, ValidationError
 from stepstone import cursors
 from stepstone.authoring.workflow import Registry
 from stepstone.client_task_filters import SavedTaskFilter, TaskFilter, TaskFilterOperations
-from stepstone.core.limits import Limits, PayloadRejected
+from stepstone.core.bounds import is_whole
+from stepstone.core.limits import MAX_INT8, Limits, PayloadRejected
 from stepstone.errors import (
     IdempotencyConflict,
     InvalidInput,
@@ -246,6 +247,10 @@ class TaskOperations(TaskFilterOperations):
         tid = self._task_text("task id", task_id)
         who = self._who(actor)
         self._task_text("decision", decision)
+        if reviewed_version is not None and not is_whole(reviewed_version, 0, MAX_INT8):
+            # A version the task's bigint column cannot hold reached the driver (its DataError).
+            raise InvalidInput(f"reviewed_version must be a whole number from 0 to {MAX_INT8:,}, got "
+                               f"{reviewed_version!r}", what="reviewed_version")
         row = await self.store.get_task(tid)
         if decision not in row["decisions"]:
             raise UnknownDecision(decision, tid, tuple(row["decisions"]))

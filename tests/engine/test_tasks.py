@@ -316,6 +316,18 @@ async def test_version_stability_refuses_a_completion_on_changed_data(engine: En
     assert (await engine.client.get(iid2)).state["done"] is True
 
 
+async def test_a_reviewed_version_no_version_can_be_is_refused(engine: Engine, conn: asyncpg.Connection) -> None:
+    """A reviewed_version past what the task's bigint column holds reached the driver: asyncpg's DataError
+    ("value out of int64 range"), a traceback for a caller's typo. Now it is refused as bad input, as the
+    API (0 to 2**62) and the CLI (a version) refuse it, and nothing is completed."""
+    _, tid = await _open_expense(engine)
+    for bad in (2**70, -1, True, 1.5, "3"):
+        with pytest.raises(InvalidInput, match="reviewed_version"):
+            await engine.client.complete_task(tid, "approve", {"comment": "c"}, actor="alice", groups=["finance"],
+                                              reviewed_version=bad)  # type: ignore[arg-type]
+    assert await conn.fetchval("SELECT status FROM stepstone.tasks WHERE id = $1::uuid", tid) == "OPEN"
+
+
 async def test_inbox_pages_and_filters(engine: Engine) -> None:
     for n in range(5):
         await engine.client.start(expense, Expense(expense_id=f"p-{n}", employee=f"emp{n}", amount=n))
