@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -11,7 +12,12 @@ import asyncpg
 import pytest
 
 from stepstone.cli.instances import describe_wait
+from stepstone.core.effects import Subscribe
+from stepstone.core.model import Decision
+from stepstone.core.transitions import apply
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
+from stepstone.runtime.committer import GroupCommitter
+from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
 from tests._pg import until_shown
 from tests.crashes import die_alone
@@ -364,3 +370,45 @@ async def test_one_message_id_published_at_once_under_two_names_is_a_conflict(
     finally:
         await first.close()
         await watcher.close()
+
+
+async def test_a_group_commit_never_takes_a_correlation_lock_before_another_instance(
+    engine: Engine, database_url: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A commit that enters a wait taking messages locks the correlation key (after its instance row, the
+    lock order). Grouped with a later instance's commit, it held that key while it waited for the later
+    instance's row: two groups [A (key k2), B (key k1)] and [C (k1), D (k2)] closed a cycle on the keys,
+    PostgreSQL aborted one (40P01 after deadlock_timeout) and the worker committed its items one by one.
+    A subscribing commit now goes alone (committer.py), as a child's does, so no group holds a key."""
+    ids = [await engine.client.start(keyed, {"key": key}) for key in ("k2", "k1", "k1", "k2")]
+    claims = {c.instance.id: c for c in await engine.store.claim(8, 30, "grouper")}
+    assert set(claims) == set(ids), claims
+    requests = []
+    for iid in ids:
+        claim = claims[iid]
+        decision = apply(claim.instance, claim.command, keyed.plan, claim.now)
+        assert isinstance(decision, Decision) and any(isinstance(e, Subscribe) for e in decision.effects)
+        requests.append(CommitRequest(claim, claim.command.id, decision, claim.instance.visit,
+                                      claim.instance.state_version))
+    a, b, c, d = requests
+    assert [r.claim.instance.id for r in requests] == sorted(ids)  # each group's order is its ids' order
+    caplog.set_level(logging.WARNING, logger="stepstone.worker")
+    holder = await asyncpg.connect(database_url)
+    try:
+        held = holder.transaction()
+        await held.start()  # B's and D's rows, held while each group takes its first item and that item's key
+        await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE",
+                             [b.claim.instance.id, d.claim.instance.id])
+        groups = [GroupCommitter(engine.store, lease_seconds=30, worker="grouper") for _ in range(2)]
+        both = asyncio.gather(*(groups[0].commit(r) for r in (a, b)), *(groups[1].commit(r) for r in (c, d)))
+        await until_shown(conn, "SELECT count(*) >= 2 FROM pg_locks WHERE NOT granted", every=0.02, timeout=10,
+                          failure="the two groups never came to wait for the held rows")
+        await held.commit()
+        results = await asyncio.wait_for(both, timeout=30)
+    finally:
+        await holder.close()
+    assert all(r is not None for r in results), results
+    # An aborted group is committed one by one, so every commit lands either way: the worker's warning
+    # says a group was aborted (PostgreSQL's deadlock count is flushed late, so it is not looked at).
+    assert [r.getMessage() for r in caplog.records if "DeadlockDetected" in r.getMessage()] == []
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.subscriptions WHERE status = 'OPEN'") == 4

@@ -12,6 +12,13 @@ takes a parent, then its children. A group holding a child while it waits for
 that child's parent, a later item, closes a cycle with such a cancel: PostgreSQL
 aborts one of them (the saga lock-order test saw it). A child's own commit locks
 only the child, so alone it cannot be part of that cycle.
+
+Nor is a commit that enters a wait taking messages (a `Subscribe` effect): it
+locks its correlation keys after its instance row, the lock order, so in a group
+it would hold a key while it waits for a later item's row, and two groups
+[A (key k2), B (k1)] and [C (k1), D (k2)] close a cycle on the keys
+(tests/engine/test_messages.py). Alone, it takes its keys last, in one sorted
+batch, as every other holder of a key does.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from stepstone.core.effects import SetState
+from stepstone.core.effects import SetState, Subscribe
 from stepstone.core.model import Decision
 from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.outage import until_reachable
@@ -54,10 +61,9 @@ class GroupCommitter:
             self._flusher = None
 
     async def _flush(self, batch: list[tuple[CommitRequest, asyncio.Future[Committed | None]]]) -> None:
-        children = [item for item in batch if item[0].claim.instance.parent is not None]
-        for request, future in children:  # alone, first: see the module's docstring
+        for request, future in [item for item in batch if _alone(item[0])]:  # first: see the module's docstring
             await self._flush_one(request, future)
-        batch = [item for item in batch if item[0].claim.instance.parent is None]
+        batch = [item for item in batch if not _alone(item[0])]
         if len(batch) <= 1:
             for request, future in batch:
                 await self._flush_one(request, future)
@@ -86,6 +92,12 @@ class GroupCommitter:
             return
         if not future.done():
             future.set_result(result)
+
+
+def _alone(request: CommitRequest) -> bool:
+    """A child's commit, or one that opens message subscriptions: never grouped (the module's docstring)."""
+    return request.claim.instance.parent is not None or any(
+        isinstance(effect, Subscribe) for effect in request.decision.effects)
 
 
 def _fail(future: asyncio.Future[Committed | None], exc: BaseException) -> None:
