@@ -403,6 +403,26 @@ async def test_a_name_from_the_state_longer_than_an_index_holds_fails_the_instan
     assert await engine.client.instance_tasks(iid) == ()
 
 
+async def test_a_name_from_the_state_no_user_can_have_fails_the_instance(engine: Engine) -> None:
+    """An assignee the state gave as " ann" or "ann\n" opened a task for a name no actor can have (every task
+    operation refuses it: docs/tasks.md, "Who may do what"), so only an admin could ever move it; a list or a
+    map became its Python text ("['ann']"), a boolean "True". Such a name fails the instance as a name too
+    long for the index does (InvalidTask, no task opened); a number is its text, as before."""
+    for bad in (" ann", "ann\n", "an\u2028n", ["ann"], {"name": "ann"}, True):
+        iid = await engine.client.start("named", {"who": bad})
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert info.status == "FAILED", bad
+        assert info.error is not None and info.error["type"] == "InvalidTask", bad
+        assert "assignee from the state" in info.error["message"], (bad, info.error)
+        assert await engine.client.instance_tasks(iid) == (), bad
+    for good, name in ((42, "42"), ("ann smith", "ann smith")):
+        iid = await engine.client.start("named", {"who": good})
+        await engine.run_until_idle()
+        [task] = await engine.client.instance_tasks(iid)
+        assert task["assignee"] == name
+
+
 async def test_a_follow_up_or_due_date_from_the_state_that_is_no_instant_fails_the_instance(engine: Engine) -> None:
     """A naive timestamp (a pydantic field set to datetime.now()) or a word gave the task no date at all,
     silently: no escalation ever came. It fails the instance now, as a timer step's `until` does."""

@@ -131,10 +131,8 @@ class Limits:
         control character (a newline forged a row of `stepstone tokens list`) and no space around it
         (`--scope ' acme'` named a scope no instance is in). An instance's scope and a token's pass it alike."""
         text = self.check_text(what, value)
-        if any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in text):
-            raise PayloadRejected(what, "invalid", f"contains a control character (such as a newline): {text!r}")
-        if text != text.strip():
-            raise PayloadRejected(what, "invalid", f"has spaces around it: {text!r}")
+        if (problem := label_problem(text)) is not None:
+            raise PayloadRejected(what, "invalid", problem)
         return text
 
     def check_texts(self, arguments: Mapping[str, object], *, free: bool = False, empty: bool = False) -> None:
@@ -146,3 +144,13 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 """The limits of a caller that sets none: one instance, since making one checks its bounds."""
+
+
+def label_problem(text: str) -> str | None:
+    """Why `text` is no name people type and read (`Limits.check_label`), if it is not: a control character
+    or spaces around it. The names a task step reads from the state are held to it too (core.task_entering)."""
+    if any(unicodedata.category(c) == "Cc" or c in "\u2028\u2029" for c in text):
+        return f"contains a control character (such as a newline): {text!r}"
+    if text != text.strip():
+        return f"has spaces around it: {text!r}"
+    return None

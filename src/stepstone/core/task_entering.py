@@ -11,19 +11,38 @@ from typing import Any
 
 from stepstone.core.effects import Effect, Enqueue, MovePosition, OpenTask
 from stepstone.core.effects import RecordHistory as History
-from stepstone.core.limits import MAX_INDEXED_NAME
+from stepstone.core.limits import MAX_INDEXED_NAME, label_problem
 from stepstone.core.model import JSON, WAITING, InstanceView
 from stepstone.core.plan import Step
-from stepstone.core.task_spec import fill, lookup, priority_of, resolve, resolve_instant, resolve_names, task_id
+from stepstone.core.task_spec import (
+    fill,
+    lookup,
+    name_of,
+    priority_of,
+    resolve,
+    resolve_instant,
+    resolve_names,
+    task_id,
+)
 
 
 def names_problem(step: Step, people: dict[str, Any]) -> str | None:
-    """Why the task cannot open with the names the state gives its people (`task_people`), if it cannot."""
+    """Why the task cannot open with the names the state gives its people (`task_people`), if it cannot:
+    a name no user or group can have would leave the task to admins alone (every task operation refuses
+    such an actor: `Limits.check_label`), and one longer than an index entry holds fails its commit."""
     for what, named in people.items():
-        longest = max(map(len, named if isinstance(named, list) else [named or ""]), default=0)
-        if longest > MAX_INDEXED_NAME:
-            return (f"task step {step.name!r}: a name of its {what} from the state has {longest:,} characters; "
-                    f"at most {MAX_INDEXED_NAME} are indexed")
+        listed = what in ("candidate_users", "candidate_groups")  # the assignee and the owner are one name each
+        for name in named if listed else [named]:
+            if name is None and not listed:
+                continue  # no assignee or owner: the task names nobody there
+            where = f"task step {step.name!r}: a name of its {what} from the state"
+            if not isinstance(name, str):
+                shown = repr(name) if len(repr(name)) <= 80 else repr(name)[:77] + "..."
+                return f"{where}, {shown}, is not a text or a number"
+            if len(name) > MAX_INDEXED_NAME:
+                return f"{where} has {len(name):,} characters; at most {MAX_INDEXED_NAME} are indexed"
+            if (problem := label_problem(name)) is not None:
+                return f"{where} {problem}"
     return None
 
 
@@ -98,5 +117,5 @@ def form_schema(step: Step) -> dict[str, Any]:
     }
 
 
-def _name(value: JSON) -> str | None:
-    return None if value is None or value == "" else str(value)
+def _name(value: JSON) -> JSON:
+    return None if value is None or value == "" else name_of(value)

@@ -137,13 +137,23 @@ def resolve(value: JSON, state: JSON, item: JSON = None) -> JSON:
     return value
 
 
-def resolve_names(value: JSON, state: JSON, item: JSON = None) -> list[str]:
+def name_of(value: JSON) -> JSON:
+    """A user's or a group's name as the state gives it: a text as it is, a number as its text; anything
+    else (a boolean, a list, a map, null) as it is, which the task refuses before it opens
+    (`core.task_entering.names_problem`) rather than take Python's text of it ("['ann']", "True")."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def resolve_names(value: JSON, state: JSON, item: JSON = None) -> list[JSON]:
+    """The names a list of people reads (one name or a list of them), sorted and without repeats; as
+    given when one is not a name, for `names_problem` to refuse."""
     got = resolve(value, state, item)
     if got is None:
         return []
-    if isinstance(got, str):
-        return [got]
-    return sorted({str(v) for v in got}) if isinstance(got, list | tuple) else [str(got)]
+    names = [name_of(v) for v in (got if isinstance(got, list | tuple) else [got])]
+    return sorted(set(names)) if all(isinstance(n, str) for n in names) else names
 
 
 def resolve_instant(value: JSON, state: JSON, now: datetime) -> str | None:
