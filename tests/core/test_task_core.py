@@ -56,6 +56,20 @@ def test_plan_rules() -> None:
                                           task=TaskSpec(title="x", priority=priority)), Step("a", "action")])
 
 
+def test_a_literal_name_no_user_can_have_is_refused_with_the_definition() -> None:
+    """A task escalated to " finance-leads" (a pasted name) went to a group no token can be in, and a literal
+    assignee "ann\n" failed every instance at the task: both are refused when the workflow is defined."""
+    for field, value in (("assignee", " ann"), ("owner", "ann\n"), ("candidate_users", ("ann", "bob ")),
+                         ("candidate_groups", ("fin\tance",)), ("escalate_user", "lee "),
+                         ("escalate_group", " finance-leads")):
+        with pytest.raises(PlanError, match=f"{field}.*(spaces around it|control character)"):
+            Plan.build("p", 1, "t", [Step("t", "task", decisions={"ok": "a"},
+                                          task=TaskSpec(title="x", **{field: value})), Step("a", "action")])
+    Plan.build("p", 1, "t", [Step("t", "task", decisions={"ok": "a"},
+                                  task=TaskSpec(title="x", assignee="ann smith", escalate_group="finance leads")),
+                             Step("a", "action")])
+
+
 def test_entering_a_task_opens_it_with_its_timers() -> None:
     plan = _plan()
     start = InstanceView("00000000-0000-0000-0000-000000000001", "RUNNING", "start", 1,

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.core.bounds import is_whole
-from stepstone.core.limits import MAX_INT4
+from stepstone.core.limits import MAX_INT4, label_problem
 from stepstone.core.timestamps import storable, within_max
 
 JSON = Any
@@ -96,7 +96,18 @@ class TaskSpec:
                          f"(or from_state(...)), got {self.priority!r}")
         if self.escalate_user and self.escalate_group:
             found.append(f"{where}: escalate to a user or to a group, not both")
+        found.extend(f"{where}: {what} {problem}" for what, name in self._literal_names()
+                     if (problem := label_problem(name)) is not None)
         return found
+
+    def _literal_names(self) -> list[tuple[str, str]]:
+        """The user and group names the declaration gives as text (not `from_state`): a name no user or group
+        can have (`label_problem`) would give the task, or its escalation, to nobody."""
+        named = [(what, getattr(self, what)) for what in ("assignee", "owner", "escalate_user", "escalate_group")]
+        for what in ("candidate_users", "candidate_groups"):
+            value = getattr(self, what)
+            named.extend((what, v) for v in (value if isinstance(value, list | tuple) else [value]))
+        return [(what, value) for what, value in named if isinstance(value, str)]
 
 
 def is_priority(value: JSON) -> bool:
