@@ -158,3 +158,31 @@ async def test_a_version_recorded_without_its_payload_paths_gets_them_when_a_wor
     await record_definitions(engine.store.definitions, registry)
     assert "canary" not in (await http.get(f"/api/v1/instances/{iid}/commands", headers=auth)).text
     assert "canary" not in (await http.get(f"/api/v1/instances/{iid}", headers=auth)).text
+
+
+async def test_a_refused_completion_shows_the_winners_payload_redacted(
+    setup: tuple[Engine, httpx.AsyncClient, dict[str, str]],
+) -> None:
+    """A completion refused because another one won (TaskNotOpen, 409) carries the winning completion, so the
+    caller learns who decided what; its payload came whole, a sensitive field included, where every view of
+    the task shows it redacted. The 409 body shows it redacted now."""
+    engine, http, auth = setup
+    iid = await engine.client.start(payment, {"order": "o-3", "card": CARD, "holder": {"name": "Ann"}})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "otp", {"otp": OTP})
+    await engine.advance(10)
+    await engine.run_until_idle()
+    (task,) = (await http.get("/api/v1/tasks?mode=all", headers=auth)).json()["items"]
+    won = await http.post(f"/api/v1/tasks/{task['id']}/complete", headers=auth,
+                          json={"decision": "ok", "payload": {"code": CODE, "note": "fine"}})
+    assert won.status_code == 202, won.text
+    for _ in range(2):  # while the completion is pending (COMPLETING), then once it completed
+        again = await http.post(f"/api/v1/tasks/{task['id']}/complete", headers=auth,
+                                json={"decision": "ok", "payload": {"code": "other", "note": "late"}})
+        assert again.status_code == 409, again.text
+        body = again.json()
+        assert body["error"] == "TaskNotOpen" and body["completion"]["actor"] == "mia"
+        assert body["completion"]["payload"] == {"code": REDACTED, "note": "fine"}
+        assert "canary" not in again.text
+        await engine.run_until_idle()
+    assert (await engine.client.get(iid)).state["code"] == CODE

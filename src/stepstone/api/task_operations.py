@@ -17,7 +17,7 @@ from stepstone.api.auth import Principal
 from stepstone.api.context import ApiContext, require
 from stepstone.client import Client
 from stepstone.client_tasks import TaskFilter, TaskInfo, decode_task_cursor
-from stepstone.errors import TaskNotFound
+from stepstone.errors import TaskNotFound, TaskRefused
 
 __all__ = ["claim", "complete", "count", "delegate", "inbox", "reassign", "resolve", "task", "unclaim"]
 
@@ -86,10 +86,17 @@ async def _work(
     ctx: ApiContext, who: Principal, task_id: str, admin: bool,
     act: Callable[[Client], Awaitable[Any]],
 ) -> tuple[Any, str]:
-    """Check the caller may work on the task (task_worker; admin for an override), then `act`."""
-    _, scope = await _visible(ctx, who, task_id)
+    """Check the caller may work on the task (task_worker; admin for an override), then `act`. A refusal
+    that carries the task's recorded completion (TaskNotOpen: the one that won) shows it as the task's
+    views do, its payload redacted, since the error's body is one more view of the task."""
+    info, scope = await _visible(ctx, who, task_id)
     require(who, "admin" if admin else "task_worker", scope)
-    return await act(ctx.client(who.actor)), scope
+    try:
+        return await act(ctx.client(who.actor)), scope
+    except TaskRefused as refused:
+        if refused.completion is not None:
+            refused.completion = (await _plain(ctx, replace(info, completion=refused.completion), scope))["completion"]
+        raise
 
 
 async def claim(ctx: ApiContext, who: Principal, task_id: str, *, admin: bool) -> dict[str, Any]:
