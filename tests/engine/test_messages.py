@@ -7,10 +7,12 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
 
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.cli.instances import describe_wait
 from stepstone.core.effects import Subscribe
 from stepstone.core.model import Decision
@@ -412,3 +414,39 @@ async def test_a_group_commit_never_takes_a_correlation_lock_before_another_inst
     # says a group was aborted (PostgreSQL's deadlock count is flushed late, so it is not looked at).
     assert [r.getMessage() for r in caplog.records if "DeadlockDetected" in r.getMessage()] == []
     assert await conn.fetchval("SELECT count(*) FROM stepstone.subscriptions WHERE status = 'OPEN'") == 4
+
+
+# A message buffered for a wait the instance reaches while it holds as many open signals as it may.
+held_back = Workflow("held_back", version=1)
+held_back.timer("pause", delay=10, next="await_m", start=True)
+held_back.wait("await_m", messages={"m": "await_other"}, correlation="k")
+held_back.wait("await_other", signals={"other": "closing"})
+
+
+@held_back.step(next=None)
+async def closing(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["done"] = True
+
+
+async def test_a_buffered_message_reaches_its_wait_whatever_the_instance_holds(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """The open-signal cap refuses what arrives from outside. A message buffered before its wait opened had
+    arrived already (and counted against its key's buffer), but the commit that enters the wait and takes
+    it recorded its MESSAGE command through the same capped trigger: an instance at its cap (here 1, a
+    parked signal for a later wait) failed that commit, "segment crashed: ... holds 1 open signals and
+    messages", claim after claim. Taking a buffered message is now not counted as an arrival."""
+    name = await conn.fetchval("SELECT current_database()")
+    await conn.execute(f'ALTER DATABASE "{name}" SET stepstone.max_open_signals = 1')  # new sessions see it
+    async with open_engine(database_url, Registry(held_back), concurrency=1, max_claims=2) as engine:
+        iid = await engine.client.start(held_back, {"k": "k-held"})
+        await engine.run_until_idle()
+        await engine.client.signal(iid, "other", {"n": 1})  # parked: the instance is at the pause
+        assert (await engine.client.publish_message("m", "k-held", {"n": 2}, ttl=600)).outcome == "buffered"
+        with pytest.raises(OpenSignalLimit):  # the cap still holds for what comes from outside
+            await engine.client.signal(iid, "other", {"n": 3})
+        await engine.move_clock(11)
+        await engine.run_until_idle()
+        info = await engine.client.get(iid)
+        assert (info.status, info.state.get("done")) == ("COMPLETED", True), info
+    assert await conn.fetchval("SELECT status FROM stepstone.messages") == "DELIVERED"

@@ -2273,7 +2273,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- A signal, message or task completion recorded for a position (one trigger, so a signal pays one call):
--- * past the cap it is refused (signals and messages only);
+-- * past the cap it is refused (signals and messages only; not a buffered message the commit entering
+--   its wait takes: it arrived when it was published, migration 0068);
 -- * the timers it must not lose to move behind it in the position's queue: a wait's timeout not yet
 --   due (a signal or message recorded before the timeout's fire time wins), and every pending timer
 --   of a task (its due date, reminder and expiry wait while the completion is pending).
@@ -2282,7 +2283,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_cap integer;
 BEGIN
-    IF NEW.kind <> 'TASK_COMPLETION' THEN
+    IF NEW.kind <> 'TASK_COMPLETION' AND NOT (NEW.kind = 'MESSAGE' AND NEW.payload ? 'buffered') THEN
         v_cap := {{schema}}.max_open_signals();
         IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
                                   WHERE c.instance_id = NEW.instance_id AND c.kind IN ('SIGNAL', 'MESSAGE')
@@ -5090,9 +5091,10 @@ END $$;
 -- claim_heads (in the version 36 section) returns its batch in the order the commands became claimable;
 -- why: the migration's header.
 
--- ==== version 68 (migration 0068_one_message_id_one_lock) ====
--- publish_message (in the version 7 section) takes a lock on its message id before the correlation key's;
--- why: the migration's header.
+-- ==== version 68 (migration 0068_message_ids_and_buffered_deliveries) ====
+-- publish_message (in the version 7 section) takes a lock on its message id before the correlation key's, and
+-- command_recorded (in the version 7 section) does not count a buffered message a wait takes against the
+-- open-signal cap; why: the migration's header.
 
 -- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
 -- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;

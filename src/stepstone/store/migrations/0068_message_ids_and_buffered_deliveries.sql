@@ -9,7 +9,17 @@
 -- one id serialize and the second finds the first's row: duplicate with the same content, conflict with
 -- another. Lock order: the message id's lock comes right before the correlation key's (a publisher holds no
 -- instance row when it takes either; a subscribing commit takes key locks only).
--- Expand only: publish_message replaced with the same signature.
+--
+-- A buffered message the commit entering its wait takes was counted as a new arrival.
+--
+-- The open-signal cap (trigger commands_recorded, migration 0007) refuses a signal or message recorded for an
+-- instance that holds max_open_signals open ones. open_subscriptions records a MESSAGE command for the
+-- buffered message a wait takes, in the commit that enters the wait, through the same trigger: an instance
+-- at its cap (parked signals for later waits) failed that commit with SQLSTATE SC429 ("segment crashed"),
+-- claim after claim, and never got on. That message arrived when it was published (and counted against its
+-- key's buffer then); a wait takes at most one, so it cannot flood the instance. The trigger now leaves such
+-- a command (a MESSAGE whose payload says `buffered`, which only open_subscriptions writes) out of the cap.
+-- Expand only: publish_message and command_recorded replaced with the same signatures.
 CREATE OR REPLACE FUNCTION {{schema}}.publish_message(p_name text, p_key text, p_payload jsonb, p_message_id text,
                                            p_ttl float8, p_all boolean, p_fingerprint text)
 RETURNS TABLE (outcome text, deliveries jsonb, expires_at timestamptz, status text)
@@ -84,4 +94,29 @@ BEGIN
     VALUES (p_message_id, p_name, p_key, p_payload, p_fingerprint, v_status, v_delivered, v_now, v_expires,
             CASE WHEN v_status = 'DELIVERED' THEN v_now END);
     RETURN QUERY SELECT lower(v_status), v_delivered, v_expires, v_status;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.command_recorded() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cap integer;
+BEGIN
+    IF NEW.kind <> 'TASK_COMPLETION' AND NOT (NEW.kind = 'MESSAGE' AND NEW.payload ? 'buffered') THEN
+        v_cap := {{schema}}.max_open_signals();
+        IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
+                                  WHERE c.instance_id = NEW.instance_id AND c.kind IN ('SIGNAL', 'MESSAGE')
+                                    AND c.state IN ('PENDING', 'DEFERRED', 'PARKED')
+                                  LIMIT v_cap) AS open_ones) >= v_cap THEN
+            RAISE EXCEPTION 'stepstone: instance % holds % open signals and messages, the most it may',
+                NEW.instance_id, v_cap USING ERRCODE = 'SC429', DETAIL = v_cap::text;
+        END IF;
+    END IF;
+    UPDATE {{schema}}.commands c SET seq = nextval('{{schema}}.command_seq')
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position AND x.kind = 'TIMER'
+                     -- the queue index, by instance and position (migration 0028)
+                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE AND x.seq < NEW.seq
+                     AND (NEW.kind = 'TASK_COMPLETION' OR (x.name = 'timeout' AND x.available_at > NEW.created_at))
+                   ORDER BY x.id FOR UPDATE);
+    RETURN NEW;
 END $$;
