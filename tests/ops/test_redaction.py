@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from typing import Annotated
 
 import asyncpg
 import pytest
+from pydantic import BaseModel
 
-from stepstone.authoring.sensitive import sensitive_paths
+from stepstone.authoring.sensitive import Sensitive, sensitive_paths
+from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.redaction import REDACTED, Redaction
 from stepstone.ops import Operations
-from stepstone.testing import Engine
+from stepstone.testing import Engine, open_engine
 from tests.ops import workflows
 
 PIN = "7734-pin-canary"
@@ -231,3 +234,33 @@ async def test_an_instance_in_a_scope_without_its_own_registration_is_redacted_t
     assert "canary" not in history and REDACTED in history
     shown = json.dumps([(await ops.detail(iid)).as_dict() for iid in (single, *batch)], default=str)
     assert "canary" not in shown
+
+
+class _Card(BaseModel):
+    order: str
+    card: Annotated[str, Sensitive]
+
+
+card_check: Workflow[_Card] = Workflow("ops_card_check", version=1, state=_Card)
+card_check.task("check", title="Check card {card} of order {order}", description="The card is {card}.",
+                decisions={"ok": "$end"}, show=("order", "card"), candidate_users=["mia"], start=True)
+
+
+async def test_a_task_title_that_names_a_sensitive_field_is_stored_redacted(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """A task's title and description fill `{field}` from the state. Its TASK_OPENED history entry had the
+    sensitive value scrubbed, but the task row kept it in both, and every view of the task (the inbox, the
+    API, the UI, `stepstone tasks show`) showed it, where the same field among the task's `show` is shown
+    redacted. The commit that opens the task now scrubs the title and the description as it scrubs the
+    texts of history."""
+    card = "4111-title-canary-8"
+    async with open_engine(database_url, Registry(card_check)) as engine:
+        iid = await engine.client.start(card_check, {"order": "o-7", "card": card})
+        await engine.run_until_idle()
+        (task,) = await engine.client.instance_tasks(iid)
+        info = await engine.client.task(str(task["id"]))
+        assert (info.title, info.description) == (f"Check card {REDACTED} of order o-7", f"The card is {REDACTED}.")
+        row = await conn.fetchrow("SELECT title, description FROM stepstone.tasks")
+        history = await conn.fetchval("SELECT string_agg(data::text, ' ') FROM stepstone.history")
+        assert "canary" not in json.dumps([*row.values(), history])

@@ -19,6 +19,7 @@ from stepstone.core.effects import (
     IfStopped,
     MovePosition,
     NotifyParent,
+    OpenTask,
     RecordHistory,
     RedactClaimedPayload,
     SetState,
@@ -283,6 +284,11 @@ class Redaction:
             return replace(effect, error=self.scrub(effect.error, secrets))
         if isinstance(effect, NotifyParent):
             return replace(effect, payload=self._report(effect.payload, secrets))
+        if isinstance(effect, OpenTask) and isinstance(effect.task, dict):
+            # The title and the description fill `{field}` from the state: texts every view of the task shows.
+            return replace(effect, task={**effect.task, **{k: self.text(effect.task[k], secrets)
+                                                           for k in ("title", "description")
+                                                           if isinstance(effect.task.get(k), str)}})
         if isinstance(effect, IfStopped):
             return IfStopped(tuple(self._effect(e, secrets) for e in effect.stopped),
                              tuple(self._effect(e, secrets) for e in effect.passed))
