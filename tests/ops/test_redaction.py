@@ -264,3 +264,25 @@ async def test_a_task_title_that_names_a_sensitive_field_is_stored_redacted(
         row = await conn.fetchrow("SELECT title, description FROM stepstone.tasks")
         history = await conn.fetchval("SELECT string_agg(data::text, ' ') FROM stepstone.history")
         assert "canary" not in json.dumps([*row.values(), history])
+
+
+async def test_the_cli_shows_a_tasks_sensitive_fields_redacted(database_url: str) -> None:
+    """`stepstone tasks show` and `tasks list` printed the fields a task shows as the task row keeps them, a
+    sensitive one whole, where the API, the UI and this page's docs (operations.md, "Output") show it
+    redacted. They go through the same redaction as the API's views now."""
+    from tests.ops.test_cli_operations import run  # noqa: PLC0415 - the one CLI runner of these tests
+
+    card = "4111-shown-canary-3"
+    async with open_engine(database_url, Registry(card_check)) as engine:
+        iid = await engine.client.start(card_check, {"order": "o-8", "card": card})
+        await engine.run_until_idle()
+        (task,) = await engine.client.instance_tasks(iid)
+        assert (await engine.client.task(str(task["id"]))).data == {"order": "o-8", "card": card}  # the row
+    shown = []
+    for args in (("tasks", "show", str(task["id"])), ("tasks", "list", "--mode", "all")):
+        for fmt in ((), ("-o", "json")):
+            result = await run(database_url, *args, *fmt)
+            assert result.exit_code == 0, f"{args}: {result.output}"
+            shown.append(result.output)
+    assert "canary" not in "\n".join(shown), "\n".join(shown)
+    assert "o-8" in "\n".join(shown)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
-from typing import Any, TypeVar
+from dataclasses import asdict, replace
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -31,9 +31,10 @@ from stepstone.cli.common import (
 from stepstone.cli.instances import _jsonable, _time, _with_client, parse_json
 from stepstone.client import Client
 from stepstone.client_task_filters import INBOX_MODES
-from stepstone.client_tasks import SavedTaskFilter, TaskFilter, TaskInfo
+from stepstone.client_tasks import SavedTaskFilter, TaskCompletion, TaskFilter, TaskInfo, TaskPage
 from stepstone.config import Settings
 from stepstone.core.pin import DEFAULT_SCOPE
+from stepstone.store.management import open_management
 
 __all__ = ["commands"]
 
@@ -63,7 +64,29 @@ def _admin_option(func: Callable[..., T]) -> Callable[..., T]:
 
 
 def _run(settings: Settings, registry: Registry | None, work: Callable[[Client], Awaitable[T]]) -> T:
-    return _with_client(settings, registry, work)
+    """`work` on a client; the tasks it answers (a task, a page, a completion) as every view shows them."""
+    async def shown(client: Client) -> T:
+        return await _shown(client, await work(client))
+
+    return _with_client(settings, registry, shown)
+
+
+async def _shown(client: Client, result: T) -> T:
+    """The result with its tasks' shown fields and completion payloads redacted, as the API and the UI show
+    them (docs/operations.md, Redaction): the task row keeps them whole."""
+    tasks: list[TaskInfo] = (
+        result.tasks if isinstance(result, TaskPage) else [result.task] if isinstance(result, TaskCompletion)
+        else [result] if isinstance(result, TaskInfo) else [])
+    if not tasks:
+        return result
+    rows = await open_management(client.store).shown_tasks([vars(t) for t in tasks])
+    shown: list[TaskInfo] = [replace(t, data=r["data"], completion=r["completion"])
+                             for t, r in zip(tasks, rows, strict=True)]
+    if isinstance(result, TaskPage):
+        return cast(T, replace(result, tasks=shown))
+    if isinstance(result, TaskCompletion):
+        return cast(T, replace(result, task=shown[0]))
+    return cast(T, shown[0])
 
 
 def _task_json(task: TaskInfo) -> dict[str, Any]:

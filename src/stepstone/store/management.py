@@ -87,6 +87,13 @@ class PostgresManagement:
         rows = await self._fetch("instance_redactions", keys) if keys else []
         return {str(r["id"]): Redaction.of_document(r["sensitive"], r["sensitive_payloads"]) for r in rows}
 
+    async def shown_tasks(self, tasks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tasks (`TaskInfo` fields) as every view shows them, the API's, the UI's and the CLI's: the state
+        fields each shows and its completion's payload redacted by its instance's registration."""
+        redactions = await self.redactions([str(t["instance_id"]) for t in tasks]) if tasks else {}
+        return [task if (redaction := redactions.get(str(task["instance_id"]))) is None
+                else redaction.shown_task(task) for task in tasks]
+
     async def _redaction(self, instance_id: str) -> Redaction:
         return (await self.redactions([instance_id])).get(instance_id, Redaction())
 

@@ -50,6 +50,9 @@ class ManagementStore(Protocol):
     async def redactions(self, instance_ids: Sequence[str]) -> dict[str, Redaction]:
         """The redaction of each instance its registration stores (missing ones left out)."""
         ...
+    async def shown_tasks(self, tasks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Tasks (`TaskInfo` fields) as every view shows them: shown fields and completion payloads redacted."""
+        ...
     async def instance_stamp(self, instance_id: str) -> tuple[str, datetime] | None: ...
     async def instances_page(
         self, scopes: Sequence[str] | None, *, status: str | None, definition: str | None,
