@@ -242,8 +242,8 @@ class TaskOperations(TaskFilterOperations):
         failing its model (`InvalidInput`), an actor who is neither assignee, owner nor candidate
         (`TaskNotPermitted`, unless `admin`), a task not OPEN (`TaskNotOpen`, carrying the completion
         that won), a changed state where the task requires version stability (`StateChangedSinceReview`).
-        The same `idempotency_key` with the same decision and payload returns the earlier completion;
-        with another, `IdempotencyConflict`."""
+        The same `idempotency_key` with the same decision and payload returns the earlier completion,
+        before any check of the payload; with another, `IdempotencyConflict`."""
         tid = self._task_text("task id", task_id)
         who = self._who(actor)
         self._task_text("decision", decision)
@@ -251,23 +251,29 @@ class TaskOperations(TaskFilterOperations):
             # A version the task's bigint column cannot hold reached the driver (its DataError).
             raise InvalidInput(f"reviewed_version must be a whole number from 0 to {MAX_INT8:,}, got "
                                f"{reviewed_version!r}", what="reviewed_version")
+        key = None if idempotency_key is None else self._task_text("idempotency key", idempotency_key)
         row = await self.store.get_task(tid)
-        if decision not in row["decisions"]:
-            raise UnknownDecision(decision, tid, tuple(row["decisions"]))
         if isinstance(payload, BaseModel):
             payload = payload.model_dump(mode="json")
         # The request as given: the same whether or not this client has the decision's model to fill defaults.
         fingerprint = _fingerprint("complete", decision, payload)
-        payload = self._checked_payload(row, decision, payload)
+        try:
+            if decision not in row["decisions"]:
+                raise UnknownDecision(decision, tid, tuple(row["decisions"]))
+            payload = self._checked_payload(row, decision, payload)
+        except InvalidInput:
+            # A completion recorded under this key with this request answers as recorded, before any payload
+            # check: this caller may check otherwise (another model, or the form) than the one that recorded it.
+            seen = None if key is None else await self.store.task_key_seen("TASK_COMPLETE", tid, key, fingerprint)
+            if seen == "duplicate":
+                return _completion(TaskInfo.from_row(await self.store.get_task(tid)), duplicate=True)
+            raise
         outcome, task, changed = await self.store.task_complete(
-            tid, decision, payload, actor=who, groups=self._groups(groups), force=admin,
-            key=None if idempotency_key is None else self._task_text("idempotency key", idempotency_key),
+            tid, decision, payload, actor=who, groups=self._groups(groups), force=admin, key=key,
             fingerprint=fingerprint, reviewed_version=reviewed_version,
         )
         if outcome in ("reserved", "duplicate"):
-            info = TaskInfo.from_row(task or {})
-            command = (info.completion or {}).get("command") if isinstance(info.completion, dict) else None
-            return TaskCompletion(info, None if command is None else int(command), duplicate=outcome == "duplicate")
+            return _completion(TaskInfo.from_row(task or {}), duplicate=outcome == "duplicate")
         if outcome == "stale":
             info = TaskInfo.from_row(task or {})
             raise StateChangedSinceReview(
@@ -430,6 +436,12 @@ def _check_form(form: Any, decision: str, payload: Any) -> Any:
     if problem is not None:
         raise InvalidInput(f"payload of decision {decision!r} is invalid: {problem}", what="payload")
     return payload
+
+
+def _completion(info: TaskInfo, *, duplicate: bool) -> TaskCompletion:
+    """A completion's answer: the task as it is now and the command its recorded completion names."""
+    command = info.completion.get("command") if isinstance(info.completion, dict) else None
+    return TaskCompletion(info, None if command is None else int(command), duplicate=duplicate)
 
 
 def _may_work(task: dict[str, Any], who: str, groups: Sequence[str]) -> bool:

@@ -134,6 +134,27 @@ async def test_a_client_without_the_workflow_checks_the_payload_by_the_form(
     assert done.task.completion["payload"] == {"comment": "ok", "approved_amount": 3}
 
 
+async def test_a_recorded_completion_repeated_with_its_key_is_a_duplicate_before_any_payload_check(
+    engine: Engine,
+) -> None:
+    """A completion recorded under an idempotency key, repeated with the same key and request by a caller that
+    checks the payload otherwise (here by the task's form, strictly, where the first caller's model took
+    "12" for a number), was refused InvalidInput: the caller could not learn that its completion was recorded.
+    A committed duplicate answers before any payload check (the seed's rule); another request is still
+    checked, and refused."""
+    _, tid = await _open_expense(engine)
+    request = {"comment": "ok", "approved_amount": "12"}
+    first = await engine.client.complete_task(tid, "approve", request, actor="alice", groups=["finance"],
+                                              idempotency_key="c-12")
+    assert not first.duplicate
+    bare = Client(engine.store, Registry(), actor="alice")
+    again = await bare.complete_task(tid, "approve", request, groups=["finance"], idempotency_key="c-12")
+    assert again.duplicate and again.command_id == first.command_id
+    with pytest.raises(InvalidInput, match="approved_amount"):  # not the recorded request: checked as ever
+        await bare.complete_task(tid, "approve", {"comment": "ok", "approved_amount": "13"}, groups=["finance"],
+                                 idempotency_key="c-12")
+
+
 async def test_a_user_name_no_token_can_have_is_refused(engine: Engine, conn: asyncpg.Connection) -> None:
     """A task given to " bob" (a pasted name) or "bob\n" was in nobody's inbox: a token's name, the user of
     an inbox, never has spaces around it nor a control character. Such names are refused, nothing changed."""

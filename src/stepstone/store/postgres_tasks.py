@@ -118,6 +118,10 @@ class TaskQueries:
                                    force, key, fingerprint, reviewed_version)
         return str(row["outcome"]), row["task"], list(row["changed"] or [])
 
+    async def task_key_seen(self, kind: str, task_id: str, key: str, fingerprint: str) -> str | None:
+        seen = (await self._task_row("task_key_seen", kind, _task_uuid(task_id), key, fingerprint))["seen"]
+        return None if seen is None else str(seen)
+
     async def task_reassign_all(
         self, from_user: str, to_user: str, *, actor: str, reason: str, dry_run: bool,
     ) -> tuple[int, int]:

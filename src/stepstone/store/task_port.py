@@ -70,6 +70,10 @@ class TaskStore(Protocol):
         self, task_id: str, decision: str, payload: Any, *, actor: str, groups: Sequence[str], force: bool,
         key: str | None, fingerprint: str, reviewed_version: int | None,
     ) -> tuple[str, dict[str, Any] | None, list[str]]: ...
+    async def task_key_seen(self, kind: str, task_id: str, key: str, fingerprint: str) -> str | None:
+        """'duplicate', 'conflict' or None: whether a task operation (kind TASK_COMPLETE or TASK_OP) was
+        recorded under `key`, and with this request."""
+        ...
     async def task_reassign_all(
         self, from_user: str, to_user: str, *, actor: str, reason: str, dry_run: bool,
     ) -> tuple[int, int]: ...

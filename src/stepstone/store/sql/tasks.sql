@@ -69,6 +69,10 @@ SELECT outcome, task FROM {{schema}}.task_assign($1, $2, $3, $4, $5, $6, $7, $8,
 -- name: task_complete
 SELECT outcome, task, changed FROM {{schema}}.task_complete($1, $2, $3, $4, $5, $6, $7, $8, $9);
 
+-- name: task_key_seen
+-- A task operation's idempotency key seen before: 'duplicate' (same request), 'conflict' (another), or NULL.
+SELECT {{schema}}.task_key_seen($1, $2, $3, $4) AS seen;
+
 -- name: task_reassign_all
 SELECT reassigned, skipped FROM {{schema}}.task_reassign_all($1, $2, $3, $4, $5);
 
