@@ -61,9 +61,13 @@ class GroupCommitter:
             self._flusher = None
 
     async def _flush(self, batch: list[tuple[CommitRequest, asyncio.Future[Committed | None]]]) -> None:
-        for request, future in [item for item in batch if _alone(item[0])]:  # first: see the module's docstring
+        alone: list[tuple[CommitRequest, asyncio.Future[Committed | None]]] = []
+        grouped: list[tuple[CommitRequest, asyncio.Future[Committed | None]]] = []
+        for item in batch:
+            (alone if _alone(item[0]) else grouped).append(item)
+        for request, future in alone:  # first: see the module's docstring
             await self._flush_one(request, future)
-        batch = [item for item in batch if not _alone(item[0])]
+        batch = grouped
         if len(batch) <= 1:
             for request, future in batch:
                 await self._flush_one(request, future)
