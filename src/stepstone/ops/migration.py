@@ -9,10 +9,10 @@ the instance's version, else by the same name) to a step of the target of the sa
 a wait that accepts every signal and message the old one accepted and has a timeout exactly when the old
 one had; a fork with live branches keeps its name and each live branch's mapped step still leads to that
 fork's join in the target, whose need (counted on the instance's branches) is the source's: the join's
-progress is kept as it is; a waiting task or message wait keeps its name (its task or subscription names
-the step); every open command's step and every queued signal still exists in the target; and the state
-`state_transform` returns fits the target's state model. Each instance is answered: migrated, refused
-(with why) or skipped (already on the target, or ended).
+progress is kept as it is; a waiting task, external step or message wait keeps its name (its task or
+subscription names the step); every open command's step and every queued signal still exists in the
+target; and the state `state_transform` returns fits the target's state model. Each instance is
+answered: migrated, refused (with why) or skipped (already on the target, or ended).
 
 An accepted migration is one fenced transaction between two segments (`migrate_in_order`,
 migrations 0008 and 0017) at its place in the instance's command order, reserved when it is first
@@ -252,6 +252,9 @@ def _position_target(
         lost = sorted(set((was.get("decisions") or {}).keys()) - set(goal.decisions))
         if lost:
             raise _Refused(f"task {step!r} accepts decision(s) {', '.join(lost)}, which v{target.version} does not")
+    elif goal.kind == "external" and waiting and mapped != step:
+        # its open task names the step, and a fetch hands out only a task its position waits for at that step
+        raise _Refused(f"external step {step!r} is waiting for its task: it keeps its name ({mapped!r} given)")
     elif goal.kind == "fork" and waiting:
         if mapped != step:  # the branches' paths and their reports name the fork
             raise _Refused(f"fork {step!r} has live branches: it keeps its name ({mapped!r} given)")
