@@ -18,6 +18,7 @@ import asyncpg
 
 from stepstone.bench.common import bench_queries, seed_waiting
 from stepstone.bench.workflows import waiting
+from stepstone.core.model import MAY_RUN
 from stepstone.core.pin import pin_of
 from stepstone.store.management import management_queries
 from stepstone.store.queries import named_queries
@@ -58,6 +59,7 @@ def _cases(instance: Any, key: str, command: int) -> dict[str, tuple[str, str, l
     registry = named_queries("registry.sql", "stepstone")
     ops = named_queries("operations.sql", "stepstone")
     every = [None] * 11 + [True]  # operations.sql's instance_filter: nothing, archived too
+    live = list(MAY_RUN)
     by_key = [None, None, None, None, key, *every[5:]]
     return {
         "external tasks of an instance": ("external_tasks", external, [None, None, None, 51, None, None],
@@ -72,7 +74,7 @@ def _cases(instance: Any, key: str, command: int) -> dict[str, tuple[str, str, l
         "dead letters, one scope": ("commands", dead, [None, None, 51, None], [["t5"], None, 51, None]),
         "dead letters, next page": ("commands", dead, [None, None, 51, None], [None, command, 51, None]),
         "migration candidates, one scope": ("instances", registry["migration_candidates"],
-                                            ["waiting", 1, None, 100], ["waiting", 1, "t5", 100]),
+                                            ["waiting", 1, None, 100, live], ["waiting", 1, "t5", 100, live]),
         "probe, one instance": ("commands", ops["open_commands"], [*every, None, 100], [*every, instance, 100]),
         "probe, a business key": ("commands", ops["open_commands"], [*every, None, 100], [*by_key, None, 100]),
         "stuck, a business key": ("commands", ops["stuck"], [*every, 60.0, 100], [*by_key, 60.0, 100]),

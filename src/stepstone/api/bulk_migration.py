@@ -6,8 +6,8 @@ Authorization is that of the other bulk actions (`stepstone.api.bulk_operations.
 operator role where the instances live; another scope's instance is "no such instance". The target
 of each instance is `to_version` of its own workflow in this server's registry (its --app); an
 instance whose workflow has no such version there is refused, saying so. A filter without a status
-matches the instances that may still run (PENDING, RUNNING, WAITING, FAILED), as the CLI's batch
-migration does; one matching more than `MAX_MATCHED` instances is refused whole (narrow it).
+matches the instances that may still run (every status but the ends: core.model.MAY_RUN), as the
+CLI's batch migration does; one matching more than `MAX_MATCHED` instances is refused whole (narrow it).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 from stepstone.api.auth import Principal
 from stepstone.api.bulk_operations import authorized
 from stepstone.api.context import ApiContext
+from stepstone.core.model import MAY_RUN
 from stepstone.errors import InstanceNotFound, InvalidInput
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.ops.migration import DEFAULT_PATIENCE
@@ -29,8 +30,6 @@ __all__ = ["MAX_MATCHED", "MAY_RUN", "bulk_migrate"]
 
 MAX_MATCHED = 10_000
 """A filter matching more instances than this is refused: each migration is checked one by one."""
-MAY_RUN = ("PENDING", "RUNNING", "WAITING", "FAILED")
-"""The statuses a filter without one matches: the instances a migration can still move."""
 _PAGE = 1000
 _NOT_OK = ("refused", "not_found", "forbidden")
 

@@ -39,6 +39,9 @@ TERMINAL = frozenset({COMPLETED, CANCELLED, COMPENSATED, TIMED_OUT})
 STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED, COMPENSATING, COMPENSATED, TIMED_OUT,
             COMPENSATION_FAILED)
 """Every status an instance can have, in the order the CLI and the UI offer them as filters."""
+MAY_RUN = tuple(s for s in STATUSES if s not in TERMINAL)
+"""The statuses of an instance that may still run on its pinned version (a FAILED or COMPENSATION_FAILED one
+once an operator retries it): the instances a batch migration moves."""
 
 CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY", "BRANCH_DONE", "CHILD_COMPLETION",
                       "EXTERNAL_COMPLETION", "COMPENSATE", "TASK_COMPLETION", "MESSAGE"]

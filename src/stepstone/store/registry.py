@@ -24,6 +24,7 @@ from typing import Any
 
 import asyncpg
 
+from stepstone.core.model import MAY_RUN
 from stepstone.core.pin import DEFAULT_SCOPE, Pin
 from stepstone.errors import (
     DefinitionDrift,
@@ -349,7 +350,8 @@ class PostgresRegistry:
     async def migration_candidates(
         self, definition_id: str, version: int, scope: str | None, limit: int
     ) -> list[str]:
-        return [str(r["id"]) for r in await self._fetch("migration_candidates", definition_id, version, scope, limit)]
+        rows = await self._fetch("migration_candidates", definition_id, version, scope, limit, list(MAY_RUN))
+        return [str(r["id"]) for r in rows]
 
     async def reserve_command_seq(self) -> int:
         row = await self._fetchrow("reserve_command_seq")

@@ -228,10 +228,11 @@ JOIN {{schema}}.definitions d ON d.scope = i.definition_scope AND d.definition_i
 WHERE i.id = $1;
 
 -- name: migration_candidates
--- Instances of a definition version a batch migration considers (oldest first).
+-- Instances of a definition version a batch migration considers (oldest first): those whose status is
+-- one of $5 (core.model.MAY_RUN: every status but the ends).
 SELECT i.id FROM {{schema}}.instances i
 WHERE i.definition_id = $1 AND i.version = $2 AND ($3::text IS NULL OR i.scope = $3)
-  AND i.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED')
+  AND i.status = ANY($5::text[])
 ORDER BY i.created_at, i.id
 LIMIT $4;
 

@@ -1,0 +1,64 @@
+"""A saga that may still run (COMPENSATING, or COMPENSATION_FAILED until an operator retries it) is moved by a
+migration like any other live instance: that is how a compensation fixed in a new version reaches it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
+from stepstone.testing import Engine, open_engine
+
+
+class Declined(Exception):
+    pass
+
+
+def _trip(version: int) -> Workflow[Any]:
+    wf: Workflow[Any] = Workflow("ms_trip", version=version)
+
+    @wf.step(start=True, next="pay")
+    async def book(_ctx: StepContext, state: dict[str, Any]) -> None:
+        state["booked"] = True
+
+    @wf.compensation("book", retry=Retry(max_attempts=1))
+    async def unbook(_ctx: CompensationContext, state: dict[str, Any], _recorded: Any) -> None:
+        if version == 1:
+            raise RuntimeError("v1's compensation is broken")
+        state["unbooked"] = True
+
+    @wf.step(next=None, retry=Retry(max_attempts=1))
+    async def pay(_ctx: StepContext, _state: dict[str, Any]) -> None:
+        raise Declined("card declined")
+
+    return wf
+
+
+trip_v1, trip_v2 = _trip(1), _trip(2)
+
+
+async def _compensation_failed(engine: Engine) -> str:
+    iid = await engine.client.start(trip_v1, {})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPENSATION_FAILED"
+    return iid
+
+
+@pytest.fixture
+async def engine(database_url: str) -> Any:
+    async with open_engine(database_url, Registry(trip_v1, trip_v2)) as e:
+        yield e
+
+
+async def test_a_batch_migration_moves_a_saga_whose_compensation_failed(engine: Engine) -> None:
+    """The batch form (a definition and a from_version, as `stepstone definitions migrate --from-version`)
+    took only PENDING, RUNNING, WAITING and FAILED instances: it answered nothing for this one, which kept
+    v1's broken compensation, while naming it by id moved it."""
+    iid = await _compensation_failed(engine)
+    report = await engine.client.migrate(None, to=trip_v2, definition="ms_trip", from_version=1)
+    assert [(o.instance_id, o.outcome) for o in report.outcomes] == [(iid, "migrated")]
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.version, info.state) == ("COMPENSATED", 2, {"booked": True, "unbooked": True})
