@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
+from stepstone.errors import InvalidTransition
 from stepstone.testing import Engine, open_engine
 
 
@@ -62,3 +63,16 @@ async def test_a_batch_migration_moves_a_saga_whose_compensation_failed(engine: 
     await engine.run_until_idle()
     info = await engine.client.get(iid)
     assert (info.status, info.version, info.state) == ("COMPENSATED", 2, {"booked": True, "unbooked": True})
+
+
+async def test_a_saga_whose_compensation_failed_holds_back_its_versions_retirement(engine: Engine) -> None:
+    """An operator's retry runs its compensation again on the version it pins, as a FAILED instance's retry
+    runs its step: retiring that version was allowed (live pins counted FAILED and COMPENSATING only)."""
+    iid = await _compensation_failed(engine)
+    definitions = engine.store.definitions
+    await definitions.activate("default", "ms_trip", 2)
+    await definitions.transition("default", "ms_trip", 1, "DEPRECATED")
+    with pytest.raises(InvalidTransition, match="still pins 1 instance"):
+        await definitions.transition("default", "ms_trip", 1, "RETIRED")
+    await engine.client.migrate(iid, to=trip_v2)
+    assert await definitions.transition("default", "ms_trip", 1, "RETIRED") == "DEPRECATED"

@@ -41,7 +41,8 @@ STATUSES = (PENDING, RUNNING, WAITING, COMPLETED, FAILED, CANCELLED, COMPENSATIN
 """Every status an instance can have, in the order the CLI and the UI offer them as filters."""
 MAY_RUN = tuple(s for s in STATUSES if s not in TERMINAL)
 """The statuses of an instance that may still run on its pinned version (a FAILED or COMPENSATION_FAILED one
-once an operator retries it): the instances a batch migration moves."""
+once an operator retries it): the instances a batch migration moves, and those that hold back the
+retirement of the version they pin."""
 
 CommandKind = Literal["START", "STEP", "SIGNAL", "TIMER", "RETRY", "BRANCH_DONE", "CHILD_COMPLETION",
                       "EXTERNAL_COMPLETION", "COMPENSATE", "TASK_COMPLETION", "MESSAGE"]

@@ -155,7 +155,8 @@ class PostgresRegistry:
             raise InvalidTransition(f"{where} is {row['status']}; deprecate it before retiring it",
                                     definition_id=row["definition_id"], version=row["version"])
         if row["status"] == "DEPRECATED":
-            live = int(await conn.fetchval(self.q["live_pins"], row["scope"], row["definition_id"], row["version"]))
+            live = int(await conn.fetchval(self.q["live_pins"], row["scope"], row["definition_id"], row["version"],
+                                           list(MAY_RUN)))
             if live:
                 raise InvalidTransition(
                     f"{where} still pins {live} instance(s) that may run; let them finish or migrate them first",

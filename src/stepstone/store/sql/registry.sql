@@ -77,11 +77,11 @@ WHERE scope = $1 AND definition_id = $2 AND version = $3 AND status = 'PUBLISHIN
 RETURNING status;
 
 -- name: live_pins
--- Instances pinned to exactly this scope's row of the version that may still run: a FAILED one runs
--- again when it is retried, a COMPENSATING one runs its compensations.
+-- Instances pinned to exactly this scope's row of the version that may still run, whose status is one
+-- of $4 (core.model.MAY_RUN): a FAILED one runs again when it is retried, a COMPENSATING one runs its
+-- compensations, and so does a COMPENSATION_FAILED one when it is retried.
 SELECT count(*) FROM {{schema}}.instances
-WHERE definition_scope = $1 AND definition_id = $2 AND version = $3
-  AND status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED', 'COMPENSATING');
+WHERE definition_scope = $1 AND definition_id = $2 AND version = $3 AND status = ANY($4::text[]);
 
 -- name: activation_of
 SELECT scope, definition_id, target_scope, version, activated_at, activated_by
