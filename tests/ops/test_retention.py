@@ -329,3 +329,23 @@ def test_a_retention_loop_sweeps_at_most_once_a_second(ops: Operations) -> None:
         with pytest.raises(InvalidInput, match="at least 1 s apart"):
             RetentionLoop(ops.store, interval)
     assert RetentionLoop(ops.store, 1.0).interval == 1.0
+
+
+async def test_a_purge_takes_the_compensation_records_of_its_instances(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    """A saga's steps keep what their compensation would undo (`ctx.record`) in `compensations`: a purge
+    deleted the instance, its positions, commands, history and tasks, and left those rows, with what
+    they recorded, for ever."""
+    done = await engine.client.start(workflows.booking, {"guest": "ada"})
+    await engine.run_until_idle()
+    kept = await engine.client.start(workflows.booking, {"guest": "bob"})
+    await engine.run_until_idle()
+    assert {(await engine.client.get(i)).status for i in (done, kept)} == {"COMPLETED"}
+    await conn.execute("UPDATE stepstone.instances SET ended_at = ended_at + interval '40 days' WHERE id = $1", kept)
+    await engine.move_clock(31 * DAY)
+    assert (await ops.retention_run()).archived == 1
+    await engine.move_clock(DAY + 60)
+    assert (await ops.retention_run()).purged == 1
+    rows = await conn.fetch("SELECT instance_id::text, recorded FROM stepstone.compensations ORDER BY id")
+    assert [r["instance_id"] for r in rows] == [kept]

@@ -7,7 +7,7 @@ from typing import Annotated
 import asyncpg
 from pydantic import BaseModel, Field
 
-from stepstone import Registry, Retry, StepContext, Workflow
+from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
 from stepstone.authoring.sensitive import Sensitive
 from stepstone.core.plan import Plan
 from stepstone.testing import Engine
@@ -262,7 +262,20 @@ def took_message(ctx: StepContext, state: Relayed) -> None:
     state.runs += 1
 
 
-registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping, relayed)
+booking: Workflow[dict[str, str]] = Workflow("ops_booking", version=1)
+
+
+@booking.step(start=True, next=None)
+def reserve(ctx: StepContext, state: dict[str, str]) -> None:
+    ctx.record({"reservation": f"r-{state['guest']}"})  # what its compensation would undo
+
+
+@booking.compensation("reserve")
+def unreserve(_ctx: CompensationContext, state: dict[str, str], recorded: dict[str, str]) -> None:
+    state["undone"] = recorded["reservation"]
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping, relayed, booking)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:

@@ -4539,8 +4539,9 @@ END $$;
 ALTER TABLE {{schema}}.external_tasks ADD COLUMN released_token uuid;
 
 -- An instance's task rows (human and external, with the data they show and the payloads of their
--- answers), the idempotency keys of its tasks' operations and its message subscriptions go with it when
--- it is deleted (retention's purge), as its positions, commands and history do.
+-- answers), the idempotency keys of its tasks' operations, its message subscriptions and its compensation
+-- records (what its saga steps kept to undo) go with it when it is deleted (retention's purge), as its
+-- positions, commands and history do.
 CREATE FUNCTION {{schema}}.instances_deleted() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -4549,6 +4550,7 @@ BEGIN
     DELETE FROM {{schema}}.tasks k USING gone g WHERE k.instance_id = g.id;
     DELETE FROM {{schema}}.external_tasks x USING gone g WHERE x.instance_id = g.id;
     DELETE FROM {{schema}}.subscriptions s USING gone g WHERE s.instance_id = g.id;
+    DELETE FROM {{schema}}.compensations k USING gone g WHERE k.instance_id = g.id;
     RETURN NULL;
 END $$;
 
@@ -5095,6 +5097,10 @@ END $$;
 -- publish_message (in the version 7 section) takes a lock on its message id before the correlation key's, and
 -- command_recorded (in the version 7 section) does not count a buffered message a wait takes against the
 -- open-signal cap; why: the migration's header.
+
+-- ==== version 70 (migration 0070_purge_takes_compensation_records) ====
+-- instances_deleted (in the version 49 section) deletes the instance's compensation records too; why: the
+-- migration's header.
 
 -- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
 -- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;
