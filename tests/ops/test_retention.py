@@ -349,3 +349,23 @@ async def test_a_purge_takes_the_compensation_records_of_its_instances(
     assert (await ops.retention_run()).purged == 1
     rows = await conn.fetch("SELECT instance_id::text, recorded FROM stepstone.compensations ORDER BY id")
     assert [r["instance_id"] for r in rows] == [kept]
+
+
+@pytest.mark.parametrize("ended", ["TIMED_OUT", "COMPENSATED"])
+async def test_a_parent_whose_child_ended_timed_out_or_compensated_is_swept(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection, ended: str
+) -> None:
+    """A child that ended TIMED_OUT or COMPENSATED reports nothing more to its parent; the sweep counted
+    only COMPLETED and CANCELLED children as ended, so it kept such a parent as active until the child
+    itself was purged (180 days later by the seeded windows)."""
+    [parent] = await _completed(engine, 1)
+    await conn.execute(
+        "INSERT INTO stepstone.instances (id, definition_id, version, plan_hash, status, state, step, parent_id, "
+        "created_at, updated_at, ended_at) VALUES (gen_random_uuid(), 'ops_flaky', 1, "
+        "(SELECT plan_hash FROM stepstone.definitions WHERE definition_id = 'ops_flaky' AND version = 1 LIMIT 1), "
+        "$2, '{}', 'work', $1, now(), now(), now())", parent, ended)
+    await engine.move_clock(32 * DAY)
+    report = await ops.retention_run()
+    assert (report.archived, report.skipped_active) == (1, 0)
+    archived = await conn.fetchval("SELECT id FROM stepstone.instances WHERE archived_at IS NOT NULL")
+    assert str(archived) == parent

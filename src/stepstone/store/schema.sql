@@ -3931,13 +3931,15 @@ BEGIN
     LEFT JOIN got ON got.instance_id = l.id
     WHERE COALESCE(total.n, 0) = COALESCE(got.n, 0) AND NOT COALESCE(got.leased, false);
     v_free := COALESCE(v_free, '{}');
-    -- Active: a command still to run, or a child that has not ended (it reports to this instance).
+    -- Active: a command still to run, or a child that has not ended (it reports to this instance; a
+    -- FAILED or COMPENSATION_FAILED one may still, once retried; one that ended COMPENSATED or TIMED_OUT
+    -- reports nothing more).
     -- Then, for a purge, events a consumer has not had.
     SELECT array_agg(f.id ORDER BY f.id) INTO v_ok FROM unnest(v_free) AS f(id)
     WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
                       WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
-                      WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED'))
+                      WHERE k.parent_id = f.id AND NOT {{schema}}.is_terminal(k.status))
       AND (p_phase = 'archive' OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox o
                                               WHERE o.instance_id = f.id AND o.published_at IS NULL));
     v_ok := COALESCE(v_ok, '{}');
@@ -3949,7 +3951,7 @@ BEGIN
                WHERE EXISTS (SELECT 1 FROM {{schema}}.commands c
                              WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
                   OR EXISTS (SELECT 1 FROM {{schema}}.instances k
-                             WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED')));
+                             WHERE k.parent_id = f.id AND NOT {{schema}}.is_terminal(k.status)));
     unsent := 0;
     dead := 0;
     IF p_phase = 'purge' THEN
@@ -3960,7 +3962,7 @@ BEGIN
               WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
                                 WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
                 AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
-                                WHERE k.parent_id = f.id AND k.status NOT IN ('COMPLETED', 'CANCELLED'))
+                                WHERE k.parent_id = f.id AND NOT {{schema}}.is_terminal(k.status))
               GROUP BY f.id) h;
     END IF;
     done_ids := v_ok;
@@ -5098,9 +5100,10 @@ END $$;
 -- command_recorded (in the version 7 section) does not count a buffered message a wait takes against the
 -- open-signal cap; why: the migration's header.
 
--- ==== version 70 (migration 0070_purge_takes_compensation_records) ====
--- instances_deleted (in the version 49 section) deletes the instance's compensation records too; why: the
--- migration's header.
+-- ==== version 70 (migration 0070_retention_fixes) ====
+-- instances_deleted (in the version 49 section) deletes the instance's compensation records too, and
+-- retention_batch (in the version 22 section) counts a child that ended TIMED_OUT or COMPENSATED as ended;
+-- why: the migration's header.
 
 -- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
 -- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;
