@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from mypy import api as mypy_api
 
 from stepstone import SyncClient, Worker, WorkerConfig, _gen_sync, _sync_client
 from stepstone.client import Client
-from stepstone.errors import ClientClosed
+from stepstone.errors import ClientClosed, InvalidInput
 from tests import cli_apps
 
 
@@ -106,6 +107,32 @@ def test_a_closed_client_says_so(database_url: str) -> None:
     client.close()  # closing again does nothing
     with _no_warning(), pytest.raises(ClientClosed, match="this SyncClient is closed"):
         client.list()
+
+
+def test_a_call_from_a_callback_the_client_runs_is_refused_not_a_hang(database_url: str) -> None:
+    """A callback that a SyncClient method runs (start_many's on_batch, migrate's state_transform) runs on the
+    client's loop thread; a call of the same client there waited for that thread, itself, for ever."""
+    refused: list[str] = []
+    client = SyncClient(database_url, registry=cli_apps.registry)
+    first = client.start("approval")
+
+    def progress(_done: int, _total: int) -> None:
+        with _no_warning():
+            try:
+                client.get(first)
+            except InvalidInput as exc:
+                refused.append(str(exc))
+
+    call = threading.Thread(target=client.start_many, args=("approval", [{}, {}]), kwargs={"on_batch": progress},
+                            daemon=True)
+    call.start()
+    call.join(timeout=60)
+    assert not call.is_alive(), "the call from the callback never returned"  # (not closed: it would hang too)
+    assert client.get(first).status == "PENDING"  # the client still works
+    client.close()
+    assert refused == [("SyncClient.get was called on the client's own loop thread, from a callback one of its "
+                        "calls runs (on_batch, state_transform, ...): it would wait for itself for ever; call it "
+                        "after that call returns")]
 
 
 async def test_a_closed_async_client_says_so(database_url: str) -> None:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
-from stepstone.errors import ClientClosed
+from stepstone.errors import ClientClosed, InvalidInput
 
 if TYPE_CHECKING:
     from stepstone.client import Client
@@ -34,6 +34,15 @@ class SyncLoop:
         if self._loop.is_closed():  # a call after close(): say so, instead of "Event loop is closed"
             coro.close()  # never to run: no "coroutine was never awaited" warning either
             raise ClientClosed("this SyncClient is closed")
+        if threading.get_ident() == self._thread.ident:
+            # A callback one of our calls runs on the loop thread (on_batch, state_transform): waiting here
+            # for the loop would block the loop itself, for ever.
+            name = getattr(coro, "__name__", "a method")
+            coro.close()
+            raise InvalidInput(
+                f"SyncClient.{name} was called on the client's own loop thread, from a callback one of "
+                "its calls runs (on_batch, state_transform, ...): it would wait for itself for ever; call it after "
+                "that call returns", what="thread")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _stop_loop(self) -> None:
