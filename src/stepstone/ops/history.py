@@ -18,10 +18,21 @@ from stepstone.core.saga import SAGA
 from stepstone.errors import InvalidInput
 from stepstone.ops.model import HistoryEntry
 
-__all__ = ["BASELINE_KINDS", "FAILURE_KINDS", "compensated_since", "compensations_shown", "entry", "outcome_of",
-           "replay_point", "replay_start", "state_at"]
+__all__ = [
+    "BASELINE_KINDS",
+    "FAILURE_KINDS",
+    "compensated_since",
+    "compensations_shown",
+    "entry",
+    "migrated_since",
+    "outcome_of",
+    "replay_from",
+    "replay_point",
+    "replay_start",
+    "state_at",
+]
 
-BASELINE_KINDS = frozenset({"INSTANCE_STARTED", "STATE_BASELINE", "INSTANCE_REPLAYED"})
+BASELINE_KINDS = frozenset({"INSTANCE_STARTED", "STATE_BASELINE", "INSTANCE_REPLAYED", "INSTANCE_MIGRATED"})
 
 _OUTCOMES = {
     "INSTANCE_STARTED": "started",
@@ -123,6 +134,29 @@ def replay_point(history: list[HistoryEntry], step: str) -> HistoryEntry:
                            + (f"; it ran: {', '.join(ran)}" if ran else ""), what="step")
     latest = max(e.visit or 0 for e in visits)
     return min((e for e in visits if e.visit == latest), key=lambda e: e.seq)
+
+
+def migrated_since(history: list[HistoryEntry], point: HistoryEntry) -> HistoryEntry | None:
+    """The latest migration (its INSTANCE_MIGRATED entry) at or after `point`, unless `point`'s visit was the
+    root's when it migrated. Before a migration the state and the steps were the old version's, which the
+    new one may not take; a visit that went on across it starts again from the migration (`replay_from`)."""
+    migrated = _last_migration(history)
+    if migrated is None or point.seq > migrated.seq or (migrated.step, migrated.visit) == (point.step, point.visit):
+        return None
+    return migrated
+
+
+def replay_from(history: list[HistoryEntry], point: HistoryEntry) -> tuple[HistoryEntry, Any]:
+    """The entry a replay from `point` starts at and the state it starts from: the state just before it, or,
+    for a visit that went on across the latest migration, that migration's entry and the state it set."""
+    migrated = _last_migration(history)
+    if migrated is not None and point.seq <= migrated.seq:
+        return migrated, state_at(history, migrated.seq + 1)
+    return point, state_at(history, point.seq)
+
+
+def _last_migration(history: list[HistoryEntry]) -> HistoryEntry | None:
+    return next((e for e in reversed(history) if e.kind == "INSTANCE_MIGRATED"), None)
 
 
 def compensated_since(history: list[HistoryEntry], point: HistoryEntry) -> str | None:

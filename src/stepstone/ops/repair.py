@@ -10,7 +10,15 @@ from typing import Any
 from stepstone.core.messages import signal_cause
 from stepstone.core.redaction import redact_state
 from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState, parent_went_on
-from stepstone.ops.history import compensated_since, entry, replay_point, replay_start, restore_sensitive, state_at
+from stepstone.ops.history import (
+    compensated_since,
+    entry,
+    migrated_since,
+    replay_from,
+    replay_point,
+    replay_start,
+    restore_sensitive,
+)
 from stepstone.ops.model import BulkItem, BulkReport, HistoryEntry, ReplayResult
 from stepstone.ops.queries import sensitive_paths_of
 from stepstone.store.operations_port import InstanceFilter, OperationsStore
@@ -129,6 +137,16 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
     extra = await store.instance_extra(instance_id)
     paths = sensitive_paths_of(extra)
     row = await store.instance(instance_id)
+    migrated = migrated_since(history, point)
+    if migrated is not None:
+        since = list(dict.fromkeys(e.step for e in history if e.seq >= migrated.seq and e.position == "" and e.step))
+        data = migrated.data if isinstance(migrated.data, dict) else {}
+        raise InvalidState(
+            f"step {step!r} last ran before the instance migrated from v{data.get('from_version')} to "
+            f"v{data.get('to_version')} (history entry {migrated.seq}): its state then was the old version's, and "
+            f"the step may not be the new one's; replay from a step run since ({', '.join(since)})",
+            instance_id=instance_id, status=row["status"])
+    point, state = replay_from(history, point)
     undone = compensated_since(history, point)
     if undone is not None:
         raise InvalidState(
@@ -136,7 +154,7 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
             f"would go on as if it had not been; replay from {undone!r} or an earlier step, which runs it again",
             instance_id=instance_id, status=row["status"])
     live = row["state"]
-    state = restore_sensitive(state_at(history, point.seq), live, paths)
+    state = restore_sensitive(state, live, paths)
     baseline = redact_state(state, paths)
     cause = await _cause(store, instance_id, history, point)
     row = await store.replay(instance_id, step, state, baseline, history[-1].seq, point.seq, actor, cause)
