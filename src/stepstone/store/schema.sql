@@ -4052,9 +4052,11 @@ CREATE OR REPLACE TRIGGER instances_admit_pin
     BEFORE INSERT OR UPDATE OF definition_id, version, plan_hash, scope ON {{schema}}.instances
     FOR EACH ROW WHEN (strpos(COALESCE(current_setting('stepstone.batch', true), ''), 'admitted') = 0) EXECUTE FUNCTION {{schema}}.admit_pin();
 
+-- A migration's baseline (INSTANCE_MIGRATED, whose state is the full new state) is redacted the same way,
+-- at the paths of the version it migrated to (the instance row already names it when the entry is written).
 CREATE OR REPLACE TRIGGER history_redact_baseline
     BEFORE INSERT ON {{schema}}.history
-    FOR EACH ROW WHEN (NEW.kind = 'INSTANCE_STARTED' AND strpos(COALESCE(current_setting('stepstone.batch', true), ''), 'plain') = 0)
+    FOR EACH ROW WHEN (NEW.kind IN ('INSTANCE_STARTED', 'INSTANCE_MIGRATED') AND strpos(COALESCE(current_setting('stepstone.batch', true), ''), 'plain') = 0)
     EXECUTE FUNCTION {{schema}}.redact_baseline();
 
 CREATE OR REPLACE TRIGGER commands_notify
@@ -5100,10 +5102,11 @@ END $$;
 -- command_recorded (in the version 7 section) does not count a buffered message a wait takes against the
 -- open-signal cap; why: the migration's header.
 
--- ==== version 70 (migration 0070_retention_fixes) ====
--- instances_deleted (in the version 49 section) deletes the instance's compensation records too, and
--- retention_batch (in the version 22 section) counts a child that ended TIMED_OUT or COMPENSATED as ended;
--- why: the migration's header.
+-- ==== version 70 (migration 0070_purges_and_baselines) ====
+-- instances_deleted (in the version 49 section) deletes the instance's compensation records too,
+-- retention_batch (in the version 22 section) counts a child that ended TIMED_OUT or COMPENSATED as ended,
+-- and history_redact_baseline (in the version 23 section) redacts a migration's baseline as a start's; why:
+-- the migration's header.
 
 -- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
 -- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;

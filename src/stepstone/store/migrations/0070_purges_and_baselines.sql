@@ -146,3 +146,14 @@ BEGIN
     END IF;
     RETURN NEXT;
 END $$;
+
+-- A migration writes the instance's full new state into its INSTANCE_MIGRATED history entry (a baseline),
+-- and the trigger that redacts a baseline at the definition's sensitive paths took INSTANCE_STARTED entries
+-- only (the worker redacts the entries of a commit itself): every value marked sensitive was kept in
+-- history by a migration. Now the trigger takes INSTANCE_MIGRATED entries too; it reads the paths of the
+-- version the instance migrated to, which its row names when migrate_instance writes the entry.
+-- Expand only: the trigger is replaced with the same function; only its WHEN changes.
+CREATE OR REPLACE TRIGGER history_redact_baseline
+    BEFORE INSERT ON {{schema}}.history
+    FOR EACH ROW WHEN (NEW.kind IN ('INSTANCE_STARTED', 'INSTANCE_MIGRATED') AND strpos(COALESCE(current_setting('stepstone.batch', true), ''), 'plain') = 0)
+    EXECUTE FUNCTION {{schema}}.redact_baseline();
