@@ -22,6 +22,13 @@ call_v1.external("call", topic="labels", next="done", start=True)
 call_v2: Workflow[Any] = Workflow("mw_call", version=2)
 call_v2.external("call2", topic="labels", next="done", start=True)
 
+late_v1: Workflow[Any] = Workflow("mw_late", version=1)
+late_v1.wait("hold", signals={"go": "done"}, deadline=30, on_deadline="done", start=True)
+late_v2: Workflow[Any] = Workflow("mw_late", version=2)
+late_v2.wait("hold", signals={"go": "done"}, start=True)
+late_v3: Workflow[Any] = Workflow("mw_late", version=3)
+late_v3.wait("wait", signals={"go": "done"}, deadline=30, on_deadline="done", start=True)
+
 kid: Workflow[Any] = Workflow("mw_kid", version=1)
 kid.wait("hold", signals={"go": "$end"}, start=True)
 parent_v1: Workflow[Any] = Workflow("mw_parent", version=1)
@@ -34,7 +41,7 @@ def _done(wf: Workflow[Any]) -> None:
         state["ran"] = f"v{wf.version}"
 
 
-for _wf in (nap_v1, nap_v2, call_v1, call_v2, parent_v1, parent_v2):
+for _wf in (nap_v1, nap_v2, call_v1, call_v2, late_v1, late_v2, late_v3, parent_v1, parent_v2):
     _done(_wf)
 
 
@@ -50,7 +57,8 @@ async def spawn2(_ctx: StepContext, _state: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 async def engine(database_url: str) -> Any:
-    async with open_engine(database_url, Registry(nap_v1, nap_v2, call_v1, call_v2, kid, parent_v1, parent_v2)) as e:
+    async with open_engine(database_url, Registry(nap_v1, nap_v2, call_v1, call_v2, late_v1, late_v2, late_v3, kid,
+                                                 parent_v1, parent_v2)) as e:
         yield e
 
 
@@ -93,3 +101,21 @@ async def test_an_external_step_waiting_for_its_task_keeps_its_name(engine: Engi
     await engine.run_until_idle()
     done = await engine.client.get(iid)
     assert (done.status, done.state) == ("COMPLETED", {"label": "L-1", "ran": "v1"})
+
+
+async def test_a_step_whose_deadline_runs_keeps_it_and_its_name(engine: Engine) -> None:
+    """A step deadline runs on a timer scheduled on entering the step, which names the step: moved to a v2
+    whose step declares no deadline, the timer fired anyway and its command crashed the segment (TypeError
+    formatting the missing deadline), claimed again and again on its way to a dead letter; renamed, the
+    timer named a step no position was at and the deadline silently never applied. Both are refused,
+    as a wait's timeout is, with nothing changed; the instance then runs on v1."""
+    iid = await engine.client.start(late_v1, {})
+    await engine.run_until_idle()
+    with pytest.raises(MigrationRefused, match=r"step 'hold' and 'hold' in v2 differ in having a step deadline"):
+        await engine.client.migrate(iid, to=late_v2)
+    with pytest.raises(MigrationRefused, match=r"step 'hold' has a step deadline running: it keeps its name "
+                                               r"\('wait' given\)"):
+        await engine.client.migrate(iid, to=late_v3, step_map={"hold": "wait"})
+    await engine.advance(seconds=60)
+    info = await engine.client.get(iid)
+    assert (info.version, info.status, info.state) == (1, "COMPLETED", {"ran": "v1"})

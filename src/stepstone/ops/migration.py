@@ -10,8 +10,9 @@ a wait that accepts every signal and message the old one accepted and has a time
 one had; a fork with live branches keeps its name and each live branch's mapped step still leads to that
 fork's join in the target, whose need (counted on the instance's branches) is the source's: the join's
 progress is kept as it is; a waiting task, external step or message wait keeps its name (its task or
-subscription names the step); every open command's step and every queued signal still exists in the
-target; and the state `state_transform` returns fits the target's state model. Each instance is
+subscription names the step), and so does a step whose deadline runs, mapped to one with a deadline
+(and a step without one to one without); every open command's step and every queued signal still exists
+in the target; and the state `state_transform` returns fits the target's state model. Each instance is
 answered: migrated, refused (with why) or skipped (already on the target, or ended).
 
 An accepted migration is one fenced transaction between two segments (`migrate_in_order`,
@@ -244,6 +245,8 @@ def _position_target(
         raise _Refused(f"step {step!r} is a {was.get('kind')} step, {mapped!r} in v{target.version} a {goal.kind}")
     to_wait: Any = None
     waiting = p["status"] == "WAITING"
+    if was and p["status"] in ("RUNNING", "WAITING"):
+        _check_deadline(step, was, mapped, goal, target.version)
     if goal.kind == "wait" and waiting:
         to_wait = _wait_target(step, was, mapped, goal, target.version)
     elif goal.kind == "task" and waiting:
@@ -280,6 +283,15 @@ def _wait_target(step: str, was: Mapping[str, Any], mapped: str, goal: Step, ver
     if goal.messages:
         wait["messages"] = dict(goal.messages)
     return wait
+
+
+def _check_deadline(step: str, was: Mapping[str, Any], mapped: str, goal: Step, version: int) -> None:
+    """A step deadline runs on a timer scheduled when the step was entered, which names the step and fires
+    whatever the target says: a step whose deadline runs keeps it and its name, and one without gets none."""
+    if bool(was.get("deadline")) != (goal.deadline_seconds is not None):
+        raise _Refused(f"step {step!r} and {mapped!r} in v{version} differ in having a step deadline")
+    if was.get("deadline") and mapped != step:
+        raise _Refused(f"step {step!r} has a step deadline running: it keeps its name ({mapped!r} given)")
 
 
 def _check_need(wait: Mapping[str, Any], source: Mapping[str, Any], join: Step, from_version: int,
