@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.errors import InvalidState, MigrationRefused
+from stepstone.ops import migration
 from stepstone.testing import Engine, open_engine
 
 
@@ -258,3 +259,20 @@ async def test_a_replay_of_a_migrated_instance_starts_from_the_migrations_state(
     await engine.run_until_idle()
     again = await engine.client.get(iid)
     assert (again.status, again.state) == ("COMPLETED", {"amount": 1, "currency": "EUR", "ran": "v2"})
+
+
+async def test_a_batch_migration_takes_every_candidate_page_by_page(engine: Engine) -> None:
+    """The batch form read at most 10,000 candidates (`limit`) and said nothing of the rest: a version with
+    more instances was migrated in part, reported as if whole. It reads every one, in keyset pages, and a
+    refused instance (it stays a candidate) does not stop the pages after it."""
+    ids = await _waiting(engine, 5)
+
+    def picky(state: dict[str, Any]) -> dict[str, Any]:
+        if state["amount"] == 3:
+            raise ValueError("not this one")
+        return add_currency(state)
+
+    report = await migration.migrate(engine.store.definitions, None, to=v2, definition="mig", from_version=1,
+                                     step_map=STEP_MAP, state_transform=picky, page=2)
+    assert [o.instance_id for o in report.outcomes] == ids  # oldest first, each once
+    assert report.counts == {"migrated": 4, "refused": 1}

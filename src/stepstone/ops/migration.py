@@ -34,8 +34,9 @@ import asyncio
 import copy
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from stepstone.authoring.workflow import Workflow
@@ -92,24 +93,45 @@ async def migrate(
     step_map: Mapping[str, str] | None = None,
     state_transform: Callable[[Any], Any] | None = None,
     dry_run: bool = False,
-    limit: int = 10_000,
     actor: str | None = None,
     patience: float = DEFAULT_PATIENCE,
+    page: int = 1000,
 ) -> MigrationReport:
     """Migrate one instance, a list, or every instance of (`definition`, `from_version`[, `scope`]) that may
-    still run, to the version of `to`. Returns the per-instance report; `dry_run` checks and writes nothing."""
-    if instances is None:
-        if definition is None or from_version is None:
-            raise InvalidInput("name the instances, or a definition and a from_version to migrate", what="filter")
-        ids = await definitions.migration_candidates(definition, from_version, scope, limit)
+    still run, read `page` at a time, oldest first, to the version of `to`. Returns the per-instance report;
+    `dry_run` checks and writes nothing."""
+    if instances is not None:
+        chosen: AsyncIterator[str] = _named([instances] if isinstance(instances, str) else instances)
+    elif definition is None or from_version is None:
+        raise InvalidInput("name the instances, or a definition and a from_version to migrate", what="filter")
     else:
-        ids = [instances] if isinstance(instances, str) else list(instances)
+        chosen = _candidates(definitions, definition, from_version, scope, page)
     report = MigrationReport(dry_run)
-    for instance_id in ids:
+    async for instance_id in chosen:
         report.outcomes.append(await migrate_one(
             definitions, instance_id, to=to, step_map=step_map or {}, state_transform=state_transform,
             dry_run=dry_run, actor=actor, patience=patience))
     return report
+
+
+async def _named(instances: list[str]) -> AsyncIterator[str]:
+    for instance_id in instances:
+        yield instance_id
+
+
+async def _candidates(
+    definitions: DefinitionsPort, definition: str, from_version: int, scope: str | None, page: int,
+) -> AsyncIterator[str]:
+    """Every candidate of the version, in keyset pages: all of them, however many (a refused or skipped one
+    stays a candidate, so the pages go on after it, never from the start again)."""
+    after: tuple[datetime, str] | None = None
+    while True:
+        rows = await definitions.migration_candidates(definition, from_version, scope, page, after)
+        for instance_id, _ in rows:
+            yield instance_id
+        if len(rows) < page:
+            return
+        after = (rows[-1][1], rows[-1][0])
 
 
 async def migrate_one(

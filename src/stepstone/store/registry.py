@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -349,10 +350,12 @@ class PostgresRegistry:
         return None if row is None else dict(row)
 
     async def migration_candidates(
-        self, definition_id: str, version: int, scope: str | None, limit: int
-    ) -> list[str]:
-        rows = await self._fetch("migration_candidates", definition_id, version, scope, limit, list(MAY_RUN))
-        return [str(r["id"]) for r in rows]
+        self, definition_id: str, version: int, scope: str | None, limit: int,
+        after: tuple[datetime, str] | None = None,
+    ) -> list[tuple[str, datetime]]:
+        at, key = (after[0], uuid.UUID(after[1])) if after is not None else (None, None)
+        rows = await self._fetch("migration_candidates", definition_id, version, scope, limit, list(MAY_RUN), at, key)
+        return [(str(r["id"]), r["created_at"]) for r in rows]
 
     async def reserve_command_seq(self) -> int:
         row = await self._fetchrow("reserve_command_seq")

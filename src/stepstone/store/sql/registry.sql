@@ -228,11 +228,13 @@ JOIN {{schema}}.definitions d ON d.scope = i.definition_scope AND d.definition_i
 WHERE i.id = $1;
 
 -- name: migration_candidates
--- Instances of a definition version a batch migration considers (oldest first): those whose status is
--- one of $5 (core.model.MAY_RUN: every status but the ends).
-SELECT i.id FROM {{schema}}.instances i
+-- Instances of a definition version a batch migration considers, oldest first, a page of $4 after the
+-- instance ($6 created_at, $7 id) when given: those whose status is one of $5 (core.model.MAY_RUN: every
+-- status but the ends).
+SELECT i.id, i.created_at FROM {{schema}}.instances i
 WHERE i.definition_id = $1 AND i.version = $2 AND ($3::text IS NULL OR i.scope = $3)
   AND i.status = ANY($5::text[])
+  AND ($6::timestamptz IS NULL OR (i.created_at, i.id) > ($6::timestamptz, $7::uuid))
 ORDER BY i.created_at, i.id
 LIMIT $4;
 
