@@ -76,3 +76,33 @@ async def test_a_saga_whose_compensation_failed_holds_back_its_versions_retireme
         await definitions.transition("default", "ms_trip", 1, "RETIRED")
     await engine.client.migrate(iid, to=trip_v2)
     assert await definitions.transition("default", "ms_trip", 1, "RETIRED") == "DEPRECATED"
+
+
+undo_slowly: Workflow[Any] = Workflow("ms_undo", version=1)
+
+
+@undo_slowly.step(start=True, next="fail")
+async def take(_ctx: StepContext, state: dict[str, Any]) -> None:
+    state["taken"] = True
+
+
+@undo_slowly.compensation("take", retry=Retry(max_attempts=3, backoff=600))
+async def give_back(_ctx: CompensationContext, _state: dict[str, Any], _recorded: Any) -> None:
+    raise RuntimeError("the undo service is down")  # retried in 10 minutes: the saga stays COMPENSATING
+
+
+@undo_slowly.step(next=None, retry=Retry(max_attempts=1))
+async def fail(_ctx: StepContext, _state: dict[str, Any]) -> None:
+    raise Declined("no")
+
+
+async def test_a_compensating_saga_no_worker_serves_is_reported_stranded(database_url: str) -> None:
+    """A COMPENSATING saga runs its compensations on the workers that serve its version, by itself; with
+    none serving it, it waits there as a waiting instance does, but the stranded report (and doctor's)
+    counted PENDING, RUNNING and WAITING instances only."""
+    async with open_engine(database_url, Registry(undo_slowly)) as engine:
+        iid = await engine.client.start(undo_slowly, {})
+        await engine.run_until_idle()
+        assert (await engine.client.get(iid)).status == "COMPENSATING"
+        stranded = await engine.store.definitions.stranded(60)  # no worker has sent a heartbeat
+        assert [(s.pin.definition_id, s.instances) for s in stranded] == [("ms_undo", 1)]

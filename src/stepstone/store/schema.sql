@@ -5063,8 +5063,9 @@ BEGIN
     LIMIT p_limit;
 END $$;
 
--- The stranded-pins report (registry.sql, stranded): live instances whose pin no worker served within
--- p_within seconds, per pin; of the scopes p_scopes alone when given.
+-- The stranded-pins report (registry.sql, stranded): live instances (those that move by themselves: a
+-- COMPENSATING saga too, FAILED ones wait for an operator) whose pin no worker served within p_within
+-- seconds, per pin; of the scopes p_scopes alone when given.
 CREATE FUNCTION {{schema}}.stranded(p_within double precision, p_scopes text[])
 RETURNS TABLE (scope text, definition_id text, version integer, plan_hash text, instances bigint,
                deferred_commands bigint, last_served timestamptz)
@@ -5083,7 +5084,7 @@ BEGIN
             WHERE w.definition_id = i.definition_id AND w.version = i.version AND w.plan_hash = i.plan_hash)
                AS last_served
     FROM {{schema}}.instances i
-    WHERE i.status IN ('PENDING', 'RUNNING', 'WAITING')
+    WHERE i.status IN ('PENDING', 'RUNNING', 'WAITING', 'COMPENSATING')
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
                       WHERE w.definition_id = i.definition_id AND w.version = i.version
                         AND w.plan_hash = i.plan_hash
@@ -5105,9 +5106,6 @@ END $$;
 -- ==== version 70 (migration 0070_purges_and_baselines) ====
 -- instances_deleted (in the version 49 section) deletes the instance's compensation records too,
 -- retention_batch (in the version 22 section) counts a child that ended TIMED_OUT or COMPENSATED as ended,
--- and history_redact_baseline (in the version 23 section) redacts a migration's baseline as a start's; why:
--- the migration's header.
-
 -- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
 -- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;
 -- why: the migration's header.

@@ -157,3 +157,36 @@ CREATE OR REPLACE TRIGGER history_redact_baseline
     BEFORE INSERT ON {{schema}}.history
     FOR EACH ROW WHEN (NEW.kind IN ('INSTANCE_STARTED', 'INSTANCE_MIGRATED') AND strpos(COALESCE(current_setting('stepstone.batch', true), ''), 'plain') = 0)
     EXECUTE FUNCTION {{schema}}.redact_baseline();
+
+-- The stranded report (`stepstone definitions stranded`, doctor, GET /definitions/stranded) counted the
+-- PENDING, RUNNING and WAITING instances whose pin no worker serves: a COMPENSATING saga, which runs its
+-- compensations by itself on the workers of its version, waited there unreported when none served it.
+-- Now it counts COMPENSATING instances too.
+-- Expand only: stranded (migration 0066) is replaced with the same signature.
+CREATE OR REPLACE FUNCTION {{schema}}.stranded(p_within double precision, p_scopes text[])
+RETURNS TABLE (scope text, definition_id text, version integer, plan_hash text, instances bigint,
+               deferred_commands bigint, last_served timestamptz)
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT i.definition_scope AS scope, i.definition_id, i.version, i.plan_hash, count(*) AS instances,
+           (SELECT count(*) FROM {{schema}}.commands c JOIN {{schema}}.instances j ON j.id = c.instance_id
+            WHERE c.state = 'DEFERRED' AND j.definition_id = i.definition_id AND j.version = i.version
+              AND j.plan_hash = i.plan_hash AND j.definition_scope IS NOT DISTINCT FROM i.definition_scope
+              AND (p_scopes IS NULL OR j.scope = ANY(p_scopes))) AS deferred_commands,
+           (SELECT max(w.seen_at) FROM {{schema}}.worker_plans w
+            WHERE w.definition_id = i.definition_id AND w.version = i.version AND w.plan_hash = i.plan_hash)
+               AS last_served
+    FROM {{schema}}.instances i
+    WHERE i.status IN ('PENDING', 'RUNNING', 'WAITING', 'COMPENSATING')
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
+                      WHERE w.definition_id = i.definition_id AND w.version = i.version
+                        AND w.plan_hash = i.plan_hash
+                        AND w.seen_at > {{schema}}.db_now() - make_interval(secs => p_within))
+      AND (p_scopes IS NULL OR i.scope = ANY(p_scopes))
+    GROUP BY i.definition_scope, i.definition_id, i.version, i.plan_hash
+    ORDER BY i.definition_id, i.version;
+END $$;
