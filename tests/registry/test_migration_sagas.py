@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
-from stepstone.errors import InvalidTransition
+from stepstone.errors import InvalidTransition, MigrationRefused
 from stepstone.testing import Engine, open_engine
 
 
@@ -37,6 +37,25 @@ def _trip(version: int) -> Workflow[Any]:
 
 
 trip_v1, trip_v2 = _trip(1), _trip(2)
+renamed: Workflow[Any] = Workflow("ms_trip", version=3)  # v2 with `book` renamed `reserve`
+undeclared: Workflow[Any] = Workflow("ms_trip", version=4)  # v2 with no compensation for `book`
+
+
+@renamed.step(name="reserve", start=True, next="pay")
+@undeclared.step(name="book", start=True, next="pay")
+async def _book(_ctx: StepContext, state: dict[str, Any]) -> None:
+    state["booked"] = True
+
+
+@renamed.compensation("reserve")
+async def _unbook(_ctx: CompensationContext, state: dict[str, Any], _recorded: Any) -> None:
+    state["unbooked"] = True
+
+
+@renamed.step(name="pay", next=None)
+@undeclared.step(name="pay", next=None)
+async def _pay(_ctx: StepContext, _state: dict[str, Any]) -> None:
+    raise Declined("card declined")
 
 
 async def _compensation_failed(engine: Engine) -> str:
@@ -48,7 +67,7 @@ async def _compensation_failed(engine: Engine) -> str:
 
 @pytest.fixture
 async def engine(database_url: str) -> Any:
-    async with open_engine(database_url, Registry(trip_v1, trip_v2)) as e:
+    async with open_engine(database_url, Registry(trip_v1, trip_v2, renamed, undeclared)) as e:
         yield e
 
 
@@ -106,3 +125,17 @@ async def test_a_compensating_saga_no_worker_serves_is_reported_stranded(databas
         assert (await engine.client.get(iid)).status == "COMPENSATING"
         stranded = await engine.store.definitions.stranded(60)  # no worker has sent a heartbeat
         assert [(s.pin.definition_id, s.instances) for s in stranded] == [("ms_undo", 1)]
+
+
+async def test_a_step_with_a_compensation_owed_keeps_its_name_and_its_compensation(engine: Engine) -> None:
+    """A saga's completed step is remembered, for its compensation, by its name (`compensations`). Migrated
+    with that step renamed, or to a version that declares no compensation on it, the saga retried gave up
+    at once ("UnknownCompensation: the pinned plan declares no compensation on 'book'"), for good: refused."""
+    iid = await _compensation_failed(engine)
+    with pytest.raises(MigrationRefused, match=r"step 'book' completed with its compensation owed: it keeps its "
+                                               r"name \('reserve' given\)"):
+        await engine.client.migrate(iid, to=renamed, step_map={"book": "reserve"})
+    with pytest.raises(MigrationRefused, match=r"step 'book' completed with its compensation owed, which v4 does "
+                                               r"not declare"):
+        await engine.client.migrate(iid, to=undeclared)
+    assert (await engine.client.get(iid)).version == 1

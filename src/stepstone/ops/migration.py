@@ -11,7 +11,8 @@ one had; a fork with live branches keeps its name and each live branch's mapped 
 fork's join in the target, whose need (counted on the instance's branches) is the source's: the join's
 progress is kept as it is; a waiting task, external step or message wait keeps its name (its task or
 subscription names the step), and so does a step whose deadline runs, mapped to one with a deadline
-(and a step without one to one without); every open command's step and every queued signal still exists
+(and a step without one to one without), and a completed step whose compensation is still owed, whose
+compensation the target declares; every open command's step and every queued signal still exists
 in the target; and the state `state_transform` returns fits the target's state model. Each instance is
 answered: migrated, refused (with why) or skipped (already on the target, or ended).
 
@@ -232,6 +233,8 @@ def _plan(
             raise _Refused(f"a queued command is for step {step!r}, which maps to {mapped!r}: "
                            f"v{target.version} has no such step")
         commands_map[step] = mapped
+    for step in view.get("owed_compensations") or ():
+        _check_owed(str(step), step_map, target)
     missing = sorted(set(view["open_signals"]) - target.signal_names)
     if missing:
         raise _Refused(f"queued signal(s) {', '.join(missing)} would be unknown to v{target.version}")
@@ -305,6 +308,17 @@ def _wait_target(step: str, was: Mapping[str, Any], mapped: str, goal: Step, ver
     if goal.messages:
         wait["messages"] = dict(goal.messages)
     return wait
+
+
+def _check_owed(step: str, step_map: Mapping[str, str], target: Plan) -> None:
+    """A completed saga step whose compensation is still owed is undone by its name (its compensation
+    record names it), so it keeps the name and the target declares its compensation."""
+    mapped = step_map.get(step, step)
+    if mapped != step:
+        raise _Refused(f"step {step!r} completed with its compensation owed: it keeps its name ({mapped!r} given)")
+    goal = target.steps.get(step)
+    if goal is None or goal.compensation is None:
+        raise _Refused(f"step {step!r} completed with its compensation owed, which v{target.version} does not declare")
 
 
 def _check_deadline(step: str, was: Mapping[str, Any], mapped: str, goal: Step, version: int) -> None:

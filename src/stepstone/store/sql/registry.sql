@@ -216,7 +216,12 @@ SELECT i.id, i.scope, i.definition_scope, i.definition_id, i.version, i.plan_has
           AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')) AS command_steps,
        (SELECT coalesce(jsonb_agg(c.name), '[]'::jsonb) FROM {{schema}}.commands c
         WHERE c.instance_id = i.id AND c.kind = 'SIGNAL' AND c.state IN ('PENDING', 'DEFERRED', 'PARKED'))
-           AS open_signals
+           AS open_signals,
+       -- the completed saga steps whose compensation is still owed (not undone yet, or given up: a retry
+       -- owes it again), which the saga runs by their step's name; a child's is its child's to run
+       (SELECT coalesce(jsonb_agg(DISTINCT k.step), '[]'::jsonb) FROM {{schema}}.compensations k
+        WHERE k.instance_id = i.id AND k.status IN ('PENDING', 'FAILED')
+          AND k.recorded->>'kind' IS DISTINCT FROM 'child') AS owed_compensations
 FROM {{schema}}.instances i WHERE i.id = $1;
 
 -- name: pinned_contract
