@@ -9,6 +9,7 @@ import pytest
 
 from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
 from stepstone.errors import InvalidTransition, MigrationRefused
+from stepstone.ops import Operations
 from stepstone.testing import Engine, open_engine
 
 
@@ -139,3 +140,15 @@ async def test_a_step_with_a_compensation_owed_keeps_its_name_and_its_compensati
                                                r"not declare"):
         await engine.client.migrate(iid, to=undeclared)
     assert (await engine.client.get(iid)).version == 1
+
+
+async def test_a_bulk_cancel_that_leaves_a_saga_compensating_says_why(engine: Engine) -> None:
+    """`repair cancel --compensate` (and the API's bulk cancel) of a saga that compensates already, or whose
+    compensation stopped, leaves it as it is: the reason said "it had already ended (COMPENSATION_FAILED)",
+    which it had not; `stepstone cancel --compensate` said what to do instead. Both say the same now."""
+    iid = await _compensation_failed(engine)
+    report = await Operations.on(engine.store).cancel([iid], compensate=True)
+    [item] = report.items
+    assert (item.ok, item.outcome, item.status) == (False, "unchanged", "COMPENSATION_FAILED")
+    assert item.reason == ("its compensation stopped; nothing changed (`stepstone retry` resumes it, `stepstone "
+                           "cancel` without --compensate gives up)")

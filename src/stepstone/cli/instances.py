@@ -38,6 +38,7 @@ from stepstone.core import json_text
 from stepstone.core.model import WAITING
 from stepstone.errors import DefinitionNotFound, InvalidInput
 from stepstone.ops.history import compensations_shown
+from stepstone.ops.repair import saga_unchanged
 
 __all__ = ["commands"]
 
@@ -262,12 +263,6 @@ def signal_command(
     )
     result = {"instance_id": iid, "signal": name, "command_id": command_id}
     emit(result, output, lambda: f"signal {name} sent to {iid} (command {command_id})")
-_UNCHANGED = {
-    "COMPENSATING": "already compensating; nothing changed (`stepstone cancel` without --compensate stops it)",
-    "COMPENSATION_FAILED": "its compensation stopped; nothing changed (`stepstone retry` resumes it, "
-                           "`stepstone cancel` without --compensate gives up)",
-}
-"""Why `cancel --compensate` left a saga that has not ended as it is (an ended instance: 'already ended')."""
 @click.command("cancel")
 @click.argument("instance_id")
 @click.option("--reason", default="", type=FREE_TEXT, help="Recorded in the history.")
@@ -278,7 +273,7 @@ def cancel_command(settings: Settings, output: str, instance_id: str, reason: st
     """Cancel an instance (repeating it is harmless: an ended instance is left as it is)."""
     iid = instance_id_arg(instance_id)
     done = _with_client(settings, None, lambda c: c.cancellation(iid, reason, compensate=compensate))
-    words = {"unchanged": f"{iid} {done.status}: {_UNCHANGED.get(done.status, 'already ended, nothing to cancel')}"}
+    words = {"unchanged": f"{iid} {done.status}: {saga_unchanged(done.status) or 'already ended, nothing to cancel'}"}
     if done.status == "COMPENSATING":
         words["compensating"] = f"{iid} COMPENSATING: the completed steps are undone first, then CANCELLED"
     emit({"instance_id": iid, "status": done.status, "outcome": done.outcome}, output,

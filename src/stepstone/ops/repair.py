@@ -23,7 +23,7 @@ from stepstone.ops.model import BulkItem, BulkReport, HistoryEntry, ReplayResult
 from stepstone.ops.queries import sensitive_paths_of
 from stepstone.store.operations_port import InstanceFilter, OperationsStore
 
-__all__ = ["cancel", "matching_ids", "replay", "retry"]
+__all__ = ["cancel", "matching_ids", "replay", "retry", "saga_unchanged"]
 
 Progress = Callable[[int, int], None]
 """progress(done, total) after each batch."""
@@ -77,8 +77,21 @@ def _why(action: str, row: dict[str, Any]) -> str:
     if outcome == "not_failed":
         return f"it is {status}; only a FAILED or COMPENSATION_FAILED instance can be retried"
     if outcome == "unchanged":
-        return f"it had already ended ({status})"
+        return saga_unchanged(status) or f"it had already ended ({status})"
     return f"{action}: {outcome}"
+
+
+_SAGA_UNCHANGED = {
+    "COMPENSATING": "already compensating; nothing changed (`stepstone cancel` without --compensate stops it)",
+    "COMPENSATION_FAILED": "its compensation stopped; nothing changed (`stepstone retry` resumes it, "
+                           "`stepstone cancel` without --compensate gives up)",
+}
+
+
+def saga_unchanged(status: str) -> str | None:
+    """Why a cancel asked to compensate left a saga that has not ended as it is (it compensates already, or
+    its compensation stopped), and what to do instead; None for any other status (an instance that ended)."""
+    return _SAGA_UNCHANGED.get(status)
 
 
 async def retry(
