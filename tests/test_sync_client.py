@@ -3,6 +3,7 @@ and this test fails when the module is stale."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 from mypy import api as mypy_api
 
@@ -170,6 +172,30 @@ def test_an_interrupted_call_stops_on_the_loop_thread_too(database_url: str) -> 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["left running: 0"]
     assert "destroyed but it is pending" not in done.stderr
+
+
+def test_an_async_connection_given_to_a_sync_client_is_refused(database_url: str) -> None:
+    """A SyncClient used inside an event loop with that loop's asyncpg connection ran the statement on its
+    own loop thread while the connection's loop waited for the call: "got Future attached to a different
+    loop", and the caller's transaction was left unusable ("another operation is in progress")."""
+
+    async def inside() -> tuple[str, int]:
+        conn = await asyncpg.connect(database_url)
+        try:
+            async with conn.transaction():
+                with pytest.raises(InvalidInput) as refused:
+                    client.start("approval", connection=conn)
+                return str(refused.value), await conn.fetchval("SELECT 1")  # the transaction goes on
+        finally:
+            await conn.close()
+
+    with SyncClient(database_url, registry=cli_apps.registry) as client:
+        message, one = asyncio.run(inside())
+        assert client.list() == []
+    assert one == 1
+    assert message == ("connection= of a SyncClient takes a sync connection (psycopg Connection, SQLAlchemy Session "
+                       "or Connection): an async one belongs to an event loop, which waits for this call and whose "
+                       "connection would be left unusable; use Client on that loop")
 
 
 async def test_a_closed_async_client_says_so(database_url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -13,9 +14,16 @@ from stepstone.errors import ClientClosed, InvalidInput
 if TYPE_CHECKING:
     from stepstone.client import Client
 
-__all__ = ["SyncLoop"]
+__all__ = ["SyncLoop", "on_sync_loop"]
 
 T = TypeVar("T")
+
+_SYNC_LOOPS: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
+def on_sync_loop() -> bool:
+    """Whether the running coroutine runs on a SyncClient's loop thread (for a call made through it)."""
+    return asyncio.get_running_loop() in _SYNC_LOOPS
 
 
 class SyncLoop:
@@ -27,6 +35,7 @@ class SyncLoop:
 
     def _start_loop(self) -> None:
         self._loop = asyncio.new_event_loop()
+        _SYNC_LOOPS.add(self._loop)
         self._thread = threading.Thread(target=self._loop.run_forever, name="stepstone-client", daemon=True)
         self._thread.start()
 

@@ -170,7 +170,7 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations, Generic[S_co
             context = durable.capture()
             try:
                 if connection is not None:
-                    return await self._caller_transaction().signal_in(
+                    return await self._caller_transaction(connection).signal_in(
                         connection, instance_id, name, payload, dedup_key=dedup_key, fingerprint=fingerprint,
                         actor=self.actor, position=position, context=context,
                     )

@@ -15,13 +15,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone import instants
+from stepstone._sync_loop import on_sync_loop
 from stepstone.authoring.registration import recorded_fields
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.pin import DEFAULT_SCOPE, check_scope, pin_of
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import DefinitionNotFound, InvalidInput, refused
-from stepstone.store.caller_transaction import CallerTransactionStore
+from stepstone.store.caller_transaction import ASYNC_DRIVERS, CallerTransactionStore, driver_of
 from stepstone.store.port import ClientStore
 
 
@@ -34,9 +35,16 @@ class ClientBase:
     actor: str | None
     _registered: set[tuple[str, str, int]]
 
-    def _caller_transaction(self) -> CallerTransactionStore:
+    def _caller_transaction(self, connection: Any) -> CallerTransactionStore:
         if not isinstance(self.store, CallerTransactionStore):
             raise TypeError(f"{type(self.store).__name__} cannot write in the caller's transaction")
+        if driver_of(connection) in ASYNC_DRIVERS and on_sync_loop():
+            # The connection's own loop is blocked in the SyncClient call: used from our loop thread, an asyncpg
+            # one fails half-way and leaves the caller's transaction unusable.
+            raise InvalidInput(
+                "connection= of a SyncClient takes a sync connection (psycopg Connection, SQLAlchemy Session or "
+                "Connection): an async one belongs to an event loop, which waits for this call and whose "
+                "connection would be left unusable; use Client on that loop", what="connection")
         return self.store
 
     def _workflow(self, workflow: Workflow[Any] | str) -> Workflow[Any]:

@@ -100,7 +100,7 @@ class MessageOperations(ClientBase):
         self._encode("message payload", payload)
         fingerprint = hashlib.sha256(json.dumps([name, correlation_key, payload], sort_keys=True).encode()).hexdigest()
         publish = self.store.publish_message if connection is None else partial(
-            self._caller_transaction().publish_in, connection)
+            self._caller_transaction(connection).publish_in, connection)
         row = await publish(name, correlation_key, payload, message_id=message_id, ttl=ttl,
                             correlate_all=correlate_all, fingerprint=fingerprint)
         if row["outcome"] == "conflict":

@@ -85,7 +85,7 @@ class StartOperations(ClientBase):
                 context=durable.capture(),  # inside the span: the steps' spans are its children
             )
             if connection is not None:
-                instance_id, _ = await self._caller_transaction().start_in(connection, new)
+                instance_id, _ = await self._caller_transaction(connection).start_in(connection, new)
             else:
                 instance_id, _ = await self.store.start(new)
             span.set_attribute("stepstone.instance_id", instance_id)

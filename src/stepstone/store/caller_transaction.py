@@ -25,9 +25,13 @@ from stepstone.store.outcomes import signal_command_id, start_result
 from stepstone.store.port import NewInstance
 from stepstone.store.queries import named_queries
 
-__all__ = ["CallerTransactionQueries", "CallerTransactionStore", "driver_of"]
+__all__ = ["ASYNC_DRIVERS", "CallerTransactionQueries", "CallerTransactionStore", "driver_of"]
 
 _PARAM = re.compile(r"\$(\d+)")
+
+
+ASYNC_DRIVERS = frozenset({"asyncpg", "psycopg", "sqlalchemy"})
+"""The drivers of `driver_of` whose connections belong to an event loop."""
 
 
 def driver_of(connection: Any) -> str:
