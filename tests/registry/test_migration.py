@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
-from stepstone.errors import InvalidState, MigrationRefused
+from stepstone.errors import InstanceNotFound, InvalidState, MigrationRefused
 from stepstone.ops import migration
 from stepstone.testing import Engine, open_engine
 
@@ -276,3 +276,16 @@ async def test_a_batch_migration_takes_every_candidate_page_by_page(engine: Engi
                                      step_map=STEP_MAP, state_transform=picky, page=2)
     assert [o.instance_id for o in report.outcomes] == ids  # oldest first, each once
     assert report.counts == {"migrated": 4, "refused": 1}
+
+
+async def test_an_unknown_id_in_a_list_is_answered_and_the_others_go_on(engine: Engine) -> None:
+    """An id of the list that names no instance raised InstanceNotFound out of the whole call: the ones before
+    it were migrated with no report saying so, the ones after it were never tried."""
+    first, last = await _waiting(engine, 2)
+    missing = "00000000-0000-0000-0000-000000000000"
+    report = await engine.client.migrate([first, missing, last], to=v2, step_map=STEP_MAP,
+                                         state_transform=add_currency)
+    assert [(o.instance_id, o.outcome, o.reason) for o in report.outcomes] == [
+        (first, "migrated", ""), (missing, "refused", "no such instance"), (last, "migrated", "")]
+    with pytest.raises(InstanceNotFound):  # one instance named alone: its own error
+        await engine.client.migrate(missing, to=v2)

@@ -44,7 +44,7 @@ from stepstone.authoring.workflow import Workflow
 from stepstone.core.model import TERMINAL
 from stepstone.core.pin import Pin
 from stepstone.core.plan import Plan, Step
-from stepstone.errors import InvalidInput, MigrationRefused, StepstoneError
+from stepstone.errors import InstanceNotFound, InvalidInput, MigrationRefused, StepstoneError
 from stepstone.store.registry_port import DefinitionsPort
 
 __all__ = ["MigrationOutcome", "MigrationReport", "migrate", "migrate_one"]
@@ -109,9 +109,16 @@ async def migrate(
         chosen = _candidates(definitions, definition, from_version, scope, page)
     report = MigrationReport(dry_run)
     async for instance_id in chosen:
-        report.outcomes.append(await migrate_one(
-            definitions, instance_id, to=to, step_map=step_map or {}, state_transform=state_transform,
-            dry_run=dry_run, actor=actor, patience=patience))
+        try:
+            outcome = await migrate_one(
+                definitions, instance_id, to=to, step_map=step_map or {}, state_transform=state_transform,
+                dry_run=dry_run, actor=actor, patience=patience)
+        except InstanceNotFound:
+            if isinstance(instances, str):  # one instance named alone: its own error
+                raise
+            # one id of several: answered like the others, which go on (those before it are migrated already)
+            outcome = MigrationOutcome(instance_id, "refused", _ANSWERS["not_found"][1])
+        report.outcomes.append(outcome)
     return report
 
 
