@@ -5106,6 +5106,9 @@ END $$;
 -- ==== version 70 (migration 0070_purges_and_baselines) ====
 -- instances_deleted (in the version 49 section) deletes the instance's compensation records too,
 -- retention_batch (in the version 22 section) counts a child that ended TIMED_OUT or COMPENSATED as ended,
+-- history_redact_baseline (in the version 23 section) redacts a migration's baseline as a start's, and
+-- stranded (in the version 66 section) reports COMPENSATING instances too; why: the migration's header.
+
 -- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
 -- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;
 -- why: the migration's header.
