@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
+from stepstone.ops import queries
 from tests.api import workflows
 from tests.api.conftest import Api
 
@@ -142,3 +145,21 @@ async def test_the_stranded_report_counts_only_the_callers_scopes(api: Api) -> N
     assert (await api.http.post("/ui/login", data={"token": acme})).status_code == 303
     page = (await api.http.get("/ui/definitions")).text
     assert re.findall(r"default\">job</a></td><td>1</td><td>default</td><td>(\d+)</td>", page) == ["3"]
+
+
+async def test_a_scoped_stuck_report_is_not_crowded_out_by_other_scopes(
+    api: Api, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The report is capped (queries.MAX_REPORT rows, oldest instances first): read for the token's scopes, not
+    capped over every scope and then filtered, so another tenant's many stuck commands do not hide this one's."""
+    monkeypatch.setattr(queries, "MAX_REPORT", 2)
+    for n in range(3):  # starts no worker has run: each START command is open, "old" past 0 s
+        await api.engine.client.start("job", {"name": f"g{n}"}, scope="globex")
+    mine = await api.engine.client.start("job", {"name": "m"}, scope="acme")
+    acme = await api.token("viewer", scope="acme")
+    scoped = await api.http.get(f"{V1}/operator/stuck", headers=acme, params={"older_than_seconds": 0})
+    assert scoped.status_code == 200, scoped.text
+    assert [(i["instance_id"], i["kind"], i["reason"]) for i in scoped.json()["items"]] == [(mine, "START", "old")]
+    everyone = await api.http.get(f"{V1}/operator/stuck", headers=await api.token("viewer"),
+                                  params={"older_than_seconds": 0})
+    assert len(everyone.json()["items"]) == 2  # a token of every scope reads the one capped report, as before

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request
 from stepstone.api.auth import ALL_SCOPES
 from stepstone.api.context import Caller, context_of, require, visible_instance
 from stepstone.core.timestamps import MAX_SECONDS
-from stepstone.ops import Operations
+from stepstone.ops import InstanceFilter, Operations
 
 __all__ = ["router"]
 
@@ -41,9 +41,14 @@ async def stuck(
     older_than_seconds: Annotated[float, Query(ge=0, le=MAX_SECONDS, description=(
         "Commands open at least this long (0 to a thousand years, as `stepstone stuck --older-than`)."))] = 900.0,
 ) -> dict[str, Any]:
-    ctx = context_of(request)
-    report = (await Operations.on(ctx.store).stuck(timedelta(seconds=older_than_seconds))).as_dict()
-    if who.visible_scopes() is not None:
-        scopes = await ctx.management.instance_scopes([i["instance_id"] for i in report["items"]])
-        report["items"] = [i for i in report["items"] if who.sees(scopes.get(i["instance_id"], ""))]
-    return report
+    operations = Operations.on(context_of(request).store)
+    older_than = timedelta(seconds=older_than_seconds)
+    scopes = who.visible_scopes()
+    if scopes is None:
+        return (await operations.stuck(older_than)).as_dict()
+    # Read in each scope the caller sees: the report is capped (oldest instances first), so capping it over
+    # every scope and filtering afterwards let another scope's many dead letters hide every one of these.
+    items = [item for scope in scopes
+             for item in (await operations.stuck(older_than, where=InstanceFilter(scope=scope))).as_dict()["items"]]
+    items.sort(key=lambda i: (i["instance_id"], i["command_id"]))  # the report's own order
+    return {"older_than_seconds": older_than.total_seconds(), "items": items}
