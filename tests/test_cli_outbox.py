@@ -262,3 +262,21 @@ async def test_list_says_what_status_counts_an_expired_lease_and_a_past_retry_ar
     _, out, _ = await run("outbox", "list", "--database-url", database_url)
     assert [line.split()[4] for line in out.splitlines()[1:]] == ["pending"] * 3
     assert "leased" not in out and "retry at" not in out and "backing off" not in out
+
+
+async def test_requeue_and_discard_answer_in_json(conn: asyncpg.Connection, outbox: PostgresOutbox,
+                                                 database_url: str) -> None:
+    """`-o json` on both repairs: a result per event named (as the API's requeue), still exit 1 for one not dead."""
+    staged = await stage(conn, ["a", "b", "c"])
+    token, claimed = await claim(outbox, limit=2)
+    await outbox.settle(token, [Settlement(e, "dead", "refused", counted=True) for e in claimed])
+    first, second, alive = (e[0] for e in staged)
+    code, out, err = await run("outbox", "requeue", str(first), str(alive), "--database-url", database_url,
+                               "-o", "json")
+    assert code == 1 and f"not dead-lettered (or unknown): {alive}" in err
+    assert json.loads(out) == {"matched": 1, "results": [{"id": first, "result": "requeued"},
+                                                         {"id": alive, "result": "not_dead"}]}
+    code, out, _ = await run("outbox", "discard", "--all-dead", "--reason", "by hand", "--database-url",
+                             database_url, "-o", "json")
+    assert code == 0
+    assert json.loads(out) == {"matched": 1, "results": [{"id": second, "result": "discarded"}]}

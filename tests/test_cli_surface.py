@@ -3,6 +3,7 @@ named as such, whole command summaries in `--help`, and the docs' snippets runni
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -252,3 +253,31 @@ def test_every_option_of_every_command_is_documented() -> None:
                             if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", _section_of(name, sections) or ""))
                for name, command in _commands(cli)}
     assert {name: options for name, options in missing.items() if options} == {}
+
+
+_WITHOUT_OUTPUT = {
+    "bench": "writes its JSON report with --out",
+    "db sql": "prints the SQL itself",
+    "demo approval": "a narrated run", "demo fanout": "a narrated run", "demo outbox": "a narrated run",
+    "demo rolling-deploy": "a narrated run", "demo saga": "a narrated run",
+    "external serve": "a server until SIGTERM", "relay": "a service until SIGTERM", "serve": "a server until SIGTERM",
+    "worker": "a service until SIGTERM (--log-format json for its logs)",
+}
+"""The commands without `-o json`, and why: each runs until stopped, narrates, or prints a document of its own."""
+
+
+def test_every_command_that_answers_takes_output_json() -> None:
+    """docs/cli.md's conventions: `-o json` for scripts on every command that answers (repairs and settings too:
+    `outbox requeue`, `schedules pause`, `limits set` and `db migrate` printed only text)."""
+    without = sorted(name for name, command in _commands(cli)
+                     if not any("-o" in p.opts and "json" in getattr(p.type, "choices", ()) for p in command.params))
+    assert without == sorted(_WITHOUT_OUTPUT)
+
+
+def test_db_migrate_answers_in_json(empty_database_url: str) -> None:
+    first = CliRunner().invoke(cli, ["db", "migrate", "--database-url", empty_database_url, "-o", "json"])
+    assert first.exit_code == 0, first.output
+    applied = json.loads(first.stdout)["applied"]
+    assert applied[0] == {"version": 1, "name": applied[0]["name"]} and len(applied) > 60
+    again = CliRunner().invoke(cli, ["db", "migrate", "--database-url", empty_database_url, "-o", "json"])
+    assert json.loads(again.stdout) == {"schema": "stepstone", "applied": [], "unknown": []}

@@ -56,3 +56,14 @@ def test_limits_set_list_remove(run: Cli) -> None:
     assert "released" in run("limits", "remove", "hello").stdout
     assert run("limits", "list").stdout.strip() == "no limits"
     assert run.error("limits", "set", "hello") == "error: a flow limit takes max_running=..., min_interval=... or both"
+
+
+def test_pause_resume_delete_and_the_limits_answer_in_json(run: Cli) -> None:
+    """`-o json` on every command of both groups, as on the listings: one JSON document on stdout."""
+    run.json("schedules", "create", "hourly", "hello", "--every", "3600", "--input", '{"name": "ada"}', "--app", APP)
+    assert run.json("schedules", "pause", "hourly") == {"name": "hourly", "paused": True}
+    resumed = run.json("schedules", "resume", "hourly")
+    assert (resumed["name"], resumed["paused"], resumed["next_fire_at"][10]) == ("hourly", False, "T")
+    assert run.json("schedules", "delete", "hourly") == {"name": "hourly", "deleted": True}
+    assert run.json("limits", "set", "hello", "--max-running", "2") == {"workflow": "hello", "admitted": 0}
+    assert run.json("limits", "remove", "hello") == {"workflow": "hello", "released": 0}

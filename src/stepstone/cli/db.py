@@ -27,7 +27,8 @@ def db_group() -> None:
 @db_group.command("migrate")
 @app_option(required=False)
 @with_settings
-def migrate_command(settings: Settings, registry: Registry | None) -> None:  # noqa: ARG001 - --app: its database
+@output_option
+def migrate_command(settings: Settings, registry: Registry | None, output: str) -> None:  # noqa: ARG001 - as status
     """Apply pending migrations (safe to run concurrently and repeatedly); with --app, on the database
     the app names when none is configured."""
 
@@ -40,13 +41,14 @@ def migrate_command(settings: Settings, registry: Registry | None) -> None:  # n
             await conn.close()
 
     applied, newer = run_async(go())
-    if newer:
-        click.echo(f"schema {settings.schema}: nothing to apply: "
-                   f"{migrations.newer_release(settings.schema, newer)}")
-    elif not applied:
-        click.echo(f"schema {settings.schema}: up to date")
-    for migration in applied:
-        click.echo(f"applied {migration.version:04d}_{migration.name}")
+
+    def text() -> str:
+        said = ([f"schema {settings.schema}: nothing to apply: {migrations.newer_release(settings.schema, newer)}"]
+                if newer else [] if applied else [f"schema {settings.schema}: up to date"])
+        return "\n".join([*said, *(f"applied {m.version:04d}_{m.name}" for m in applied)])
+
+    emit({"schema": settings.schema, "applied": [{"version": m.version, "name": m.name} for m in applied],
+          "unknown": newer}, output, text)
 
 
 @db_group.command("status")
@@ -144,24 +146,27 @@ def server_status_command(output: str) -> None:
 
 
 @server_group.command("start")
-def server_start_command() -> None:
+@output_option
+def server_start_command(output: str) -> None:
     """Start this project's embedded server (creating it if needed); print its URL."""
     try:
         server = embedded.ensure_server()
     except StepstoneError as exc:
         raise CliError(str(exc)) from exc
-    click.echo(server.uri)
+    emit({"url": server.uri}, output, lambda: server.uri)
 
 
 @server_group.command("stop")
-def server_stop_command() -> None:
+@output_option
+def server_stop_command(output: str) -> None:
     """Stop this project's embedded server (commands that need it start it again)."""
     data_dir = embedded.default_data_dir()
     try:
         stopped = embedded.stop_server(data_dir)
     except StepstoneError as exc:
         raise CliError(str(exc)) from exc
-    click.echo(f"{data_dir.resolve()}: {'stopped' if stopped else 'was not running'}")
+    emit({"data_dir": str(data_dir.resolve()), "stopped": stopped}, output,
+         lambda: f"{data_dir.resolve()}: {'stopped' if stopped else 'was not running'}")
 
 
 commands = [db_group]

@@ -172,15 +172,13 @@ def list_command(settings: Settings, dead: bool, limit: int, output: str) -> Non
 @click.argument("ids", nargs=-1, type=EVENT_ID)
 @click.option("--all-dead", is_flag=True, help="Requeue every dead-lettered event.")
 @with_settings
-def requeue_command(settings: Settings, ids: tuple[int, ...], all_dead: bool) -> None:
+@output_option
+def requeue_command(settings: Settings, ids: tuple[int, ...], all_dead: bool, output: str) -> None:
     """Put dead-lettered events back to pending (attempts reset); their keys resume in order."""
     if bool(ids) == all_dead:
         raise CliError("give event ids or --all-dead (not both)")
     done = run_async(_with_outbox(settings, lambda o: o.requeue(ids, all_dead=all_dead)))
-    missing = sorted(set(ids) - set(done))
-    click.echo(f"requeued {len(done)} event(s)" + (f": {', '.join(map(str, done))}" if done else ""))
-    if missing:
-        raise CliError(f"not dead-lettered (or unknown): {', '.join(map(str, missing))}")
+    _report("requeued", ids, done, output)
 
 
 @outbox_group.command("discard")
@@ -188,7 +186,8 @@ def requeue_command(settings: Settings, ids: tuple[int, ...], all_dead: bool) ->
 @click.option("--all-dead", is_flag=True, help="Discard every dead-lettered event.")
 @click.option("--reason", type=FREE_TEXT, required=True, help="Why (kept on each event).")
 @with_settings
-def discard_command(settings: Settings, ids: tuple[int, ...], all_dead: bool, reason: str) -> None:
+@output_option
+def discard_command(settings: Settings, ids: tuple[int, ...], all_dead: bool, reason: str, output: str) -> None:
     """Give up on dead-lettered events for good: never published, out of the outbox, their keys resume.
     Use requeue instead to publish them after all."""
     if bool(ids) == all_dead:
@@ -196,8 +195,17 @@ def discard_command(settings: Settings, ids: tuple[int, ...], all_dead: bool, re
     if not reason.strip():
         raise CliError("--reason must not be empty")
     done = run_async(_with_outbox(settings, lambda o: o.discard(ids, all_dead=all_dead, reason=reason)))
+    _report("discarded", ids, done, output)
+
+
+def _report(verb: str, ids: tuple[int, ...], done: list[int], output: str) -> None:
+    """What a requeue or discard did, a result per event as the API's requeue answers (`-o json`:
+    ``{"matched", "results": [{"id", "result": VERB | "not_dead"}]}``); exit 1 when an id named was not dead."""
     missing = sorted(set(ids) - set(done))
-    click.echo(f"discarded {len(done)} event(s)" + (f": {', '.join(map(str, done))}" if done else ""))
+    wanted = list(ids) if ids else sorted(done)
+    results = [{"id": i, "result": verb if i in set(done) else "not_dead"} for i in wanted]
+    emit({"matched": len(done), "results": results}, output,
+         lambda: f"{verb} {len(done)} event(s)" + (f": {', '.join(map(str, done))}" if done else ""))
     if missing:
         raise CliError(f"not dead-lettered (or unknown): {', '.join(map(str, missing))}")
 

@@ -101,10 +101,11 @@ def _by_name(verb: str, help_text: str, operation: Callable[[Client, str], Await
 
     @schedules_group.command(verb, help=help_text)
     @click.argument("name", type=TEXT)
+    @output_option
     @with_settings
-    def command(settings: Settings, name: str) -> None:
+    def command(settings: Settings, name: str, output: str) -> None:
         _with_client(settings, None, lambda c: operation(c, name))
-        click.echo(f"schedule {name} {verb}d")
+        emit({"name": name, verb + "d": True}, output, lambda: f"schedule {name} {verb}d")
 
 
 _by_name("pause", "Stop firing schedule NAME until it is resumed.", Client.pause_schedule)
@@ -113,11 +114,12 @@ _by_name("delete", "Delete schedule NAME (instances it started are not touched).
 
 @schedules_group.command("resume")
 @click.argument("name", type=TEXT)
+@output_option
 @with_settings
-def resume_command(settings: Settings, name: str) -> None:
+def resume_command(settings: Settings, name: str, output: str) -> None:
     """Fire schedule NAME again from its next tick (ticks missed while paused do not fire)."""
     info = _with_client(settings, None, lambda c: c.resume_schedule(name))
-    click.echo(f"schedule {name} resumed; next tick {_time(info.next_fire_at)}")
+    emit(asdict(info), output, lambda: f"schedule {name} resumed; next tick {_time(info.next_fire_at)}")
 
 
 @schedules_group.command("trigger")
@@ -141,14 +143,17 @@ def limits_group() -> None:
 @click.option("--max-running", type=INT4, metavar="N", help="At most N instances run at once.")
 @click.option("--key", metavar="FIELD", help="Per value of 'business_key' or of a top-level state field.")
 @click.option("--min-interval", type=float, metavar="SECONDS", help="Starts at least this far apart.")
+@output_option
 @with_settings
 def limits_set_command(
     settings: Settings, workflow: str, max_running: int | None, key: str | None, min_interval: float | None,
+    output: str,
 ) -> None:
     """Limit WORKFLOW; the instances past the limit wait as rows and start in start order."""
     admitted = _with_client(settings, None, lambda c: c.set_flow_limit(
         workflow, max_running=max_running, key=key, min_interval=min_interval))
-    click.echo(f"limit set on {workflow}" + (f"; {admitted} waiting instance(s) admitted" if admitted else ""))
+    emit({"workflow": workflow, "admitted": admitted}, output, lambda: f"limit set on {workflow}" + (
+        f"; {admitted} waiting instance(s) admitted" if admitted else ""))
 
 
 @limits_group.command("list")
@@ -165,11 +170,13 @@ def limits_list_command(settings: Settings, output: str) -> None:
 
 @limits_group.command("remove")
 @click.argument("workflow", type=TEXT)
+@output_option
 @with_settings
-def limits_remove_command(settings: Settings, workflow: str) -> None:
+def limits_remove_command(settings: Settings, workflow: str, output: str) -> None:
     """Remove WORKFLOW's limit: whatever it held back starts now."""
     released = _with_client(settings, None, lambda c: c.remove_flow_limit(workflow))
-    click.echo(f"limit removed from {workflow}; {released} waiting instance(s) released")
+    emit({"workflow": workflow, "released": released}, output,
+         lambda: f"limit removed from {workflow}; {released} waiting instance(s) released")
 
 
 commands = [schedules_group, limits_group]
