@@ -18,6 +18,7 @@ from stepstone.authoring.sensitive import Sensitive
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.core.redaction import REDACTED
 from stepstone.runtime.serving import record_definitions
+from stepstone.store.management import open_management
 from stepstone.testing import Engine, open_engine
 
 CARD, OTP, CODE = "4111-card-canary", "otp-canary-77", "code-canary-31"
@@ -186,3 +187,60 @@ async def test_a_refused_completion_shows_the_winners_payload_redacted(
         assert "canary" not in again.text
         await engine.run_until_idle()
     assert (await engine.client.get(iid)).state["code"] == CODE
+
+
+async def test_a_refusal_naming_an_open_completion_shows_its_payload_redacted(
+    setup: tuple[Engine, httpx.AsyncClient, dict[str, str]],
+) -> None:
+    """A task refused because it is being completed (409 TaskNotOpen) names the completion that won, which the
+    task row keeps whole until its command settles: the problem shows it as the task's views do, to whoever
+    tried (here another candidate, who never saw the code)."""
+    engine, http, auth = setup
+    started = await http.post("/api/v1/instances", headers=auth, json={"workflow": "api_payment", "input": {
+        "order": "o-3", "card": CARD, "holder": {"name": "Ann"}}})
+    iid = started.json()["id"]
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "otp", {"otp": OTP})
+    await engine.advance(10)
+    await engine.run_until_idle()
+    (task,) = (await http.get("/api/v1/tasks?mode=all", headers=auth)).json()["items"]
+    done = await http.post(f"/api/v1/tasks/{task['id']}/complete", headers=auth,
+                           json={"decision": "ok", "payload": {"code": CODE, "note": "fine"}})
+    assert done.status_code == 202, done.text
+    token, _ = await create_token(open_management(engine.store), role="task_worker", name="bob")
+    bob = {"Authorization": f"Bearer {token}"}
+    for action, body in (("complete", {"decision": "ok", "payload": {"code": "mine"}}), ("claim", None),
+                         ("reassign", {"to": "eve", "admin": True})):
+        refused = await http.post(f"/api/v1/tasks/{task['id']}/{action}", headers=auth if action == "reassign" else bob,
+                                  json=body)
+        assert (refused.status_code, refused.json()["error"]) == (409, "TaskNotOpen"), refused.text
+        assert refused.json()["completion"]["payload"] == {"code": REDACTED, "note": "fine"}, action
+
+
+async def test_the_cli_shows_a_task_as_the_api_does(
+    setup: tuple[Engine, httpx.AsyncClient, dict[str, str]], database_url: str,
+) -> None:
+    """`stepstone tasks show`, `list` and `complete`, as tables and with -o json, redact the state fields a task
+    shows and its open completion's payload as the API does (docs/operations.md: `tasks show` is among the
+    outputs that redact); they printed the task row as stored."""
+    from tests.ops.test_cli_operations import run  # noqa: PLC0415 - the one CLI runner of the operator tests
+
+    engine, http, auth = setup
+    iid = await engine.client.start(payment, {"order": "o-4", "card": CARD, "holder": {"name": "Ann", "pin": "p"}})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "otp", {"otp": OTP})
+    await engine.advance(10)
+    await engine.run_until_idle()
+    (task,) = (await http.get("/api/v1/tasks?mode=all", headers=auth)).json()["items"]
+    shown = []
+    for args in (("tasks", "show", task["id"]), ("tasks", "list", "--mode", "all"),
+                 ("tasks", "complete", task["id"], "ok", "--payload", json.dumps({"code": CODE}), "--as", "mia",
+                  "--idempotency-key", "k-4"),  # the second time, a repeat
+                 ("tasks", "show", task["id"])):  # the completion's command is open: the row holds the code whole
+        for fmt in ((), ("-o", "json")):
+            result = await run(database_url, *args, *fmt)
+            assert result.exit_code == 0, result.output
+            shown.append(result.output)
+    assert "canary" not in "\n".join(shown)
+    data = json.loads(shown[-1])
+    assert (data["data"]["card"], data["completion"]["payload"]) == (REDACTED, {"code": REDACTED})
