@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import AsyncIterator
 
 import httpx
@@ -10,6 +12,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 
 from stepstone.api import Principal, context_on, create_app
+from stepstone.api.auth import TOKEN_COOKIE
 from stepstone.testing import Engine, open_engine
 from tests.api import workflows
 
@@ -67,3 +70,21 @@ async def test_mounted_api_and_ui_use_the_hosts_users(host: tuple[Engine, httpx.
     assert 'href="/ops/ui/"' in missing.text and 'href="/ops/ui/static/stepstone.css"' in missing.text
     schema = (await http.get("/ops/api/v1/openapi.json")).json()
     assert "/api/v1/instances" in schema["paths"]
+
+
+async def test_behind_the_hosts_users_a_cookie_named_like_the_sign_in_does_not_key_the_forms(
+    host: tuple[Engine, httpx.AsyncClient],
+) -> None:
+    """The UI's CSRF values are keyed by the app's secret behind a host's authentication (docs/ui.md, Safety):
+    a `stepstone_token` cookie, which another site under the same domain can set, must not key them there, or
+    a cross-site form could carry the value it computes from the cookie it set."""
+    engine, http = host
+    iid = await engine.client.start("job", {"name": "c"}, scope="acme")
+    await engine.run_until_idle()
+    planted = "sst_planted"
+    forged = hmac.new(planted.encode(), b"stepstone-csrf\nhost:ada", hashlib.sha256).hexdigest()[:40]
+    http.cookies.set(TOKEN_COOKIE, planted, path="/ops/ui")
+    r = await http.post(f"/ops/ui/instances/{iid}/cancel", headers={"x-user": "ada"},
+                        data={"csrf": forged, "reason": "forged"})
+    assert r.status_code == 403, r.text[:300]
+    assert (await engine.client.get(iid)).status == "WAITING"

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from stepstone.api.app import API_PREFIX
-from stepstone.api.auth import TOKEN_COOKIE, Principal
+from stepstone.api.auth import TOKEN_COOKIE, Principal, TokenAuth
 from stepstone.api.context import context_of
 from stepstone.core.attribution import Actor
 from stepstone.ids import short_id
@@ -91,8 +91,12 @@ def ui_root(request: Request) -> str:
 def _key(request: Request) -> bytes:
     """What the UI's own values are keyed by: the sign-in cookie's token (the same on every replica), or,
     behind a host's authentication (or --no-auth), the app's `ui_secret`."""
+    ctx = context_of(request)
     cookie = request.cookies.get(TOKEN_COOKIE)
-    return cookie.encode("utf-8", "surrogatepass") if cookie else context_of(request).ui_secret
+    # Only where the UI signs in with that cookie is it a secret: behind a host's authentication anyone able
+    # to set a cookie for this path (a sibling site of the domain) could plant one and compute every value.
+    signs_in = isinstance(ctx.authenticate_ui, TokenAuth) and ctx.authenticate_ui.cookie
+    return cookie.encode("utf-8", "surrogatepass") if cookie and signs_in else ctx.ui_secret
 
 
 def csrf_token(request: Request, who: Principal) -> str:
