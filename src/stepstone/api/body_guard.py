@@ -9,7 +9,7 @@ without this a request without a token could make the server read and parse any 
   than the limit;
 - authenticates a request to the API that carries a body (``/api/v1``, not the UI's forms, which sign in
   with one) before reading it: 401 `Unauthenticated` without valid credentials (403 `NotLocal` from a
-  no-auth server refusing another host or site); the principal found is
+  no-auth server refusing another host or site; 503 when the database cannot be asked); the principal found is
   the one the route's `principal` dependency then uses (`PRINCIPAL_STATE`), so the token is looked up once.
 - answers a state change to the API on a read-only server with its 405 `ReadOnly` before reading the
   body, as `writer` orders it (405 before 401): FastAPI would otherwise read, parse and validate the
@@ -21,11 +21,12 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stepstone.api.auth import NotLocal, ReadOnly, Unauthenticated
+from stepstone.api.auth import ReadOnly
 from stepstone.api.context import PRINCIPAL_STATE, context_of, principal, writable
 from stepstone.api.methods import allowed_methods
-from stepstone.api.problems import error_response, problem, status_of, stepstone_error_response
+from stepstone.api.problems import problem, stepstone_error_response
 from stepstone.core.limits import Limits
+from stepstone.errors import StepstoneError
 
 __all__ = ["BodyGuard", "body_limit"]
 
@@ -72,9 +73,10 @@ class BodyGuard:
         if api and not ctx.read_only:
             try:
                 scope.setdefault("state", {})[PRINCIPAL_STATE] = await principal(request)
-            except (Unauthenticated, NotLocal) as exc:  # raised here, outside the app's exception handlers
-                status = status_of(exc)
-                await error_response(exc, status, type(exc).__name__, str(exc))(scope, receive, send)
+            except StepstoneError as exc:  # raised here, outside the app's exception handlers
+                # 401, 403 NotLocal, and 503 when the token cannot be looked up (the database is away): the
+                # mapping's status, as a route's lookup gets, not the 500 of an exception escaping the app.
+                await (await stepstone_error_response(request, exc))(scope, receive, send)
                 return
         try:
             body = await _read(receive, limit)
