@@ -198,3 +198,29 @@ async def test_start_to_first_step_is_measured_on_the_database_clock(engine: Eng
     await engine.run_until_idle()
     assert _value(metrics, "stepstone_start_to_first_step_seconds_count", workflow="wobbly") == 1
     assert _value(metrics, "stepstone_start_to_first_step_seconds_sum", workflow="wobbly") >= 5
+
+
+async def test_an_overlong_request_line_or_header_is_431_and_logs_nothing(
+    engine: Engine, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The probe port's reader takes lines of up to 64 KiB: a longer request line or header line, or a flood of
+    header lines, is answered 431 and the connection closed. A longer line was an unhandled ValueError in the
+    connection's callback: no answer, and asyncio's ERROR with a traceback in the worker's log each time."""
+    from stepstone.observability.health import HealthServer  # noqa: PLC0415
+
+    server = HealthServer(engine.worker, engine.store, host="127.0.0.1", port=0)  # type: ignore[arg-type]
+    await server.start()
+    try:
+        for sent in (b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n",
+                     b"GET /livez HTTP/1.1\r\nX-Long: " + b"b" * 70_000 + b"\r\n\r\n",
+                     b"GET /livez HTTP/1.1\r\n" + b"X-Many: c\r\n" * 200 + b"\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(sent)
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:80]
+        assert (await _get(server.port, "/livez"))[0] in (200, 503)  # it still answers
+    finally:
+        await server.stop()
+    assert [r.getMessage()[:80] for r in caplog.records if r.levelno >= logging.ERROR] == []

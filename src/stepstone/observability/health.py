@@ -28,6 +28,7 @@ __all__ = ["HealthServer", "Probed"]
 
 _SAMPLE_EVERY = 10.0  # seconds between database samples of the queue gauges, per worker
 _READ_TIMEOUT = 5.0
+_MAX_HEADER_LINES = 100  # a probe sends a handful; more only keeps a connection (and its descriptor) open
 
 
 class Probed(Protocol):
@@ -49,7 +50,9 @@ class _Response:
     extra: str = ""  # more header lines, each ending in CRLF
 
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 431: "Request Header Fields Too Large",
+            503: "Service Unavailable"}
+_TOO_LARGE = _Response(431, b'{"error": "request line or headers too large"}')
 
 
 class HealthServer:
@@ -83,11 +86,7 @@ class HealthServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)
-            while (await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request.decode("latin-1").split()
-            response = await self._route(parts)
+            parts, response = await self._read(reader)
         except (TimeoutError, ConnectionError, UnicodeDecodeError):
             writer.close()
             return
@@ -99,6 +98,22 @@ class HealthServer:
             writer.write(head.encode() + body)
             await writer.drain()
         writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader) -> tuple[list[str], _Response]:
+        """The request line's words and the answer; 431 for a line over the reader's 64 KiB, which readline
+        raises as a ValueError (it escaped the callback: no answer, and asyncio's traceback in the log), or
+        for more header lines than a probe sends."""
+        try:
+            request = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)
+            for _ in range(_MAX_HEADER_LINES):
+                if (await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)) in (b"\r\n", b"\n", b""):
+                    break
+            else:
+                return [], _TOO_LARGE
+        except ValueError:
+            return [], _TOO_LARGE
+        parts = request.decode("latin-1").split()
+        return parts, await self._route(parts)
 
     async def _route(self, parts: list[str]) -> _Response:
         method, path = (parts[0], parts[1].split("?", 1)[0]) if len(parts) >= 2 else ("", "")
