@@ -73,3 +73,16 @@ async def test_the_ui_of_a_no_auth_server_refuses_another_host_and_origin(local:
         r = await http.post(f"/ui/instances/{iid}/cancel", data={"csrf": csrf}, headers={"Origin": base})
         assert r.status_code == 303
     assert (await engine.client.get(iid)).status == "CANCELLED"
+
+
+async def test_the_ui_of_a_no_auth_server_may_not_be_framed_by_another_site(local: tuple[Engine, str]) -> None:
+    """A page elsewhere cannot send a form as the local admin, but it could show the UI in a frame and have the
+    user click its own buttons there (the frame's requests name this host and origin, and carry the page's CSRF
+    value): every UI page, its error pages too, says that only its own origin may frame it."""
+    engine, base = local
+    iid = await engine.client.start("job", {"name": "f"})
+    async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+        for path in ("/ui/", f"/ui/instances/{iid}/confirm/cancel", "/ui/maintenance", "/ui/nope"):
+            r = await http.get(path)
+            assert r.headers.get("x-frame-options") == "SAMEORIGIN", (path, r.status_code)
+            assert r.headers.get("content-security-policy") == "frame-ancestors 'self'", path

@@ -150,4 +150,13 @@ def page(request: Request, template: str, who: Principal | None, *, status_code:
         csrf=csrf_token(request, who) if who else "", query=query, why_not=why_not,
         flash=flash_of(request),
         **values)
-    return HTMLResponse(html, status_code=status_code, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(html, status_code=status_code, headers=_PAGE_HEADERS)
+
+
+_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    # No other site may show a page in a frame and have the user click its buttons there (clickjacking): the
+    # frame's requests would be this origin's, with the page's CSRF value, as the local admin of --no-auth.
+    "X-Frame-Options": "SAMEORIGIN",
+    "Content-Security-Policy": "frame-ancestors 'self'",
+}
