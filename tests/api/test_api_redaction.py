@@ -69,7 +69,21 @@ def done(ctx: StepContext, state: Payment) -> None:
     state.code = ctx.task.payload["code"]
 
 
-registry = Registry(payment)
+class Signup(BaseModel):
+    email: Annotated[str, Sensitive]
+
+
+# A wait correlated by a sensitive field: its key is that field's value.
+signup: Workflow[Signup] = Workflow("api_signup", version=1, state=Signup)
+signup.wait("await_confirmation", messages={"confirmed": "welcome"}, correlation="email", start=True)
+
+
+@signup.step(next=None)
+def welcome(ctx: StepContext, state: Signup) -> None:
+    pass
+
+
+registry = Registry(payment, signup)
 
 
 @pytest.fixture
@@ -244,3 +258,33 @@ async def test_the_cli_shows_a_task_as_the_api_does(
     assert "canary" not in "\n".join(shown)
     data = json.loads(shown[-1])
     assert (data["data"]["card"], data["completion"]["payload"]) == (REDACTED, {"code": REDACTED})
+
+
+async def test_a_waits_correlation_key_read_from_a_sensitive_field_is_redacted(
+    setup: tuple[Engine, httpx.AsyncClient, dict[str, str]], database_url: str,
+) -> None:
+    """`correlation="email"` on a sensitive email: what the instance waits for (its `waiting_for` and its
+    position's `wait`) named the address whole beside the state's [redacted], in the API, the UI, `show` and
+    `inspect`."""
+    from tests.ops.test_cli_operations import run  # noqa: PLC0415 - the one CLI runner of the operator tests
+
+    engine, http, auth = setup
+    address = "ann-canary@example.org"
+    iid = await engine.client.start(signup, {"email": address})
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).waiting_for["correlation_key"] == address  # the live row keeps it
+    shown = (await http.get(f"/api/v1/instances/{iid}", headers=auth)).json()
+    assert (shown["waiting_for"]["correlation_key"], shown["positions"][0]["wait"]["correlation_key"]) == (
+        REDACTED, REDACTED)
+    assert shown["waiting_for"]["messages"] == {"confirmed": "welcome"}  # the rest of the wait is kept
+    texts = [(await http.get(f"/api/v1/instances/{iid}/positions", headers=auth)).text]
+    await http.post("/ui/login", data={"token": auth["Authorization"].removeprefix("Bearer ")})
+    texts.append((await http.get(f"/ui/instances/{iid}")).text)
+    for args in (("show", iid), ("inspect", iid)):
+        for fmt in ((), ("-o", "json")):
+            result = await run(database_url, *args, *fmt)
+            assert result.exit_code == 0, result.output
+            texts.append(result.output)
+    assert "canary" not in "\n".join(texts)
+    published = await engine.client.publish_message("confirmed", address)  # the key still correlates
+    assert published.outcome == "delivered"

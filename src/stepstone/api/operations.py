@@ -86,9 +86,13 @@ async def instance(ctx: ApiContext, who: Principal, instance_id: str) -> dict[st
     info = await ctx.client(who.actor).get(instance_id)
     redaction = (await ctx.management.redactions([instance_id])).get(instance_id)
     # A shallow copy: asdict's deep copy of a large state took longer than reading it (docs/api.md, "Measured").
-    # The state as `stepstone show` shows it: sensitive values redacted (docs/operations.md, Redaction).
-    return {**vars(info), "scope": scope,
-            "state": info.state if redaction is None else redaction.shown_state(info.state)}
+    # The state as `stepstone show` shows it: sensitive values redacted (docs/operations.md, Redaction), and so
+    # is a wait's correlation key read from one of them.
+    if redaction is None:
+        return {**vars(info), "scope": scope}
+    waiting_for, positions = redaction.shown_waits(info.state, info.waiting_for, info.positions)
+    return {**vars(info), "scope": scope, "state": redaction.shown_state(info.state), "waiting_for": waiting_for,
+            "positions": positions}
 
 
 async def compensations(ctx: ApiContext, who: Principal, instance_id: str) -> list[dict[str, Any]]:

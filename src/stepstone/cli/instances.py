@@ -36,9 +36,11 @@ from stepstone.client_starts import DEFAULT_START_BATCH
 from stepstone.config import Settings
 from stepstone.core import json_text
 from stepstone.core.model import WAITING
+from stepstone.core.redaction import Redaction
 from stepstone.errors import DefinitionNotFound, InvalidInput
 from stepstone.ops.history import compensations_shown
 from stepstone.ops.repair import saga_unchanged
+from stepstone.store.management import open_management
 
 __all__ = ["commands"]
 
@@ -303,8 +305,12 @@ def show_command(settings: Settings, output: str, instance_id: str) -> None:
 
     async def work(client: Client) -> tuple[InstanceInfo, list[dict[str, Any]], list[dict[str, Any]]]:
         info = await client.get(iid)
-        shown = (await client.detail(iid)).state  # sensitive values redacted (docs/operations.md)
-        return replace(info, state=shown), await client.history(iid), await client.compensations(iid)
+        # As every view shows it (docs/operations.md, Redaction): sensitive values redacted, and a wait's
+        # correlation key read from one of them.
+        redaction = (await open_management(client.store).redactions([iid])).get(iid, Redaction())
+        waiting_for, positions = redaction.shown_waits(info.state, info.waiting_for, info.positions)
+        shown = replace(info, state=redaction.shown_state(info.state), waiting_for=waiting_for, positions=positions)
+        return shown, await client.history(iid), await client.compensations(iid)
 
     info, history, compensations = _with_client(settings, None, work)
     compensations = compensations_shown(compensations)

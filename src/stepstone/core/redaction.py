@@ -208,6 +208,18 @@ class Redaction:
             completion = {**completion, "payload": redact_state(completion["payload"], paths)}
         return {**task, "data": data, "completion": completion}
 
+    def shown_waits(self, state: Any, waiting_for: Any, positions: list[dict[str, Any]]) -> tuple[Any, list[Any]]:
+        """What an instance waits for and its positions as the views show them: a wait's correlation key read
+        from a sensitive field of the live `state` (`correlation="email"`) redacted, as the state beside it is
+        (the key is that field's value, as text: compared with the sensitive values the worker scrubs)."""
+        secrets = self.secrets(state) if self.paths else frozenset()
+
+        def shown(wait: Any) -> Any:
+            key = wait.get("correlation_key") if isinstance(wait, dict) else None
+            return {**wait, "correlation_key": REDACTED} if key is not None and str(key) in secrets else wait
+
+        return shown(waiting_for), [{**p, "wait": shown(p.get("wait"))} if "wait" in p else p for p in positions]
+
     def secrets(self, *states: Any) -> frozenset[str]:
         """The sensitive values the states hold, as text, for scrubbing free text."""
         found: set[str] = set()

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from stepstone.core.limits import MAX_INT4
-from stepstone.core.redaction import Path, redact_state
+from stepstone.core.redaction import Path, Redaction, redact_state
 from stepstone.ops.history import entry
 from stepstone.ops.model import (
     HistoryPage,
@@ -67,12 +67,13 @@ async def detail(store: OperationsStore, instance_id: str, *, reveal: bool = Fal
     paths = sensitive_paths_of(extra)
     max_attempts = extra.get("max_attempts") or {}
     state = row["state"] if reveal else redact_state(row["state"], paths)
+    positions = row["positions"] if reveal else Redaction(paths).shown_waits(row["state"], None, row["positions"])[1]
     return InstanceDetail(
         id=row["id"], scope=extra["scope"], workflow=row["definition_id"], version=row["version"],
         status=row["status"], step=row["step"], business_key=row["business_key"],
         parent_id=None if row["parent_id"] is None else str(row["parent_id"]), state=state, error=row["error"],
         created_at=row["created_at"], updated_at=row["updated_at"], ended_at=row["ended_at"],
-        archived_at=extra["archived_at"], positions=row["positions"],
+        archived_at=extra["archived_at"], positions=positions,
         commands=[c for c in commands if c["kind"] != "TIMER"],
         timers=[c for c in commands if c["kind"] == "TIMER"],
         children=row["children"], outbox=outbox,
