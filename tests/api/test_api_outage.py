@@ -24,6 +24,10 @@ class _TokensDown(Outage):
         self.check("token_by_hash")
         return await self.real.token_by_hash(token_hash)
 
+    async def active_token_count(self) -> Any:
+        self.check("token_by_hash")
+        return await self.real.active_token_count()
+
 
 @pytest.fixture
 async def http(database_url: str) -> AsyncIterator[httpx.AsyncClient]:
@@ -31,6 +35,7 @@ async def http(database_url: str) -> AsyncIterator[httpx.AsyncClient]:
         ctx = context_on(engine.store, registry=workflows.registry)
         tokens = _TokensDown(ctx.management, ("token_by_hash",))
         ctx.authenticate = TokenAuth(tokens, cookie=False)
+        ctx.management = tokens
         tokens.down = True
         try:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(ctx)),
@@ -52,3 +57,13 @@ async def test_a_request_during_an_outage_is_503_whoever_looks_its_token_up(
     r = await http.request(method, path, headers={"Authorization": "Bearer sst_anything"}, json=body)
     assert (r.status_code, r.headers["content-type"]) == (503, "application/problem+json"), r.text
     assert r.json()["error"] == "DatabaseUnavailable"
+
+
+async def test_an_outage_does_not_tell_anyone_where_the_database_is(http: httpx.AsyncClient) -> None:
+    """/health answers without a token, and any request meets the outage before its token is known: the 503 says
+    what to do, not the database's host and port (the driver's message named them, and the problem carried them)."""
+    for path in ("/api/v1/health", "/api/v1/instances"):
+        r = await http.get(path, headers={"Authorization": "Bearer sst_anything"})
+        assert (r.status_code, r.json()["error"]) == (503, "DatabaseUnavailable"), r.text
+        assert r.json()["detail"] == "the database cannot be reached now; try again later"
+        assert "test" not in r.text.replace("urn:stepstone", ""), r.text  # the outage's host is named "test"

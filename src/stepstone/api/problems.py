@@ -28,6 +28,7 @@ from stepstone.api.methods import SAFE_METHODS, allowed_methods
 from stepstone.errors import (
     ConfigError,
     Conflict,
+    DatabaseUnavailable,
     InvalidInput,
     NotFound,
     StepstoneError,
@@ -97,6 +98,10 @@ def _page(request: Request, status: int, title: str, detail: str) -> Response | 
 async def stepstone_error_response(request: Request, exc: Exception) -> Response:
     """A StepstoneError as the API answers it (an exception handler: the UI's page for a UI request)."""
     assert isinstance(exc, StepstoneError)
+    if isinstance(exc, DatabaseUnavailable):
+        # Where the database lives is the operators' to know (the store logs the outage), not any caller's:
+        # /health answers without a token, and every request meets an outage before its token is known.
+        exc = DatabaseUnavailable("the database cannot be reached now; try again later")
     status, name = status_of(exc), type(exc).__name__
     detail = str(exc).splitlines()[0] if str(exc) else name
     if status == 500 and not isinstance(exc, ConfigError):
