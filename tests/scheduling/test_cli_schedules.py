@@ -67,3 +67,11 @@ def test_pause_resume_delete_and_the_limits_answer_in_json(run: Cli) -> None:
     assert run.json("schedules", "delete", "hourly") == {"name": "hourly", "deleted": True}
     assert run.json("limits", "set", "hello", "--max-running", "2") == {"workflow": "hello", "admitted": 0}
     assert run.json("limits", "remove", "hello") == {"workflow": "hello", "released": 0}
+
+
+def test_removing_a_limit_that_is_not_there_is_an_error(run: Cli) -> None:
+    """`limits remove hellp` (a typo) said `limit removed from hellp; 0 waiting instance(s) released`, exit 0."""
+    run("limits", "set", "hello", "--max-running", "2")
+    assert run.error("limits", "remove", "hellp") == (
+        "error: no flow limit on 'hellp' (`stepstone limits list` shows them)")
+    assert [limit["workflow"] for limit in run.json("limits", "list")] == ["hello"]

@@ -174,7 +174,14 @@ def limits_list_command(settings: Settings, output: str) -> None:
 @with_settings
 def limits_remove_command(settings: Settings, workflow: str, output: str) -> None:
     """Remove WORKFLOW's limit: whatever it held back starts now."""
-    released = _with_client(settings, None, lambda c: c.remove_flow_limit(workflow))
+
+    async def remove(client: Client) -> int | None:
+        # A name with no limit (a typo) is an error, as for schedules and tokens, not "limit removed".
+        return await client.remove_flow_limit(workflow) if await client.flow_limits(workflow) else None
+
+    released = _with_client(settings, None, remove)
+    if released is None:
+        raise CliError(f"no flow limit on {workflow!r} (`stepstone limits list` shows them)")
     emit({"workflow": workflow, "released": released}, output,
          lambda: f"limit removed from {workflow}; {released} waiting instance(s) released")
 
