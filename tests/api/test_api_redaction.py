@@ -288,3 +288,23 @@ async def test_a_waits_correlation_key_read_from_a_sensitive_field_is_redacted(
     assert "canary" not in "\n".join(texts)
     published = await engine.client.publish_message("confirmed", address)  # the key still correlates
     assert published.outcome == "delivered"
+
+
+async def test_an_instance_named_by_another_spelling_of_its_id_is_redacted_all_the_same(
+    setup: tuple[Engine, httpx.AsyncClient, dict[str, str]],
+) -> None:
+    """Any spelling of a UUID finds the instance (upper case, no hyphens, braces, urn:uuid:); the redaction was
+    looked up by the id as typed among ids spelled the database's way, so such a spelling found none and showed
+    the state and an open signal's payload whole."""
+    engine, http, auth = setup
+    iid = await engine.client.start(payment, {"order": "o-5", "card": CARD, "holder": {"name": "Ann", "pin": "p"}})
+    await engine.run_until_idle()
+    await engine.client.signal(iid, "otp", {"otp": OTP})
+    await engine.run_until_idle()  # parked during the pause: its open command holds the payload whole
+    await http.post("/ui/login", data={"token": auth["Authorization"].removeprefix("Bearer ")})
+    for spelling in (iid.upper(), iid.replace("-", ""), "{" + iid + "}", "urn:uuid:" + iid):
+        for path in (f"/api/v1/instances/{spelling}", f"/api/v1/instances/{spelling}/commands",
+                     f"/ui/instances/{spelling}"):
+            r = await http.get(path, headers=auth if path.startswith("/api") else {})
+            assert r.status_code == 200, (path, r.text[:200])
+            assert "canary" not in r.text, path

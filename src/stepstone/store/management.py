@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -22,6 +22,8 @@ from stepstone.store.management_port import TokenRecord
 from stepstone.store.postgres import PostgresStore
 from stepstone.store.queries import named_queries
 
+T = TypeVar("T")
+
 __all__ = ["PostgresManagement", "open_management"]
 
 
@@ -30,6 +32,18 @@ def open_management(store: object) -> PostgresManagement:
     if not isinstance(store, PostgresStore):
         raise TypeError(f"the management API needs the PostgreSQL store, not {type(store).__name__}")
     return PostgresManagement(store)
+
+
+def _keys(instance_ids: Sequence[str]) -> dict[str, uuid.UUID]:
+    """Each id as given, with the UUID it spells (ids that spell none left out)."""
+    return {i: k for i in set(instance_ids) if (k := _uuid(i)) is not None}
+
+
+def _as_given(keys: dict[str, uuid.UUID], found: dict[uuid.UUID, T]) -> dict[str, T]:
+    """What was found, keyed by the ids as the caller gave them: any spelling of a UUID finds an instance
+    (upper case, no hyphens), so a lookup keyed the database's way missed it (and a redaction looked up so
+    was none: the state shown whole)."""
+    return {given: found[key] for given, key in keys.items() if key in found}
 
 
 def _uuid(value: str) -> uuid.UUID | None:
@@ -78,14 +92,15 @@ class PostgresManagement:
         return str(rows[0]["scope"]) if rows else None
 
     async def instance_scopes(self, instance_ids: Sequence[str]) -> dict[str, str]:
-        keys = [k for k in (_uuid(i) for i in set(instance_ids)) if k is not None]
-        rows = await self._fetch("instance_scopes", keys) if keys else []
-        return {str(r["id"]): str(r["scope"]) for r in rows}
+        keys = _keys(instance_ids)
+        rows = await self._fetch("instance_scopes", list(set(keys.values()))) if keys else []
+        return _as_given(keys, {r["id"]: str(r["scope"]) for r in rows})
 
     async def redactions(self, instance_ids: Sequence[str]) -> dict[str, Redaction]:
-        keys = [k for k in (_uuid(i) for i in set(instance_ids)) if k is not None]
-        rows = await self._fetch("instance_redactions", keys) if keys else []
-        return {str(r["id"]): Redaction.of_document(r["sensitive"], r["sensitive_payloads"]) for r in rows}
+        keys = _keys(instance_ids)
+        rows = await self._fetch("instance_redactions", list(set(keys.values()))) if keys else []
+        return _as_given(keys, {r["id"]: Redaction.of_document(r["sensitive"], r["sensitive_payloads"])
+                                for r in rows})
 
     async def shown_tasks(self, tasks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Tasks (`TaskInfo` fields) as every view shows them, the API's, the UI's and the CLI's: the state

@@ -46,9 +46,12 @@ class TokenRecord:
 
 class ManagementStore(Protocol):
     async def instance_scope(self, instance_id: str) -> str | None: ...
-    async def instance_scopes(self, instance_ids: Sequence[str]) -> dict[str, str]: ...
+    async def instance_scopes(self, instance_ids: Sequence[str]) -> dict[str, str]:
+        """The scope of each instance, keyed by the ids as given (any spelling of a UUID; missing ones left out)."""
+        ...
     async def redactions(self, instance_ids: Sequence[str]) -> dict[str, Redaction]:
-        """The redaction of each instance its registration stores (missing ones left out)."""
+        """The redaction of each instance its registration stores, keyed by the ids as given (any spelling of a
+        UUID: the caller looks its own id up; missing ones left out)."""
         ...
     async def shown_tasks(self, tasks: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Tasks (`TaskInfo` fields) as every view shows them: shown fields and completion payloads redacted."""
