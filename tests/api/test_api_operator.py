@@ -163,3 +163,23 @@ async def test_a_scoped_stuck_report_is_not_crowded_out_by_other_scopes(
     everyone = await api.http.get(f"{V1}/operator/stuck", headers=await api.token("viewer"),
                                   params={"older_than_seconds": 0})
     assert len(everyone.json()["items"]) == 2  # a token of every scope reads the one capped report, as before
+
+
+async def test_a_stuck_report_cut_at_its_cap_says_so(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report holds at most queries.MAX_REPORT items; one that matched more says `more` (the API, the CLI's
+    -o json and its table), where it looked the same as a report that held everything."""
+    from tests.ops.test_cli_operations import run  # noqa: PLC0415 - the one CLI runner of the operator tests
+
+    monkeypatch.setattr(queries, "MAX_REPORT", 2)
+    for n in range(4):  # starts no worker has run: each START command is open, "old" past 0 s
+        await api.engine.client.start("job", {"name": f"s{n}"}, scope="acme" if n else "default")
+    for token in (await api.token("viewer"), await api.token("viewer", scope="acme")):
+        r = await api.http.get(f"{V1}/operator/stuck", headers=token, params={"older_than_seconds": 0})
+        assert (len(r.json()["items"]), r.json()["more"]) == (2, True), r.text
+    r = await api.http.get(f"{V1}/operator/stuck", headers=await api.token("viewer", scope="default"),
+                           params={"older_than_seconds": 0})
+    assert (len(r.json()["items"]), r.json()["more"]) == (1, False)
+    url = api.engine.store.url  # type: ignore[attr-defined]
+    table = await run(url, "stuck", "--older-than", "0s")
+    assert "the first 2 are shown: narrow the filters" in table.output, table.output
+    assert (await run(url, "stuck", "--older-than", "0s", "-o", "json")).stdout.count('"more": true') == 1

@@ -293,6 +293,8 @@ def stuck_command(settings: Settings, output: str, older_than: str, **filters: A
             return "nothing stuck"
         head = (f"{report.count('dead letter')} dead letter(s), {report.count('retrying')} retrying, "
                 f"{report.count('old')} open longer than {older_than}")
+        if report.more:
+            head += f" (more are stuck: the first {len(report.items):,} are shown: narrow the filters)"
         return head + "\n" + rich_table(["instance", "workflow", "command", "kind", "step", "attempt", "why",
                                          "since", "last error"], [
             [i.instance_id, i.workflow, i.command_id, i.kind, i.step or "", i.attempt, i.reason, _t(i.since),

@@ -164,6 +164,8 @@ class StuckItem(_Plain):
 class StuckReport(_Plain):
     older_than_seconds: float
     items: list[StuckItem]
+    more: bool = False
+    """More commands are stuck than the report holds (`queries.MAX_REPORT`, of the oldest instances)."""
 
     def count(self, reason: str) -> int:
         return sum(1 for i in self.items if i.reason == reason)

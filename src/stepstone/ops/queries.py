@@ -115,8 +115,9 @@ async def stuck(store: OperationsStore, older_than: timedelta = timedelta(minute
                 where: InstanceFilter | None = None) -> StuckReport:
     """Commands open for longer than `older_than`, every dead letter, every step retrying (of the
     instances `where` keeps, or of all)."""
-    rows = await store.stuck(older_than, MAX_REPORT, where)
-    return StuckReport(older_than.total_seconds(), [
+    found = await store.stuck(older_than, MAX_REPORT + 1, where)
+    rows = found[:MAX_REPORT]
+    return StuckReport(older_than.total_seconds(), more=len(found) > MAX_REPORT, items=[
         StuckItem(
             command_id=r["id"], instance_id=r["instance_id"], workflow=r["definition_id"],
             instance_status=r["instance_status"], position=r["position"], kind=r["kind"], state=r["state"],

@@ -48,7 +48,8 @@ async def stuck(
         return (await operations.stuck(older_than)).as_dict()
     # Read in each scope the caller sees: the report is capped (oldest instances first), so capping it over
     # every scope and filtering afterwards let another scope's many dead letters hide every one of these.
-    items = [item for scope in scopes
-             for item in (await operations.stuck(older_than, where=InstanceFilter(scope=scope))).as_dict()["items"]]
-    items.sort(key=lambda i: (i["instance_id"], i["command_id"]))  # the report's own order
-    return {"older_than_seconds": older_than.total_seconds(), "items": items}
+    reports = [(await operations.stuck(older_than, where=InstanceFilter(scope=scope))).as_dict() for scope in scopes]
+    items = sorted((item for report in reports for item in report["items"]),
+                   key=lambda i: (i["instance_id"], i["command_id"]))  # the report's own order
+    return {"older_than_seconds": older_than.total_seconds(), "items": items,
+            "more": any(report["more"] for report in reports)}
