@@ -72,3 +72,12 @@ async def test_the_live_stream_ends_when_its_token_is_revoked(api: Api, monkeypa
             assert lines.count(": keep-alive") < 40, "the stream went on after its token was revoked"
         assert (await http.get("/ui/events")).status_code == 303  # the reconnection: to the sign-in page
     assert lines[0].startswith("retry:")
+
+
+async def test_the_outbox_page_offers_no_requeue_form_to_a_viewer(api: Api) -> None:
+    """The outbox page rendered its requeue form, a checkbox per dead event, for a viewer (only its button was
+    left out): the page offers no action the role may not take."""
+    await _sign_in(api, "viewer")
+    page = await api.http.get("/ui/outbox")
+    assert page.status_code == 200 and "Dead events" in page.text
+    assert _posts(page.text) == []
