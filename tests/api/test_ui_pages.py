@@ -162,6 +162,10 @@ async def test_another_scope_is_a_not_found_page_and_read_only_refuses_posts(rea
     r = await api.http.post(f"/ui/instances/{theirs}/retry", data={"csrf": _csrf(page.text)})
     assert r.status_code == 405
     assert (await api.engine.client.get(theirs)).status == "FAILED"
+    api.http.cookies.clear()  # whoever asks, as the API's 405 comes before its 401: not the sign-in page
+    for path in (f"/ui/instances/{theirs}/retry", "/ui/maintenance/retention", "/ui/outbox/requeue"):
+        r = await api.http.post(path, data={})
+        assert (r.status_code, r.headers["content-type"].split(";")[0]) == (405, "text/html"), path
 
 
 async def test_the_live_stream_says_when_a_watched_instance_changes(api: Api) -> None:

@@ -18,6 +18,8 @@ __all__ = ["back", "form_number", "from_this_site", "posted_form", "signed_in"]
 async def signed_in(request: Request) -> Principal:
     """The principal of a UI request (its errors then render as pages); 401 goes to the sign-in page."""
     request.state.ui = True
+    if request.method not in ("GET", "HEAD"):
+        writable(request)  # a read-only server refuses a form whoever posts it, as the API's 405 comes before 401
     ctx = context_of(request)
     found = await (ctx.authenticate_ui or ctx.authenticate)(request)
     if found is None:
