@@ -204,7 +204,7 @@ async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fa
 async def test_beside_a_live_worker_that_has_the_plan_the_backoff_is_short(engine: Engine) -> None:
     # A rolling deploy: a worker of the new release heartbeats v2 while one of the old release (v1 alone)
     # claims v2's commands. Each deferral then waits 0.25 s * 2^n, at most 1 s, not 5 s * 2^n; once the
-    # heartbeat is 30 s old, the long backoff is back (migration 0071).
+    # heartbeat is 30 s old, the long backoff is back (migration 0070).
     d = engine.store.definitions
     only_v1 = Worker(engine.store, Registry(V1))
     iid = await engine.client.start(V2, {})

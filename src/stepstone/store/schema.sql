@@ -3681,7 +3681,7 @@ END $$;
 -- the claim it spent restored) and says so in the instance's history: COMMAND_DEFERRED names the
 -- command, the pin no live worker served, the backoff and when it is tried again, so an operator can
 -- see why the instance does not move. Locks: instance row -> position -> command -> history.
--- While a worker that has the pin heartbeats (version 71), the backoff is min(0.25 s * 2^deferrals, 1 s):
+-- While a worker that has the pin heartbeats (version 70), the backoff is min(0.25 s * 2^deferrals, 1 s):
 -- why, the migration's header.
 CREATE FUNCTION {{schema}}.defer_command(p_instance uuid, p_path text, p_token uuid, p_reason text)
 RETURNS TABLE (command_id bigint)
@@ -5103,12 +5103,12 @@ END $$;
 -- command_recorded (in the version 7 section) does not count a buffered message a wait takes against the
 -- open-signal cap; why: the migration's header.
 
--- ==== version 70 (migration 0070_purges_and_baselines) ====
+-- ==== version 69 (migration 0069_purges_and_baselines) ====
 -- instances_deleted (in the version 49 section) deletes the instance's compensation records too,
 -- retention_batch (in the version 22 section) counts a child that ended TIMED_OUT or COMPENSATED as ended,
 -- history_redact_baseline (in the version 23 section) redacts a migration's baseline as a start's, and
 -- stranded (in the version 66 section) reports COMPENSATING instances too; why: the migration's header.
 
--- ==== version 71 (migration 0071_deferrals_beside_a_live_worker) ====
+-- ==== version 70 (migration 0070_deferrals_beside_a_live_worker) ====
 -- defer_command (in the version 17 section) waits briefly while a worker that has the pin heartbeats;
 -- why: the migration's header.
