@@ -15,9 +15,11 @@ from tests.perf.generic_plans import whole_index_reads
 
 # Operators' reads that want every deferred or dead command: for them the partial index is the read.
 # And an idle worker's wake-up, which wants every claimed command (the ones in flight) to find the
-# earliest lease expiry, a position's (migration 0030).
+# earliest lease expiry, a position's (migration 0030), and the probe's busy work, which wants every one too
+# (through commands_leased alone: the assertion below).
 WANT_THE_WHOLE_QUEUE = {
     ("queries.sql", "next_available"),
+    ("operations.sql", "busy_commands"),
     ("management.sql", "dead_commands_page"),
     ("schedules.sql", "delete_flow_limit"),
     ("health.sql", "deferred_pins"),
@@ -44,3 +46,4 @@ async def test_no_lookup_reads_a_whole_queue_index(database_url: str) -> None:
         await conn.close()
     assert [f for f in found if f[:2] not in WANT_THE_WHOLE_QUEUE] == []
     assert {f[:2] for f in found} <= WANT_THE_WHOLE_QUEUE
+    assert {f[2].split(",")[0] for f in found if f[1] == "busy_commands"} == {"commands_leased"}

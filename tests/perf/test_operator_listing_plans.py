@@ -43,6 +43,8 @@ SEED = (
               now() - i.n * interval '1 second', now()
        FROM (SELECT i.*, row_number() OVER () AS n FROM stepstone.instances i) i""",
     "UPDATE stepstone.commands SET state = 'DEAD' WHERE hashtext(instance_id::text) % 50 = 0",
+    # a backlog of ready work for the probe's busy read: the timers of 10% of the instances are due
+    "UPDATE stepstone.commands SET available_at = now() - interval '1 hour' WHERE hashtext(instance_id::text) % 10 = 1",
     "ANALYZE stepstone.external_tasks",
 )
 
@@ -78,6 +80,10 @@ def _cases(instance: Any, key: str, command: int) -> dict[str, tuple[str, str, l
                                             ["waiting", 1, "t5", 100, live, None, None]),
         "probe, one instance": ("commands", ops["open_commands"], [*every, None, 100], [*every, instance, 100]),
         "probe, a business key": ("commands", ops["open_commands"], [*every, None, 100], [*by_key, None, 100]),
+        "probe's busy work, one instance": ("commands", ops["busy_commands"], [*every, None, 100],
+                                            [*every, instance, 100]),
+        "probe's busy work, a business key": ("commands", ops["busy_commands"], [*every, None, 100],
+                                              [*by_key, None, 100]),
         "stuck, a business key": ("commands", ops["stuck"], [*every, 60.0, 100], [*by_key, 60.0, 100]),
     }
 

@@ -100,9 +100,12 @@ async def probe(store: OperationsStore, instance_id: str | None = None,
     instance, of the instances `where` keeps, or of all)."""
     if instance_id is not None:
         await store.instance_extra(instance_id)
+    # What is busy comes from its own read: the listing is capped, and the pending timers and parked
+    # signals of a thousand waiting instances would fill it before a claimable command of a newer one.
+    busy = await store.busy_commands(instance_id, MAX_REPORT, where)
+    in_flight = [r for r in busy if r["in_flight"]]
+    claimable = [r for r in busy if r["claimable"]]
     rows = await store.open_commands(instance_id, MAX_REPORT, where)
-    in_flight = [r for r in rows if r["in_flight"]]
-    claimable = [r for r in rows if r["claimable"]]
     rest = [r for r in rows if not r["in_flight"] and not r["claimable"]]
     return ProbeReport(
         instance_id=instance_id, idle=not in_flight and not claimable, in_flight=in_flight, claimable=claimable,

@@ -112,6 +112,11 @@ class PostgresOperations:
         return await self._fetch("open_commands", *_filter_args(where or _EVERY),
                                  None if instance_id is None else _id(instance_id), limit)
 
+    async def busy_commands(self, instance_id: str | None, limit: int,
+                            where: InstanceFilter | None = None) -> list[dict[str, Any]]:
+        return await self._fetch("busy_commands", *_filter_args(where or _EVERY),
+                                 None if instance_id is None else _id(instance_id), limit)
+
     async def stuck(self, older_than: timedelta, limit: int,
                     where: InstanceFilter | None = None) -> list[dict[str, Any]]:
         return await self._fetch("stuck", *_filter_args(where or _EVERY), older_than.total_seconds(), limit)

@@ -3,8 +3,8 @@
 Each query starts with a ``-- name: <name>`` line; ``{{schema}}`` is replaced by the quoted schema
 identifier (`sqlfiles.render`). A query may be a fragment another query of its file uses: where
 ``/*name*/`` stands, the fragment of that name is composed in (one definition of what a filter or a
-state means, for every statement that asks). `queries(schema)` are the engine's (`queries.sql`); the other files
-(`bench.sql`, `health.sql`) are read through `named_queries`.
+state means, for every statement that asks; a fragment may name others). `queries(schema)` are the
+engine's (`queries.sql`); the other files (`bench.sql`, `health.sql`) are read through `named_queries`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,19 @@ def named_queries(filename: str, schema: str) -> dict[str, str]:
         if name in found:
             raise ValueError(f"query {name!r} is defined twice in {filename}")
         found[name] = body.strip()
-    return {name: _FRAGMENT.sub(lambda m: found.get(m.group(1), m.group(0)), sql) for name, sql in found.items()}
+    return {name: _compose(sql, found, ()) for name, sql in found.items()}
+
+
+def _compose(sql: str, found: dict[str, str], within: tuple[str, ...]) -> str:
+    """`sql` with each fragment composed in, and the fragments a fragment names composed into it."""
+    def fragment(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in found:
+            return m.group(0)
+        if name in within:
+            raise ValueError(f"fragment {name!r} composes itself")
+        return _compose(found[name], found, (*within, name))
+    return _FRAGMENT.sub(fragment, sql)
 
 
 def queries(schema: str) -> dict[str, str]:

@@ -82,24 +82,37 @@ LIMIT $3;
 SELECT h.seq, h.at, h.kind, h.position, h.step, h.visit, h.command_id, h.actor, h.data
 FROM {{schema}}.history h WHERE h.instance_id = $1 ORDER BY h.seq;
 
+-- name: probe_columns
+-- A command as the probe shows it, with whether it is in flight (CLAIMED under a live lease) and whether
+-- an executor could claim it now (the claim's rule: available, PENDING, DEFERRED, or CLAIMED under an
+-- expired lease, and probe_free_head). c the command, p its position.
+c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
+c.last_error, c.claimed_by,
+c.state = 'CLAIMED' AND p.lease_until > {{schema}}.db_now() AS in_flight,
+c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND c.available_at <= {{schema}}.db_now()
+AND /*probe_free_head*/ AS claimable
+
+-- name: probe_free_head
+-- The command c heads its position's queue (a pending timer not yet due aside) and the position p holds
+-- no live lease: a lease is the position's, as for the claim (a continuation in place moves it on without
+-- the command's expiry). The lookup is one per command (OFFSET 0), never an anti-join that reads the
+-- whole queue (claim_heads does the same).
+(p.lease_until IS NULL OR p.lease_until <= {{schema}}.db_now())
+AND NOT EXISTS (
+    SELECT 1 FROM {{schema}}.commands e
+    WHERE e.instance_id = c.instance_id AND e.position = c.position
+      AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+      AND (e.seq, e.id) < (c.seq, c.id)
+      AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now())
+    OFFSET 0)
+
 -- name: open_commands
--- The execution probe's view of the command log (one instance, $1, or all): every open command with
--- whether an executor could claim it now (the claim's rule: head of its position's queue, available,
--- PENDING, DEFERRED, or CLAIMED under an expired lease) and whether it is in flight (CLAIMED under a
--- live lease). A lease is the position's, as for the claim (a continuation in place moves it on without
--- the command's expiry). Plain reads: no lock, no transaction held. $1-$12 the instance filter, $13 one
--- instance (or NULL), at most $14 rows.
-SELECT c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
-       c.last_error, c.claimed_by,
-       c.state = 'CLAIMED' AND p.lease_until > {{schema}}.db_now() AS in_flight,
-       c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND c.available_at <= {{schema}}.db_now()
-       AND (p.lease_until IS NULL OR p.lease_until <= {{schema}}.db_now())
-       AND NOT EXISTS (
-           SELECT 1 FROM {{schema}}.commands e
-           WHERE e.instance_id = c.instance_id AND e.position = c.position
-             AND e.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-             AND (e.seq, e.id) < (c.seq, c.id)
-             AND NOT (e.kind = 'TIMER' AND e.available_at > {{schema}}.db_now())) AS claimable
+-- The execution probe's listing of the command log (one instance, $1, or all): every open command with
+-- probe_columns' flags, the first $14 by instance. The probe takes its deferred, parked and waiting
+-- commands from it, and what is in flight or claimable from busy_commands, which no number of open
+-- commands before them hides. Plain reads: no lock, no transaction held. $1-$12 the instance filter, $13
+-- one instance (or NULL), at most $14 rows.
+SELECT /*probe_columns*/
 FROM {{schema}}.commands c
 JOIN {{schema}}.instances i ON i.id = c.instance_id
 LEFT JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
@@ -107,6 +120,55 @@ WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
   AND ($13::uuid IS NULL OR c.instance_id = $13)
   AND /*instance_filter*/
 ORDER BY c.instance_id, c.seq, c.id
+LIMIT $14;
+
+-- name: busy_commands
+-- The probe's busy work, what makes it say "not idle": every command in flight and every one claimable
+-- now (probe_columns), of one instance ($13) or all, of the instances the filter ($1-$12) keeps, at most
+-- $14. Open commands are mostly the pending timers and parked signals of waiting instances, so a capped
+-- read of all of them (open_commands) can miss the busy ones behind; this reads none of those: every
+-- CLAIMED command (commands_leased; the ones in flight are few), and the ready ones (PENDING or DEFERRED,
+-- available now) walked per definition through commands_ready, as the claim walks them (claim_heads,
+-- migration 0042), of the one workflow ($2) when the filter names it; each walk stops at $14 claimable
+-- commands. The ready walk states commands_ready's predicate alone (`IS TRUE`, see the head of
+-- queries.sql), and the claimed branch keeps the flags' test of the state out of its scan (OFFSET 0), so
+-- that neither reads commands_position_queue, which holds every pending timer.
+SELECT b.id, b.instance_id, b.position, b.kind, b.state, b.step, b.attempt, b.available_at, b.created_at,
+       b.last_error, b.claimed_by, b.in_flight, b.claimable
+FROM (
+    SELECT k.*
+    FROM (
+        SELECT /*probe_columns*/
+        FROM {{schema}}.commands c
+        JOIN {{schema}}.instances i ON i.id = c.instance_id
+        LEFT JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
+        WHERE c.state = 'CLAIMED'
+          AND ($13::uuid IS NULL OR c.instance_id = $13)
+          AND /*instance_filter*/
+        ORDER BY c.available_at, c.id  -- commands_leased's order
+        OFFSET 0
+    ) AS k
+    WHERE k.in_flight OR k.claimable
+    UNION ALL
+    SELECT r.*
+    FROM unnest(CASE WHEN $2::text IS NULL THEN {{schema}}.ready_definitions() ELSE ARRAY[$2::text] END)
+         AS d(definition)
+    CROSS JOIN LATERAL (
+        SELECT /*probe_columns*/
+        FROM {{schema}}.commands c
+        JOIN {{schema}}.instances i ON i.id = c.instance_id
+        LEFT JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
+        WHERE c.definition = d.definition
+          AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
+          AND c.available_at <= {{schema}}.db_now()
+          AND ($13::uuid IS NULL OR c.instance_id = $13)
+          AND /*instance_filter*/
+          AND /*probe_free_head*/
+        ORDER BY c.available_at, c.id
+        LIMIT $14
+    ) AS r
+) AS b
+ORDER BY b.instance_id, b.id
 LIMIT $14;
 
 -- name: stuck
