@@ -8,8 +8,9 @@
 -- $1 statuses, $2 workflow, $3 version, $4 scope, $5 business key, $6 business key contains (a LIKE
 -- pattern, escaped by the caller), $7 parent, $8/$9 created since/until, $10/$11 updated since/until,
 -- $12 include archived (is_archived, migration 0045: one that changed since shows again). The stuck
--- report and the probe compose it; the list and counts are functions that state the same filters
--- (migration 0064: find_instances and count_instances), which tests/ops checks against it.
+-- report and the probe's busy work compose it; the list, the counts and the probe's listing are functions
+-- that state the same filters (migration 0064: find_instances and count_instances; 0071: probe_listing),
+-- which tests/ops checks against it.
     ($1::text[] IS NULL OR i.status = ANY ($1))
 AND ($2::text IS NULL OR i.definition_id = $2)
 AND ($3::integer IS NULL OR i.version = $3)
@@ -85,7 +86,8 @@ FROM {{schema}}.history h WHERE h.instance_id = $1 ORDER BY h.seq;
 -- name: probe_columns
 -- A command as the probe shows it, with whether it is in flight (CLAIMED under a live lease) and whether
 -- an executor could claim it now (the claim's rule: available, PENDING, DEFERRED, or CLAIMED under an
--- expired lease, and probe_free_head). c the command, p its position.
+-- expired lease, and probe_free_head). c the command, p its position. The probe's listing states it
+-- again in its function (probe_listing, migration 0071), which tests/ops/test_listing_functions.py checks.
 c.id, c.instance_id, c.position, c.kind, c.state, c.step, c.attempt, c.available_at, c.created_at,
 c.last_error, c.claimed_by,
 c.state = 'CLAIMED' AND p.lease_until > {{schema}}.db_now() AS in_flight,
@@ -107,20 +109,15 @@ AND NOT EXISTS (
     OFFSET 0)
 
 -- name: open_commands
--- The execution probe's listing of the command log (one instance, $1, or all): every open command with
--- probe_columns' flags, the first $14 by instance. The probe takes its deferred, parked and waiting
--- commands from it, and what is in flight or claimable from busy_commands, which no number of open
--- commands before them hides. Plain reads: no lock, no transaction held. $1-$12 the instance filter, $13
--- one instance (or NULL), at most $14 rows.
-SELECT /*probe_columns*/
-FROM {{schema}}.commands c
-JOIN {{schema}}.instances i ON i.id = c.instance_id
-LEFT JOIN {{schema}}.positions p ON p.instance_id = c.instance_id AND p.path = c.position
-WHERE c.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
-  AND ($13::uuid IS NULL OR c.instance_id = $13)
-  AND /*instance_filter*/
-ORDER BY c.instance_id, c.seq, c.id
-LIMIT $14;
+-- The execution probe's listing of the command log (one instance, $13, or all): every open command with
+-- probe_columns' flags, the first $14 by instance, of the instances the filter ($1-$12) keeps. The probe
+-- takes its deferred, parked and waiting commands from it, and what is in flight or claimable from
+-- busy_commands, which no number of open commands before them hides. The statement is the function's
+-- (migration 0071), which states probe_columns and instance_filter again (tests/ops/test_listing_functions.py):
+-- planned with its arguments on every call, since its generic plan scans every command. Plain reads: no
+-- lock, no transaction held.
+SELECT * FROM {{schema}}.probe_listing($1::text[], $2::text, $3::integer, $4::text, $5::text, $6::text, $7::uuid,
+    $8::timestamptz, $9::timestamptz, $10::timestamptz, $11::timestamptz, $12::boolean, $13::uuid, $14::bigint);
 
 -- name: busy_commands
 -- The probe's busy work, what makes it say "not idle": every command in flight and every one claimable
