@@ -9,6 +9,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
+from stepstone import testing
 from stepstone.errors import InvalidInput
 from stepstone.scheduling import Schedule
 from stepstone.testing import Engine, open_engine
@@ -94,3 +95,20 @@ async def test_a_schedule_of_a_workflow_this_engine_does_not_have_is_not_waited_
     assert engine.worker.schedules is not None
     gap = await engine.worker.schedules.next_tick()
     assert gap is not None and 0 < gap <= 3600  # the hourly tick, not the other node's overdue one
+
+
+async def test_stops_that_move_the_clock_are_not_counted_as_a_runaway(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only stops at which the clock does not move count toward the runaway guard: a week of a minutely
+    schedule is 10,080 stops on the way, every one a step forward."""
+    monkeypatch.setattr(testing, "_MAX_STILL", 2)
+    await engine.client.schedule(Schedule("minutely", report, cron="* * * * *", catch_up="none"))
+    await engine.advance(minutes=10)  # ten stops, each a minute on
+    due_now = 0.0
+
+    async def always_due() -> float:
+        return due_now
+
+    monkeypatch.setattr(engine, "_next_due", always_due)
+    with pytest.raises(RuntimeError, match="due now 2 stops in a row"):
+        await engine.advance(minutes=1)

@@ -32,7 +32,8 @@ from stepstone.store.port import Store
 __all__ = ["Engine", "StepRuns", "open_engine"]
 
 _COUNTED_KINDS = ("action", "child")  # the step kinds whose handler's completion history records (STEP_COMPLETED)
-_MAX_SKIPS = 10_000  # time skipping stops at this many stops on the way (a timer that re-arms itself at once)
+_MAX_STILL = 1_000  # stops in a row at which the clock did not move: something due now that running leaves
+_MAX_STOPS = 1_000_000  # stops that move the clock on (a minutely schedule over a week is 10,080 of them)
 
 
 @dataclass(frozen=True)
@@ -70,15 +71,20 @@ class Engine:
         units; `advance(3)` is `advance(seconds=3)`. Returns the new db time. `move_clock` only moves it."""
         total = _forward("advance", by, days=days, hours=hours, minutes=minutes, seconds=seconds)
         target = await self.store.db_now() + total
-        for _ in range(_MAX_SKIPS):
+        still = 0
+        for _ in range(_MAX_STOPS):
             await self.run_until_idle()
             now = await self.store.db_now()
             gap = await self._next_due()
             if gap is None or now + timedelta(seconds=gap) > target:
                 break
+            still = still + 1 if gap <= 0 else 0
+            if still > _MAX_STILL:
+                raise RuntimeError(f"advance: something was due now {_MAX_STILL} stops in a row and running did "
+                                   "not take it (a timer that re-arms itself at once?)")
             await self.store.move_clock(max(gap, 0.0))
         else:
-            raise RuntimeError(f"advance: more than {_MAX_SKIPS} stops on the way; a timer re-arms itself at once?")
+            raise RuntimeError(f"advance: more than {_MAX_STOPS} stops on the way")
         now = await self.store.db_now()
         if target > now:
             await self.store.move_clock((target - now).total_seconds())
