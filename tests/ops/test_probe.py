@@ -31,11 +31,13 @@ async def test_busy_work_shows_behind_more_waiting_timers_than_the_report_lists(
     assert not report.idle
     assert [c["instance_id"] for c in report.in_flight] == [held]
     assert [c["instance_id"] for c in report.claimable] == [fresh]
-    assert len(report.waiting) == MAX_REPORT  # the listing of the rest stays capped
+    assert len(report.waiting) == MAX_REPORT and report.more  # the listing of the rest stays capped, and says so
     mine = await ops.probe(where=InstanceFilter(workflow="ops_flaky"))
     assert not mine.idle and [c["instance_id"] for c in mine.claimable] == [fresh] and mine.waiting == []
+    assert not mine.more
     one = await ops.probe(fresh)
     assert not one.idle and one.in_flight == [] and [c["instance_id"] for c in one.claimable] == [fresh]
     assert (await ops.probe(where=InstanceFilter(workflow=pin_of(waiting).definition_id))).idle
-    assert (await run(database_url, "probe")).exit_code == 3
+    everything = await run(database_url, "probe")
+    assert everything.exit_code == 3 and "(more are open: the first of each are listed" in everything.stdout
     assert (await run(database_url, "probe", "--business-key", "fresh")).exit_code == 3

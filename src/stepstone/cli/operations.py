@@ -261,6 +261,8 @@ def probe_command(settings: Settings, output: str, instance_id: str | None, **fi
         head = (f"{'idle' if report.idle else 'busy'}: {len(report.in_flight)} in flight, "
                 f"{len(report.claimable)} claimable now, {len(report.deferred)} deferred, "
                 f"{len(report.parked)} parked, {len(report.waiting)} waiting")
+        if report.more:
+            head += " (more are open: the first of each are listed: narrow the filters)"
         lines = [head]
         rows = [[r["instance_id"], r["id"], r["kind"], r["state"], r["position"] or "(root)", _t(r["available_at"]),
                  kind] for kind, group in (("in flight", report.in_flight), ("claimable", report.claimable),

@@ -140,6 +140,9 @@ class ProbeReport(_Plain):
     parked: list[dict[str, Any]]
     waiting: list[dict[str, Any]]
     """Other PENDING commands not claimable now: future timers, queued behind another."""
+    more: bool = False
+    """A list was cut at `queries.MAX_REPORT` (of the oldest instances): more commands are open than listed.
+    `idle` is read whole either way."""
 
 
 @dataclass(frozen=True)

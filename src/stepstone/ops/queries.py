@@ -102,15 +102,17 @@ async def probe(store: OperationsStore, instance_id: str | None = None,
         await store.instance_extra(instance_id)
     # What is busy comes from its own read: the listing is capped, and the pending timers and parked
     # signals of a thousand waiting instances would fill it before a claimable command of a newer one.
-    busy = await store.busy_commands(instance_id, MAX_REPORT, where)
+    busy = await store.busy_commands(instance_id, MAX_REPORT + 1, where)
+    rows = await store.open_commands(instance_id, MAX_REPORT + 1, where)
+    more = len(busy) > MAX_REPORT or len(rows) > MAX_REPORT  # one row past the cap: the lists are cut
+    busy, rows = busy[:MAX_REPORT], rows[:MAX_REPORT]
     in_flight = [r for r in busy if r["in_flight"]]
     claimable = [r for r in busy if r["claimable"]]
-    rows = await store.open_commands(instance_id, MAX_REPORT, where)
     rest = [r for r in rows if not r["in_flight"] and not r["claimable"]]
     return ProbeReport(
         instance_id=instance_id, idle=not in_flight and not claimable, in_flight=in_flight, claimable=claimable,
         deferred=[r for r in rest if r["state"] == "DEFERRED"], parked=[r for r in rest if r["state"] == "PARKED"],
-        waiting=[r for r in rest if r["state"] in ("PENDING", "CLAIMED")],
+        waiting=[r for r in rest if r["state"] in ("PENDING", "CLAIMED")], more=more,
     )
 
 
