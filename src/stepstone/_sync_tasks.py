@@ -163,8 +163,9 @@ class SyncTaskOperations(SyncLoop):
         failing its model (`InvalidInput`), an actor who is neither assignee, owner nor candidate
         (`TaskNotPermitted`, unless `admin`), a task not OPEN (`TaskNotOpen`, carrying the completion
         that won), a changed state where the task requires version stability (`StateChangedSinceReview`).
-        The same `idempotency_key` with the same decision and payload returns the earlier completion,
-        before any check of the payload; with another, `IdempotencyConflict`."""
+        The same `idempotency_key` with the same decision and payload by the same actor returns the earlier
+        completion, before any check of the payload; with another request, or by another actor,
+        `IdempotencyConflict`."""
         return self._run(self._client.complete_task(
             task_id,
             decision,

@@ -242,8 +242,9 @@ class TaskOperations(TaskFilterOperations):
         failing its model (`InvalidInput`), an actor who is neither assignee, owner nor candidate
         (`TaskNotPermitted`, unless `admin`), a task not OPEN (`TaskNotOpen`, carrying the completion
         that won), a changed state where the task requires version stability (`StateChangedSinceReview`).
-        The same `idempotency_key` with the same decision and payload returns the earlier completion,
-        before any check of the payload; with another, `IdempotencyConflict`."""
+        The same `idempotency_key` with the same decision and payload by the same actor returns the earlier
+        completion, before any check of the payload; with another request, or by another actor,
+        `IdempotencyConflict`."""
         tid = self._task_text("task id", task_id)
         who = self._who(actor)
         self._task_text("decision", decision)
@@ -255,8 +256,9 @@ class TaskOperations(TaskFilterOperations):
         row = await self.store.get_task(tid)
         if isinstance(payload, BaseModel):
             payload = payload.model_dump(mode="json")
-        # The request as given: the same whether or not this client has the decision's model to fill defaults.
-        fingerprint = _fingerprint("complete", decision, payload)
+        # The request as given (the same whether or not this client has the decision's model to fill defaults),
+        # and who makes it: another actor's repeat of a key is another command (_request_fingerprint).
+        fingerprint = _request_fingerprint(who, "complete", decision, payload)
         try:
             if decision not in row["decisions"]:
                 raise UnknownDecision(decision, tid, tuple(row["decisions"]))
@@ -316,7 +318,7 @@ class TaskOperations(TaskFilterOperations):
         outcome, task = await self.store.task_assign(
             tid, op, to=to, actor=who, groups=self._groups(groups), force=admin, reason=reason,
             key=None if key is None else self._task_text("idempotency key", key),
-            fingerprint=_fingerprint(op, to, reason),
+            fingerprint=_request_fingerprint(who, op, to, reason),
         )
         if outcome == "unchanged" and op == "unclaim" and not admin and not _may_work(task or {}, who, groups):
             outcome = "not_permitted"  # an unassigned task: nothing to give back, but not theirs to touch either
@@ -345,8 +347,12 @@ class TaskOperations(TaskFilterOperations):
             return TaskRefused(f"task {tid} is not delegated; there is nothing to resolve", task_id=tid,
                                status=status, assignee=assignee)
         if outcome == "conflict":
-            return IdempotencyConflict(f"idempotency key {key!r} was already used on task {tid} with another request",
-                                       instance_id=str(task["instance_id"]))
+            # A recorded completion names its key and actor; a reassignment's key is known only by its fingerprint.
+            by = "by another actor or with another request"
+            if completion and completion.get("key") == key:
+                by = "by another actor" if completion.get("actor") != who else "with another request"
+            return IdempotencyConflict(f"idempotency key {key!r} was already used on task {tid} {by}; nothing was "
+                                       "changed", instance_id=str(task["instance_id"]))
         return TaskRefused(f"task {tid}: {outcome}", task_id=tid, status=status, assignee=assignee)
 
     def _checked_payload(self, row: dict[str, Any], decision: str, payload: Any) -> Any:
@@ -454,8 +460,11 @@ def _may_work(task: dict[str, Any], who: str, groups: Sequence[str]) -> bool:
                                              or (not users and not offered))
 
 
-def _fingerprint(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+def _request_fingerprint(actor: str, *request: Any) -> str:
+    """What a task operation's idempotency key is recorded with: the request and its actor. A completion and
+    a reassignment carry an actor, so the same request by another actor (one not permitted on the task, too)
+    is another command: its key answers IdempotencyConflict, never the first actor's result."""
+    return hashlib.sha256(json.dumps([*request, actor], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _cursor(task: TaskInfo) -> str:

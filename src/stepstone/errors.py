@@ -242,7 +242,8 @@ class DefinitionConflict(Conflict):
 
 
 class IdempotencyConflict(Conflict):
-    """A start idempotency key or signal dedup key was reused with different input."""
+    """A start idempotency key or signal dedup key was reused with different input, or a task operation's key
+    with another request or by another actor."""
 
     def __init__(self, message: str, *, instance_id: str, command_id: int | None = None) -> None:
         super().__init__(message)

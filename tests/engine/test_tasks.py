@@ -519,3 +519,33 @@ async def test_a_reassign_or_delegate_to_the_assignee_changes_nothing(engine: En
     assert await _kinds(engine, iid) == before
     moved = await engine.client.reassign_task(tid, "olga", actor="alice")
     assert moved.assignee == "olga" and (await _kinds(engine, iid)).count("TASK_REASSIGNED") == 1
+
+
+async def test_an_idempotency_key_repeated_by_another_actor_is_refused(engine: Engine) -> None:
+    """A completion's and a reassignment's key answered "duplicate" (and the task) to whoever repeated the
+    request, even an actor not permitted on the task: the key was looked up before the permission check,
+    and the request it recorded did not say who made it. A command carries its actor, so another actor's
+    repeat is another command: IdempotencyConflict, nothing changed; the same actor's repeat is a duplicate."""
+    _, tid = await _open_expense(engine)
+    request = {"comment": "fine", "approved_amount": "12"}  # the model takes "12" for a number, the form does not
+    done = await engine.client.complete_task(tid, "approve", request, actor="alice", groups=["finance"],
+                                             idempotency_key="k1")
+    for who, groups in (("mallory", ["sales"]), ("bob", ["finance"])):  # not permitted; a candidate
+        with pytest.raises(IdempotencyConflict, match="by another actor"):
+            await engine.client.complete_task(tid, "approve", request, actor=who, groups=groups,
+                                              idempotency_key="k1")
+    with pytest.raises(InvalidInput, match="approved_amount"):  # not its repeat: checked (by the form), refused
+        await Client(engine.store, Registry(), actor="mallory").complete_task(tid, "approve", request,
+                                                                              idempotency_key="k1")
+    again = await Client(engine.store, Registry(), actor="alice").complete_task(tid, "approve", request,
+                                                                                idempotency_key="k1")
+    assert again.duplicate and again.command_id == done.command_id
+
+    iid2, tid2 = await _open_expense(engine, 2)
+    await engine.client.reassign_task(tid2, "olga", actor="mia", idempotency_key="r1")
+    before = await _kinds(engine, iid2)
+    for who in ("stranger", "olga"):  # not permitted; the assignee now
+        with pytest.raises(IdempotencyConflict, match="another actor"):
+            await engine.client.reassign_task(tid2, "olga", actor=who, idempotency_key="r1")
+    assert (await engine.client.reassign_task(tid2, "olga", actor="mia", idempotency_key="r1")).assignee == "olga"
+    assert await _kinds(engine, iid2) == before
