@@ -549,3 +549,29 @@ async def test_an_idempotency_key_repeated_by_another_actor_is_refused(engine: E
             await engine.client.reassign_task(tid2, "olga", actor=who, idempotency_key="r1")
     assert (await engine.client.reassign_task(tid2, "olga", actor="mia", idempotency_key="r1")).assignee == "olga"
     assert await _kinds(engine, iid2) == before
+
+
+async def test_a_key_an_earlier_release_recorded_stays_a_duplicate_across_the_upgrade(engine: Engine) -> None:
+    """Keys recorded before the actor joined a task operation's fingerprint (the request alone): the same
+    request repeated after the upgrade is still answered as a duplicate, not IdempotencyConflict; a
+    completion's only by the actor it names."""
+    from stepstone.client_tasks import _legacy_fingerprint  # noqa: PLC0415 - what the earlier release wrote
+
+    _, tid = await _open_expense(engine)
+    request = {"comment": "fine", "approved_amount": 12}
+    outcome, _, _ = await engine.store.task_complete(  # as the earlier release's client recorded it
+        tid, "approve", request, actor="alice", groups=["finance"], force=False, key="old",
+        fingerprint=_legacy_fingerprint("complete", "approve", request), reviewed_version=None)
+    assert outcome == "reserved"
+    again = await engine.client.complete_task(tid, "approve", request, actor="alice", groups=["finance"],
+                                              idempotency_key="old")
+    assert again.duplicate
+    with pytest.raises(IdempotencyConflict, match="by another actor"):
+        await engine.client.complete_task(tid, "approve", request, actor="bob", groups=["finance"],
+                                          idempotency_key="old")
+    _, tid2 = await _open_expense(engine, 2)
+    outcome, _ = await engine.store.task_assign(
+        tid2, "reassign", to="olga", actor="mia", groups=[], force=False, reason="",
+        key="old", fingerprint=_legacy_fingerprint("reassign", "olga", ""))
+    assert outcome == "ok"
+    assert (await engine.client.reassign_task(tid2, "olga", actor="mia", idempotency_key="old")).assignee == "olga"
