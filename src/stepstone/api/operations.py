@@ -7,7 +7,7 @@ InstanceNotFound; writes without the role are Forbidden.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from stepstone import cursors
@@ -43,14 +43,17 @@ __all__ = [
 
 
 async def instances(
-    ctx: ApiContext, who: Principal, *, status: str | None, workflow: str | None, business_key: str | None,
-    scope: str | None, cursor: str | None, limit: int, include_archived: bool = False,
+    ctx: ApiContext, who: Principal, *, statuses: Sequence[str] = (), workflow: str | None,
+    business_key: str | None, scope: str | None, cursor: str | None, limit: int, include_archived: bool = False,
 ) -> dict[str, Any]:
-    check_texts(status=status, workflow=workflow, business_key=business_key, scope=scope)
+    """A page of the instances of any of `statuses` (none: every status), newest first."""
+    check_texts(workflow=workflow, business_key=business_key, scope=scope)
+    for status in statuses:
+        check_texts(status=status)
     scopes = _listed_scopes(who, scope)
     after = decode_cursor(cursor, cursors.INSTANT, cursors.UUID) if cursor else None
     rows = [] if scopes == [] else await ctx.management.instances_page(
-        scopes, status=status, definition=workflow, business_key=business_key, after=after, limit=limit + 1,
+        scopes, statuses=statuses, definition=workflow, business_key=business_key, after=after, limit=limit + 1,
         include_archived=include_archived)
     return page(rows, limit, lambda r: (r["created_at"].isoformat(), r["id"]))
 

@@ -118,12 +118,21 @@ class PostgresManagement:
         return (str(rows[0]["status"]), rows[0]["updated_at"]) if rows else None
 
     async def instances_page(
-        self, scopes: Sequence[str] | None, *, status: str | None, definition: str | None,
+        self, scopes: Sequence[str] | None, *, statuses: Sequence[str] = (), definition: str | None,
         business_key: str | None, after: tuple[datetime, str] | None, limit: int, include_archived: bool = False,
     ) -> list[dict[str, Any]]:
+        """Newest first, at most `limit` rows after `after`; of any of `statuses` (none given: every one).
+        Several statuses are read one at a time, each on its own plan as a single status is, and merged:
+        the first `limit` rows of them all are among the first `limit` of each."""
         at, after_id = after if after else (None, None)
-        return await self._rows("instances_page", _scopes(scopes), status, definition, business_key, at,
-                                _uuid(after_id) if after_id else None, limit, include_archived)
+        wanted: list[str | None] = [*sorted(set(statuses))] or [None]
+        pages = [await self._rows("instances_page", _scopes(scopes), status, definition, business_key, at,
+                                  _uuid(after_id) if after_id else None, limit, include_archived)
+                 for status in wanted]
+        if len(pages) == 1:
+            return pages[0]
+        merged = sorted((r for p in pages for r in p), key=lambda r: (r["created_at"], r["id"]), reverse=True)
+        return merged[:limit]
 
     async def instance_counts(self, scopes: Sequence[str] | None, definition: str | None, cap: int,
                               include_archived: bool = False, *, business_key: str | None = None) -> dict[str, int]:

@@ -48,10 +48,10 @@ def _describe(filters: dict[str, str | None]) -> str:
 async def _incidents(request: Request, who: Principal, filters: dict[str, str | None],
                      cursor: str | None) -> dict[str, Any]:
     ctx = context_of(request)
-    failed = await ops.instances(ctx, who, status="FAILED", workflow=filters["workflow"], business_key=None,
+    failed = await ops.instances(ctx, who, statuses=["FAILED"], workflow=filters["workflow"], business_key=None,
                                  scope=filters["scope"], cursor=cursor, limit=100)
     # Sagas whose compensation gave up: a retry (one, a selection) resumes it where it stopped.
-    gave_up = await ops.instances(ctx, who, status=COMPENSATION_FAILED, workflow=filters["workflow"],
+    gave_up = await ops.instances(ctx, who, statuses=[COMPENSATION_FAILED], workflow=filters["workflow"],
                                   business_key=None, scope=filters["scope"], cursor=None, limit=100)
     dead = await ops.dead_letters(ctx, who, cursor=None, limit=100, workflow=filters["workflow"],
                                   scope=filters["scope"])

@@ -83,8 +83,9 @@ async def instances_page(request: Request) -> Response:
     if filters["status"] not in (None, *STATUSES):
         filters["status"] = None
     archived = q.get("archived") == "1"
-    listing = await ops.instances(ctx, who, status=filters["status"], workflow=filters["workflow"],
-                                  business_key=filters["business_key"], scope=filters["scope"],
+    listing = await ops.instances(ctx, who, statuses=[filters["status"]] if filters["status"] else [],
+                                  workflow=filters["workflow"], business_key=filters["business_key"],
+                                  scope=filters["scope"],
                                   cursor=q.get("cursor") or None, limit=50, include_archived=archived)
     counted = await ops.counts(ctx, who, filters["workflow"], archived, scope=filters["scope"],
                                business_key=filters["business_key"])

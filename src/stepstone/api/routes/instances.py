@@ -62,13 +62,15 @@ class CancelRequest(Body):
 
 @router.get("", summary="List instances, newest first")
 async def list_instances(
-    request: Request, who: Caller, status: Status | None = None,
+    request: Request, who: Caller,
+    status: Annotated[list[Status] | None, Query(description="Only these statuses (repeat it: `status=FAILED"
+                                                             "&status=COMPENSATION_FAILED`).")] = None,
     workflow: Text = None, business_key: Text = None, scope: Text = None, cursor: Cursor = None,
     limit: Limit = DEFAULT_LIMIT, include_archived: Archived = False,
 ) -> dict[str, Any]:
-    return await ops.instances(context_of(request), who, status=status, workflow=workflow,
-                               business_key=business_key, scope=scope, cursor=cursor, limit=limit,
-                               include_archived=include_archived)
+    return await ops.instances(context_of(request), who, statuses=[str(s) for s in status or ()],
+                               workflow=workflow, business_key=business_key, scope=scope, cursor=cursor,
+                               limit=limit, include_archived=include_archived)
 
 
 @router.get("/counts", summary="How many instances are in each status (each counted up to 10,000)")
