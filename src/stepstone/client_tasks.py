@@ -259,7 +259,7 @@ class TaskOperations(TaskFilterOperations):
         # The request as given (the same whether or not this client has the decision's model to fill defaults),
         # and who makes it: another actor's repeat of a key is another command (_request_fingerprint).
         fingerprint = _request_fingerprint(who, "complete", decision, payload)
-        legacy = _legacy_fingerprint("complete", decision, payload)
+        legacy = _fingerprint("complete", decision, payload)
         try:
             if decision not in row["decisions"]:
                 raise UnknownDecision(decision, tid, tuple(row["decisions"]))
@@ -268,9 +268,11 @@ class TaskOperations(TaskFilterOperations):
             # A completion recorded under this key with this request answers as recorded, before any payload
             # check: this caller may check otherwise (another model, or the form) than the one that recorded it.
             seen = None if key is None else await self.store.task_key_seen("TASK_COMPLETE", tid, key, fingerprint)
-            if key is not None and (seen == "duplicate" or (seen == "conflict" and await self._earlier_release_recorded(
-                    "TASK_COMPLETE", tid, key, legacy, who))):
+            if key is not None and seen == "duplicate":
                 return _completion(TaskInfo.from_row(await self.store.get_task(tid)), duplicate=True)
+            if key is not None and seen == "conflict" and (
+                    recorded := await self._earlier_release_recorded("TASK_COMPLETE", tid, key, legacy, who)):
+                return _completion(TaskInfo.from_row(recorded), duplicate=True)
             raise
         outcome, task, changed = await self.store.task_complete(
             tid, decision, payload, actor=who, groups=self._groups(groups), force=admin, key=key,
@@ -287,9 +289,9 @@ class TaskOperations(TaskFilterOperations):
                 task_id=tid, status=info.status, reviewed_version=reviewed_version,
                 shown_version=info.state_version, changed=tuple(changed),
             )
-        if outcome == "conflict" and key is not None and await self._earlier_release_recorded(
-                "TASK_COMPLETE", tid, key, legacy, who):
-            return _completion(TaskInfo.from_row(await self.store.get_task(tid)), duplicate=True)
+        if outcome == "conflict" and key is not None and (
+                recorded := await self._earlier_release_recorded("TASK_COMPLETE", tid, key, legacy, who)):
+            return _completion(TaskInfo.from_row(recorded), duplicate=True)
         raise self._refusal(outcome, tid, who, task, idempotency_key)
 
     async def reassign_all_tasks(
@@ -329,21 +331,21 @@ class TaskOperations(TaskFilterOperations):
             outcome = "not_permitted"  # an unassigned task: nothing to give back, but not theirs to touch either
         if outcome in ("ok", "unchanged", "duplicate"):
             return TaskInfo.from_row(task or {})
-        if outcome == "conflict" and key is not None and await self._earlier_release_recorded(
-                "TASK_OP", tid, key, _legacy_fingerprint(op, to, reason), None):
-            return TaskInfo.from_row(await self.store.get_task(tid))
+        if outcome == "conflict" and key is not None and (recorded := await self._earlier_release_recorded(
+                "TASK_OP", tid, key, _fingerprint(op, to, reason), None)):
+            return TaskInfo.from_row(recorded)
         raise self._refusal(outcome, tid, who, task, key)
 
-    async def _earlier_release_recorded(self, kind: str, tid: str, key: str, legacy: str, who: str | None) -> bool:
-        """Whether a release before the actor joined the fingerprint recorded this key with this request: its
-        repeat stays a duplicate across the upgrade, as it was then. A completion names its actor, so only that
-        actor's repeat counts (`who`); a reassignment's key names none (None: any actor's, as then)."""
+    async def _earlier_release_recorded(self, kind: str, tid: str, key: str, legacy: str,
+                                        who: str | None) -> dict[str, Any] | None:
+        """The task, when a release before the actor joined the fingerprint recorded this key with this request:
+        its repeat stays a duplicate across the upgrade, as it was then. A completion names its actor, so only
+        that actor's repeat counts (`who`); a reassignment's key names none (None: any actor's, as then)."""
         if await self.store.task_key_seen(kind, tid, key, legacy) != "duplicate":
-            return False
-        if who is None:
-            return True
-        completion = (await self.store.get_task(tid)).get("completion") or {}
-        return bool(completion.get("key") == key and completion.get("actor") == who)
+            return None
+        task = await self.store.get_task(tid)
+        completion = task.get("completion") or {}
+        return task if who is None or (completion.get("key") == key and completion.get("actor") == who) else None
 
     def _refusal(  # noqa: PLR0911 - one answer per refusal
         self, outcome: str, tid: str, who: str, task: dict[str, Any] | None, key: str | None,
@@ -479,8 +481,9 @@ def _may_work(task: dict[str, Any], who: str, groups: Sequence[str]) -> bool:
                                              or (not users and not offered))
 
 
-def _legacy_fingerprint(*request: Any) -> str:
-    """The fingerprint releases before the actor joined it recorded (`_request_fingerprint` without the actor)."""
+def _fingerprint(*request: Any) -> str:
+    """A request's hash: what releases before the actor joined it recorded with a key, and, with the actor
+    last, what `_request_fingerprint` records now."""
     return hashlib.sha256(json.dumps(request, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -488,7 +491,7 @@ def _request_fingerprint(actor: str, *request: Any) -> str:
     """What a task operation's idempotency key is recorded with: the request and its actor. A completion and
     a reassignment carry an actor, so the same request by another actor (one not permitted on the task, too)
     is another command: its key answers IdempotencyConflict, never the first actor's result."""
-    return hashlib.sha256(json.dumps([*request, actor], sort_keys=True, default=str).encode()).hexdigest()
+    return _fingerprint(*request, actor)
 
 
 def _cursor(task: TaskInfo) -> str:

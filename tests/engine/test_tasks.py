@@ -555,13 +555,13 @@ async def test_a_key_an_earlier_release_recorded_stays_a_duplicate_across_the_up
     """Keys recorded before the actor joined a task operation's fingerprint (the request alone): the same
     request repeated after the upgrade is still answered as a duplicate, not IdempotencyConflict; a
     completion's only by the actor it names."""
-    from stepstone.client_tasks import _legacy_fingerprint  # noqa: PLC0415 - what the earlier release wrote
+    from stepstone.client_tasks import _fingerprint  # noqa: PLC0415 - what the earlier release wrote
 
     _, tid = await _open_expense(engine)
     request = {"comment": "fine", "approved_amount": 12}
     outcome, _, _ = await engine.store.task_complete(  # as the earlier release's client recorded it
         tid, "approve", request, actor="alice", groups=["finance"], force=False, key="old",
-        fingerprint=_legacy_fingerprint("complete", "approve", request), reviewed_version=None)
+        fingerprint=_fingerprint("complete", "approve", request), reviewed_version=None)
     assert outcome == "reserved"
     again = await engine.client.complete_task(tid, "approve", request, actor="alice", groups=["finance"],
                                               idempotency_key="old")
@@ -572,6 +572,6 @@ async def test_a_key_an_earlier_release_recorded_stays_a_duplicate_across_the_up
     _, tid2 = await _open_expense(engine, 2)
     outcome, _ = await engine.store.task_assign(
         tid2, "reassign", to="olga", actor="mia", groups=[], force=False, reason="",
-        key="old", fingerprint=_legacy_fingerprint("reassign", "olga", ""))
+        key="old", fingerprint=_fingerprint("reassign", "olga", ""))
     assert outcome == "ok"
     assert (await engine.client.reassign_task(tid2, "olga", actor="mia", idempotency_key="old")).assignee == "olga"
