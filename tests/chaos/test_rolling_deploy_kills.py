@@ -24,7 +24,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, scenario_database
 
 EACH = 30  # instances of each version
 KILLS = 6
@@ -46,8 +46,8 @@ async def test_a_rolling_deploy_under_kills_runs_each_version_on_its_own_release
                 "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'")) == 2 * EACH
 
         deadline = time.monotonic() + 150
-        async with fleet_run(fleet, probe, store.close):
-            client = Client(store, workflows.registry)
+        client = Client(store, workflows.registry)
+        async with fleet_run(fleet, probe, client.close):
             ids = [await client.start(workflows.MOVING, {}) for _ in range(EACH)]
             ids += [await client.start(workflows.MOVED, {"currency": "EUR"}) for _ in range(EACH)]
             fleet.start()
@@ -55,7 +55,8 @@ async def test_a_rolling_deploy_under_kills_runs_each_version_on_its_own_release
                 await client.signal(iid, workflows.GO, {}, dedup_key="go")
             await kill_as_commits_go(fleet, probe, settled, kills=KILLS, every=KILL_EVERY, rng=rng,
                                      deadline=deadline)
-            assert await wait_for(settled, deadline), "not every instance completed"
+            for iid in ids:  # each one's settle notification (Client.wait_for)
+                await client.wait_for(iid, timeout=max(1.0, deadline - time.monotonic()))
         conn = await asyncpg.connect(url)
         try:
             await checker.assert_none(conn, _NOTHING)

@@ -24,7 +24,7 @@ from tests._pg import PgServer
 from tests.chaos import workflows
 from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, progressed, scenario_database
 
 KEYS = 30
 WORKERS = 3
@@ -33,16 +33,17 @@ KILL_EVERY = 20  # step commits between two kills: the kills follow the run's pr
 CALLERS = range(workflows.GATHER)
 
 
-async def _callers(client: Client, key: str, rng: random.Random) -> list[tuple[int, bool, int, int]]:
-    """The key's callers at once, each calling twice with its own dedup key: (n, started, first, repeat)."""
-    async def call(n: int) -> tuple[int, bool, int, int]:
+async def _callers(client: Client, key: str, rng: random.Random) -> list[tuple[int, bool, int, int, str]]:
+    """The key's callers at once, each calling twice with its own dedup key: (n, started, first, repeat,
+    instance)."""
+    async def call(n: int) -> tuple[int, bool, int, int, str]:
         await asyncio.sleep(0) if rng.random() < 0.5 else None  # callers interleave differently per key
         first = await client.start_or_signal(workflows.GATHERING, key, workflows.GO, {"n": n}, input={},
                                              dedup_key=f"{key}/{n}")
         repeat = await client.start_or_signal(workflows.GATHERING, key, workflows.GO, {"n": n}, input={},
                                               dedup_key=f"{key}/{n}")
         assert repeat.started == first.started and repeat.instance_id == first.instance_id, (first, repeat)
-        return n, first.started, first.command_id, repeat.command_id
+        return n, first.started, first.command_id, repeat.command_id, first.instance_id
 
     return list(await asyncio.gather(*(call(n) for n in CALLERS)))
 
@@ -60,18 +61,20 @@ async def test_signal_with_start_under_kills_starts_once_and_applies_each_call_o
                 "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'")) == KEYS
 
         deadline = time.monotonic() + 150
-        async with fleet_run(fleet, probe, store.close):
-            client = Client(store, workflows.registry)
+        client = Client(store, workflows.registry)
+        async with fleet_run(fleet, probe, client.close):
             keys = [f"k{n}" for n in range(KEYS)]
             early, late = keys[: KEYS // 2], keys[KEYS // 2 :]
             answers = {key: await _callers(client, key, rng) for key in early}
             fleet.start()
             killing = asyncio.create_task(kill_as_commits_go(
                 fleet, probe, completed, kills=KILLS, every=KILL_EVERY, rng=rng, deadline=deadline))
-            for key in late:
+            commits = await probe.commits()
+            for key in late:  # the calls spread over the run while workers die: a key every two step commits
                 answers[key] = await _callers(client, key, rng)
-                await asyncio.sleep(rng.random() * 0.1)  # the calls spread over the run while workers die
-            assert await wait_for(completed, deadline), "not every instance completed"
+                commits = await progressed(probe, commits, 2, deadline, completed)
+            for iid in {call[4] for calls in answers.values() for call in calls}:  # each one's settle notification
+                await client.wait_for(iid, timeout=max(1.0, deadline - time.monotonic()))
             await killing
         conn = await asyncpg.connect(url)
         try:
@@ -81,8 +84,8 @@ async def test_signal_with_start_under_kills_starts_once_and_applies_each_call_o
             await conn.close()
     assert sorted(r["business_key"] for r in instances) == sorted(answers)
     for key, calls in answers.items():
-        assert [started for _, started, _, _ in calls].count(True) == 1, (key, calls)
-        assert all(first == repeat for _, _, first, repeat in calls), (key, calls)
+        assert [started for _, started, _, _, _ in calls].count(True) == 1, (key, calls)
+        assert all(first == repeat for _, _, first, repeat, _ in calls), (key, calls)
     assert len(fleet.kills) >= 3
     print(f"start_or_signal kills: {len(fleet.kills)} kills, {KEYS} keys, "  # noqa: T201
           f"{2 * len(CALLERS) * KEYS} calls, one instance a key")
