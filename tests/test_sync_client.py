@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import subprocess
-import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -137,41 +135,6 @@ def test_a_call_from_a_callback_the_client_runs_is_refused_not_a_hang(database_u
     assert refused == [("SyncClient.get was called on the client's own loop thread, from a callback one of its "
                         "calls runs (on_batch, state_transform, ...): it would wait for itself for ever; call it "
                         "after that call returns")]
-
-
-_INTERRUPTED = """
-import asyncio, os, signal, sys, threading
-from stepstone import SyncClient
-from tests import cli_apps
-
-client = SyncClient(sys.argv[1], registry=cli_apps.registry)
-instance_id = client.start("approval")  # waits for a signal that never comes
-threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-try:
-    client.wait_for(instance_id, timeout=120)
-except KeyboardInterrupt:
-    pass
-
-async def left() -> int:  # the tasks still running 10 s after the interruption (wait_for waits 120 s)
-    others = asyncio.all_tasks() - {asyncio.current_task()}
-    if others:
-        await asyncio.wait(others, timeout=10)
-    return sum(not t.done() for t in others)
-
-print("left running:", asyncio.run_coroutine_threadsafe(left(), client._loop).result(timeout=30))
-client.close()
-"""
-
-
-def test_an_interrupted_call_stops_on_the_loop_thread_too(database_url: str) -> None:
-    """Ctrl-C in a blocking call (KeyboardInterrupt in the caller's thread) left the call running on the
-    client's loop thread: a wait_for went on waiting, a start_many went on starting, after the caller had
-    moved on, and at exit Python printed "Task was destroyed but it is pending!"."""
-    done = subprocess.run([sys.executable, "-c", _INTERRUPTED, database_url], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).resolve().parent.parent, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["left running: 0"]
-    assert "destroyed but it is pending" not in done.stderr
 
 
 def test_an_async_connection_given_to_a_sync_client_is_refused(database_url: str) -> None:

@@ -52,15 +52,7 @@ class SyncLoop:
                 f"SyncClient.{name} was called on the client's own loop thread, from a callback one of "
                 "its calls runs (on_batch, state_transform, ...): it would wait for itself for ever; call it after "
                 "that call returns", what="thread")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return future.result()
-        except BaseException:
-            # KeyboardInterrupt (Ctrl-C) while waiting: stop the call on the loop thread too, rather than
-            # leave it running (starting, waiting) behind the caller's back. A call that ended already is
-            # not touched by this.
-            future.cancel()
-            raise
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
