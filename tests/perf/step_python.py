@@ -63,7 +63,7 @@ class StartingStore:
 
     definitions = _Definitions()
 
-    async def register(self, *_: Any) -> None:
+    async def register(self, *_: Any, **__: Any) -> None:
         return None
 
     async def start(self, new: Any) -> tuple[str, bool]:
