@@ -42,6 +42,18 @@ def reads_whole_index(node: dict[str, Any]) -> bool:
     return cond is None or (cond.startswith("(id =") and node["Index Name"] != "commands_pkey")
 
 
+def scans_over(plan: dict[str, Any], relation: str, rows: int) -> set[str]:
+    """The scans of `relation` in an EXPLAIN ANALYZE plan that touched more than `rows` rows in all (rows
+    returned and filtered out, times loops), each described by its index (or node type) and counts."""
+    return {
+        f"{node.get('Index Name', node['Node Type'])}: {node['Actual Rows']} rows"
+        f" + {node.get('Rows Removed by Filter', 0)} filtered, {node['Actual Loops']} loops"
+        for node in plan_nodes(plan)
+        if node.get("Relation Name") == relation
+        and (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"] > rows
+    }
+
+
 async def _generic_plan(conn: asyncpg.Connection, sql: str) -> dict[str, Any] | None:
     try:
         parameters = len((await conn.prepare(sql)).get_parameters())

@@ -24,6 +24,9 @@ CONSULTED = [
     "commands INSERT commands_notify",
     "commands INSERT commands_recorded",
     "commands UPDATE commands_notify_requeued",
+    # a settle's only (a continuation in place sets no state): a signal queued behind the settled one
+    # becomes available (migration 0072)
+    "commands UPDATE commands_promote_queued",
     "history INSERT history_redact_baseline",
     "instances UPDATE instances_flow_status",
     "instances UPDATE instances_status_changed",

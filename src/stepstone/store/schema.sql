@@ -2277,7 +2277,9 @@ $$;
 --   its wait takes: it arrived when it was published, migration 0068);
 -- * the timers it must not lose to move behind it in the position's queue: a wait's timeout not yet
 --   due (a signal or message recorded before the timeout's fire time wins), and every pending timer
---   of a task (its due date, reminder and expiry wait while the completion is pending).
+--   of a task (its due date, reminder and expiry wait while the completion is pending);
+-- * behind another signal, message or task completion still open on its position it waits off the ready
+--   walk (version 72, below): available a minute on, and sooner when the one ahead leaves the queue.
 CREATE FUNCTION {{schema}}.command_recorded() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -2300,6 +2302,13 @@ BEGIN
                      AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE AND x.seq < NEW.seq
                      AND (NEW.kind = 'TASK_COMPLETION' OR (x.name = 'timeout' AND x.available_at > NEW.created_at))
                    ORDER BY x.id FOR UPDATE);
+    IF EXISTS (SELECT 1 FROM {{schema}}.commands x
+               WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position
+                 -- the queue index, by instance and position (migration 0028)
+                 AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.seq < NEW.seq
+                 AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION')) THEN
+        NEW.available_at := NEW.available_at + interval '1 minute';
+    END IF;
     RETURN NEW;
 END $$;
 
@@ -5164,3 +5173,31 @@ BEGIN
     ORDER BY c.instance_id, c.seq, c.id
     LIMIT p_limit;
 END $$;
+
+-- ==== version 72 (migration 0072_queued_signals_wait_off_the_ready_walk) ====
+-- command_recorded (in the version 7 section) gives a signal, message or task completion recorded behind
+-- another one still open on its position an available_at a minute on; why: the migration's header.
+-- When a signal, message or task completion leaves its position's queue (settled, parked, dead, rejected,
+-- superseded), the first one waiting behind it off the ready walk becomes available now (one row; the
+-- requeue trigger wakes the workers). Over-promotion is harmless: the claim still checks the head.
+CREATE FUNCTION {{schema}}.promote_queued_follower() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+BEGIN
+    UPDATE {{schema}}.commands c SET available_at = v_now
+    WHERE c.id = (SELECT x.id FROM {{schema}}.commands x
+                  WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position
+                    -- the queue index, by instance and position (migration 0028)
+                    AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.state = 'PENDING'
+                    AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND x.available_at > v_now
+                  ORDER BY x.seq, x.id LIMIT 1);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER commands_promote_queued
+    AFTER UPDATE OF state ON {{schema}}.commands
+    FOR EACH ROW WHEN (OLD.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION')
+                       AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+                       AND NEW.state NOT IN ('PENDING', 'DEFERRED', 'CLAIMED'))
+    EXECUTE FUNCTION {{schema}}.promote_queued_follower();
