@@ -369,3 +369,43 @@ async def test_a_parent_whose_child_ended_timed_out_or_compensated_is_swept(
     assert (report.archived, report.skipped_active) == (1, 0)
     archived = await conn.fetchval("SELECT id FROM stepstone.instances WHERE archived_at IS NOT NULL")
     assert str(archived) == parent
+
+
+async def test_a_waiting_child_is_kept_while_its_parent_waits_for_it(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    """The sweep looked at an instance's children, never at its parent: with a window for the child's
+    waiting class, a child its parent waits for was archived and purged, and the parent waited for ever."""
+    await ops.set_retention_policy("ops_relayed", "waiting", timedelta(days=1), timedelta(0))
+    parent = await engine.client.start(workflows.holder, {"key": "h-1"})
+    await engine.run_until_idle()
+    child = str(await conn.fetchval("SELECT id FROM stepstone.instances WHERE parent_id = $1", parent))
+    assert (await engine.client.get(child)).status == "WAITING"
+    await engine.move_clock(2 * DAY)
+    dry = await ops.retention_run(dry_run=True)
+    assert (dry.archived, dry.skipped_active) == (0, 1)
+    report = await ops.retention_run()
+    assert (report.archived, report.purged, report.skipped_active) == (0, 0, 1)
+    assert (await engine.client.get(child)).archived_at is None
+    # The child goes on, and reports to its parent.
+    await engine.client.signal(child, "go", {"n": 1})
+    await engine.run_until_idle()
+    await engine.client.publish_message("paid", "h-1", {"ref": "pay-1"})
+    await engine.run_until_idle()
+    info = await engine.client.get(parent)
+    assert (info.status, info.state["ref"]) == ("COMPLETED", "pay-1")
+
+
+async def test_an_abandoned_child_takes_its_own_window_once_its_parent_ended(
+    engine: Engine, ops: Operations, conn: asyncpg.Connection
+) -> None:
+    """Once the parent has ended (cancelled here), nothing waits for the child: its own window applies."""
+    await ops.set_retention_policy("ops_relayed", "waiting", timedelta(days=1), timedelta(0))
+    parent = await engine.client.start(workflows.holder, {"key": "h-2"})
+    await engine.run_until_idle()
+    child = str(await conn.fetchval("SELECT id FROM stepstone.instances WHERE parent_id = $1", parent))
+    await conn.execute("UPDATE stepstone.instances SET status = 'CANCELLED', ended_at = now() WHERE id = $1", parent)
+    await engine.move_clock(2 * DAY)
+    report = await ops.retention_run()
+    assert (report.archived, report.purged, report.skipped_active) == (1, 1, 0)
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances WHERE id = $1", child) == 0

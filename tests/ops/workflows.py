@@ -275,7 +275,23 @@ def unreserve(_ctx: CompensationContext, state: dict[str, str], recorded: dict[s
     state["undone"] = recorded["reservation"]
 
 
-registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping, relayed, booking)
+# -- a parent that waits for a `relayed` child (which waits for a signal, then a message) ---------------
+
+holder: Workflow[Relayed] = Workflow("ops_holder", version=1, state=Relayed)
+
+
+@holder.child(workflow="ops_relayed", next="after_relayed", start=True)
+def start_relayed(ctx: StepContext, state: Relayed) -> dict[str, str]:
+    return {"key": state.key}
+
+
+@holder.step(next=None)
+def after_relayed(ctx: StepContext, state: Relayed) -> None:
+    assert ctx.child is not None
+    state.ref = str(ctx.child.state["ref"])
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping, relayed, booking, holder)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:

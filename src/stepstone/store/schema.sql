@@ -3877,6 +3877,7 @@ DECLARE
     v_cands uuid[];
     v_locked uuid[];
     v_free uuid[];
+    v_idle uuid[];
     v_ok uuid[];
 BEGIN
     IF p_phase NOT IN ('archive', 'purge') THEN
@@ -3940,38 +3941,36 @@ BEGIN
     LEFT JOIN got ON got.instance_id = l.id
     WHERE COALESCE(total.n, 0) = COALESCE(got.n, 0) AND NOT COALESCE(got.leased, false);
     v_free := COALESCE(v_free, '{}');
-    -- Active: a command still to run, or a child that has not ended (it reports to this instance; a
-    -- FAILED or COMPENSATION_FAILED one may still, once retried; one that ended COMPENSATED or TIMED_OUT
-    -- reports nothing more).
-    -- Then, for a purge, events a consumer has not had.
-    SELECT array_agg(f.id ORDER BY f.id) INTO v_ok FROM unnest(v_free) AS f(id)
+    -- Active: a command still to run, a child that has not ended (it reports to this instance; a FAILED
+    -- or COMPENSATION_FAILED one may still, once retried; one that ended COMPENSATED or TIMED_OUT reports
+    -- nothing more), or a parent that has not ended (it waits for this instance's end, or may again, once
+    -- retried: a tree is swept from its root down, never a child from under a live parent).
+    SELECT array_agg(f.id ORDER BY f.id) INTO v_idle FROM unnest(v_free) AS f(id)
+    JOIN {{schema}}.instances i ON i.id = f.id
     WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
                       WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
       AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
                       WHERE k.parent_id = f.id AND NOT {{schema}}.is_terminal(k.status))
-      AND (p_phase = 'archive' OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox o
-                                              WHERE o.instance_id = f.id AND o.published_at IS NULL));
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances u
+                      WHERE u.id = i.parent_id AND NOT {{schema}}.is_terminal(u.status));
+    v_idle := COALESCE(v_idle, '{}');
+    -- Then, for a purge, events a consumer has not had.
+    SELECT array_agg(f.id ORDER BY f.id) INTO v_ok FROM unnest(v_idle) AS f(id)
+    WHERE p_phase = 'archive' OR NOT EXISTS (SELECT 1 FROM {{schema}}.outbox o
+                                             WHERE o.instance_id = f.id AND o.published_at IS NULL);
     v_ok := COALESCE(v_ok, '{}');
     last_id := v_cands[cardinality(v_cands)];
     scanned := cardinality(v_cands);
     done := cardinality(v_ok);
     busy := cardinality(v_cands) - cardinality(v_free);
-    active := (SELECT count(*) FROM unnest(v_free) AS f(id)
-               WHERE EXISTS (SELECT 1 FROM {{schema}}.commands c
-                             WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
-                  OR EXISTS (SELECT 1 FROM {{schema}}.instances k
-                             WHERE k.parent_id = f.id AND NOT {{schema}}.is_terminal(k.status)));
+    active := cardinality(v_free) - cardinality(v_idle);
     unsent := 0;
     dead := 0;
     IF p_phase = 'purge' THEN
         SELECT count(*) FILTER (WHERE NOT h.has_dead), count(*) FILTER (WHERE h.has_dead) INTO unsent, dead
         FROM (SELECT f.id, bool_or(o.dead_at IS NOT NULL) AS has_dead
-              FROM unnest(v_free) AS f(id)
+              FROM unnest(v_idle) AS f(id)
               JOIN {{schema}}.outbox o ON o.instance_id = f.id AND o.published_at IS NULL
-              WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.commands c
-                                WHERE c.instance_id = f.id AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED'))
-                AND NOT EXISTS (SELECT 1 FROM {{schema}}.instances k
-                                WHERE k.parent_id = f.id AND NOT {{schema}}.is_terminal(k.status))
               GROUP BY f.id) h;
     END IF;
     done_ids := v_ok;
@@ -5201,3 +5200,7 @@ CREATE TRIGGER commands_promote_queued
                        AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
                        AND NEW.state NOT IN ('PENDING', 'DEFERRED', 'CLAIMED'))
     EXECUTE FUNCTION {{schema}}.promote_queued_follower();
+
+-- ==== version 73 (migration 0073_children_kept_under_a_live_parent) ====
+-- retention_batch (in the version 22 section) keeps an instance whose parent has not ended; why: the
+-- migration's header.
