@@ -10,6 +10,7 @@ import pytest
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.errors import MigrationRefused
 from stepstone.external import ExternalTasks
+from stepstone.ops import migration
 from stepstone.testing import Engine, open_engine
 
 nap_v1: Workflow[Any] = Workflow("mw_nap", version=1)
@@ -119,3 +120,29 @@ async def test_a_step_whose_deadline_runs_keeps_it_and_its_name(engine: Engine) 
     await engine.advance(seconds=60)
     info = await engine.client.get(iid)
     assert (info.version, info.status, info.state) == (1, "COMPLETED", {"ran": "v1"})
+
+
+@pytest.mark.parametrize(("target", "step_map", "why"), [
+    (late_v2, {}, "v2 has no step deadline"),
+    (late_v3, {"hold": "wait"}, "v3 has no such step"),
+])
+async def test_a_deadline_timer_its_plan_no_longer_backs_is_moot(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, target: Workflow[Any], step_map: dict[str, str], why: str,
+) -> None:
+    """An instance a release before the check above moved anyway: its deadline's timer, naming v1's step,
+    fired on the target's plan and crashed the segment (TypeError formatting the missing deadline), again
+    at every claim; renamed, it interrupted nothing, silently. Now it is moot, said in history, and the
+    wait goes on under the target."""
+    iid = await engine.client.start(late_v1, {})
+    await engine.run_until_idle()
+    monkeypatch.setattr(migration, "_check_deadline", lambda *_args: None)  # as that release migrated
+    assert (await engine.client.migrate(iid, to=target, step_map=step_map)).counts == {"migrated": 1}
+    await engine.advance(seconds=60)
+    info = await engine.client.get(iid)
+    assert (info.version, info.status, info.error) == (target.version, "WAITING", None)
+    [moot] = [h for h in await engine.client.history(iid) if h["kind"] == "STEP_DEADLINE_MOOT"]
+    assert (moot["step"], moot["data"]["reason"]) == ("hold", why)
+    await engine.client.signal(iid, "go")
+    await engine.run_until_idle()
+    done = await engine.client.get(iid)
+    assert (done.status, done.state) == ("COMPLETED", {"ran": f"v{target.version}"})

@@ -16,6 +16,7 @@ store keeps what each completed step recorded, picks the next compensation and q
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -55,6 +56,8 @@ STEP_DEADLINE = "step_deadline"
 """The TIMER of a step deadline: on `SAGA` when it passes, then on the step's position."""
 
 COMPENSATION_FAILED_EVENT = "stepstone.compensation_failed"
+
+log = logging.getLogger("stepstone.saga")
 
 CAUSE_FAILED, CAUSE_CANCELLED, CAUSE_TIMED_OUT = "failed", "cancelled", "timed_out"
 
@@ -108,7 +111,7 @@ def apply_saga(
     if command.kind == "TIMER" and command.name == DEADLINE:
         return _deadline(instance)
     if command.kind == "TIMER" and command.name == STEP_DEADLINE:
-        return _interrupt(instance, command)
+        return _interrupt(instance, command, plan)
     payload = command.payload if isinstance(command.payload, dict) else {}
     if command.kind not in (COMPENSATE, "CHILD_COMPLETION"):
         return Decision(Settle("REJECTED", f"NOT_A_SAGA_COMMAND: {command.kind}"))
@@ -132,14 +135,29 @@ def _deadline(instance: InstanceView) -> Decision:
     ))
 
 
-def _interrupt(instance: InstanceView, command: CommandView) -> Decision:
+def _interrupt(instance: InstanceView, command: CommandView, plan: Plan) -> Decision:
     """A step deadline passed: interrupt the position if it still runs that step visit. The store checks,
-    and records STEP_DEADLINE_PASSED only then: a step left in time ignores its deadline, in history too."""
+    and records STEP_DEADLINE_PASSED only then: a step left in time ignores its deadline, in history too.
+    A timer scheduled under an earlier plan whose step the instance's plan now has without a deadline, or
+    not at all (an instance migrated by a release that did not refuse it), is moot: settled so, with a
+    STEP_DEADLINE_MOOT entry, and the step goes on under its plan."""
     if instance.status in (COMPENSATING, "COMPENSATION_FAILED"):
         return Decision(Settle("STALE", "ALREADY_COMPENSATING"))
     payload = command.payload if isinstance(command.payload, dict) else {}
     step, visit, position = str(payload.get("step")), int(payload.get("visit") or 0), str(payload.get("position"))
+    declared = plan.steps.get(step)
+    if declared is None or declared.deadline_seconds is None:
+        return _moot(step, visit, position, plan)
     return Decision(Settle("COMPLETE"), (InterruptStep(position, step, visit),))
+
+
+def _moot(step: str, visit: int, position: str, plan: Plan) -> Decision:
+    """A step deadline timer the instance's plan does not back: settled STALE, said in history and the log."""
+    why = "has no step deadline" if step in plan.steps else "has no such step"
+    log.warning("step deadline of %r (visit %d) is moot: v%d of %s %s", step, visit, plan.version,
+                plan.definition_id, why)
+    data = {"position": position, "version": plan.version, "reason": f"v{plan.version} {why}"}
+    return Decision(Settle("STALE", "STEP_DEADLINE_MOOT"), (RecordHistory("STEP_DEADLINE_MOOT", step, visit, data),))
 
 
 def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
@@ -147,7 +165,12 @@ def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Pla
     there = (instance.position_status or instance.status) in ("RUNNING", "WAITING")
     if not there or command.visit != instance.visit or command.step != instance.step:
         return Decision(Settle("STALE", "STEP_DEADLINE_SUPERSEDED"))
-    step = plan.steps[instance.step or ""]
+    step = plan.steps.get(instance.step or "")
+    # Interrupted under an earlier plan (see _interrupt), on one whose step has no deadline: a wait or a
+    # timer goes on waiting (the interrupt settled no command of theirs); an action, whose step command the
+    # interrupt settled, fails (StepDeadline): nothing is left to run it on.
+    if step is None or (step.deadline_seconds is None and step.kind in ("wait", "timer")):
+        return _moot(command.step or "", command.visit or 0, instance.position, plan)
     # Leaving a wait or a timer early: its own timers (a wait's timeout, the timer) are superseded.
     leave = (CloseTimers(),) if step.kind in ("wait", "timer") else ()
     exceeded = RecordHistory("STEP_DEADLINE_EXCEEDED", step.name, instance.visit,
@@ -155,8 +178,9 @@ def step_deadline_passed(instance: InstanceView, command: CommandView, plan: Pla
     if step.on_deadline:
         entered = enter(instance, plan, step.on_deadline, instance.state, now)
     else:
-        entered = fail(instance, "StepDeadline", f"step {step.name!r} did not finish within "
-                       f"{step.deadline_seconds:g} s", step=step.name)
+        within = "its deadline" if step.deadline_seconds is None else f"{step.deadline_seconds:g} s"
+        entered = fail(instance, "StepDeadline", f"step {step.name!r} did not finish within {within}",
+                       step=step.name)
     return Decision(settled(entered), (exceeded, *leave, *entered))
 
 
