@@ -246,14 +246,29 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
         from django.utils.module_loading import import_string  # noqa: PLC0415
 
         state = DjangoTask(**info.state)
-        return self._result(import_string(state.task), info.id, state, info.created_at, info.status)
+        status = info.status
+        if status == "WAITING" and state.status == "READY" and self._claimed(info.id):
+            status = "RUNNING"
+        return self._result(import_string(state.task), info.id, state, info.created_at, status)
+
+    def _claimed(self, iid: str) -> bool:
+        """A worker runs the task: it holds the due timer into `run` (the step runs in that command's
+        segment, and the instance reads WAITING at `not_before` until their one commit) or `run`'s command."""
+        detail = self.client().detail(iid)
+        return any(c["state"] == "CLAIMED" for c in detail.timers) or any(
+            c["state"] == "CLAIMED" and c["step"] == "run" for c in detail.commands)
 
     def _result(self, task: Any, iid: str, state: DjangoTask, enqueued_at: datetime | None,
                 status: str | None) -> Any:
+        """Django's status: FAILED for an instance that failed or was cancelled, the task's own outcome once
+        it ran, RUNNING while a worker runs it (the instance RUNNING at `run`, or its timer claimed), else
+        READY (enqueued, waiting for `run_after` or a worker)."""
         if status in ("FAILED", "CANCELLED"):
             outcome = TaskResultStatus.FAILED
         elif state.status in ("SUCCESSFUL", "FAILED"):
             outcome = TaskResultStatus(state.status)
+        elif status == "RUNNING":
+            outcome = TaskResultStatus.RUNNING
         else:
             outcome = TaskResultStatus.READY
         return _task_result(task, iid, state, outcome, enqueued_at)

@@ -19,7 +19,7 @@ except ImportError:
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
 
-from shop.tasks import add, double_later, refuse, with_context
+from shop.tasks import add, double_later, own_status, refuse, with_context
 from stepstone.integrations.django_tasks import _database_url, registry
 from stepstone.testing import open_engine
 
@@ -61,6 +61,15 @@ class StepstoneTasks(TransactionTestCase):
         self.assertEqual(result.status, "SUCCESSFUL")
         self.assertEqual(result.return_value, {"id": result.id, "attempt": 1, "status": "RUNNING", "n": 7,
                                                "args": [7]})
+
+    def test_a_task_reads_itself_running_while_it_runs(self):
+        """The backend answered READY for a task that was running."""
+        result = own_status.enqueue()
+        self.assertEqual(result.status, "READY")
+        run_worker()
+        result.refresh()
+        self.assertEqual(result.status, "SUCCESSFUL")
+        self.assertEqual(result.return_value, "RUNNING")
 
     def test_a_priority_is_refused_at_enqueue(self):
         with self.assertRaises(InvalidTask) as refused:
