@@ -213,3 +213,21 @@ def test_serve_and_metrics_on_one_port_of_two_addresses_is_let_through() -> None
                                ("::1", "[::1]"), ("localhost", "LOCALHOST")):
         code, err = worker(host, metrics_host)
         assert code == 2 and "8861 is --port too" in err, (host, metrics_host, err)
+
+
+@pytest.mark.parametrize("given", [["--catalog", "stepstone.examples.document_catalog:catalog"], ["--port", "8862"],
+                                   ["--host", "0.0.0.0"], ["--read-only"], ["--no-auth"]])  # noqa: S104
+def test_an_option_of_the_api_without_serve_is_refused(given: list[str]) -> None:
+    """`worker --catalog X` without --serve started the worker and ignored the catalog (and so for every
+    option of the API it serves only with --serve): refused before anything starts, saying what to pass."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from stepstone.cli import cli  # noqa: PLC0415
+
+    # An unreachable database: a worker that started anyway fails on it with exit 1.
+    result = CliRunner().invoke(cli, ["worker", "--app", "tests.cli_apps:registry", "--database-url",
+                                      "postgresql://u@127.0.0.1:1/db", *given])
+    assert result.exit_code == 2, result.output
+    said = (f"Error: Invalid value for '{given[0]}': it is an option of the management API and UI, which this "
+            f"worker serves only with --serve: pass --serve too, or leave {given[0]} out")
+    assert said in result.stderr, result.stderr

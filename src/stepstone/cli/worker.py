@@ -210,6 +210,8 @@ def worker_command(
     if every is not None and every < MIN_INTERVAL:  # 0s swept in a busy loop
         raise click.BadParameter(f"{retention_every!r}: retention runs at least {MIN_INTERVAL:g}s apart",
                                  param_hint="'--retention-every'")
+    if not serve_web:
+        _refuse_serve_options_alone()
     web = None
     if serve_web:
         # The API would take the port and the probes fail after it started; on two addresses both can have it.
@@ -220,6 +222,23 @@ def worker_command(
         check_no_auth(host, no_auth)
         web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth, "catalog": catalog_of(catalog)}
     run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host, web))
+
+
+_SERVE_ONLY = {"catalog": "--catalog", "host": "--host", "port": "--port", "read_only": "--read-only",
+               "no_auth": "--no-auth"}
+_PROBES = {"host": " (the probes and metrics listen on --metrics-host)",
+           "port": " (the probes and metrics listen on --metrics-port)"}
+
+
+def _refuse_serve_options_alone() -> None:
+    """An option of the management API given without --serve, which alone starts it, was silently ignored
+    (a --catalog the operator expected document publishing to bind with, say): refused, naming the fix."""
+    ctx = click.get_current_context()
+    for name, flag in _SERVE_ONLY.items():
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            raise click.BadParameter(
+                f"it is an option of the management API and UI, which this worker serves only with --serve: "
+                f"pass --serve too, or leave {flag} out{_PROBES.get(name, '')}", param_hint=f"'{flag}'")
 
 
 commands = [worker_command]
