@@ -28,22 +28,25 @@ def signal_cause(kind: str, name: str, payload: JSON) -> dict[str, Any]:
 
 
 def message_received(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
-    """A message delivered to this position: taken by the wait it was correlated to, parked otherwise."""
+    """A message delivered to this position: taken by the wait it was correlated to; otherwise parked, or,
+    taken from the buffer, returned to it (the store's trigger on the STALE settle hands it on)."""
     wait = instance.wait or {}
     name = command.name or ""
     accepted = wait.get("messages") or {}
     waiting = (instance.position_status or instance.status) == WAITING
+    body = command.payload if isinstance(command.payload, dict) else {}
+    left = Settle("STALE", "WAIT_LEFT") if body.get("buffered") else Settle("PARKED", "NOT_WAITING")
     if not waiting or name not in accepted or command.visit != instance.visit:
         data = {"message": name, "command": command.id}
-        return Decision(Settle("PARKED", "NOT_WAITING"),
-                        (RecordHistory("MESSAGE_PARKED", instance.step, instance.visit, data),))
-    body = command.payload if isinstance(command.payload, dict) else {}
+        kind = "MESSAGE_RETURNED" if left.state == "STALE" else "MESSAGE_PARKED"
+        return Decision(left, (RecordHistory(kind, instance.step, instance.visit, data),))
     received = RecordHistory("MESSAGE_CORRELATED", instance.step, instance.visit,
                              {"message": name, "command": command.id, "message_id": body.get("message_id"),
                               "correlation_key": body.get("correlation_key")})
     cause = signal_cause("MESSAGE", name, command.payload)
     entered = enter(instance, plan, accepted[name], instance.state, now, cause=cause)
-    parked = RecordHistory("MESSAGE_PARKED", instance.step, instance.visit,
-                           {"message": name, "command": command.id, "reason": LATE})
+    late = Settle(left.state, LATE)
+    parked = RecordHistory("MESSAGE_RETURNED" if late.state == "STALE" else "MESSAGE_PARKED", instance.step,
+                           instance.visit, {"message": name, "command": command.id, "reason": LATE})
     return within_deadline(instance, plan, Decision(settled(entered), (received, CloseTimers(), *entered)),
-                           Settle("PARKED", LATE), parked)
+                           late, parked)

@@ -5204,3 +5204,87 @@ CREATE TRIGGER commands_promote_queued
 -- ==== version 73 (migration 0073_children_kept_under_a_live_parent) ====
 -- retention_batch (in the version 22 section) keeps an instance whose parent has not ended; why: the
 -- migration's header.
+
+-- ==== version 74 (migration 0074_buffered_messages_go_on) ====
+-- A buffered message taken by a wait that something else then left goes on to the next wait of its name
+-- and key; why: the migration's header.
+-- A message a wait took from the buffer (its MESSAGE command's payload says `buffered`) whose command is
+-- settled without being taken: STALE (it found its wait already left: a signal queued before it won the
+-- wait, or the wait's step deadline passed first), REJECTED (the instance ended, or was cancelled, before
+-- the command was applied), SUPERSEDED, or PARKED (a worker of an earlier release). It was lost there: it
+-- was buffered for the next wait of its name and key, and none got it. It goes on now, in the transaction
+-- that settles the command: under its key's lock (after the instance's row, positions and commands, the
+-- lock order), to the oldest open subscription of that name and key whose wait is still open (as
+-- publish_message delivers, its instance's row taken NOWAIT; a busy one is passed over for the next, so
+-- the commit settling the command never waits on another instance), recorded as a MESSAGE command again
+-- marked `buffered` (so it goes on again if that wait is left before it); else back to the buffer until
+-- its expires_at; past that, EXPIRED. The message row is the one the subscription taking it recorded
+-- (subscriptions.message). A command that dies (DEAD, a poison command) keeps its message: it is shown
+-- dead-lettered, not handed on.
+CREATE FUNCTION {{schema}}.return_buffered_message() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+    v_key text := OLD.payload->>'correlation_key';
+    v_msg {{schema}}.messages%ROWTYPE;
+    v_cmd bigint;
+    s record;
+BEGIN
+    PERFORM {{schema}}.lock_correlation(OLD.name, v_key);
+    SELECT m.* INTO v_msg FROM {{schema}}.messages m
+    WHERE m.id = (SELECT x.message FROM {{schema}}.subscriptions x
+                  WHERE x.instance_id = OLD.instance_id AND x.position = OLD.position AND x.visit = OLD.visit
+                    AND x.name = OLD.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
+                  ORDER BY x.id DESC LIMIT 1)
+      AND m.status = 'DELIVERED'
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- its row is gone (purged): nothing to hand on
+    END IF;
+    IF v_msg.expires_at IS NULL OR v_msg.expires_at <= v_now THEN
+        UPDATE {{schema}}.messages m SET status = 'EXPIRED' WHERE m.id = v_msg.id;
+        RETURN NULL;
+    END IF;
+    FOR s IN SELECT x.id, x.instance_id, x.position, x.visit, x.step FROM {{schema}}.subscriptions x
+             WHERE x.name = OLD.name AND x.correlation_key = v_key AND x.status = 'OPEN'
+             ORDER BY x.created_at, x.id LOOP
+        BEGIN
+            PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
+        EXCEPTION WHEN lock_not_available THEN
+            CONTINUE;  -- committing: passed over (its commit may be leaving the wait)
+        END;
+        PERFORM 1 FROM {{schema}}.subscriptions x WHERE x.id = s.id AND x.status = 'OPEN' FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
+        IF NOT EXISTS (SELECT 1 FROM {{schema}}.positions p JOIN {{schema}}.instances i ON i.id = p.instance_id
+                       WHERE p.instance_id = s.instance_id AND p.path = s.position AND p.visit = s.visit
+                         AND p.status = 'WAITING' AND i.status NOT IN ('COMPLETED', 'CANCELLED')) THEN
+            UPDATE {{schema}}.subscriptions x SET status = 'CLOSED', closed_at = v_now WHERE x.id = s.id;
+            CONTINUE;
+        END IF;
+        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
+                                         available_at, created_at)
+        VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
+                s.visit, OLD.name, jsonb_build_object('payload', OLD.payload->'payload',
+                                                      'message_id', v_msg.message_id,
+                                                      'correlation_key', v_key, 'buffered', true),
+                v_now, v_now)
+        RETURNING id INTO v_cmd;
+        UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', message = v_msg.id, closed_at = v_now
+        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN';
+        UPDATE {{schema}}.messages m SET delivered_at = v_now,
+            deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
+                                                              'command_id', v_cmd))
+        WHERE m.id = v_msg.id;
+        RETURN NULL;
+    END LOOP;
+    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = OLD.payload->'payload', deliveries = '[]',
+        delivered_at = NULL
+    WHERE m.id = v_msg.id;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER commands_return_buffered_message
+    AFTER UPDATE OF state ON {{schema}}.commands
+    FOR EACH ROW WHEN (OLD.kind = 'MESSAGE' AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
+                       AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED') AND OLD.payload ? 'buffered')
+    EXECUTE FUNCTION {{schema}}.return_buffered_message();

@@ -1,0 +1,136 @@
+"""A buffered message taken by a wait that something else then leaves goes on to the next wait of its
+name and key, against real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+
+from stepstone.authoring.workflow import END, Registry, StepContext, Workflow
+from stepstone.testing import open_engine
+
+# A wait taking message `m` by the key `k`, or the signal `skip`; `took` records what came and goes back to
+# the wait while `rounds` asks for more. On a skip for a key in `gate`, `took` says it began (the first
+# event) and waits for the test to let it go on (the second).
+looped = Workflow("looped", version=1)
+gate: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
+
+
+@looped.step(start=True, next="await_m")
+async def begin(ctx: StepContext, state: dict[str, Any]) -> None:
+    state["got"] = []
+
+
+looped.wait("await_m", messages={"m": "took"}, signals={"skip": "took"}, correlation="k")
+
+
+@looped.step(next=["await_m", END])
+async def took(ctx: StepContext, state: dict[str, Any]) -> str:
+    assert ctx.signal is not None
+    state["got"].append([ctx.signal.name, (ctx.signal.payload or {}).get("n")])
+    held = gate.get(state["k"])
+    if held is not None and ctx.signal.name == "skip":
+        held[0].set()
+        await held[1].wait()
+    return "await_m" if len(state["got"]) < state.get("rounds", 1) else END
+
+
+async def test_a_buffered_message_a_signal_beat_reaches_the_next_wait(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """The commit entering the wait takes the buffered message; the signal queued before it wins the wait.
+    The message's command was parked and, at the instance's end, rejected (INSTANCE_ENDED): the next wait
+    of its key, another instance's or the same instance's, never got it though it was buffered for it."""
+    async with open_engine(database_url, Registry(looped), concurrency=2) as engine:
+        c = engine.client
+        assert (await c.publish_message("m", "k-1", {"n": 1}, ttl=600, message_id="b-1")).outcome == "buffered"
+        first = await c.start(looped, {"k": "k-1"})
+        await c.signal(first, "skip", {"n": 0})  # queued before the wait is entered
+        await engine.run_until_idle()
+        assert (await c.get(first)).state["got"] == [["skip", 0]]
+        nxt = await c.start(looped, {"k": "k-1"})  # another instance's wait of that key
+        await engine.run_until_idle()
+        info = await c.get(nxt)
+        assert (info.status, info.state["got"]) == ("COMPLETED", [["m", 1]]), info
+        assert await conn.fetchval("SELECT status FROM stepstone.messages WHERE message_id = 'b-1'") == "DELIVERED"
+        # It ended before the command was applied: the command is rejected, the message went on.
+        assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'MESSAGE' "
+                                   "AND instance_id = $1::uuid ORDER BY id LIMIT 1", first) == "REJECTED"
+
+        # The same instance's later wait: the signal wins the first, the message reaches the second.
+        assert (await c.publish_message("m", "k-2", {"n": 2}, ttl=600)).outcome == "buffered"
+        same = await c.start(looped, {"k": "k-2", "rounds": 2})
+        await c.signal(same, "skip", {"n": 0})
+        await engine.run_until_idle()
+        info = await c.get(same)
+        assert (info.status, info.state["got"]) == ("COMPLETED", [["skip", 0], ["m", 2]]), info
+        # Applied to the wait it was taken for, which the skip had left: returned, not parked.
+        kinds = [e["kind"] for e in await c.history(same)]
+        assert "MESSAGE_RETURNED" in kinds and "MESSAGE_PARKED" not in kinds, kinds
+
+
+async def test_a_returned_message_goes_to_a_wait_already_open(database_url: str, conn: asyncpg.Connection) -> None:
+    """A wait of the key that opened while the message was on its way to the first (and so found nothing
+    buffered) gets it when the first's wait turns out to be left, as the oldest open subscription."""
+    began, go_on = gate["k-open"] = asyncio.Event(), asyncio.Event()
+    try:
+        async with open_engine(database_url, Registry(looped), concurrency=4) as engine:
+            c = engine.client
+            assert (await c.publish_message("m", "k-open", {"n": 7}, ttl=600)).outcome == "buffered"
+            first = await c.start(looped, {"k": "k-open"})
+            await c.signal(first, "skip", {"n": 0})
+            running = asyncio.ensure_future(engine.run_until_idle())
+            await began.wait()  # `took` runs for the skip; the message's command waits behind it
+            second = await c.start(looped, {"k": "k-open"})
+            await engine.new_worker(concurrency=2).run_until_idle()  # the second enters its wait meanwhile
+            assert (await c.get(second)).status == "WAITING"
+            go_on.set()
+            await running
+            await engine.run_until_idle()
+            assert (await c.get(first)).state["got"] == [["skip", 0]]
+            info = await c.get(second)
+            assert (info.status, info.state["got"]) == ("COMPLETED", [["m", 7]]), info
+    finally:
+        gate.pop("k-open", None)
+
+
+async def test_a_returned_message_is_kept_until_its_expires_at(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """Returned, the message is buffered until the expires_at its publish gave it, not longer."""
+    async with open_engine(database_url, Registry(looped), concurrency=2) as engine:
+        c = engine.client
+        await c.publish_message("m", "k-old", {"n": 1}, ttl=5)
+        first = await c.start(looped, {"k": "k-old"})
+        await c.signal(first, "skip", {"n": 0})
+        await engine.run_until_idle()
+        assert await conn.fetchval("SELECT status FROM stepstone.messages") == "BUFFERED"
+        await engine.move_clock(6)
+        late = await c.start(looped, {"k": "k-old"})
+        await engine.run_until_idle()
+        assert (await c.get(late)).status == "WAITING"
+
+
+async def test_a_message_whose_ttl_passed_on_its_way_expires(database_url: str, conn: asyncpg.Connection) -> None:
+    """Handed back after its expires_at (the clock moved while the skip's step ran), the message is as a
+    buffered one no wait took in time: EXPIRED, and no later wait gets it."""
+    began, go_on = gate["k-gone"] = asyncio.Event(), asyncio.Event()
+    try:
+        async with open_engine(database_url, Registry(looped), concurrency=2, lease_seconds=600) as engine:
+            c = engine.client
+            await c.publish_message("m", "k-gone", {"n": 1}, ttl=5)
+            first = await c.start(looped, {"k": "k-gone"})
+            await c.signal(first, "skip", {"n": 0})
+            running = asyncio.ensure_future(engine.run_until_idle())
+            await began.wait()
+            await engine.move_clock(6)
+            go_on.set()
+            await running
+            assert await conn.fetchval("SELECT status FROM stepstone.messages") == "EXPIRED"
+            late = await c.start(looped, {"k": "k-gone"})
+            await engine.run_until_idle()
+            assert (await c.get(late)).status == "WAITING"
+    finally:
+        gate.pop("k-gone", None)
