@@ -296,6 +296,24 @@ async def test_a_key_that_is_not_text_is_its_json_text_on_both_sides(engine: Eng
         await engine.client.publish_message("keyed", float("nan"))
 
 
+async def test_an_integral_number_is_one_key_whatever_its_type(engine: Engine) -> None:
+    """A float state field holding 2.0 subscribed as `2.0`, which a JSON client's 2 (or "2") never met, nor
+    a Python int 2; and 2 in the state never met a publish of 2.0. An integral number's key is now the
+    integer's text on both sides, in a map too."""
+    values = [2.0, 2, 2.0, -0.0, 1e16, {"n": 3.0}, 2.5]
+    ids = [await engine.client.start(keyed, {"key": v}) for v in values]
+    await engine.run_until_idle()
+    texts = ["2", "2", "2", "0", "10000000000000000", '{"n":3}', "2.5"]
+    assert [(await engine.client.get(i)).waiting_for["correlation_key"] for i in ids] == texts
+    for key in (2, 2.0, 0, 10**16, {"n": 3}, 2.5):  # a map is published as its text (`key` below)
+        published = await engine.client.publish_message("keyed", key if not isinstance(key, dict) else '{"n":3}')
+        assert published.outcome == "delivered", key
+    # and the text "2", a JSON client's string or the CLI's typed key
+    assert (await engine.client.publish_message("keyed", "2")).outcome == "delivered"
+    await engine.run_until_idle()
+    assert [(await engine.client.get(i)).status for i in ids] == ["COMPLETED"] * len(ids)
+
+
 async def test_a_repeated_start_or_signal_says_it_started_the_instance(engine: Engine) -> None:
     """The repeat of a call (the same dedup key, after a lost answer) answered started=False although its
     first attempt had started the instance."""

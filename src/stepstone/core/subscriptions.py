@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from stepstone.core.effects import Effect, RecordHistory, Subscribe
@@ -15,11 +16,25 @@ from stepstone.core.task_spec import lookup
 def key_text(value: Any) -> str:
     """The correlation key of a value, one text on every path that makes a key (a wait entered) or matches
     one (a publish from Python, the HTTP API, the CLI): a string as it is, anything else its compact JSON
-    text, keys sorted. `str` made `True` of a boolean state value and `{'a': 1}` of a map, which no JSON
-    client publishing `true` or `{"a":1}` could match."""
+    text, keys sorted, with an integral number as an integer (`2.0` is `2`, in a map or list too: JSON has
+    one kind of number, and a float field holding 2.0 must meet a client's 2). `str` made `True` of a
+    boolean state value and `{'a': 1}` of a map, which no JSON client publishing `true` or `{"a":1}` could
+    match."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return json.dumps(_integral(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def _integral(value: Any) -> Any:
+    """`value` with every finite integral float made the integer it is (-0.0 is 0)."""
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_integral(v) for v in value]
+    return value
 
 
 def correlation_key(step: Step, state: JSON) -> str | None:
