@@ -38,6 +38,8 @@ from stepstone.store.port import NewInstance
 
 __all__ = ["Delivery", "MessageOperations", "Published", "SignalledOrStarted"]
 
+_LEAST_TTL = 1e-6  # the database keeps instants to the microsecond
+
 
 @dataclass(frozen=True)
 class Delivery:
@@ -97,6 +99,9 @@ class MessageOperations(ClientBase):
             self._text("message id", message_id)
         if ttl is not None and not 0 <= ttl <= MAX_SECONDS:  # inf once reached the server: "interval out of range"
             raise InvalidInput(f"ttl must be a number of seconds from 0 to a thousand years, got {ttl!r}", what="ttl")
+        if ttl is not None and 0 < ttl < _LEAST_TTL:  # kept until now + 0 µs: answered buffered, never deliverable
+            raise InvalidInput(f"ttl {ttl!r} is under a microsecond, the least a message is buffered for; give 0 "
+                               "(or none) to drop it when no wait is open", what="ttl")
         self._encode("message payload", payload)
         fingerprint = hashlib.sha256(json.dumps([name, correlation_key, payload], sort_keys=True).encode()).hexdigest()
         publish = self.store.publish_message if connection is None else partial(

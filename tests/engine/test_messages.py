@@ -86,6 +86,19 @@ async def test_a_ttl_no_timestamp_holds_is_refused(engine: Engine) -> None:
             await engine.client.publish_message("receipt_received", "o-ttl", {"n": 1}, ttl=ttl)
 
 
+async def test_a_ttl_under_a_microsecond_is_refused(engine: Engine, conn: asyncpg.Connection) -> None:
+    """A ttl under a microsecond answered "buffered" with an expires_at no later than the publish: a message
+    no wait could ever take. It is refused, and nothing is kept; a microsecond is buffered until after now."""
+    for ttl in (1e-7, 4e-7, 9.99e-7):
+        with pytest.raises(InvalidInput, match="under a microsecond"):
+            await engine.client.publish_message("receipt_received", "o-tiny", {"n": 1}, ttl=ttl, message_id="t-1")
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.messages") == 0
+    kept = await engine.client.publish_message("receipt_received", "o-tiny", {"n": 1}, ttl=1e-6)
+    assert kept.outcome == "buffered" and kept.expires_at is not None
+    assert await conn.fetchval("SELECT expires_at > created_at FROM stepstone.messages")
+    assert (await engine.client.publish_message("receipt_received", "o-tiny", {"n": 2}, ttl=0)).outcome == "dropped"
+
+
 async def test_the_oldest_subscription_wins_and_correlate_all_reaches_every_one(engine: Engine) -> None:
     older = await _waiting(engine, "shared")
     newer = await _waiting(engine, "shared")
