@@ -481,3 +481,57 @@ async def test_a_buffered_message_reaches_its_wait_whatever_the_instance_holds(
         info = await engine.client.get(iid)
         assert (info.status, info.state.get("done")) == ("COMPLETED", True), info
     assert await conn.fetchval("SELECT status FROM stepstone.messages") == "DELIVERED"
+
+
+async def test_a_publish_to_every_subscription_waits_for_a_busy_instance(
+    engine: Engine, database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """publish_message took each matching instance's row NOWAIT under the key's lock, so one busy instance
+    failed the attempt and the client began again: with correlate_all, every attempt had to find every
+    matching instance idle at once, and to many busy ones the client's five seconds of tries ran out
+    (Unavailable). Now the rows are taken first, waiting for a busy one as a signal does; here one stays
+    busy (its row held by another transaction) while the publish waits, then it delivers to all."""
+    ids = [await _waiting(engine, "busy") for _ in range(3)]
+    holder = await asyncpg.connect(database_url)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1::uuid FOR UPDATE", ids[1])
+        every = asyncio.ensure_future(
+            engine.client.publish_message("receipt_received", "busy", {"n": 1}, correlate_all=True))
+        await until_shown(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                          "AND query LIKE '%publish_message%' AND pid <> pg_backend_pid()", timeout=10,
+                          failure="the publish never waited for the busy instance")
+        assert not every.done()
+        await held.commit()
+        published = await every
+    finally:
+        await holder.close()
+    assert sorted(d.instance_id for d in published.deliveries) == sorted(ids)
+    await engine.run_until_idle()
+    assert [(await engine.client.get(i)).status for i in ids] == ["COMPLETED"] * 3
+
+
+async def test_a_publish_waits_for_the_oldest_open_wait_not_a_stale_subscription(
+    engine: Engine, database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """A subscription stays open after its wait is left until a publish finds it stale: the rows a publish
+    waits for are those of waits still open, so here the busy younger wait's, not the left one's."""
+    left = await _waiting(engine, "stale")
+    await engine.client.signal(left, "skip", {"n": 0})
+    await engine.run_until_idle()
+    waiting = await _waiting(engine, "stale")
+    holder = await asyncpg.connect(database_url)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1::uuid FOR UPDATE", waiting)
+        one = asyncio.ensure_future(engine.client.publish_message("receipt_received", "stale", {"n": 1}))
+        await until_shown(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                          "AND query LIKE '%publish_message%' AND pid <> pg_backend_pid()", timeout=10,
+                          failure="the publish never waited for the busy instance")
+        await held.commit()
+        published = await one
+    finally:
+        await holder.close()
+    assert [d.instance_id for d in published.deliveries] == [waiting]

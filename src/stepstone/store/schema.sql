@@ -1971,9 +1971,10 @@ INSERT INTO {{schema}}.effect_sections VALUES ('step_deadlines', 12, 'schedule_s
 -- Lock order (extends the one of version 2): instance row -> positions -> commands -> child instances
 -- -> a message id's advisory lock (migration 0068) -> the correlation key's advisory lock (by ascending
 -- name, key) -> subscriptions -> messages -> tasks -> dedup -> history -> outbox. A publisher takes its
--- message id's lock, then the key's lock, before it knows the instance; it
--- then takes the instance row with NOWAIT (a busy instance fails the attempt, 55P03, and the client
--- tries again), so it never waits on an instance while holding a key.
+-- message id's lock, then the rows of the instances its key's open subscriptions name (waiting, ascending id;
+-- migration 0075), then the key's lock; an instance whose subscription opened in between it takes with
+-- NOWAIT (a busy instance fails the attempt, 55P03, and the client tries again), so it never waits on an
+-- instance while holding a key.
 --
 -- Held back: a signal or message recorded for a position before its wait's timeout fires, and a task
 -- completion, move that position's pending timers behind them in the queue (trigger commands_recorded), so
@@ -2207,6 +2208,22 @@ BEGIN
     IF p_message_id IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_message_id, 12));
     END IF;
+    -- The rows of the instances it will deliver to (every open subscription's with p_all, else the oldest's),
+    -- taken before the key's lock, waiting for a busy one as a signal does, in ascending id (the order a group
+    -- commit takes them). Taken under the key's lock they could only be taken NOWAIT (an instance's commit
+    -- holds its row and may want the key), and one busy instance of many failed the whole publish: with
+    -- correlate_all to many busy instances every attempt met one, and the client's retries ran out
+    -- (migration 0075). The loop below still takes each row NOWAIT: it holds these already, and only a
+    -- subscription opened since (a row not taken here) can still fail the attempt.
+    -- (Subscriptions whose wait is still open, as read before any lock: a stale one, left open until a
+    -- publish closes it, would make the oldest one's row the wrong one to wait for.)
+    PERFORM 1 FROM {{schema}}.instances i
+    WHERE i.id IN (SELECT x.instance_id FROM {{schema}}.subscriptions x
+                   JOIN {{schema}}.positions p ON p.instance_id = x.instance_id AND p.path = x.position
+                                              AND p.visit = x.visit AND p.status = 'WAITING'
+                   WHERE x.name = p_name AND x.correlation_key = p_key AND x.status = 'OPEN'
+                   ORDER BY x.created_at, x.id LIMIT CASE WHEN p_all THEN NULL ELSE 1 END)
+    ORDER BY i.id FOR UPDATE;
     PERFORM {{schema}}.lock_correlation(p_name, p_key);
     IF p_message_id IS NOT NULL THEN
         SELECT * INTO v_prior FROM {{schema}}.messages m WHERE m.message_id = p_message_id;
@@ -2220,15 +2237,7 @@ BEGIN
              WHERE x.name = p_name AND x.correlation_key = p_key AND x.status = 'OPEN'
              ORDER BY x.created_at, x.id LOOP
         PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
-        PERFORM 1 FROM {{schema}}.subscriptions x WHERE x.id = s.id AND x.status = 'OPEN' FOR UPDATE;
-        CONTINUE WHEN NOT FOUND;
-        IF NOT EXISTS (SELECT 1 FROM {{schema}}.positions p JOIN {{schema}}.instances i ON i.id = p.instance_id
-                       WHERE p.instance_id = s.instance_id AND p.path = s.position AND p.visit = s.visit
-                         AND p.status = 'WAITING' AND i.status NOT IN ('COMPLETED', 'CANCELLED')) THEN
-            -- The wait was left (a signal, its timeout): this subscription is stale.
-            UPDATE {{schema}}.subscriptions x SET status = 'CLOSED', closed_at = v_now WHERE x.id = s.id;
-            CONTINUE;
-        END IF;
+        CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
         VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
@@ -5253,14 +5262,7 @@ BEGIN
         EXCEPTION WHEN lock_not_available THEN
             CONTINUE;  -- committing: passed over (its commit may be leaving the wait)
         END;
-        PERFORM 1 FROM {{schema}}.subscriptions x WHERE x.id = s.id AND x.status = 'OPEN' FOR UPDATE;
-        CONTINUE WHEN NOT FOUND;
-        IF NOT EXISTS (SELECT 1 FROM {{schema}}.positions p JOIN {{schema}}.instances i ON i.id = p.instance_id
-                       WHERE p.instance_id = s.instance_id AND p.path = s.position AND p.visit = s.visit
-                         AND p.status = 'WAITING' AND i.status NOT IN ('COMPLETED', 'CANCELLED')) THEN
-            UPDATE {{schema}}.subscriptions x SET status = 'CLOSED', closed_at = v_now WHERE x.id = s.id;
-            CONTINUE;
-        END IF;
+        CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
         VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
@@ -5288,3 +5290,29 @@ CREATE TRIGGER commands_return_buffered_message
     FOR EACH ROW WHEN (OLD.kind = 'MESSAGE' AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
                        AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED') AND OLD.payload ? 'buffered')
     EXECUTE FUNCTION {{schema}}.return_buffered_message();
+
+-- ==== version 75 (migration 0075_publish_waits_for_busy_instances) ====
+-- publish_message (in the version 7 section) takes the rows of the instances it delivers to before the
+-- correlation key's lock, waiting for a busy one, and it and return_buffered_message (in the version 72
+-- section) ask subscription_takes whether a subscription's wait is still open; why: the migration's header.
+-- Whether the open subscription p_sub takes a message now (publish_message, return_buffered_message; the
+-- caller holds its instance's row and its key's lock): its row locked, its wait still open. A stale one
+-- (the wait was left: a signal, its timeout; or the instance ended) is closed here, and the answer is false.
+CREATE FUNCTION {{schema}}.subscription_takes(p_sub bigint, p_now timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+BEGIN
+    SELECT x.instance_id, x.position, x.visit INTO s FROM {{schema}}.subscriptions x
+    WHERE x.id = p_sub AND x.status = 'OPEN' FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {{schema}}.positions p JOIN {{schema}}.instances i ON i.id = p.instance_id
+                   WHERE p.instance_id = s.instance_id AND p.path = s.position AND p.visit = s.visit
+                     AND p.status = 'WAITING' AND i.status NOT IN ('COMPLETED', 'CANCELLED')) THEN
+        UPDATE {{schema}}.subscriptions x SET status = 'CLOSED', closed_at = p_now WHERE x.id = p_sub;
+        RETURN false;
+    END IF;
+    RETURN true;
+END $$;
