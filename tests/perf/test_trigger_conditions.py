@@ -23,10 +23,10 @@ CONSULTED = [
     "commands INSERT commands_flow_start",
     "commands INSERT commands_notify",
     "commands INSERT commands_recorded",
-    "commands UPDATE commands_notify_requeued",
     # a settle's only (a continuation in place sets no state): a signal queued behind the settled one
-    # becomes available (migration 0072)
-    "commands UPDATE commands_promote_queued",
+    # becomes available (migration 0072), a buffered message not applied goes on (0074)
+    "commands UPDATE commands_left_queue",
+    "commands UPDATE commands_notify_requeued",
     "history INSERT history_redact_baseline",
     "instances UPDATE instances_flow_status",
     "instances UPDATE instances_status_changed",

@@ -5186,9 +5186,12 @@ END $$;
 -- command_recorded (in the version 7 section) gives a signal, message or task completion recorded behind
 -- another one still open on its position an available_at a minute on; why: the migration's header.
 -- When a signal, message or task completion leaves its position's queue (settled, parked, dead, rejected,
--- superseded), the first one waiting behind it off the ready walk becomes available now (one row; the
--- requeue trigger wakes the workers). Over-promotion is harmless: the claim still checks the head.
-CREATE FUNCTION {{schema}}.promote_queued_follower() RETURNS trigger
+-- superseded), whichever statement closes it, one trigger:
+-- * the first one waiting behind it off the ready walk becomes available now (one row; the requeue trigger
+--   wakes the workers). Over-promotion is harmless: the claim still checks the head;
+-- * a message a wait took from the buffer and never applied goes on to the next wait of its name and key
+--   (return_buffered_message, version 74).
+CREATE FUNCTION {{schema}}.command_left_queue() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := {{schema}}.db_now();
@@ -5200,15 +5203,20 @@ BEGIN
                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.state = 'PENDING'
                     AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND x.available_at > v_now
                   ORDER BY x.seq, x.id LIMIT 1);
+    IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED')
+       AND OLD.payload ? 'buffered' THEN
+        PERFORM {{schema}}.return_buffered_message(OLD);
+    END IF;
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER commands_promote_queued
+-- One trigger for both: a settle consults one more WHEN, not two (tests/perf/test_trigger_conditions.py).
+CREATE TRIGGER commands_left_queue
     AFTER UPDATE OF state ON {{schema}}.commands
     FOR EACH ROW WHEN (OLD.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION')
                        AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
                        AND NEW.state NOT IN ('PENDING', 'DEFERRED', 'CLAIMED'))
-    EXECUTE FUNCTION {{schema}}.promote_queued_follower();
+    EXECUTE FUNCTION {{schema}}.command_left_queue();
 
 -- ==== version 73 (migration 0073_children_kept_under_a_live_parent) ====
 -- retention_batch (in the version 22 section) keeps an instance whose parent has not ended; why: the
@@ -5230,32 +5238,32 @@ CREATE TRIGGER commands_promote_queued
 -- its expires_at; past that, EXPIRED. The message row is the one the subscription taking it recorded
 -- (subscriptions.message). A command that dies (DEAD, a poison command) keeps its message: it is shown
 -- dead-lettered, not handed on.
-CREATE FUNCTION {{schema}}.return_buffered_message() RETURNS trigger
+CREATE FUNCTION {{schema}}.return_buffered_message(p_old {{schema}}.commands) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := {{schema}}.db_now();
-    v_key text := OLD.payload->>'correlation_key';
+    v_key text := p_old.payload->>'correlation_key';
     v_msg {{schema}}.messages%ROWTYPE;
     v_cmd bigint;
     s record;
 BEGIN
-    PERFORM {{schema}}.lock_correlation(OLD.name, v_key);
+    PERFORM {{schema}}.lock_correlation(p_old.name, v_key);
     SELECT m.* INTO v_msg FROM {{schema}}.messages m
     WHERE m.id = (SELECT x.message FROM {{schema}}.subscriptions x
-                  WHERE x.instance_id = OLD.instance_id AND x.position = OLD.position AND x.visit = OLD.visit
-                    AND x.name = OLD.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
+                  WHERE x.instance_id = p_old.instance_id AND x.position = p_old.position AND x.visit = p_old.visit
+                    AND x.name = p_old.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
                   ORDER BY x.id DESC LIMIT 1)
       AND m.status = 'DELIVERED'
     FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;  -- its row is gone (purged): nothing to hand on
+        RETURN;  -- its row is gone (purged): nothing to hand on
     END IF;
     IF v_msg.expires_at IS NULL OR v_msg.expires_at <= v_now THEN
         UPDATE {{schema}}.messages m SET status = 'EXPIRED' WHERE m.id = v_msg.id;
-        RETURN NULL;
+        RETURN;
     END IF;
     FOR s IN SELECT x.id, x.instance_id, x.position, x.visit, x.step FROM {{schema}}.subscriptions x
-             WHERE x.name = OLD.name AND x.correlation_key = v_key AND x.status = 'OPEN'
+             WHERE x.name = p_old.name AND x.correlation_key = v_key AND x.status = 'OPEN'
              ORDER BY x.created_at, x.id LOOP
         BEGIN
             PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
@@ -5266,7 +5274,7 @@ BEGIN
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
         VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, OLD.name, jsonb_build_object('payload', OLD.payload->'payload',
+                s.visit, p_old.name, jsonb_build_object('payload', p_old.payload->'payload',
                                                       'message_id', v_msg.message_id,
                                                       'correlation_key', v_key, 'buffered', true),
                 v_now, v_now)
@@ -5277,19 +5285,13 @@ BEGIN
             deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                               'command_id', v_cmd))
         WHERE m.id = v_msg.id;
-        RETURN NULL;
+        RETURN;
     END LOOP;
-    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = OLD.payload->'payload', deliveries = '[]',
+    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = p_old.payload->'payload', deliveries = '[]',
         delivered_at = NULL
     WHERE m.id = v_msg.id;
-    RETURN NULL;
+    RETURN;
 END $$;
-
-CREATE TRIGGER commands_return_buffered_message
-    AFTER UPDATE OF state ON {{schema}}.commands
-    FOR EACH ROW WHEN (OLD.kind = 'MESSAGE' AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-                       AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED') AND OLD.payload ? 'buffered')
-    EXECUTE FUNCTION {{schema}}.return_buffered_message();
 
 -- ==== version 75 (migration 0075_publish_waits_for_busy_instances) ====
 -- publish_message (in the version 7 section) takes the rows of the instances it delivers to before the

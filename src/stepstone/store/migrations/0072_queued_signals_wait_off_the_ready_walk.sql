@@ -55,7 +55,7 @@ BEGIN
     RETURN NEW;
 END $$;
 
-CREATE FUNCTION {{schema}}.promote_queued_follower() RETURNS trigger
+CREATE FUNCTION {{schema}}.command_left_queue() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := {{schema}}.db_now();
@@ -70,9 +70,9 @@ BEGIN
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER commands_promote_queued
+CREATE TRIGGER commands_left_queue
     AFTER UPDATE OF state ON {{schema}}.commands
     FOR EACH ROW WHEN (OLD.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION')
                        AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
                        AND NEW.state NOT IN ('PENDING', 'DEFERRED', 'CLAIMED'))
-    EXECUTE FUNCTION {{schema}}.promote_queued_follower();
+    EXECUTE FUNCTION {{schema}}.command_left_queue();

@@ -7,7 +7,8 @@
 -- the command was applied, rejected at once. Either way the message, buffered for exactly the next wait of
 -- its name and key (another instance's, or this one's later wait), never reached it. The worker now settles
 -- such a command STALE (WAIT_LEFT, or STEP_DEADLINE_PASSED) with a MESSAGE_RETURNED history entry instead of
--- parking it, and the trigger below hands the message on whenever such a command is settled untaken.
+-- parking it, and the trigger of a command leaving its queue (migration 0072) hands the message on whenever such a
+-- command is settled untaken (return_buffered_message below).
 -- A message a wait took from the buffer (its MESSAGE command's payload says `buffered`) whose command is
 -- settled without being taken: STALE (it found its wait already left: a signal queued before it won the
 -- wait, or the wait's step deadline passed first), REJECTED (the instance ended, or was cancelled, before
@@ -21,32 +22,32 @@
 -- its expires_at; past that, EXPIRED. The message row is the one the subscription taking it recorded
 -- (subscriptions.message). A command that dies (DEAD, a poison command) keeps its message: it is shown
 -- dead-lettered, not handed on.
-CREATE FUNCTION {{schema}}.return_buffered_message() RETURNS trigger
+CREATE FUNCTION {{schema}}.return_buffered_message(p_old {{schema}}.commands) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := {{schema}}.db_now();
-    v_key text := OLD.payload->>'correlation_key';
+    v_key text := p_old.payload->>'correlation_key';
     v_msg {{schema}}.messages%ROWTYPE;
     v_cmd bigint;
     s record;
 BEGIN
-    PERFORM {{schema}}.lock_correlation(OLD.name, v_key);
+    PERFORM {{schema}}.lock_correlation(p_old.name, v_key);
     SELECT m.* INTO v_msg FROM {{schema}}.messages m
     WHERE m.id = (SELECT x.message FROM {{schema}}.subscriptions x
-                  WHERE x.instance_id = OLD.instance_id AND x.position = OLD.position AND x.visit = OLD.visit
-                    AND x.name = OLD.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
+                  WHERE x.instance_id = p_old.instance_id AND x.position = p_old.position AND x.visit = p_old.visit
+                    AND x.name = p_old.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
                   ORDER BY x.id DESC LIMIT 1)
       AND m.status = 'DELIVERED'
     FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;  -- its row is gone (purged): nothing to hand on
+        RETURN;  -- its row is gone (purged): nothing to hand on
     END IF;
     IF v_msg.expires_at IS NULL OR v_msg.expires_at <= v_now THEN
         UPDATE {{schema}}.messages m SET status = 'EXPIRED' WHERE m.id = v_msg.id;
-        RETURN NULL;
+        RETURN;
     END IF;
     FOR s IN SELECT x.id, x.instance_id, x.position, x.visit, x.step FROM {{schema}}.subscriptions x
-             WHERE x.name = OLD.name AND x.correlation_key = v_key AND x.status = 'OPEN'
+             WHERE x.name = p_old.name AND x.correlation_key = v_key AND x.status = 'OPEN'
              ORDER BY x.created_at, x.id LOOP
         BEGIN
             PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
@@ -64,7 +65,7 @@ BEGIN
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
         VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, OLD.name, jsonb_build_object('payload', OLD.payload->'payload',
+                s.visit, p_old.name, jsonb_build_object('payload', p_old.payload->'payload',
                                                       'message_id', v_msg.message_id,
                                                       'correlation_key', v_key, 'buffered', true),
                 v_now, v_now)
@@ -75,16 +76,30 @@ BEGIN
             deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                               'command_id', v_cmd))
         WHERE m.id = v_msg.id;
-        RETURN NULL;
+        RETURN;
     END LOOP;
-    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = OLD.payload->'payload', deliveries = '[]',
+    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = p_old.payload->'payload', deliveries = '[]',
         delivered_at = NULL
     WHERE m.id = v_msg.id;
-    RETURN NULL;
+    RETURN;
 END $$;
 
-CREATE TRIGGER commands_return_buffered_message
-    AFTER UPDATE OF state ON {{schema}}.commands
-    FOR EACH ROW WHEN (OLD.kind = 'MESSAGE' AND OLD.state IN ('PENDING', 'DEFERRED', 'CLAIMED')
-                       AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED') AND OLD.payload ? 'buffered')
-    EXECUTE FUNCTION {{schema}}.return_buffered_message();
+-- The trigger of a command leaving its queue (migration 0072) hands the message on.
+CREATE OR REPLACE FUNCTION {{schema}}.command_left_queue() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+BEGIN
+    UPDATE {{schema}}.commands c SET available_at = v_now
+    WHERE c.id = (SELECT x.id FROM {{schema}}.commands x
+                  WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position
+                    -- the queue index, by instance and position (migration 0028)
+                    AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.state = 'PENDING'
+                    AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND x.available_at > v_now
+                  ORDER BY x.seq, x.id LIMIT 1);
+    IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED')
+       AND OLD.payload ? 'buffered' THEN
+        PERFORM {{schema}}.return_buffered_message(OLD);
+    END IF;
+    RETURN NULL;
+END $$;

@@ -118,32 +118,32 @@ BEGIN
     RETURN QUERY SELECT lower(v_status), v_delivered, v_expires, v_status;
 END $$;
 
-CREATE OR REPLACE FUNCTION {{schema}}.return_buffered_message() RETURNS trigger
+CREATE OR REPLACE FUNCTION {{schema}}.return_buffered_message(p_old {{schema}}.commands) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := {{schema}}.db_now();
-    v_key text := OLD.payload->>'correlation_key';
+    v_key text := p_old.payload->>'correlation_key';
     v_msg {{schema}}.messages%ROWTYPE;
     v_cmd bigint;
     s record;
 BEGIN
-    PERFORM {{schema}}.lock_correlation(OLD.name, v_key);
+    PERFORM {{schema}}.lock_correlation(p_old.name, v_key);
     SELECT m.* INTO v_msg FROM {{schema}}.messages m
     WHERE m.id = (SELECT x.message FROM {{schema}}.subscriptions x
-                  WHERE x.instance_id = OLD.instance_id AND x.position = OLD.position AND x.visit = OLD.visit
-                    AND x.name = OLD.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
+                  WHERE x.instance_id = p_old.instance_id AND x.position = p_old.position AND x.visit = p_old.visit
+                    AND x.name = p_old.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
                   ORDER BY x.id DESC LIMIT 1)
       AND m.status = 'DELIVERED'
     FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN NULL;  -- its row is gone (purged): nothing to hand on
+        RETURN;  -- its row is gone (purged): nothing to hand on
     END IF;
     IF v_msg.expires_at IS NULL OR v_msg.expires_at <= v_now THEN
         UPDATE {{schema}}.messages m SET status = 'EXPIRED' WHERE m.id = v_msg.id;
-        RETURN NULL;
+        RETURN;
     END IF;
     FOR s IN SELECT x.id, x.instance_id, x.position, x.visit, x.step FROM {{schema}}.subscriptions x
-             WHERE x.name = OLD.name AND x.correlation_key = v_key AND x.status = 'OPEN'
+             WHERE x.name = p_old.name AND x.correlation_key = v_key AND x.status = 'OPEN'
              ORDER BY x.created_at, x.id LOOP
         BEGIN
             PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
@@ -154,7 +154,7 @@ BEGIN
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
         VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, OLD.name, jsonb_build_object('payload', OLD.payload->'payload',
+                s.visit, p_old.name, jsonb_build_object('payload', p_old.payload->'payload',
                                                       'message_id', v_msg.message_id,
                                                       'correlation_key', v_key, 'buffered', true),
                 v_now, v_now)
@@ -165,10 +165,10 @@ BEGIN
             deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                               'command_id', v_cmd))
         WHERE m.id = v_msg.id;
-        RETURN NULL;
+        RETURN;
     END LOOP;
-    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = OLD.payload->'payload', deliveries = '[]',
+    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = p_old.payload->'payload', deliveries = '[]',
         delivered_at = NULL
     WHERE m.id = v_msg.id;
-    RETURN NULL;
+    RETURN;
 END $$;
