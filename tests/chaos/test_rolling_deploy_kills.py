@@ -1,8 +1,8 @@
 """A rolling deploy while worker processes are SIGKILLed (docs/versions.md, "Rolling deploys"): two
 workers run the old release (version 1 of `chaosmove-2` alone) and two the new one (version 2 alone),
 while instances of both versions run and wait for their signal. A worker that lacks an instance's pinned
-version must leave it to one that has it (deferred, never failed), and a killed worker's work is taken
-over by a worker of the same release.
+version must leave it to one that has it (deferred, never failed, and routed to that release: no command
+is deferred twice), and a killed worker's work is taken over by a worker of the same release.
 
 What must hold afterwards: every instance COMPLETED on the version it started on (the path of that version,
 no INSTANCE_MIGRATED), every handler ran on a worker of the release that has the instance's version (the
@@ -61,11 +61,15 @@ async def test_a_rolling_deploy_under_kills_runs_each_version_on_its_own_release
         try:
             await checker.assert_none(conn, _NOTHING)
             deferred = await conn.fetchval("SELECT coalesce(sum(deferrals), 0) FROM stepstone.commands")
+            twice = await conn.fetch("SELECT id, kind, deferrals FROM stepstone.commands WHERE deferrals > 1")
             took = await conn.fetch(_TOOK)
         finally:
             await conn.close()
     assert len(fleet.kills) >= 3
     assert deferred > 0, "no worker met an instance of the other release's version"
+    # A deferral routes the command to the workers that have its pin (migration 0076): the other release
+    # never claims it again, killed workers and expired leases included.
+    assert twice == [], f"commands deferred more than once: {[dict(r) for r in twice]}"
     print(f"rolling deploy kills: {len(fleet.kills)} kills, {2 * EACH} instances on their own release, "  # noqa: T201
           f"{deferred} deferrals; start -> end p50 / max by version: "
           + ", ".join(f"v{r['version']} {r['p50']:.1f} / {r['max']:.1f} s" for r in took))

@@ -173,27 +173,27 @@ async def test_heartbeat_and_stranded_report(engine: Engine) -> None:
     assert await d.served(3600) == []
 
 
-async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fails_it(engine: Engine) -> None:
+async def test_a_worker_without_the_pinned_plan_defers_once_and_never_fails_it(engine: Engine) -> None:
     only_v1 = Worker(engine.store, Registry(V1))
     iid = await engine.client.start(V2, {})
     rows = []
     for _ in range(3):
         await only_v1.run_until_idle()
-        row = await _command(engine, iid)
-        rows.append(row)
-        await engine.move_clock(row["wait"] + 1)
-    assert [r["state"] for r in rows] == ["DEFERRED"] * 3
-    assert [round(r["wait"]) for r in rows] == [5, 10, 20]  # 5 s * 2^n
+        rows.append(await _command(engine, iid))
+        await engine.move_clock(301)
+    # Deferred once, to the route of its pin (migration 0076): a worker without v2 never claims it again.
+    assert [(r["state"], r["deferrals"]) for r in rows] == [("DEFERRED", 1)] * 3 and only_v1.events.claims == 1
+    assert rows[0]["wait"] <= 0  # no backoff: claimable at once by a worker that has v2
     assert rows[0]["last_error"].startswith("NOT_RUNNABLE: this node has no plan orders v2")
     assert (await engine.client.get(iid)).status == "PENDING"
     deferred = [h for h in await engine.client.history(iid) if h["kind"] == "COMMAND_DEFERRED"]
-    assert [(h["data"]["deferrals"], h["data"]["backoff_seconds"]) for h in deferred] == [(1, 5), (2, 10), (3, 20)]
+    assert [(h["data"]["deferrals"], h["data"]["backoff_seconds"]) for h in deferred] == [(1, 0)]
     pin = pin_of(V2.plan)
     assert {k: deferred[0]["data"]["pin"][k] for k in ("definition_id", "version", "plan_hash")} == {
         "definition_id": "orders", "version": 2, "plan_hash": pin.plan_hash}
     assert deferred[0]["data"]["kind"] == "START" and deferred[0]["data"]["reason"] == rows[0]["last_error"]
     with_v2 = Worker(engine.store, Registry(V2))
-    await with_v2.start()  # a worker with the plan comes up: the deferred command is claimable at once
+    await with_v2.start()  # a worker with the plan comes up: it walks the route of its pin
     try:
         info = await engine.client.wait_for(iid, timeout=20)
     finally:
@@ -201,26 +201,26 @@ async def test_a_worker_without_the_pinned_plan_defers_with_backoff_and_never_fa
     assert info.status == "COMPLETED"
 
 
-async def test_beside_a_live_worker_that_has_the_plan_the_backoff_is_short(engine: Engine) -> None:
-    # A rolling deploy: a worker of the new release heartbeats v2 while one of the old release (v1 alone)
-    # claims v2's commands. Each deferral then waits 0.25 s * 2^n, at most 1 s, not 5 s * 2^n; once the
-    # heartbeat is 30 s old, the long backoff is back (migration 0070).
+async def test_a_command_deferred_again_on_its_route_backs_off(engine: Engine) -> None:
+    # Only a claim given no served list (a script's store.claim) walks a route without having its pin. Such
+    # a deferral backs off as before routing: 0.25 s * 2^n, at most 1 s, while a worker that has the pin
+    # heartbeats, else 5 s * 2^n (migration 0070), so that nothing claims and defers it in a loop.
     d = engine.store.definitions
-    only_v1 = Worker(engine.store, Registry(V1))
     iid = await engine.client.start(V2, {})
     waits = []
-    for _ in range(4):
-        await d.heartbeat("new-release", [pin_of(V2)])
-        await only_v1.run_until_idle()
+    for n in range(5):
+        if n < 4:
+            await d.heartbeat("new-release", [pin_of(V2)])
+        else:
+            await engine.move_clock(31)  # the new release's last heartbeat is now over 30 s old
+        [claim] = await engine.store.claim(1, 30, "any")
+        await engine.store.defer(claim.instance.id, claim.instance.position, claim.token, "NOT_RUNNABLE: lacks it")
         row = await _command(engine, iid)
         waits.append(row["wait"])
-        await engine.move_clock(row["wait"] + 0.01)
-    await engine.move_clock(31)  # the new release's last heartbeat is now over 30 s old
-    await only_v1.run_until_idle()
-    waits.append((await _command(engine, iid))["wait"])
-    assert [round(w * 4) / 4 for w in waits] == [0.25, 0.5, 1, 1, 80]  # the fifth: min(5 s * 2^4, 5 min)
+        await engine.move_clock(max(row["wait"], 0) + 0.01)
+    assert [round(w * 4) / 4 for w in waits] == [0, 0.5, 1, 1, 80]  # the first routes it: no backoff
     history = await engine.client.history(iid)
-    assert [h["data"]["backoff_seconds"] for h in history if h["kind"] == "COMMAND_DEFERRED"] == [0.25, 0.5, 1, 1, 80]
+    assert [h["data"]["backoff_seconds"] for h in history if h["kind"] == "COMMAND_DEFERRED"] == [0, 0.5, 1, 1, 80]
 
 
 async def test_a_worker_never_claims_a_workflow_it_does_not_serve(engine: Engine) -> None:

@@ -36,6 +36,12 @@ class Pin:
     version: int
     plan_hash: str
 
+    @property
+    def route(self) -> str:
+        """The key a command of this pin is queued under once a worker that lacked its plan deferred it
+        (the store's command_route): only the workers that name it among the keys they serve take it."""
+        return f"{self.definition_id}@{self.version}@{self.plan_hash}"
+
 
 class HasPlan(Protocol):
     """Anything that carries a plan, such as an authored workflow."""

@@ -143,8 +143,10 @@ class Worker:
 
     @property
     def served(self) -> list[str]:
-        """The definition ids this worker claims work of (read per claim: a registry may grow)."""
-        return sorted(self.registry.definition_ids)
+        """The keys this worker claims work of (read per claim: a registry may grow): the definition ids it
+        serves, then the route of each pin it has, under which a command deferred for want of its plan
+        waits for a worker that has the plan (migration 0076)."""
+        return sorted(self.registry.definition_ids) + sorted({pin.route for pin in serving.served_pins(self.registry)})
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -345,7 +347,8 @@ class Worker:
     def _on_due(self, due_in: float, definition: str | None = None) -> None:
         """A notification: wake up for it unless it names a workflow this worker does not serve (every
         pool of a fleet split by workflow woke for every other pool's commands, for an empty claim)."""
-        if definition is None or definition in self.registry.definition_ids:
+        if definition is None or definition in self.registry.definition_ids or (
+                "@" in definition and definition in self.served):  # a route: a deferred command's
             self._wakeups.notified(due_in)
 
     async def _close_listener(self) -> None:

@@ -2749,10 +2749,17 @@ BEGIN
         updated_at = v_now
     FROM jsonb_array_elements(p_positions) e
     WHERE p.instance_id = p_instance AND p.path = e->>'path' AND e ? 'to_step';
-    UPDATE {{schema}}.commands c SET step = p_step_map->>c.step
+    -- Its open commands take their mapped steps, and those a deferral routed to the old pin (version 76) go
+    -- back to the definition's own key, where the workers of the new version walk them: dead letters too,
+    -- which a retry of the instance queues again.
+    UPDATE {{schema}}.commands c SET
+        step = CASE WHEN c.state <> 'DEAD' AND c.step IS NOT NULL AND p_step_map ? c.step THEN p_step_map->>c.step
+                    ELSE c.step END,
+        definition = v_inst.definition_id, available_at = c.available_at  -- the wake-up names the definition
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
-                     AND x.step IS NOT NULL AND p_step_map ? x.step
+                   WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED', 'DEAD')
+                     AND ((x.state <> 'DEAD' AND x.step IS NOT NULL AND p_step_map ? x.step)
+                          OR x.definition IS DISTINCT FROM v_inst.definition_id)
                    ORDER BY x.id FOR UPDATE);
     UPDATE {{schema}}.instances i SET
         version = p_to_version, plan_hash = p_to_hash, state = p_state,
@@ -3695,12 +3702,15 @@ BEGIN
     RETURN QUERY SELECT v_outcome, v_id;
 END $$;
 
--- A worker that lacks the pinned plan hands the command back (backoff min(5 s * 2^deferrals, 5 min),
--- the claim it spent restored) and says so in the instance's history: COMMAND_DEFERRED names the
--- command, the pin no live worker served, the backoff and when it is tried again, so an operator can
--- see why the instance does not move. Locks: instance row -> position -> command -> history.
--- While a worker that has the pin heartbeats (version 70), the backoff is min(0.25 s * 2^deferrals, 1 s):
--- why, the migration's header.
+-- A worker that lacks the pinned plan hands the command back (the claim it spent restored) and says so
+-- in the instance's history: COMMAND_DEFERRED names the command, the pin no live worker served, the
+-- backoff and when it is tried again, so an operator can see why the instance does not move. Locks:
+-- instance row -> position -> commands of that position -> history.
+-- Since version 76 the command, and the open commands queued behind it on its position, move to the route
+-- of the instance's pin (command_route), which only the workers that have the plan walk: claimable at once,
+-- no backoff. One deferred again on its route (by a claim given no served list, which walks every key)
+-- backs off as version 70 had it: min(0.25 s * 2^deferrals, 1 s) while a worker that has the pin
+-- heartbeats, else min(5 s * 2^deferrals, 5 min). Why: the migration's header.
 CREATE FUNCTION {{schema}}.defer_command(p_instance uuid, p_path text, p_token uuid, p_reason text)
 RETURNS TABLE (command_id bigint)
 LANGUAGE plpgsql AS $$
@@ -3708,7 +3718,8 @@ DECLARE
     v_now timestamptz := {{schema}}.db_now();
     v_inst {{schema}}.instances%ROWTYPE;
     v_cmd {{schema}}.commands%ROWTYPE;
-    v_backoff double precision;
+    v_route text;
+    v_backoff double precision := 0;
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
     UPDATE {{schema}}.positions p SET lease_token = NULL, lease_until = NULL, lease_owner = NULL
@@ -3722,16 +3733,27 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
-    IF EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
-               WHERE w.definition_id = v_inst.definition_id AND w.version = v_inst.version
-                 AND w.plan_hash = v_inst.plan_hash AND w.seen_at > v_now - interval '30 seconds') THEN
-        v_backoff := LEAST(1, 0.25 * power(2, v_cmd.deferrals));  -- a worker that has it is up
-    ELSE
-        v_backoff := LEAST(300, 5 * power(2, v_cmd.deferrals));
+    v_route := {{schema}}.command_route(v_inst.definition_id, v_inst.version, v_inst.plan_hash);
+    IF v_cmd.definition = v_route THEN  -- already routed: taken by a claim that walks every key
+        IF EXISTS (SELECT 1 FROM {{schema}}.worker_plans w
+                   WHERE w.definition_id = v_inst.definition_id AND w.version = v_inst.version
+                     AND w.plan_hash = v_inst.plan_hash AND w.seen_at > v_now - interval '30 seconds') THEN
+            v_backoff := LEAST(1, 0.25 * power(2, v_cmd.deferrals));  -- a worker that has it is up
+        ELSE
+            v_backoff := LEAST(300, 5 * power(2, v_cmd.deferrals));
+        END IF;
     END IF;
     UPDATE {{schema}}.commands c SET state = 'DEFERRED', token = NULL, claims = GREATEST(c.claims - 1, 0),
-        deferrals = c.deferrals + 1, last_error = p_reason, available_at = v_now + make_interval(secs => v_backoff)
+        deferrals = c.deferrals + 1, last_error = p_reason, available_at = v_now + make_interval(secs => v_backoff),
+        definition = v_route
     WHERE c.id = v_cmd.id;
+    -- The open commands queued behind it on its position follow it (a claim takes none of them without this
+    -- position's row, which this transaction holds); available_at is set so that their wake-up names the route.
+    UPDATE {{schema}}.commands c SET definition = v_route, available_at = c.available_at
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = p_instance AND x.position = p_path
+                     AND x.state IN ('PENDING', 'DEFERRED', 'PARKED') AND x.definition IS DISTINCT FROM v_route
+                   ORDER BY x.id FOR UPDATE);
     PERFORM {{schema}}.append_history(
         p_instance, p_path, 'COMMAND_DEFERRED', v_cmd.step, v_cmd.visit, NULL,
         jsonb_build_object('command', v_cmd.id, 'kind', v_cmd.kind, 'reason', p_reason,
@@ -4315,9 +4337,13 @@ AS $$
 BEGIN
     RETURN QUERY
     WITH clock AS MATERIALIZED (
-        -- walk: the definitions whose ready work this claim walks, the served ones or every one that has some
-        SELECT {{schema}}.db_now() AS now, p_batch AS batch, p_served AS served,
-               COALESCE(p_served, {{schema}}.ready_definitions()) AS walk
+        -- served: the keys of the work this claim takes, the worker's definition ids and the routes of its pins
+        -- (version 76), or from a worker of an earlier release (its ids alone: no key holds '@') those ids and
+        -- their routes, which it took work of before; walk: the served keys, or every key that has ready work
+        SELECT {{schema}}.db_now() AS now, p_batch AS batch, s.served,
+               COALESCE(s.served, {{schema}}.ready_definitions()) AS walk
+        FROM (SELECT CASE WHEN strpos(array_to_string(p_served, ' '), '@') > 0 THEN p_served
+                          ELSE {{schema}}.served_with_routes(p_served) END AS served) AS s
     ), expired AS (
         SELECT c.id, c.instance_id, c.position, c.available_at, gen_random_uuid() AS token
         FROM {{schema}}.commands c
@@ -5317,4 +5343,32 @@ BEGIN
         RETURN false;
     END IF;
     RETURN true;
+
+-- ==== version 76 (migration 0076_deferred_commands_routed_by_pin) ====
+-- defer_command (in the version 17 section) moves a command deferred for want of its plan to the route of
+-- its instance's pin, migrate_instance (in the version 8 section) moves an instance's routed commands back,
+-- and claim_heads (in the version 36 section) serves an earlier release's worker the routes of its
+-- definitions; why: the migration's header.
+-- The key a command is queued under (commands.definition) once a worker that lacked its plan deferred it:
+-- the pin's definition id, version and plan hash. A definition id is a name (no '@'), so a route is never
+-- one; a worker names the routes of the pins it has among the keys it serves (Pin.route).
+CREATE FUNCTION {{schema}}.command_route(p_definition text, p_version integer, p_plan_hash text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT p_definition || '@' || p_version::text || '@' || p_plan_hash $$;
+
+-- A served list of definition ids alone (a worker of a release before version 76) with the routes of those
+-- definitions: each recorded version's, and each one that has ready work. Such a worker claims routed
+-- commands as it claimed every command of its definitions before, and defers those it lacks again.
+CREATE FUNCTION {{schema}}.served_with_routes(p_served text[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_served IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN p_served || ARRAY(
+        SELECT {{schema}}.command_route(d.definition_id, d.version, d.plan_hash)
+        FROM {{schema}}.definitions d WHERE d.definition_id = ANY (p_served)
+        UNION
+        SELECT k FROM unnest({{schema}}.ready_definitions()) AS r(k)
+        WHERE strpos(k, '@') > 0 AND split_part(k, '@', 1) = ANY (p_served));
 END $$;
