@@ -59,3 +59,27 @@ async def test_a_parameter_that_takes_one_value_refuses_a_repeat_naming_it(api: 
 async def test_a_repeated_parameter_without_a_token_is_still_401(api: Api) -> None:
     r = await api.http.get(f"{V1}/instances", params=[("limit", "1"), ("limit", "2")])
     assert r.status_code == 401, r.text
+
+
+async def test_an_unknown_parameter_is_refused_naming_it(api: Api) -> None:
+    """An unknown query parameter was ignored: a typo of a filter (``?stauts=FAILED``) listed everything."""
+    viewer = await api.token("viewer")
+    iid = await api.start("alpha")
+    for path, name in [("/instances", "stauts"), ("/instances/counts", "limit"), ("/tasks/count", "bogus"),
+                       ("/operator/stuck", "older_than")]:
+        r = await api.http.get(f"{V1}{path}", headers=viewer, params={name: "FAILED"})
+        assert r.status_code == 422, (path, name, r.text)
+        body = r.json()
+        assert body["error"] == "InvalidInput" and body["errors"][0]["loc"] == ["query", name], body
+        assert body["errors"][0]["type"] == "unknown"
+        assert body["detail"].startswith(f"query.{name}: not a parameter of this route (it takes: "), body
+    r = await api.http.get(f"{V1}/instances", headers=viewer, params={"stauts": "FAILED"})
+    assert r.json()["detail"] == ("query.stauts: not a parameter of this route (it takes: business_key, cursor, "
+                                  "include_archived, limit, scope, status, workflow)")  # as docs/api.md says
+    # A route without query parameters says so; the known ones are answered as before.
+    r = await api.http.get(f"{V1}/instances/{iid}/positions", headers=viewer, params={"status": "FAILED"})
+    assert r.status_code == 422 and "(it takes: none)" in r.json()["detail"], r.text
+    r = await api.http.get(f"{V1}/instances", headers=viewer, params={"status": "FAILED", "limit": "1"})
+    assert r.status_code == 200, r.text
+    # Without a token the answer is still 401, not the 422 that would tell the route's parameters.
+    assert (await api.http.get(f"{V1}/instances", params={"stauts": "FAILED"})).status_code == 401

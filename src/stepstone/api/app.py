@@ -21,7 +21,7 @@ from stepstone.api.body_guard import BodyGuard
 from stepstone.api.context import ApiContext
 from stepstone.api.methods import answer_head
 from stepstone.api.problems import install_problem_handlers
-from stepstone.api.query_params import single_values
+from stepstone.api.query_params import checked_query
 from stepstone.api.routes import (
     bulk,
     definitions,
@@ -64,8 +64,9 @@ def create_app(ctx: ApiContext, *, ui: bool = True) -> FastAPI:
     app.state.stepstone = ctx
     install_problem_handlers(app)
     app.add_middleware(BodyGuard)  # bodies bounded, and the token checked before one is read (docs/api.md)
-    # A parameter that takes one value refuses a repeat rather than keep its last (api/query_params.py).
-    api = APIRouter(prefix=API_PREFIX, responses=_COMMON_RESPONSES, dependencies=[single_values])
+    # An unknown query parameter is refused rather than ignored, and one that takes one value refuses a
+    # repeat rather than keep its last (api/query_params.py).
+    api = APIRouter(prefix=API_PREFIX, responses=_COMMON_RESPONSES, dependencies=[checked_query])
     for router in ROUTERS:
         api.include_router(router)
     app.include_router(api)

@@ -1,4 +1,9 @@
-"""A query parameter that takes one value refuses a repeat (every API route's dependency).
+"""The query parameters of every API route are checked (the routes' dependency): an unknown one and a
+repeat of one that takes one value are refused.
+
+An unknown parameter was ignored: ``GET /instances?stauts=FAILED`` (a typo) listed every instance, as if
+no filter had been given. It is refused with 422 InvalidInput naming it and the parameters the route
+takes (``loc`` ``["query", name]``).
 
 Starlette keeps every value of a repeated query parameter, and FastAPI binds a parameter that is not a
 list to the LAST of them: ``?workflow=a&workflow=b`` listed only b's instances, and
@@ -23,7 +28,7 @@ from fastapi.routing import APIRoute
 from stepstone.api.auth import Principal
 from stepstone.api.context import principal, writer
 
-__all__ = ["single_values"]
+__all__ = ["checked_query"]
 
 _MANY = (list, tuple, set, frozenset)
 
@@ -46,10 +51,15 @@ def _dependants(dependant: Dependant) -> Iterator[Dependant]:
         yield from _dependants(dependency)
 
 
-def _one_valued(route: APIRoute) -> frozenset[str]:
-    """The query parameters of the route that take one value."""
-    return frozenset(f.alias for d in _dependants(route.dependant) for f in d.query_params
-                     if not _takes_many(f.field_info.annotation))
+class _Declared:
+    """The query parameters a route takes: all of them, and those that take one value."""
+
+    __slots__ = ("names", "single")
+
+    def __init__(self, route: APIRoute) -> None:
+        fields = [f for d in _dependants(route.dependant) for f in d.query_params]
+        self.names = frozenset(f.alias for f in fields)
+        self.single = frozenset(f.alias for f in fields if not _takes_many(f.field_info.annotation))
 
 
 def _authentication(route: APIRoute) -> Callable[[Request], Awaitable[Principal]] | None:
@@ -58,23 +68,27 @@ def _authentication(route: APIRoute) -> Callable[[Request], Awaitable[Principal]
     return next((c for c in (writer, principal) if c in calls), None)
 
 
-async def _single_values(request: Request) -> None:
-    counted = Counter(name for name, _ in request.query_params.multi_items())
+async def _checked_query(request: Request) -> None:
     route = request.scope.get("route")
-    if max(counted.values(), default=0) < 2 or not isinstance(route, APIRoute):
-        return  # the usual request: no name repeated, nothing to look up
-    single = _one_valued(route)
-    repeated = [(name, n) for name, n in counted.items() if n > 1 and name in single]
-    if not repeated:
+    if not request.query_params or not isinstance(route, APIRoute):
+        return  # no parameter given: nothing to look up
+    declared = _Declared(route)
+    counted = Counter(name for name, _ in request.query_params.multi_items())
+    takes = ", ".join(sorted(declared.names)) or "none"
+    errors = [{"loc": ("query", name), "type": "unknown",
+               "msg": f"not a parameter of this route (it takes: {takes})"}
+              for name in counted if name not in declared.names]
+    errors += [{"loc": ("query", name), "type": "repeated",
+                "msg": f"given {n} times; this parameter takes one value"}
+               for name, n in counted.items() if n > 1 and name in declared.single]
+    if not errors:
         return
     if (authenticate := _authentication(route)) is not None:
         # 401 (and a read-only server's 405) before 422, as for any other invalid parameter: this
         # dependency runs before the route's own.
         await authenticate(request)
-    raise RequestValidationError([
-        {"loc": ("query", name), "type": "repeated",
-         "msg": f"given {n} times; this parameter takes one value"} for name, n in repeated])
+    raise RequestValidationError(errors)
 
 
-single_values = Depends(_single_values)
+checked_query = Depends(_checked_query)
 """The dependency every API route takes (`create_app`)."""
