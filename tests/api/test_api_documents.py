@@ -86,6 +86,21 @@ async def test_publish_takes_the_operator_role_in_the_documents_scope(api: Api) 
     assert tenant.status_code == 200, tenant.text
 
 
+async def test_a_viewer_is_refused_publishing_before_its_document_is_checked(api: Api) -> None:
+    """The document was validated before the role was checked: a viewer's invalid document (or a body
+    without one) got 422 with the document's problems, a valid one 403."""
+    viewer = await api.token("viewer", "acme")
+    invalid = WAITS_ONLY.replace("kind: wait", "kind: nonsense")
+    for body in ({"document": invalid}, {}, {"document": "{", "format": "json"}):
+        r = await api.http.post(f"{V1}/definitions/publish", headers=viewer, json=body)
+        assert r.status_code == 403, (body, r.text)
+        assert r.json()["error"] == "Forbidden" and r.json()["role"] == "operator", r.text
+        assert "needs the operator role in the document's scope" in r.json()["detail"]
+    # An operator of some scope still learns what is wrong with the document.
+    r = await _post(api, "publish", await api.token("operator", "globex"), WAITS_ONLY.replace("kind: wait", "kind: x"))
+    assert r.status_code == 422 and r.json()["error"] == "DocumentInvalid", r.text
+
+
 async def test_a_read_only_server_refuses_both(read_only_api: Api) -> None:
     admin = await read_only_api.token("admin")
     for what in ("validate", "publish"):

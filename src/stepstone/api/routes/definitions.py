@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import Field
 
 from stepstone.api import documents
 from stepstone.api import operations as ops
+from stepstone.api.auth import Forbidden, Principal
 from stepstone.api.bodies import Body
 from stepstone.api.context import Caller, Writer, context_of
 from stepstone.api.pagination import DEFAULT_LIMIT, MAX_LIMIT
@@ -56,9 +57,20 @@ async def validate_document(request: Request, _who: Caller, body: DocumentReques
     return documents.validate_document(context_of(request), body.document, body.format)
 
 
+async def _publisher(who: Writer) -> Principal:
+    """Publishing takes the operator role in the document's scope, which only the document names: a caller
+    that holds the role in no scope is refused before its body is looked at (403, not the body's 422)."""
+    if not any(who.can("operator", scope) for scope in who.grants):
+        raise Forbidden(f"{who.actor} needs the operator role in the document's scope to publish it, and holds "
+                        "it in no scope", role="operator", scope="")  # (the document's, unread)
+    return who
+
+
 @router.post("/publish", summary="Validate, record and publish a workflow document (the operator role in its scope)",
              responses=_INVALID)
-async def publish_document(request: Request, who: Writer, body: DocumentRequest) -> dict[str, Any]:
+async def publish_document(
+    request: Request, who: Annotated[Principal, Depends(_publisher)], body: DocumentRequest,
+) -> dict[str, Any]:
     return await documents.publish_document(context_of(request), who, body.document, body.format)
 
 
