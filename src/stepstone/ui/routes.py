@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -270,7 +271,10 @@ async def events(request: Request) -> Response:
     ctx = context_of(request)
     watched = request.query_params.get("instance")
     if watched:
-        await visible_instance(ctx, who, watched)
+        await visible_instance(ctx, who, watched)  # (InstanceNotFound for a text that spells no id)
+        # Any spelling of the id finds the instance (upper case, no hyphens); a notification carries the
+        # database's, which must match the watched id for the stream to hear it.
+        watched = str(uuid.UUID(watched))
     return StreamingResponse(_stream(request, who, watched, request.query_params.get("stamp")),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
