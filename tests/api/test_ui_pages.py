@@ -73,6 +73,30 @@ async def test_the_list_filters_by_every_status_an_instance_can_have(api: Api) -
     assert all(f'<option value="{status}"' in page for status in STATUSES)
 
 
+async def test_the_list_takes_several_statuses_as_the_api_does(api: Api) -> None:
+    """The list kept one value of a repeated status (`?status=FAILED&status=TIMED_OUT` listed the timed-out
+    instances only), while the API's list takes every one; an unknown status listed every instance."""
+    workflows.FAILING.add("bad")
+    failed = await api.engine.client.start_many("job", [{"name": "bad"}] * 51)
+    late = await api.engine.client.start("job", {"name": "late"}, deadline=5)
+    fine = await api.start("fine")
+    await api.engine.advance(seconds=10)
+    await _sign_in(api, "viewer")
+    both = [("status", "FAILED"), ("status", "timed_out")]  # (in any case, as the API's)
+    page = (await api.http.get("/ui/", params=both)).text
+    assert late[-8:] in page and fine[-8:] not in page
+    assert '<option value="FAILED" selected>' in page and '<option value="TIMED_OUT" selected>' in page
+    older = re.findall(r'<a rel="next" href="/ui/\?([^"]+)"', page)
+    assert len(older) == 1 and older[0].startswith("status=FAILED&amp;status=timed_out&amp;cursor="), older
+    rest = (await api.http.get("/ui/?" + older[0].replace("&amp;", "&"))).text  # the next page keeps both
+    assert all(i[-8:] in page + rest for i in [*failed, late]) and fine[-8:] not in rest
+    assert '<option value="TIMED_OUT" selected>' in rest
+    one = re.findall(r'<a class="status-failed" href="/ui/\?([^"]+)"', page)
+    assert one == ["status=FAILED"]  # a count's link lists its status alone
+    unknown = await api.http.get("/ui/", params=[("status", "FAILED"), ("status", "BROKEN")])
+    assert unknown.status_code == 422 and "BROKEN is not a status" in unknown.text
+
+
 async def test_retry_goes_through_a_confirmation_and_needs_the_csrf_value(api: Api) -> None:
     iid = await api.start("again", fail=True)
     await _sign_in(api)

@@ -142,8 +142,16 @@ def page(request: Request, template: str, who: Principal | None, *, status_code:
     root = request.scope.get("root_path", "")
 
     def query(**changes: Any) -> str:
-        merged = {**dict(request.query_params), **changes}
-        return urlencode({k: v for k, v in merged.items() if v not in (None, "")})
+        """The page's query with `changes`, each in its parameter's place (None drops one, a list gives it
+        several values); a parameter given several times keeps every value (the list's statuses)."""
+        pairs: list[tuple[str, Any]] = []
+        for key, value in [*request.query_params.multi_items(), *((k, None) for k in changes)]:
+            if key not in changes:
+                pairs.append((key, value))
+            elif key not in {k for k, _ in pairs}:
+                changed = changes[key]
+                pairs += [(key, v) for v in (changed if isinstance(changed, list) else [changed])]
+        return urlencode([(k, v) for k, v in pairs if v not in (None, "")])
 
     html = _env.get_template(template).render(
         ui=ui_root(request), api=f"{root}{API_PREFIX}", who=who, read_only=ctx.read_only,

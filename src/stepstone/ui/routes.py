@@ -80,11 +80,10 @@ async def instances_page(request: Request) -> Response:
     who = await signed_in(request)
     ctx = context_of(request)
     q = request.query_params
-    filters = {k: (q.get(k) or None) for k in ("status", "workflow", "business_key", "scope")}
-    if filters["status"] not in (None, *STATUSES):
-        filters["status"] = None
+    filters: dict[str, Any] = {k: (q.get(k) or None) for k in ("workflow", "business_key", "scope")}
+    filters["status"] = _statuses(q.getlist("status"))
     archived = q.get("archived") == "1"
-    listing = await ops.instances(ctx, who, statuses=[filters["status"]] if filters["status"] else [],
+    listing = await ops.instances(ctx, who, statuses=filters["status"],
                                   workflow=filters["workflow"], business_key=filters["business_key"],
                                   scope=filters["scope"],
                                   cursor=q.get("cursor") or None, limit=50, include_archived=archived)
@@ -96,6 +95,17 @@ async def instances_page(request: Request) -> Response:
                 next_cursor=listing["next_cursor"], counts=counts,
                 total=f"{total:,}+" if counted["more_than"] else f"{total:,}", filters=filters, statuses=STATUSES,
                 archived=archived)
+
+
+def _statuses(given: list[str]) -> list[str]:
+    """The statuses the list is filtered by: every one given (``?status=FAILED&status=TIMED_OUT``, as the
+    API's list takes them), each once; an empty one is none (the form's "any"), an unknown one refused."""
+    wanted = list(dict.fromkeys(s.strip().upper() for s in given if s.strip()))
+    unknown = [s for s in wanted if s not in STATUSES]
+    if unknown:
+        raise InvalidInput(f"status: {', '.join(unknown)} is not a status (statuses: {', '.join(STATUSES)})",
+                           what="status")
+    return wanted
 
 
 @router.get("/instances/{instance_id}")
