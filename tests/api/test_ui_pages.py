@@ -73,6 +73,23 @@ async def test_the_list_filters_by_every_status_an_instance_can_have(api: Api) -
     assert all(f'<option value="{status}"' in page for status in STATUSES)
 
 
+async def test_a_filter_page_refuses_a_parameter_it_does_not_take(api: Api) -> None:
+    """The UI's filter pages ignored a parameter they do not take: a misspelled filter (`?stauts=FAILED`)
+    listed every instance, where the API answers 422 naming it."""
+    failed = await api.start("bad", fail=True)
+    fine = await api.start("fine")
+    await _sign_in(api, "viewer")
+    for path, name, takes in [("/ui/", "stauts", "archived, business_key, cursor, scope, status, workflow"),
+                              ("/ui/tasks", "mdoe", "cursor, mode, text, workflow"),
+                              ("/ui/dead-letters", "scpoe", "cursor, scope, workflow")]:
+        r = await api.http.get(path, params={name: "FAILED"})
+        assert r.status_code == 422 and r.headers["content-type"].startswith("text/html"), (path, r.text)
+        assert f"{name}: not a parameter of this page (it takes: {takes})" in r.text, path
+    # What the pages take, and a redirect's status message, are as before.
+    page = await api.http.get("/ui/", params={"status": "FAILED", "done": "x", "sig": "y"})
+    assert page.status_code == 200 and failed[-8:] in page.text and fine[-8:] not in page.text
+
+
 async def test_the_list_takes_several_statuses_as_the_api_does(api: Api) -> None:
     """The list kept one value of a repeated status (`?status=FAILED&status=TIMED_OUT` listed the timed-out
     instances only), while the API's list takes every one; an unknown status listed every instance."""

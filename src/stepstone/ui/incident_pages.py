@@ -22,7 +22,7 @@ from stepstone.core.limits import MAX_INT4
 from stepstone.core.model import COMPENSATION_FAILED
 from stepstone.errors import InvalidInput
 from stepstone.ops import InstanceFilter
-from stepstone.ui.render import UI_PREFIX, page, ui_root
+from stepstone.ui.render import UI_PREFIX, page, query_of, ui_root
 from stepstone.ui.session import back, form_number, posted_form, signed_in
 
 __all__ = ["router"]
@@ -63,8 +63,8 @@ async def _incidents(request: Request, who: Principal, filters: dict[str, str | 
 @router.get("/dead-letters")
 async def dead_letters_page(request: Request) -> Response:
     who = await signed_in(request)
-    found = await _incidents(request, who, _filters(request.query_params),
-                             request.query_params.get("cursor") or None)
+    q = query_of(request, *FILTERS, "cursor")
+    found = await _incidents(request, who, _filters(q), q.get("cursor") or None)
     return page(request, "dead_letters.html", who, nav="dead", live="list", report=None, **found)
 
 

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 
 import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
@@ -18,9 +19,11 @@ from stepstone.api.app import API_PREFIX
 from stepstone.api.auth import TOKEN_COOKIE, Principal, TokenAuth
 from stepstone.api.context import context_of
 from stepstone.core.attribution import Actor
+from stepstone.errors import InvalidInput
 from stepstone.ids import short_id
 
-__all__ = ["UI_PREFIX", "csrf_token", "flash_mac", "flash_of", "page", "patch_lines", "refusal", "ui_root"]
+__all__ = ["UI_PREFIX", "csrf_token", "flash_mac", "flash_of", "page", "patch_lines", "query_of", "refusal",
+           "ui_root"]
 
 UI_PREFIX = "/ui"
 _env = Environment(loader=PackageLoader("stepstone.ui", "templates"), autoescape=select_autoescape(["html"]))
@@ -116,6 +119,20 @@ def flash_of(request: Request) -> str | None:
     page say "re-enter your token at https://evil.example") is not shown."""
     text, mac = request.query_params.get("done"), request.query_params.get("sig", "")
     return text if text and hmac.compare_digest(mac.encode(), flash_mac(request, text).encode()) else None
+
+
+_ON_EVERY_PAGE = ("done", "sig")  # the signed status message a redirect leaves (flash_of)
+
+
+def query_of(request: Request, *takes: str) -> QueryParams:
+    """The query of a page that filters by `takes`: a parameter it does not take (a misspelled filter,
+    ``?stauts=FAILED``) is refused, 422 on the error page, as the API refuses it, rather than ignored,
+    which listed everything."""
+    unknown = sorted({k for k in request.query_params if k not in takes and k not in _ON_EVERY_PAGE})
+    if unknown:
+        raise InvalidInput(f"{', '.join(unknown)}: not a parameter of this page (it takes: "
+                           f"{', '.join(sorted(takes))})", what=unknown[0])
+    return request.query_params
 
 
 def refusal(read_only: bool, who: Principal | None, role: str, scope: str | None = None) -> str:

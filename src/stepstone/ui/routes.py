@@ -31,7 +31,7 @@ from stepstone.core.model import FAILURE_KINDS, STATUSES
 from stepstone.errors import InvalidInput
 from stepstone.ui import incident_pages, maintenance_pages, repair_pages, task_pages
 from stepstone.ui.diagram import diagram, render_svg
-from stepstone.ui.render import UI_PREFIX, flash_of, page, patch_lines, ui_root
+from stepstone.ui.render import UI_PREFIX, flash_of, page, patch_lines, query_of, ui_root
 from stepstone.ui.session import back, form_number, from_this_site, posted_form, signed_in
 
 __all__ = ["install_ui", "router"]
@@ -79,7 +79,7 @@ async def logout(request: Request) -> Response:
 async def instances_page(request: Request) -> Response:
     who = await signed_in(request)
     ctx = context_of(request)
-    q = request.query_params
+    q = query_of(request, "status", "workflow", "business_key", "scope", "archived", "cursor")
     filters: dict[str, Any] = {k: (q.get(k) or None) for k in ("workflow", "business_key", "scope")}
     filters["status"] = _statuses(q.getlist("status"))
     archived = q.get("archived") == "1"

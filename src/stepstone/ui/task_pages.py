@@ -14,7 +14,7 @@ from stepstone.api.auth import Principal
 from stepstone.api.context import context_of
 from stepstone.client_tasks import TaskFilter
 from stepstone.errors import InvalidInput
-from stepstone.ui.render import UI_PREFIX, page
+from stepstone.ui.render import UI_PREFIX, page, query_of
 from stepstone.ui.session import back, posted_form, signed_in
 from stepstone.ui.task_form import decisions_of, payload_of
 
@@ -29,7 +29,7 @@ MODES = {"inbox": "My inbox", "assigned": "Assigned to me", "candidate": "Offere
 async def inbox_page(request: Request) -> Response:
     who = await signed_in(request)
     ctx = context_of(request)
-    q = request.query_params
+    q = query_of(request, "mode", "text", "workflow", "cursor")
     mode = q.get("mode") if q.get("mode") in MODES else "inbox"
     where = TaskFilter(text=q.get("text") or None, workflow=q.get("workflow") or None)
     listing = await tasks.inbox(ctx, who, mode=str(mode), where=where, cursor=q.get("cursor") or None, limit=50)
