@@ -23,6 +23,10 @@ from stepstone.store.settled import SettledWatch
 from tests import cli_apps
 
 case, url = sys.argv[1], sys.argv[2]
+# As a terminal's Ctrl-C finds it: a process started from a background job (as the suite is, in CI) has
+# SIGINT ignored, and its children inherit that, so a SIGINT sent here would be dropped.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 main = threading.main_thread().ident
 client = SyncClient(url, registry=cli_apps.registry)
 instance_id = client.start("approval")  # waits for a signal that never comes

@@ -5321,7 +5321,7 @@ END $$;
 
 -- ==== version 75 (migration 0075_publish_waits_for_busy_instances) ====
 -- publish_message (in the version 7 section) takes the rows of the instances it delivers to before the
--- correlation key's lock, waiting for a busy one, and it and return_buffered_message (in the version 72
+-- correlation key's lock, waiting for a busy one, and it and return_buffered_message (in the version 74
 -- section) ask subscription_takes whether a subscription's wait is still open; why: the migration's header.
 -- Whether the open subscription p_sub takes a message now (publish_message, return_buffered_message; the
 -- caller holds its instance's row and its key's lock): its row locked, its wait still open. A stale one
@@ -5343,6 +5343,7 @@ BEGIN
         RETURN false;
     END IF;
     RETURN true;
+END $$;
 
 -- ==== version 76 (migration 0076_deferred_commands_routed_by_pin) ====
 -- defer_command (in the version 17 section) moves a command deferred for want of its plan to the route of
