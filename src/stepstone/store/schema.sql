@@ -2166,15 +2166,10 @@ BEGIN
         WHERE m.status = 'BUFFERED' AND m.name = ANY (v_names) AND m.correlation_key = v_key AND m.expires_at > p_now
         ORDER BY m.id LIMIT 1 FOR UPDATE;
         IF FOUND THEN
-            INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                             available_at, created_at)
-            VALUES (v_id, v_pos, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', v_step, v_visit,
-                    v_msg.name, jsonb_build_object('payload', v_msg.payload, 'message_id', v_msg.message_id,
-                                                   'correlation_key', v_key, 'buffered', true),
-                    p_now, p_now)
-            RETURNING id INTO v_cmd;
-            UPDATE {{schema}}.subscriptions s SET status = 'CORRELATED', message = v_msg.id, closed_at = p_now
-            WHERE s.instance_id = v_id AND s.position = v_pos AND s.visit = v_visit AND s.status = 'OPEN';
+            v_cmd := {{schema}}.deliver_to_subscription(
+                v_id, v_pos, v_visit, v_step, v_msg.name,
+                jsonb_build_object('payload', v_msg.payload, 'message_id', v_msg.message_id,
+                                   'correlation_key', v_key, 'buffered', true), v_msg.id, p_now);
             UPDATE {{schema}}.messages m SET status = 'DELIVERED', delivered_at = p_now,
                 deliveries = jsonb_build_array(jsonb_build_object('instance_id', v_id, 'position', v_pos,
                                                                   'command_id', v_cmd))
@@ -2238,15 +2233,10 @@ BEGIN
              ORDER BY x.created_at, x.id LOOP
         PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
         CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                         available_at, created_at)
-        VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, p_name, jsonb_build_object('payload', p_payload, 'message_id', p_message_id,
-                                                    'correlation_key', p_key),
-                v_now, v_now)
-        RETURNING id INTO v_cmd;
-        UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', closed_at = v_now
-        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN';
+        v_cmd := {{schema}}.deliver_to_subscription(
+            s.instance_id, s.position, s.visit, s.step, p_name,
+            jsonb_build_object('payload', p_payload, 'message_id', p_message_id, 'correlation_key', p_key),
+            NULL, v_now);
         v_delivered := v_delivered || jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                          'command_id', v_cmd);
         EXIT WHEN NOT p_all;
@@ -5250,7 +5240,8 @@ CREATE TRIGGER commands_left_queue
 
 -- ==== version 74 (migration 0074_buffered_messages_go_on) ====
 -- A buffered message taken by a wait that something else then left goes on to the next wait of its name
--- and key; why: the migration's header.
+-- and key; why: the migration's header. open_subscriptions (in the version 7 section) and publish_message
+-- deliver through deliver_to_subscription (below) too.
 -- A message a wait took from the buffer (its MESSAGE command's payload says `buffered`) whose command is
 -- settled without being taken: STALE (it found its wait already left: a signal queued before it won the
 -- wait, or the wait's step deadline passed first), REJECTED (the instance ended, or was cancelled, before
@@ -5264,6 +5255,28 @@ CREATE TRIGGER commands_left_queue
 -- its expires_at; past that, EXPIRED. The message row is the one the subscription taking it recorded
 -- (subscriptions.message). A command that dies (DEAD, a poison command) keeps its message: it is shown
 -- dead-lettered, not handed on.
+-- A message delivered to one open subscription's wait (publish_message, open_subscriptions taking one from
+-- the buffer, return_buffered_message handing one on): a MESSAGE command of its position, and the
+-- subscription CORRELATED, with the message row when the caller has it. The caller holds the instance's
+-- row and the key's lock. Returns the command's id.
+CREATE FUNCTION {{schema}}.deliver_to_subscription(p_instance uuid, p_position text, p_visit integer, p_step text,
+                                                   p_name text, p_body jsonb, p_message bigint, p_now timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cmd bigint;
+BEGIN
+    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
+                                     available_at, created_at)
+    VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', p_step, p_visit,
+            p_name, p_body, p_now, p_now)
+    RETURNING id INTO v_cmd;
+    UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', message = COALESCE(p_message, x.message),
+        closed_at = p_now
+    WHERE x.instance_id = p_instance AND x.position = p_position AND x.visit = p_visit AND x.status = 'OPEN';
+    RETURN v_cmd;
+END $$;
+
 CREATE FUNCTION {{schema}}.return_buffered_message(p_old {{schema}}.commands) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -5297,16 +5310,10 @@ BEGIN
             CONTINUE;  -- committing: passed over (its commit may be leaving the wait)
         END;
         CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                         available_at, created_at)
-        VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, p_old.name, jsonb_build_object('payload', p_old.payload->'payload',
-                                                      'message_id', v_msg.message_id,
-                                                      'correlation_key', v_key, 'buffered', true),
-                v_now, v_now)
-        RETURNING id INTO v_cmd;
-        UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', message = v_msg.id, closed_at = v_now
-        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN';
+        v_cmd := {{schema}}.deliver_to_subscription(
+            s.instance_id, s.position, s.visit, s.step, p_old.name,
+            jsonb_build_object('payload', p_old.payload->'payload', 'message_id', v_msg.message_id,
+                               'correlation_key', v_key, 'buffered', true), v_msg.id, v_now);
         UPDATE {{schema}}.messages m SET delivered_at = v_now,
             deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                               'command_id', v_cmd))

@@ -22,6 +22,31 @@
 -- its expires_at; past that, EXPIRED. The message row is the one the subscription taking it recorded
 -- (subscriptions.message). A command that dies (DEAD, a poison command) keeps its message: it is shown
 -- dead-lettered, not handed on.
+-- One function delivers a message to a subscription's wait (deliver_to_subscription): the hand-on below, the
+-- buffer's delivery on entering a wait (open_subscriptions, replaced with the same signature) and, since
+-- migration 0075, publish_message.
+-- A message delivered to one open subscription's wait (publish_message, open_subscriptions taking one from
+-- the buffer, return_buffered_message handing one on): a MESSAGE command of its position, and the
+-- subscription CORRELATED, with the message row when the caller has it. The caller holds the instance's
+-- row and the key's lock. Returns the command's id.
+CREATE FUNCTION {{schema}}.deliver_to_subscription(p_instance uuid, p_position text, p_visit integer, p_step text,
+                                                   p_name text, p_body jsonb, p_message bigint, p_now timestamptz)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cmd bigint;
+BEGIN
+    INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
+                                     available_at, created_at)
+    VALUES (p_instance, p_position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', p_step, p_visit,
+            p_name, p_body, p_now, p_now)
+    RETURNING id INTO v_cmd;
+    UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', message = COALESCE(p_message, x.message),
+        closed_at = p_now
+    WHERE x.instance_id = p_instance AND x.position = p_position AND x.visit = p_visit AND x.status = 'OPEN';
+    RETURN v_cmd;
+END $$;
+
 CREATE FUNCTION {{schema}}.return_buffered_message(p_old {{schema}}.commands) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -62,16 +87,10 @@ BEGIN
             UPDATE {{schema}}.subscriptions x SET status = 'CLOSED', closed_at = v_now WHERE x.id = s.id;
             CONTINUE;
         END IF;
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                         available_at, created_at)
-        VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, p_old.name, jsonb_build_object('payload', p_old.payload->'payload',
-                                                      'message_id', v_msg.message_id,
-                                                      'correlation_key', v_key, 'buffered', true),
-                v_now, v_now)
-        RETURNING id INTO v_cmd;
-        UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', message = v_msg.id, closed_at = v_now
-        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN';
+        v_cmd := {{schema}}.deliver_to_subscription(
+            s.instance_id, s.position, s.visit, s.step, p_old.name,
+            jsonb_build_object('payload', p_old.payload->'payload', 'message_id', v_msg.message_id,
+                               'correlation_key', v_key, 'buffered', true), v_msg.id, v_now);
         UPDATE {{schema}}.messages m SET delivered_at = v_now,
             deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                               'command_id', v_cmd))
@@ -102,4 +121,44 @@ BEGIN
         PERFORM {{schema}}.return_buffered_message(OLD);
     END IF;
     RETURN NULL;
+END $$;
+
+-- The buffer's delivery on entering a wait, through the same function (its body as before otherwise).
+CREATE OR REPLACE FUNCTION {{schema}}.open_subscriptions(p_commit jsonb, p_items jsonb, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := (p_commit->>'instance')::uuid;
+    v_pos text := p_commit->>'position';
+    v_step text := p_commit->'move'->>'step';
+    v_visit integer;
+    v_key text;
+    v_names text[];
+    v_msg {{schema}}.messages%ROWTYPE;
+    v_cmd bigint;
+    x jsonb;
+BEGIN
+    FOR x IN SELECT jsonb_array_elements(p_items) LOOP
+        v_visit := (x->>'visit')::integer;
+        v_key := x->>'key';
+        v_names := ARRAY(SELECT n FROM jsonb_array_elements_text(x->'names') AS n ORDER BY n);
+        PERFORM {{schema}}.lock_correlation(n, v_key) FROM unnest(v_names) AS n ORDER BY n;
+        UPDATE {{schema}}.subscriptions s SET status = 'CLOSED', closed_at = p_now
+        WHERE s.instance_id = v_id AND s.position = v_pos AND s.status = 'OPEN' AND s.visit < v_visit;
+        INSERT INTO {{schema}}.subscriptions (instance_id, position, visit, step, name, correlation_key, status,
+                                              created_at)
+        SELECT v_id, v_pos, v_visit, v_step, n, v_key, 'OPEN', p_now FROM unnest(v_names) AS n ORDER BY n;
+        SELECT * INTO v_msg FROM {{schema}}.messages m
+        WHERE m.status = 'BUFFERED' AND m.name = ANY (v_names) AND m.correlation_key = v_key AND m.expires_at > p_now
+        ORDER BY m.id LIMIT 1 FOR UPDATE;
+        IF FOUND THEN
+            v_cmd := {{schema}}.deliver_to_subscription(
+                v_id, v_pos, v_visit, v_step, v_msg.name,
+                jsonb_build_object('payload', v_msg.payload, 'message_id', v_msg.message_id,
+                                   'correlation_key', v_key, 'buffered', true), v_msg.id, p_now);
+            UPDATE {{schema}}.messages m SET status = 'DELIVERED', delivered_at = p_now,
+                deliveries = jsonb_build_array(jsonb_build_object('instance_id', v_id, 'position', v_pos,
+                                                                  'command_id', v_cmd))
+            WHERE m.id = v_msg.id;
+        END IF;
+    END LOOP;
 END $$;

@@ -83,15 +83,10 @@ BEGIN
              ORDER BY x.created_at, x.id LOOP
         PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
         CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                         available_at, created_at)
-        VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, p_name, jsonb_build_object('payload', p_payload, 'message_id', p_message_id,
-                                                    'correlation_key', p_key),
-                v_now, v_now)
-        RETURNING id INTO v_cmd;
-        UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', closed_at = v_now
-        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN';
+        v_cmd := {{schema}}.deliver_to_subscription(
+            s.instance_id, s.position, s.visit, s.step, p_name,
+            jsonb_build_object('payload', p_payload, 'message_id', p_message_id, 'correlation_key', p_key),
+            NULL, v_now);
         v_delivered := v_delivered || jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                          'command_id', v_cmd);
         EXIT WHEN NOT p_all;
@@ -151,16 +146,10 @@ BEGIN
             CONTINUE;  -- committing: passed over (its commit may be leaving the wait)
         END;
         CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
-        INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
-                                         available_at, created_at)
-        VALUES (s.instance_id, s.position, nextval('{{schema}}.command_seq'), 'MESSAGE', 'PENDING', s.step,
-                s.visit, p_old.name, jsonb_build_object('payload', p_old.payload->'payload',
-                                                      'message_id', v_msg.message_id,
-                                                      'correlation_key', v_key, 'buffered', true),
-                v_now, v_now)
-        RETURNING id INTO v_cmd;
-        UPDATE {{schema}}.subscriptions x SET status = 'CORRELATED', message = v_msg.id, closed_at = v_now
-        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN';
+        v_cmd := {{schema}}.deliver_to_subscription(
+            s.instance_id, s.position, s.visit, s.step, p_old.name,
+            jsonb_build_object('payload', p_old.payload->'payload', 'message_id', v_msg.message_id,
+                               'correlation_key', v_key, 'buffered', true), v_msg.id, v_now);
         UPDATE {{schema}}.messages m SET delivered_at = v_now,
             deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                               'command_id', v_cmd))
