@@ -5,6 +5,8 @@
                  the root; each branch writes only its own key of the shared `done`, so concurrent branch
                  commits rebase and none is lost (the checker reads `done` back)
   chaosparent-1  s1, then the child step s2 starting a `chaos-2` child and waiting for it, then s3
+  chaoshold-1    the same with a `chaossig-2` child, which waits twice for the signal `go`: s3 keeps the child's
+                 `got` (tests/ops/test_ops_under_kills.py sweeps live trees; the scenarios never start it)
   chaossaga-3    s1, s2 (each with a compensation that records its own effect), then s3 fails for good: the
                  saga compensates s2, then s1 (test_saga_kills.py; the scenarios' workload never starts it)
   chaossig-2     s1, a wait for the signal `go` (-> s2), another (-> s3): each of s2 and s3 appends the
@@ -97,6 +99,7 @@ class Signalled(BaseModel):
 class Parent(BaseModel):
     n: int = 0
     child_id: str | None = None
+    got: list[int] = Field(default_factory=list)  # the child's `got` (a chaossig-2 child's signals)
 
 
 FAN_ITEMS = (4, 8)  # a fan-out maps over this many items (inclusive range)
@@ -222,8 +225,8 @@ def _fan(items: int) -> Workflow[Fan]:
     return wf
 
 
-def _parent() -> Workflow[Parent]:
-    wf: Workflow[Parent] = Workflow("chaosparent-1", version=1, state=Parent)
+def _parent(definition_id: str = "chaosparent-1", child: str = PARENT_CHILD) -> Workflow[Parent]:
+    wf: Workflow[Parent] = Workflow(definition_id, version=1, state=Parent)
 
     async def s1(ctx: StepContext, state: Parent) -> None:
         await _effect(ctx)
@@ -237,9 +240,10 @@ def _parent() -> Workflow[Parent]:
         await _effect(ctx)
         assert ctx.child is not None and ctx.child.status == "COMPLETED", ctx.child
         state.child_id = ctx.child.instance_id
+        state.got = list(ctx.child.state.get("got") or [])
 
     wf.step(s1, name="s1", start=True, next="s2", retry=_RETRY)
-    wf.child(s2, name="s2", workflow=PARENT_CHILD, next="s3")
+    wf.child(s2, name="s2", workflow=child, next="s3")
     wf.step(s3, name="s3", next=None, retry=_RETRY)
     return wf
 
@@ -492,6 +496,7 @@ def _gather() -> Workflow[Gathered]:
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
+HOLDER: Workflow[Any] = _parent("chaoshold-1", "chaossig-2")
 SAGA: Workflow[Any] = _saga()
 TASK: Workflow[Any] = _task()
 SIGNALLED: Workflow[Any] = _signalled()
@@ -502,8 +507,8 @@ KILL: Workflow[Any] = _kill()
 MOVING: Workflow[Any] = _moving(1)
 MOVED: Workflow[Any] = _moving(2)
 GATHERING: Workflow[Any] = _gather()
-registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL,
-                    MOVING, MOVED, GATHERING)
+registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, HOLDER, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL,
+                    KILL, MOVING, MOVED, GATHERING)
 
 SERVED_PARTS = ("all", "chains", "rest", "moving", "moved")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -519,6 +524,6 @@ def served(part: str) -> Registry:
     if part in ("moving", "moved"):
         return Registry(MOVING if part == "moving" else MOVED)
     if part == "rest":
-        return Registry(*FANS.values(), PARENT, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL, MOVING, MOVED,
-                        GATHERING, *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
+        return Registry(*FANS.values(), PARENT, HOLDER, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL, MOVING,
+                        MOVED, GATHERING, *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry

@@ -8,6 +8,7 @@ killed between its batches: its counts are exact and no instance is retried twic
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import asyncpg
 
+from stepstone.client import Client
 from stepstone.core.pin import pin_of
 from stepstone.ops import InstanceFilter, Operations
 from stepstone.ops.model import RetentionReport
@@ -112,6 +114,113 @@ async def test_retention_racing_killed_workers_purges_only_what_ended(pg_server:
     # Each instance purged exactly once, children included.
     assert sum(s.purged for s in sweeps) == len(steps)
     assert max(racing) > 0, "no sweep purged while instances were running: the test raced nothing"
+
+
+HOLDERS = 12
+_ARCHIVED_LIVE = (f"SELECT count(*) FROM stepstone.instances WHERE archived_at IS NOT NULL AND status IN {_LIVE}")
+# A parent past its child step (waiting for the child, or running s3 on its report) whose child is gone.
+_ORPHANED = (f"SELECT count(*) FROM stepstone.instances p WHERE p.definition_id = 'chaoshold-1' AND p.status IN {_LIVE}"
+             " AND (p.step = 's3' OR (p.step = 's2' AND p.status = 'WAITING'))"
+             " AND NOT EXISTS (SELECT 1 FROM stepstone.instances c WHERE c.parent_id = p.id)")
+
+
+async def test_retention_with_a_waiting_window_keeps_live_trees_under_kills(
+    pg_server: PgServer, tmp_path: Path
+) -> None:
+    """Parents (chaoshold-1) wait for children that wait for signals while sweeps run with zero windows for
+    the waiting and completed classes and workers are SIGKILLed: no instance of a live tree is archived or
+    purged (a child waiting under a live parent is counted active, migration 0073), the chains beside them
+    are purged, and once the children are signalled every parent completes with its child's result."""
+    rng = random.Random(17)  # noqa: S311 - a reproducible workload and kill schedule
+    async with scenario_database(Target(pg_server.admin_url), "ops_live_trees") as url:
+        chains = await start_instances(url, 30, rng)
+        store = await PostgresStore.open(url, max_size=6)
+        conn = await asyncpg.connect(url)
+        client = Client(store, workflows.registry)
+        parents = [await client.start(workflows.HOLDER, {}) for _ in range(HOLDERS)]
+        relay = Relay(PostgresOutbox(store), memory_publisher("memory://ops-live-trees"))
+        ops = Operations.on(store, actor="retention-trees")
+        for status_class in ("waiting", "completed"):
+            await ops.set_retention_policy("*", status_class, timedelta(0), timedelta(0))
+        # The parents are archived at their end but kept, so their results can be read afterwards.
+        await ops.set_retention_policy(workflows.HOLDER.id, "completed", timedelta(0), timedelta(days=1))
+        sweeps: list[RetentionReport] = []
+        try:
+            await relay.start()
+            async with _fleet(url, tmp_path) as fleet:
+
+                async def sweep(kills: int) -> None:
+                    sweeps.append(await ops.retention_run(batch_size=8))
+                    assert await conn.fetchval(_ARCHIVED_LIVE) == 0  # never, whatever the window
+                    assert await conn.fetchval(_ORPHANED) == 0  # a live parent's child is never purged
+                    if len(fleet.kills) < kills and len(sweeps) % 3 == 0:
+                        fleet.kill(rng.randrange(WORKERS))
+
+                async def trees_waiting() -> bool:
+                    await sweep(KILLS // 2)
+                    return len(fleet.kills) == KILLS // 2 and await conn.fetchval(
+                        "SELECT count(*) FILTER (WHERE definition_id = 'chaoshold-1' AND status = 'WAITING'"
+                        "                        AND step = 's2')"
+                        " + count(*) FILTER (WHERE definition_id = 'chaossig-2' AND status = 'WAITING'"
+                        "                    AND step = 'w1') = $1 AND count(*) = $1"
+                        " FROM stepstone.instances", 2 * HOLDERS)
+
+                assert await wait_for(trees_waiting, time.monotonic() + 120, every=0.1), sweeps[-1]
+                # Nothing moves now: the sweep's counts are exact. Every instance of the trees is a candidate
+                # (a WAITING one past a zero window), none archived: a parent waits for its child, a child
+                # is waited for.
+                quiet = await ops.retention_run()
+                assert (quiet.archived, quiet.purged, quiet.skipped_busy, quiet.skipped_active) == (
+                    0, 0, 0, 2 * HOLDERS), quiet
+                children = [str(r["id"]) for r in await conn.fetch(
+                    "SELECT id FROM stepstone.instances WHERE parent_id IS NOT NULL ORDER BY id")]
+                unsignalled = list(children)
+
+                async def trees_done() -> bool:
+                    for child in unsignalled[:3]:  # a few children at a time, between sweeps and kills
+                        for n in (1, 2):
+                            await client.signal(child, workflows.GO, {"n": n}, dedup_key=f"go-{n}")
+                    del unsignalled[:3]
+                    await sweep(KILLS)
+                    return not unsignalled and len(fleet.kills) == KILLS and await conn.fetchval(
+                        "SELECT count(*) FILTER (WHERE status = 'COMPLETED' AND archived_at IS NOT NULL) = $1"
+                        " AND count(*) = $1 FROM stepstone.instances", HOLDERS)
+
+                assert await wait_for(trees_done, time.monotonic() + 120, every=0.1), sweeps[-1]
+            crashed = fleet.crashed()
+            held = {str(r["id"]): (r["status"], json.loads(r["state"])) for r in await conn.fetch(
+                "SELECT id, status, state FROM stepstone.instances")}
+            ran = await conn.fetch("SELECT instance_id::text AS iid, step FROM chaos.ledger")
+            deadlocks = await conn.fetchval("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            await ops.set_retention_policy(workflows.HOLDER.id, "completed", timedelta(0), timedelta(0))
+
+            async def published() -> bool:  # the parents' last events, which would hold their purge back
+                return await conn.fetchval("SELECT count(*) FROM stepstone.outbox WHERE published_at IS NULL") == 0
+
+            assert await wait_for(published, time.monotonic() + 60)
+            last = await ops.retention_run()
+            left = await conn.fetchval("SELECT count(*) FROM stepstone.instances")
+        finally:
+            await relay.stop()
+            await conn.close()
+            await store.close()
+    assert crashed == [] and len(fleet.kills) == KILLS
+    assert deadlocks == 0
+    # Every parent completed with its own child's result: both signals, in order.
+    assert sorted(held) == sorted(parents)
+    assert {iid: (status, state["got"]) for iid, (status, state) in held.items()} == dict.fromkeys(
+        parents, ("COMPLETED", [1, 2]))
+    assert sorted(state["child_id"] for _, state in held.values()) == children
+    steps: dict[str, set[str]] = {}
+    for r in ran:
+        steps.setdefault(r["iid"], set()).add(r["step"])
+    assert {iid for iid, s in steps.items() if "s3" in s} >= {*parents, *children}
+    # The counts: each chain and child archived and purged once, each parent archived once (never before
+    # its end: an instance archived early and changed again would be archived a second time).
+    total = len(chains) + 2 * HOLDERS
+    assert sum(s.archived for s in sweeps) == total
+    assert sum(s.purged for s in sweeps) == len(chains) + HOLDERS
+    assert (last.archived, last.purged, left) == (0, HOLDERS, 0)
 
 
 async def test_bulk_retry_while_a_worker_is_killed_counts_exactly_and_retries_each_once(
