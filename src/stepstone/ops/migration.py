@@ -13,8 +13,11 @@ progress is kept as it is; a waiting task, external step or message wait keeps i
 subscription names the step), and so does a step whose deadline runs, mapped to one with a deadline
 (and a step without one to one without), and a completed step whose compensation is still owed, whose
 compensation the target declares; every open command's step and every queued signal still exists
-in the target; and the state `state_transform` returns fits the target's state model. Each instance is
-answered: migrated, refused (with why) or skipped (already on the target, or ended).
+in the target; and the state `state_transform` returns fits the target's state model. The source steps
+are those of the plan the instance is pinned to, looked up by its plan hash: an instance whose plan is not
+stored (admitted before its id was registered; the version may since be stored with other code) is refused,
+since none of its steps could be checked. Each instance is answered: migrated, refused (with why) or
+skipped (already on the target, or ended).
 
 An accepted migration is one fenced transaction between two segments (`migrate_in_order`,
 migrations 0008 and 0017) at its place in the instance's command order, reserved when it is first
@@ -220,8 +223,8 @@ def _plan(
 ) -> tuple[list[dict[str, Any]], dict[str, str], Any]:
     if view["definition_id"] != target.definition_id:
         raise _Refused(f"instance runs {view['definition_id']!r}, not {target.definition_id!r}")
-    source = {s["name"]: s for s in (view["plan"] or {}).get("steps", [])}
-    unknown = sorted(set(step_map) - set(source)) if source else []
+    source = _source_steps(view)
+    unknown = sorted(set(step_map) - set(source))
     if unknown:  # a typo on the left would otherwise be passed over, and the step it meant not mapped
         raise _Refused(f"step_map maps {', '.join(map(repr, unknown))}, which v{view['version']} does not have "
                        f"(its steps: {', '.join(source)})")
@@ -256,6 +259,19 @@ def _plan(
     except InvalidInput as exc:
         raise _Refused(f"the transformed state does not fit v{target.version}'s state model: {exc}") from None
     return positions, commands_map, state
+
+
+def _source_steps(view: Mapping[str, Any]) -> dict[str, Any]:
+    """The steps of the plan the instance is pinned to (by its hash); refused when that plan is not stored,
+    since none of its steps could be checked (another plan stored under the version is not its plan)."""
+    if view["plan"] is not None:
+        return {s["name"]: s for s in view["plan"].get("steps", [])}
+    version = view["version"]
+    stored = view.get("stored_plan_hash")
+    found = f"v{version} is stored with plan {stored[:12]}" if stored else f"no v{version} is"
+    then = "" if stored else "register that version's code, then migrate; "
+    raise _Refused(f"the instance runs {view['definition_id']!r} v{version} with plan {view['plan_hash'][:12]}, "
+                   f"which is not stored ({found}): its steps cannot be checked; {then}nothing was changed")
 
 
 def _position_target(

@@ -202,11 +202,15 @@ FROM {{schema}}.worker_plans WHERE seen_at > {{schema}}.db_now() - make_interval
 GROUP BY definition_id, version, plan_hash ORDER BY definition_id, version;
 
 -- name: migration_view
--- What an in-flight migration plans from: the instance's pin, state and every position.
+-- What an in-flight migration plans from: the instance's pin, state and every position. The plan is the
+-- one the instance is pinned to, by its hash: NULL when that plan is not stored (an instance admitted
+-- before its id was registered), though the version may be stored with another plan (stored_plan_hash).
 SELECT i.id, i.scope, i.definition_scope, i.definition_id, i.version, i.plan_hash, i.status, i.state,
        i.state_version,
        (SELECT d.plan FROM {{schema}}.definitions d WHERE d.scope = i.definition_scope
-          AND d.definition_id = i.definition_id AND d.version = i.version) AS plan,
+          AND d.definition_id = i.definition_id AND d.version = i.version AND d.plan_hash = i.plan_hash) AS plan,
+       (SELECT d.plan_hash FROM {{schema}}.definitions d WHERE d.scope = i.definition_scope
+          AND d.definition_id = i.definition_id AND d.version = i.version) AS stored_plan_hash,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('path', p.path, 'status', p.status, 'step', p.step,
                                                      'visit', p.visit, 'wait', p.wait) ORDER BY p.path),
                         '[]'::jsonb)
