@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 import asyncpg
@@ -291,7 +292,50 @@ def after_relayed(ctx: StepContext, state: Relayed) -> None:
     state.ref = str(ctx.child.state["ref"])
 
 
-registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping, relayed, booking, holder)
+# -- a parent whose child fails for good while FAILURES["ops_fragile"] is -1 ----------------------------
+
+
+class Call(BaseModel):
+    result: str = ""
+    child_id: str = ""
+
+
+CALLS: list[str] = []
+"""The instances ops_fragile's call got through for, one entry each time (the child's effect)."""
+HOLD: dict[str, asyncio.Event] = {}
+"""With "entered" and "release": ops_fragile's call signals it is under way, then waits to be released."""
+
+fragile: Workflow[Call] = Workflow("ops_fragile", version=1, state=Call)
+
+
+@fragile.step(start=True, next=None, retry=Retry(max_attempts=1))
+async def call(ctx: StepContext, state: Call) -> None:
+    if FAILURES.get(fragile.id) == -1:
+        raise Busy("upstream down")
+    if HOLD:
+        HOLD["entered"].set()
+        await HOLD["release"].wait()
+    CALLS.append(ctx.instance_id)
+    state.result = f"paid by {ctx.instance_id}"
+
+
+caller: Workflow[Call] = Workflow("ops_caller", version=1, state=Call)
+
+
+@caller.child(workflow="ops_fragile", next="took_result", start=True)
+def call_fragile(ctx: StepContext, state: Call) -> dict[str, str]:
+    return {}
+
+
+@caller.step(next=None)
+def took_result(ctx: StepContext, state: Call) -> None:
+    assert ctx.child is not None
+    state.result = str(ctx.child.state["result"])
+    state.child_id = ctx.child.instance_id
+
+
+registry = Registry(flaky, forky, payment, confirmed, vault, approval, napping, relayed, booking, holder, fragile,
+                    caller)
 
 
 async def failed_for_good(engine: Engine, *ids: str) -> None:
