@@ -126,3 +126,29 @@ async def test_a_wait_times_out_with_the_status(engine: Engine, monkeypatch: pyt
     with pytest.raises(WaitTimeout) as caught:
         await engine.client.wait_for(instance_id, timeout=0.05)
     assert caught.value.status == "WAITING"
+
+
+async def test_waits_cancelled_while_the_listener_connects_leave_no_waiter(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, count = engine.client, 5
+    instance_id = await client.start("approval")
+    await engine.run_until_idle()
+    connecting, never = asyncio.Event(), asyncio.Event()
+
+    async def listen_settled(*_: Any) -> Any:
+        connecting.set()
+        await never.wait()  # a connect that does not end before the waits are cancelled
+
+    monkeypatch.setattr(engine.store, "listen_settled", listen_settled)
+    _, waiting = count_status_reads(engine, monkeypatch, waiting_after=count)
+    waits = [asyncio.create_task(client.wait_for(instance_id, timeout=30)) for _ in range(count)]
+    # Each wait watches right after its first read: one is in the connect, the others queue behind it.
+    await asyncio.wait_for(waiting.wait(), timeout=20)
+    assert connecting.is_set()
+    assert sum(len(events) for events in client._settled.waiters.values()) == count
+    for wait in waits:
+        wait.cancel()
+    outcomes = await asyncio.gather(*waits, return_exceptions=True)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
+    assert client._settled.waiters == {}
+    assert client._settled.listener is None

@@ -32,12 +32,16 @@ class SettledWatch:
     async def watch(self, instance_id: str) -> asyncio.Event:
         event = asyncio.Event()
         self.waiters.setdefault(instance_id, set()).add(event)
-        async with self._opening:
-            if self.listener is None or not self.listener.alive:
-                try:
-                    self.listener = await self.store.listen_settled(self._notified)
-                except DatabaseUnavailable:
-                    self.listener = None  # the fallback re-read still ends the wait
+        try:
+            async with self._opening:
+                if self.listener is None or not self.listener.alive:
+                    try:
+                        self.listener = await self.store.listen_settled(self._notified)
+                    except DatabaseUnavailable:
+                        self.listener = None  # the fallback re-read still ends the wait
+        except BaseException:  # cancelled (or failed) while the listener connects: the caller never unwatches
+            self.unwatch(instance_id, event)
+            raise
         return event
 
     def unwatch(self, instance_id: str, event: asyncio.Event) -> None:
