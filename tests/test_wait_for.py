@@ -152,3 +152,19 @@ async def test_waits_cancelled_while_the_listener_connects_leave_no_waiter(
     assert all(isinstance(o, asyncio.CancelledError) for o in outcomes)
     assert client._settled.waiters == {}
     assert client._settled.listener is None
+
+
+async def test_a_wait_cancelled_as_its_instance_settles_is_cancelled(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The settle notification and the cancellation in one loop iteration: on Python 3.11, asyncio.wait_for
+    # lost the cancellation there, and the cancelled wait read the status again and waited on.
+    instance_id = await engine.client.start("approval")
+    await engine.run_until_idle()
+    reads, waiting = count_status_reads(engine, monkeypatch, waiting_after=2)
+    waiter = asyncio.create_task(engine.client.wait_for(instance_id, timeout=30))
+    await until_waiting(waiting, waiter)
+    engine.client._settled._notified(instance_id)  # as the notification would
+    waiter.cancel()
+    done, _ = await asyncio.wait({waiter}, timeout=20)
+    assert waiter in done and waiter.cancelled(), f"the wait ran on after its cancellation, reading {reads}"
+    assert reads == ["WAITING", "WAITING"]

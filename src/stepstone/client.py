@@ -10,7 +10,6 @@ and messages (`client_messages.MessageOperations`); what they share is `client_b
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, Generic, Self, cast
 
 from typing_extensions import TypeVar
 
+from stepstone._waiting import wait_set
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.client_base import _fingerprint
 from stepstone.client_messages import MessageOperations
@@ -300,8 +300,7 @@ class Client(ScheduleOperations, TaskOperations, MessageOperations, Generic[S_co
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise WaitTimeout(instance_id, status, timeout)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(settled.wait(), min(remaining, self._settled.fallback_seconds))
+                await wait_set(settled, min(remaining, self._settled.fallback_seconds))
         finally:
             self._settled.unwatch(key, settled)
 

@@ -340,3 +340,25 @@ async def test_a_purged_instance_takes_its_external_task_with_it(engine: Engine,
     await engine.move_clock(2 * 86_400)
     assert (await ops.retention_run()).purged == 1
     assert await tasks.list(instance_id=iid) == []
+
+
+async def test_a_long_poll_cancelled_as_it_is_woken_locks_nothing(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The notification and the cancellation in one loop iteration: on Python 3.11, asyncio.wait_for lost the
+    # cancellation there, and the cancelled poll fetched again and locked the task for nobody.
+    tasks = ExternalTasks(engine.store, poll_interval=60)
+
+    async def not_listening() -> None:
+        pass  # only the test wakes the poll
+
+    monkeypatch.setattr(tasks, "_listen", not_listening)
+    fetched = first_fetch(tasks)
+    poll = asyncio.create_task(tasks.fetch_and_lock("w1", ["payments"], timeout=20))
+    await asyncio.wait_for(fetched.wait(), 10)  # its first fetch found nothing: it waits now
+    iid = await _started(engine)
+    tasks._wake()  # as the task's notification would
+    poll.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await poll
+    task = await _one(tasks, "w2")  # not locked by the cancelled poll
+    assert task.instance_id == iid

@@ -60,7 +60,8 @@ class _WorkerProcess:
         if proc.returncode is None:
             proc.send_signal(signal.SIGTERM)
         try:
-            return await asyncio.wait_for(proc.wait(), timeout=20)
+            async with asyncio.timeout(20):  # not wait_for: on 3.11 it can lose a cancellation
+                return await proc.wait()
         except TimeoutError:
             proc.kill()
             return await proc.wait()

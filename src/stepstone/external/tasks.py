@@ -15,7 +15,6 @@ awaited `TaskEnded` (all `TaskLockRefused`, a `Conflict`). Repeating an answer w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from stepstone import cursors
+from stepstone._waiting import wait_set
 from stepstone.config import Settings
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.plan import valid_name
@@ -140,8 +140,7 @@ class ExternalTasks:
                 return tasks
             if closed:
                 continue  # stale tasks took the slots: look again at once
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), min(remaining, self.poll_interval))
+            await wait_set(woken, min(remaining, self.poll_interval))
 
     async def _listen(self) -> None:
         if self._listener is not None and self._listener.alive:

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stepstone._waiting import wait_set
 from stepstone.errors import InvalidInput, StepstoneError, TaskLockRefused
 from stepstone.external.tasks import ExternalTasks, LockedTask
 from stepstone.runtime.handlers import describe_error
@@ -77,8 +78,7 @@ class ExternalWorker:
                 await self.run_once(timeout=self.long_poll, stop=stop)
             except StepstoneError as exc:  # the database is away: try again shortly
                 log.warning("external worker %s: %s; retrying in 1 s", self.worker_id, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), 1.0)
+                await wait_set(stop, 1.0)
 
     async def run_once(self, *, timeout: float = 0.0, stop: asyncio.Event | None = None) -> int:
         """One fetch and the handling of what it locked; returns how many tasks were answered."""

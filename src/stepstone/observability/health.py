@@ -104,9 +104,12 @@ class HealthServer:
         raises as a ValueError (it escaped the callback: no answer, and asyncio's traceback in the log), or
         for more header lines than a probe sends."""
         try:
-            request = await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)
+            async with asyncio.timeout(_READ_TIMEOUT):  # not wait_for: on 3.11 it can lose a cancellation
+                request = await reader.readline()
             for _ in range(_MAX_HEADER_LINES):
-                if (await asyncio.wait_for(reader.readline(), _READ_TIMEOUT)) in (b"\r\n", b"\n", b""):
+                async with asyncio.timeout(_READ_TIMEOUT):
+                    line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
                     break
             else:
                 return [], _TOO_LARGE

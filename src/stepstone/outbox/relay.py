@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from stepstone._waiting import wait_set
 from stepstone.core.bounds import MAX_BATCH, check_count, check_seconds
 from stepstone.core.limits import MAX_INT4
 from stepstone.errors import BrokerMisconfigured, BrokerUnavailable
@@ -261,8 +262,7 @@ class Relay:
                                 type(exc).__name__, exc, delay)
                 if not self._stopping:
                     self._kick.clear()
-                    with contextlib.suppress(TimeoutError):  # notifications do not: the broker is the problem
-                        await asyncio.wait_for(self._kick.wait(), timeout=delay)
+                    await wait_set(self._kick, delay)  # notifications do not: the broker is the problem
                 continue
             if self._claimed_last:
                 quick = False
@@ -270,9 +270,7 @@ class Relay:
             # Nothing claimable. A notification may have named an event whose transaction is not yet
             # below the horizon: look again soon once, then wait for the next one or the poll interval.
             timeout = min(self.config.poll_interval, 0.02) if quick else self.config.poll_interval
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
-            quick = self._wake.is_set()
+            quick = await wait_set(self._wake, timeout)
 
     async def _open_listener(self) -> None:
         try:

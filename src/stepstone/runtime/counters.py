@@ -29,6 +29,7 @@ class Counters:
         waiter = (predicate, future)
         self._waiters.append(waiter)
         try:
-            await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can lose a cancellation
+                await future
         finally:
             self._waiters.remove(waiter)

@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stepstone._waiting import wait_set
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.context import durable
 from stepstone.core.effects import StartChild
@@ -289,8 +290,7 @@ class Worker:
                     upcoming = None
                 if upcoming is not None:
                     delay = min(delay, max(upcoming, 0.001))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            await wait_set(self._wake, delay)
             if not claims:  # coalesce a flood of wake-ups after an empty claim: one claim per interval
                 await asyncio.sleep(last_claim + self.config.min_wake_interval - asyncio.get_running_loop().time())
 

@@ -316,8 +316,9 @@ async def _stream(request: Request, who: Principal, watched: str | None, seen: s
         yield "retry: 3000\n\n"
         while not await request.is_disconnected():
             changed: str | None = None
-            with contextlib.suppress(TimeoutError):
-                changed = await asyncio.wait_for(queue.get(), _LIVE_POLL_SECONDS)
+            with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can lose a cancellation
+                async with asyncio.timeout(_LIVE_POLL_SECONDS):
+                    changed = await queue.get()
             # A token revoked while the page is open ends its stream (one lookup per poll interval at
             # most); the browser's reconnection then meets the sign-in page.
             if loop.time() - checked >= _LIVE_POLL_SECONDS:
