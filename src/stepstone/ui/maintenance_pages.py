@@ -16,7 +16,7 @@ from stepstone.api.auth import ALL_SCOPES, Principal
 from stepstone.api.routes import operator_queries, retention
 from stepstone.errors import InvalidInput
 from stepstone.ops.retention import STATUS_CLASSES
-from stepstone.ui.render import UI_PREFIX, page
+from stepstone.ui.render import UI_PREFIX, page, query_of
 from stepstone.ui.session import posted_form, signed_in
 
 __all__ = ["router"]
@@ -40,7 +40,9 @@ async def _page(request: Request, who: Principal, sweep: dict[str, Any] | None,
 
 @router.get("/maintenance")
 async def maintenance_page(request: Request) -> Response:
-    return await _page(request, await signed_in(request), None)
+    who = await signed_in(request)
+    query_of(request)
+    return await _page(request, who, None)
 
 
 @router.post("/maintenance/retention")

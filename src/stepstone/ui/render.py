@@ -125,13 +125,13 @@ _ON_EVERY_PAGE = ("done", "sig")  # the signed status message a redirect leaves 
 
 
 def query_of(request: Request, *takes: str) -> QueryParams:
-    """The query of a page that filters by `takes`: a parameter it does not take (a misspelled filter,
-    ``?stauts=FAILED``) is refused, 422 on the error page, as the API refuses it, rather than ignored,
-    which listed everything."""
+    """The query of a page that takes the parameters `takes` (none: a page without filters). A parameter
+    it does not take (a misspelled filter, ``?stauts=FAILED``) is refused, 422 on the error page, as the
+    API refuses it, rather than ignored, which listed everything. Every GET page calls it."""
     unknown = sorted({k for k in request.query_params if k not in takes and k not in _ON_EVERY_PAGE})
     if unknown:
         raise InvalidInput(f"{', '.join(unknown)}: not a parameter of this page (it takes: "
-                           f"{', '.join(sorted(takes))})", what=unknown[0])
+                           f"{', '.join(sorted(takes)) or 'none'})", what=unknown[0])
     return request.query_params
 
 

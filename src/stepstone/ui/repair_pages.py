@@ -13,7 +13,7 @@ from stepstone.api.auth import Principal
 from stepstone.api.context import context_of
 from stepstone.api.routes.instance_actions import migrate, replay
 from stepstone.core.limits import MAX_INT4
-from stepstone.ui.render import UI_PREFIX, page
+from stepstone.ui.render import UI_PREFIX, page, query_of
 from stepstone.ui.session import back, form_number, posted_form, signed_in
 
 __all__ = ["router"]
@@ -39,7 +39,9 @@ async def _repair_page(request: Request, who: Principal, instance_id: str, **val
 
 @router.get("/instances/{instance_id}/repair")
 async def repair_page(request: Request, instance_id: str) -> Response:
-    return await _repair_page(request, await signed_in(request), instance_id)
+    who = await signed_in(request)
+    query_of(request)
+    return await _repair_page(request, who, instance_id)
 
 
 @router.post("/instances/{instance_id}/replay")

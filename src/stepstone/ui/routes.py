@@ -48,6 +48,7 @@ STRANDED_WITHIN = 300.0
 
 @router.get("/login")
 async def login_page(request: Request) -> Response:
+    query_of(request)
     return page(request, "login.html", None)
 
 
@@ -112,8 +113,8 @@ def _statuses(given: list[str]) -> list[str]:
 async def instance_page(request: Request, instance_id: str) -> Response:
     who = await signed_in(request)
     ctx = context_of(request)
+    failed_only = query_of(request, "failed").get("failed") == "1"
     info = await ops.instance(ctx, who, instance_id)
-    failed_only = request.query_params.get("failed") == "1"
     everything = await ctx.management.history_page(instance_id, after=0, limit=_HISTORY_ON_PAGE + 1,
                                                    failed_only=False)
     # Failures only: the store's, as the API's failed_only, not those of the entries read for the graph.
@@ -160,6 +161,7 @@ _ACTIONS = {
 @router.get("/instances/{instance_id}/confirm/{action}")
 async def confirm_page(request: Request, instance_id: str, action: str) -> Response:
     who = await signed_in(request)
+    query_of(request)
     if action not in _ACTIONS:
         raise InvalidInput(f"no action {action!r}", what="action")
     info = await ops.instance(context_of(request), who, instance_id)
@@ -195,6 +197,7 @@ async def cancel(request: Request, instance_id: str) -> Response:
 @router.get("/instances/{instance_id}/signal")
 async def signal_page(request: Request, instance_id: str) -> Response:
     who = await signed_in(request)
+    query_of(request)
     info = await ops.instance(context_of(request), who, instance_id)
     return _signal_form(request, who, info, "", "", None)
 
@@ -229,8 +232,8 @@ async def send_signal(request: Request, instance_id: str) -> Response:
 @router.get("/definitions")
 async def definitions_page(request: Request) -> Response:
     who = await signed_in(request)
-    listing = await ops.definitions(context_of(request), who, cursor=request.query_params.get("cursor") or None,
-                                    limit=100)
+    cursor = query_of(request, "cursor").get("cursor") or None
+    listing = await ops.definitions(context_of(request), who, cursor=cursor, limit=100)
     stranded = await ops.stranded(context_of(request), who, STRANDED_WITHIN)
     return page(request, "definitions.html", who, nav="definitions", plan=None, stranded=stranded,
                 stranded_within=int(STRANDED_WITHIN), **listing)
@@ -239,6 +242,7 @@ async def definitions_page(request: Request) -> Response:
 @router.get("/definitions/{scope}/{definition_id}/{version}")
 async def definition_page(request: Request, scope: str, definition_id: str, version: int) -> Response:
     who = await signed_in(request)
+    query_of(request)
     found = await ops.definition_plan(context_of(request), who, scope, definition_id, version)
     svg = render_svg(diagram(found["plan"], [], []), title=f"{definition_id} v{version}")
     return page(request, "definitions.html", who, nav="definitions", plan=found, svg=svg)
@@ -250,6 +254,7 @@ async def definition_page(request: Request, scope: str, definition_id: str, vers
 @router.get("/outbox")
 async def outbox_page(request: Request) -> Response:
     who = await signed_in(request)
+    query_of(request)
     ctx = context_of(request)
     if ctx.outbox is None or not who.can("viewer", "*"):
         return page(request, "outbox.html", who, nav="outbox", forbidden=True)
@@ -279,13 +284,14 @@ async def events(request: Request) -> Response:
     an instance page also when its status or update time moves (checked every 2 s as a fallback)."""
     who = await signed_in(request)
     ctx = context_of(request)
-    watched = request.query_params.get("instance")
+    q = query_of(request, "instance", "stamp")
+    watched = q.get("instance")
     if watched:
         await visible_instance(ctx, who, watched)  # (InstanceNotFound for a text that spells no id)
         # Any spelling of the id finds the instance (upper case, no hyphens); a notification carries the
         # database's, which must match the watched id for the stream to hear it.
         watched = str(uuid.UUID(watched))
-    return StreamingResponse(_stream(request, who, watched, request.query_params.get("stamp")),
+    return StreamingResponse(_stream(request, who, watched, q.get("stamp")),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 

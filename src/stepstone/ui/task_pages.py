@@ -50,7 +50,9 @@ async def _task_page(request: Request, who: Principal, task_id: str, *, error: s
 
 @router.get("/tasks/{task_id}")
 async def task_page(request: Request, task_id: str) -> Response:
-    return await _task_page(request, await signed_in(request), task_id)
+    who = await signed_in(request)
+    query_of(request)
+    return await _task_page(request, who, task_id)
 
 
 @router.post("/tasks/{task_id}/complete")
