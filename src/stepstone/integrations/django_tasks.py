@@ -184,6 +184,18 @@ def stepstone_database() -> Settings:
     return Settings(database_url=target[0], schema=target[1], sources={"database_url": source, "schema": source})
 
 
+class _Shared:
+    """A client the backends of one database and schema share, and how many of them hold it."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.holders = 0
+
+
+_shared: dict[tuple[str, str], _Shared] = {}
+_shared_lock = threading.Lock()
+
+
 class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
     """Django tasks as stepstone instances: durable, retried on a crash, run by any `stepstone worker`."""
 
@@ -194,24 +206,36 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
-        self._client: Any = None
-        self._lock = threading.Lock()
+        self._held: tuple[str, str] | None = None  # the target of the shared client this backend holds
 
     def client(self) -> Any:
-        """The backend's blocking client (opened on first use, on the Django database unless configured)."""
-        from stepstone._sync_client import SyncClient  # noqa: PLC0415
+        """The blocking client of the backend's database (opened on first use, on the Django database unless
+        configured). Django keeps a backend per thread; the backends of one database and schema share one
+        client (one loop thread, one pool), which a SyncClient allows: each call waits for its own task."""
+        with _shared_lock:
+            target = self._held or _target(self.options)
+            shared = _shared.get(target)
+            if shared is None:
+                from stepstone._sync_client import SyncClient  # noqa: PLC0415
 
-        with self._lock:
-            if self._client is None:
-                url, schema = _target(self.options)
-                self._client = SyncClient(url, schema=schema, registry=registry)
-            return self._client
+                shared = _shared[target] = _Shared(SyncClient(target[0], schema=target[1], registry=registry))
+            if self._held is None:
+                self._held = target
+                shared.holders += 1
+            return shared.client
 
     def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
+        """Let go of the shared client; the last backend holding it closes it."""
+        with _shared_lock:
+            target, self._held = self._held, None
+            shared = _shared.get(target) if target is not None else None
+            if target is None or shared is None:
+                return
+            shared.holders -= 1
+            if shared.holders > 0:
+                return
+            del _shared[target]
+        shared.client.close()
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)

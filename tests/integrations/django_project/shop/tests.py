@@ -5,6 +5,7 @@ import asyncio
 import importlib
 import os
 import subprocess
+import threading
 from datetime import timedelta
 
 from django.db import connection, transaction
@@ -12,10 +13,10 @@ from django.test import TransactionTestCase
 from django.utils import timezone
 
 try:
-    from django.tasks import default_task_backend
+    from django.tasks import default_task_backend, task_backends
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 except ImportError:
-    from django_tasks import default_task_backend
+    from django_tasks import default_task_backend, task_backends
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
     from django_tasks.exceptions import TaskResultDoesNotExist
 
@@ -121,3 +122,33 @@ class StepstoneTasks(TransactionTestCase):
         run_worker(advance=timedelta(hours=2))
         result.refresh()
         self.assertEqual(result.return_value, 8)
+
+    def test_threads_share_one_client(self):
+        """Django keeps a backend per thread, and each opened a client of its own (a loop thread and a pool)."""
+        shared = default_task_backend.client()
+        found, errors = {}, []
+
+        def enqueue(name, n):
+            try:
+                backend = task_backends["default"]  # this thread's own
+                found[name] = (backend, backend.client(), add.enqueue(n, n))
+                backend.close()  # this thread's hold: the client stays open for the others
+            except Exception as exc:  # noqa: BLE001 - reported by the test below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=enqueue, args=(name, n)) for n, name in enumerate("ab", start=1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(errors, [])
+        (backend_a, client_a, result_a), (backend_b, client_b, result_b) = found["a"], found["b"]
+        self.assertIsNot(backend_a, backend_b)
+        self.assertIs(client_a, shared)
+        self.assertIs(client_b, shared)
+        run_worker()
+        result_a.refresh()
+        result_b.refresh()
+        self.assertEqual((result_a.return_value, result_b.return_value), (2, 4))
