@@ -18,8 +18,10 @@ from mypy import api as mypy_api
 
 from stepstone import SyncClient, Worker, WorkerConfig, _gen_sync, _sync_client
 from stepstone.client import Client
+from stepstone.config import DEFAULT_SCHEMA
 from stepstone.errors import ClientClosed, InvalidInput
 from tests import cli_apps
+from tests._pg import until_shown
 
 
 def public_coroutines() -> list[str]:
@@ -189,3 +191,40 @@ def _no_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "coroutine ... was never awaited" would fail the test
         yield
+
+
+async def _until_waiting_for_a_lock(database_url: str, pid: int) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await until_shown(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid,
+                          failure="the start in the caller's transaction never waited for the lock")
+    finally:
+        await conn.close()
+
+
+def test_a_sync_connections_statement_holds_up_no_other_threads_call(database_url: str) -> None:
+    """A start in the caller's transaction on a sync connection (the Django backend's enqueue inside atomic())
+    ran its statement on the client's loop thread: while it waited for a lock, every other thread's call
+    through the same client waited as long."""
+    psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is in the test extra")
+    with (SyncClient(database_url, registry=cli_apps.registry) as client,
+          psycopg.connect(database_url, autocommit=True) as blocker, psycopg.connect(database_url) as caller):
+        known = client.start("approval")
+        started: list[str] = []
+        read: list[str] = []
+
+        def start_in_the_callers_transaction() -> None:
+            with caller.transaction():
+                started.append(client.start("approval", connection=caller))
+
+        starting = threading.Thread(target=start_in_the_callers_transaction)
+        other = threading.Thread(target=lambda: read.append(client.get(known).id))
+        with blocker.transaction():
+            blocker.execute(f"LOCK TABLE {DEFAULT_SCHEMA}.instances IN SHARE MODE")  # the start's insert waits
+            starting.start()
+            asyncio.run(_until_waiting_for_a_lock(database_url, caller.info.backend_pid))
+            other.start()
+            other.join(timeout=20)
+            assert read == [known], "another thread's call waited for the start's lock"
+        starting.join(timeout=20)
+        assert len(started) == 1 and client.get(started[0]).id == started[0]

@@ -16,10 +16,12 @@ is an answer of the statement, not an error, so the caller's transaction stays u
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any, Protocol, runtime_checkable
 
+from stepstone._sync_loop import on_sync_loop
 from stepstone.errors import InvalidInput, OpenSignalLimit, SchemaNotReady, Unavailable
 from stepstone.store.outcomes import signal_command_id, start_result
 from stepstone.store.port import NewInstance
@@ -84,30 +86,46 @@ async def _fetched(connection: Any, sql: str, args: list[str | None]) -> list[di
     driver = driver_of(connection)
     if driver == "asyncpg":
         return [dict(r) for r in await connection.fetch(sql, *args)]
-    if driver.startswith("psycopg"):
-        text = _PARAM.sub("%s", sql.replace("%", "%%"))
+    if driver == "psycopg":
         cursor = connection.cursor()
         try:
-            if driver == "psycopg":
-                await cursor.execute(text, args)
-                fetched = await cursor.fetchall()
-            else:
-                cursor.execute(text, args)
-                fetched = cursor.fetchall()
+            await cursor.execute(_psycopg_text(sql), args)
+            fetched = await cursor.fetchall()
             names = [d.name for d in cursor.description or ()]
         finally:
-            closing = cursor.close()
-            if driver == "psycopg":
-                await closing
+            await cursor.close()
         return [dict(zip(names, row, strict=True)) for row in fetched]
+    if driver == "sqlalchemy":
+        result = await connection.execute(*_sqlalchemy_statement(sql, args))
+        return [dict(row) for row in result.mappings().all()]
+    if on_sync_loop():
+        # A SyncClient's loop thread serves every thread that shares the client: a sync connection's statement
+        # (and any lock it waits on) would stall all their calls. Its caller's thread waits for this call, so
+        # the connection is still used by one thread at a time.
+        return await asyncio.to_thread(_fetched_sync, connection, driver, sql, args)
+    return _fetched_sync(connection, driver, sql, args)
+
+
+def _fetched_sync(connection: Any, driver: str, sql: str, args: list[str | None]) -> list[dict[str, Any]]:
+    if driver == "psycopg-sync":
+        with connection.cursor() as cursor:
+            cursor.execute(_psycopg_text(sql), args)
+            fetched = cursor.fetchall()
+            names = [d.name for d in cursor.description or ()]
+        return [dict(zip(names, row, strict=True)) for row in fetched]
+    result = connection.execute(*_sqlalchemy_statement(sql, args))
+    return [dict(row) for row in result.mappings().all()]
+
+
+def _psycopg_text(sql: str) -> str:
+    return _PARAM.sub("%s", sql.replace("%", "%%"))
+
+
+def _sqlalchemy_statement(sql: str, args: list[str | None]) -> tuple[Any, dict[str, str | None]]:
     from sqlalchemy import text as sql_text  # noqa: PLC0415 - only callers that pass SQLAlchemy objects have it
 
-    statement = sql_text(_PARAM.sub(lambda m: f":p{m.group(1)}", sql))
     params = {f"p{n}": value for n, value in enumerate(args, start=1)}
-    result = connection.execute(statement, params)
-    if driver == "sqlalchemy":
-        result = await result
-    return [dict(row) for row in result.mappings().all()]
+    return sql_text(_PARAM.sub(lambda m: f":p{m.group(1)}", sql)), params
 
 
 def _text(value: Any) -> str | None:
