@@ -37,6 +37,22 @@ async def took(ctx: StepContext, state: dict[str, Any]) -> str:
     return "await_m" if len(state["got"]) < state.get("rounds", 1) else END
 
 
+async def _second_waits_while_first_skips(engine: Any, key: str, n: int) -> tuple[str, str, asyncio.Future[None]]:
+    """A message buffered for `key` taken by the first instance's wait, which a skip queued before it wins:
+    the skip's step runs (held at `gate[key]`) with the message's command behind it, while a second instance
+    enters its wait of the key and finds nothing buffered. Returns both ids and the first's run."""
+    c = engine.client
+    assert (await c.publish_message("m", key, {"n": n}, ttl=600)).outcome == "buffered"
+    first = await c.start(looped, {"k": key})
+    await c.signal(first, "skip", {"n": 0})
+    running = asyncio.ensure_future(engine.run_until_idle())
+    await gate[key][0].wait()  # `took` runs for the skip; the message's command waits behind it
+    second = await c.start(looped, {"k": key})
+    await engine.new_worker(concurrency=2).run_until_idle()  # the second enters its wait meanwhile
+    assert (await c.get(second)).status == "WAITING"
+    return first, second, running
+
+
 async def test_a_buffered_message_a_signal_beat_reaches_the_next_wait(
     database_url: str, conn: asyncpg.Connection,
 ) -> None:
@@ -74,18 +90,11 @@ async def test_a_buffered_message_a_signal_beat_reaches_the_next_wait(
 async def test_a_returned_message_goes_to_a_wait_already_open(database_url: str, conn: asyncpg.Connection) -> None:
     """A wait of the key that opened while the message was on its way to the first (and so found nothing
     buffered) gets it when the first's wait turns out to be left, as the oldest open subscription."""
-    began, go_on = gate["k-open"] = asyncio.Event(), asyncio.Event()
+    gate["k-open"] = asyncio.Event(), (go_on := asyncio.Event())
     try:
         async with open_engine(database_url, Registry(looped), concurrency=4) as engine:
             c = engine.client
-            assert (await c.publish_message("m", "k-open", {"n": 7}, ttl=600)).outcome == "buffered"
-            first = await c.start(looped, {"k": "k-open"})
-            await c.signal(first, "skip", {"n": 0})
-            running = asyncio.ensure_future(engine.run_until_idle())
-            await began.wait()  # `took` runs for the skip; the message's command waits behind it
-            second = await c.start(looped, {"k": "k-open"})
-            await engine.new_worker(concurrency=2).run_until_idle()  # the second enters its wait meanwhile
-            assert (await c.get(second)).status == "WAITING"
+            first, second, running = await _second_waits_while_first_skips(engine, "k-open", 7)
             go_on.set()
             await running
             await engine.run_until_idle()
@@ -134,3 +143,36 @@ async def test_a_message_whose_ttl_passed_on_its_way_expires(database_url: str, 
             assert (await c.get(late)).status == "WAITING"
     finally:
         gate.pop("k-gone", None)
+
+
+async def test_a_returned_message_reaches_an_open_wait_whose_instance_is_busy(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """The oldest open wait of the key is on an instance whose row another transaction holds while the
+    message is handed on (its commit, a signal, a publish). Passed over, the message went back to the
+    buffer, and that wait, already open, never looked there again: it waited with its message buffered.
+    Now it is delivered to that wait without the instance's row, which the holder never waits for."""
+    gate["k-busy"] = asyncio.Event(), (go_on := asyncio.Event())
+    try:
+        async with open_engine(database_url, Registry(looped), concurrency=4) as engine:
+            c = engine.client
+            first, second, running = await _second_waits_while_first_skips(engine, "k-busy", 5)
+            holder = await asyncpg.connect(database_url)
+            try:
+                async with holder.transaction():
+                    await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1::uuid FOR UPDATE", second)
+                    go_on.set()
+                    # The first ends; its message's command is rejected and handed on in that commit. (The
+                    # second's commit taking it waits for this transaction: not awaited here.)
+                    assert (await c.wait_for(first)).status == "COMPLETED"
+                    row = await conn.fetchrow("SELECT status, deliveries FROM stepstone.messages")
+                    assert row["status"] == "DELIVERED", row
+            finally:
+                await holder.close()
+            await running
+            await engine.run_until_idle()
+            assert (await c.get(first)).state["got"] == [["skip", 0]]
+            info = await c.get(second)
+            assert (info.status, info.state["got"]) == ("COMPLETED", [["m", 5]]), info
+    finally:
+        gate.pop("k-busy", None)

@@ -2284,6 +2284,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_cap integer;
 BEGIN
+    -- A buffered message handed on to a wait whose instance's row another transaction holds (version 77):
+    -- that transaction may hold the position's timers and want the key's lock the hand-on holds, so this
+    -- one moves nothing and waits for nothing (the claim still checks the head of the queue).
+    IF NEW.kind = 'MESSAGE' AND NEW.payload ? 'instance_busy' THEN
+        RETURN NEW;
+    END IF;
     IF NEW.kind <> 'TASK_COMPLETION' AND NOT (NEW.kind = 'MESSAGE' AND NEW.payload ? 'buffered') THEN
         v_cap := {{schema}}.max_open_signals();
         IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
@@ -5284,6 +5290,7 @@ DECLARE
     v_key text := p_old.payload->>'correlation_key';
     v_msg {{schema}}.messages%ROWTYPE;
     v_cmd bigint;
+    v_busy boolean;
     s record;
 BEGIN
     PERFORM {{schema}}.lock_correlation(p_old.name, v_key);
@@ -5304,16 +5311,26 @@ BEGIN
     FOR s IN SELECT x.id, x.instance_id, x.position, x.visit, x.step FROM {{schema}}.subscriptions x
              WHERE x.name = p_old.name AND x.correlation_key = v_key AND x.status = 'OPEN'
              ORDER BY x.created_at, x.id LOOP
+        -- Its instance's row NOWAIT: the commit handing the message on never waits on another instance. A busy
+        -- one (its row held: its commit, a signal, a publish) is not passed over: an open wait does not look
+        -- in the buffer again. It is given the message without its row (version 77), the command marked
+        -- `instance_busy` so that recording it waits for nothing of that instance's.
+        v_busy := false;
         BEGIN
             PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
         EXCEPTION WHEN lock_not_available THEN
-            CONTINUE;  -- committing: passed over (its commit may be leaving the wait)
+            v_busy := true;
         END;
-        CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
+        IF v_busy THEN
+            CONTINUE WHEN NOT {{schema}}.subscription_takes_unlocked(s.id);
+        ELSE
+            CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
+        END IF;
         v_cmd := {{schema}}.deliver_to_subscription(
             s.instance_id, s.position, s.visit, s.step, p_old.name,
             jsonb_build_object('payload', p_old.payload->'payload', 'message_id', v_msg.message_id,
-                               'correlation_key', v_key, 'buffered', true), v_msg.id, v_now);
+                               'correlation_key', v_key, 'buffered', true)
+            || CASE WHEN v_busy THEN '{"instance_busy": true}'::jsonb ELSE '{}'::jsonb END, v_msg.id, v_now);
         UPDATE {{schema}}.messages m SET delivered_at = v_now,
             deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                               'command_id', v_cmd))
@@ -5379,4 +5396,39 @@ BEGIN
         UNION
         SELECT k FROM unnest({{schema}}.ready_definitions()) AS r(k)
         WHERE strpos(k, '@') > 0 AND split_part(k, '@', 1) = ANY (p_served));
+END $$;
+
+-- ==== version 77 (migration 0077_returned_messages_reach_busy_waits) ====
+-- return_buffered_message (in the version 74 section) gives a message to the oldest open wait of its name and
+-- key even when that wait's instance is busy, without its row, and command_recorded (in the version 7 section)
+-- records such a command (`instance_busy`) without moving or waiting for anything; why: the migration's header.
+-- Whether the open subscription p_sub takes a message now when its instance's row is held by another
+-- transaction (return_buffered_message; the caller holds the key's lock): the open subscriptions of its
+-- wait locked NOWAIT, and its wait open as last committed. One of them held means that wait is being closed
+-- or given another message (a publish of another of its names, the instance's commit entering its next wait
+-- or cancelling it): the answer is false, and nothing waits. The holder may be leaving the wait as it is
+-- read (a signal applied, its timeout): the message's command then finds the wait left and goes on again
+-- (STALE, MESSAGE_RETURNED). A stale subscription is left open here (it is closed under the instance's row).
+CREATE FUNCTION {{schema}}.subscription_takes_unlocked(p_sub bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+BEGIN
+    SELECT x.instance_id, x.position, x.visit INTO s FROM {{schema}}.subscriptions x
+    WHERE x.id = p_sub AND x.status = 'OPEN';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM 1 FROM {{schema}}.subscriptions x
+        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN'
+        ORDER BY x.id FOR UPDATE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN EXISTS (SELECT 1 FROM {{schema}}.subscriptions x
+                   JOIN {{schema}}.positions p ON p.instance_id = x.instance_id AND p.path = x.position
+                                              AND p.visit = x.visit AND p.status = 'WAITING'
+                   JOIN {{schema}}.instances i ON i.id = x.instance_id
+                   WHERE x.id = p_sub AND x.status = 'OPEN' AND i.status NOT IN ('COMPLETED', 'CANCELLED'));
 END $$;

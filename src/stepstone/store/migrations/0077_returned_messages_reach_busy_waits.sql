@@ -1,0 +1,158 @@
+-- A message handed on (migration 0074) passed over an open wait whose instance was busy, and stayed buffered
+-- while that wait waited.
+--
+-- return_buffered_message hands a buffered message that a wait took and never applied to the oldest open
+-- wait of its name and key, each wait's instance row taken NOWAIT so that the commit handing it on never
+-- waits on another instance (that instance's commit may hold its row and want the key's lock the hand-on
+-- holds). A busy one (its row held by its own commit, a signal, a publish, a task operation) was passed over
+-- for the next open wait, else the message went back to the buffer. But a wait already open does not look in
+-- the buffer again: only the commit entering a wait does. When the busy transaction left that wait open (a
+-- signal parked, another branch's commit, a publish to another of its waits) the wait went on waiting with
+-- its message buffered beside it, until the message expired (tests/engine/test_buffered_messages.py: the
+-- second instance's row held in another connection while the first's commit hands the message on; the
+-- message was BUFFERED with the second's wait open).
+--
+-- Now a busy instance's open wait is given the message without the instance's row. What serializes with it
+-- instead is the subscription rows of that wait, taken NOWAIT (subscription_takes_unlocked): whatever closes
+-- a subscription or delivers to its wait takes them (a publish, under its own key's lock; the instance's
+-- commit entering its next wait or cancelling it), so one of them held means the wait is being closed or
+-- given another message, and it is passed over as before. Its wait is read as last committed: when the busy
+-- transaction is leaving it meanwhile (a signal applied, its timeout fired), the message's command, marked
+-- `buffered` as every handed-on one is, finds the wait left and goes on again (STALE, MESSAGE_RETURNED);
+-- when it is ending the instance, the command is rejected at its claim (INSTANCE_ENDED) and goes on. The
+-- command is also marked `instance_busy`: recording it (command_recorded) neither moves the position's
+-- pending timeout behind it nor waits off the ready walk, since those timer rows may be the busy
+-- transaction's, which may want the key. So such a message does not hold that wait's timeout back: a timeout
+-- that fires first leaves the wait, and the message goes on to the next.
+-- Nothing here waits for a lock; a transaction closing the wait's subscriptions waits for the hand-on's
+-- commit instead (the hand-on holds them, never the other way round).
+-- Expand only: a new function; return_buffered_message and command_recorded replaced with the same
+-- signatures.
+-- Whether the open subscription p_sub takes a message now when its instance's row is held by another
+-- transaction (return_buffered_message; the caller holds the key's lock): the open subscriptions of its
+-- wait locked NOWAIT, and its wait open as last committed. One of them held means that wait is being closed
+-- or given another message (a publish of another of its names, the instance's commit entering its next wait
+-- or cancelling it): the answer is false, and nothing waits. The holder may be leaving the wait as it is
+-- read (a signal applied, its timeout): the message's command then finds the wait left and goes on again
+-- (STALE, MESSAGE_RETURNED). A stale subscription is left open here (it is closed under the instance's row).
+CREATE FUNCTION {{schema}}.subscription_takes_unlocked(p_sub bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+BEGIN
+    SELECT x.instance_id, x.position, x.visit INTO s FROM {{schema}}.subscriptions x
+    WHERE x.id = p_sub AND x.status = 'OPEN';
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM 1 FROM {{schema}}.subscriptions x
+        WHERE x.instance_id = s.instance_id AND x.position = s.position AND x.visit = s.visit AND x.status = 'OPEN'
+        ORDER BY x.id FOR UPDATE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
+        RETURN false;
+    END;
+    RETURN EXISTS (SELECT 1 FROM {{schema}}.subscriptions x
+                   JOIN {{schema}}.positions p ON p.instance_id = x.instance_id AND p.path = x.position
+                                              AND p.visit = x.visit AND p.status = 'WAITING'
+                   JOIN {{schema}}.instances i ON i.id = x.instance_id
+                   WHERE x.id = p_sub AND x.status = 'OPEN' AND i.status NOT IN ('COMPLETED', 'CANCELLED'));
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.return_buffered_message(p_old {{schema}}.commands) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+    v_key text := p_old.payload->>'correlation_key';
+    v_msg {{schema}}.messages%ROWTYPE;
+    v_cmd bigint;
+    v_busy boolean;
+    s record;
+BEGIN
+    PERFORM {{schema}}.lock_correlation(p_old.name, v_key);
+    SELECT m.* INTO v_msg FROM {{schema}}.messages m
+    WHERE m.id = (SELECT x.message FROM {{schema}}.subscriptions x
+                  WHERE x.instance_id = p_old.instance_id AND x.position = p_old.position AND x.visit = p_old.visit
+                    AND x.name = p_old.name AND x.status = 'CORRELATED' AND x.message IS NOT NULL
+                  ORDER BY x.id DESC LIMIT 1)
+      AND m.status = 'DELIVERED'
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;  -- its row is gone (purged): nothing to hand on
+    END IF;
+    IF v_msg.expires_at IS NULL OR v_msg.expires_at <= v_now THEN
+        UPDATE {{schema}}.messages m SET status = 'EXPIRED' WHERE m.id = v_msg.id;
+        RETURN;
+    END IF;
+    FOR s IN SELECT x.id, x.instance_id, x.position, x.visit, x.step FROM {{schema}}.subscriptions x
+             WHERE x.name = p_old.name AND x.correlation_key = v_key AND x.status = 'OPEN'
+             ORDER BY x.created_at, x.id LOOP
+        -- Its instance's row NOWAIT: the commit handing the message on never waits on another instance. A busy
+        -- one (its row held: its commit, a signal, a publish) is not passed over: an open wait does not look
+        -- in the buffer again. It is given the message without its row (version 77), the command marked
+        -- `instance_busy` so that recording it waits for nothing of that instance's.
+        v_busy := false;
+        BEGIN
+            PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
+        EXCEPTION WHEN lock_not_available THEN
+            v_busy := true;
+        END;
+        IF v_busy THEN
+            CONTINUE WHEN NOT {{schema}}.subscription_takes_unlocked(s.id);
+        ELSE
+            CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
+        END IF;
+        v_cmd := {{schema}}.deliver_to_subscription(
+            s.instance_id, s.position, s.visit, s.step, p_old.name,
+            jsonb_build_object('payload', p_old.payload->'payload', 'message_id', v_msg.message_id,
+                               'correlation_key', v_key, 'buffered', true)
+            || CASE WHEN v_busy THEN '{"instance_busy": true}'::jsonb ELSE '{}'::jsonb END, v_msg.id, v_now);
+        UPDATE {{schema}}.messages m SET delivered_at = v_now,
+            deliveries = jsonb_build_array(jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
+                                                              'command_id', v_cmd))
+        WHERE m.id = v_msg.id;
+        RETURN;
+    END LOOP;
+    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = p_old.payload->'payload', deliveries = '[]',
+        delivered_at = NULL
+    WHERE m.id = v_msg.id;
+    RETURN;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.command_recorded() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cap integer;
+BEGIN
+    -- A buffered message handed on to a wait whose instance's row another transaction holds (version 77):
+    -- that transaction may hold the position's timers and want the key's lock the hand-on holds, so this
+    -- one moves nothing and waits for nothing (the claim still checks the head of the queue).
+    IF NEW.kind = 'MESSAGE' AND NEW.payload ? 'instance_busy' THEN
+        RETURN NEW;
+    END IF;
+    IF NEW.kind <> 'TASK_COMPLETION' AND NOT (NEW.kind = 'MESSAGE' AND NEW.payload ? 'buffered') THEN
+        v_cap := {{schema}}.max_open_signals();
+        IF (SELECT count(*) FROM (SELECT 1 FROM {{schema}}.commands c
+                                  WHERE c.instance_id = NEW.instance_id AND c.kind IN ('SIGNAL', 'MESSAGE')
+                                    AND c.state IN ('PENDING', 'DEFERRED', 'PARKED')
+                                  LIMIT v_cap) AS open_ones) >= v_cap THEN
+            RAISE EXCEPTION 'stepstone: instance % holds % open signals and messages, the most it may',
+                NEW.instance_id, v_cap USING ERRCODE = 'SC429', DETAIL = v_cap::text;
+        END IF;
+    END IF;
+    UPDATE {{schema}}.commands c SET seq = nextval('{{schema}}.command_seq')
+    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                   WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position AND x.kind = 'TIMER'
+                     -- the queue index, by instance and position (migration 0028)
+                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (x.state IN ('PENDING', 'DEFERRED')) IS TRUE AND x.seq < NEW.seq
+                     AND (NEW.kind = 'TASK_COMPLETION' OR (x.name = 'timeout' AND x.available_at > NEW.created_at))
+                   ORDER BY x.id FOR UPDATE);
+    IF EXISTS (SELECT 1 FROM {{schema}}.commands x
+               WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position
+                 -- the queue index, by instance and position (migration 0028)
+                 AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.seq < NEW.seq
+                 AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION')) THEN
+        NEW.available_at := NEW.available_at + interval '1 minute';
+    END IF;
+    RETURN NEW;
+END $$;
