@@ -99,6 +99,23 @@ async def test_a_ttl_under_a_microsecond_is_refused(engine: Engine, conn: asyncp
     assert (await engine.client.publish_message("receipt_received", "o-tiny", {"n": 2}, ttl=0)).outcome == "dropped"
 
 
+async def test_the_database_refuses_a_ttl_under_a_microsecond_too(engine: Engine, conn: asyncpg.Connection) -> None:
+    """Only the client refused it: the store's publish, and the SQL function the caller's transaction
+    calls, buffered it with an expires_at no later than the publish. Both refuse it (InvalidInput), and
+    the caller's transaction stays usable."""
+    store = engine.client.store
+    with pytest.raises(InvalidInput, match="under a microsecond"):
+        await store.publish_message("receipt_received", "o-tiny", {"n": 1}, message_id=None, ttl=1e-7,
+                                    correlate_all=False, fingerprint="f")
+    async with conn.transaction():
+        with pytest.raises(InvalidInput, match="under a microsecond"):
+            await engine.client._caller_transaction(conn).publish_in(
+                conn, "receipt_received", "o-tiny", {"n": 2}, message_id=None, ttl=9.99e-7, correlate_all=False,
+                fingerprint="f")
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.messages") == 0  # still usable
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.messages") == 0
+
+
 async def test_the_oldest_subscription_wins_and_correlate_all_reaches_every_one(engine: Engine) -> None:
     older = await _waiting(engine, "shared")
     newer = await _waiting(engine, "shared")

@@ -2197,6 +2197,12 @@ DECLARE
     v_cmd bigint;
     s record;
 BEGIN
+    -- A ttl under a microsecond, the least the database keeps, buffered the message until the publish's own
+    -- instant: answered buffered, taken by no wait (migration 0078; the client refuses it first).
+    IF p_ttl > 0 AND p_ttl < 1e-6 THEN
+        RAISE EXCEPTION 'stepstone: ttl % is under a microsecond, the least a message is buffered for; give 0 (or none) to have it dropped when no wait is open', p_ttl
+            USING ERRCODE = 'SSM01';
+    END IF;
     -- A message id names one message whatever its name and key: two publishes of one id wait for each
     -- other here, so the second finds the first's row (duplicate or conflict) instead of failing on the
     -- unique index once the first commits (migration 0068).
@@ -3799,6 +3805,11 @@ BEGIN
                 GET STACKED DIAGNOSTICS v_detail = MESSAGE_TEXT, v_cap = PG_EXCEPTION_DETAIL;
                 RETURN QUERY SELECT 'limit'::text, '[]'::jsonb, NULL::timestamptz, 'LIMIT'::text, v_detail,
                                     v_cap::integer;
+                RETURN;
+            WHEN SQLSTATE 'SSM01' THEN  -- a ttl under a microsecond (migration 0078)
+                GET STACKED DIAGNOSTICS v_detail = MESSAGE_TEXT;
+                RETURN QUERY SELECT 'invalid'::text, '[]'::jsonb, NULL::timestamptz, 'INVALID'::text, v_detail,
+                                    NULL::integer;
                 RETURN;
         END;
     END LOOP;
@@ -5432,3 +5443,8 @@ BEGIN
                    JOIN {{schema}}.instances i ON i.id = x.instance_id
                    WHERE x.id = p_sub AND x.status = 'OPEN' AND i.status NOT IN ('COMPLETED', 'CANCELLED'));
 END $$;
+
+-- ==== version 78 (migration 0078_ttl_under_a_microsecond_refused) ====
+-- publish_message (in the version 7 section) refuses a ttl under a microsecond (SQLSTATE SSM01), and
+-- publish_in_caller_transaction (in the version 18 section) answers it `invalid`, the caller's transaction
+-- still usable; why: the migration's header.
