@@ -4,12 +4,18 @@ name and key, against real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import asyncpg
+import pytest
 
 from stepstone.authoring.workflow import END, Registry, StepContext, Workflow
+from stepstone.core.model import Decision
+from stepstone.core.transitions import apply
+from stepstone.store.port import CommitRequest
 from stepstone.testing import open_engine
+from tests.engine.crossed_groups import commit_crossed
 
 # A wait taking message `m` by the key `k`, or the signal `skip`; `took` records what came and goes back to
 # the wait while `rounds` asks for more. On a skip for a key in `gate`, `took` says it began (the first
@@ -176,3 +182,52 @@ async def test_a_returned_message_reaches_an_open_wait_whose_instance_is_busy(
             assert (info.status, info.state["got"]) == ("COMPLETED", [["m", 5]]), info
     finally:
         gate.pop("k-busy", None)
+
+
+# A wait that a signal leaves for another wait, each step a pure decision (no handler), so that a test can
+# claim, decide and commit each command itself.
+crossed = Workflow("crossed", version=1)
+crossed.wait("await_m", messages={"m": "after"}, signals={"skip": "after"}, correlation="k", start=True)
+crossed.wait("after", signals={"done": END})
+
+
+async def test_a_group_commit_hands_messages_on_in_key_order(
+    database_url: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A commit that settles a buffered message's command untaken hands the message on under its key's lock.
+    Grouped, each item took its key as it came, in instance order, and held it while the group went on to
+    its later items' rows: two groups [A (key k2), B (k1)] and [C (k1), D (k2)] closed a cycle on the keys,
+    PostgreSQL aborted one (40P01 after deadlock_timeout) and the worker committed its items one by one.
+    Now a commit hands its messages on after all its items, in (name, key) order."""
+    async with open_engine(database_url, Registry(crossed), concurrency=1) as engine:
+        c, store = engine.client, engine.store
+        ids = []
+        for n, key in enumerate(("k2", "k1", "k1", "k2")):
+            await c.publish_message("m", key, {"n": n}, ttl=600, message_id=f"x-{n}")
+            ids.append(await c.start(crossed, {"k": key}))
+            await c.signal(ids[-1], "skip", {})  # queued before the wait takes the message
+
+        async def decided(kind: str) -> dict[str, CommitRequest]:
+            claims = {claim.instance.id: claim for claim in await store.claim(8, 30, "grouper")}
+            assert set(claims) == set(ids) and {cl.command.kind for cl in claims.values()} == {kind}, claims
+            out = {}
+            for iid, claim in claims.items():
+                decision = apply(claim.instance, claim.command, crossed.plan, claim.now)
+                assert isinstance(decision, Decision), decision
+                out[iid] = CommitRequest(claim, claim.command.id, decision, claim.instance.visit,
+                                         claim.instance.state_version)
+            return out
+
+        for kind in ("START", "SIGNAL"):  # the wait takes its message; the skip leaves the wait
+            for request in (await decided(kind)).values():
+                assert await store.commit(request, lease_seconds=30, worker="grouper") is not None
+        returned = await decided("MESSAGE")
+        a, b, cc, d = (returned[iid] for iid in sorted(ids))
+        assert [r.claim.command.payload["correlation_key"] for r in (a, b, cc, d)] == ["k2", "k1", "k1", "k2"]
+        assert all(r.decision.settle.state == "STALE" for r in (a, b, cc, d))
+        caplog.set_level(logging.WARNING, logger="stepstone.worker")
+        results = await commit_crossed(store, database_url, conn, (a, b, cc, d))
+        assert all(r is not None for r in results), results
+        assert [r.getMessage() for r in caplog.records if "DeadlockDetected" in r.getMessage()] == []
+        # No wait of either key is open: each message went back to the buffer.
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.messages WHERE status = 'BUFFERED'") == 4

@@ -18,11 +18,11 @@ from stepstone.core.effects import Subscribe
 from stepstone.core.model import Decision
 from stepstone.core.transitions import apply
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
-from stepstone.runtime.committer import GroupCommitter
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
 from tests._pg import until_shown
 from tests.crashes import die_alone
+from tests.engine.crossed_groups import commit_crossed
 from tests.engine.task_workflows import Receipt, keyed, receipt, registry, two_waits
 
 
@@ -443,20 +443,7 @@ async def test_a_group_commit_never_takes_a_correlation_lock_before_another_inst
     a, b, c, d = requests
     assert [r.claim.instance.id for r in requests] == sorted(ids)  # each group's order is its ids' order
     caplog.set_level(logging.WARNING, logger="stepstone.worker")
-    holder = await asyncpg.connect(database_url)
-    try:
-        held = holder.transaction()
-        await held.start()  # B's and D's rows, held while each group takes its first item and that item's key
-        await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE",
-                             [b.claim.instance.id, d.claim.instance.id])
-        groups = [GroupCommitter(engine.store, lease_seconds=30, worker="grouper") for _ in range(2)]
-        both = asyncio.gather(*(groups[0].commit(r) for r in (a, b)), *(groups[1].commit(r) for r in (c, d)))
-        await until_shown(conn, "SELECT count(*) >= 2 FROM pg_locks WHERE NOT granted", every=0.02, timeout=10,
-                          failure="the two groups never came to wait for the held rows")
-        await held.commit()
-        results = await asyncio.wait_for(both, timeout=30)
-    finally:
-        await holder.close()
+    results = await commit_crossed(engine.store, database_url, conn, (a, b, c, d))
     assert all(r is not None for r in results), results
     # An aborted group is committed one by one, so every commit lands either way: the worker's warning
     # says a group was aborted (PostgreSQL's deadlock count is flushed late, so it is not looked at).

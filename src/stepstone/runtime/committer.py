@@ -18,7 +18,10 @@ locks its correlation keys after its instance row, the lock order, so in a group
 it would hold a key while it waits for a later item's row, and two groups
 [A (key k2), B (k1)] and [C (k1), D (k2)] close a cycle on the keys
 (tests/engine/test_messages.py). Alone, it takes its keys last, in one sorted
-batch, as every other holder of a key does.
+batch, as every other holder of a key does. A commit that settles a buffered
+message's command untaken (the message goes on under its key's lock) is grouped:
+commit_decisions hands such messages on after its last item, in key order
+(migration 0077), so a group takes no key before all its instance rows.
 """
 
 from __future__ import annotations

@@ -848,6 +848,8 @@ DECLARE
     v_i integer := 0;
     r record;
 BEGIN
+    -- A buffered message an item settles untaken is handed on after every item, in key order (version 77).
+    PERFORM set_config('stepstone.hand_on_later', 'on', true);
     FOR v_item IN SELECT jsonb_array_elements(p) LOOP
         FOR r IN SELECT * FROM {{schema}}.commit_decision(v_item) LOOP
             idx := v_i;
@@ -861,6 +863,8 @@ BEGIN
         END LOOP;
         v_i := v_i + 1;
     END LOOP;
+    PERFORM set_config('stepstone.hand_on_later', '', true);
+    PERFORM {{schema}}.hand_on_returned_messages();
 END $$;
 
 -- start_instance changes here; its one definition is in the version 1 section.
@@ -5238,7 +5242,14 @@ BEGIN
                   ORDER BY x.seq, x.id LIMIT 1);
     IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED')
        AND OLD.payload ? 'buffered' THEN
-        PERFORM {{schema}}.return_buffered_message(OLD);
+        IF current_setting('stepstone.hand_on_later', true) = 'on' THEN
+            -- Settled by a commit (commit_decisions): handed on at its end, in key order (version 77).
+            PERFORM set_config('stepstone.returned_messages',
+                               concat_ws(',', NULLIF(current_setting('stepstone.returned_messages', true), ''),
+                                         OLD.id::text), true);
+        ELSE
+            PERFORM {{schema}}.return_buffered_message(OLD);
+        END IF;
     END IF;
     RETURN NULL;
 END $$;
@@ -5442,6 +5453,28 @@ BEGIN
                                               AND p.visit = x.visit AND p.status = 'WAITING'
                    JOIN {{schema}}.instances i ON i.id = x.instance_id
                    WHERE x.id = p_sub AND x.status = 'OPEN' AND i.status NOT IN ('COMPLETED', 'CANCELLED'));
+END $$;
+
+-- commit_decisions (in the version 2 section) hands on the buffered messages its items settle untaken after
+-- every item, in key order, and command_left_queue (in the version 72 section) leaves them to it; why: the
+-- migration's header.
+-- The buffered messages the commands settled untaken by one commit_decisions call (a commit, or a group of
+-- them) left to hand on (command_left_queue): each handed on now, after every item's instance row, in
+-- ascending (name, correlation key) order, the order every holder of several keys takes them.
+CREATE FUNCTION {{schema}}.hand_on_returned_messages() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[] := string_to_array(NULLIF(current_setting('stepstone.returned_messages', true), ''), ',')::bigint[];
+    c {{schema}}.commands%ROWTYPE;
+BEGIN
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('stepstone.returned_messages', '', true);
+    FOR c IN SELECT * FROM {{schema}}.commands x WHERE x.id = ANY (v_ids)
+             ORDER BY x.name, x.payload->>'correlation_key', x.id LOOP
+        PERFORM {{schema}}.return_buffered_message(c);
+    END LOOP;
 END $$;
 
 -- ==== version 78 (migration 0078_ttl_under_a_microsecond_refused) ====

@@ -26,8 +26,21 @@
 -- that fires first leaves the wait, and the message goes on to the next.
 -- Nothing here waits for a lock; a transaction closing the wait's subscriptions waits for the hand-on's
 -- commit instead (the hand-on holds them, never the other way round).
--- Expand only: a new function; return_buffered_message and command_recorded replaced with the same
--- signatures.
+--
+-- And a commit hands on the messages it returns after all its items, in key order. The trigger of a command
+-- leaving its queue handed the message on as the command was settled, taking its key's lock there. In a
+-- group commit (commit_decisions: the items in ascending instance id, each taking its instance's row) an
+-- item took its key and held it while the group went on to take its later items' rows: two groups
+-- [A (key k2), B (k1)] and [C (k1), D (k2)] closed a cycle on the keys, and so did one group with a
+-- publisher of k2 holding B's row (a publish takes the rows first, then the key). PostgreSQL aborted one
+-- after deadlock_timeout: a group was committed again one by one, a publisher's call failed
+-- (tests/engine/test_buffered_messages.py: "group commit of 2 failed (DeadlockDetectedError)"). Now
+-- command_left_queue, inside commit_decisions, notes the command (a transaction-local setting), and
+-- commit_decisions hands the noted messages on after its last item (hand_on_returned_messages), in
+-- ascending (name, key) order: the keys come after every instance row, as the lock order has them. Elsewhere
+-- (a cancel, a purge, a migration of an instance) the hand-on stays where the command is settled.
+-- Expand only: new functions; return_buffered_message, command_recorded, command_left_queue and
+-- commit_decisions replaced with the same signatures.
 -- Whether the open subscription p_sub takes a message now when its instance's row is held by another
 -- transaction (return_buffered_message; the caller holds the key's lock): the open subscriptions of its
 -- wait locked NOWAIT, and its wait open as last committed. One of them held means that wait is being closed
@@ -155,4 +168,78 @@ BEGIN
         NEW.available_at := NEW.available_at + interval '1 minute';
     END IF;
     RETURN NEW;
+END $$;
+
+-- The buffered messages the commands settled untaken by one commit_decisions call (a commit, or a group of
+-- them) left to hand on (command_left_queue): each handed on now, after every item's instance row, in
+-- ascending (name, correlation key) order, the order every holder of several keys takes them.
+CREATE FUNCTION {{schema}}.hand_on_returned_messages() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[] := string_to_array(NULLIF(current_setting('stepstone.returned_messages', true), ''), ',')::bigint[];
+    c {{schema}}.commands%ROWTYPE;
+BEGIN
+    IF v_ids IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('stepstone.returned_messages', '', true);
+    FOR c IN SELECT * FROM {{schema}}.commands x WHERE x.id = ANY (v_ids)
+             ORDER BY x.name, x.payload->>'correlation_key', x.id LOOP
+        PERFORM {{schema}}.return_buffered_message(c);
+    END LOOP;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.commit_decisions(p jsonb)
+RETURNS TABLE (idx integer, outcome text, continuation bigint, lease_until timestamptz, committed_at timestamptz,
+               state_version bigint, state jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_item jsonb;
+    v_i integer := 0;
+    r record;
+BEGIN
+    -- A buffered message an item settles untaken is handed on after every item, in key order (version 77).
+    PERFORM set_config('stepstone.hand_on_later', 'on', true);
+    FOR v_item IN SELECT jsonb_array_elements(p) LOOP
+        FOR r IN SELECT * FROM {{schema}}.commit_decision(v_item) LOOP
+            idx := v_i;
+            outcome := r.outcome;
+            continuation := r.continuation;
+            lease_until := r.lease_until;
+            committed_at := r.committed_at;
+            state_version := r.state_version;
+            state := r.state;
+            RETURN NEXT;
+        END LOOP;
+        v_i := v_i + 1;
+    END LOOP;
+    PERFORM set_config('stepstone.hand_on_later', '', true);
+    PERFORM {{schema}}.hand_on_returned_messages();
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.command_left_queue() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+BEGIN
+    UPDATE {{schema}}.commands c SET available_at = v_now
+    WHERE c.id = (SELECT x.id FROM {{schema}}.commands x
+                  WHERE x.instance_id = NEW.instance_id AND x.position = NEW.position
+                    -- the queue index, by instance and position (migration 0028)
+                    AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.state = 'PENDING'
+                    AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND x.available_at > v_now
+                  ORDER BY x.seq, x.id LIMIT 1);
+    IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED')
+       AND OLD.payload ? 'buffered' THEN
+        IF current_setting('stepstone.hand_on_later', true) = 'on' THEN
+            -- Settled by a commit (commit_decisions): handed on at its end, in key order (version 77).
+            PERFORM set_config('stepstone.returned_messages',
+                               concat_ws(',', NULLIF(current_setting('stepstone.returned_messages', true), ''),
+                                         OLD.id::text), true);
+        ELSE
+            PERFORM {{schema}}.return_buffered_message(OLD);
+        END IF;
+    END IF;
+    RETURN NULL;
 END $$;

@@ -1,0 +1,34 @@
+"""Two group commits made to cross: [a, b] and [c, d], with b's and d's instance rows held elsewhere until
+each group has taken its first item, so that whatever a group takes with its first item it holds while it
+waits for its second's row."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from stepstone.runtime.committer import GroupCommitter
+from stepstone.store.port import CommitRequest, Committed, WorkerStore
+from tests._pg import until_shown
+
+
+async def commit_crossed(store: WorkerStore, database_url: str, conn: asyncpg.Connection,
+                         requests: tuple[CommitRequest, CommitRequest, CommitRequest, CommitRequest],
+                         ) -> list[Committed | None]:
+    """Commit [a, b] and [c, d] as two groups at once, b's and d's rows held until both groups wait."""
+    a, b, c, d = requests
+    holder = await asyncpg.connect(database_url)
+    try:
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = ANY($1::uuid[]) ORDER BY id FOR UPDATE",
+                             [b.claim.instance.id, d.claim.instance.id])
+        groups = [GroupCommitter(store, lease_seconds=30, worker="grouper") for _ in range(2)]
+        both = asyncio.gather(*(groups[0].commit(r) for r in (a, b)), *(groups[1].commit(r) for r in (c, d)))
+        await until_shown(conn, "SELECT count(*) >= 2 FROM pg_locks WHERE NOT granted", every=0.02, timeout=10,
+                          failure="the two groups never came to wait for the held rows")
+        await held.commit()
+        return await asyncio.wait_for(both, timeout=30)
+    finally:
+        await holder.close()
