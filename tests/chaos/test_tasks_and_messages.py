@@ -3,7 +3,10 @@ cancel the same tasks from opposite ends and publishers race the waits for their
 worker stops mid-way without draining (its in-flight leases expire and the other takes them over).
 Nothing deadlocks (no 40P01 anywhere), every task completes at most once and only on an instance
 that moved on with it, every message is delivered at most once, and no open task or subscription is
-left on an ended instance. STEPSTONE_CHAOS_SEED picks another interleaving."""
+left on an ended instance. Buffered messages go on through the same run: each is taken from the buffer by
+a wait that a signal queued before it then wins (or whose instance is cancelled), and is handed on to
+another wait of its key, opened before or after, or back to the buffer; each is applied at most once, and
+none is lost (applied, buffered, or expired). STEPSTONE_CHAOS_SEED picks another interleaving."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -18,9 +22,11 @@ import asyncpg
 from stepstone.errors import StepstoneError
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.testing import open_engine
+from tests._pg import until_shown
 from tests.engine.task_workflows import Expense, Receipt, expense, receipt, registry
 
 N = 16
+HANDED = 8  # keys of the buffered messages that go on (h0..h7): one each, taken by a wait that is left
 USERS = ["ann", "ben", "cy", "dee"]
 
 
@@ -43,6 +49,12 @@ async def test_tasks_and_messages_under_concurrent_operations(database_url: str)
         expenses = [await client.start(expense, Expense(expense_id=f"e{n}", employee="eve", amount=n))
                     for n in range(N)]
         receipts = [await client.start(receipt, Receipt(order_id=f"k{n}")) for n in range(N)]
+        leavers: list[str] = []
+        takers: list[str] = []
+        for n in range(HANDED):  # the leaver's wait takes the message, and the skip sent before it wins
+            await client.publish_message("receipt_received", f"h{n}", {"n": n}, ttl=600, message_id=f"hand-{n}")
+            leavers.append(await client.start(receipt, Receipt(order_id=f"h{n}")))
+            await client.signal(leavers[-1], "skip", {"n": "s"})
         doomed = Worker(engine.store, registry, WorkerConfig(concurrency=2, lease_seconds=2))
         other = engine.new_worker(concurrency=4, lease_seconds=2)
         await doomed.start()
@@ -51,11 +63,18 @@ async def test_tasks_and_messages_under_concurrent_operations(database_url: str)
             # Stopped mid-way: once it has a step of its own in flight.
             await doomed.events.wait_until(lambda: doomed.events.claims >= 1, timeout=30)
             doomed_task = asyncio.ensure_future(doomed.stop(drain_timeout=0))  # its leases die with it
+            async with _connection(database_url) as watcher:  # every leaver's wait took its message
+                await until_shown(watcher, _TAKEN, every=0.02, timeout=30, failure="a leaver's wait took nothing")
+            # A wait of the key open when (or soon after) the message goes on.
+            takers += [await client.start(receipt, Receipt(order_id=f"h{n}")) for n in range(1, HANDED, 2)]
             ops: list[Any] = []
             for n in range(N):
                 ops.append(client.publish_message("receipt_received", f"k{n}", {"n": n}, ttl=600))
                 ops.append(client.publish_message("receipt_received", f"k{n}", {"n": -n}, ttl=600))
+            ops += [client.cancel(iid, "chaos") for iid in leavers[::3]]  # rejected: its message goes on too
             await asyncio.gather(*(attempt(op) for op in ops))
+            # A wait of the key opened after its message went on.
+            takers += [await client.start(receipt, Receipt(order_id=f"h{n}")) for n in range(0, HANDED, 2)]
             for _ in range(3):
                 page = await client.tasks(mode="all", limit=100)
                 calls: list[Any] = []
@@ -70,8 +89,8 @@ async def test_tasks_and_messages_under_concurrent_operations(database_url: str)
                 rng.shuffle(calls)
                 await asyncio.gather(*(attempt(c) for c in calls))
             await doomed_task
-            await _finish_what_chaos_left(client, other, expenses + receipts, attempt)
-            for iid in expenses + receipts:
+            await _finish_what_chaos_left(client, other, expenses + receipts + leavers + takers, attempt)
+            for iid in expenses + receipts + leavers + takers:
                 try:
                     await client.wait_for(iid, timeout=30)
                 except StepstoneError as exc:
@@ -108,6 +127,35 @@ async def test_tasks_and_messages_under_concurrent_operations(database_url: str)
             SELECT count(*) FROM stepstone.subscriptions s JOIN stepstone.positions p
               ON p.instance_id = s.instance_id AND p.path = s.position
             WHERE s.status = 'OPEN' AND p.status IN ('COMPLETED', 'CANCELLED') AND s.visit = p.visit""") == 0
+        # Each handed-on message applied at most once, and none lost: applied (one MESSAGE_CORRELATED naming
+        # it, its row DELIVERED), or its row BUFFERED or EXPIRED with none.
+        handed = await conn.fetch("""
+            SELECT m.message_id, m.status, (SELECT count(*) FROM stepstone.history h
+                                            WHERE h.kind = 'MESSAGE_CORRELATED'
+                                              AND h.data->>'message_id' = m.message_id) AS applied
+            FROM stepstone.messages m WHERE m.message_id LIKE 'hand-%' ORDER BY m.message_id""")
+        assert len(handed) == HANDED, handed
+        assert all((r["status"], r["applied"]) in {("DELIVERED", 1), ("BUFFERED", 0), ("EXPIRED", 0)}
+                   for r in handed), handed
+        returned = await conn.fetchval("""
+            SELECT count(*) FROM stepstone.commands WHERE kind = 'MESSAGE' AND payload->>'message_id' LIKE 'hand-%'
+              AND state IN ('STALE', 'REJECTED')""")
+        assert returned >= HANDED, returned  # each message went through the hand-on at least once
+        print(f"handed-on messages: {[(r['message_id'], r['status']) for r in handed]}, {returned} returned")  # noqa: T201
+    finally:
+        await conn.close()
+
+
+# Every leaver's wait took its message from the buffer: a MESSAGE command for each (behind its skip).
+_TAKEN = (f"SELECT count(DISTINCT payload->>'message_id') = {HANDED} FROM stepstone.commands "
+          "WHERE kind = 'MESSAGE' AND payload->>'message_id' LIKE 'hand-%'")
+
+
+@contextlib.asynccontextmanager
+async def _connection(url: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(url)
+    try:
+        yield conn
     finally:
         await conn.close()
 
