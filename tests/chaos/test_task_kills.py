@@ -3,10 +3,16 @@ the reservation (task COMPLETING, completion command recorded); a worker claims 
 segment commit is held (the test holds the task rows), then the worker is SIGKILLed and its server
 connection is gone before the rows are let go. Another worker takes the command over once the lease
 expires: every task completes exactly once, every instance moves on with its decision exactly once
-(one TASK_COMPLETED, one s1 effect), and the completion was committed by a worker that was not killed."""
+(one TASK_COMPLETED, one s1 effect), and the completion was committed by a worker that was not killed.
+
+And buffered messages handed on while worker processes are SIGKILLed (migrations 0074, 0077): each taken
+by a wait that a signal sent before it then wins, so that it goes on to the wait of its key opened
+afterwards (or back to the buffer, where that wait finds it): each applied once, none lost."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 from pathlib import Path
 
@@ -17,8 +23,9 @@ from stepstone.core.pin import pin_of
 from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
 from tests.chaos import workflows
+from tests.chaos.rig import checker
 from tests.chaos.rig.fleet import Fleet
-from tests.chaos.rig.scenarios import Probe, Target, fleet_run, scenario_database, wait_for
+from tests.chaos.rig.scenarios import Probe, Target, fleet_run, kill_as_commits_go, scenario_database, wait_for
 
 SIZE = 8
 WORKERS = 2
@@ -118,3 +125,68 @@ async def _approved(probe: Probe) -> bool:
 
 async def _completed(probe: Probe) -> bool:
     return await _count(probe, "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'") == SIZE
+
+
+HANDED = 24  # keys: one buffered message, one instance that takes and leaves it, one that then gets it
+
+
+async def test_buffered_messages_handed_on_under_kills_are_applied_once(pg_server: PgServer, tmp_path: Path) -> None:
+    rng = random.Random(7)  # noqa: S311 - a reproducible schedule of kills
+    async with scenario_database(Target(pg_server.admin_url), "handkills") as url:
+        store = await PostgresStore.open(url, max_size=4)
+        client = Client(store, workflows.registry)
+        await store.register(pin_of(workflows.HANDED), workflows.HANDED.plan.document())
+        fleet = Fleet(url, tmp_path, 3, lease=1.0, concurrency=4, poll=0.2)
+        probe = Probe(url)
+
+        async def completed() -> bool:
+            return await _count(probe, "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'") \
+                == 2 * HANDED
+
+        deadline = time.monotonic() + 150
+        async with fleet_run(fleet, probe, store.close):
+            leavers = []
+            for n in range(HANDED):  # the leaver's wait takes the message; its GO, sent before, wins
+                await client.publish_message(workflows.RECEIPT, f"h{n}", {"key": f"h{n}"}, message_id=f"hand-{n}",
+                                             ttl=600)
+                leavers.append(await client.start(workflows.HANDED, workflows.Ticket(key=f"h{n}")))
+                await client.signal(leavers[-1], workflows.GO, {})
+            fleet.start()
+            killing = asyncio.ensure_future(kill_as_commits_go(fleet, probe, completed, kills=6, every=8, rng=rng,
+                                                               deadline=deadline))
+            try:
+                assert await wait_for(lambda: _true(probe, _TAKEN), deadline, every=0.02), "a wait took nothing"
+                # A wait of each key, opened once the leaver's wait took its message (while it goes on).
+                takers = [await client.start(workflows.HANDED, workflows.Ticket(key=f"h{n}")) for n in range(HANDED)]
+                assert await wait_for(completed, deadline), "not every instance completed"
+            finally:
+                await killing
+        conn = await asyncpg.connect(url)
+        try:
+            await checker.assert_none(conn, _HANDED_ONCE)
+            got = {str(r["id"]): r["got"] for r in await conn.fetch("SELECT id, state->>'got' AS got, "
+                                                                     "state->>'key' AS key FROM stepstone.instances")}
+            returned = await conn.fetchval(_RETURNED)
+        finally:
+            await conn.close()
+    assert {got[iid] for iid in leavers} == {workflows.GO}, got
+    assert [got[iid] for iid in takers] == [f"h{n}" for n in range(HANDED)], got
+    assert returned >= HANDED, returned  # each message went through the hand-on at least once
+    assert len(fleet.kills) >= 3, fleet.kills
+    print(f"hand-on kills: {len(fleet.kills)} kills, {returned} messages returned")  # noqa: T201
+
+
+# Every leaver's wait took its message from the buffer: a MESSAGE command for each (behind its GO).
+_TAKEN = (f"SELECT count(DISTINCT payload->>'message_id') = {HANDED} FROM stepstone.commands "
+          "WHERE kind = 'MESSAGE' AND payload->>'message_id' LIKE 'hand-%'")
+_RETURNED = ("SELECT count(*) FROM stepstone.commands WHERE kind = 'MESSAGE' AND payload->>'message_id' LIKE 'hand-%' "
+             "AND state IN ('STALE', 'REJECTED')")
+_HANDED_ONCE = {
+    "messages not applied exactly once (DELIVERED, one MESSAGE_CORRELATED naming it)":
+        "SELECT m.message_id, m.status, count(h.*) FROM stepstone.messages m LEFT JOIN stepstone.history h "
+        "ON h.kind = 'MESSAGE_CORRELATED' AND h.data->>'message_id' = m.message_id "
+        "GROUP BY m.message_id, m.status HAVING m.status <> 'DELIVERED' OR count(h.*) <> 1",
+    "committed steps without their effect": checker.LOST_WRITES,
+    "step visits committed twice": checker.STEP_TWICE,
+    "histories with a gap": checker.HISTORY_GAPS,
+}

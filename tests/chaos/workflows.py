@@ -493,6 +493,26 @@ def _gather() -> Workflow[Gathered]:
     return wf
 
 
+def _handed() -> Workflow[Ticket]:
+    """A wait for the message RECEIPT by the state's `key`, or the signal GO. Sent GO before its wait opens,
+    an instance's wait takes a buffered message and the GO then wins: the message goes on to another wait of
+    its key, or back to the buffer (migrations 0074, 0077). `got` is GO, or the message's key."""
+    wf: Workflow[Ticket] = Workflow("chaoshand-1", version=1, state=Ticket)
+
+    async def s1(ctx: StepContext, state: Ticket) -> None:
+        await _effect(ctx)
+
+    async def took(ctx: StepContext, state: Ticket) -> None:
+        await _effect(ctx)
+        assert ctx.signal is not None, ctx
+        state.got = GO if ctx.signal.name == GO else str((ctx.signal.payload or {}).get("key"))
+
+    wf.step(s1, name="s1", start=True, next="w", retry=_RETRY)
+    wf.wait("w", messages={RECEIPT: "s2"}, signals={GO: "s2"}, correlation="key")
+    wf.step(took, name="s2", next=None, retry=_RETRY)
+    return wf
+
+
 CHAINS: dict[int, Workflow[Any]] = {n: _chain(n) for n in range(1, MAX_STEPS + 1)}
 FANS: dict[int, Workflow[Any]] = {k: _fan(k) for k in range(FAN_ITEMS[0], FAN_ITEMS[1] + 1)}
 PARENT: Workflow[Any] = _parent()
@@ -507,8 +527,9 @@ KILL: Workflow[Any] = _kill()
 MOVING: Workflow[Any] = _moving(1)
 MOVED: Workflow[Any] = _moving(2)
 GATHERING: Workflow[Any] = _gather()
+HANDED: Workflow[Any] = _handed()
 registry = Registry(*CHAINS.values(), *FANS.values(), PARENT, HOLDER, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL,
-                    KILL, MOVING, MOVED, GATHERING)
+                    KILL, MOVING, MOVED, GATHERING, HANDED)
 
 SERVED_PARTS = ("all", "chains", "rest", "moving", "moved")
 """What one worker of the rig serves (`worker_proc --serve`): every workflow, the chains alone, or every
@@ -525,5 +546,5 @@ def served(part: str) -> Registry:
         return Registry(MOVING if part == "moving" else MOVED)
     if part == "rest":
         return Registry(*FANS.values(), PARENT, HOLDER, SAGA, TASK, SIGNALLED, QUORUM, DUE, EXTERNAL, KILL, MOVING,
-                        MOVED, GATHERING, *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
+                        MOVED, GATHERING, HANDED, *(wf for wf in CHAINS.values() if wf.id == PARENT_CHILD))
     return registry
