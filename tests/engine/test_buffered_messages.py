@@ -4,7 +4,9 @@ name and key, against real PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -57,6 +59,18 @@ async def _second_waits_while_first_skips(engine: Any, key: str, n: int) -> tupl
     await engine.new_worker(concurrency=2).run_until_idle()  # the second enters its wait meanwhile
     assert (await c.get(second)).status == "WAITING"
     return first, second, running
+
+
+@contextlib.asynccontextmanager
+async def _row_held(database_url: str, instance: str) -> AsyncIterator[asyncpg.Connection]:
+    """A transaction of another connection holding the instance's row (its commit, a signal, a publish)."""
+    holder = await asyncpg.connect(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1::uuid FOR UPDATE", instance)
+            yield holder
+    finally:
+        await holder.close()
 
 
 async def test_a_buffered_message_a_signal_beat_reaches_the_next_wait(
@@ -163,18 +177,13 @@ async def test_a_returned_message_reaches_an_open_wait_whose_instance_is_busy(
         async with open_engine(database_url, Registry(looped), concurrency=4) as engine:
             c = engine.client
             first, second, running = await _second_waits_while_first_skips(engine, "k-busy", 5)
-            holder = await asyncpg.connect(database_url)
-            try:
-                async with holder.transaction():
-                    await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1::uuid FOR UPDATE", second)
-                    go_on.set()
-                    # The first ends; its message's command is rejected and handed on in that commit. (The
-                    # second's commit taking it waits for this transaction: not awaited here.)
-                    assert (await c.wait_for(first)).status == "COMPLETED"
-                    row = await conn.fetchrow("SELECT status, deliveries FROM stepstone.messages")
-                    assert row["status"] == "DELIVERED", row
-            finally:
-                await holder.close()
+            async with _row_held(database_url, second):
+                go_on.set()
+                # The first ends; its message's command is rejected and handed on in that commit. (The
+                # second's commit taking it waits for this transaction: not awaited here.)
+                assert (await c.wait_for(first)).status == "COMPLETED"
+                row = await conn.fetchrow("SELECT status, deliveries FROM stepstone.messages")
+                assert row["status"] == "DELIVERED", row
             await running
             await engine.run_until_idle()
             assert (await c.get(first)).state["got"] == [["skip", 0]]
@@ -231,3 +240,54 @@ async def test_a_group_commit_hands_messages_on_in_key_order(
         assert [r.getMessage() for r in caplog.records if "DeadlockDetected" in r.getMessage()] == []
         # No wait of either key is open: each message went back to the buffer.
         assert await conn.fetchval("SELECT count(*) FROM stepstone.messages WHERE status = 'BUFFERED'") == 4
+
+
+async def test_a_message_given_to_a_busy_instance_that_is_cancelled_goes_on(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """Given to a busy instance's open wait without its row, the message's command can meet what that
+    instance's holder does next: here the holder cancels it. The cancel settles the command CANCELLED, and
+    the message goes on, back to the buffer, where the next wait of its key finds it."""
+    gate["k-gone-busy"] = asyncio.Event(), (go_on := asyncio.Event())
+    try:
+        async with open_engine(database_url, Registry(looped), concurrency=4) as engine:
+            c = engine.client
+            first, second, running = await _second_waits_while_first_skips(engine, "k-gone-busy", 6)
+            async with _row_held(database_url, second) as holder:
+                go_on.set()
+                assert (await c.wait_for(first)).status == "COMPLETED"
+                assert await conn.fetchval("SELECT status FROM stepstone.messages") == "DELIVERED"
+                await holder.execute("SELECT stepstone.cancel_tree($1::uuid, 'test', 'test', false)", second)
+            await running
+            assert (await c.get(second)).status == "CANCELLED"
+            assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'MESSAGE' "
+                                       "AND instance_id = $1::uuid", second) == "CANCELLED"
+            assert await conn.fetchval("SELECT status FROM stepstone.messages") == "BUFFERED"
+            third = await c.start(looped, {"k": "k-gone-busy"})
+            await engine.run_until_idle()
+            info = await c.get(third)
+            assert (info.status, info.state["got"]) == ("COMPLETED", [["m", 6]]), info
+    finally:
+        gate.pop("k-gone-busy", None)
+
+
+async def test_a_message_whose_instance_is_cancelled_before_applying_it_goes_on(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """An operator's cancel settles the instance's open commands CANCELLED (settle_open_commands), the
+    message's one too, which the hand-on did not count as left untaken: the message stayed DELIVERED to
+    the cancelled instance, and the open wait of its key never got it."""
+    gate["k-cancel"] = asyncio.Event(), (go_on := asyncio.Event())
+    try:
+        async with open_engine(database_url, Registry(looped), concurrency=4, lease_seconds=600) as engine:
+            c = engine.client
+            first, second, running = await _second_waits_while_first_skips(engine, "k-cancel", 8)
+            await c.cancel(first, "changed my mind")  # while the skip's step runs, its message queued behind
+            go_on.set()
+            await running
+            await engine.run_until_idle()
+            assert (await c.get(first)).status == "CANCELLED"
+            info = await c.get(second)
+            assert (info.status, info.state["got"]) == ("COMPLETED", [["m", 8]]), info
+    finally:
+        gate.pop("k-cancel", None)

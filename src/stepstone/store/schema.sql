@@ -656,10 +656,16 @@ DECLARE
     v_now timestamptz := {{schema}}.db_now();
     v_inst {{schema}}.instances%ROWTYPE;
     v_n integer;
+    -- The buffered messages its commands held are handed on at the end, after the children's rows (the
+    -- lock order), by the outermost cancel or commit (version 77).
+    v_outer boolean := current_setting('stepstone.hand_on_later', true) IS DISTINCT FROM 'on';
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
     IF NOT FOUND OR v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN
         RETURN v_inst.status;
+    END IF;
+    IF v_outer THEN
+        PERFORM set_config('stepstone.hand_on_later', 'on', true);
     END IF;
     PERFORM {{schema}}.close_positions(p_instance, v_now, NULL, false);
     v_n := {{schema}}.settle_open_commands(p_instance, p_reason, p_actor, v_now);
@@ -672,6 +678,10 @@ BEGIN
     PERFORM {{schema}}.cancel_children(p_instance, 'parent cancelled', p_actor);
     IF p_notify THEN
         PERFORM {{schema}}.tell_parent(v_inst, 'CANCELLED', p_reason, v_now);
+    END IF;
+    IF v_outer THEN
+        PERFORM set_config('stepstone.hand_on_later', '', true);
+        PERFORM {{schema}}.hand_on_returned_messages();
     END IF;
     RETURN 'CANCELLED';
 END $$;
@@ -5240,7 +5250,8 @@ BEGIN
                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.state = 'PENDING'
                     AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND x.available_at > v_now
                   ORDER BY x.seq, x.id LIMIT 1);
-    IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED')
+    -- CANCELLED: an operator's cancel settles the open commands so (settle_open_commands; version 77).
+    IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED', 'CANCELLED')
        AND OLD.payload ? 'buffered' THEN
         IF current_setting('stepstone.hand_on_later', true) = 'on' THEN
             -- Settled by a commit (commit_decisions): handed on at its end, in key order (version 77).

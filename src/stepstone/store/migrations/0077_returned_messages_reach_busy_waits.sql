@@ -39,8 +39,16 @@
 -- commit_decisions hands the noted messages on after its last item (hand_on_returned_messages), in
 -- ascending (name, key) order: the keys come after every instance row, as the lock order has them. Elsewhere
 -- (a cancel, a purge, a migration of an instance) the hand-on stays where the command is settled.
--- Expand only: new functions; return_buffered_message, command_recorded, command_left_queue and
--- commit_decisions replaced with the same signatures.
+--
+-- And a message whose command an operator's cancel settles goes on too. cancel_tree settles an instance's
+-- open commands CANCELLED (settle_open_commands), a buffered message's command among them, and
+-- command_left_queue handed on only STALE, REJECTED, SUPERSEDED and PARKED ones: the message stayed DELIVERED
+-- to the cancelled instance, and the next wait of its key, open or to come, never got it
+-- (tests/engine/test_buffered_messages.py: the open wait stayed WAITING). Now CANCELLED counts as settled
+-- untaken, and cancel_tree, outermost, hands the messages on at its end, after its children's rows, as a
+-- commit does (a cancel inside a commit, or a child's inside its parent's, leaves them to the outermost).
+-- Expand only: new functions; return_buffered_message, command_recorded, command_left_queue, commit_decisions
+-- and cancel_tree replaced with the same signatures.
 -- Whether the open subscription p_sub takes a message now when its instance's row is held by another
 -- transaction (return_buffered_message; the caller holds the key's lock): the open subscriptions of its
 -- wait locked NOWAIT, and its wait open as last committed. One of them held means that wait is being closed
@@ -230,7 +238,8 @@ BEGIN
                     AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND x.state = 'PENDING'
                     AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND x.available_at > v_now
                   ORDER BY x.seq, x.id LIMIT 1);
-    IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED')
+    -- CANCELLED: an operator's cancel settles the open commands so (settle_open_commands; version 77).
+    IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED', 'CANCELLED')
        AND OLD.payload ? 'buffered' THEN
         IF current_setting('stepstone.hand_on_later', true) = 'on' THEN
             -- Settled by a commit (commit_decisions): handed on at its end, in key order (version 77).
@@ -242,4 +251,41 @@ BEGIN
         END IF;
     END IF;
     RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.cancel_tree(p_instance uuid, p_reason text, p_actor text, p_notify boolean)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now timestamptz := {{schema}}.db_now();
+    v_inst {{schema}}.instances%ROWTYPE;
+    v_n integer;
+    -- The buffered messages its commands held are handed on at the end, after the children's rows (the
+    -- lock order), by the outermost cancel or commit (version 77).
+    v_outer boolean := current_setting('stepstone.hand_on_later', true) IS DISTINCT FROM 'on';
+BEGIN
+    SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
+    IF NOT FOUND OR v_inst.status IN ('COMPLETED', 'CANCELLED', 'COMPENSATED', 'TIMED_OUT') THEN
+        RETURN v_inst.status;
+    END IF;
+    IF v_outer THEN
+        PERFORM set_config('stepstone.hand_on_later', 'on', true);
+    END IF;
+    PERFORM {{schema}}.close_positions(p_instance, v_now, NULL, false);
+    v_n := {{schema}}.settle_open_commands(p_instance, p_reason, p_actor, v_now);
+    UPDATE {{schema}}.instances i SET status = 'CANCELLED', wait = NULL, branches = 0, updated_at = v_now,
+        ended_at = v_now
+    WHERE i.id = p_instance;
+    PERFORM {{schema}}.saga_history(p_instance, 'INSTANCE_CANCELLED', v_inst.step, v_inst.visit, NULL, NULL,
+                                    p_actor, jsonb_build_object('reason', p_reason, 'commands_cancelled', v_n,
+                                                                'status_before', v_inst.status), v_now);
+    PERFORM {{schema}}.cancel_children(p_instance, 'parent cancelled', p_actor);
+    IF p_notify THEN
+        PERFORM {{schema}}.tell_parent(v_inst, 'CANCELLED', p_reason, v_now);
+    END IF;
+    IF v_outer THEN
+        PERFORM set_config('stepstone.hand_on_later', '', true);
+        PERFORM {{schema}}.hand_on_returned_messages();
+    END IF;
+    RETURN 'CANCELLED';
 END $$;
