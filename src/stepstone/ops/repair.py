@@ -150,6 +150,13 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
     extra = await store.instance_extra(instance_id)
     paths = sensitive_paths_of(extra)
     row = await store.instance(instance_id)
+    if not extra["plan_stored"]:  # another plan's paths would restore (or leave out) the wrong values
+        stored = extra["stored_plan_hash"]
+        found = f"v{extra['version']} is stored with plan {stored[:12]}" if stored else f"no v{extra['version']} is"
+        raise InvalidState(
+            f"instance {instance_id} runs {extra['definition_id']!r} v{extra['version']} with plan "
+            f"{extra['plan_hash'][:12]}, which is not stored ({found}): its sensitive paths are unknown; register "
+            "that plan's code to replay it; nothing was changed", instance_id=instance_id, status=row["status"])
     migrated = migrated_since(history, point)
     if migrated is not None:
         since = list(dict.fromkeys(e.step for e in history if e.seq >= migrated.seq and e.position == "" and e.step))

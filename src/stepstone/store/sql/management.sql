@@ -33,12 +33,27 @@ SELECT scope FROM {{schema}}.instances WHERE id = $1;
 SELECT id, scope FROM {{schema}}.instances WHERE id = ANY($1::uuid[]);
 
 -- name: instance_redactions
--- The sensitive paths of each instance's registration (its own scope's, or the default scope's its pin
--- was admitted on, as operations.sql's instance_extra reads them): what the views redact by.
-SELECT i.id, d.plan -> 'sensitive' AS sensitive, d.plan -> 'sensitive_payloads' AS sensitive_payloads
+-- What the views redact each instance by: the sensitive paths of the plan it is pinned to (its plan hash, in
+-- the registration its pin was admitted against, as operations.sql's instance_extra reads them). An instance
+-- whose plan is not stored (admitted before its id was registered; the version may since be stored with
+-- other code) has paths no one knows: it is redacted by every path a stored plan of its workflow marks, in
+-- its definition scope or its own (the version's row among them, so never less than that row).
+SELECT i.id,
+       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive' ELSE (
+           SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
+           CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive') = 'array'
+                                                        THEN d.plan -> 'sensitive' END) p
+           WHERE d.scope IN (i.definition_scope, i.scope) AND d.definition_id = i.definition_id) END AS sensitive,
+       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive_payloads' ELSE (
+           SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
+           CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive_payloads') = 'array'
+                                                        THEN d.plan -> 'sensitive_payloads' END) p
+           WHERE d.scope IN (i.definition_scope, i.scope) AND d.definition_id = i.definition_id) END
+           AS sensitive_payloads
 FROM {{schema}}.instances i
-JOIN {{schema}}.definitions d
-  ON d.scope = COALESCE(i.definition_scope, i.scope) AND d.definition_id = i.definition_id AND d.version = i.version
+LEFT JOIN {{schema}}.definitions o
+       ON o.scope = i.definition_scope AND o.definition_id = i.definition_id AND o.version = i.version
+      AND o.plan_hash = i.plan_hash
 WHERE i.id = ANY($1::uuid[]);
 
 -- name: instances_page

@@ -50,14 +50,27 @@ SELECT o.id, o.event_id, o.type, o.key, o.created_at, o.published_at, o.dead_at,
 FROM {{schema}}.outbox o WHERE o.instance_id = $1 ORDER BY o.id LIMIT 1000;
 
 -- name: instance_extra
+-- The instance's archive time and scope, and of the plan it is pinned to (its plan hash, in the registration
+-- its pin was admitted against: a scope may use default's) the sensitive paths and each step's max_attempts.
+-- An instance whose plan is not stored (plan_stored false: admitted before its id was registered; the
+-- version may since be stored with other code) has no max_attempts, and as sensitive every path a stored
+-- plan of its workflow marks (as management.sql's instance_redactions: never less than the version's row).
 SELECT CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at,
-       i.scope, d.plan -> 'sensitive' AS sensitive,
+       i.scope, o.plan IS NOT NULL AS plan_stored,
+       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive' ELSE (
+           SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
+           CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive') = 'array'
+                                                        THEN d.plan -> 'sensitive' END) p
+           WHERE d.scope IN (i.definition_scope, i.scope) AND d.definition_id = i.definition_id) END AS sensitive,
        (SELECT jsonb_object_agg(s ->> 'name', (s -> 'retry' ->> 'max_attempts')::integer)
-        FROM jsonb_array_elements(d.plan -> 'steps') s WHERE s ? 'retry') AS max_attempts
+        FROM jsonb_array_elements(o.plan -> 'steps') s WHERE s ? 'retry') AS max_attempts,
+       (SELECT d.plan_hash FROM {{schema}}.definitions d WHERE d.scope = i.definition_scope
+          AND d.definition_id = i.definition_id AND d.version = i.version) AS stored_plan_hash,
+       i.definition_id, i.version, i.plan_hash
 FROM {{schema}}.instances i
-LEFT JOIN {{schema}}.definitions d  -- the registration the pin was admitted against (a scope may use default's)
-       ON d.scope = COALESCE(i.definition_scope, i.scope) AND d.definition_id = i.definition_id
-      AND d.version = i.version
+LEFT JOIN {{schema}}.definitions o
+       ON o.scope = i.definition_scope AND o.definition_id = i.definition_id AND o.version = i.version
+      AND o.plan_hash = i.plan_hash
 WHERE i.id = $1;
 
 -- name: history_page

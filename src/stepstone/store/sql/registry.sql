@@ -229,11 +229,13 @@ SELECT i.id, i.scope, i.definition_scope, i.definition_id, i.version, i.plan_has
 FROM {{schema}}.instances i WHERE i.id = $1;
 
 -- name: pinned_contract
--- The contract of the version an instance is pinned to: the row of its definition scope.
+-- The contract of the plan an instance is pinned to: its definition scope's row of its version, when that
+-- row has the instance's plan hash (no row when its plan is not stored: the version's row, if any, holds
+-- another plan's names and schema).
 SELECT d.scope, d.definition_id, d.version, d.plan_hash, d.signal_names, d.message_names, d.input_schema
 FROM {{schema}}.instances i
 JOIN {{schema}}.definitions d ON d.scope = i.definition_scope AND d.definition_id = i.definition_id
-                              AND d.version = i.version
+                              AND d.version = i.version AND d.plan_hash = i.plan_hash
 WHERE i.id = $1;
 
 -- name: migration_candidates
