@@ -20,13 +20,12 @@ dropped, never sent on a stale token, and the log says which refusal it was.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stepstone._waiting import wait_set
+from stepstone._waiting import cancel_and_wait, wait_set
 from stepstone.errors import InvalidInput, StepstoneError, TaskLockRefused
 from stepstone.external.tasks import ExternalTasks, LockedTask
 from stepstone.runtime.handlers import describe_error
@@ -92,9 +91,7 @@ class ExternalWorker:
             await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
             if not fetch.done():
-                fetch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await fetch
+                await cancel_and_wait(fetch)  # a cancellation of run_once meanwhile goes through
                 return 0
         locked = await fetch
         before = self.answered
@@ -110,10 +107,7 @@ class ExternalWorker:
         except Exception as exc:  # noqa: BLE001 - every handler error is reported as the task's failure
             outcome = exc
         finally:
-            keeper.cancel()
-            refused: TaskLockRefused | None = None
-            with contextlib.suppress(asyncio.CancelledError):
-                refused = await keeper
+            refused = await cancel_and_wait(keeper)  # a cancellation of _handle meanwhile goes through
         if refused is not None:
             self.dropped += 1
             log.warning("external task %s: its lock was refused while its handler ran (%s: %s); its answer is "
