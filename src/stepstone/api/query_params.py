@@ -11,13 +11,15 @@ list to the LAST of them: ``?workflow=a&workflow=b`` listed only b's instances, 
 silently. A list parameter (``status`` of the instance list, ``state`` of an instance's commands) takes
 every value; any other given more than once is refused with 422 InvalidInput naming it, as any other
 invalid query parameter is (``loc`` ``["query", name]``).
+
+`query_refusals` is the check itself, which the UI's pages and forms make too (`ui.render.query_of`).
 """
 
 from __future__ import annotations
 
 import types
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from fastapi import Depends, Request
@@ -28,7 +30,7 @@ from fastapi.routing import APIRoute
 from stepstone.api.auth import Principal
 from stepstone.api.context import principal, writer
 
-__all__ = ["checked_query"]
+__all__ = ["checked_query", "query_refusals"]
 
 _MANY = (list, tuple, set, frozenset)
 
@@ -42,6 +44,21 @@ def _takes_many(annotation: Any) -> bool:
     if origin is Union or origin is types.UnionType:  # list[...] | None
         return any(_takes_many(a) for a in get_args(annotation))
     return False
+
+
+def query_refusals(given: Iterable[str], takes: Collection[str], single: Collection[str], *, of: str,
+                   also: Collection[str] = ()) -> list[dict[str, Any]]:
+    """What is wrong with a query whose parameter names (one per value) are `given`, of a route or page
+    (`of`) that takes `takes` (and `also`, left out of the list the refusal shows), of which `single` take one
+    value: each unknown parameter, then each repeat of a one-valued one (errors as FastAPI's validation)."""
+    counted = Counter(given)
+    listed = ", ".join(sorted(takes)) or "none"
+    errors: list[dict[str, Any]] = [
+        {"loc": ("query", name), "type": "unknown", "msg": f"not a parameter of this {of} (it takes: {listed})"}
+        for name in counted if name not in takes and name not in also]
+    errors += [{"loc": ("query", name), "type": "repeated", "msg": f"given {n} times; this parameter takes one value"}
+               for name, n in counted.items() if n > 1 and name in single]
+    return errors
 
 
 def _dependants(dependant: Dependant) -> Iterator[Dependant]:
@@ -73,14 +90,8 @@ async def _checked_query(request: Request) -> None:
     if not request.query_params or not isinstance(route, APIRoute):
         return  # no parameter given: nothing to look up
     declared = _Declared(route)
-    counted = Counter(name for name, _ in request.query_params.multi_items())
-    takes = ", ".join(sorted(declared.names)) or "none"
-    errors = [{"loc": ("query", name), "type": "unknown",
-               "msg": f"not a parameter of this route (it takes: {takes})"}
-              for name in counted if name not in declared.names]
-    errors += [{"loc": ("query", name), "type": "repeated",
-                "msg": f"given {n} times; this parameter takes one value"}
-               for name, n in counted.items() if n > 1 and name in declared.single]
+    errors = query_refusals((name for name, _ in request.query_params.multi_items()), declared.names,
+                            declared.single, of="route")
     if not errors:
         return
     if (authenticate := _authentication(route)) is not None:

@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse
 from stepstone.api.app import API_PREFIX
 from stepstone.api.auth import TOKEN_COOKIE, Principal, TokenAuth
 from stepstone.api.context import context_of
+from stepstone.api.query_params import query_refusals
 from stepstone.core.attribution import Actor
 from stepstone.errors import InvalidInput
 from stepstone.ids import short_id
@@ -124,14 +125,17 @@ def flash_of(request: Request) -> str | None:
 _ON_EVERY_PAGE = ("done", "sig")  # the signed status message a redirect leaves (flash_of)
 
 
-def query_of(request: Request, *takes: str) -> QueryParams:
-    """The query of a page that takes the parameters `takes` (none: a page without filters). A parameter
-    it does not take (a misspelled filter, ``?stauts=FAILED``) is refused, 422 on the error page, as the
-    API refuses it, rather than ignored, which listed everything. Every GET page calls it."""
-    unknown = sorted({k for k in request.query_params if k not in takes and k not in _ON_EVERY_PAGE})
-    if unknown:
-        raise InvalidInput(f"{', '.join(unknown)}: not a parameter of this page (it takes: "
-                           f"{', '.join(sorted(takes)) or 'none'})", what=unknown[0])
+def query_of(request: Request, *takes: str, many: tuple[str, ...] = ()) -> QueryParams:
+    """The query of a page or form that takes the parameters `takes` (none: a page without filters), of
+    which `many` may be given more than once. A parameter it does not take (a misspelled filter,
+    ``?stauts=FAILED``), or a repeat of one that takes one value (``?workflow=a&workflow=b``, which read only
+    one of them), is refused, 422 on the error page, as the API refuses it (`query_refusals`), rather than
+    ignored. Every GET page calls it, and every form (`session.posted_form`, sign-in and sign-out)."""
+    single = [name for name in (*takes, *_ON_EVERY_PAGE) if name not in many]
+    errors = query_refusals((name for name, _ in request.query_params.multi_items()), takes, single,
+                            of="page", also=_ON_EVERY_PAGE)
+    if errors:
+        raise InvalidInput("; ".join(f"{e['loc'][1]}: {e['msg']}" for e in errors), what=errors[0]["loc"][1])
     return request.query_params
 
 

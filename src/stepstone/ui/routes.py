@@ -80,7 +80,7 @@ async def logout(request: Request) -> Response:
 async def instances_page(request: Request) -> Response:
     who = await signed_in(request)
     ctx = context_of(request)
-    q = query_of(request, "status", "workflow", "business_key", "scope", "archived", "cursor")
+    q = query_of(request, "status", "workflow", "business_key", "scope", "archived", "cursor", many=("status",))
     filters: dict[str, Any] = {k: (q.get(k) or None) for k in ("workflow", "business_key", "scope")}
     filters["status"] = _statuses(q.getlist("status"))
     archived = q.get("archived") == "1"

@@ -10,7 +10,7 @@ from starlette.responses import RedirectResponse
 
 from stepstone.api.auth import Forbidden, Principal, Unauthenticated
 from stepstone.api.context import context_of, writable
-from stepstone.ui.render import csrf_token, flash_mac, ui_root
+from stepstone.ui.render import csrf_token, flash_mac, query_of, ui_root
 
 __all__ = ["back", "form_number", "from_this_site", "posted_form", "signed_in"]
 
@@ -29,24 +29,28 @@ async def signed_in(request: Request) -> Principal:
 
 
 async def posted_form(request: Request, who: Principal) -> FormData:
-    """The posted form of a state-changing UI request: read-only 405, CSRF value checked."""
+    """The posted form of a state-changing UI request: read-only 405, CSRF value checked, then its query,
+    which no form takes (422 for any parameter, as the API refuses one its route does not take)."""
     writable(request)
     form = await request.form()
     if form.get("csrf") != csrf_token(request, who):
         raise Forbidden("this form is stale or was not sent by this site; reload the page and try again",
                         role="any", scope="*")
+    query_of(request)
     return form
 
 
 def from_this_site(request: Request) -> None:
     """Forbidden when the browser says the request comes from another site (its Origin names another
     host, or Sec-Fetch-Site says cross-site): sign-in and sign-out, which have no session to key a
-    CSRF value by yet or any more. A program that sends neither header (curl) is let through."""
+    CSRF value by yet or any more. A program that sends neither header (curl) is let through. Then the
+    query is checked (none is taken), as `posted_form` does."""
     origin = request.headers.get("origin")
     other = origin is not None and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
     if other or request.headers.get("sec-fetch-site") == "cross-site":
         raise Forbidden("this form was not sent by this site; open the sign-in page here and try again",
                         role="any", scope="*")
+    query_of(request)  # sign-in and sign-out take no query, as no other form does (posted_form)
 
 
 def form_number(value: object, most: int) -> int | None:
