@@ -33,6 +33,9 @@
   chaostask-1    a human task (group `chaos`, decision `approve` -> s1), s1, a wait for the message
                  `chaos.receipt` correlated by the state's `key`, then s2 (the rig's driver completes the tasks
                  and publishes the messages while the workers are killed, paused or cut off)
+  chaoshand-1    s1, a wait for the message `chaos.receipt` by the state's `key` or the signal `go` (-> s2), s2
+                 records which came: a `go` sent before the wait opens wins over a buffered message the wait
+                 took, which goes on to another wait of its key (test_task_kills.py; the scenarios never start it)
 
 The ledger lives in schema ``chaos`` of the engine's database and is written on the handler's own
 connection (a small pool per process, not the store's), committed before the handler returns. One row per
