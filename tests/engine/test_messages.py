@@ -16,6 +16,7 @@ from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.cli.instances import describe_wait
 from stepstone.core.effects import Subscribe
 from stepstone.core.model import Decision
+from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.core.transitions import apply
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
 from stepstone.store.port import CommitRequest
@@ -114,6 +115,30 @@ async def test_the_database_refuses_a_ttl_under_a_microsecond_too(engine: Engine
                 fingerprint="f")
         assert await conn.fetchval("SELECT count(*) FROM stepstone.messages") == 0  # still usable
     assert await conn.fetchval("SELECT count(*) FROM stepstone.messages") == 0
+
+
+async def test_the_database_refuses_every_ttl_the_client_refuses(engine: Engine, conn: asyncpg.Connection) -> None:
+    """A NaN, infinite or too long ttl reaching the SQL function failed with "interval out of range" (22008),
+    unmapped, and a negative one was answered `dropped`, where the client refuses all of them. The store's
+    publish and the caller's-transaction path refuse them as the client does, the transaction still usable;
+    a thousand years exactly is kept."""
+    store = engine.client.store
+    refused = (float("nan"), float("inf"), float("-inf"), -1.0, -1e-9, MAX_SECONDS * 2, 1e300)
+    for ttl in refused:
+        with pytest.raises(InvalidInput, match="ttl must be a number of seconds from 0 to a thousand years"):
+            await store.publish_message("receipt_received", "o-bad", {"n": 1}, message_id=None, ttl=ttl,
+                                        correlate_all=False, fingerprint="f")
+    async with conn.transaction():
+        for ttl in refused:
+            with pytest.raises(InvalidInput, match="ttl must be a number of seconds from 0 to a thousand years"):
+                await engine.client._caller_transaction(conn).publish_in(
+                    conn, "receipt_received", "o-bad", {"n": 2}, message_id=None, ttl=ttl, correlate_all=False,
+                    fingerprint="f")
+        assert await conn.fetchval("SELECT count(*) FROM stepstone.messages") == 0  # still usable
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.messages") == 0
+    longest = await store.publish_message("receipt_received", "o-bad", {"n": 3}, message_id=None, ttl=MAX_SECONDS,
+                                          correlate_all=False, fingerprint="f")
+    assert longest["status"] == "BUFFERED"
 
 
 async def test_the_oldest_subscription_wins_and_correlate_all_reaches_every_one(engine: Engine) -> None:

@@ -123,7 +123,8 @@ _REFUSALS: dict[str, Callable[[str], StepstoneError]] = {
     # program_limit_exceeded: a value longer than an index entry holds (about 2,700 bytes), e.g. a start
     # whose input gives a flow limit's key of kilobytes; the caller's input, so refused, not a failure.
     "54000": lambda message: InvalidInput(f"a value is larger than PostgreSQL takes there ({message})"),
-    # publish_message's refusal of a ttl under a microsecond (migration 0078; the client refuses it first).
+    # publish_message's refusal of a ttl the client refuses first: under a microsecond (migration 0078), negative,
+    # NaN, infinite or over a thousand years (0080).
     "SSM01": lambda message: InvalidInput(message.removeprefix("stepstone: "), what="ttl"),
 }
 

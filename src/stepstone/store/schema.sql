@@ -2217,6 +2217,14 @@ BEGIN
         RAISE EXCEPTION 'stepstone: ttl % is under a microsecond, the least a message is buffered for; give 0 (or none) to have it dropped when no wait is open', p_ttl
             USING ERRCODE = 'SSM01';
     END IF;
+    -- A NaN, infinite or too long ttl failed below with "interval out of range" (22008), unmapped, and a
+    -- negative one was answered dropped: the client refuses all of them, and so does the store, with the
+    -- client's bounds (0 to core.timestamps.MAX_SECONDS, a thousand years; NaN sorts above every number here)
+    -- and words (migration 0080).
+    IF p_ttl < 0 OR p_ttl > 31557600000 THEN
+        RAISE EXCEPTION 'stepstone: ttl must be a number of seconds from 0 to a thousand years, got %', p_ttl
+            USING ERRCODE = 'SSM01';
+    END IF;
     -- A message id names one message whatever its name and key: two publishes of one id wait for each
     -- other here, so the second finds the first's row (duplicate or conflict) instead of failing on the
     -- unique index once the first commits (migration 0068).
@@ -5492,3 +5500,8 @@ END $$;
 -- publish_message (in the version 7 section) refuses a ttl under a microsecond (SQLSTATE SSM01), and
 -- publish_in_caller_transaction (in the version 18 section) answers it `invalid`, the caller's transaction
 -- still usable; why: the migration's header.
+
+-- ==== version 80 (migration 0080_ttl_out_of_bounds_refused) ====
+-- publish_message (in the version 7 section) refuses a negative, NaN, infinite or longer than a thousand years
+-- ttl (SQLSTATE SSM01, as a ttl under a microsecond), and publish_in_caller_transaction answers it `invalid`;
+-- why: the migration's header.
