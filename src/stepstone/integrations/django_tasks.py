@@ -27,11 +27,13 @@ import os
 import socket
 import threading
 import traceback
+import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+from django.core.signals import setting_changed
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
@@ -193,7 +195,24 @@ class _Shared:
 
 
 _shared: dict[tuple[str, str], _Shared] = {}
+_holding: weakref.WeakSet[StepstoneBackend] = weakref.WeakSet()  # the backends that hold a shared client
 _shared_lock = threading.Lock()
+
+
+def _let_go_on_tasks_change(*, setting: str, **_: Any) -> None:
+    """A change of TASKS (`override_settings`) makes Django drop its backends of every thread for new ones
+    without closing them: their holds kept the shared client open until the process exited. Each backend
+    holding one lets go of it here, and the last closes it; one still referenced takes a client again on
+    its next call."""
+    if setting != "TASKS":
+        return
+    with _shared_lock:
+        backends = list(_holding)
+    for backend in backends:
+        backend.close()
+
+
+setting_changed.connect(_let_go_on_tasks_change, dispatch_uid=f"{__name__}.let_go_on_tasks_change")
 
 
 class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
@@ -222,12 +241,14 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
             if self._held is None:
                 self._held = target
                 shared.holders += 1
+                _holding.add(self)
             return shared.client
 
     def close(self) -> None:
         """Let go of the shared client; the last backend holding it closes it."""
         with _shared_lock:
             target, self._held = self._held, None
+            _holding.discard(self)
             shared = _shared.get(target) if target is not None else None
             if target is None or shared is None:
                 return

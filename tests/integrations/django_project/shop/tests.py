@@ -6,10 +6,11 @@ import importlib
 import os
 import subprocess
 import threading
+import uuid
 from datetime import timedelta
 
 from django.db import connection, transaction
-from django.test import TransactionTestCase
+from django.test import TransactionTestCase, override_settings
 from django.utils import timezone
 
 try:
@@ -21,6 +22,7 @@ except ImportError:
     from django_tasks.exceptions import TaskResultDoesNotExist
 
 from shop.tasks import add, double_later, own_status, refuse, with_context
+from stepstone.errors import ClientClosed, InstanceNotFound
 from stepstone.integrations.django_tasks import _database_url, registry
 from stepstone.testing import open_engine
 
@@ -33,6 +35,17 @@ def run_worker(advance=None):
             await engine.run_until_idle()
 
     asyncio.run(go())
+
+
+def closed(client):
+    """Whether the SyncClient is closed (an open one answers that no such instance exists)."""
+    try:
+        client.get(str(uuid.uuid4()))
+    except ClientClosed:
+        return True
+    except InstanceNotFound:
+        return False
+    raise AssertionError("an instance that no one started")
 
 
 class StepstoneTasks(TransactionTestCase):
@@ -152,3 +165,18 @@ class StepstoneTasks(TransactionTestCase):
         result_a.refresh()
         result_b.refresh()
         self.assertEqual((result_a.return_value, result_b.return_value), (2, 4))
+
+    def test_a_change_of_tasks_lets_go_of_the_old_backends_clients(self):
+        """A change of TASKS (override_settings here) makes Django drop its backends of every thread without
+        closing them: their holds on the shared client stayed, and it stayed open until the process exited."""
+        before = default_task_backend.client()  # this thread's backend holds it, alone once the others closed
+        other = {"database_url": _database_url(), "schema": "stepstone"}  # the same database, written out
+        with override_settings(TASKS={"default": {"BACKEND": "stepstone.integrations.django_tasks.StepstoneBackend",
+                                                  "OPTIONS": other}}):
+            self.assertTrue(closed(before))
+            inside = default_task_backend.client()
+            self.assertIsNot(inside, before)
+            result = add.enqueue(3, 4)
+        self.assertTrue(closed(inside))
+        run_worker()
+        self.assertEqual(default_task_backend.get_result(result.id).return_value, 7)  # a new backend, a new client
