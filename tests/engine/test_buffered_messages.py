@@ -17,6 +17,7 @@ from stepstone.core.model import Decision
 from stepstone.core.transitions import apply
 from stepstone.store.port import CommitRequest
 from stepstone.testing import open_engine
+from tests._pg import until_shown
 from tests.engine.crossed_groups import commit_crossed
 
 # A wait taking message `m` by the key `k`, or the signal `skip`; `took` records what came and goes back to
@@ -291,3 +292,79 @@ async def test_a_message_whose_instance_is_cancelled_before_applying_it_goes_on(
             assert (info.status, info.state["got"]) == ("COMPLETED", [["m", 8]]), info
     finally:
         gate.pop("k-cancel", None)
+
+
+# A race of a message wait (branch a, key `k`) against a signal (branch b); the join then waits for a message
+# of key `j`. The signal's commit wins the race: it cancels branch a, whose message command is still open,
+# and enters the wait of key `j`, all in one commit.
+raced = Workflow("raced", version=1)
+raced.fork("split", branches={"a": "await_k", "b": "await_win"}, start=True)
+raced.wait("await_k", messages={"m": "merge"}, correlation="k")
+raced.wait("await_win", signals={"win": "merge"})
+raced.join("merge", fork="split", need="any", next="await_j")
+raced.wait("await_j", messages={"m": END}, correlation="j")
+
+
+async def test_a_commit_that_hands_on_and_subscribes_takes_its_keys_in_one_order(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """A lone commit that both hands a message on and opens a subscription took its Subscribe keys in the
+    subscriptions section and its hand-on keys at its end: two sorted batches. X (hands on k1, subscribes
+    k2) took k2 then k1, Y (hands on k2, subscribes k1) k1 then k2: with k1 held elsewhere until both wait
+    for it, Y got k1 and waited for k2, X held k2 and waited for k1, and PostgreSQL aborted one (40P01).
+    Now a commit takes its Subscribe and hand-on keys together, in (name, key) order."""
+    async with open_engine(database_url, Registry(raced), concurrency=1) as engine:
+        c, store = engine.client, engine.store
+        x = await c.start(raced, {"k": "k1", "j": "k2"})
+        y = await c.start(raced, {"k": "k2", "j": "k1"})
+        for n, key in enumerate(("k1", "k2")):
+            await c.publish_message("m", key, {"n": n}, ttl=600)
+
+        async def claimed() -> list[CommitRequest]:
+            out = []
+            for claim in await store.claim(8, 30, "racer"):
+                decision = apply(claim.instance, claim.command, raced.plan, claim.now)
+                assert isinstance(decision, Decision), decision
+                out.append(CommitRequest(claim, claim.command.id, decision, claim.instance.visit,
+                                         claim.instance.state_version))
+            return out
+
+        held = set()  # the messages' commands, claimed and never applied: the signal's commit wins the race
+        for _ in range(3):  # the fork, then its branches (branch a takes its key's buffered message)
+            for request in await claimed():
+                if request.claim.command.kind == "MESSAGE":
+                    held.add(request.claim.instance.id)
+                    continue
+                committed = await store.commit(request, lease_seconds=30, worker="racer")
+                assert committed is not None and not committed.conflict, committed
+        assert held == {x, y}
+        for iid in (x, y):
+            await c.signal(iid, "win", {}, position="split/b")
+        for request in await claimed():  # branch b ends; its report to the join is queued on the root
+            assert request.claim.command.kind == "SIGNAL", request
+            assert await store.commit(request, lease_seconds=30, worker="racer") is not None
+        # The join's commit: it cancels branch a (its message's command settled CANCELLED: handed on) and
+        # enters the wait of `j` (a Subscribe): both in one commit, which commits alone.
+        ready = {request.claim.instance.id: request for request in await claimed()}
+        assert {r.claim.command.kind for r in ready.values()} == {"BRANCH_DONE"} and set(ready) == {x, y}, ready
+        holder = await asyncpg.connect(database_url)
+        try:
+            async with holder.transaction():
+                await holder.execute("SELECT stepstone.lock_correlation('m', 'k1')")
+                second = asyncio.ensure_future(store.commit(ready[y], lease_seconds=30, worker="racer"))
+                await until_shown(conn, "SELECT count(*) = 1 FROM pg_locks WHERE NOT granted", every=0.02,
+                                  timeout=10, failure="Y's commit never came to wait for key k1")
+                first = asyncio.ensure_future(store.commit(ready[x], lease_seconds=30, worker="racer"))
+                await until_shown(conn, "SELECT count(*) = 2 FROM pg_locks WHERE NOT granted", every=0.02,
+                                  timeout=10, failure="X's commit never came to wait")
+            results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), timeout=30)
+        finally:
+            await holder.close()
+        assert [type(r).__name__ for r in results if r is None or isinstance(r, BaseException)] == []
+        # Y committed first: its message went back to the buffer, where X's new wait of k2 took it; X's went
+        # on to Y's new wait of k1.
+        await engine.run_until_idle()
+        assert [(await c.get(iid)).status for iid in (x, y)] == ["COMPLETED", "COMPLETED"]
+        rows = await conn.fetch("SELECT correlation_key, status, deliveries->0->>'instance_id' AS taker "
+                                "FROM stepstone.messages ORDER BY correlation_key")
+        assert [tuple(r) for r in rows] == [("k1", "DELIVERED", y), ("k2", "DELIVERED", x)]

@@ -2165,12 +2165,28 @@ DECLARE
     v_msg {{schema}}.messages%ROWTYPE;
     v_cmd bigint;
     x jsonb;
+    k record;
 BEGIN
+    -- Every correlation key the commit takes, in one (name, key) order, before any: its subscriptions' and
+    -- those of the buffered messages it settled untaken before this section (the join's losers, its own
+    -- command, the other commands: stepstone.returned_messages), which commit_decisions hands on at its end
+    -- (version 77) under those keys again. Taken there, after these, the two sorted batches crossed: a commit
+    -- subscribing k2 and handing k1 on held k2 while it waited for k1, and one subscribing k1 and handing
+    -- k2 on held k1 while it waited for k2 (migration 0080).
+    FOR k IN SELECT nm AS name, it->>'key' AS key
+             FROM jsonb_array_elements(p_items) AS it, jsonb_array_elements_text(it->'names') AS nm
+             UNION
+             SELECT c.name, c.payload->>'correlation_key' FROM {{schema}}.commands c
+             WHERE c.id = ANY (string_to_array(NULLIF(current_setting('stepstone.returned_messages', true), ''),
+                                               ',')::bigint[])
+             ORDER BY 1, 2 LOOP
+        PERFORM {{schema}}.lock_correlation(k.name, k.key);
+    END LOOP;
     FOR x IN SELECT jsonb_array_elements(p_items) LOOP
         v_visit := (x->>'visit')::integer;
         v_key := x->>'key';
         v_names := ARRAY(SELECT n FROM jsonb_array_elements_text(x->'names') AS n ORDER BY n);
-        PERFORM {{schema}}.lock_correlation(n, v_key) FROM unnest(v_names) AS n ORDER BY n;
+        PERFORM {{schema}}.lock_correlation(n, v_key) FROM unnest(v_names) AS n ORDER BY n;  -- (held already)
         UPDATE {{schema}}.subscriptions s SET status = 'CLOSED', closed_at = p_now
         WHERE s.instance_id = v_id AND s.position = v_pos AND s.status = 'OPEN' AND s.visit < v_visit;
         INSERT INTO {{schema}}.subscriptions (instance_id, position, visit, step, name, correlation_key, status,
@@ -5501,7 +5517,8 @@ END $$;
 -- publish_in_caller_transaction (in the version 18 section) answers it `invalid`, the caller's transaction
 -- still usable; why: the migration's header.
 
--- ==== version 80 (migration 0080_ttl_out_of_bounds_refused) ====
+-- ==== version 80 (migration 0080_ttl_bounds_and_one_key_order) ====
 -- publish_message (in the version 7 section) refuses a negative, NaN, infinite or longer than a thousand years
 -- ttl (SQLSTATE SSM01, as a ttl under a microsecond), and publish_in_caller_transaction answers it `invalid`;
--- why: the migration's header.
+-- open_subscriptions (in the version 7 section) takes the keys of the messages its commit hands on with its
+-- own, in one order; why: the migration's header.

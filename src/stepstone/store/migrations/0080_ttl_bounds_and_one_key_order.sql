@@ -10,7 +10,6 @@
 -- the store maps to InvalidInput (what="ttl") and publish_in_caller_transaction (unchanged) answers `invalid`,
 -- leaving the caller's transaction usable. 0 (or none) still drops a message no wait takes; a thousand years
 -- exactly is kept.
--- Expand only: publish_message replaced with the same signature.
 CREATE OR REPLACE FUNCTION {{schema}}.publish_message(p_name text, p_key text, p_payload jsonb, p_message_id text,
                                            p_ttl float8, p_all boolean, p_fingerprint text)
 RETURNS TABLE (outcome text, deliveries jsonb, expires_at timestamptz, status text)
@@ -102,4 +101,72 @@ BEGIN
     VALUES (p_message_id, p_name, p_key, p_payload, p_fingerprint, v_status, v_delivered, v_now, v_expires,
             CASE WHEN v_status = 'DELIVERED' THEN v_now END);
     RETURN QUERY SELECT lower(v_status), v_delivered, v_expires, v_status;
+END $$;
+
+-- A commit that hands a buffered message on and opens a subscription takes its keys in one order.
+--
+-- A buffered message whose command a commit settles untaken is handed on at the end of commit_decisions, in
+-- (name, key) order, under its key's lock (0077); a commit that enters a wait taking messages takes its
+-- subscriptions' keys in open_subscriptions, sorted too. One commit doing both (a join cancelling a branch
+-- whose message's command was still open, then entering a message wait; it commits alone, as every commit
+-- that subscribes) took the two batches one after the other, not in one order: one subscribing k2 and handing
+-- k1 on, and one subscribing k1 and handing k2 on, each held its first key while it waited for the other's
+-- (tests/engine/test_buffered_messages.py: DeadlockDetectedError). Now open_subscriptions takes both sets of
+-- keys first, in one (name, key) order (the order of the hand-on and of a group's hand-ons); the hand-on at
+-- the end takes them again, held already. The commands are those the commit settled before the section
+-- runs, which is every one it settles (the positions, the claimed command and the other commands come first).
+-- Expand only: publish_message and open_subscriptions replaced with the same signatures.
+CREATE OR REPLACE FUNCTION {{schema}}.open_subscriptions(p_commit jsonb, p_items jsonb, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := (p_commit->>'instance')::uuid;
+    v_pos text := p_commit->>'position';
+    v_step text := p_commit->'move'->>'step';
+    v_visit integer;
+    v_key text;
+    v_names text[];
+    v_msg {{schema}}.messages%ROWTYPE;
+    v_cmd bigint;
+    x jsonb;
+    k record;
+BEGIN
+    -- Every correlation key the commit takes, in one (name, key) order, before any: its subscriptions' and
+    -- those of the buffered messages it settled untaken before this section (the join's losers, its own
+    -- command, the other commands: stepstone.returned_messages), which commit_decisions hands on at its end
+    -- (version 77) under those keys again. Taken there, after these, the two sorted batches crossed: a commit
+    -- subscribing k2 and handing k1 on held k2 while it waited for k1, and one subscribing k1 and handing
+    -- k2 on held k1 while it waited for k2 (migration 0080).
+    FOR k IN SELECT nm AS name, it->>'key' AS key
+             FROM jsonb_array_elements(p_items) AS it, jsonb_array_elements_text(it->'names') AS nm
+             UNION
+             SELECT c.name, c.payload->>'correlation_key' FROM {{schema}}.commands c
+             WHERE c.id = ANY (string_to_array(NULLIF(current_setting('stepstone.returned_messages', true), ''),
+                                               ',')::bigint[])
+             ORDER BY 1, 2 LOOP
+        PERFORM {{schema}}.lock_correlation(k.name, k.key);
+    END LOOP;
+    FOR x IN SELECT jsonb_array_elements(p_items) LOOP
+        v_visit := (x->>'visit')::integer;
+        v_key := x->>'key';
+        v_names := ARRAY(SELECT n FROM jsonb_array_elements_text(x->'names') AS n ORDER BY n);
+        PERFORM {{schema}}.lock_correlation(n, v_key) FROM unnest(v_names) AS n ORDER BY n;  -- (held already)
+        UPDATE {{schema}}.subscriptions s SET status = 'CLOSED', closed_at = p_now
+        WHERE s.instance_id = v_id AND s.position = v_pos AND s.status = 'OPEN' AND s.visit < v_visit;
+        INSERT INTO {{schema}}.subscriptions (instance_id, position, visit, step, name, correlation_key, status,
+                                              created_at)
+        SELECT v_id, v_pos, v_visit, v_step, n, v_key, 'OPEN', p_now FROM unnest(v_names) AS n ORDER BY n;
+        SELECT * INTO v_msg FROM {{schema}}.messages m
+        WHERE m.status = 'BUFFERED' AND m.name = ANY (v_names) AND m.correlation_key = v_key AND m.expires_at > p_now
+        ORDER BY m.id LIMIT 1 FOR UPDATE;
+        IF FOUND THEN
+            v_cmd := {{schema}}.deliver_to_subscription(
+                v_id, v_pos, v_visit, v_step, v_msg.name,
+                jsonb_build_object('payload', v_msg.payload, 'message_id', v_msg.message_id,
+                                   'correlation_key', v_key, 'buffered', true), v_msg.id, p_now);
+            UPDATE {{schema}}.messages m SET status = 'DELIVERED', delivered_at = p_now,
+                deliveries = jsonb_build_array(jsonb_build_object('instance_id', v_id, 'position', v_pos,
+                                                                  'command_id', v_cmd))
+            WHERE m.id = v_msg.id;
+        END IF;
+    END LOOP;
 END $$;
