@@ -195,7 +195,7 @@ class CallerTransactionQueries:
         if row["outcome"] == "limit":
             raise OpenSignalLimit(str(row["detail"]).removeprefix("stepstone: ") + "; nothing was recorded",
                                   instance_id=None, limit=int(row["cap"] or 0))
-        if row["outcome"] == "invalid":  # a ttl the client refuses too (migrations 0078, 0080)
+        if row["outcome"] == "invalid":  # a ttl the client refuses too (migrations 0078, 0079)
             raise InvalidInput(str(row["detail"]).removeprefix("stepstone: "), what="ttl")
         if row["outcome"] == "busy":
             raise Unavailable(f"message {name!r} ({correlation_key!r}): the matching instance stayed busy; "

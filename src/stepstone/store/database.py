@@ -124,7 +124,7 @@ _REFUSALS: dict[str, Callable[[str], StepstoneError]] = {
     # whose input gives a flow limit's key of kilobytes; the caller's input, so refused, not a failure.
     "54000": lambda message: InvalidInput(f"a value is larger than PostgreSQL takes there ({message})"),
     # publish_message's refusal of a ttl the client refuses first: under a microsecond (migration 0078), negative,
-    # NaN, infinite or over a thousand years (0080).
+    # NaN, infinite or over a thousand years (0079).
     "SSM01": lambda message: InvalidInput(message.removeprefix("stepstone: "), what="ttl"),
 }
 

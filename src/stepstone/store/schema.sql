@@ -2172,7 +2172,7 @@ BEGIN
     -- command, the other commands: stepstone.returned_messages), which commit_decisions hands on at its end
     -- (version 77) under those keys again. Taken there, after these, the two sorted batches crossed: a commit
     -- subscribing k2 and handing k1 on held k2 while it waited for k1, and one subscribing k1 and handing
-    -- k2 on held k1 while it waited for k2 (migration 0080).
+    -- k2 on held k1 while it waited for k2 (migration 0079).
     FOR k IN SELECT nm AS name, it->>'key' AS key
              FROM jsonb_array_elements(p_items) AS it, jsonb_array_elements_text(it->'names') AS nm
              UNION
@@ -2236,7 +2236,7 @@ BEGIN
     -- A NaN, infinite or too long ttl failed below with "interval out of range" (22008), unmapped, and a
     -- negative one was answered dropped: the client refuses all of them, and so does the store, with the
     -- client's bounds (0 to core.timestamps.MAX_SECONDS, a thousand years; NaN sorts above every number here)
-    -- and words (migration 0080).
+    -- and words (migration 0079).
     IF p_ttl < 0 OR p_ttl > 31557600000 THEN
         RAISE EXCEPTION 'stepstone: ttl must be a number of seconds from 0 to a thousand years, got %', p_ttl
             USING ERRCODE = 'SSM01';
@@ -5517,7 +5517,7 @@ END $$;
 -- publish_in_caller_transaction (in the version 18 section) answers it `invalid`, the caller's transaction
 -- still usable; why: the migration's header.
 
--- ==== version 80 (migration 0080_ttl_bounds_and_one_key_order) ====
+-- ==== version 79 (migration 0079_ttl_bounds_and_one_key_order) ====
 -- publish_message (in the version 7 section) refuses a negative, NaN, infinite or longer than a thousand years
 -- ttl (SQLSTATE SSM01, as a ttl under a microsecond), and publish_in_caller_transaction answers it `invalid`;
 -- open_subscriptions (in the version 7 section) takes the keys of the messages its commit hands on with its
