@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import asyncpg
 from pydantic import BaseModel
 
 from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow
@@ -132,3 +133,22 @@ async def test_a_retry_after_the_deadline_passed_runs_without_it_before_its_time
         assert kinds.index("DEADLINE_PASSED") < kinds.index("INSTANCE_RETRIED")
         [passed] = [h for h in history if h["kind"] == "DEADLINE_PASSED"]
         assert passed["data"]["outcome"] == "left FAILED for an operator"
+
+
+async def test_a_retry_in_a_scope_running_the_default_registration_bounds_the_step_again(
+    database_url: str, conn: asyncpg.Connection
+) -> None:
+    # A scope with no registration of its own runs the default scope's (definition_scope 'default'). The retry
+    # looked the step deadlines up in the instance's own scope, found no row there and queued no timer: the
+    # retried step ran unbounded.
+    FLAKY["broken"] = True
+    async with open_engine(database_url, Registry(bounded)) as engine:
+        iid = await engine.client.start(bounded, {}, scope="tenant-a")
+        await engine.run_until_idle()
+        assert (await engine.client.get(iid)).status == "FAILED"
+        assert await conn.fetchval("SELECT definition_scope FROM stepstone.instances WHERE id = $1", iid) == "default"
+        await engine.client.retry(iid)
+        timers = await conn.fetch(
+            "SELECT c.step, c.available_at - c.created_at AS bound FROM stepstone.commands c WHERE c.instance_id = $1"
+            " AND c.kind = 'TIMER' AND c.name = 'step_deadline' AND c.state = 'PENDING'", iid)
+        assert [(t["step"], t["bound"]) for t in timers] == [("slow", timedelta(minutes=5))]

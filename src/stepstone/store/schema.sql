@@ -525,7 +525,7 @@ BEGIN
                      AND x.name = 'step_deadline' AND (x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
                    ORDER BY x.id FOR UPDATE OF x);
     IF EXISTS (SELECT 1 FROM {{schema}}.definitions d, jsonb_array_elements(d.plan->'steps') AS s
-               WHERE d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
+               WHERE d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
                  AND d.version = v_inst.version AND s ? 'deadline') THEN
         PERFORM {{schema}}.open_saga_position(p_instance, v_now);
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
@@ -534,7 +534,7 @@ BEGIN
                'step_deadline', jsonb_build_object('position', r.position, 'step', r.step, 'visit', r.visit),
                v_now + make_interval(secs => (s->'deadline'->>'seconds')::float8), v_now
         FROM {{schema}}.commands r
-        JOIN {{schema}}.definitions d ON d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
+        JOIN {{schema}}.definitions d ON d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
              AND d.version = v_inst.version
         CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
         WHERE r.id = ANY (v_retries) AND s->>'name' = r.step AND s ? 'deadline'
@@ -5522,3 +5522,7 @@ END $$;
 -- ttl (SQLSTATE SSM01, as a ttl under a microsecond), and publish_in_caller_transaction answers it `invalid`;
 -- open_subscriptions (in the version 7 section) takes the keys of the messages its commit hands on with its
 -- own, in one order; why: the migration's header.
+
+-- ==== version 80 (migration 0080_schema_reads_by_the_instances_plan) ====
+-- retry_instance (in the version 1 section) reads the step deadlines from the instance's definition scope's
+-- registration; why: the migration's header.
