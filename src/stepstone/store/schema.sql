@@ -412,9 +412,12 @@ BEGIN
         RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::text;
         RETURN;
     END IF;
+    -- The plan the instance runs (its plan hash): another plan stored for its version is not its plan, and a
+    -- plan that is not stored declares nothing known, as for an instance no registration knows.
     IF NOT EXISTS (SELECT 1 FROM {{schema}}.definitions d
-                   WHERE d.scope = v_inst.scope AND d.definition_id = v_inst.definition_id
-                     AND d.version = v_inst.version AND d.plan->'signals' ? p_name) THEN
+                   WHERE d.scope IN (v_inst.scope, v_inst.definition_scope)
+                     AND d.definition_id = v_inst.definition_id AND d.version = v_inst.version
+                     AND d.plan_hash = v_inst.plan_hash AND d.plan->'signals' ? p_name) THEN
         RETURN QUERY SELECT 'unknown_signal', NULL::bigint, v_inst.status;
         RETURN;
     END IF;
@@ -524,9 +527,10 @@ BEGIN
                    WHERE x.instance_id = p_instance AND x.position = '$saga' AND x.kind = 'TIMER'
                      AND x.name = 'step_deadline' AND (x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
                    ORDER BY x.id FOR UPDATE OF x);
+    -- The deadlines of the plan the instance runs (its plan hash): none known when it is not stored.
     IF EXISTS (SELECT 1 FROM {{schema}}.definitions d, jsonb_array_elements(d.plan->'steps') AS s
                WHERE d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
-                 AND d.version = v_inst.version AND s ? 'deadline') THEN
+                 AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash AND s ? 'deadline') THEN
         PERFORM {{schema}}.open_saga_position(p_instance, v_now);
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
@@ -535,7 +539,7 @@ BEGIN
                v_now + make_interval(secs => (s->'deadline'->>'seconds')::float8), v_now
         FROM {{schema}}.commands r
         JOIN {{schema}}.definitions d ON d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
-             AND d.version = v_inst.version
+             AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash
         CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
         WHERE r.id = ANY (v_retries) AND s->>'name' = r.step AND s ? 'deadline'
         ORDER BY r.position;
@@ -786,9 +790,11 @@ BEGIN
         END IF;
         IF v_status = 'COMPLETED' THEN
             v_state := v_child.state;
-            SELECT d.plan -> 'sensitive' INTO v_paths FROM {{schema}}.definitions d
-            WHERE d.scope = COALESCE(v_child.definition_scope, v_child.scope)
-              AND d.definition_id = v_child.definition_id AND d.version = v_child.version;
+            -- The child's own plan's paths; when it is not stored, every path a stored plan of its workflow
+            -- marks (pinned_sensitive_paths, version 80).
+            v_paths := {{schema}}.pinned_sensitive_paths(v_child.scope, COALESCE(v_child.definition_scope,
+                                                                                  v_child.scope),
+                                                         v_child.definition_id, v_child.version, v_child.plan_hash);
             IF jsonb_typeof(v_paths) = 'array' THEN
                 FOR v_path IN SELECT jsonb_array_elements(v_paths) LOOP
                     v_state := {{schema}}.redact_path(v_state, ARRAY(SELECT jsonb_array_elements_text(v_path)));
@@ -895,10 +901,12 @@ BEGIN
         RETURN QUERY SELECT 'not_found', NULL::bigint, NULL::text;
         RETURN;
     END IF;
+    -- The plan the instance runs (its plan hash): another plan stored for its version is not its plan, and a
+    -- plan that is not stored declares nothing known, as for an instance no registration knows.
     IF NOT EXISTS (SELECT 1 FROM {{schema}}.definitions d
                    WHERE d.scope IN (v_inst.scope, v_inst.definition_scope)
-                     AND d.definition_id = v_inst.definition_id
-                     AND d.version = v_inst.version AND d.plan->'signals' ? p_name) THEN
+                     AND d.definition_id = v_inst.definition_id AND d.version = v_inst.version
+                     AND d.plan_hash = v_inst.plan_hash AND d.plan->'signals' ? p_name) THEN
         RETURN QUERY SELECT 'unknown_signal', NULL::bigint, v_inst.status;
         RETURN;
     END IF;
@@ -5524,5 +5532,28 @@ END $$;
 -- own, in one order; why: the migration's header.
 
 -- ==== version 80 (migration 0080_schema_reads_by_the_instances_plan) ====
--- retry_instance (in the version 1 section) reads the step deadlines from the instance's definition scope's
--- registration; why: the migration's header.
+-- retry_instance (in the version 1 section) reads the step deadlines of the instance's own plan (its plan
+-- hash) in its definition scope's registration; send_signal (version 1 section) and signal_position (version
+-- 2 section) accept a signal that plan declares; start_children (version 2 section) redacts an existing
+-- child's report by pinned_sensitive_paths; why: the migration's header.
+-- The sensitive paths of the plan an instance runs: its plan's (the row of its plan hash in its definition
+-- scope) when that is stored; otherwise every path a stored plan of its workflow marks, any version, in its
+-- definition scope or its own (the version's row among them), as the views redact (management.sql).
+CREATE FUNCTION {{schema}}.pinned_sensitive_paths(p_scope text, p_definition_scope text, p_definition_id text,
+                                                  p_version integer, p_plan_hash text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_plan jsonb;
+BEGIN
+    SELECT o.plan INTO v_plan FROM {{schema}}.definitions o
+    WHERE o.scope = p_definition_scope AND o.definition_id = p_definition_id AND o.version = p_version
+      AND o.plan_hash = p_plan_hash;
+    IF FOUND THEN
+        RETURN v_plan -> 'sensitive';
+    END IF;
+    RETURN (SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
+            CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive') = 'array'
+                                                         THEN d.plan -> 'sensitive' END) p
+            WHERE d.scope IN (p_definition_scope, p_scope) AND d.definition_id = p_definition_id);
+END $$;
