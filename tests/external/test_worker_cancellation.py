@@ -11,16 +11,7 @@ from typing import Any
 import pytest
 
 from stepstone.external import ExternalWorker, LockedTask, TaskLockRefused
-
-
-async def _linger_when_cancelled(cancelled: asyncio.Event, release: asyncio.Event) -> None:
-    """Never returns; once cancelled, sets `cancelled` and ends (cancelled) only when `release` is set."""
-    try:
-        await asyncio.Event().wait()
-    except asyncio.CancelledError:
-        cancelled.set()
-        await release.wait()
-        raise
+from tests._lingering import linger_when_cancelled
 
 
 class SlowToCancel:
@@ -35,7 +26,7 @@ class SlowToCancel:
 
     async def fetch_and_lock(self, *_args: Any, **_kw: Any) -> list[LockedTask]:
         self.fetching.set()
-        await _linger_when_cancelled(self.fetch_cancelled, self.release)
+        await linger_when_cancelled(self.fetch_cancelled, self.release)
         return []
 
     async def complete(self, task_id: str, *_args: Any, **_kw: Any) -> None:
@@ -74,7 +65,7 @@ class SlowKeeper(ExternalWorker):
         self.release = asyncio.Event()
 
     async def _keep(self, task: LockedTask) -> TaskLockRefused:  # noqa: ARG002 - the overridden signature
-        await _linger_when_cancelled(self.keeper_cancelled, self.release)
+        await linger_when_cancelled(self.keeper_cancelled, self.release)
         raise AssertionError("unreachable")
 
 

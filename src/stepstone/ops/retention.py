@@ -9,13 +9,13 @@ runs at a time (an advisory lock): `run` returns a report with `ran=False` when 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+from stepstone._waiting import cancel_and_wait
 from stepstone.errors import InvalidInput
 from stepstone.ops.model import RetentionReport
 from stepstone.store.operations_port import OperationsStore
@@ -142,9 +142,8 @@ class RetentionLoop:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # A cancellation of the caller while the loop ends is raised (the loop's own is not).
+            await cancel_and_wait(self._task)
             self._task = None
 
     async def _loop(self) -> None:
