@@ -20,7 +20,6 @@ lock_lost, lock_expired, not_open or not_awaited), 503 the database cannot be re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -32,6 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from stepstone._waiting import cancel_and_wait
 from stepstone.core import json_text
 from stepstone.errors import InvalidInput, NotFound, StepstoneError, TaskLockRefused, Unavailable
 from stepstone.external.tasks import ExternalTasks, LockedTask
@@ -101,9 +101,8 @@ async def _unless_gone(request: Request, work: Awaitable[list[LockedTask]]) -> l
             if done:
                 return job.result()
             if await request.is_disconnected():
-                job.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await job
+                # A cancellation of this request's task while the fetch ends is raised (the fetch's own is not).
+                await cancel_and_wait(job)
                 return []
     finally:
         if not job.done():
