@@ -123,3 +123,27 @@ async def test_a_childs_report_is_redacted_by_every_stored_plans_paths_when_its_
     payload = await conn.fetchval("SELECT payload FROM stepstone.commands WHERE instance_id = $1 "
                                   "AND kind = 'CHILD_COMPLETION'", uuid.UUID(pid))
     assert json.loads(payload)["state"] == {"secret": REDACTED, "note": "a note"}
+
+
+timed: Workflow[Any] = Workflow("sph_timed", version=1)
+
+
+@timed.step(name="a", start=True, next=None, deadline=timedelta(minutes=5))
+async def timed_a(_ctx: StepContext, _state: Any) -> None:
+    pass
+
+
+async def test_a_retry_bounds_a_step_by_its_own_plan_registered_in_its_own_scope_after_it_started(
+    engine: Engine, conn: asyncpg.Connection
+) -> None:
+    """Started in scope acme before any registration (its definition scope stays 'default'), then its own code
+    is registered in acme: the retry finds its plan there (one timer, though the plan is looked for in both)."""
+    iid = str(uuid.uuid4())
+    await engine.store.start(NewInstance(iid, pin_of(timed, "acme"), {}, "a", None, None, None))
+    await engine.store.register(pin_of(timed, "acme"), timed.registration_document())
+    await conn.execute("UPDATE stepstone.positions SET status = 'FAILED' WHERE instance_id = $1", iid)
+    await conn.execute("UPDATE stepstone.instances SET status = 'FAILED' WHERE id = $1", iid)
+    assert (await Operations.on(engine.store).retry([iid])).succeeded == 1
+    timers = await conn.fetch("SELECT available_at - created_at AS bound FROM stepstone.commands WHERE "
+                              "instance_id = $1 AND kind = 'TIMER' AND name = 'step_deadline'", iid)
+    assert [t["bound"] for t in timers] == [timedelta(minutes=5)]

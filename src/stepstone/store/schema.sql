@@ -477,6 +477,7 @@ DECLARE
     v_inst {{schema}}.instances%ROWTYPE;
     v_retries bigint[];
     v_timer bigint;
+    v_plan jsonb;
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
     IF NOT FOUND THEN
@@ -527,10 +528,13 @@ BEGIN
                    WHERE x.instance_id = p_instance AND x.position = '$saga' AND x.kind = 'TIMER'
                      AND x.name = 'step_deadline' AND (x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
                    ORDER BY x.id FOR UPDATE OF x);
-    -- The deadlines of the plan the instance runs (its plan hash): none known when it is not stored.
-    IF EXISTS (SELECT 1 FROM {{schema}}.definitions d, jsonb_array_elements(d.plan->'steps') AS s
-               WHERE d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
-                 AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash AND s ? 'deadline') THEN
+    -- The deadlines of the plan the instance runs (its plan hash), in the registration its pin was admitted
+    -- against or in its own scope (registered there after it started): none known when it is not stored.
+    SELECT d.plan INTO v_plan FROM {{schema}}.definitions d
+    WHERE d.scope IN (v_inst.definition_scope, v_inst.scope) AND d.definition_id = v_inst.definition_id
+      AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash
+    ORDER BY d.scope = v_inst.definition_scope DESC LIMIT 1;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(v_plan->'steps') AS s WHERE s ? 'deadline') THEN
         PERFORM {{schema}}.open_saga_position(p_instance, v_now);
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
@@ -538,9 +542,7 @@ BEGIN
                'step_deadline', jsonb_build_object('position', r.position, 'step', r.step, 'visit', r.visit),
                v_now + make_interval(secs => (s->'deadline'->>'seconds')::float8), v_now
         FROM {{schema}}.commands r
-        JOIN {{schema}}.definitions d ON d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
-             AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash
-        CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
+        CROSS JOIN LATERAL jsonb_array_elements(v_plan->'steps') AS s
         WHERE r.id = ANY (v_retries) AND s->>'name' = r.step AND s ? 'deadline'
         ORDER BY r.position;
     END IF;
@@ -5537,8 +5539,9 @@ END $$;
 -- 2 section) accept a signal that plan declares; start_children (version 2 section) redacts an existing
 -- child's report by pinned_sensitive_paths; why: the migration's header.
 -- The sensitive paths of the plan an instance runs: its plan's (the row of its plan hash in its definition
--- scope) when that is stored; otherwise every path a stored plan of its workflow marks, any version, in its
--- definition scope or its own (the version's row among them), as the views redact (management.sql).
+-- scope, or in its own scope where it was registered after the instance started) when that is stored;
+-- otherwise every path a stored plan of its workflow marks, any version, in its definition scope or its own
+-- (the version's row among them), as the views redact (management.sql).
 CREATE FUNCTION {{schema}}.pinned_sensitive_paths(p_scope text, p_definition_scope text, p_definition_id text,
                                                   p_version integer, p_plan_hash text)
 RETURNS jsonb
@@ -5547,8 +5550,9 @@ DECLARE
     v_plan jsonb;
 BEGIN
     SELECT o.plan INTO v_plan FROM {{schema}}.definitions o
-    WHERE o.scope = p_definition_scope AND o.definition_id = p_definition_id AND o.version = p_version
-      AND o.plan_hash = p_plan_hash;
+    WHERE o.scope IN (p_definition_scope, p_scope) AND o.definition_id = p_definition_id
+      AND o.version = p_version AND o.plan_hash = p_plan_hash
+    ORDER BY o.scope = p_definition_scope DESC LIMIT 1;
     IF FOUND THEN
         RETURN v_plan -> 'sensitive';
     END IF;

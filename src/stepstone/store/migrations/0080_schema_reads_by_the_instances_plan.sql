@@ -16,6 +16,10 @@
 --   already (unknown_signal): the other code's row is no longer trusted, nothing else is refused.
 -- - retry_instance bounded a retried step by the other code's deadline for a step of that name. It reads the
 --   deadlines of the own plan only: none when it is not stored (as for an instance no registration knows).
+--   The own plan is looked for in the definition scope, then in the instance's own scope: an instance started
+--   before any registration keeps definition_scope 'default' when its code is registered in its own scope
+--   later (the fix above, reading the definition scope alone, queued no timer for it, where reading the
+--   instance's scope had found one).
 -- - start_children redacted the report of an existing child (a step run again by an operator's retry) by the
 --   other code's sensitive paths. It redacts by pinned_sensitive_paths: the own plan's paths when stored,
 --   otherwise every path a stored plan of the workflow marks (as the views do since 99ac48c), never less than
@@ -35,8 +39,9 @@ DECLARE
     v_plan jsonb;
 BEGIN
     SELECT o.plan INTO v_plan FROM {{schema}}.definitions o
-    WHERE o.scope = p_definition_scope AND o.definition_id = p_definition_id AND o.version = p_version
-      AND o.plan_hash = p_plan_hash;
+    WHERE o.scope IN (p_definition_scope, p_scope) AND o.definition_id = p_definition_id
+      AND o.version = p_version AND o.plan_hash = p_plan_hash
+    ORDER BY o.scope = p_definition_scope DESC LIMIT 1;
     IF FOUND THEN
         RETURN v_plan -> 'sensitive';
     END IF;
@@ -159,6 +164,7 @@ DECLARE
     v_inst {{schema}}.instances%ROWTYPE;
     v_retries bigint[];
     v_timer bigint;
+    v_plan jsonb;
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
     IF NOT FOUND THEN
@@ -209,10 +215,13 @@ BEGIN
                    WHERE x.instance_id = p_instance AND x.position = '$saga' AND x.kind = 'TIMER'
                      AND x.name = 'step_deadline' AND (x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
                    ORDER BY x.id FOR UPDATE OF x);
-    -- The deadlines of the plan the instance runs (its plan hash): none known when it is not stored.
-    IF EXISTS (SELECT 1 FROM {{schema}}.definitions d, jsonb_array_elements(d.plan->'steps') AS s
-               WHERE d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
-                 AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash AND s ? 'deadline') THEN
+    -- The deadlines of the plan the instance runs (its plan hash), in the registration its pin was admitted
+    -- against or in its own scope (registered there after it started): none known when it is not stored.
+    SELECT d.plan INTO v_plan FROM {{schema}}.definitions d
+    WHERE d.scope IN (v_inst.definition_scope, v_inst.scope) AND d.definition_id = v_inst.definition_id
+      AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash
+    ORDER BY d.scope = v_inst.definition_scope DESC LIMIT 1;
+    IF EXISTS (SELECT 1 FROM jsonb_array_elements(v_plan->'steps') AS s WHERE s ? 'deadline') THEN
         PERFORM {{schema}}.open_saga_position(p_instance, v_now);
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
@@ -220,9 +229,7 @@ BEGIN
                'step_deadline', jsonb_build_object('position', r.position, 'step', r.step, 'visit', r.visit),
                v_now + make_interval(secs => (s->'deadline'->>'seconds')::float8), v_now
         FROM {{schema}}.commands r
-        JOIN {{schema}}.definitions d ON d.scope = v_inst.definition_scope AND d.definition_id = v_inst.definition_id
-             AND d.version = v_inst.version AND d.plan_hash = v_inst.plan_hash
-        CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
+        CROSS JOIN LATERAL jsonb_array_elements(v_plan->'steps') AS s
         WHERE r.id = ANY (v_retries) AND s->>'name' = r.step AND s ? 'deadline'
         ORDER BY r.position;
     END IF;
