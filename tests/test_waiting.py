@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from stepstone._waiting import wait_set
+from stepstone._waiting import cancel_and_wait, wait_set
 
 
 async def test_set_before_or_during_the_wait() -> None:
@@ -77,3 +77,48 @@ async def test_an_outer_timeout_still_reaches_the_caller() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0):
             await wait_set(asyncio.Event(), 30)
+
+
+async def test_cancel_and_wait_answers_the_result_or_none_and_raises_the_tasks_error() -> None:
+    done = asyncio.create_task(asyncio.sleep(0, result=7))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert done.done() and await cancel_and_wait(done) == 7  # finished first: its result
+    sleeper = asyncio.create_task(asyncio.sleep(30))
+    await asyncio.sleep(0)
+    assert await cancel_and_wait(sleeper) is None and sleeper.cancelled()
+
+    async def fails_when_cancelled() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    failing = asyncio.create_task(fails_when_cancelled())
+    await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="cleanup failed"):
+        await cancel_and_wait(failing)
+
+
+async def test_cancel_and_wait_lets_a_cancellation_of_its_caller_through() -> None:
+    """The caller is cancelled while it awaits the end of the task it cancelled: that CancelledError is the
+    caller's own and goes through (a suppress(CancelledError) around the await swallowed it)."""
+    release = asyncio.Event()
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await release.wait()  # its cleanup takes a while
+            raise
+
+    inner = asyncio.create_task(slow_to_end())
+    await asyncio.sleep(0)
+    outer = asyncio.create_task(cancel_and_wait(inner))
+    await asyncio.sleep(0)  # outer awaits inner's end now
+    await asyncio.sleep(0)
+    outer.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+    assert inner.cancelled()

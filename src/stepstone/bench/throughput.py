@@ -10,7 +10,6 @@ commits followed them (4 to 6.7 step commits a statement against 8 with 8 starte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import asyncpg
 
+from stepstone._waiting import cancel_and_wait
 from stepstone.bench.common import (
     BenchContext,
     Metric,
@@ -141,9 +141,7 @@ async def engine(ctx: BenchContext, url: str, processes: int, progress: Progress
         yield None
     finally:
         if poller is not None:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            await cancel_and_wait(poller)  # a Ctrl-C of the bench itself still goes through
         for child in children:
             await child.terminate()
 
