@@ -106,8 +106,17 @@ async def test_a_filter_reads_its_index_after_other_calls_of_the_statement(datab
         command = await conn.fetchval("SELECT id FROM stepstone.commands ORDER BY id LIMIT 1 OFFSET 100")
     finally:
         await conn.close()
+    found = await _after_other_calls(database_url, _cases(instance, key, command))
+    assert {name: f for name, f in found.items() if f[1] > 2 * f[0] + 20} == {}
+
+
+async def _after_other_calls(
+    database_url: str, cases: dict[str, tuple[str, str, list[Any], list[Any]]],
+) -> dict[str, tuple[int, int, list[str]]]:
+    """name: (pages of the call with the filter on a fresh connection, after six calls without it, the
+    indexes that call used)."""
     found = {}
-    for name, (table, sql, other, filtered) in _cases(instance, key, command).items():
+    for name, (table, sql, other, filtered) in cases.items():
         conn = await asyncpg.connect(database_url)
         try:
             plans = await explained(conn)
@@ -118,4 +127,61 @@ async def test_a_filter_reads_its_index_after_other_calls_of_the_statement(datab
             found[name] = (fresh, after, used)
         finally:
             await conn.close()
+    return found
+
+
+# 3,000 versions of 300 workflows in 50 scopes (a tenth of them CANDIDATE), an activation of each
+# (scope, workflow), 3,000 schedules and 3,000 flow limits in the 50 scopes.
+CATALOG_SEED = (
+    """INSERT INTO stepstone.definitions (scope, definition_id, version, plan_hash, plan, registered_at, status)
+       SELECT 't' || (n % 50), 'wf' || (n % 300), n, md5(n::text), jsonb_build_object('steps', n),
+              now() - n * interval '1 minute', CASE WHEN n % 10 = 0 THEN 'CANDIDATE' ELSE 'AVAILABLE' END
+       FROM generate_series(1, 3000) n""",
+    """INSERT INTO stepstone.definition_activations (scope, definition_id, target_scope, version, activated_at)
+       SELECT DISTINCT ON (scope, definition_id) scope, definition_id, scope, version, now()
+       FROM stepstone.definitions ORDER BY scope, definition_id, version DESC""",
+    """INSERT INTO stepstone.schedules (name, scope, definition_id, spec, input, next_fire_at, created_at,
+         updated_at)
+       SELECT 'schedule' || n, 't' || (n % 50), 'wf' || (n % 300), '{"every": 60}', '{}',
+              now() + n * interval '1 second', now(), now()
+       FROM generate_series(1, 3000) n""",
+    """INSERT INTO stepstone.flow_limits (scope, definition_id, max_running, updated_at)
+       SELECT 't' || (n % 50), 'wf' || n, 1 + n % 10, now() FROM generate_series(1, 3000) n""",
+    "ANALYZE stepstone.definitions, stepstone.definition_activations, stepstone.schedules, stepstone.flow_limits",
+)
+
+
+def _catalog_cases() -> dict[str, tuple[str, str, list[Any], list[Any]]]:
+    """The registry's, the schedules' and the flow limits' listings (`stepstone definitions list`, GET
+    /definitions, the UI's definitions, `stepstone schedules list`, `stepstone limits list`), same shape."""
+    registry = named_queries("registry.sql", "stepstone")
+    scheduling = named_queries("schedules.sql", "stepstone")
+    page = management_queries("stepstone")["definitions_page"]
+    return {
+        "definitions, one scope": ("definitions", registry["list_definitions"], [None, None, None],
+                                   ["t5", None, None]),
+        "definitions, one workflow": ("definitions", registry["list_definitions"], [None, None, None],
+                                      [None, "wf7", None]),
+        "definitions, candidates": ("definitions", registry["list_definitions"], [None, None, None],
+                                    [None, None, "CANDIDATE"]),
+        "activations, one scope": ("definition_activations", registry["activations"], [None, None],
+                                   ["t5", None]),
+        "activations, one workflow": ("definition_activations", registry["activations"], [None, None],
+                                      [None, "wf7"]),
+        "definitions page, one scope": ("definitions", page, [None, None, None, None, 51],
+                                        [["t5"], None, None, None, 51]),
+        "definitions page, next page": ("definitions", page, [None, None, None, None, 51],
+                                        [None, "t5", "wf5", 5, 51]),
+        "flow limits, one workflow": ("flow_limits", scheduling["flow_limits"], [None], ["wf7"]),
+    }
+
+
+async def test_a_catalog_filter_reads_its_index_after_other_calls_of_the_statement(database_url: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        for statement in CATALOG_SEED:
+            await conn.execute(statement)
+    finally:
+        await conn.close()
+    found = await _after_other_calls(database_url, _catalog_cases())
     assert {name: f for name, f in found.items() if f[1] > 2 * f[0] + 20} == {}
