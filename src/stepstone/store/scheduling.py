@@ -43,7 +43,7 @@ class SchedulingQueries:
         return bool(row["created"]), row["next_fire_at"]
 
     async def list_schedules(self, name: str | None = None) -> list[dict[str, Any]]:
-        rows = await self._sfetch("list_schedules", name)
+        rows = await (self._sfetch("list_schedules") if name is None else self._sfetch("schedule_row", name))
         return [{**dict(r), "last_instance": None if r["last_instance"] is None else str(r["last_instance"])}
                 for r in rows]
 

@@ -17,9 +17,17 @@ ON CONFLICT (name) DO UPDATE SET
 RETURNING (xmax = 0) AS created, next_fire_at;
 
 -- name: list_schedules
+-- Every schedule. One schedule by its name is schedule_row, a statement of its own: an optional filter
+-- (`$1 IS NULL OR name = $1`) lost its index once the prepared statement took its generic plan after
+-- calls of the whole list (a scan of every schedule; docs/performance.md, "Listings on their custom plans").
 SELECT name, scope, definition_id, spec, input, paused, next_fire_at, last_tick, last_instance, fired, skipped,
        created_at, updated_at
-FROM {{schema}}.schedules WHERE ($1::text IS NULL OR name = $1) ORDER BY name;
+FROM {{schema}}.schedules ORDER BY name;
+
+-- name: schedule_row
+SELECT name, scope, definition_id, spec, input, paused, next_fire_at, last_tick, last_instance, fired, skipped,
+       created_at, updated_at
+FROM {{schema}}.schedules WHERE name = $1;
 
 -- name: pause_schedule
 UPDATE {{schema}}.schedules SET paused = true, updated_at = {{schema}}.db_now() WHERE name = $1 RETURNING name;
