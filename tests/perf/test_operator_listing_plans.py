@@ -164,6 +164,8 @@ def _catalog_cases() -> dict[str, tuple[str, str | tuple[str, str], list[Any], l
                                    ["t5", None, None]),
         "definitions, one workflow": ("definitions", registry["list_definitions"], [None, None, None],
                                       [None, "wf7", None]),
+        "definitions, one version's row": ("definitions", registry["list_definitions"], [None, None, None],
+                                           ["t7", "wf7", None]),
         "definitions, candidates": ("definitions", registry["list_definitions"], [None, None, None],
                                     [None, None, "CANDIDATE"]),
         "activations, one scope": ("definition_activations", registry["activations"], [None, None],

@@ -5561,3 +5561,27 @@ BEGIN
                                                          THEN d.plan -> 'sensitive' END) p
             WHERE d.scope IN (p_definition_scope, p_scope) AND d.definition_id = p_definition_id);
 END $$;
+
+-- ==== version 81 (migration 0081_definitions_listing_on_its_custom_plan) ====
+-- list_definitions: the definitions listing (registry.sql) on its custom plan; why: the migration's header.
+-- The definitions listing (registry.sql, list_definitions): versions of scope p_scope, workflow
+-- p_definition, status p_status (each any when NULL), metadata only, with whether an activation names it.
+CREATE FUNCTION {{schema}}.list_definitions(p_scope text, p_definition text, p_status text)
+RETURNS TABLE (scope text, definition_id text, version integer, kind text, status text, plan_hash text,
+               state_model text, signal_names jsonb, document_format text, document_digest text,
+               registered_at timestamptz, status_changed_at timestamptz, active boolean)
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_custom_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT d.scope, d.definition_id, d.version, d.kind, d.status, d.plan_hash, d.state_model, d.signal_names,
+           d.document_format, d.document_digest, d.registered_at, d.status_changed_at,
+           EXISTS (SELECT 1 FROM {{schema}}.definition_activations a
+                   WHERE a.target_scope = d.scope AND a.definition_id = d.definition_id AND a.version = d.version)
+    FROM {{schema}}.definitions d
+    WHERE (p_scope IS NULL OR d.scope = p_scope) AND (p_definition IS NULL OR d.definition_id = p_definition)
+      AND (p_status IS NULL OR d.status = p_status)
+    ORDER BY d.definition_id, d.scope, d.version;
+END $$;

@@ -138,16 +138,9 @@ ORDER BY rank
 LIMIT 1;
 
 -- name: list_definitions
--- Metadata only: never the document text.
-SELECT d.scope, d.definition_id, d.version, d.kind, d.status, d.plan_hash, d.state_model, d.signal_names,
-       d.document_format, d.document_digest, d.registered_at, d.status_changed_at,
-       EXISTS (SELECT 1 FROM {{schema}}.definition_activations a
-               WHERE a.target_scope = d.scope AND a.definition_id = d.definition_id AND a.version = d.version)
-           AS active
-FROM {{schema}}.definitions d
-WHERE ($1::text IS NULL OR d.scope = $1) AND ($2::text IS NULL OR d.definition_id = $2)
-  AND ($3::text IS NULL OR d.status = $3)
-ORDER BY d.definition_id, d.scope, d.version;
+-- Metadata only: never the document text. The function (migration 0081) plans its statement with the
+-- arguments on every call, so one scope's workflow finds its index.
+SELECT * FROM {{schema}}.list_definitions($1::text, $2::text, $3::text);
 
 -- name: document_text
 -- The stored text with its digest, checked by the caller on every read.
