@@ -136,3 +136,31 @@ async def test_a_message_handed_to_a_busy_wait_its_own_commit_leaves_goes_on(
         for iid in (a, b):
             info = await engine.client.get(iid)
             assert (info.status, info.step) == ("WAITING", "after"), info
+
+
+async def test_a_message_handed_to_a_busy_instance_ended_unseen_is_rejected_at_its_claim_and_goes_on(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """The holder of B's row is B's commit ending it (a `stop` signal), whose statement settling the instance's
+    leftover commands ran before the handed-on command was committed (a repeatable-read snapshot here: the
+    same view). The command is left PENDING on the ended instance; its claim rejects it (INSTANCE_ENDED) and
+    the message goes on, back to the buffer, where the next wait of its key takes it."""
+    async with open_engine(database_url, Registry(busy), concurrency=1) as engine:
+        _, b = await _hand_on_while_held(engine, conn, database_url, "k-ended", "stop", "repeatable_read")
+        assert (await engine.client.get(b)).status == "COMPLETED"
+        assert await _message_commands(conn, b) == [("PENDING", None)]
+        await engine.run_until_idle()
+        assert await _message_commands(conn, b) == [("REJECTED", "INSTANCE_ENDED")]
+        await _next_wait_gets_it(engine, conn, "k-ended")
+
+
+async def test_a_message_handed_to_a_busy_instance_its_commit_ends_seeing_it_goes_on(
+    database_url: str, conn: asyncpg.Connection,
+) -> None:
+    """The same ending commit reading the handed-on command (its statement after the hand-on's commit): it
+    rejects the command with the instance's other leftovers, and the message goes on in that commit."""
+    async with open_engine(database_url, Registry(busy), concurrency=1) as engine:
+        _, b = await _hand_on_while_held(engine, conn, database_url, "k-seen", "stop", "read_committed")
+        assert (await engine.client.get(b)).status == "COMPLETED"
+        assert await _message_commands(conn, b) == [("REJECTED", "INSTANCE_ENDED")]
+        await _next_wait_gets_it(engine, conn, "k-seen")
