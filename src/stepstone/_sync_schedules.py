@@ -52,21 +52,25 @@ class SyncScheduleOperations(SyncLoop):
         max_running: int | None = None,
         key: str | None = None,
         min_interval: float | None = None,
+        scope: str = "default",
     ) -> int:
-        """At most `max_running` instances of the workflow run at once (per value of `key`: 'business_key' or a
-        top-level state field), starts at least `min_interval` seconds apart; the rest wait as rows, in start
-        order. Returns how many waiting instances the new limit admitted at once."""
+        """At most `max_running` instances of the workflow in `scope` run at once (per value of `key`:
+        'business_key' or a top-level state field), starts at least `min_interval` seconds apart; the rest wait
+        as rows, in start order. Instances of other scopes are not counted. Returns how many waiting instances
+        the new limit admitted at once."""
         return self._run(self._client.set_flow_limit(
             workflow,
             max_running=max_running,
             key=key,
             min_interval=min_interval,
+            scope=scope,
         ))
 
-    def remove_flow_limit(self, workflow: Workflow[Any] | str) -> int:
-        """Remove the workflow's limit; returns how many waiting instances it released."""
-        return self._run(self._client.remove_flow_limit(workflow))
+    def remove_flow_limit(self, workflow: Workflow[Any] | str, *, scope: str = "default") -> int:
+        """Remove the workflow's limit in `scope`; returns how many waiting instances it released."""
+        return self._run(self._client.remove_flow_limit(workflow, scope=scope))
 
-    def flow_limits(self, workflow: Workflow[Any] | str | None = None) -> FlowLimits:
-        """The flow limits (of one workflow, or all), with how many instances of each run and wait now."""
-        return self._run(self._client.flow_limits(workflow))
+    def flow_limits(self, workflow: Workflow[Any] | str | None = None, *, scope: str | None = None) -> FlowLimits:
+        """The flow limits (of one workflow, or all; of one scope, or every scope's), with how many instances
+        of each run and wait now."""
+        return self._run(self._client.flow_limits(workflow, scope=scope))

@@ -14,6 +14,7 @@ from typing import Any
 from stepstone.authoring.selection import selected_workflow
 from stepstone.authoring.workflow import Registry, Workflow
 from stepstone.client_starts import StartOperations
+from stepstone.core.pin import DEFAULT_SCOPE
 from stepstone.errors import DefinitionNotFound
 from stepstone.scheduling import operations as scheduling
 from stepstone.scheduling.operations import FlowLimits, ScheduleInfo, Schedules
@@ -70,24 +71,31 @@ class ScheduleOperations(StartOperations):
 
     async def set_flow_limit(
         self, workflow: Workflow[Any] | str, *, max_running: int | None = None, key: str | None = None,
-        min_interval: float | None = None,
+        min_interval: float | None = None, scope: str = DEFAULT_SCOPE,
     ) -> int:
-        """At most `max_running` instances of the workflow run at once (per value of `key`: 'business_key' or a
-        top-level state field), starts at least `min_interval` seconds apart; the rest wait as rows, in start
-        order. Returns how many waiting instances the new limit admitted at once."""
+        """At most `max_running` instances of the workflow in `scope` run at once (per value of `key`:
+        'business_key' or a top-level state field), starts at least `min_interval` seconds apart; the rest wait
+        as rows, in start order. Instances of other scopes are not counted. Returns how many waiting instances
+        the new limit admitted at once."""
         workflow_id = self._workflow_id(workflow)
         return await scheduling.put_flow_limit(
             self._scheduling(), workflow_id, max_running=max_running, key=key, min_interval=min_interval,
+            scope=self._scope(scope),
         )
 
-    async def remove_flow_limit(self, workflow: Workflow[Any] | str) -> int:
-        """Remove the workflow's limit; returns how many waiting instances it released."""
-        return (await self._scheduling().delete_flow_limit(self._workflow_id(workflow)))[1]
+    async def remove_flow_limit(self, workflow: Workflow[Any] | str, *, scope: str = DEFAULT_SCOPE) -> int:
+        """Remove the workflow's limit in `scope`; returns how many waiting instances it released."""
+        workflow_id = self._workflow_id(workflow)
+        return (await self._scheduling().delete_flow_limit(self._scope(scope), workflow_id))[1]
 
-    async def flow_limits(self, workflow: Workflow[Any] | str | None = None) -> FlowLimits:
-        """The flow limits (of one workflow, or all), with how many instances of each run and wait now."""
+    async def flow_limits(
+        self, workflow: Workflow[Any] | str | None = None, *, scope: str | None = None,
+    ) -> FlowLimits:
+        """The flow limits (of one workflow, or all; of one scope, or every scope's), with how many instances
+        of each run and wait now."""
         workflow_id = None if workflow is None else self._workflow_id(workflow)
-        return await scheduling.flow_limits(self._scheduling(), workflow_id)
+        return await scheduling.flow_limits(self._scheduling(), workflow_id,
+                                            None if scope is None else self._scope(scope))
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -179,7 +179,8 @@ def _catalog_cases() -> dict[str, tuple[str, str | tuple[str, str], list[Any], l
         # the whole list and one schedule are statements of their own (store.scheduling.list_schedules)
         "schedules, one": ("schedules", (scheduling["list_schedules"], scheduling["schedule_row"]), [],
                            ["schedule7"]),
-        "flow limits, one workflow": ("flow_limits", scheduling["flow_limits"], [None], ["wf7"]),
+        "flow limits, one workflow": ("flow_limits", scheduling["flow_limits"], [None, None], [None, "wf7"]),
+        "flow limits, one scope's workflow": ("flow_limits", scheduling["flow_limits"], [None, None], ["t7", "wf7"]),
     }
 
 

@@ -65,8 +65,9 @@ def test_pause_resume_delete_and_the_limits_answer_in_json(run: Cli) -> None:
     resumed = run.json("schedules", "resume", "hourly")
     assert (resumed["name"], resumed["paused"], resumed["next_fire_at"][10]) == ("hourly", False, "T")
     assert run.json("schedules", "delete", "hourly") == {"name": "hourly", "deleted": True}
-    assert run.json("limits", "set", "hello", "--max-running", "2") == {"workflow": "hello", "admitted": 0}
-    assert run.json("limits", "remove", "hello") == {"workflow": "hello", "released": 0}
+    assert run.json("limits", "set", "hello", "--max-running", "2") == {"scope": "default", "workflow": "hello",
+                                                                        "admitted": 0}
+    assert run.json("limits", "remove", "hello") == {"scope": "default", "workflow": "hello", "released": 0}
 
 
 def test_removing_a_limit_that_is_not_there_is_an_error(run: Cli) -> None:

@@ -133,6 +133,10 @@ def trigger_command(settings: Settings, registry: Registry, output: str, name: s
     emit({"instance_id": instance_id}, output, lambda: instance_id)
 
 
+_limit_scope_option = click.option("--scope", default=DEFAULT_SCOPE, show_default=True, type=TEXT,
+                                   help="The scope whose instances the limit counts.")
+
+
 @click.group("limits")
 def limits_group() -> None:
     """Flow limits: how many instances of a workflow run at once, and how fast they start."""
@@ -143,47 +147,58 @@ def limits_group() -> None:
 @click.option("--max-running", type=INT4, metavar="N", help="At most N instances run at once.")
 @click.option("--key", metavar="FIELD", help="Per value of 'business_key' or of a top-level state field.")
 @click.option("--min-interval", type=float, metavar="SECONDS", help="Starts at least this far apart.")
+@_limit_scope_option
 @output_option
 @with_settings
 def limits_set_command(
     settings: Settings, workflow: str, max_running: int | None, key: str | None, min_interval: float | None,
-    output: str,
+    scope: str, output: str,
 ) -> None:
-    """Limit WORKFLOW; the instances past the limit wait as rows and start in start order."""
+    """Limit WORKFLOW's instances in a scope; those past the limit wait as rows and start in start order."""
     admitted = _with_client(settings, None, lambda c: c.set_flow_limit(
-        workflow, max_running=max_running, key=key, min_interval=min_interval))
-    emit({"workflow": workflow, "admitted": admitted}, output, lambda: f"limit set on {workflow}" + (
-        f"; {admitted} waiting instance(s) admitted" if admitted else ""))
+        workflow, max_running=max_running, key=key, min_interval=min_interval, scope=scope))
+    emit({"scope": scope, "workflow": workflow, "admitted": admitted}, output,
+         lambda: f"limit set on {workflow}{_in_scope(scope)}" + (
+             f"; {admitted} waiting instance(s) admitted" if admitted else ""))
 
 
 @limits_group.command("list")
+@click.option("--scope", default=None, type=TEXT, help="Only this scope's limits (default: every scope's).")
 @output_option
 @with_settings
-def limits_list_command(settings: Settings, output: str) -> None:
-    """Every flow limit, with how many instances run and wait now."""
-    infos = _with_client(settings, None, lambda c: c.flow_limits())
+def limits_list_command(settings: Settings, scope: str | None, output: str) -> None:
+    """Every flow limit, per scope, with how many instances run and wait now."""
+    infos = _with_client(settings, None, lambda c: c.flow_limits(scope=scope))
     emit([asdict(i) for i in infos], output, lambda: render_table(
-        [[i.workflow, i.key or "", i.max_running or "", "" if i.min_interval is None else f"{i.min_interval:g} s",
-          i.running, i.waiting] for i in infos],
-        ["workflow", "key", "max running", "min interval", "running", "waiting"]) if infos else "no limits")
+        [[i.workflow, i.scope, i.key or "", i.max_running or "",
+          "" if i.min_interval is None else f"{i.min_interval:g} s", i.running, i.waiting] for i in infos],
+        ["workflow", "scope", "key", "max running", "min interval", "running", "waiting"]) if infos else "no limits")
 
 
 @limits_group.command("remove")
 @click.argument("workflow", type=TEXT)
+@_limit_scope_option
 @output_option
 @with_settings
-def limits_remove_command(settings: Settings, workflow: str, output: str) -> None:
-    """Remove WORKFLOW's limit: whatever it held back starts now."""
+def limits_remove_command(settings: Settings, workflow: str, scope: str, output: str) -> None:
+    """Remove WORKFLOW's limit in a scope: whatever it held back there starts now."""
 
     async def remove(client: Client) -> int | None:
         # A name with no limit (a typo) is an error, as for schedules and tokens, not "limit removed".
-        return await client.remove_flow_limit(workflow) if await client.flow_limits(workflow) else None
+        limited = await client.flow_limits(workflow, scope=scope)
+        return await client.remove_flow_limit(workflow, scope=scope) if limited else None
 
     released = _with_client(settings, None, remove)
     if released is None:
-        raise CliError(f"no flow limit on {workflow!r} (`stepstone limits list` shows them)")
-    emit({"workflow": workflow, "released": released}, output,
-         lambda: f"limit removed from {workflow}; {released} waiting instance(s) released")
+        where = "" if scope == DEFAULT_SCOPE else f" in scope {scope!r}"
+        raise CliError(f"no flow limit on {workflow!r}{where} (`stepstone limits list` shows them)")
+    emit({"scope": scope, "workflow": workflow, "released": released}, output,
+         lambda: f"limit removed from {workflow}{_in_scope(scope)}; {released} waiting instance(s) released")
+
+
+def _in_scope(scope: str) -> str:
+    """A limit's scope in a line of text: said only when it is not the default scope."""
+    return "" if scope == DEFAULT_SCOPE else f" in scope {scope}"
 
 
 commands = [schedules_group, limits_group]

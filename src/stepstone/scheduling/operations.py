@@ -66,7 +66,7 @@ class ScheduleInfo:
 
 @dataclass(frozen=True)
 class FlowLimitInfo:
-    """A workflow's flow limit and how many of its instances run and wait now."""
+    """A workflow's flow limit in one scope and how many of that scope's instances of it run and wait now."""
 
     workflow: str
     key: str | None
@@ -74,6 +74,7 @@ class FlowLimitInfo:
     min_interval: float | None
     running: int
     waiting: int
+    scope: str = "default"
 
 
 Schedules = list[ScheduleInfo]
@@ -124,6 +125,7 @@ async def delete_schedule(store: SchedulingStore, name: str) -> None:
 
 async def put_flow_limit(
     store: SchedulingStore, workflow: str, *, max_running: int | None, key: str | None, min_interval: float | None,
+    scope: str = "default",
 ) -> int:
     if max_running is None and min_interval is None:
         raise InvalidInput("a flow limit takes max_running=..., min_interval=... or both", what="flow limit")
@@ -135,9 +137,12 @@ async def put_flow_limit(
     field = None if key is None else key.removeprefix("state.")
     if field is not None and not field:
         raise InvalidInput("key names 'business_key' or a top-level state field", what="flow limit")
-    return await store.put_flow_limit(workflow, field, max_running, min_interval)
+    return await store.put_flow_limit(scope, workflow, field, max_running, min_interval)
 
 
-async def flow_limits(store: SchedulingStore, workflow: str | None = None) -> list[FlowLimitInfo]:
+async def flow_limits(
+    store: SchedulingStore, workflow: str | None = None, scope: str | None = None,
+) -> list[FlowLimitInfo]:
     return [FlowLimitInfo(r["definition_id"], r["key_field"], r["max_running"], r["min_interval_seconds"],
-                          int(r["running"]), int(r["waiting"])) for r in await store.flow_limits(workflow)]
+                          int(r["running"]), int(r["waiting"]), r["scope"])
+            for r in await store.flow_limits(scope, workflow)]

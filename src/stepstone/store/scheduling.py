@@ -77,21 +77,24 @@ class SchedulingQueries:
         return [(r["outcome"], None if r["instance_id"] is None else str(r["instance_id"]), r["tick"]) for r in rows]
 
     async def put_flow_limit(
-        self, definition_id: str, key_field: str | None, max_running: int | None, min_interval: float | None,
+        self, scope: str, definition_id: str, key_field: str | None, max_running: int | None,
+        min_interval: float | None,
     ) -> int:
-        """Set the limit and admit what it lets through now; returns how many held instances it admitted."""
+        """Set the scope's limit and admit what it lets through now; returns how many held instances it admitted."""
         admitted = 0
         with translate_errors(self.url):
             async with self.pool.acquire() as conn, conn.transaction():
-                await conn.execute(self._sq("put_flow_limit"), definition_id, key_field, max_running, min_interval)
-                for bucket in await conn.fetch(self._sq("flow_buckets"), definition_id):
-                    admitted += int(await conn.fetchval(self._sq("flow_admit"), definition_id, bucket["key_value"]))
+                await conn.execute(self._sq("put_flow_limit"), scope, definition_id, key_field, max_running,
+                                   min_interval)
+                for bucket in await conn.fetch(self._sq("flow_buckets"), scope, definition_id):
+                    admitted += int(await conn.fetchval(self._sq("flow_admit"), scope, definition_id,
+                                                        bucket["key_value"]))
         return admitted
 
-    async def delete_flow_limit(self, definition_id: str) -> tuple[bool, int]:
-        row = (await self._sfetch("delete_flow_limit", definition_id))[0]
+    async def delete_flow_limit(self, scope: str, definition_id: str) -> tuple[bool, int]:
+        row = (await self._sfetch("delete_flow_limit", scope, definition_id))[0]
         return bool(row["removed"]), int(row["released"])
 
-    async def flow_limits(self, definition_id: str | None = None) -> list[dict[str, Any]]:
-        return [dict(r) for r in await self._sfetch("flow_limits", definition_id)]
+    async def flow_limits(self, scope: str | None = None, definition_id: str | None = None) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self._sfetch("flow_limits", scope, definition_id)]
 

@@ -63,11 +63,11 @@ FROM {{schema}}.schedules WHERE NOT paused AND definition_id = ANY ($1::text[]) 
 SELECT outcome, instance_id, tick FROM {{schema}}.fire_schedule($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: put_flow_limit
--- Set a workflow's limit, then admit whatever the new limit lets through in every bucket.
+-- Set a workflow's limit in a scope ($1), then admit whatever the new limit lets through in every bucket.
 WITH lim AS (
     INSERT INTO {{schema}}.flow_limits AS l (scope, definition_id, key_field, max_running, min_interval_seconds,
                                              updated_at)
-    VALUES ('default', $1, $2, $3, $4, {{schema}}.db_now())
+    VALUES ($1, $2, $3, $4, $5, {{schema}}.db_now())
     ON CONFLICT (scope, definition_id) DO UPDATE SET key_field = EXCLUDED.key_field,
         max_running = EXCLUDED.max_running, min_interval_seconds = EXCLUDED.min_interval_seconds,
         updated_at = EXCLUDED.updated_at
@@ -76,18 +76,18 @@ WITH lim AS (
 SELECT definition_id FROM lim;
 
 -- name: flow_buckets
-SELECT key_value FROM {{schema}}.flow_slots WHERE scope = 'default' AND definition_id = $1 ORDER BY key_value
+SELECT key_value FROM {{schema}}.flow_slots WHERE scope = $1 AND definition_id = $2 ORDER BY key_value
 FOR UPDATE;
 
 -- name: flow_admit
-SELECT {{schema}}.flow_admit_queued('default', $1, $2, {{schema}}.db_now());
+SELECT {{schema}}.flow_admit_queued($1, $2, $3, {{schema}}.db_now());
 
 -- name: delete_flow_limit
--- Remove a workflow's limit: whatever it held back runs now (in start order, as claims find them).
+-- Remove a workflow's limit in a scope ($1): whatever it held back runs now (in start order, as claims find them).
 WITH lim AS (
-    DELETE FROM {{schema}}.flow_limits WHERE scope = 'default' AND definition_id = $1 RETURNING definition_id
+    DELETE FROM {{schema}}.flow_limits WHERE scope = $1 AND definition_id = $2 RETURNING scope, definition_id
 ), freed AS (
-    DELETE FROM {{schema}}.flow_queue q WHERE q.scope = 'default' AND q.definition_id = $1
+    DELETE FROM {{schema}}.flow_queue q WHERE q.scope = $1 AND q.definition_id = $2
       AND EXISTS (SELECT 1 FROM lim) RETURNING q.instance_id
 ), started AS (
     UPDATE {{schema}}.commands c SET state = 'PENDING', available_at = {{schema}}.db_now(), last_error = NULL
@@ -95,19 +95,22 @@ WITH lim AS (
     RETURNING c.id
 ), cleared AS (
     UPDATE {{schema}}.instances i SET flow_key = NULL FROM lim
-    WHERE i.scope = 'default' AND i.definition_id = lim.definition_id AND i.flow_key IS NOT NULL
+    WHERE i.scope = lim.scope AND i.definition_id = lim.definition_id AND i.flow_key IS NOT NULL
     RETURNING i.id
 ), slots AS (
-    DELETE FROM {{schema}}.flow_slots s USING lim WHERE s.scope = 'default' AND s.definition_id = lim.definition_id
+    DELETE FROM {{schema}}.flow_slots s USING lim WHERE s.scope = lim.scope AND s.definition_id = lim.definition_id
     RETURNING s.key_value
 )
 SELECT (SELECT count(*) FROM lim) AS removed, (SELECT count(*) FROM started) AS released,
        (SELECT count(*) FROM cleared) + (SELECT count(*) FROM slots) AS cleaned;
 
 -- name: flow_limits
-SELECT l.definition_id, l.key_field, l.max_running, l.min_interval_seconds,
+-- Every scope's limits, or one scope's ($1), or one workflow's ($2), by workflow then scope.
+SELECT l.scope, l.definition_id, l.key_field, l.max_running, l.min_interval_seconds,
        COALESCE((SELECT sum(s.running) FROM {{schema}}.flow_slots s
                  WHERE s.scope = l.scope AND s.definition_id = l.definition_id), 0)::bigint AS running,
        (SELECT count(*) FROM {{schema}}.flow_queue q
         WHERE q.scope = l.scope AND q.definition_id = l.definition_id) AS waiting
-FROM {{schema}}.flow_limits l WHERE ($1::text IS NULL OR l.definition_id = $1) ORDER BY l.definition_id;
+FROM {{schema}}.flow_limits l
+WHERE ($1::text IS NULL OR l.scope = $1) AND ($2::text IS NULL OR l.definition_id = $2)
+ORDER BY l.definition_id, l.scope;
