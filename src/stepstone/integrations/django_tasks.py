@@ -186,15 +186,7 @@ def stepstone_database() -> Settings:
     return Settings(database_url=target[0], schema=target[1], sources={"database_url": source, "schema": source})
 
 
-class _Shared:
-    """A client the backends of one database and schema share, and how many of them hold it."""
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.holders = 0
-
-
-_shared: dict[tuple[str, str], _Shared] = {}
+_shared: dict[tuple[str, str], Any] = {}  # the SyncClient the backends of one database and schema share
 _holding: weakref.WeakSet[StepstoneBackend] = weakref.WeakSet()  # the backends that hold a shared client
 _shared_lock = threading.Lock()
 
@@ -233,30 +225,26 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
         client (one loop thread, one pool), which a SyncClient allows: each call waits for its own task."""
         with _shared_lock:
             target = self._held or _target(self.options)
-            shared = _shared.get(target)
-            if shared is None:
+            client = _shared.get(target)
+            if client is None:
                 from stepstone._sync_client import SyncClient  # noqa: PLC0415
 
-                shared = _shared[target] = _Shared(SyncClient(target[0], schema=target[1], registry=registry))
-            if self._held is None:
-                self._held = target
-                shared.holders += 1
-                _holding.add(self)
-            return shared.client
+                client = _shared[target] = SyncClient(target[0], schema=target[1], registry=registry)
+            self._held = target
+            _holding.add(self)
+            return client
 
     def close(self) -> None:
         """Let go of the shared client; the last backend holding it closes it."""
         with _shared_lock:
             target, self._held = self._held, None
             _holding.discard(self)
-            shared = _shared.get(target) if target is not None else None
-            if target is None or shared is None:
+            # The holders are the backends in _holding with this target (a backend Django dropped and the
+            # collector took holds nothing): the last one closes the client.
+            if target is None or target not in _shared or any(b._held == target for b in _holding):
                 return
-            shared.holders -= 1
-            if shared.holders > 0:
-                return
-            del _shared[target]
-        shared.client.close()
+            client = _shared.pop(target)
+        client.close()
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)

@@ -5542,6 +5542,20 @@ END $$;
 -- scope, or in its own scope where it was registered after the instance started) when that is stored;
 -- otherwise every path a stored plan of its workflow marks, any version, in its definition scope or its own
 -- (the version's row among them), as the views redact (management.sql).
+-- Every path any stored plan of a workflow marks under `p_key` ('sensitive' or 'sensitive_payloads'), in the
+-- two scopes given: what an instance whose own plan is not stored is redacted by, since its own paths are
+-- unknown (never less than the version's row). The one place of that rule: pinned_sensitive_paths and the
+-- operators' reads (management.sql's instance_redactions, operations.sql's instance_extra) use it.
+CREATE FUNCTION {{schema}}.stored_sensitive_paths(p_scope text, p_definition_scope text, p_definition_id text,
+                                                  p_key text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
+    CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> p_key) = 'array'
+                                                 THEN d.plan -> p_key END) p
+    WHERE d.scope IN (p_definition_scope, p_scope) AND d.definition_id = p_definition_id
+$$;
+
 CREATE FUNCTION {{schema}}.pinned_sensitive_paths(p_scope text, p_definition_scope text, p_definition_id text,
                                                   p_version integer, p_plan_hash text)
 RETURNS jsonb
@@ -5556,10 +5570,7 @@ BEGIN
     IF FOUND THEN
         RETURN v_plan -> 'sensitive';
     END IF;
-    RETURN (SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
-            CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive') = 'array'
-                                                         THEN d.plan -> 'sensitive' END) p
-            WHERE d.scope IN (p_definition_scope, p_scope) AND d.definition_id = p_definition_id);
+    RETURN {{schema}}.stored_sensitive_paths(p_scope, p_definition_scope, p_definition_id, 'sensitive');
 END $$;
 
 -- ==== version 81 (migration 0081_definitions_listing_on_its_custom_plan) ====

@@ -29,7 +29,21 @@
 -- the definition id's shared lock, and the admission refuses a pin whose version is stored with another plan
 -- (SSR02): the version's row they read is the own plan's, or no plan of the id is stored at all.
 -- Expand only: send_signal, signal_position, retry_instance and start_children replaced with the same
--- signatures; pinned_sensitive_paths is new.
+-- signatures; pinned_sensitive_paths and stored_sensitive_paths are new.
+
+-- Every path any stored plan of a workflow marks under `p_key` ('sensitive' or 'sensitive_payloads'), in the
+-- two scopes given: what an instance whose own plan is not stored is redacted by, since its own paths are
+-- unknown (never less than the version's row). The one place of that rule: pinned_sensitive_paths and the
+-- operators' reads (management.sql's instance_redactions, operations.sql's instance_extra) use it.
+CREATE FUNCTION {{schema}}.stored_sensitive_paths(p_scope text, p_definition_scope text, p_definition_id text,
+                                                  p_key text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
+    CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> p_key) = 'array'
+                                                 THEN d.plan -> p_key END) p
+    WHERE d.scope IN (p_definition_scope, p_scope) AND d.definition_id = p_definition_id
+$$;
 
 CREATE FUNCTION {{schema}}.pinned_sensitive_paths(p_scope text, p_definition_scope text, p_definition_id text,
                                                   p_version integer, p_plan_hash text)
@@ -45,10 +59,7 @@ BEGIN
     IF FOUND THEN
         RETURN v_plan -> 'sensitive';
     END IF;
-    RETURN (SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
-            CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive') = 'array'
-                                                         THEN d.plan -> 'sensitive' END) p
-            WHERE d.scope IN (p_definition_scope, p_scope) AND d.definition_id = p_definition_id);
+    RETURN {{schema}}.stored_sensitive_paths(p_scope, p_definition_scope, p_definition_id, 'sensitive');
 END $$;
 
 CREATE OR REPLACE FUNCTION {{schema}}.send_signal(

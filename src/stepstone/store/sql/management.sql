@@ -39,17 +39,12 @@ SELECT id, scope FROM {{schema}}.instances WHERE id = ANY($1::uuid[]);
 -- other code) has paths no one knows: it is redacted by every path a stored plan of its workflow marks, in
 -- its definition scope or its own (the version's row among them, so never less than that row).
 SELECT i.id,
-       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive' ELSE (
-           SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
-           CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive') = 'array'
-                                                        THEN d.plan -> 'sensitive' END) p
-           WHERE d.scope IN (i.definition_scope, i.scope) AND d.definition_id = i.definition_id) END AS sensitive,
-       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive_payloads' ELSE (
-           SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
-           CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive_payloads') = 'array'
-                                                        THEN d.plan -> 'sensitive_payloads' END) p
-           WHERE d.scope IN (i.definition_scope, i.scope) AND d.definition_id = i.definition_id) END
-           AS sensitive_payloads
+       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive'
+            ELSE {{schema}}.stored_sensitive_paths(i.scope, i.definition_scope, i.definition_id, 'sensitive')
+       END AS sensitive,
+       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive_payloads'
+            ELSE {{schema}}.stored_sensitive_paths(i.scope, i.definition_scope, i.definition_id, 'sensitive_payloads')
+       END AS sensitive_payloads
 FROM {{schema}}.instances i
 LEFT JOIN {{schema}}.definitions o
        ON o.scope = i.definition_scope AND o.definition_id = i.definition_id AND o.version = i.version

@@ -57,11 +57,9 @@ FROM {{schema}}.outbox o WHERE o.instance_id = $1 ORDER BY o.id LIMIT 1000;
 -- plan of its workflow marks (as management.sql's instance_redactions: never less than the version's row).
 SELECT CASE WHEN {{schema}}.is_archived(i.archived_at, i.ended_at, i.updated_at) THEN i.archived_at END AS archived_at,
        i.scope, o.plan IS NOT NULL AS plan_stored,
-       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive' ELSE (
-           SELECT jsonb_agg(DISTINCT p) FROM {{schema}}.definitions d
-           CROSS JOIN LATERAL jsonb_array_elements(CASE WHEN jsonb_typeof(d.plan -> 'sensitive') = 'array'
-                                                        THEN d.plan -> 'sensitive' END) p
-           WHERE d.scope IN (i.definition_scope, i.scope) AND d.definition_id = i.definition_id) END AS sensitive,
+       CASE WHEN o.plan IS NOT NULL THEN o.plan -> 'sensitive'
+            ELSE {{schema}}.stored_sensitive_paths(i.scope, i.definition_scope, i.definition_id, 'sensitive')
+       END AS sensitive,
        (SELECT jsonb_object_agg(s ->> 'name', (s -> 'retry' ->> 'max_attempts')::integer)
         FROM jsonb_array_elements(o.plan -> 'steps') s WHERE s ? 'retry') AS max_attempts,
        (SELECT d.plan_hash FROM {{schema}}.definitions d WHERE d.scope = i.definition_scope
