@@ -84,13 +84,13 @@ async def test_cancel_and_wait_answers_the_result_or_none_and_raises_the_tasks_e
     await asyncio.sleep(0)
     await asyncio.sleep(0)
     assert done.done() and await cancel_and_wait(done) == 7  # finished first: its result
-    sleeper = asyncio.create_task(asyncio.sleep(30))
+    sleeper = asyncio.create_task(asyncio.Event().wait())  # pending until cancelled
     await asyncio.sleep(0)
     assert await cancel_and_wait(sleeper) is None and sleeper.cancelled()
 
     async def fails_when_cancelled() -> None:
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # pending until cancelled
         except asyncio.CancelledError:
             raise RuntimeError("cleanup failed") from None
 
@@ -107,7 +107,7 @@ async def test_cancel_and_wait_lets_a_cancellation_of_its_caller_through() -> No
 
     async def slow_to_end() -> None:
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # pending until cancelled
         except asyncio.CancelledError:
             await release.wait()  # its cleanup takes a while
             raise

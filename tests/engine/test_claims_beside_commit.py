@@ -75,10 +75,15 @@ async def test_the_next_claim_goes_out_while_the_last_commit_is_in_flight(databa
             # The only slot's segment waits for its last commit: the claim loop takes the next START,
             # which runs once the slot is given back.
             await asyncio.wait_for(second_claimed.wait(), 10)
-            # Time for a wrongly started handler to show. A sleep, as nothing the worker does comes after
-            # such a start: its claim loop now waits for a free slot, and the commit is held.
-            await asyncio.sleep(0.2)
-            assert engine.worker.events.commits == 0 and second not in STARTED
+            # Its segment is spawned: it must wait for the only slot (the worker's semaphore), which the first
+            # segment holds while its commit is held. Pass the loop until it waits there (a worker that let
+            # it through would have started its handler by then).
+            slots = engine.worker._slots
+            for _ in range(1000):
+                if slots._waiters or second in STARTED:
+                    break
+                await asyncio.sleep(0)
+            assert slots._waiters and engine.worker.events.commits == 0 and second not in STARTED
             release.set()
             await engine.worker.events.wait_until(lambda: engine.worker.events.commits >= 2, timeout=10)
         finally:
