@@ -7,10 +7,21 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
 
+from stepstone import client_starts
+from stepstone.ids import new_instance_id
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.store.port import CommitRequest, Committed, WorkerStore
 from tests._pg import until_shown
+
+
+def ids_in_start_order(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """The next `count` starts get ids that ascend in start order. A group's items go in id order, and ids
+    made in one millisecond are ordered by their random bits, so starts that close together can come out of
+    the id order the crossed groups are built on."""
+    ascending = iter(sorted(new_instance_id() for _ in range(count)))
+    monkeypatch.setattr(client_starts, "new_instance_id", ascending.__next__)
 
 
 async def commit_crossed(store: WorkerStore, database_url: str, conn: asyncpg.Connection,

@@ -18,7 +18,7 @@ from stepstone.core.transitions import apply
 from stepstone.store.port import CommitRequest
 from stepstone.testing import open_engine
 from tests._pg import until_shown
-from tests.engine.crossed_groups import commit_crossed
+from tests.engine.crossed_groups import commit_crossed, ids_in_start_order
 
 # A wait taking message `m` by the key `k`, or the signal `skip`; `took` records what came and goes back to
 # the wait while `rounds` asks for more. On a skip for a key in `gate`, `took` says it began (the first
@@ -202,7 +202,7 @@ crossed.wait("after", signals={"done": END})
 
 
 async def test_a_group_commit_hands_messages_on_in_key_order(
-    database_url: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture,
+    database_url: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A commit that settles a buffered message's command untaken hands the message on under its key's lock.
     Grouped, each item took its key as it came, in instance order, and held it while the group went on to
@@ -211,7 +211,8 @@ async def test_a_group_commit_hands_messages_on_in_key_order(
     Now a commit hands its messages on after all its items, in (name, key) order."""
     async with open_engine(database_url, Registry(crossed), concurrency=1) as engine:
         c, store = engine.client, engine.store
-        ids = []
+        ids: list[str] = []
+        ids_in_start_order(monkeypatch, 4)
         for n, key in enumerate(("k2", "k1", "k1", "k2")):
             await c.publish_message("m", key, {"n": n}, ttl=600, message_id=f"x-{n}")
             ids.append(await c.start(crossed, {"k": key}))

@@ -23,7 +23,7 @@ from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
 from tests._pg import until_shown
 from tests.crashes import die_alone
-from tests.engine.crossed_groups import commit_crossed
+from tests.engine.crossed_groups import commit_crossed, ids_in_start_order
 from tests.engine.task_workflows import Receipt, keyed, receipt, registry, two_waits
 
 
@@ -449,12 +449,14 @@ async def test_one_message_id_published_at_once_under_two_names_is_a_conflict(
 
 async def test_a_group_commit_never_takes_a_correlation_lock_before_another_instance(
     engine: Engine, database_url: str, conn: asyncpg.Connection, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A commit that enters a wait taking messages locks the correlation key (after its instance row, the
     lock order). Grouped with a later instance's commit, it held that key while it waited for the later
     instance's row: two groups [A (key k2), B (key k1)] and [C (k1), D (k2)] closed a cycle on the keys,
     PostgreSQL aborted one (40P01 after deadlock_timeout) and the worker committed its items one by one.
     A subscribing commit now goes alone (committer.py), as a child's does, so no group holds a key."""
+    ids_in_start_order(monkeypatch, 4)
     ids = [await engine.client.start(keyed, {"key": key}) for key in ("k2", "k1", "k1", "k2")]
     claims = {c.instance.id: c for c in await engine.store.claim(8, 30, "grouper")}
     assert set(claims) == set(ids), claims
