@@ -95,3 +95,16 @@ async def test_the_bench_seed_writes_what_the_engine_writes(database_url: str, r
         seeded = await rows.conn.fetchval(
             "SELECT id FROM stepstone.instances WHERE id <> $1::uuid AND definition_id = 'bench_waiting'", iid)
         assert await _layout(rows, seeded) == by_engine
+
+
+async def test_the_bench_seed_writes_in_start_order(rows: Rows) -> None:
+    """Each start writes its rows after the previous start's, so every index keyed by the instance (ids in
+    time order) grows at its right edge and fills its pages; the seed's rows must land in that order too,
+    or the bytes it measures count half-empty index pages the engine never leaves."""
+    await seed_waiting(rows.conn, "stepstone", pin_of(waiting), 1, 2_000)
+    for table, key in (("instances", "id"), ("positions", "instance_id"), ("commands", "instance_id"),
+                       ("history", "instance_id")):
+        behind = await rows.conn.fetchval(
+            f"SELECT count(*) FROM (SELECT {key} < lag({key}) OVER (ORDER BY ctid) AS back "
+            f"FROM stepstone.{table}) AS r WHERE back")
+        assert (table, behind) == (table, 0)
