@@ -3,7 +3,8 @@
 A branch of a FAILED instance is not stopped (docs/branches.md): its open wait takes a message and goes on, and
 the retry runs only the failed branch. A position that failed at its wait (a command of it dead-lettered, its
 step deadline passed) takes none: a message published meanwhile goes to another open wait of its key or to the
-buffer. A saga compensating closes its waits.
+buffer. A message whose own command was dead-lettered is offered again to its wait by the retry, and applied
+there once. A saga compensating closes its waits.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ import pytest
 
 from stepstone import Retry
 from stepstone.authoring.workflow import END, CompensationContext, Registry, StepContext, Workflow
+from stepstone.core.model import Decision
+from stepstone.core.transitions import apply
+from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
 from tests.crashes import die_alone
+from tests.engine.conftest import kinds
 
 FAILING: set[str] = set()
 """The keys whose `flaky` branch raises (on its only attempt)."""
@@ -192,6 +197,61 @@ async def test_a_wait_that_failed_takes_no_message_and_its_retry_takes_one_from_
     info = await c.get(stuck)
     assert (info.status, info.state["got"]) == ("COMPLETED", [2]), info
     assert await _correlated(engine, stuck) == ["m-w-1"]
+
+
+async def test_a_dead_lettered_message_is_offered_again_by_the_retry(engine: Engine, conn: asyncpg.Connection) -> None:
+    """A message whose command crashed its workers until it was dead-lettered fails its wait, the instance
+    FAILED. The retry superseded the command (RETRIED) and entered the wait again: the message, DELIVERED to
+    that instance, was never applied, and the wait waited for another. It is offered again to the wait it
+    was delivered to, which takes it once: the wait's subscription stays used meanwhile, so another message
+    of its key is buffered, not given to the same wait."""
+    c = engine.client
+    iid = await c.start(timed, {"k": "d-1"})
+    await engine.run_until_idle()
+    published = await c.publish_message("m", "d-1", {"n": 7}, message_id="m-d-1")
+    assert [d.instance_id for d in published.deliveries] == [iid]
+    assert {claim.command.kind for claim in await die_alone(engine)} == {"MESSAGE"}
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert info.status == "FAILED" and info.error is not None and info.error["type"] == "DeadLetter"
+    await c.retry(iid)
+    later = await c.publish_message("m", "d-1", {"n": 8}, ttl=600, message_id="m-d-2")
+    assert later.outcome == "buffered", later
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert (info.status, info.state["got"]) == ("COMPLETED", [7]), info
+    assert await _correlated(engine, iid) == ["m-d-1"]
+    assert kinds(await c.history(iid)).count("WAITING") == 1  # the wait was not entered again
+    [command] = await conn.fetch("SELECT state, claims FROM stepstone.commands WHERE kind = 'MESSAGE' "
+                                 "AND instance_id = $1::uuid", iid)
+    assert command["state"] == "COMPLETE"
+    assert await conn.fetchval("SELECT status FROM stepstone.messages WHERE message_id = 'm-d-2'") == "BUFFERED"
+
+
+async def test_a_dead_lettered_buffered_message_is_offered_again_to_its_instance(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """A message the wait took from the buffer, dead-lettered there, goes to that wait again on the retry:
+    not to another open wait of its key (it was delivered; the instance it was delivered to applies it)."""
+    c = engine.client
+    assert (await c.publish_message("m", "d-2", {"n": 9}, ttl=600, message_id="m-d-3")).outcome == "buffered"
+    iid = await c.start(timed, {"k": "d-2"})
+    [start] = await engine.store.claim(1, 30, "w")  # its commit enters the wait, which takes the message
+    decision = apply(start.instance, start.command, timed.plan, start.now)
+    assert isinstance(decision, Decision) and start.command.kind == "START", decision
+    assert await engine.store.commit(CommitRequest(start, start.command.id, decision, start.instance.visit,
+                                                   start.instance.state_version), lease_seconds=30, worker="w")
+    other = await c.start(timed, {"k": "d-2"})  # opens its wait after the message was taken
+    assert {claim.command.kind for claim in await die_alone(engine)} == {"MESSAGE"}
+    await engine.run_until_idle()
+    assert (await c.get(iid)).status == "FAILED" and (await c.get(other)).status == "WAITING"
+    await c.retry(iid)
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert (info.status, info.state.get("got")) == ("COMPLETED", [9]), info
+    assert await _correlated(engine, iid) == ["m-d-3"]
+    assert (await c.get(other)).status == "WAITING"
+    assert await conn.fetchval("SELECT status FROM stepstone.messages WHERE message_id = 'm-d-3'") == "DELIVERED"
 
 
 async def test_a_saga_stopped_compensating_closes_its_waits(engine: Engine, conn: asyncpg.Connection) -> None:

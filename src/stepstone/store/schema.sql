@@ -468,14 +468,16 @@ END $$;
 
 -- Retry a FAILED instance: each failed position's dead commands are superseded and a RETRY
 -- command runs its failed step again from its first attempt, bounded by the step's deadline again;
--- dead signals are offered again. An instance deadline that passed is passed for good.
+-- dead signals and messages are offered again, and a wait that failed because the message it took was
+-- dead-lettered waits again for that message alone (version 82). An instance deadline that passed is
+-- passed for good.
 CREATE FUNCTION {{schema}}.retry_instance(p_instance uuid, p_actor text)
 RETURNS TABLE (outcome text, status text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := {{schema}}.db_now();
     v_inst {{schema}}.instances%ROWTYPE;
-    v_retries bigint[];
+    v_paths text[];
     v_timer bigint;
     v_plan jsonb;
 BEGIN
@@ -503,28 +505,41 @@ BEGIN
                                                            'outcome', 'left FAILED for an operator'), v_now);
         SELECT i.history_seq INTO v_inst.history_seq FROM {{schema}}.instances i WHERE i.id = p_instance;
     END IF;
+    -- A wait whose message's command was dead-lettered failed there with its wait kept (core/transitions.py,
+    -- _dead_letter), its subscription used by that message. A RETRY entered the wait again and the dead command
+    -- was superseded: the message, delivered to this instance, was never applied, and the wait opened anew for
+    -- another (version 82). Such a wait waits again as it was (its subscription still used, so no other message
+    -- is given to it) and its dead message is offered to it again below; every other failed position runs its
+    -- failed step again (RETRY).
     WITH failed AS (
-        UPDATE {{schema}}.positions p SET status = 'RUNNING', error = NULL, updated_at = v_now
+        UPDATE {{schema}}.positions p SET
+            status = CASE WHEN p.wait IS NOT NULL
+                               AND EXISTS (SELECT 1 FROM {{schema}}.commands m
+                                           WHERE m.instance_id = p.instance_id AND m.state = 'DEAD'
+                                             AND m.kind = 'MESSAGE' AND m.position = p.path AND m.step = p.step
+                                             AND m.visit = p.visit)
+                          THEN 'WAITING' ELSE 'RUNNING' END,
+            error = NULL, updated_at = v_now
         WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
                                           WHERE x.instance_id = p_instance AND x.status = 'FAILED'
                                           ORDER BY x.path FOR UPDATE)
-        RETURNING p.path, p.step, p.visit
+        RETURNING p.path, p.step, p.visit, p.status
     ), queued AS (
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, available_at,
                                          created_at)
         SELECT p_instance, failed.path, nextval('{{schema}}.command_seq'), 'RETRY', 'PENDING', failed.step,
                failed.visit, v_now, v_now
-        FROM failed ORDER BY failed.path
+        FROM failed WHERE failed.status = 'RUNNING' ORDER BY failed.path
         RETURNING id
     )
-    SELECT COALESCE(array_agg(queued.id), '{}') INTO v_retries FROM queued;
+    SELECT COALESCE(array_agg(failed.path), '{}') INTO v_paths FROM failed;  -- (queued runs unread)
     -- Each retried step's deadline, counted from now: the pending timers of those positions' steps are
-    -- superseded (ascending id) and new ones queued. The RETRY commands just queued name the positions.
+    -- superseded (ascending id) and new ones queued. The positions just retried say which steps.
     UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
         last_error = 'RETRIED'
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   JOIN {{schema}}.commands r ON r.id = ANY (v_retries)
-                        AND r.position = x.payload->>'position' AND r.step = x.step
+                   JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = ANY (v_paths)
+                        AND r.path = x.payload->>'position' AND r.step = x.step
                    WHERE x.instance_id = p_instance AND x.position = '$saga' AND x.kind = 'TIMER'
                      AND x.name = 'step_deadline' AND (x.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE
                    ORDER BY x.id FOR UPDATE OF x);
@@ -539,28 +554,31 @@ BEGIN
         INSERT INTO {{schema}}.commands (instance_id, position, seq, kind, state, step, visit, name, payload,
                                          available_at, created_at)
         SELECT p_instance, '$saga', nextval('{{schema}}.command_seq'), 'TIMER', 'PENDING', r.step, r.visit,
-               'step_deadline', jsonb_build_object('position', r.position, 'step', r.step, 'visit', r.visit),
+               'step_deadline', jsonb_build_object('position', r.path, 'step', r.step, 'visit', r.visit),
                v_now + make_interval(secs => (s->'deadline'->>'seconds')::float8), v_now
-        FROM {{schema}}.commands r
+        FROM {{schema}}.positions r
         CROSS JOIN LATERAL jsonb_array_elements(v_plan->'steps') AS s
-        WHERE r.id = ANY (v_retries) AND s->>'name' = r.step AND s ? 'deadline'
-        ORDER BY r.position;
+        WHERE r.instance_id = p_instance AND r.path = ANY (v_paths) AND s->>'name' = r.step AND s ? 'deadline'
+        ORDER BY r.path;
     END IF;
+    -- A dead message is offered again as a dead signal is (version 82; it was superseded, and lost): to the
+    -- wait it was delivered to when that wait waits again (above), else applied as any message that finds its
+    -- wait left (parked, or, taken from the buffer, handed on).
     UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
         last_error = 'RETRIED'
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind <> 'SIGNAL'
+                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind NOT IN ('SIGNAL', 'MESSAGE')
                    ORDER BY x.id FOR UPDATE);
     UPDATE {{schema}}.commands c SET state = 'PENDING', claims = 0, available_at = v_now, token = NULL
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind = 'SIGNAL'
+                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind IN ('SIGNAL', 'MESSAGE')
                    ORDER BY x.id FOR UPDATE);
     UPDATE {{schema}}.instances i SET status = 'RUNNING', error = NULL,
         history_seq = i.history_seq + 1, updated_at = v_now
     WHERE i.id = p_instance;
     INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
     VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_RETRIED', v_inst.step, v_inst.visit, p_actor,
-            jsonb_build_object('error', v_inst.error, 'positions', cardinality(v_retries)));
+            jsonb_build_object('error', v_inst.error, 'positions', cardinality(v_paths)));
     RETURN QUERY SELECT 'retried', 'RUNNING'::text;
 END $$;
 
@@ -5596,3 +5614,7 @@ BEGIN
       AND (p_status IS NULL OR d.status = p_status)
     ORDER BY d.definition_id, d.scope, d.version;
 END $$;
+
+-- ==== version 82 (migration 0082_dead_messages_offered_again) ====
+-- retry_instance (in the version 1 section) offers a dead-lettered message again, to the wait it was delivered
+-- to, which waits again without a RETRY; why: the migration's header.
