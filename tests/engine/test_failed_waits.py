@@ -18,9 +18,9 @@ import pytest
 
 from stepstone import Retry
 from stepstone.authoring.workflow import END, CompensationContext, Registry, StepContext, Workflow
-from stepstone.core.model import Decision
-from stepstone.core.transitions import apply
-from stepstone.store.port import CommitRequest
+from stepstone.core.model import Decision, RunStep, StepFailed
+from stepstone.core.transitions import apply, complete_step
+from stepstone.store.port import Claim, CommitRequest
 from stepstone.testing import Engine, open_engine
 from tests.crashes import die_alone
 from tests.engine.conftest import kinds
@@ -252,6 +252,43 @@ async def test_a_dead_lettered_buffered_message_is_offered_again_to_its_instance
     assert await _correlated(engine, iid) == ["m-d-3"]
     assert (await c.get(other)).status == "WAITING"
     assert await conn.fetchval("SELECT status FROM stepstone.messages WHERE message_id = 'm-d-3'") == "DELIVERED"
+
+
+async def _commit_by_hand(engine: Engine, workflow: Workflow[Any], claim: Claim) -> None:
+    """Commit a claimed command as a worker would, an action step's handler failing for good."""
+    decided = apply(claim.instance, claim.command, workflow.plan, claim.now)
+    if isinstance(decided, RunStep):
+        decided = complete_step(claim.instance, claim.command, workflow.plan,
+                                StepFailed("ValueError", "flaky refused", retryable=False), claim.now)
+    assert isinstance(decided, Decision), decided
+    request = CommitRequest(claim, claim.command.id, decided, claim.instance.visit, claim.instance.state_version)
+    assert await engine.store.commit(request, lease_seconds=30, worker="w") is not None
+
+
+async def test_a_cancelled_failed_instance_hands_on_the_buffered_message_its_wait_took(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """Holds what was found right: the waiting branch of an instance FAILED by its other branch took a buffered
+    message, whose command is still to be applied when the instance is cancelled: the cancel settles it
+    CANCELLED and the message goes back to the buffer (no other wait of its key open), where the next wait of
+    the key takes it, as from any cancelled instance."""
+    c = engine.client
+    assert (await c.publish_message("m", "c-1", {"n": 5}, ttl=600, message_id="m-c-1")).outcome == "buffered"
+    iid = await c.start(forked, {"k": "c-1"})
+    [fork] = await engine.store.claim(8, 30, "w")
+    await _commit_by_hand(engine, forked, fork)
+    branches = await engine.store.claim(8, 30, "w")  # w enters its wait and takes the message; f fails
+    assert sorted(b.instance.position for b in branches) == ["split/f", "split/w"]
+    for claim in branches:
+        await _commit_by_hand(engine, forked, claim)
+    assert (await c.get(iid)).status == "FAILED"
+    assert await conn.fetchval("SELECT state FROM stepstone.commands WHERE kind = 'MESSAGE'") == "PENDING"
+    assert await c.cancel(iid, "given up") == "CANCELLED"
+    assert await conn.fetchval("SELECT status FROM stepstone.messages WHERE message_id = 'm-c-1'") == "BUFFERED"
+    later = await c.start(timed, {"k": "c-1"})
+    await engine.run_until_idle()
+    assert (await c.get(later)).state["got"] == [5]
+    assert await _correlated(engine, iid) == []
 
 
 async def test_a_saga_stopped_compensating_closes_its_waits(engine: Engine, conn: asyncpg.Connection) -> None:
