@@ -239,3 +239,13 @@ async def until_shown(conn: asyncpg.Connection, query: str, *args: Any, every: f
             return value
         assert asyncio.get_running_loop().time() < deadline, failure
         await asyncio.sleep(every)
+
+
+async def until_waiting_for_a_lock(database_url: str, pid: int) -> None:
+    """Until the backend `pid` waits for a lock (a statement on the caller's connection, held up on purpose)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        await until_shown(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid,
+                          failure="the start in the caller's transaction never waited for the lock")
+    finally:
+        await conn.close()

@@ -21,7 +21,7 @@ from stepstone.client import Client
 from stepstone.config import DEFAULT_SCHEMA
 from stepstone.errors import ClientClosed, InvalidInput
 from tests import cli_apps
-from tests._pg import until_shown
+from tests._pg import until_waiting_for_a_lock
 
 
 def public_coroutines() -> list[str]:
@@ -193,15 +193,6 @@ def _no_warning() -> Iterator[None]:
         yield
 
 
-async def _until_waiting_for_a_lock(database_url: str, pid: int) -> None:
-    conn = await asyncpg.connect(database_url)
-    try:
-        await until_shown(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid,
-                          failure="the start in the caller's transaction never waited for the lock")
-    finally:
-        await conn.close()
-
-
 def test_a_sync_connections_statement_holds_up_no_other_threads_call(database_url: str) -> None:
     """A start in the caller's transaction on a sync connection (the Django backend's enqueue inside atomic())
     ran its statement on the client's loop thread: while it waited for a lock, every other thread's call
@@ -222,7 +213,7 @@ def test_a_sync_connections_statement_holds_up_no_other_threads_call(database_ur
         with blocker.transaction():
             blocker.execute(f"LOCK TABLE {DEFAULT_SCHEMA}.instances IN SHARE MODE")  # the start's insert waits
             starting.start()
-            asyncio.run(_until_waiting_for_a_lock(database_url, caller.info.backend_pid))
+            asyncio.run(until_waiting_for_a_lock(database_url, caller.info.backend_pid))
             other.start()
             other.join(timeout=20)
             assert read == [known], "another thread's call waited for the start's lock"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 from stepstone.errors import BusinessKeyInUse, InvalidInput, OpenSignalLimit, SchemaNotReady
 from stepstone.testing import Engine, open_engine
-from tests._pg import PgServer, until_shown
+from tests._pg import PgServer, until_shown, until_waiting_for_a_lock
 from tests.scheduling import workflows
 from tests.scheduling.workflows import long, parcel, report
 
@@ -296,3 +297,63 @@ async def test_the_callers_own_mistakes_are_named_with_every_driver(
                 await engine.client.start(report, {}, connection=conn)
             raise Rollback
     assert await _count(database_url, "SELECT count(*) FROM stepstone.instances") == 0
+
+
+async def test_a_sync_connections_statement_leaves_the_loop_to_other_tasks(engine: Engine, database_url: str) -> None:
+    """The async Client given a sync connection ran its statement on the caller's event loop: while it waited
+    for a lock, no other task of that loop ran (here, until the lock's holder gave up waiting for one)."""
+    psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is in the test extra")
+    locked, loop_ran = threading.Event(), threading.Event()
+    with psycopg.connect(database_url, autocommit=True) as blocker, psycopg.connect(database_url) as caller:
+        pid = caller.info.backend_pid
+
+        def hold_the_lock() -> None:
+            with blocker.transaction():
+                blocker.execute("LOCK TABLE stepstone.instances IN SHARE MODE")  # the start's insert waits
+                locked.set()
+                asyncio.run(until_waiting_for_a_lock(database_url, pid))
+                loop_ran.wait(timeout=20)  # a loop the statement holds never sets it
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        await asyncio.to_thread(locked.wait)
+        with caller.transaction():
+            caller.execute("INSERT INTO orders VALUES ('o-1')")
+            starting = asyncio.ensure_future(engine.client.start(report, {}, connection=caller))
+            await asyncio.to_thread(asyncio.run, until_waiting_for_a_lock(database_url, pid))
+            ran_while_it_waited = not starting.done()  # this task ran on the loop meanwhile
+            loop_ran.set()
+            instance_id = await starting
+            assert caller.execute("SELECT count(*) FROM orders").fetchone() == (1,)  # the transaction goes on
+        await asyncio.to_thread(holder.join)
+    assert ran_while_it_waited, "the loop ran no other task while the statement waited for its lock"
+    assert (await engine.client.get(instance_id)).status == "PENDING"  # committed with the caller's order
+    assert await _count(database_url, "SELECT count(*) FROM orders") == 1
+
+
+@pytest.mark.parametrize("driver", ["psycopg-sync", "sqlalchemy-sync"])
+async def test_a_cancelled_call_on_a_sync_connection_ends_its_statement_first(
+    engine: Engine, database_url: str, driver: str,
+) -> None:
+    """Cancelled while its statement waits for a lock, the call ends once the statement has: cancelled on
+    the server (the caller's transaction is aborted, as with an async driver), not left running in its
+    thread behind the caller's back."""
+    psycopg = pytest.importorskip("psycopg", reason="psycopg 3 is in the test extra")
+    from psycopg.pq import TransactionStatus  # noqa: PLC0415
+
+    with psycopg.connect(database_url, autocommit=True) as blocker, contextlib.suppress(Rollback):
+        async with DRIVERS[driver](database_url)() as (conn, run):
+            raw = conn if driver == "psycopg-sync" else conn.connection.dbapi_connection
+            with blocker.transaction():
+                blocker.execute("LOCK TABLE stepstone.instances IN SHARE MODE")
+                await run("INSERT INTO orders VALUES ('o-1')")
+                starting = asyncio.ensure_future(engine.client.start(report, {}, connection=conn))
+                await until_waiting_for_a_lock(database_url, raw.info.backend_pid)
+                starting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await starting
+                status = raw.info.transaction_status  # ACTIVE while a statement runs on it
+            raise Rollback
+    assert status == TransactionStatus.INERROR
+    assert await _count(database_url, "SELECT count(*) FROM stepstone.instances") == 0
+    assert await _count(database_url, "SELECT count(*) FROM orders") == 0

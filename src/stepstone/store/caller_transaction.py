@@ -11,7 +11,8 @@ command and its history row are written by the caller's transaction and become v
 workers, whose NOTIFY is sent at commit) exactly when it commits; a rollback leaves nothing. A publish
 delivers (or buffers) its message the same way: the MESSAGE command and the message row are the caller's
 writes. A refusal (a key in use, an instance's open-signal cap, a matching instance that stays busy)
-is an answer of the statement, not an error, so the caller's transaction stays usable after it.
+is an answer of the statement, not an error, so the caller's transaction stays usable after it. A sync
+connection's statement runs in a worker thread (`_fetched_in_a_thread`), never on an event loop.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from typing import Any, Protocol, runtime_checkable
 
-from stepstone._sync_loop import on_sync_loop
 from stepstone.errors import InvalidInput, OpenSignalLimit, SchemaNotReady, Unavailable
 from stepstone.store.outcomes import signal_command_id, start_result
 from stepstone.store.port import NewInstance
@@ -98,12 +99,67 @@ async def _fetched(connection: Any, sql: str, args: list[str | None]) -> list[di
     if driver == "sqlalchemy":
         result = await connection.execute(*_sqlalchemy_statement(sql, args))
         return [dict(row) for row in result.mappings().all()]
-    if on_sync_loop():
-        # A SyncClient's loop thread serves every thread that shares the client: a sync connection's statement
-        # (and any lock it waits on) would stall all their calls. Its caller's thread waits for this call, so
-        # the connection is still used by one thread at a time.
-        return await asyncio.to_thread(_fetched_sync, connection, driver, sql, args)
-    return _fetched_sync(connection, driver, sql, args)
+    return await _fetched_in_a_thread(connection, driver, sql, args)
+
+
+async def _fetched_in_a_thread(
+    connection: Any, driver: str, sql: str, args: list[str | None],
+) -> list[dict[str, Any]]:
+    """A sync connection's statement, run in a worker thread: on the event loop it would stop every other task
+    of that loop (or, on a SyncClient's loop thread, every other thread's call) for as long as it runs, and a
+    statement waiting for a lock stops them until the lock's holder commits. The connection is still used by
+    one statement at a time: psycopg (3 and 2) serializes the use of a connection with a lock of its own.
+
+    The call does not end before the statement does. Cancelled meanwhile, it cancels the statement on the
+    server, as asyncpg and psycopg's async connection do (the caller's transaction is then aborted, so nothing
+    of the call can commit), and waits for it to end; a statement not sent yet is not sent. The caller's next
+    use of the connection never finds it still at work."""
+    statement = _Statement()
+    running = asyncio.ensure_future(asyncio.to_thread(statement.run, connection, driver, sql, args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await statement.ended(running)
+        raise
+
+
+class _Statement:
+    """One statement on a sync connection, run by `run` in a worker thread, and what stops it (`ended`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._on: Any = None  # the DB-API connection it runs on, once sent (what a cancel goes to)
+
+    def run(self, connection: Any, driver: str, sql: str, args: list[str | None]) -> list[dict[str, Any]]:
+        # A Session's connection (begun, as its execute would), or the Connection itself.
+        bound = connection if driver == "psycopg-sync" or not callable(connection.connection) else (
+            connection.connection())
+        with self._lock:
+            if self._stopped:
+                raise asyncio.CancelledError
+            self._on = bound if driver == "psycopg-sync" else getattr(bound.connection, "dbapi_connection", None)
+        return _fetched_sync(connection, driver, sql, args)
+
+    async def ended(self, running: asyncio.Future[Any]) -> None:
+        """Cancel the statement on the server (or keep it from being sent) and wait for its thread to end,
+        through any further cancellation of the waiting task (the call is cancelled already)."""
+        with self._lock:
+            self._stopped = True
+            on = self._on
+        cancel = getattr(on, "cancel_safe", None) or getattr(on, "cancel", None)
+        waiting: set[asyncio.Future[Any]] = {running}
+        if cancel is not None and not running.done():
+            waiting.add(asyncio.ensure_future(asyncio.to_thread(cancel)))
+        ended = set(waiting)
+        while waiting:
+            try:
+                _, waiting = await asyncio.wait(waiting)
+            except asyncio.CancelledError:
+                continue
+        for future in ended:  # the statement's error (QueryCanceled) and a failed cancel are the cancellation's
+            if not future.cancelled():
+                future.exception()
 
 
 def _fetched_sync(connection: Any, driver: str, sql: str, args: list[str | None]) -> list[dict[str, Any]]:
