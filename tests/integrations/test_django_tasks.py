@@ -52,4 +52,4 @@ def test_the_backend_under_djangos_test_runner(pg_server: PgServer) -> None:
         pg_server.drop_database(test_name)
         pg_server.drop_database(base)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "Ran 11 tests" in proc.stderr and "OK" in proc.stderr
+    assert "Ran 12 tests" in proc.stderr and "OK" in proc.stderr

@@ -23,12 +23,14 @@ earlier Django versions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import traceback
 import weakref
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -188,14 +190,27 @@ def stepstone_database() -> Settings:
 
 _shared: dict[tuple[str, str], Any] = {}  # the SyncClient the backends of one database and schema share
 _holding: weakref.WeakSet[StepstoneBackend] = weakref.WeakSet()  # the backends that hold a shared client
+_calls: Counter[tuple[str, str]] = Counter()  # the backends' calls in flight on each shared client
 _shared_lock = threading.Lock()
+
+
+def _unused(target: tuple[str, str]) -> Any:
+    """The shared client of `target`, taken out of `_shared` to be closed, when no backend holds it and no
+    backend's call is in flight on it; else None. Called with `_shared_lock` held."""
+    # The holders are the backends in _holding with this target (a backend Django dropped and the
+    # collector took holds nothing).
+    if _calls[target] or any(b._held == target for b in _holding):
+        return None
+    _calls.pop(target, None)
+    return _shared.pop(target, None)
 
 
 def _let_go_on_tasks_change(*, setting: str, **_: Any) -> None:
     """A change of TASKS (`override_settings`) makes Django drop its backends of every thread for new ones
     without closing them: their holds kept the shared client open until the process exited. Each backend
-    holding one lets go of it here, and the last closes it; one still referenced takes a client again on
-    its next call."""
+    holding one lets go of it here, and the client is closed once no backend holds it and the calls in
+    flight on it (another thread's) have returned; one still referenced takes a client again on its next
+    call."""
     if setting != "TASKS":
         return
     with _shared_lock:
@@ -224,27 +239,48 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
         configured). Django keeps a backend per thread; the backends of one database and schema share one
         client (one loop thread, one pool), which a SyncClient allows: each call waits for its own task."""
         with _shared_lock:
-            target = self._held or _target(self.options)
-            client = _shared.get(target)
-            if client is None:
-                from stepstone._sync_client import SyncClient  # noqa: PLC0415
+            return self._take()
 
-                client = _shared[target] = SyncClient(target[0], schema=target[1], registry=registry)
-            self._held = target
-            _holding.add(self)
-            return client
+    def _take(self) -> Any:
+        """`client()`, with `_shared_lock` held."""
+        target = self._held or _target(self.options)
+        client = _shared.get(target)
+        if client is None:
+            from stepstone._sync_client import SyncClient  # noqa: PLC0415
+
+            client = _shared[target] = SyncClient(target[0], schema=target[1], registry=registry)
+        self._held = target
+        _holding.add(self)
+        return client
+
+    @contextlib.contextmanager
+    def _calling(self) -> Iterator[Any]:
+        """The shared client for one call of the backend, in flight until the block ends: a release meanwhile
+        (`close()`, a change of TASKS from another thread) leaves the client open for it, and the end of the
+        last call closes a client no backend holds any more."""
+        with _shared_lock:
+            client = self._take()
+            target = self._held
+            assert target is not None  # (set by _take)
+            _calls[target] += 1
+        try:
+            yield client
+        finally:
+            with _shared_lock:
+                _calls[target] -= 1
+                unused = _unused(target)
+            if unused is not None:
+                unused.close()
 
     def close(self) -> None:
-        """Let go of the shared client; the last backend holding it closes it."""
+        """Let go of the shared client; it is closed when no backend holds it and no backend's call on it
+        is in flight (the last such call's end closes it then)."""
         with _shared_lock:
             target, self._held = self._held, None
             _holding.discard(self)
-            # The holders are the backends in _holding with this target (a backend Django dropped and the
-            # collector took holds nothing): the last one closes the client.
-            if target is None or target not in _shared or any(b._held == target for b in _holding):
-                return
-            client = _shared.pop(target)
-        client.close()
+            unused = None if target is None else _unused(target)
+        if unused is not None:
+            unused.close()
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
@@ -252,7 +288,8 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
         state = {"task": _module_path(task.func), "args": normalize_json(list(args)),
                  "kwargs": normalize_json(dict(kwargs)), "queue_name": task.queue_name, "backend": self.alias,
                  "run_after": run_after}
-        iid = self.client().start(WORKFLOW, state, connection=self._atomic_connection())
+        with self._calling() as client:
+            iid = client.start(WORKFLOW, state, connection=self._atomic_connection())
         return self._result(task, iid, DjangoTask(**state), None, None)
 
     def _atomic_connection(self) -> Any:
@@ -270,26 +307,20 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
     def get_result(self, result_id: str) -> Any:
         from stepstone.errors import InstanceNotFound  # noqa: PLC0415
 
-        try:
-            info = self.client().get(result_id)
-        except InstanceNotFound:
-            raise TaskResultDoesNotExist(result_id) from None
-        if info.definition_id != WORKFLOW:
-            raise TaskResultDoesNotExist(result_id)
+        with self._calling() as client:
+            try:
+                info = client.get(result_id)
+            except InstanceNotFound:
+                raise TaskResultDoesNotExist(result_id) from None
+            if info.definition_id != WORKFLOW:
+                raise TaskResultDoesNotExist(result_id)
+            state = DjangoTask(**info.state)
+            status = info.status
+            if status == "WAITING" and state.status == "READY" and _claimed(client, info.id):
+                status = "RUNNING"
         from django.utils.module_loading import import_string  # noqa: PLC0415
 
-        state = DjangoTask(**info.state)
-        status = info.status
-        if status == "WAITING" and state.status == "READY" and self._claimed(info.id):
-            status = "RUNNING"
         return self._result(import_string(state.task), info.id, state, info.created_at, status)
-
-    def _claimed(self, iid: str) -> bool:
-        """A worker runs the task: it holds the due timer into `run` (the step runs in that command's
-        segment, and the instance reads WAITING at `not_before` until their one commit) or `run`'s command."""
-        detail = self.client().detail(iid)
-        return any(c["state"] == "CLAIMED" for c in detail.timers) or any(
-            c["state"] == "CLAIMED" and c["step"] == "run" for c in detail.commands)
 
     def _result(self, task: Any, iid: str, state: DjangoTask, enqueued_at: datetime | None,
                 status: str | None) -> Any:
@@ -305,6 +336,14 @@ class StepstoneBackend(BaseTaskBackend):  # type: ignore[misc]
         else:
             outcome = TaskResultStatus.READY
         return _task_result(task, iid, state, outcome, enqueued_at)
+
+
+def _claimed(client: Any, iid: str) -> bool:
+    """A worker runs the task: it holds the due timer into `run` (the step runs in that command's
+    segment, and the instance reads WAITING at `not_before` until their one commit) or `run`'s command."""
+    detail = client.detail(iid)
+    return any(c["state"] == "CLAIMED" for c in detail.timers) or any(
+        c["state"] == "CLAIMED" and c["step"] == "run" for c in detail.commands)
 
 
 def _task_result(task: Any, iid: str, state: DjangoTask, outcome: Any, enqueued_at: datetime | None,

@@ -180,3 +180,41 @@ class StepstoneTasks(TransactionTestCase):
         self.assertTrue(closed(inside))
         run_worker()
         self.assertEqual(default_task_backend.get_result(result.id).return_value, 7)  # a new backend, a new client
+
+    def test_a_change_of_tasks_leaves_a_call_in_flight_its_client(self):
+        """A change of TASKS while another thread's call was in flight closed the shared client under that
+        call (ClientClosed); the client now outlives it, and the call's end closes it."""
+        before = default_task_backend.client()
+        in_flight, go = threading.Event(), threading.Event()
+        outcome = {}
+
+        def enqueue():
+            backend = task_backends["default"]  # this thread's own
+            given = backend._atomic_connection
+
+            def held_in_flight():  # runs inside the call, before its start
+                in_flight.set()
+                go.wait(timeout=60)
+                return given()
+
+            backend._atomic_connection = held_in_flight
+            try:
+                outcome["result"] = add.enqueue(5, 6)
+            except Exception as exc:  # noqa: BLE001 - reported by the test below
+                outcome["error"] = exc
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=enqueue)
+        thread.start()
+        self.assertTrue(in_flight.wait(timeout=60))
+        other = {"database_url": _database_url(), "schema": "stepstone"}
+        with override_settings(TASKS={"default": {"BACKEND": "stepstone.integrations.django_tasks.StepstoneBackend",
+                                                  "OPTIONS": other}}):
+            self.assertFalse(closed(before))  # no backend holds it; the call in flight still uses it
+            go.set()
+            thread.join(timeout=60)
+            self.assertNotIn("error", outcome)
+            self.assertTrue(closed(before))  # closed by the end of the last call on it
+        run_worker()
+        self.assertEqual(default_task_backend.get_result(outcome["result"].id).return_value, 11)
