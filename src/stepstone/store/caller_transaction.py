@@ -113,7 +113,9 @@ async def _fetched_in_a_thread(
     The call does not end before the statement does. Cancelled meanwhile, it cancels the statement on the
     server, as asyncpg and psycopg's async connection do (the caller's transaction is then aborted, so nothing
     of the call can commit), and waits for it to end; a statement not sent yet is not sent. The caller's next
-    use of the connection never finds it still at work."""
+    use of the connection never finds it still at work. A cancel that reaches the server just after the
+    statement ended finds nothing to cancel: its write is then in the caller's transaction, as with asyncpg
+    (docs/integrations.md says to roll back after a cancelled call)."""
     statement = _Statement()
     running = asyncio.ensure_future(asyncio.to_thread(statement.run, connection, driver, sql, args))
     try:
