@@ -36,6 +36,8 @@ def test_error_exports() -> None:
         # human tasks and messages (issue 11)
         "StateChangedSinceReview", "TaskHeld", "TaskNotFound", "TaskNotOpen", "TaskNotPermitted", "TaskRefused",
         "UnknownDecision", "OpenSignalLimit", "TaskFilterNotFound",
+        # a retry of a child its parent no longer awaits
+        "ChildNotAwaited",
     ])
 
 

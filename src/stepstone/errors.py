@@ -30,6 +30,8 @@
     │   ├── IdempotencyConflict     a key reused with other input (instance_id or command_id)
     │   ├── BusinessKeyInUse        (instance_id of the holder)
     │   ├── InvalidState            the instance's status does not allow it (instance_id, status)
+    │   │   └── ChildNotAwaited         a retry of a child its parent no longer awaits (parent_id, parent_status,
+    │   │                               awaits: the child the parent's position awaits instead, or None)
     │   ├── TaskLockRefused         an external task's answer fenced out (task_id, reason, status):
     │   │   ├── LockLost                the token does not hold the task (another worker has it)
     │   │   ├── LockExpired             the lock ran out before the answer
@@ -60,6 +62,7 @@ line and never contain a password.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -69,6 +72,7 @@ __all__ = [
     "BrokerMisconfigured",
     "BrokerUnavailable",
     "BusinessKeyInUse",
+    "ChildNotAwaited",
     "ClientClosed",
     "ConfigError",
     "Conflict",
@@ -276,6 +280,47 @@ def parent_went_on(instance_id: str, parent_id: str | None, parent_status: str |
         "it forward too, or cancel it to leave it as it is",
         instance_id=instance_id, status="COMPENSATION_FAILED",
     )
+
+
+class ChildNotAwaited(InvalidState):
+    """A retry of a FAILED child refused: its parent no longer awaits it (replayed to another visit, gone on
+    to on_failure, ended, compensating, or its branch closed), so its steps would run again for a result
+    nothing takes. Nothing changed. `awaits` is the child the parent's position awaits (or started) instead."""
+
+    def __init__(self, message: str, *, instance_id: str, parent_id: str | None, parent_status: str | None,
+                 awaits: str | None) -> None:
+        super().__init__(message, instance_id=instance_id, status="FAILED")
+        self.parent_id = parent_id
+        self.parent_status = parent_status
+        self.awaits = awaits
+
+
+def child_not_awaited(instance_id: str, parent: Mapping[str, Any]) -> ChildNotAwaited:
+    """The refusal of a retry of a child its parent no longer awaits, from the parent as `parent_of_child`
+    reads it (store/schema.sql, version 83): what the parent did instead and what the operator can do."""
+    parent_id = str(parent["parent_id"]) if parent.get("parent_id") else None
+    status, awaits = parent.get("parent_status"), parent.get("awaits")
+    where = "" if not parent.get("parent_position") else f" in branch {parent['parent_position']}"
+    if status is None:
+        why = f"its parent {parent_id} no longer exists"
+    elif status in ("COMPLETED", "CANCELLED", "COMPENSATED", "TIMED_OUT"):
+        why = f"its parent {parent_id} has ended ({status})"
+    elif status in ("COMPENSATING", "COMPENSATION_FAILED"):
+        why = f"its parent {parent_id} is {status}, undoing its steps"
+    elif parent.get("position_visit") != parent.get("child_visit"):
+        instead = f", awaiting child {awaits} instead" if awaits else ""
+        why = (f"its parent {parent_id} has moved past the step visit that started it (visit "
+               f"{parent.get('child_visit')}{where}; it is {status} at step {parent.get('position_step')!r}, visit "
+               f"{parent.get('position_visit')}{instead})")
+    else:
+        why = f"its parent {parent_id} ({status}) closed the branch that started it ({parent.get('position_status')})"
+    step = parent.get("child_step") or "STEP"
+    return ChildNotAwaited(
+        f"instance {instance_id} is not retried: {why}, so nothing takes this child's result and its steps would "
+        "run again beside what the parent went on with. Nothing changed. Leave it FAILED, or run it anyway as an "
+        f"instance of its own: stepstone replay --instance {instance_id} --from {step}",
+        instance_id=instance_id, parent_id=parent_id, parent_status=status,
+        awaits=str(awaits) if awaits else None)
 
 
 class TaskLockRefused(Conflict):

@@ -16,9 +16,9 @@ NOT_CLASSES = {"BadRequest", "MethodNotAllowed", "InternalError", "BodyTooLarge"
 # api.body_guard's), or a bug's
 GIVEN = {"TaskRefused", "TaskNotOpen", "TaskHeld", "TaskNotPermitted", "StateChangedSinceReview", "TaskNotFound",
          "UnknownDecision", "UnknownSignal", "InstanceNotFound", "DefinitionNotFound", "PositionNotFound",
-         "InvalidState", "IdempotencyConflict", "BusinessKeyInUse", "OpenSignalLimit", "InvalidInput",
-         "PayloadTooLarge", "PayloadTooDeep", "Forbidden", "Unauthenticated", "ReadOnly", "MethodNotAllowed",
-         "NotLocal"}
+         "InvalidState", "ChildNotAwaited", "IdempotencyConflict", "BusinessKeyInUse", "OpenSignalLimit",
+         "InvalidInput", "PayloadTooLarge", "PayloadTooDeep", "Forbidden", "Unauthenticated", "ReadOnly",
+         "MethodNotAllowed", "NotLocal"}
 
 
 def _table() -> dict[str, int]:

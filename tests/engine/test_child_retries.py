@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from stepstone.core.transitions import child_id
+from stepstone.errors import ChildNotAwaited, InvalidState
 from stepstone.testing import Engine, open_engine
 from tests.engine import branch_workflows as bw
 from tests.engine.conftest import Rows, kinds
@@ -137,3 +138,77 @@ async def test_a_retried_instance_waits_for_a_child_still_running_and_hears_it_o
     assert [(h["kind"], h["position"]) for h in history] == [
         ("CALLBACK_IGNORED", "fan/x"), ("CHILD_COMPLETED", "fan/x"), ("CHILD_COMPLETED", "fan/y"),
     ]
+
+
+# A retry of a FAILED child goes on only while its parent awaits it (docs/operations.md, "Children and
+# replay"): a parent that went on to its child step's on_failure and completed takes no result of it, so the
+# retry is refused and changes nothing; a child started with cancel_with_parent=False whose parent was
+# cancelled at that step was abandoned, and is retried as an instance of its own.
+
+
+async def test_a_child_whose_parent_took_on_failure_and_completed_is_not_retried(engine: Engine, rows: Rows) -> None:
+    bw.FLAKY_JOBS.add(4)
+    iid = await engine.client.start(bw.parent, {"n": 4})
+    await engine.run_until_idle()
+    cid = child_id(iid, "", "spawn", 1)
+    assert ((await engine.client.get(iid)).status, (await engine.client.get(iid)).state["out"]) == ("COMPLETED", -1)
+    bw.FLAKY_JOBS.clear()
+    history = await engine.client.history(cid)
+
+    with pytest.raises(ChildNotAwaited) as refused:
+        await engine.client.retry(cid)
+    assert str(refused.value).startswith(
+        f"instance {cid} is not retried: its parent {iid} has ended (COMPLETED), so nothing takes this child's "
+        "result")
+    assert str(refused.value).endswith(f"stepstone replay --instance {cid} --from work")
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "FAILED"
+    assert await engine.client.history(cid) == history
+    assert await rows.count("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid "
+                            "AND kind = 'RETRY'", cid) == 0
+
+
+async def test_an_abandoned_child_of_a_cancelled_parent_is_retried_as_its_own(engine: Engine) -> None:
+    bw.FLAKY_JOBS.add(5)
+    iid = await engine.client.start(bw.abandoning, {"n": 5})
+    await engine.run_until_idle()
+    cid = child_id(iid, "", "spawn_free", 1)
+    assert ((await engine.client.get(iid)).status, (await engine.client.get(cid)).status) == ("FAILED", "FAILED")
+    await engine.client.cancel(iid)  # the child, started with cancel_with_parent=False, is left as it is
+    assert ((await engine.client.get(iid)).status, (await engine.client.get(cid)).status) == ("CANCELLED", "FAILED")
+    bw.FLAKY_JOBS.clear()
+
+    await engine.client.retry(cid)
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "WAITING"  # its job runs on, parked for its signal
+    assert (await engine.client.get(iid)).status == "CANCELLED"
+    assert "CHILD_COMPLETED" not in kinds(await engine.client.history(iid))
+
+
+async def test_a_replay_of_a_parent_whose_branch_awaits_a_running_child_is_refused(engine: Engine) -> None:
+    """Branch x's child failed, which failed the instance; branch y still awaits its child, which waits for
+    its signal. A replay would leave that child running for a result nothing takes: refused, nothing changed,
+    until the child is cancelled."""
+    bw.FLAKY_JOBS.add(0)
+    bw.PARKED_JOBS.add(1)
+    iid = await engine.client.start(bw.fan_jobs, {})
+    await engine.run_until_idle()
+    kids = {c["position"]: str(c["id"]) for c in (await engine.client.get(iid)).children}
+    assert (await engine.client.get(iid)).status == "FAILED"
+    assert [(await engine.client.get(kids[p])).status for p in sorted(kids)] == ["FAILED", "WAITING"]
+    [waiting] = [p for p in kids if p.endswith("y")]
+    history = await engine.client.history(iid)
+
+    with pytest.raises(InvalidState) as refused:
+        await engine.client.replay(iid, "fan")
+    assert str(refused.value).startswith(
+        f"instance {iid} is not replayed: it still awaits its child {kids[waiting]} (job, WAITING, in branch "
+        f"{waiting}), which has not ended;")
+    assert await engine.client.history(iid) == history
+
+    await engine.client.cancel(kids[waiting])
+    bw.FLAKY_JOBS.clear()
+    bw.PARKED_JOBS.clear()
+    assert (await engine.client.replay(iid, "fan")).visit > 1
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"

@@ -9,7 +9,7 @@ from typing import Any
 
 from stepstone.core.messages import signal_cause
 from stepstone.core.redaction import redact_state
-from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState, parent_went_on
+from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState, child_not_awaited, parent_went_on
 from stepstone.ops.history import (
     compensated_since,
     entry,
@@ -72,6 +72,8 @@ def _why(action: str, row: dict[str, Any]) -> str:
     outcome, status = row["outcome"], row["status"]
     if outcome == "parent_went_on":
         return str(parent_went_on(str(row["id"]), str(row["parent_id"]), row["parent_status"] or "deleted"))
+    if outcome == "not_awaited":
+        return str(child_not_awaited(str(row["id"]), row.get("parent") or {}))
     if outcome == "not_found":
         return "no such instance"
     if outcome == "not_failed":
@@ -183,7 +185,25 @@ async def replay(store: OperationsStore, instance_id: str, step: str, *, actor: 
     if row["outcome"] == "active":
         raise InvalidState(f"instance {instance_id} is {row['status']}; cancel it (or let it fail) before a replay",
                            instance_id=instance_id, status=row["status"])
+    if row["outcome"] == "child_live":
+        raise _child_live(instance_id, row["status"], row.get("children") or [])
     if row["outcome"] == "changed":
         raise InvalidState(f"instance {instance_id} changed while the replay was prepared; try again",
                            instance_id=instance_id, status=row["status"])
     return ReplayResult(instance_id, step, point.seq, row["visit"], row["status"], baseline, requested)
+
+
+def _child_live(instance_id: str, status: str, children: list[dict[str, Any]]) -> InvalidState:
+    """The refusal of a replay of a parent that awaits a child still under way (a retried one, or a branch's
+    while another branch failed): the replay would leave it running for a result nothing takes, beside
+    the new child its step starts when it runs again."""
+    named = ", ".join(f"{c['id']} ({c['definition_id']}, {c['status']}"
+                      + (f", in branch {c['parent_position']})" if c.get("parent_position") else ")")
+                      for c in children) or "a child"
+    first = children[0]["id"] if children else "CHILD"
+    return InvalidState(
+        f"instance {instance_id} is not replayed: it still awaits its child {named}, which has not ended; a replay "
+        "would leave that child running for a result nothing takes, and its steps would run again in the child "
+        f"the replayed step starts. Nothing changed. Wait for the child to end, then retry {instance_id} (it "
+        f"goes on with the child's result), or cancel the child first (stepstone cancel {first}) and replay again",
+        instance_id=instance_id, status=status)

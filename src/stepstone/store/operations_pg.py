@@ -173,7 +173,13 @@ class PostgresOperations:
             await self.pool.release(holder)
 
     async def retry_many(self, ids: list[str], actor: str | None) -> list[dict[str, Any]]:
-        return await self._fetch("retry_many", [_id(i) for i in ids], actor)
+        """One row per id; a child refused because its parent no longer awaits it (outcome not_awaited) carries
+        `parent`, what the refusal says of that parent (read after the batch)."""
+        rows = await self._fetch("retry_many", [_id(i) for i in ids], actor)
+        for row in rows:
+            if row["outcome"] == "not_awaited":
+                row["parent"] = (await self._fetch("parent_of_child", _id(row["id"])) or [{}])[0]
+        return rows
 
     async def cancel_many(
         self, ids: list[str], reason: str, actor: str | None, compensate: bool = False,
@@ -196,6 +202,8 @@ class PostgresOperations:
                 row = _row(found)
                 if cause is not None and row["outcome"] == "replayed":
                     await conn.execute(self.q["replay_cause"], key, row["visit"], cause)
+                if row["outcome"] == "child_live":  # the children that refused it, as its locks left them
+                    row["children"] = [_row(r) for r in await conn.fetch(self.q["live_awaited_children"], key)]
         return row
 
     async def role_privileges(self) -> dict[str, Any]:

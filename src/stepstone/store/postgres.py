@@ -26,6 +26,7 @@ from stepstone.errors import (
     InstanceNotFound,
     InternalError,
     InvalidState,
+    child_not_awaited,
     parent_went_on,
 )
 from stepstone.store.caller_transaction import CallerTransactionQueries
@@ -444,6 +445,9 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
             raise InstanceNotFound(instance_id)
         if row["outcome"] == "parent_went_on":
             raise parent_went_on(instance_id, str(row["parent_id"]), row["parent_status"] or "deleted")
+        if row["outcome"] == "not_awaited":  # what it says of the parent: read after the refusal
+            parent = await self._fetchrow("parent_of_child", _uuid(instance_id))
+            raise child_not_awaited(instance_id, dict(parent) if parent is not None else {})
         if row["outcome"] == "not_failed":
             raise InvalidState(
                 f"instance {instance_id} is {row['status']}; only a FAILED or COMPENSATION_FAILED instance can be "

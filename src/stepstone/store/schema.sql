@@ -470,7 +470,7 @@ END $$;
 -- command runs its failed step again from its first attempt, bounded by the step's deadline again;
 -- dead signals and messages are offered again, and a wait that failed because the message it took was
 -- dead-lettered waits again for that message alone (version 82). An instance deadline that passed is
--- passed for good.
+-- passed for good. A child whose parent no longer awaits it is refused (outcome not_awaited, version 83).
 CREATE FUNCTION {{schema}}.retry_instance(p_instance uuid, p_actor text)
 RETURNS TABLE (outcome text, status text)
 LANGUAGE plpgsql AS $$
@@ -488,6 +488,14 @@ BEGIN
     END IF;
     IF v_inst.status <> 'FAILED' THEN
         RETURN QUERY SELECT 'not_failed', v_inst.status;
+        RETURN;
+    END IF;
+    -- A child whose parent no longer awaits it (child_standing, version 83) is refused, and nothing changes:
+    -- its steps would run again for a result nothing takes, beside what the parent went on with. Its
+    -- parent's rows are read, not locked (a child never waits on its parent's rows): a replay of the
+    -- parent locks this row before it writes, so this reads the parent as that replay left it.
+    IF v_inst.parent_id IS NOT NULL AND {{schema}}.child_standing(v_inst) = 'not_awaited' THEN
+        RETURN QUERY SELECT 'not_awaited', v_inst.status;
         RETURN;
     END IF;
     -- The instance deadline passed while it was FAILED and its timer has not fired: it fires here, as a
@@ -2952,6 +2960,7 @@ END $$;
 -- INSTANCE_REPLAYED, but left the instance's `saga` set, and while it is set only the saga may change
 -- the status: an ended saga stayed as it was and the step to run again was rejected (INSTANCE_ENDED);
 -- a stopped one read COMPENSATION_FAILED while it ran. replay_instance now ends the saga first.
+-- It locks the children before it writes, and a child under way that it awaits refuses it (version 83).
 CREATE FUNCTION {{schema}}.replay_instance(p_instance uuid, p_step text, p_state jsonb, p_baseline jsonb,
                                            p_expected_seq integer, p_from_seq integer, p_actor text)
 RETURNS TABLE (outcome text, status text, visit integer)
@@ -2976,6 +2985,24 @@ BEGIN
     END IF;
     -- Positions (ascending path): branches closed, the root taken over with a fresh visit.
     PERFORM 1 FROM {{schema}}.positions p WHERE p.instance_id = p_instance ORDER BY p.path FOR UPDATE;
+    -- Then the commands it supersedes (ascending id) and its children that have not ended for good (ascending
+    -- id): the lock order, before anything is written. A retry of a FAILED child waits here and then finds
+    -- its parent moved on (retry_instance); a child retried first is seen running. A child still under way
+    -- (PENDING, RUNNING, WAITING) that a position of this instance awaits refuses the replay (outcome
+    -- child_live; version 83): the replay would leave it running for a result nothing takes, beside the
+    -- new child its step starts when it runs again.
+    PERFORM 1 FROM {{schema}}.commands x
+    WHERE x.instance_id = p_instance AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'DEAD')
+      AND NOT (x.kind = 'SIGNAL' AND x.state <> 'CLAIMED')
+    ORDER BY x.id FOR UPDATE;
+    PERFORM 1 FROM {{schema}}.instances x
+    WHERE x.parent_id = p_instance AND NOT {{schema}}.is_terminal(x.status) ORDER BY x.id FOR UPDATE;
+    IF EXISTS (SELECT 1 FROM {{schema}}.instances x
+               WHERE x.parent_id = p_instance AND x.status IN ('PENDING', 'RUNNING', 'WAITING')
+                 AND {{schema}}.child_standing(x) = 'awaited') THEN
+        RETURN QUERY SELECT 'child_live', v_inst.status, NULL::integer;
+        RETURN;
+    END IF;
     SELECT COALESCE(max(h.visit), 0) + 1 INTO v_visit FROM {{schema}}.history h
     WHERE h.instance_id = p_instance AND COALESCE(h.position, '') = '';
     v_visit := GREATEST(v_visit, (SELECT p.visit + 1 FROM {{schema}}.positions p
@@ -5618,3 +5645,48 @@ END $$;
 -- ==== version 82 (migration 0082_dead_messages_offered_again) ====
 -- retry_instance (in the version 1 section) offers a dead-lettered message again, to the wait it was delivered
 -- to, which waits again without a RETRY; why: the migration's header.
+
+-- ==== version 83 (migration 0083_child_retry_refused_once_its_parent_moved_on) ====
+-- retry_instance (version 1 section) refuses a child whose parent no longer awaits it (outcome
+-- not_awaited), and replay_instance (version 9 section) locks the children before it writes and refuses
+-- while a child it awaits is under way (outcome child_live); why: the migration's header.
+-- Where a child stands with its parent: 'awaited' while the parent's position that started it is still at
+-- that step visit and waits, runs or failed there, in a parent that has not ended or begun to compensate
+-- (retried, it goes on with the child's result); 'abandoned' when the parent ended with that position
+-- cancelled at that visit and the child was started with cancel_with_parent false (it runs on as an
+-- instance of its own); else 'not_awaited' (the parent moved on: replayed, took on_failure, ended,
+-- compensates, closed the child's branch, or no longer exists).
+CREATE FUNCTION {{schema}}.child_standing(p_child {{schema}}.instances)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED') AND x.status IN ('RUNNING', 'WAITING', 'FAILED')
+        THEN 'awaited'
+        WHEN NOT p_child.cancel_with_parent AND {{schema}}.is_terminal(p.status) AND x.status = 'CANCELLED'
+        THEN 'abandoned'
+        ELSE 'not_awaited' END
+    FROM (SELECT 1) AS one
+    LEFT JOIN {{schema}}.instances p ON p.id = p_child.parent_id
+    LEFT JOIN {{schema}}.positions x ON x.instance_id = p.id AND x.path = COALESCE(p_child.parent_position, '')
+                                    AND x.visit = p_child.parent_visit
+$$;
+
+-- What a refused retry of a child says of its parent: the parent's status, the position that started the
+-- child as it is now (status, step, visit), the visit that started the child, the child the position
+-- awaits (or started) at its current visit, and the child's own step (the one a replay of it would name).
+CREATE FUNCTION {{schema}}.parent_of_child(p_child uuid)
+RETURNS TABLE (parent_id uuid, parent_status text, parent_position text, position_status text,
+               position_step text, position_visit integer, child_visit integer, awaits uuid, child_step text)
+LANGUAGE sql STABLE AS $$
+    SELECT c.parent_id, p.status, COALESCE(c.parent_position, ''), x.status, x.step, x.visit, c.parent_visit,
+           CASE WHEN x.wait->>'kind' = 'child' THEN (x.wait->>'child_id')::uuid
+                ELSE (SELECT k.id FROM {{schema}}.instances k
+                      WHERE k.parent_id = c.parent_id AND COALESCE(k.parent_position, '') = x.path
+                        AND k.parent_visit = x.visit AND k.id <> c.id
+                      ORDER BY k.id LIMIT 1) END,
+           c.step
+    FROM {{schema}}.instances c
+    LEFT JOIN {{schema}}.instances p ON p.id = c.parent_id
+    LEFT JOIN {{schema}}.positions x ON x.instance_id = p.id AND x.path = COALESCE(c.parent_position, '')
+    WHERE c.id = p_child
+$$;

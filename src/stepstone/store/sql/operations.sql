@@ -264,6 +264,16 @@ LEFT JOIN {{schema}}.instances c ON c.id = ids.id
 LEFT JOIN {{schema}}.instances p ON p.id = c.parent_id
 ORDER BY ids.id;
 
+-- name: parent_of_child
+-- What a refused retry of child $1 (outcome not_awaited) says of its parent, read after the refusal.
+SELECT * FROM {{schema}}.parent_of_child($1);
+
+-- name: live_awaited_children
+-- The children of $1 still under way that a position of it awaits, which refused its replay (child_live).
+SELECT x.id, x.definition_id, x.status, x.parent_position, x.parent_visit FROM {{schema}}.instances x
+WHERE x.parent_id = $1 AND x.status IN ('PENDING', 'RUNNING', 'WAITING') AND {{schema}}.child_standing(x) = 'awaited'
+ORDER BY x.id;
+
 -- name: cancel_many
 -- Cancel each instance of $1 with reason $2 as actor $3, compensating its completed steps first when $4,
 -- as a single cancel does (cancel_saga: an instance that ended any way is left unchanged); one row per id.

@@ -258,6 +258,10 @@ FROM (SELECT {{schema}}.retry_saga($1, $2) AS r FROM who OFFSET 0) AS s
 LEFT JOIN {{schema}}.instances c ON c.id = $1
 LEFT JOIN {{schema}}.instances p ON p.id = c.parent_id;
 
+-- name: parent_of_child
+-- What a refused retry of child $1 (outcome not_awaited) says of its parent, read after the refusal.
+SELECT * FROM {{schema}}.parent_of_child($1);
+
 -- name: compensations
 SELECT id, position, step, visit, recorded, status, attempts, last_error, completed_at, compensated_at
 FROM {{schema}}.compensations WHERE instance_id = $1 ORDER BY id;
