@@ -70,6 +70,15 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_fleet_left_running() -> Iterator[None]:
+    """A chaos test that fails before it stops its worker processes does not leave them to the next test."""
+    yield
+    fleet = sys.modules.get("tests.chaos.rig.fleet")
+    if fleet is not None:
+        fleet.stop_every_fleet()
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     server, cleanup = start_server()
