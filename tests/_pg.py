@@ -249,3 +249,14 @@ async def until_waiting_for_a_lock(database_url: str, pid: int) -> None:
                           failure="the start in the caller's transaction never waited for the lock")
     finally:
         await conn.close()
+
+
+async def until_blocked(conn: asyncpg.Connection, holder: asyncpg.Connection, count: int = 1, *,
+                        every: float = 0.01, timeout: float = 30.0,
+                        failure: str = "no session came to wait for the held lock") -> None:
+    """Until `count` sessions wait for a lock that `holder` holds (pg_blocking_pids names it), looked at on `conn`.
+
+    Only waits on `holder` count: pg_locks and pg_stat_activity show the whole server, and under pytest-xdist
+    the other test processes' sessions on a shared server wait for locks of their own."""
+    await until_shown(conn, "SELECT count(*) >= $2 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                      holder.get_server_pid(), count, every=every, timeout=timeout, failure=failure)

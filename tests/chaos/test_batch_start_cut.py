@@ -32,7 +32,7 @@ async def _cut_the_batch(conn: asyncpg.Connection) -> int:
     """Terminate the backend running start_batch once it waits for the history lock; its pid."""
     pid = await until_shown(conn, "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
                                   "AND wait_event_type = 'Lock' AND query LIKE '%start_batch(%' "
-                                  "AND pid <> pg_backend_pid() LIMIT 1",
+                                  "AND pid <> pg_backend_pid() AND datname = current_database() LIMIT 1",
                             failure="start_batch was never seen waiting at its history insert")
     await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
     return int(pid)

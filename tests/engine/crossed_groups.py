@@ -13,7 +13,7 @@ from stepstone import client_starts
 from stepstone.ids import new_instance_id
 from stepstone.runtime.committer import GroupCommitter
 from stepstone.store.port import CommitRequest, Committed, WorkerStore
-from tests._pg import until_shown
+from tests._pg import until_blocked
 
 
 def ids_in_start_order(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
@@ -37,8 +37,8 @@ async def commit_crossed(store: WorkerStore, database_url: str, conn: asyncpg.Co
                              [b.claim.instance.id, d.claim.instance.id])
         groups = [GroupCommitter(store, lease_seconds=30, worker="grouper") for _ in range(2)]
         both = asyncio.gather(*(groups[0].commit(r) for r in (a, b)), *(groups[1].commit(r) for r in (c, d)))
-        await until_shown(conn, "SELECT count(*) >= 2 FROM pg_locks WHERE NOT granted", every=0.02, timeout=10,
-                          failure="the two groups never came to wait for the held rows")
+        await until_blocked(conn, holder, 2, every=0.02, timeout=10,
+                            failure="the two groups never came to wait for the held rows")
         await held.commit()
         return await asyncio.wait_for(both, timeout=30)
     finally:

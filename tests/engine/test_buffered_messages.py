@@ -17,7 +17,7 @@ from stepstone.core.model import Decision
 from stepstone.core.transitions import apply
 from stepstone.store.port import CommitRequest
 from stepstone.testing import open_engine
-from tests._pg import until_shown
+from tests._pg import until_blocked
 from tests.engine.crossed_groups import commit_crossed, ids_in_start_order
 
 # A wait taking message `m` by the key `k`, or the signal `skip`; `took` records what came and goes back to
@@ -353,11 +353,11 @@ async def test_a_commit_that_hands_on_and_subscribes_takes_its_keys_in_one_order
             async with holder.transaction():
                 await holder.execute("SELECT stepstone.lock_correlation('m', 'k1')")
                 second = asyncio.ensure_future(store.commit(ready[y], lease_seconds=30, worker="racer"))
-                await until_shown(conn, "SELECT count(*) = 1 FROM pg_locks WHERE NOT granted", every=0.02,
-                                  timeout=10, failure="Y's commit never came to wait for key k1")
+                await until_blocked(conn, holder, 1, every=0.02, timeout=10,
+                                    failure="Y's commit never came to wait for key k1")
                 first = asyncio.ensure_future(store.commit(ready[x], lease_seconds=30, worker="racer"))
-                await until_shown(conn, "SELECT count(*) = 2 FROM pg_locks WHERE NOT granted", every=0.02,
-                                  timeout=10, failure="X's commit never came to wait")
+                await until_blocked(conn, holder, 2, every=0.02, timeout=10,
+                                    failure="X's commit never came to wait")
             results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), timeout=30)
         finally:
             await holder.close()

@@ -21,7 +21,7 @@ from stepstone.core.transitions import apply
 from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
-from tests._pg import until_shown
+from tests._pg import until_blocked
 from tests.crashes import die_alone
 from tests.engine.crossed_groups import commit_crossed, ids_in_start_order
 from tests.engine.task_workflows import Receipt, keyed, receipt, registry, two_waits
@@ -433,9 +433,7 @@ async def test_one_message_id_published_at_once_under_two_names_is_a_conflict(
         assert kept.outcome == "buffered"
         second = asyncio.ensure_future(
             engine.client.publish_message("other_name", "o-b", {"n": 1}, message_id="m-twice", ttl=60))
-        await until_shown(watcher, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                          "AND query LIKE '%publish_message%' AND pid <> pg_backend_pid()",
-                          failure="the second publish never waited for the first")
+        await until_blocked(watcher, first, failure="the second publish never waited for the first")
         assert not second.done()
         await held.commit()
         with pytest.raises(IdempotencyConflict, match="m-twice"):
@@ -530,9 +528,7 @@ async def test_a_publish_to_every_subscription_waits_for_a_busy_instance(
         await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1::uuid FOR UPDATE", ids[1])
         every = asyncio.ensure_future(
             engine.client.publish_message("receipt_received", "busy", {"n": 1}, correlate_all=True))
-        await until_shown(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                          "AND query LIKE '%publish_message%' AND pid <> pg_backend_pid()", timeout=10,
-                          failure="the publish never waited for the busy instance")
+        await until_blocked(conn, holder, timeout=10, failure="the publish never waited for the busy instance")
         assert not every.done()
         await held.commit()
         published = await every
@@ -558,9 +554,7 @@ async def test_a_publish_waits_for_the_oldest_open_wait_not_a_stale_subscription
         await held.start()
         await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1::uuid FOR UPDATE", waiting)
         one = asyncio.ensure_future(engine.client.publish_message("receipt_received", "stale", {"n": 1}))
-        await until_shown(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                          "AND query LIKE '%publish_message%' AND pid <> pg_backend_pid()", timeout=10,
-                          failure="the publish never waited for the busy instance")
+        await until_blocked(conn, holder, timeout=10, failure="the publish never waited for the busy instance")
         await held.commit()
         published = await one
     finally:

@@ -264,9 +264,10 @@ async def test_a_publish_waits_out_a_busy_instance_inside_the_callers_transactio
             # the held row on its backend (migration 0075: before the correlation key's lock, as a signal
             # waits; it slept between NOWAIT attempts before). A client retrying would sleep on its own
             # side and send a new statement for each attempt.
-            await until_shown(holder, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND "
-                              "wait_event_type = 'Lock' AND query LIKE '%publish_in_caller_transaction%' "
-                              "AND pid <> pg_backend_pid()", failure="the publish never waited in its statement")
+            await until_shown(holder, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                              "AND state = 'active' AND wait_event_type = 'Lock' "
+                              "AND query LIKE '%publish_in_caller_transaction%' AND pid <> pg_backend_pid()",
+                              failure="the publish never waited in its statement")
             assert not publishing.done(), publishing
             await locked.commit()
             assert (await publishing).outcome == "delivered"

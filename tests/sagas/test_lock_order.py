@@ -30,7 +30,7 @@ from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.port import CommitRequest
 from stepstone.store.postgres import PostgresStore
 from stepstone.testing import open_engine
-from tests._pg import until_shown
+from tests._pg import until_blocked
 
 INSTANCES = 12
 DEADLINE = 60
@@ -218,9 +218,9 @@ async def test_a_group_never_holds_a_child_while_it_waits_for_its_parent(
             committer = GroupCommitter(engine.store, lease_seconds=30, worker="grouper")
             both = asyncio.gather(*(committer.commit(r) for r in requests))  # queued in one tick: one batch
             # Until a commit waits for the parent's row: PostgreSQL tells no one when a session begins to
-            # wait for a lock, so pg_locks is looked at until it shows one.
-            await until_shown(conn, "SELECT count(*) FROM pg_locks WHERE NOT granted", every=0.02, timeout=4,
-                              failure="no commit came to wait for the parent's row")
+            # wait for a lock, so the server is looked at until it shows one.
+            await until_blocked(conn, holder, every=0.02, timeout=10,
+                                failure="no commit came to wait for the parent's row")
             await holder.execute("SELECT 1 FROM stepstone.instances WHERE id = $1 FOR UPDATE", uuid.UUID(cid))
             await held.commit()
             results = await asyncio.wait_for(both, timeout=30)

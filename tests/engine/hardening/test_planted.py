@@ -21,7 +21,7 @@ from stepstone.core.model import Decision, Settle
 from stepstone.runtime.counters import Counters
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine
-from tests._pg import until_shown
+from tests._pg import until_blocked
 from tests.engine.conftest import Rows
 from tests.engine.hardening import workflows as hw
 
@@ -92,7 +92,7 @@ async def test_a_command_settled_while_the_claim_waits_for_its_lock_is_not_claim
             "UPDATE stepstone.commands SET state = 'CANCELLED', settled_at = now() WHERE id = $1", cmd["id"]
         )
         claiming = asyncio.create_task(engine.store.claim(5, 30, "claimer"))
-        await _blocked_on_a_lock(rows, other)
+        await until_blocked(rows.conn, other, timeout=DEADLINE, failure="the claim never waited for the lock")
         await settling.commit()
         claims = await asyncio.wait_for(claiming, DEADLINE)
     finally:
@@ -100,13 +100,6 @@ async def test_a_command_settled_while_the_claim_waits_for_its_lock_is_not_claim
     assert claims == []
     [after] = await rows.commands(iid)
     assert after["state"] == "CANCELLED" and after["token"] is None and after["claims"] == 0
-
-
-async def _blocked_on_a_lock(rows: Rows, holder: asyncpg.Connection) -> None:
-    """Wait until some session waits for a lock `holder` holds (bounded). PostgreSQL tells no one when a
-    session begins to wait for a lock: pg_stat_activity is looked at until it shows one."""
-    await until_shown(rows.conn, "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                      holder.get_server_pid(), timeout=DEADLINE, failure="the claim never waited for the lock")
 
 
 # -- the group commit takes instances in ascending id order ---------------------------------------------------
