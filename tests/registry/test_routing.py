@@ -49,8 +49,11 @@ async def _commands(engine: Engine, iid: str) -> list[dict[str, Any]]:
     pool = engine.store.pool  # type: ignore[attr-defined]
     rows = await pool.fetch(
         "SELECT kind, state, definition, deferrals, "
-        "EXTRACT(EPOCH FROM available_at - stepstone.db_now())::float8 AS wait "
-        "FROM stepstone.commands WHERE instance_id = $1 ORDER BY seq, id", uuid.UUID(iid))
+        "EXTRACT(EPOCH FROM available_at - stepstone.db_now())::float8 AS wait, "
+        # from the instance's last deferral, which set available_at: `wait` is less by the real time since then
+        "EXTRACT(EPOCH FROM available_at - (SELECT max(h.at) FROM stepstone.history h "
+        "WHERE h.instance_id = c.instance_id AND h.kind = 'COMMAND_DEFERRED'))::float8 AS backoff "
+        "FROM stepstone.commands c WHERE instance_id = $1 ORDER BY seq, id", uuid.UUID(iid))
     return [dict(r) for r in rows]
 
 
@@ -139,7 +142,7 @@ async def test_a_worker_of_an_earlier_release_still_takes_routed_commands(engine
     await engine.store.defer(claim.instance.id, claim.instance.position, claim.token, "NOT_RUNNABLE: lacks it")
     start, _ = await _commands(engine, iid)
     assert (start["state"], start["deferrals"], start["definition"]) == ("DEFERRED", 2, pin_of(R2).route)
-    assert round(start["wait"]) == 10  # min(5 s * 2^1, 5 min): no worker of v2 heartbeats
+    assert start["backoff"] == 10  # min(5 s * 2^1, 5 min): no worker of v2 heartbeats
     await engine.move_clock(11)
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
