@@ -27,6 +27,10 @@ WANT_THE_WHOLE_QUEUE = {
     ("functions", "stranded"),
 }
 
+# The claim's one read for its routes when nothing is routed (migration 0084): the first entry of the index of
+# routed ready commands (is anything routed?), LIMIT 1, with no condition by design.
+FIRST_ENTRY = {("functions", "claim_heads", "commands_routed, condition None, filter None")}
+
 
 async def test_no_lookup_reads_a_whole_queue_index(database_url: str) -> None:
     store = await PostgresStore.open(database_url, "stepstone", max_size=2)
@@ -41,7 +45,7 @@ async def test_no_lookup_reads_a_whole_queue_index(database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
         await conn.execute(bench_queries("stepstone")["analyze"])
-        found = await whole_index_reads(conn, "stepstone")
+        found = [f for f in await whole_index_reads(conn, "stepstone") if f not in FIRST_ENTRY]
     finally:
         await conn.close()
     assert [f for f in found if f[:2] not in WANT_THE_WHOLE_QUEUE] == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import asyncpg
 import pytest
 
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
@@ -16,6 +17,7 @@ from stepstone.runtime.worker import Worker
 from stepstone.store.health import deferred_pins
 from stepstone.store.operations_port import InstanceFilter
 from stepstone.testing import Engine, open_engine
+from tests.perf.generic_plans import function_statement, plan_nodes
 
 GO = "go"
 
@@ -152,3 +154,40 @@ async def test_the_probe_of_one_workflow_sees_its_routed_commands(engine: Engine
     iid = await _deferred_by_the_other_release(engine, R2, R1)
     report = await Operations.on(engine.store, actor="oncall").probe(where=InstanceFilter(workflow="routed"))
     assert not report.idle and [c["instance_id"] for c in report.claimable] == [iid]
+
+
+async def _route_probes(engine: Engine, served: list[str]) -> int:
+    """How many keys the claim's walk probes in commands_ready for the served list `served` (the most loops
+    of a scan of that index in its plan: one a walked key), rolled back."""
+    conn: asyncpg.Connection = await engine.store.pool.acquire()  # type: ignore[attr-defined]
+    try:
+        await conn.execute(f"PREPARE claim AS {await function_statement(conn, 'claim_heads')}")
+        keys = "ARRAY[" + ", ".join("'" + k.replace("'", "''") + "'" for k in served) + "]::text[]"
+        transaction = conn.transaction()
+        await transaction.start()
+        try:  # the plan is decoded by the pool
+            plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim(8, 30.0, 'probes', {keys})")
+        finally:
+            await transaction.rollback()
+    finally:
+        await conn.execute("DEALLOCATE claim")
+        await engine.store.pool.release(conn)  # type: ignore[attr-defined]
+    return max(n.get("Actual Loops", 0) for n in plan_nodes(plan[0]["Plan"]) if n.get("Index Name") == "commands_ready")
+
+
+async def test_a_claim_probes_no_route_that_holds_no_ready_command(engine: Engine) -> None:
+    # A worker of both versions serves the definition id and two routes. Nothing routed: its claim probes
+    # the id alone (before migration 0084 it probed all three keys, the two routes empty). A route that
+    # holds a ready command is probed again, and the other one still not.
+    served = Worker(engine.store, Registry(R1, R2)).served
+    assert served == ["routed", pin_of(R1).route, pin_of(R2).route]
+    for _ in range(3):
+        await engine.client.start(R1, {})
+    assert await _route_probes(engine, served) == 1
+    iid = await _deferred_by_the_other_release(engine, R2, R1)
+    assert {c["definition"] for c in await _commands(engine, iid)} == {pin_of(R2).route}
+    assert await _route_probes(engine, served) == 2
+    both = Worker(engine.store, Registry(R1, R2))
+    await both.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED" and both.events.deferred == 0
+

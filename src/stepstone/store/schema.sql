@@ -4439,9 +4439,24 @@ BEGIN
     WITH clock AS MATERIALIZED (
         -- served: the keys of the work this claim takes, the worker's definition ids and the routes of its pins
         -- (version 76), or from a worker of an earlier release (its ids alone: no key holds '@') those ids and
-        -- their routes, which it took work of before; walk: the served keys, or every key that has ready work
+        -- their routes, which it took work of before; walk: the served ids and those served routes that hold
+        -- ready commands, or every key that has ready work. Whether a route holds any is a probe of
+        -- commands_routed (version 84), after one probe that finds the index empty when nothing is routed:
+        -- no probe of commands_ready for a route that holds nothing (the predicate's two tests, as written in
+        -- the index, are what let these read it)
         SELECT {{schema}}.db_now() AS now, p_batch AS batch, s.served,
-               COALESCE(s.served, {{schema}}.ready_definitions()) AS walk
+               CASE WHEN s.served IS NULL THEN {{schema}}.ready_definitions()
+                    ELSE ARRAY(SELECT u.k FROM unnest(s.served) WITH ORDINALITY AS u(k, n)
+                               WHERE strpos(u.k, '@') = 0
+                                  OR ((SELECT c.definition FROM {{schema}}.commands c
+                                       WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                                         AND strpos(c.definition, '@') > 0
+                                       ORDER BY c.definition LIMIT 1) IS NOT NULL
+                                      AND (SELECT c.definition FROM {{schema}}.commands c
+                                           WHERE c.definition = u.k AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
+                                             AND strpos(c.definition, '@') > 0
+                                           ORDER BY c.definition LIMIT 1) IS NOT NULL)
+                               ORDER BY u.n) END AS walk
         FROM (SELECT CASE WHEN strpos(array_to_string(p_served, ' '), '@') > 0 THEN p_served
                           ELSE {{schema}}.served_with_routes(p_served) END AS served) AS s
     ), expired AS (
@@ -5690,3 +5705,12 @@ LANGUAGE sql STABLE AS $$
     LEFT JOIN {{schema}}.positions x ON x.instance_id = p.id AND x.path = COALESCE(c.parent_position, '')
     WHERE c.id = p_child
 $$;
+
+-- ==== version 84 (migration 0084_routes_walked_when_they_hold_work) ====
+-- claim_heads (in the version 36 section) walks of the served routes those that hold ready work alone;
+-- why: the migration's header.
+-- The routed ready commands (PENDING or DEFERRED under a route, command_route), read by the claim alone.
+CREATE INDEX commands_routed ON {{schema}}.commands (definition)
+    WHERE (state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(definition, '@') > 0;
+
+
