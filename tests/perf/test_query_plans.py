@@ -191,8 +191,9 @@ by 0043)."""
 
 
 ROUTED = "commands_routed"
-"""The routed ready commands (migration 0084), few: read by the claim alone, which takes the index's first
-entry with no condition (is anything routed?) before it looks up its own routes in it."""
+"""The routed ready commands (migration 0084), few: read by the claim, which takes the index's first entry
+with no condition (is anything routed?) before it looks up its own routes in it, and by `ready_routes` (which
+the claim's statement calls for a worker of an earlier release, so its source is among the claim's)."""
 
 
 async def queue_walks(database_url: str) -> list[str]:
@@ -435,3 +436,30 @@ async def test_a_claim_with_nothing_routed_reads_one_entry_of_the_routed_index(d
     probes = max(n["Actual Loops"] for n in _nodes(plan) if n.get("Index Name") == "commands_ready")
     assert probes == len(registry.definition_ids) == 5
     assert not [n for n in _nodes(plan) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "commands"]
+
+
+async def test_the_routes_with_ready_work_are_found_in_their_own_index(database_url: str) -> None:
+    """`ready_routes` (migration 0084: a definition's routes that hold ready work, for the probe and for the
+    claim of a worker of an earlier release) reads the partial index of routed ready commands, never
+    commands_ready: behind 3,000 queued starts and nothing routed it is one probe of an empty index."""
+    store = await PostgresStore.open(database_url, "stepstone", max_size=2)
+    try:
+        await Worker(store, registry).register()
+        await Client(store, registry).start_many(three, [{} for _ in range(3_000)])
+    finally:
+        await store.close()
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(bench_queries("stepstone")["analyze"])
+        source = await conn.fetchval("SELECT prosrc FROM pg_proc WHERE proname = 'ready_routes'"
+                                     " AND pronamespace = 'stepstone'::regnamespace")
+        statement = source.split("RETURN (", 1)[1].rsplit(");", 1)[0].replace("p_definitions", "$1::text[]")
+        await conn.execute(f"PREPARE routes AS {statement}")
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
+        plan = json.loads(await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE routes(NULL)"))[0]
+        assert await conn.fetchval("EXECUTE routes(NULL)") == []
+    finally:
+        await conn.close()
+    indexes = {n["Index Name"] for n in _nodes(plan["Plan"]) if n.get("Relation Name") == "commands"}
+    assert indexes == {"commands_routed"}
+    assert plan["Plan"]["Shared Hit Blocks"] + plan["Plan"].get("Shared Read Blocks", 0) <= 2

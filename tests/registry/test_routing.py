@@ -191,3 +191,27 @@ async def test_a_claim_probes_no_route_that_holds_no_ready_command(engine: Engin
     await both.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED" and both.events.deferred == 0
 
+
+async def test_a_definitions_routes_are_the_same_for_the_probe_and_an_earlier_release(engine: Engine) -> None:
+    # Found right, held: the routes of one workflow with ready work, which the probe filtered by that
+    # workflow walks and which a worker of an earlier release is given, are its own, never those of a
+    # workflow whose id begins with its id (`routed-b`). One function finds them (ready_routes, 0084).
+    other: Workflow[Any] = Workflow("routed-b", version=1)
+
+    @other.step(start=True)
+    async def only(ctx: StepContext, state: dict[str, Any]) -> None:
+        state["b"] = 1
+
+    await Worker(engine.store, Registry(other)).register()
+    iid = await _deferred_by_the_other_release(engine, R2, R1)
+    await engine.client.start(other, {})
+    [claim] = await engine.store.claim(4, 30, "lacks-routed-b", ["routed-b"])
+    await engine.store.defer(claim.instance.id, claim.instance.position, claim.token, "NOT_RUNNABLE: lacks it")
+    pool = engine.store.pool  # type: ignore[attr-defined]
+    routes = await pool.fetchval("SELECT stepstone.ready_routes(NULL)")
+    assert sorted(routes) == sorted([pin_of(R2).route, pin_of(other).route])
+    assert await pool.fetchval("SELECT stepstone.ready_routes(ARRAY['routed'])") == [pin_of(R2).route]
+    served = await pool.fetchval("SELECT stepstone.served_with_routes(ARRAY['routed'])")
+    assert sorted(served) == sorted(["routed", pin_of(R1).route, pin_of(R2).route])
+    report = await Operations.on(engine.store, actor="oncall").probe(where=InstanceFilter(workflow="routed"))
+    assert [c["instance_id"] for c in report.claimable] == [iid]

@@ -5509,8 +5509,9 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT p_definition || '@' || p_version::text || '@' || p_plan_hash $$;
 
 -- A served list of definition ids alone (a worker of a release before version 76) with the routes of those
--- definitions: each recorded version's, and each one that has ready work. Such a worker claims routed
--- commands as it claimed every command of its definitions before, and defers those it lacks again.
+-- definitions: each recorded version's, and each one that has ready work (ready_routes, version 84). Such a
+-- worker claims routed commands as it claimed every command of its definitions before, and defers those it
+-- lacks again.
 CREATE FUNCTION {{schema}}.served_with_routes(p_served text[]) RETURNS text[]
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -5521,8 +5522,7 @@ BEGIN
         SELECT {{schema}}.command_route(d.definition_id, d.version, d.plan_hash)
         FROM {{schema}}.definitions d WHERE d.definition_id = ANY (p_served)
         UNION
-        SELECT k FROM unnest({{schema}}.ready_definitions()) AS r(k)
-        WHERE strpos(k, '@') > 0 AND split_part(k, '@', 1) = ANY (p_served));
+        SELECT r.k FROM unnest({{schema}}.ready_routes(p_served)) AS r(k));
 END $$;
 
 -- ==== version 77 (migration 0077_returned_messages_reach_busy_waits) ====
@@ -5707,10 +5707,33 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- ==== version 84 (migration 0084_routes_walked_when_they_hold_work) ====
--- claim_heads (in the version 36 section) walks of the served routes those that hold ready work alone;
--- why: the migration's header.
--- The routed ready commands (PENDING or DEFERRED under a route, command_route), read by the claim alone.
+-- claim_heads (in the version 36 section) walks of the served routes those that hold ready work alone, and
+-- served_with_routes (in the version 76 section) finds a definition's routes with ready_routes; why: the
+-- migration's header.
+-- The routed ready commands (PENDING or DEFERRED under a route, command_route), read by the claim and
+-- ready_routes alone.
 CREATE INDEX commands_routed ON {{schema}}.commands (definition)
     WHERE (state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(definition, '@') > 0;
 
-
+-- The routes (command_route) that hold PENDING or DEFERRED commands, of the definitions p_definitions (every
+-- one's when NULL), in order: one probe of commands_routed a route and one more, as ready_definitions()
+-- walks commands_ready.
+CREATE FUNCTION {{schema}}.ready_routes(p_definitions text[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        WITH RECURSIVE r AS (
+            (SELECT c.definition FROM {{schema}}.commands c
+             WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(c.definition, '@') > 0
+             ORDER BY c.definition LIMIT 1)
+            UNION ALL
+            SELECT (SELECT c.definition FROM {{schema}}.commands c
+                    WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(c.definition, '@') > 0
+                      AND c.definition > r.definition
+                    ORDER BY c.definition LIMIT 1)
+            FROM r WHERE r.definition IS NOT NULL
+        )
+        SELECT COALESCE(array_agg(r.definition), '{}') FROM r
+        WHERE r.definition IS NOT NULL
+          AND (p_definitions IS NULL OR split_part(r.definition, '@', 1) = ANY (p_definitions)));
+END $$;

@@ -19,13 +19,61 @@
 -- look-up of the next due time (queries.sql, next_available), which a worker makes only when it is idle,
 -- still probes every served key.
 --
+-- The routes of a definition that hold ready work had two spellings since 0076: served_with_routes kept the
+-- keys of ready_definitions() with `strpos(k, '@') > 0 AND split_part(k, '@', 1) = ANY (ids)`, and the
+-- probe's busy read (operations.sql, busy_commands) those with `left(k, length(id) + 1) = id || '@'`. Both
+-- call ready_routes(ids) now, which finds them in commands_routed (one probe a route that holds ready work,
+-- and one more) where ready_definitions() took one probe of commands_ready for every key with ready work:
+-- the same routes (a definition id holds no '@', so both tests kept the keys `id@...`).
+--
 -- The index is built in this migration's transaction (one number was given to this change, and a file
 -- run outside a transaction block holds no function): writes to commands wait for one scan of the table
 -- while it builds. Its predicate is written as commands_ready's is, `(state IN ('PENDING', 'DEFERRED'))
--- IS TRUE`, then the route test, and only the claim says both, so no other statement reads it.
+-- IS TRUE`, then the route test, and only the claim and ready_routes say both, so nothing else reads it.
 
 CREATE INDEX commands_routed ON {{schema}}.commands (definition)
     WHERE (state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(definition, '@') > 0;
+
+-- The routes (command_route) that hold PENDING or DEFERRED commands, of the definitions p_definitions (every
+-- one's when NULL), in order: one probe of commands_routed a route and one more, as ready_definitions()
+-- walks commands_ready.
+CREATE FUNCTION {{schema}}.ready_routes(p_definitions text[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (
+        WITH RECURSIVE r AS (
+            (SELECT c.definition FROM {{schema}}.commands c
+             WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(c.definition, '@') > 0
+             ORDER BY c.definition LIMIT 1)
+            UNION ALL
+            SELECT (SELECT c.definition FROM {{schema}}.commands c
+                    WHERE (c.state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(c.definition, '@') > 0
+                      AND c.definition > r.definition
+                    ORDER BY c.definition LIMIT 1)
+            FROM r WHERE r.definition IS NOT NULL
+        )
+        SELECT COALESCE(array_agg(r.definition), '{}') FROM r
+        WHERE r.definition IS NOT NULL
+          AND (p_definitions IS NULL OR split_part(r.definition, '@', 1) = ANY (p_definitions)));
+END $$;
+
+
+-- A served list of definition ids alone (a worker of a release before version 76) with the routes of those
+-- definitions: each recorded version's, and each one that has ready work (ready_routes, version 84). Such a
+-- worker claims routed commands as it claimed every command of its definitions before, and defers those it
+-- lacks again.
+CREATE OR REPLACE FUNCTION {{schema}}.served_with_routes(p_served text[]) RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_served IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN p_served || ARRAY(
+        SELECT {{schema}}.command_route(d.definition_id, d.version, d.plan_hash)
+        FROM {{schema}}.definitions d WHERE d.definition_id = ANY (p_served)
+        UNION
+        SELECT r.k FROM unnest({{schema}}.ready_routes(p_served)) AS r(k));
+END $$;
 
 CREATE OR REPLACE FUNCTION {{schema}}.claim_heads(p_batch integer, p_lease_seconds double precision, p_worker text,
                                        p_served text[])

@@ -138,7 +138,7 @@ SELECT * FROM {{schema}}.probe_listing($1::text[], $2::text, $3::integer, $4::te
 -- CLAIMED command (commands_leased; the ones in flight are few), and the ready ones (PENDING or DEFERRED,
 -- available now) walked per definition through commands_ready, as the claim walks them (claim_heads,
 -- migration 0042), of the one workflow ($2) when the filter names it, with the routes of its pins that hold
--- ready commands (deferred for want of a plan, migration 0076); each walk stops at $14 claimable commands. The ready walk states commands_ready's predicate alone (`IS TRUE`, see the head of
+-- ready commands (deferred for want of a plan, migration 0076; ready_routes, migration 0084); each walk stops at $14 claimable commands. The ready walk states commands_ready's predicate alone (`IS TRUE`, see the head of
 -- queries.sql), and the claimed branch keeps the flags' test of the state out of its scan (OFFSET 0), so
 -- that neither reads commands_position_queue, which holds every pending timer.
 SELECT b.id, b.instance_id, b.position, b.kind, b.state, b.step, b.attempt, b.available_at, b.created_at,
@@ -160,8 +160,7 @@ FROM (
     UNION ALL
     SELECT r.*
     FROM unnest(CASE WHEN $2::text IS NULL THEN {{schema}}.ready_definitions()
-                     ELSE ARRAY[$2::text] || ARRAY(SELECT k FROM unnest({{schema}}.ready_definitions()) AS r(k)
-                                                   WHERE left(k, length($2::text) + 1) = $2::text || '@') END)
+                     ELSE ARRAY[$2::text] || {{schema}}.ready_routes(ARRAY[$2::text]) END)
          AS d(definition)
     CROSS JOIN LATERAL (
         SELECT /*probe_columns*/
