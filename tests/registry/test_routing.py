@@ -215,3 +215,28 @@ async def test_a_definitions_routes_are_the_same_for_the_probe_and_an_earlier_re
     assert sorted(served) == sorted(["routed", pin_of(R1).route, pin_of(R2).route])
     report = await Operations.on(engine.store, actor="oncall").probe(where=InstanceFilter(workflow="routed"))
     assert [c["instance_id"] for c in report.claimable] == [iid]
+
+
+async def test_work_routed_to_a_plan_no_worker_serves_is_sampled_apart_from_the_pending_work(engine: Engine) -> None:
+    # A v1-only worker routes a v2 start (and the signal queued behind it) to v2's route, and no worker of v2
+    # has heartbeated: no worker will take them. Before, the sample's oldest pending command was the
+    # stranded start, aging as long as no v2 worker came (`stepstone_oldest_pending_seconds` 600 s here);
+    # now they are counted apart, and the oldest pending command is the one a live worker can take.
+    iid = await _deferred_by_the_other_release(engine, R2, R1)
+    await engine.move_clock(600)
+    takeable = await engine.client.start(R1, {})
+    await engine.move_clock(5)
+    sample = await engine.store.sample()  # type: ignore[attr-defined]
+    assert round(sample["oldest_pending_seconds"]) == 5
+    assert (sample["stranded_commands"], round(sample["oldest_stranded_seconds"])) == (2, 605)
+    metrics = pytest.importorskip("stepstone.observability.metrics").WorkerMetrics()
+    metrics.record_sample(sample)
+    assert metrics.registry.get_sample_value("stepstone_stranded_commands") == 2
+    assert round(metrics.registry.get_sample_value("stepstone_oldest_stranded_seconds")) == 605
+    # A worker that has the plan heartbeats: the routed work is pending work again, the oldest.
+    await engine.store.definitions.heartbeat("new-release", [pin_of(R2)])
+    sample = await engine.store.sample()  # type: ignore[attr-defined]
+    assert round(sample["oldest_pending_seconds"]) == 605
+    assert (sample["stranded_commands"], sample["oldest_stranded_seconds"]) == (0, None)
+    await Worker(engine.store, Registry(R1, R2)).run_until_idle()
+    assert [(await engine.client.get(i)).status for i in (iid, takeable)] == ["COMPLETED", "WAITING"]

@@ -13,6 +13,9 @@
     stepstone_start_to_first_step_seconds{workflow}    from the start's commit to its first claim (db clock)
     stepstone_commands{state}                          queue depth by state (sampled from the database)
     stepstone_oldest_pending_seconds                   how long the oldest runnable command has waited
+                                                       (of those a live worker can take, below)
+    stepstone_stranded_commands                        commands routed to a plan no worker served lately
+    stepstone_oldest_stranded_seconds                  how long the oldest runnable one of those has waited
     stepstone_outbox_pending                           events not yet published
     stepstone_outbox_lag_seconds                       age of the oldest unpublished event
 
@@ -57,6 +60,10 @@ class WorkerMetrics:
         self.queue = Gauge("stepstone_commands", "Commands by state (sampled).", ["state"], registry=r)
         self.oldest = Gauge("stepstone_oldest_pending_seconds", "Wait of the oldest runnable command (sampled).",
                             registry=r)
+        self.stranded = Gauge("stepstone_stranded_commands",
+                              "Commands routed to a plan no worker served in the last 5 minutes (sampled).", registry=r)
+        self.stranded_oldest = Gauge("stepstone_oldest_stranded_seconds",
+                                     "Wait of the oldest runnable command no worker can take (sampled).", registry=r)
         self.outbox = Gauge("stepstone_outbox_pending", "Unpublished outbox events (sampled).", registry=r)
         self.outbox_lag = Gauge("stepstone_outbox_lag_seconds", "Age of the oldest unpublished event (sampled).",
                                 registry=r)
@@ -100,6 +107,8 @@ class WorkerMetrics:
         for state in _STATES:
             self.queue.labels(state).set(float(states.get(state, 0)))
         self.oldest.set(float(sample.get("oldest_pending_seconds") or 0.0))
+        self.stranded.set(float(sample.get("stranded_commands") or 0))
+        self.stranded_oldest.set(float(sample.get("oldest_stranded_seconds") or 0.0))
         self.outbox.set(float(sample.get("outbox_pending") or 0))
         self.outbox_lag.set(float(sample.get("outbox_oldest_seconds") or 0.0))
 

@@ -9,6 +9,7 @@ import asyncpg
 from stepstone.store import migrate as migrations
 from stepstone.store.database import translate_errors
 from stepstone.store.queries import named_queries
+from stepstone.store.registry_port import SERVED_WITHIN_SECONDS
 
 __all__ = ["ObservingQueries", "ObservingStore"]
 
@@ -31,9 +32,10 @@ class ObservingQueries:
         return named_queries("observe.sql", self.schema)[name]
 
     async def sample(self) -> dict[str, Any] | None:
-        """Queue and outbox figures, or None when another worker is sampling right now."""
+        """Queue and outbox figures, or None when another worker is sampling right now. Commands routed to a
+        plan no worker served within SERVED_WITHIN_SECONDS (the stranded report's rule) are counted apart."""
         with translate_errors(self.url):
-            value = await self.pool.fetchval(self._oq("sample"))
+            value = await self.pool.fetchval(self._oq("sample"), SERVED_WITHIN_SECONDS)
         return value if isinstance(value, dict) else None
 
     async def ping(self) -> None:
