@@ -412,7 +412,7 @@ async def test_a_claim_with_nothing_routed_reads_one_entry_of_the_routed_index(d
     """A worker names the route of each pin it has after its definition ids (migration 0076); its claim
     probed commands_ready for each route, empty unless something was deferred. Behind 3,000 queued starts
     and with nothing routed, the claim's one read for its routes is the first entry of commands_routed
-    (migration 0084), which it finds empty, and its walk probes commands_ready for the five ids alone."""
+    (migrations 0084-0085), which it finds empty, and its walk probes commands_ready for the five ids alone."""
     store = await PostgresStore.open(database_url, "stepstone", max_size=2)
     try:
         worker = Worker(store, registry)
@@ -439,7 +439,7 @@ async def test_a_claim_with_nothing_routed_reads_one_entry_of_the_routed_index(d
 
 
 async def test_the_routes_with_ready_work_are_found_in_their_own_index(database_url: str) -> None:
-    """`ready_routes` (migration 0084: a definition's routes that hold ready work, for the probe and for the
+    """`ready_routes` (migration 0085: a definition's routes that hold ready work, for the probe and for the
     claim of a worker of an earlier release) reads the partial index of routed ready commands, never
     commands_ready: behind 3,000 queued starts and nothing routed it is one probe of an empty index."""
     store = await PostgresStore.open(database_url, "stepstone", max_size=2)

@@ -177,7 +177,7 @@ async def _route_probes(engine: Engine, served: list[str]) -> int:
 
 async def test_a_claim_probes_no_route_that_holds_no_ready_command(engine: Engine) -> None:
     # A worker of both versions serves the definition id and two routes. Nothing routed: its claim probes
-    # the id alone (before migration 0084 it probed all three keys, the two routes empty). A route that
+    # the id alone (before migration 0085 it probed all three keys, the two routes empty). A route that
     # holds a ready command is probed again, and the other one still not.
     served = Worker(engine.store, Registry(R1, R2)).served
     assert served == ["routed", pin_of(R1).route, pin_of(R2).route]
@@ -195,7 +195,7 @@ async def test_a_claim_probes_no_route_that_holds_no_ready_command(engine: Engin
 async def test_a_definitions_routes_are_the_same_for_the_probe_and_an_earlier_release(engine: Engine) -> None:
     # Found right, held: the routes of one workflow with ready work, which the probe filtered by that
     # workflow walks and which a worker of an earlier release is given, are its own, never those of a
-    # workflow whose id begins with its id (`routed-b`). One function finds them (ready_routes, 0084).
+    # workflow whose id begins with its id (`routed-b`). One function finds them (ready_routes, 0085).
     other: Workflow[Any] = Workflow("routed-b", version=1)
 
     @other.step(start=True)

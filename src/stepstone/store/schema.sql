@@ -4441,7 +4441,7 @@ BEGIN
         -- (version 76), or from a worker of an earlier release (its ids alone: no key holds '@') those ids and
         -- their routes, which it took work of before; walk: the served ids and those served routes that hold
         -- ready commands, or every key that has ready work. Whether a route holds any is a probe of
-        -- commands_routed (version 84), after one probe that finds the index empty when nothing is routed:
+        -- commands_routed (version 85), after one probe that finds the index empty when nothing is routed:
         -- no probe of commands_ready for a route that holds nothing (the predicate's two tests, as written in
         -- the index, are what let these read it)
         SELECT {{schema}}.db_now() AS now, p_batch AS batch, s.served,
@@ -5509,7 +5509,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$ SELECT p_definition || '@' || p_version::text || '@' || p_plan_hash $$;
 
 -- A served list of definition ids alone (a worker of a release before version 76) with the routes of those
--- definitions: each recorded version's, and each one that has ready work (ready_routes, version 84). Such a
+-- definitions: each recorded version's, and each one that has ready work (ready_routes, version 85). Such a
 -- worker claims routed commands as it claimed every command of its definitions before, and defers those it
 -- lacks again.
 CREATE FUNCTION {{schema}}.served_with_routes(p_served text[]) RETURNS text[]
@@ -5706,14 +5706,16 @@ LANGUAGE sql STABLE AS $$
     WHERE c.id = p_child
 $$;
 
--- ==== version 84 (migration 0084_routes_walked_when_they_hold_work) ====
+-- ==== version 84 (migration 0084_commands_routed_index) ====
+-- The routed ready commands (PENDING or DEFERRED under a route, command_route), read by the claim and
+-- ready_routes alone (version 85).
+CREATE INDEX commands_routed ON {{schema}}.commands (definition)
+    WHERE (state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(definition, '@') > 0;
+
+-- ==== version 85 (migration 0085_routes_walked_when_they_hold_work) ====
 -- claim_heads (in the version 36 section) walks of the served routes those that hold ready work alone, and
 -- served_with_routes (in the version 76 section) finds a definition's routes with ready_routes; why: the
 -- migration's header.
--- The routed ready commands (PENDING or DEFERRED under a route, command_route), read by the claim and
--- ready_routes alone.
-CREATE INDEX commands_routed ON {{schema}}.commands (definition)
-    WHERE (state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(definition, '@') > 0;
 
 -- The routes (command_route) that hold PENDING or DEFERRED commands, of the definitions p_definitions (every
 -- one's when NULL), in order: one probe of commands_routed a route and one more, as ready_definitions()

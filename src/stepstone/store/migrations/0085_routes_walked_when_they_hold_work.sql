@@ -26,13 +26,10 @@
 -- and one more) where ready_definitions() took one probe of commands_ready for every key with ready work:
 -- the same routes (a definition id holds no '@', so both tests kept the keys `id@...`).
 --
--- The index is built in this migration's transaction (one number was given to this change, and a file
--- run outside a transaction block holds no function): writes to commands wait for one scan of the table
--- while it builds. Its predicate is written as commands_ready's is, `(state IN ('PENDING', 'DEFERRED'))
--- IS TRUE`, then the route test, and only the claim and ready_routes say both, so nothing else reads it.
-
-CREATE INDEX commands_routed ON {{schema}}.commands (definition)
-    WHERE (state IN ('PENDING', 'DEFERRED')) IS TRUE AND strpos(definition, '@') > 0;
+-- The index, commands_routed, is built CONCURRENTLY by migration 0084, before this one: workers keep
+-- claiming and committing while it builds. Its predicate is written as commands_ready's is, `(state IN
+-- ('PENDING', 'DEFERRED')) IS TRUE`, then the route test, and only the claim and ready_routes say both, so
+-- nothing else reads it.
 
 -- The routes (command_route) that hold PENDING or DEFERRED commands, of the definitions p_definitions (every
 -- one's when NULL), in order: one probe of commands_routed a route and one more, as ready_definitions()
@@ -59,7 +56,7 @@ END $$;
 
 
 -- A served list of definition ids alone (a worker of a release before version 76) with the routes of those
--- definitions: each recorded version's, and each one that has ready work (ready_routes, version 84). Such a
+-- definitions: each recorded version's, and each one that has ready work (ready_routes, version 85). Such a
 -- worker claims routed commands as it claimed every command of its definitions before, and defers those it
 -- lacks again.
 CREATE OR REPLACE FUNCTION {{schema}}.served_with_routes(p_served text[]) RETURNS text[]
@@ -96,7 +93,7 @@ BEGIN
         -- (version 76), or from a worker of an earlier release (its ids alone: no key holds '@') those ids and
         -- their routes, which it took work of before; walk: the served ids and those served routes that hold
         -- ready commands, or every key that has ready work. Whether a route holds any is a probe of
-        -- commands_routed (version 84), after one probe that finds the index empty when nothing is routed:
+        -- commands_routed (version 85), after one probe that finds the index empty when nothing is routed:
         -- no probe of commands_ready for a route that holds nothing (the predicate's two tests, as written in
         -- the index, are what let these read it)
         SELECT {{schema}}.db_now() AS now, p_batch AS batch, s.served,
