@@ -233,6 +233,13 @@ def _timer(instance: InstanceView, command: CommandView, plan: Plan, now: dateti
 def _branch_done(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
     wait = instance.wait or {}
     if not _reports_to_join(instance, wait, command):
+        if (instance.position_status or instance.status) == FAILED and _of_this_join(instance, wait, command):
+            # The join failed at a report (dead-lettered: it keeps its count): counted here, this report
+            # would set the failed position waiting again with the dead one never counted. It waits for the
+            # retry, which offers it again with the dead one (migration 0086).
+            data = {"command": command.id, "branch": command.payload["branch"], "reason": "POSITION_FAILED"}
+            return Decision(Settle("PARKED", "POSITION_FAILED"),
+                            (RecordHistory("BRANCH_PARKED", instance.step, instance.visit, data),))
         return _ignored(instance, command, "JOIN_NOT_WAITING")
     # The reports queued right behind this one join in the same commit: a map's branches finish faster
     # than its fork's position takes one report a segment, and each segment read the whole state
@@ -256,7 +263,13 @@ def reports_wanted(instance: InstanceView, command: CommandView) -> int:
 
 
 def _reports_to_join(instance: InstanceView, wait: dict[str, Any], command: CommandView) -> bool:
-    """A branch's report that the join this position waits at counts: its fork, this visit."""
+    """A branch's report that the join this position waits at counts: its fork, this visit, the position
+    waiting (a failed one keeps its join's wait)."""
+    return _of_this_join(instance, wait, command) and _waiting(instance)
+
+
+def _of_this_join(instance: InstanceView, wait: dict[str, Any], command: CommandView) -> bool:
+    """A branch's report of the fork whose join this position holds: its fork, this visit."""
     payload = command.payload if isinstance(command.payload, dict) else {}
     return (command.kind == "BRANCH_DONE" and wait.get("kind") == "join" and command.visit == instance.visit
             and payload.get("fork") == wait.get("fork"))

@@ -46,6 +46,7 @@ _OUTCOMES = {
     "FORK_STARTED": "forked",
     "BRANCH_COMPLETED": "completed",
     "BRANCH_JOINED": "joined",
+    "BRANCH_PARKED": "parked",
     "BRANCH_FAILED": "failed, passed over",
     "JOINED": "joined",
     "CHILD_STARTED": "started child",
