@@ -18,10 +18,13 @@ import pytest
 from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.core.model import Decision
 from stepstone.core.transitions import apply
+from stepstone.external import ExternalTasks
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
 from tests.crashes import die_alone
+from tests.engine.branch_workflows import Job, job, strict_parent
 from tests.engine.conftest import kinds
+from tests.external.workflows import payment
 
 RUNS: dict[str, int] = {}
 """How many times each branch step's handler ran."""
@@ -48,7 +51,8 @@ async def after(ctx: StepContext, state: dict[str, Any]) -> None:
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[Engine]:
     RUNS.clear()
-    async with open_engine(database_url, Registry(forked), concurrency=2, max_claims=3) as e:
+    registry = Registry(forked, payment, job, strict_parent)
+    async with open_engine(database_url, registry, concurrency=2, max_claims=3) as e:
         yield e
 
 
@@ -97,3 +101,102 @@ async def test_a_report_reaching_a_failed_join_waits_for_the_retry(engine: Engin
     assert (info.status, root["status"], root["wait"]["done"]) == ("FAILED", "FAILED", 1)
     assert await _reports(conn, iid) == [("split/a", "COMPLETE"), ("split/b", "DEAD"), ("split/c", "PARKED")]
     assert kinds(await c.history(iid))[-1] == "BRANCH_PARKED"
+
+
+async def test_a_dead_lettered_branch_report_is_counted_once_after_the_retry(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """The retry forked again: `a` ran its step a second time and `b`, which had taken its signal, waited for
+    it again (for ever, unless sent again). The join waits again with its count, and b's dead report is
+    counted there once: no branch runs again."""
+    c = engine.client
+    iid = await _join_failed_at_bs_report(engine)
+    await c.retry(iid)
+    await engine.run_until_idle()
+    await c.signal(iid, "go", position="split/c")
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert (info.status, RUNS) == ("COMPLETED", {"quick": 1}), info
+    assert info.state == {"after": True}
+    assert await _reports(conn, iid) == [("split/a", "COMPLETE"), ("split/b", "COMPLETE"), ("split/c", "COMPLETE")]
+    history = kinds(await c.history(iid))
+    assert (history.count("FORK_STARTED"), history.count("BRANCH_JOINED"), history.count("JOINED")) == (1, 3, 1)
+
+
+async def test_a_report_parked_at_a_failed_join_is_counted_with_the_dead_one(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """c's report, parked at the failed join, is offered again by the retry with b's dead one: the join is
+    met, each counted once."""
+    c = engine.client
+    iid = await _join_failed_at_bs_report(engine)
+    await c.signal(iid, "go", position="split/c")
+    await engine.run_until_idle()
+    await c.retry(iid)
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert (info.status, RUNS) == ("COMPLETED", {"quick": 1}), info
+    assert await _reports(conn, iid) == [("split/a", "COMPLETE"), ("split/b", "COMPLETE"), ("split/c", "COMPLETE")]
+    history = kinds(await c.history(iid))
+    assert (history.count("FORK_STARTED"), history.count("BRANCH_JOINED"), history.count("JOINED")) == (1, 3, 1)
+
+
+async def test_a_dead_lettered_external_completion_is_applied_after_the_retry(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """The retry opened the external task again (fresh retries, offered to a worker): the worker's answer
+    was lost and its work would be done again. The step waits again for the same task, which stays
+    COMPLETED, and the dead answer is applied once: its variables reach the state."""
+    c = engine.client
+    iid = await c.start(payment, {"order_id": "X-1", "amount": 42})
+    await engine.run_until_idle()
+    tasks = ExternalTasks(engine.store, poll_interval=0.05)
+    try:
+        [task] = await tasks.fetch_and_lock("w1", ["payments"])
+        answer = await tasks.complete(task.id, task.lock_token, {"charge_id": "ch-1"}, worker_id="w1")
+        assert {claim.command.kind for claim in await die_alone(engine)} == {"EXTERNAL_COMPLETION"}
+        await engine.run_until_idle()
+        info = await c.get(iid)
+        assert info.status == "FAILED" and info.error is not None and info.error["type"] == "DeadLetter"
+        await c.retry(iid)
+        await engine.run_until_idle()
+        info = await c.get(iid)
+        status = await conn.fetchval("SELECT status FROM stepstone.external_tasks WHERE id = $1::uuid", task.id)
+        assert (info.status, status) == ("COMPLETED", "COMPLETED"), info
+        assert await tasks.fetch_and_lock("w2", ["payments"]) == []  # never offered again
+        assert info.state["receipt"] == "X-1 paid with ch-1"
+        [command] = await conn.fetch("SELECT id, state FROM stepstone.commands WHERE instance_id = $1::uuid "
+                                     "AND kind = 'EXTERNAL_COMPLETION'", iid)
+        assert (command["id"], command["state"]) == (answer.command_id, "COMPLETE")
+        history = kinds(await c.history(iid))
+        assert (history.count("EXTERNAL_TASK_OPENED"), history.count("EXTERNAL_TASK_COMPLETED")) == (1, 1)
+    finally:
+        await tasks.close()
+
+
+async def test_a_dead_lettered_child_report_is_made_again_by_the_retry(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """Holds what was found right: the child COMPLETED, its report dead-lettered in the parent (FAILED). The
+    retry supersedes the report and runs the parent's child step again, which starts no second child and
+    queues the ended child's report again (start_children): the parent goes on with the child's result."""
+    c = engine.client
+    iid = await c.start(strict_parent, Job(n=3, wait=True))
+    await engine.run_until_idle()
+    [child] = await conn.fetch("SELECT id::text FROM stepstone.instances WHERE parent_id = $1::uuid", iid)
+    await c.signal(child["id"], "done")
+    await _commit_one(engine, job)  # the child completes: its report is queued on the parent
+    assert (await c.get(child["id"])).status == "COMPLETED"
+    assert {claim.command.kind for claim in await die_alone(engine)} == {"CHILD_COMPLETION"}
+    await engine.run_until_idle()
+    assert (await c.get(iid)).status == "FAILED"
+    await c.retry(iid)
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert (info.status, info.state["out"]) == ("COMPLETED", 30), info
+    assert await conn.fetchval("SELECT count(*) FROM stepstone.instances WHERE parent_id = $1::uuid", iid) == 1
+    reports = await conn.fetch("SELECT state FROM stepstone.commands WHERE instance_id = $1::uuid "
+                               "AND kind = 'CHILD_COMPLETION' ORDER BY id", iid)
+    assert [r["state"] for r in reports] == ["SUPERSEDED", "COMPLETE"]
+    history = kinds(await c.history(iid))
+    assert (history.count("CHILD_STARTED"), history.count("CHILD_COMPLETED")) == (2, 1)  # the second: no start

@@ -478,6 +478,7 @@ DECLARE
     v_now timestamptz := {{schema}}.db_now();
     v_inst {{schema}}.instances%ROWTYPE;
     v_paths text[];
+    v_waits text[];
     v_timer bigint;
     v_plan jsonb;
 BEGIN
@@ -518,14 +519,20 @@ BEGIN
     -- was superseded: the message, delivered to this instance, was never applied, and the wait opened anew for
     -- another (version 82). Such a wait waits again as it was (its subscription still used, so no other message
     -- is given to it) and its dead message is offered to it again below; every other failed position runs its
-    -- failed step again (RETRY).
+    -- failed step again (RETRY). So does a join whose branch's report was dead-lettered (its count kept; a
+    -- RETRY forked again: every branch ran again, one waiting for a signal it had taken waited for it again)
+    -- and an external step whose task's completion was (a RETRY opened the task again: its work done twice)
+    -- (version 86).
     WITH failed AS (
         UPDATE {{schema}}.positions p SET
             status = CASE WHEN p.wait IS NOT NULL
                                AND EXISTS (SELECT 1 FROM {{schema}}.commands m
                                            WHERE m.instance_id = p.instance_id AND m.state = 'DEAD'
-                                             AND m.kind = 'MESSAGE' AND m.position = p.path AND m.step = p.step
-                                             AND m.visit = p.visit)
+                                             AND m.kind = CASE p.wait->>'kind' WHEN 'signal' THEN 'MESSAGE'
+                                                                               WHEN 'join' THEN 'BRANCH_DONE'
+                                                                               WHEN 'external'
+                                                                               THEN 'EXTERNAL_COMPLETION' END
+                                             AND m.position = p.path AND m.step = p.step AND m.visit = p.visit)
                           THEN 'WAITING' ELSE 'RUNNING' END,
             error = NULL, updated_at = v_now
         WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
@@ -540,7 +547,9 @@ BEGIN
         FROM failed WHERE failed.status = 'RUNNING' ORDER BY failed.path
         RETURNING id
     )
-    SELECT COALESCE(array_agg(failed.path), '{}') INTO v_paths FROM failed;  -- (queued runs unread)
+    SELECT COALESCE(array_agg(failed.path), '{}'),
+           COALESCE(array_agg(failed.path) FILTER (WHERE failed.status = 'WAITING'), '{}')
+    INTO v_paths, v_waits FROM failed;  -- (queued runs unread)
     -- Each retried step's deadline, counted from now: the pending timers of those positions' steps are
     -- superseded (ascending id) and new ones queued. The positions just retried say which steps.
     UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
@@ -571,16 +580,34 @@ BEGIN
     END IF;
     -- A dead message is offered again as a dead signal is (version 82; it was superseded, and lost): to the
     -- wait it was delivered to when that wait waits again (above), else applied as any message that finds its
-    -- wait left (parked, or, taken from the buffer, handed on).
+    -- wait left (parked, or, taken from the buffer, handed on). A dead branch's report and a dead external
+    -- task's completion are offered again to the join or external step that waits again at their visit
+    -- (version 86), and so are the reports of other branches parked at that join while it was failed
+    -- (core/transitions.py, _branch_done): the join counts each once. Parked reports of a join that forks
+    -- again (RETRY) are of the branches that run again, which report again: superseded. Any other dead
+    -- command is superseded.
     UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
         last_error = 'RETRIED'
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind NOT IN ('SIGNAL', 'MESSAGE')
-                   ORDER BY x.id FOR UPDATE);
+                   LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
+                        AND r.step = x.step AND r.visit = x.visit
+                   WHERE x.instance_id = p_instance
+                     AND (x.state = 'DEAD' AND x.kind NOT IN ('SIGNAL', 'MESSAGE')
+                          AND NOT (x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION')
+                                   AND (r.path = ANY (v_waits)) IS TRUE)
+                          OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND r.path = ANY (v_paths)
+                             AND NOT r.path = ANY (v_waits))
+                   ORDER BY x.id FOR UPDATE OF x);
     UPDATE {{schema}}.commands c SET state = 'PENDING', claims = 0, available_at = v_now, token = NULL
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   WHERE x.instance_id = p_instance AND x.state = 'DEAD' AND x.kind IN ('SIGNAL', 'MESSAGE')
-                   ORDER BY x.id FOR UPDATE);
+                   LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
+                        AND r.step = x.step AND r.visit = x.visit
+                   WHERE x.instance_id = p_instance
+                     AND (x.state = 'DEAD' AND x.kind IN ('SIGNAL', 'MESSAGE')
+                          OR x.state = 'DEAD' AND x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION')
+                             AND r.path = ANY (v_waits)
+                          OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND r.path = ANY (v_waits))
+                   ORDER BY x.id FOR UPDATE OF x);
     UPDATE {{schema}}.instances i SET status = 'RUNNING', error = NULL,
         history_seq = i.history_seq + 1, updated_at = v_now
     WHERE i.id = p_instance;
@@ -5739,3 +5766,8 @@ BEGIN
         WHERE r.definition IS NOT NULL
           AND (p_definitions IS NULL OR split_part(r.definition, '@', 1) = ANY (p_definitions)));
 END $$;
+
+-- ==== version 86 (migration 0086_dead_results_offered_again) ====
+-- retry_instance (in the version 1 section) offers a dead-lettered branch's report and external task's
+-- completion again, to the join or external step that waits again without a RETRY, with the reports parked at
+-- that join while it was failed; why: the migration's header.
