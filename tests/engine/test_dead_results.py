@@ -10,6 +10,7 @@ neither lose it (the instance waiting for ever) nor have its work done again.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -24,6 +25,7 @@ from stepstone.testing import Engine, open_engine
 from tests.crashes import die_alone
 from tests.engine.branch_workflows import Job, job, strict_parent
 from tests.engine.conftest import kinds
+from tests.engine.task_workflows import Expense, expense
 from tests.external.workflows import payment
 
 RUNS: dict[str, int] = {}
@@ -51,7 +53,7 @@ async def after(ctx: StepContext, state: dict[str, Any]) -> None:
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[Engine]:
     RUNS.clear()
-    registry = Registry(forked, payment, job, strict_parent)
+    registry = Registry(forked, payment, job, strict_parent, expense)
     async with open_engine(database_url, registry, concurrency=2, max_claims=3) as e:
         yield e
 
@@ -200,3 +202,69 @@ async def test_a_dead_lettered_child_report_is_made_again_by_the_retry(
     assert [r["state"] for r in reports] == ["SUPERSEDED", "COMPLETE"]
     history = kinds(await c.history(iid))
     assert (history.count("CHILD_STARTED"), history.count("CHILD_COMPLETED")) == (2, 1)  # the second: no start
+
+
+async def test_a_dead_lettered_task_completion_gives_the_task_back_once(
+    engine: Engine, conn: asyncpg.Connection,
+) -> None:
+    """The retry gave the task back but entered its step again, which queued its reminder, due date and
+    expiry a second time beside the first: the second reminder of the visit crashed its segment on the
+    outbox event the first had written. The step waits again with its own timers, the task OPEN, and the
+    next completion is applied."""
+    c = engine.client
+    iid = await c.start(expense, Expense(expense_id="e-dead", employee="eve", amount=12.5))
+    await engine.run_until_idle()
+    [task] = (await c.tasks(user="alice", groups=["finance"])).tasks
+    await c.complete_task(task.id, "approve", {"comment": "fine"}, actor="alice", groups=["finance"])
+    assert {claim.command.kind for claim in await die_alone(engine)} == {"TASK_COMPLETION"}
+    await engine.run_until_idle()
+    assert (await c.get(iid)).status == "FAILED"
+    assert (await c.task(task.id)).status == "COMPLETING"
+    await c.retry(iid)
+    await engine.run_until_idle()
+    assert ((await c.get(iid)).status, (await c.task(task.id)).status) == ("WAITING", "OPEN")
+    pending = await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid "
+                                  "AND kind = 'TIMER' AND name = 'remind' AND state = 'PENDING'", iid)
+    assert pending == 1
+    await engine.move_clock(timedelta(hours=4, minutes=1))  # the reminder and the due date fire
+    await engine.run_until_idle()
+    crashed = await conn.fetch("SELECT id, name, last_error FROM stepstone.commands WHERE instance_id = $1::uuid "
+                               "AND last_error LIKE 'segment crashed%'", iid)
+    assert crashed == []
+    await c.complete_task(task.id, "reject", None, actor="bob", groups=["finance", "finance-leads"])
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert (info.status, info.state["outcome"], info.state["decided_by"]) == ("COMPLETED", "REJECTED", "bob")
+    history = await c.history(iid)
+    counted = kinds(history)
+    assert [counted.count(k) for k in ("TASK_OPENED", "TASK_REMINDED", "TASK_ESCALATED")] == [1, 1, 1]
+    [refused] = [e["data"] for e in history if e["kind"] == "TASK_COMPLETION_REFUSED"]
+    assert refused == {"task_id": task.id, "decision": "approve", "actor": "alice", "reason": "DEAD_LETTERED"}
+
+
+async def test_a_dead_lettered_task_timer_fires_once_after_the_retry(engine: Engine, conn: asyncpg.Connection) -> None:
+    """A task's reminder dead-lettered fails the instance. The retry entered the step again, which queued the
+    reminder, due date and expiry again beside the due date and expiry still pending: the second escalation
+    of the visit crashed on the first one's outbox event. The step waits again and the reminder is offered
+    again: each timer fires once."""
+    c = engine.client
+    iid = await c.start(expense, Expense(expense_id="e-timer", employee="eve", amount=12.5))
+    await engine.run_until_idle()
+    await engine.move_clock(timedelta(hours=1, minutes=1))
+    assert {claim.command.name for claim in await die_alone(engine)} == {"remind"}
+    await engine.run_until_idle()
+    assert (await c.get(iid)).status == "FAILED"
+    await c.retry(iid)
+    await engine.run_until_idle()
+    pending = await conn.fetchval("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid "
+                                  "AND kind = 'TIMER' AND name = 'due' AND state = 'PENDING'", iid)
+    assert pending == 1
+    await engine.move_clock(timedelta(hours=4))  # past the due date
+    await engine.run_until_idle()
+    info = await c.get(iid)
+    assert info.status == "WAITING", info
+    counted = kinds(await c.history(iid))
+    assert [counted.count(k) for k in ("TASK_OPENED", "TASK_REMINDED", "TASK_ESCALATED")] == [1, 1, 1]
+    crashed = await conn.fetch("SELECT id FROM stepstone.commands WHERE instance_id = $1::uuid "
+                               "AND last_error LIKE 'segment crashed%'", iid)
+    assert crashed == []

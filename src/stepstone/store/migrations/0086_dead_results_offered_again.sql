@@ -1,5 +1,5 @@
 -- A retry offers a dead-lettered branch's report and external task's completion again, to the step they were
--- made for.
+-- made for, and gives a human task whose completion was dead-lettered back without entering its step again.
 --
 -- A command that crashed its workers until it was dead-lettered fails its position (its wait kept) and the
 -- instance. retry_instance superseded every dead command but a signal or a message (version 82) and queued a
@@ -17,9 +17,19 @@
 -- Such a position waits again as it was (the join's count, the task's id), without a RETRY, and its dead
 -- command is PENDING again: the join counts the report once, the step applies the answer once. Reports of
 -- other branches that reached the join while it was failed are parked there (core/transitions.py) and are
--- PENDING again with it. A child's report (CHILD_COMPLETION) stays superseded: the RETRY of the child step
--- starts no second child and queues the ended child's report again (start_children), and a human task's
--- completion too: the task is given back (OPEN), as before.
+-- PENDING again with it.
+-- A human task's completion (TASK_COMPLETION) stays superseded and the task is given back (OPEN), as before,
+-- but its task step now waits again too, without a RETRY: the RETRY entered the step again, which queued the
+-- task's reminder, due date and expiry a second time beside the first, and the second reminder (or
+-- escalation) of the visit crashed its segment on the outbox event id the first had written, until it was
+-- dead-lettered and failed the instance again (test_a_dead_lettered_task_completion_gives_the_task_back_once
+-- printed "assert 2 == 1", the reminders pending). The task is given back here, `TASK_COMPLETION_REFUSED`
+-- (reason DEAD_LETTERED) in the history. A task step whose own timer (reminder, due date, expiry) was
+-- dead-lettered waits again the same way, the timer PENDING again (the RETRY queued all three again beside
+-- the two still pending: test_a_dead_lettered_task_timer_fires_once_after_the_retry printed "assert 2 == 1").
+-- A dead timer of any wait that waits again is offered to it again. A child's report (CHILD_COMPLETION)
+-- stays superseded: the RETRY of the child step starts no second child and queues the ended child's report
+-- again (start_children).
 -- Expand only: retry_instance replaced with the same signature.
 
 CREATE OR REPLACE FUNCTION {{schema}}.retry_instance(p_instance uuid, p_actor text)
@@ -30,6 +40,9 @@ DECLARE
     v_inst {{schema}}.instances%ROWTYPE;
     v_paths text[];
     v_waits text[];
+    v_completions bigint[];
+    v_task record;
+    v_status text;
     v_timer bigint;
     v_plan jsonb;
 BEGIN
@@ -71,18 +84,20 @@ BEGIN
     -- another (version 82). Such a wait waits again as it was (its subscription still used, so no other message
     -- is given to it) and its dead message is offered to it again below; every other failed position runs its
     -- failed step again (RETRY). So does a join whose branch's report was dead-lettered (its count kept; a
-    -- RETRY forked again: every branch ran again, one waiting for a signal it had taken waited for it again)
-    -- and an external step whose task's completion was (a RETRY opened the task again: its work done twice)
+    -- RETRY forked again: every branch ran again, one waiting for a signal it had taken waited for it again),
+    -- an external step whose task's completion was (a RETRY opened the task again: its work done twice) and a
+    -- human task step whose task's completion or own timer was (a RETRY queued the task's timers a second
+    -- time: the second reminder or escalation of the visit crashed on the first one's outbox event)
     -- (version 86).
     WITH failed AS (
         UPDATE {{schema}}.positions p SET
             status = CASE WHEN p.wait IS NOT NULL
                                AND EXISTS (SELECT 1 FROM {{schema}}.commands m
                                            WHERE m.instance_id = p.instance_id AND m.state = 'DEAD'
-                                             AND m.kind = CASE p.wait->>'kind' WHEN 'signal' THEN 'MESSAGE'
-                                                                               WHEN 'join' THEN 'BRANCH_DONE'
-                                                                               WHEN 'external'
-                                                                               THEN 'EXTERNAL_COMPLETION' END
+                                             AND (p.wait->>'kind', m.kind) IN (
+                                                     ('signal', 'MESSAGE'), ('join', 'BRANCH_DONE'),
+                                                     ('external', 'EXTERNAL_COMPLETION'),
+                                                     ('task', 'TASK_COMPLETION'), ('task', 'TIMER'))
                                              AND m.position = p.path AND m.step = p.step AND m.visit = p.visit)
                           THEN 'WAITING' ELSE 'RUNNING' END,
             error = NULL, updated_at = v_now
@@ -131,39 +146,67 @@ BEGIN
     END IF;
     -- A dead message is offered again as a dead signal is (version 82; it was superseded, and lost): to the
     -- wait it was delivered to when that wait waits again (above), else applied as any message that finds its
-    -- wait left (parked, or, taken from the buffer, handed on). A dead branch's report and a dead external
-    -- task's completion are offered again to the join or external step that waits again at their visit
+    -- wait left (parked, or, taken from the buffer, handed on). A dead branch's report, a dead external
+    -- task's completion and a dead timer are offered again to the step that waits again at their visit
     -- (version 86), and so are the reports of other branches parked at that join while it was failed
     -- (core/transitions.py, _branch_done): the join counts each once. Parked reports of a join that forks
     -- again (RETRY) are of the branches that run again, which report again: superseded. Any other dead
-    -- command is superseded.
-    UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
-        last_error = 'RETRIED'
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
-                        AND r.step = x.step AND r.visit = x.visit
-                   WHERE x.instance_id = p_instance
-                     AND (x.state = 'DEAD' AND x.kind NOT IN ('SIGNAL', 'MESSAGE')
-                          AND NOT (x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION')
-                                   AND (r.path = ANY (v_waits)) IS TRUE)
-                          OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND r.path = ANY (v_paths)
-                             AND NOT r.path = ANY (v_waits))
-                   ORDER BY x.id FOR UPDATE OF x);
+    -- command is superseded (a human task's completion among them: its task is given back below).
+    WITH gone AS (
+        UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
+            last_error = 'RETRIED'
+        WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
+                       LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
+                            AND r.step = x.step AND r.visit = x.visit
+                       WHERE x.instance_id = p_instance
+                         AND (x.state = 'DEAD' AND x.kind NOT IN ('SIGNAL', 'MESSAGE')
+                              AND NOT (x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION', 'TIMER')
+                                       AND (r.path = ANY (v_waits)) IS TRUE)
+                              OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND r.path = ANY (v_paths)
+                                 AND NOT r.path = ANY (v_waits))
+                       ORDER BY x.id FOR UPDATE OF x)
+        RETURNING c.id, c.kind
+    )
+    SELECT COALESCE(array_agg(gone.id) FILTER (WHERE gone.kind = 'TASK_COMPLETION'), '{}')
+    INTO v_completions FROM gone;
     UPDATE {{schema}}.commands c SET state = 'PENDING', claims = 0, available_at = v_now, token = NULL
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
                    LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
                         AND r.step = x.step AND r.visit = x.visit
                    WHERE x.instance_id = p_instance
                      AND (x.state = 'DEAD' AND x.kind IN ('SIGNAL', 'MESSAGE')
-                          OR x.state = 'DEAD' AND x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION')
+                          OR x.state = 'DEAD' AND x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION', 'TIMER')
                              AND r.path = ANY (v_waits)
                           OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND r.path = ANY (v_waits))
                    ORDER BY x.id FOR UPDATE OF x);
-    UPDATE {{schema}}.instances i SET status = 'RUNNING', error = NULL,
+    -- RUNNING while a position runs; when every open one waits (only waits that wait again: a task given back
+    -- has nothing queued that would commit and say so), WAITING, as a commit would say (version 86).
+    SELECT COALESCE(CASE WHEN bool_or(p.status = 'RUNNING') THEN 'RUNNING' ELSE 'WAITING' END, 'RUNNING')
+    INTO v_status FROM {{schema}}.positions p
+    WHERE p.instance_id = p_instance AND p.status IN ('RUNNING', 'WAITING');
+    UPDATE {{schema}}.instances i SET status = v_status, error = NULL,
         history_seq = i.history_seq + 1, updated_at = v_now
     WHERE i.id = p_instance;
     INSERT INTO {{schema}}.history (instance_id, seq, at, kind, step, visit, actor, data)
     VALUES (p_instance, v_inst.history_seq + 1, v_now, 'INSTANCE_RETRIED', v_inst.step, v_inst.visit, p_actor,
             jsonb_build_object('error', v_inst.error, 'positions', cardinality(v_paths)));
-    RETURN QUERY SELECT 'retried', 'RUNNING'::text;
+    -- A human task whose completion was dead-lettered is given back, as a refused completion gives it back:
+    -- its task step waits again (above) with the task's own reminder, due date and expiry, which waited
+    -- behind the completion. The RETRY that entered the step again gave it back too, but queued those
+    -- timers a second time beside the first: the second reminder or escalation of the visit crashed its
+    -- segment on the outbox event the first had written (version 86).
+    FOR v_task IN SELECT k.id, k.position, k.step, k.visit, k.completion FROM {{schema}}.tasks k
+                  WHERE k.instance_id = p_instance AND k.status = 'COMPLETING'
+                    AND k.completion_command = ANY (v_completions)
+                  ORDER BY k.id FOR UPDATE LOOP
+        UPDATE {{schema}}.tasks k SET status = 'OPEN', completion = NULL, completion_command = NULL,
+            updated_at = v_now
+        WHERE k.id = v_task.id;
+        PERFORM {{schema}}.append_history(p_instance, v_task.position, 'TASK_COMPLETION_REFUSED', v_task.step,
+                                          v_task.visit, p_actor, jsonb_build_object(
+                                              'task_id', v_task.id, 'decision', v_task.completion->>'decision',
+                                              'actor', v_task.completion->>'actor', 'reason', 'DEAD_LETTERED'),
+                                          v_now);
+    END LOOP;
+    RETURN QUERY SELECT 'retried', v_status;
 END $$;
