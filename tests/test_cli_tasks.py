@@ -11,6 +11,7 @@ from click.testing import CliRunner, Result
 
 from stepstone.cli import cli
 from stepstone.testing import open_engine
+from tests.crashes import die_alone
 from tests.engine.task_workflows import Expense, Receipt, callback, expense, receipt, registry
 
 APP = "tests.engine.task_workflows:registry"
@@ -80,6 +81,30 @@ def test_tasks_from_the_inbox_to_completion(database_url: str) -> None:
     assert again.exit_code == 0 and "repeated" in again.stdout
     shown = cli("tasks", "show", tid).stdout
     assert "COMPLETING" in shown and "approve by alice" in shown
+
+
+def test_a_completion_repeated_under_its_key_after_the_task_was_given_back_completes_it(database_url: str) -> None:
+    """After a dead-lettered completion's retry gave the task back, the same command with the same key said
+    "repeated: nothing new recorded" and the task stayed OPEN."""
+    cli = Cli(database_url)
+    [iid] = _run(database_url, (expense, Expense(expense_id="c-2", employee="eve", amount=9)))
+    [task] = cli.json("tasks", "list", "--user", "alice", "--group", "finance")["tasks"]
+    complete = ("tasks", "complete", task["id"], "approve", "--as", "alice", "--group", "finance", "--payload",
+                '{"comment": "ok"}', "--idempotency-key", "k")
+    assert not cli.json(*complete)["duplicate"]
+
+    async def dead_lettered_and_retried() -> None:
+        async with open_engine(database_url, registry, max_claims=3) as engine:
+            assert {claim.command.kind for claim in await die_alone(engine)} == {"TASK_COMPLETION"}
+            await engine.run_until_idle()
+            await engine.client.retry(iid)
+            await engine.run_until_idle()
+
+    asyncio.run(dead_lettered_and_retried())
+    assert cli.json("tasks", "show", task["id"])["status"] == "OPEN"
+    again = cli(*complete)
+    assert again.exit_code == 0 and "repeated" not in again.stdout and "(command " in again.stdout
+    assert cli.json("tasks", "show", task["id"])["status"] == "COMPLETING"
 
 
 def test_saved_filters_and_follow_up_dates_on_the_command_line(database_url: str) -> None:

@@ -164,8 +164,9 @@ class SyncTaskOperations(SyncLoop):
         (`TaskNotPermitted`, unless `admin`), a task not OPEN (`TaskNotOpen`, carrying the completion
         that won), a changed state where the task requires version stability (`StateChangedSinceReview`).
         The same `idempotency_key` with the same decision and payload by the same actor returns the earlier
-        completion, before any check of the payload; with another request, or by another actor,
-        `IdempotencyConflict`."""
+        completion, before any check of the payload, while that completion holds the task; once it was handed
+        back (refused, or dead-lettered and the task given back by a retry) the request is taken anew. With
+        another request, or by another actor, `IdempotencyConflict`."""
         return self._run(self._client.complete_task(
             task_id,
             decision,

@@ -15,6 +15,7 @@ from stepstone.api.tokens import list_tokens
 from stepstone.testing import Engine, open_engine
 from tests.api import workflows
 from tests.api.conftest import Api
+from tests.crashes import die_alone
 
 V1 = "/api/v1"
 MISSING = "00000000-0000-0000-0000-000000000000"
@@ -93,6 +94,28 @@ async def test_a_tokens_groups_offer_it_their_tasks(api: Api) -> None:
     assert (claimed.status_code, claimed.json()["assignee"]) == (200, "ola")
     [record] = [t for t in await list_tokens(api.ctx.management) if t.groups]
     assert record.groups == ("finance",)  # given twice, kept once
+
+
+async def test_a_completion_repeated_under_its_key_after_the_task_was_given_back_completes_it(api: Api) -> None:
+    """A completion dead-lettered and its instance retried gives the task back; the repeat of the request
+    with the same idempotency key answered 202, duplicate, task OPEN, and recorded nothing."""
+    mia = await api.token("task_worker", name="mia")
+    iid = await _expense(api, "ann")
+    tid = await _task_of(api.engine, iid)
+    request = {"decision": "approve", "payload": {"comment": "fine", "approved_amount": 40},
+               "idempotency_key": "k-1"}
+    first = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=mia, json=request)
+    assert (first.status_code, first.json()["duplicate"]) == (202, False)
+    assert {claim.command.kind for claim in await die_alone(api.engine)} == {"TASK_COMPLETION"}
+    await api.engine.run_until_idle()
+    await api.engine.client.retry(iid)
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.task(tid)).status == "OPEN"
+    again = await api.http.post(f"{V1}/tasks/{tid}/complete", headers=mia, json=request)
+    assert (again.status_code, again.json()["duplicate"], again.json()["task"]["status"]) == (202, False, "COMPLETING")
+    assert again.json()["command_id"] != first.json()["command_id"]
+    await api.engine.run_until_idle()
+    assert (await api.engine.client.get(iid)).state["outcome"] == "paid by mia"
 
 
 async def test_claim_and_complete_with_the_decisions_payload_moves_the_instance(api: Api) -> None:

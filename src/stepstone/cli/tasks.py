@@ -305,7 +305,8 @@ tasks_group.command("delegate", help="Delegate a task to user TO; `resolve` give
 @click.option("--payload", metavar="JSON", help="The decision's payload as JSON.")
 @click.option("--reviewed-version", type=VERSION, metavar="N",
               help="The version of the shown data you reviewed (tasks that require version stability).")
-@click.option("--idempotency-key", type=TEXT, metavar="K", help="Repeating it with the same key completes once.")
+@click.option("--idempotency-key", type=TEXT, metavar="K",
+              help="Repeating it with the same key completes once; a completion given back is made again.")
 @_actor_option
 @_groups_option
 @_admin_option

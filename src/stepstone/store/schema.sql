@@ -2511,9 +2511,16 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- A task operation's idempotency key seen before: 'duplicate' (same request), 'conflict' (another), or NULL.
+-- A completion's key (TASK_COMPLETE) whose completion was handed back (the task no longer holds the command
+-- the key recorded: given back OPEN by a refusal or a retry, and perhaps taken by another completion since)
+-- is NULL for the same request: its repeat is a new request, not the earlier answer (version 88).
 CREATE FUNCTION {{schema}}.task_key_seen(p_kind text, p_task uuid, p_key text, p_fingerprint text) RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN x.fingerprint = p_fingerprint THEN 'duplicate' ELSE 'conflict' END
+    SELECT CASE WHEN x.fingerprint <> p_fingerprint THEN 'conflict'
+                WHEN x.kind = 'TASK_COMPLETE'
+                     AND NOT EXISTS (SELECT 1 FROM {{schema}}.tasks k
+                                     WHERE k.id = p_task AND k.completion_command::text = x.target) THEN NULL
+                ELSE 'duplicate' END
     FROM {{schema}}.dedup x WHERE x.kind = p_kind AND x.namespace = p_task::text AND x.key = p_key
 $$;
 
@@ -2626,7 +2633,7 @@ END $$;
 -- Complete a task, first of two transactions: reserve it (OPEN -> COMPLETING) and record its
 -- TASK_COMPLETION command; the segment then completes it and moves the position, or refuses the
 -- command and reopens it. Outcomes: reserved, duplicate (the same key, decision and payload: the
--- task as it is now), conflict (the same key, other content), not_found, not_open (COMPLETING,
+-- task as it is now, while it holds that key's completion; one handed back is reserved again), conflict (the same key, other content), not_found, not_open (COMPLETING,
 -- COMPLETED, ...: the task carries the winner's completion), unknown_decision, not_permitted, stale
 -- (changed: the shown fields that changed since the task opened).
 CREATE FUNCTION {{schema}}.task_complete(p_task uuid, p_decision text, p_payload jsonb, p_actor text,
@@ -2686,9 +2693,11 @@ BEGIN
                                                           'forced', CASE WHEN p_force THEN true END,
                                                           'at', v_now))
     WHERE k.id = p_task RETURNING * INTO v_task;
+    -- A key whose completion was handed back (task_key_seen) now names this one (version 88).
     IF p_key IS NOT NULL THEN
         INSERT INTO {{schema}}.dedup (kind, namespace, key, fingerprint, target, created_at)
-        VALUES ('TASK_COMPLETE', p_task::text, p_key, p_fingerprint, v_cmd::text, v_now);
+        VALUES ('TASK_COMPLETE', p_task::text, p_key, p_fingerprint, v_cmd::text, v_now)
+        ON CONFLICT (kind, namespace, key) DO UPDATE SET target = EXCLUDED.target, created_at = EXCLUDED.created_at;
     END IF;
     PERFORM {{schema}}.append_history(v_task.instance_id, v_task.position, 'TASK_COMPLETION_RECORDED', v_task.step,
                                       v_task.visit, p_actor, jsonb_strip_nulls(jsonb_build_object(
@@ -5806,3 +5815,7 @@ END $$;
 -- that join while it was failed, and gives a human task whose completion was dead-lettered back, its step
 -- waiting again without a RETRY (a dead timer of a task step likewise: offered again); why: the migration's
 -- header.
+
+-- ==== version 88 (migration 0088_task_key_after_hand_back) ====
+-- task_key_seen and task_complete (in the version 7 section): a completion's key whose completion was handed
+-- back is no duplicate; the same request reserves the task again under it; why: the migration's header.
