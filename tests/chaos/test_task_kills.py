@@ -7,7 +7,9 @@ expires: every task completes exactly once, every instance moves on with its dec
 
 And buffered messages handed on while worker processes are SIGKILLed (migrations 0074, 0077): each taken
 by a wait that a signal sent before it then wins, so that it goes on to the wait of its key opened
-afterwards (or back to the buffer, where that wait finds it): each applied once, none lost."""
+afterwards (or back to the buffer, where that wait finds it): each applied once, none lost. Beside them, messages
+published straight to an open wait, in one transaction with the signal that then wins it (migration 0087): they
+go on the same way."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import asyncpg
 
 from stepstone.client import Client
 from stepstone.core.pin import pin_of
+from stepstone.errors import Unavailable
 from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
 from tests.chaos import workflows
@@ -128,6 +131,26 @@ async def _completed(probe: Probe) -> bool:
 
 
 HANDED = 24  # keys: one buffered message, one instance that takes and leaves it, one that then gets it
+STRAIGHT = 12  # keys: one instance waiting, sent `go` and the message (delivered to it) in one transaction
+
+
+async def _go_and_publish(client: Client, url: str, iid: str, key: str) -> None:
+    """`go` and the message, in one transaction: both queued for the open wait, `go` first, so that the message,
+    delivered to that wait, finds it left."""
+    conn = await asyncpg.connect(url)
+    try:
+        while True:
+            try:
+                async with conn.transaction():
+                    await client.signal(iid, workflows.GO, {}, connection=conn)
+                    published = await client.publish_message(workflows.RECEIPT, key, {"key": key}, ttl=600,
+                                                             message_id=f"hand-{key}", connection=conn)
+            except Unavailable:  # a worker's commit held the instance: nothing was written
+                continue
+            assert [d.instance_id for d in published.deliveries] == [iid], published
+            return
+    finally:
+        await conn.close()
 
 
 async def test_buffered_messages_handed_on_under_kills_are_applied_once(pg_server: PgServer, tmp_path: Path) -> None:
@@ -141,7 +164,7 @@ async def test_buffered_messages_handed_on_under_kills_are_applied_once(pg_serve
 
         async def completed() -> bool:
             return await _count(probe, "SELECT count(*) FROM stepstone.instances WHERE status = 'COMPLETED'") \
-                == 2 * HANDED
+                == 2 * (HANDED + STRAIGHT)
 
         deadline = time.monotonic() + 150
         async with fleet_run(fleet, probe, store.close):
@@ -151,13 +174,19 @@ async def test_buffered_messages_handed_on_under_kills_are_applied_once(pg_serve
                                              ttl=600)
                 leavers.append(await client.start(workflows.HANDED, workflows.Ticket(key=f"h{n}")))
                 await client.signal(leavers[-1], workflows.GO, {})
+            straight = [await client.start(workflows.HANDED, workflows.Ticket(key=f"p{n}")) for n in range(STRAIGHT)]
             fleet.start()
             killing = asyncio.ensure_future(kill_as_commits_go(fleet, probe, completed, kills=6, every=8, rng=rng,
                                                                deadline=deadline))
             try:
                 assert await wait_for(lambda: _true(probe, _TAKEN), deadline, every=0.02), "a wait took nothing"
+                assert await wait_for(lambda: _true(probe, _STRAIGHT_WAITING), deadline, every=0.02), "no wait"
+                for n, iid in enumerate(straight):
+                    await _go_and_publish(client, url, iid, f"p{n}")
                 # A wait of each key, opened once the leaver's wait took its message (while it goes on).
                 takers = [await client.start(workflows.HANDED, workflows.Ticket(key=f"h{n}")) for n in range(HANDED)]
+                takers += [await client.start(workflows.HANDED, workflows.Ticket(key=f"p{n}"))
+                           for n in range(STRAIGHT)]
                 assert await wait_for(completed, deadline), "not every instance completed"
             finally:
                 await killing
@@ -169,9 +198,9 @@ async def test_buffered_messages_handed_on_under_kills_are_applied_once(pg_serve
             returned = await conn.fetchval(_RETURNED)
         finally:
             await conn.close()
-    assert {got[iid] for iid in leavers} == {workflows.GO}, got
-    assert [got[iid] for iid in takers] == [f"h{n}" for n in range(HANDED)], got
-    assert returned >= HANDED, returned  # each message went through the hand-on at least once
+    assert {got[iid] for iid in leavers + straight} == {workflows.GO}, got
+    assert [got[iid] for iid in takers] == [f"h{n}" for n in range(HANDED)] + [f"p{n}" for n in range(STRAIGHT)], got
+    assert returned >= HANDED + STRAIGHT, returned  # each message went through the hand-on at least once
     assert len(fleet.kills) >= 3, fleet.kills
     print(f"hand-on kills: {len(fleet.kills)} kills, {returned} messages returned")  # noqa: T201
 
@@ -179,6 +208,10 @@ async def test_buffered_messages_handed_on_under_kills_are_applied_once(pg_serve
 # Every leaver's wait took its message from the buffer: a MESSAGE command for each (behind its GO).
 _TAKEN = (f"SELECT count(DISTINCT payload->>'message_id') = {HANDED} FROM stepstone.commands "
           "WHERE kind = 'MESSAGE' AND payload->>'message_id' LIKE 'hand-%'")
+# Every instance sent the message straight waits at its wait.
+_STRAIGHT_WAITING = (f"SELECT count(*) = {STRAIGHT} FROM stepstone.positions p JOIN stepstone.instances i "
+                     "ON i.id = p.instance_id WHERE i.state->>'key' LIKE 'p%' "
+                     "AND p.status = 'WAITING' AND p.step = 'w'")
 _RETURNED = ("SELECT count(*) FROM stepstone.commands WHERE kind = 'MESSAGE' AND payload->>'message_id' LIKE 'hand-%' "
              "AND state IN ('STALE', 'REJECTED')")
 _HANDED_ONCE = {

@@ -28,14 +28,17 @@ def signal_cause(kind: str, name: str, payload: JSON) -> dict[str, Any]:
 
 
 def message_received(instance: InstanceView, command: CommandView, plan: Plan, now: datetime) -> Decision:
-    """A message delivered to this position: taken by the wait it was correlated to; otherwise parked, or,
-    taken from the buffer, returned to it (the store's trigger on the STALE settle hands it on)."""
+    """A message delivered to this position: taken by the wait it was correlated to; otherwise returned (the
+    store's trigger on the STALE settle hands it on to the next wait of its key, else the buffer), whether the
+    wait took it from the buffer (`buffered`) or it was published to the wait (`goes_on`). A copy of a message
+    published to every open wait (correlate_all) is parked."""
     wait = instance.wait or {}
     name = command.name or ""
     accepted = wait.get("messages") or {}
     waiting = (instance.position_status or instance.status) == WAITING
     body = command.payload if isinstance(command.payload, dict) else {}
-    left = Settle("STALE", "WAIT_LEFT") if body.get("buffered") else Settle("PARKED", "NOT_WAITING")
+    goes_on = body.get("buffered") or body.get("goes_on")
+    left = Settle("STALE", "WAIT_LEFT") if goes_on else Settle("PARKED", "NOT_WAITING")
     if not waiting or name not in accepted or command.visit != instance.visit:
         data = {"message": name, "command": command.id}
         kind = "MESSAGE_RETURNED" if left.state == "STALE" else "MESSAGE_PARKED"

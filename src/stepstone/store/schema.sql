@@ -2321,6 +2321,7 @@ DECLARE
     v_status text;
     v_expires timestamptz;
     v_cmd bigint;
+    v_msg bigint;
     s record;
 BEGIN
     -- A ttl under a microsecond, the least the database keeps, buffered the message until the publish's own
@@ -2373,14 +2374,25 @@ BEGIN
              ORDER BY x.created_at, x.id LOOP
         PERFORM 1 FROM {{schema}}.instances i WHERE i.id = s.instance_id FOR UPDATE NOWAIT;
         CONTINUE WHEN NOT {{schema}}.subscription_takes(s.id, v_now);
+        -- Delivered to one wait, the message goes on if that wait is left before it (`goes_on`, version 87):
+        -- its row's id, taken now, is the subscription's message, as a message taken from the buffer is.
+        IF NOT p_all THEN
+            v_msg := nextval(pg_get_serial_sequence('{{schema}}.messages', 'id'));
+        END IF;
         v_cmd := {{schema}}.deliver_to_subscription(
             s.instance_id, s.position, s.visit, s.step, p_name,
-            jsonb_build_object('payload', p_payload, 'message_id', p_message_id, 'correlation_key', p_key),
-            NULL, v_now);
+            jsonb_build_object('payload', p_payload, 'message_id', p_message_id, 'correlation_key', p_key)
+            || CASE WHEN p_all THEN '{}'::jsonb ELSE '{"goes_on": true}'::jsonb END,
+            v_msg, v_now);
         v_delivered := v_delivered || jsonb_build_object('instance_id', s.instance_id, 'position', s.position,
                                                          'command_id', v_cmd);
         EXIT WHEN NOT p_all;
     END LOOP;
+    -- Kept until then whether delivered or buffered: one delivered and handed back goes to the buffer until
+    -- it (version 87).
+    IF COALESCE(p_ttl, 0) > 0 THEN
+        v_expires := v_now + make_interval(secs => p_ttl);
+    END IF;
     IF jsonb_array_length(v_delivered) > 0 THEN
         v_status := 'DELIVERED';
     ELSIF COALESCE(p_ttl, 0) > 0 THEN
@@ -2392,15 +2404,16 @@ BEGIN
             RETURN;
         END IF;
         v_status := 'BUFFERED';
-        v_expires := v_now + make_interval(secs => p_ttl);
     ELSE
         v_status := 'DROPPED';
     END IF;
-    INSERT INTO {{schema}}.messages (message_id, name, correlation_key, payload, fingerprint, status, deliveries,
+    INSERT INTO {{schema}}.messages (id, message_id, name, correlation_key, payload, fingerprint, status, deliveries,
                                      created_at, expires_at, delivered_at)
-    VALUES (p_message_id, p_name, p_key, p_payload, p_fingerprint, v_status, v_delivered, v_now, v_expires,
+    OVERRIDING SYSTEM VALUE
+    VALUES (COALESCE(v_msg, nextval(pg_get_serial_sequence('{{schema}}.messages', 'id'))), p_message_id, p_name,
+            p_key, p_payload, p_fingerprint, v_status, v_delivered, v_now, v_expires,
             CASE WHEN v_status = 'DELIVERED' THEN v_now END);
-    RETURN QUERY SELECT lower(v_status), v_delivered, v_expires, v_status;
+    RETURN QUERY SELECT lower(v_status), v_delivered, CASE WHEN v_status = 'BUFFERED' THEN v_expires END, v_status;
 END $$;
 
 -- The open-signal cap: an instance holds at most `stepstone.max_open_signals` (a setting, default
@@ -5414,8 +5427,9 @@ BEGIN
                     AND x.kind IN ('SIGNAL', 'MESSAGE', 'TASK_COMPLETION') AND x.available_at > v_now
                   ORDER BY x.seq, x.id LIMIT 1);
     -- CANCELLED: an operator's cancel settles the open commands so (settle_open_commands; version 77).
+    -- `goes_on`: a message published straight to the wait (version 87), handed on the same way.
     IF OLD.kind = 'MESSAGE' AND NEW.state IN ('STALE', 'REJECTED', 'SUPERSEDED', 'PARKED', 'CANCELLED')
-       AND OLD.payload ? 'buffered' THEN
+       AND OLD.payload ?| ARRAY['buffered', 'goes_on'] THEN
         IF current_setting('stepstone.hand_on_later', true) = 'on' THEN
             -- Settled by a commit (commit_decisions): handed on at its end, in key order (version 77).
             PERFORM set_config('stepstone.returned_messages',
@@ -5500,7 +5514,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;  -- its row is gone (purged): nothing to hand on
     END IF;
-    IF v_msg.expires_at IS NULL OR v_msg.expires_at <= v_now THEN
+    -- Past its expires_at, EXPIRED. One published with no ttl (and none: version 87) has none: it goes to an
+    -- open wait of its key, else it is dropped (below), kept for no later wait.
+    IF v_msg.expires_at <= v_now THEN
         UPDATE {{schema}}.messages m SET status = 'EXPIRED' WHERE m.id = v_msg.id;
         RETURN;
     END IF;
@@ -5533,8 +5549,8 @@ BEGIN
         WHERE m.id = v_msg.id;
         RETURN;
     END LOOP;
-    UPDATE {{schema}}.messages m SET status = 'BUFFERED', payload = p_old.payload->'payload', deliveries = '[]',
-        delivered_at = NULL
+    UPDATE {{schema}}.messages m SET status = CASE WHEN v_msg.expires_at IS NULL THEN 'DROPPED' ELSE 'BUFFERED' END,
+        payload = p_old.payload->'payload', deliveries = '[]', delivered_at = NULL
     WHERE m.id = v_msg.id;
     RETURN;
 END $$;
@@ -5815,6 +5831,12 @@ END $$;
 -- that join while it was failed, and gives a human task whose completion was dead-lettered back, its step
 -- waiting again without a RETRY (a dead timer of a task step likewise: offered again); why: the migration's
 -- header.
+
+-- ==== version 87 (migration 0087_published_messages_go_on) ====
+-- publish_message (in the version 7 section) marks the command of a message delivered to one wait `goes_on`
+-- and records its row on the subscription; command_left_queue (in the version 72 section) hands such a message
+-- on when its wait is left before it, and return_buffered_message (in the version 74 section) gives one with
+-- no ttl to an open wait of its key, else drops it; why: the migration's header.
 
 -- ==== version 88 (migration 0088_task_key_after_hand_back) ====
 -- task_key_seen and task_complete (in the version 7 section): a completion's key whose completion was handed
