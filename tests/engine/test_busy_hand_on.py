@@ -62,16 +62,23 @@ async def _commit_holding_row(database_url: str, request: CommitRequest, isolati
 
 
 async def _hand_on_while_held(engine: Any, conn: asyncpg.Connection, database_url: str, key: str, leave: str,
-                              isolation: str) -> tuple[str, str]:
-    """Message `m` of `key` taken from the buffer by A's wait, which a `skip` queued first leaves; B waits for
-    `key`, and `leave` (a signal's name, or `timeout`: its wait's timer made due) is queued for it. A's message
-    command goes STALE and hands the message on while B's commit of `leave` holds B's row: B's wait gets it
-    without the row. Returns A's and B's ids once B's commit is done."""
+                              isolation: str, origin: str) -> tuple[str, str]:
+    """Message `m` of `key` taken from the buffer by A's wait (`origin` buffered), or published straight to it
+    (`origin` straight, migration 0087), which a `skip` queued first leaves; B waits for `key`, and `leave` (a
+    signal's name, or `timeout`: its wait's timer made due) is queued for it. A's message command goes STALE and
+    hands the message on while B's commit of `leave` holds B's row: B's wait gets it without the row. Returns
+    A's and B's ids once B's commit is done."""
     c, store = engine.client, engine.store
-    await c.publish_message("m", key, {"n": 7}, ttl=600, message_id=f"{key}-m")
+    if origin == "buffered":
+        await c.publish_message("m", key, {"n": 7}, ttl=600, message_id=f"{key}-m")
     a = await c.start(busy, {"k": key})
-    await c.signal(a, "skip", {})
-    await _commit(store, (await _decided(store, {a: "START"}))[a])  # A's wait takes the message, skip first
+    if origin == "buffered":
+        await c.signal(a, "skip", {})
+    await _commit(store, (await _decided(store, {a: "START"}))[a])  # A's wait (takes the message, skip first)
+    if origin == "straight":
+        await c.signal(a, "skip", {})
+        published = await c.publish_message("m", key, {"n": 7}, ttl=600, message_id=f"{key}-m")
+        assert [d.instance_id for d in published.deliveries] == [a], published
     b = await c.start(busy, {"k": key})
     heads = await _decided(store, {a: "SIGNAL", b: "START"})
     await _commit(store, heads[b])  # B's wait: nothing buffered
@@ -115,16 +122,17 @@ async def _message_commands(conn: asyncpg.Connection, instance: str) -> list[tup
     return [(r["state"], r["last_error"]) for r in rows]
 
 
+@pytest.mark.parametrize("origin", ["buffered", "straight"])
 @pytest.mark.parametrize("leave", ["skip", "timeout"])
 async def test_a_message_handed_to_a_busy_wait_its_own_commit_leaves_goes_on(
-    database_url: str, conn: asyncpg.Connection, leave: str,
+    database_url: str, conn: asyncpg.Connection, leave: str, origin: str,
 ) -> None:
     """The holder of B's row is B's commit of a signal, or of its wait's timeout, that leaves the wait. The
     message handed on meanwhile to that wait (read open as last committed) comes after it: its command finds
     the wait left, goes STALE (MESSAGE_RETURNED in B's history) and hands the message on again, back to the
     buffer, where the next wait of its key takes it. B never applies it."""
     async with open_engine(database_url, Registry(busy), concurrency=1) as engine:
-        a, b = await _hand_on_while_held(engine, conn, database_url, "k-left", leave, "read_committed")
+        a, b = await _hand_on_while_held(engine, conn, database_url, "k-left", leave, "read_committed", origin)
         assert (await engine.client.get(b)).step == "after"
         stale = (await _decided(engine.store, {b: "MESSAGE"}))[b]
         assert stale.decision.settle.state == "STALE", stale.decision
@@ -138,15 +146,16 @@ async def test_a_message_handed_to_a_busy_wait_its_own_commit_leaves_goes_on(
             assert (info.status, info.step) == ("WAITING", "after"), info
 
 
+@pytest.mark.parametrize("origin", ["buffered", "straight"])
 async def test_a_message_handed_to_a_busy_instance_ended_unseen_is_rejected_at_its_claim_and_goes_on(
-    database_url: str, conn: asyncpg.Connection,
+    database_url: str, conn: asyncpg.Connection, origin: str,
 ) -> None:
     """The holder of B's row is B's commit ending it (a `stop` signal), whose statement settling the instance's
     leftover commands ran before the handed-on command was committed (a repeatable-read snapshot here: the
     same view). The command is left PENDING on the ended instance; its claim rejects it (INSTANCE_ENDED) and
     the message goes on, back to the buffer, where the next wait of its key takes it."""
     async with open_engine(database_url, Registry(busy), concurrency=1) as engine:
-        _, b = await _hand_on_while_held(engine, conn, database_url, "k-ended", "stop", "repeatable_read")
+        _, b = await _hand_on_while_held(engine, conn, database_url, "k-ended", "stop", "repeatable_read", origin)
         assert (await engine.client.get(b)).status == "COMPLETED"
         assert await _message_commands(conn, b) == [("PENDING", None)]
         await engine.run_until_idle()
@@ -154,13 +163,14 @@ async def test_a_message_handed_to_a_busy_instance_ended_unseen_is_rejected_at_i
         await _next_wait_gets_it(engine, conn, "k-ended")
 
 
+@pytest.mark.parametrize("origin", ["buffered", "straight"])
 async def test_a_message_handed_to_a_busy_instance_its_commit_ends_seeing_it_goes_on(
-    database_url: str, conn: asyncpg.Connection,
+    database_url: str, conn: asyncpg.Connection, origin: str,
 ) -> None:
     """The same ending commit reading the handed-on command (its statement after the hand-on's commit): it
     rejects the command with the instance's other leftovers, and the message goes on in that commit."""
     async with open_engine(database_url, Registry(busy), concurrency=1) as engine:
-        _, b = await _hand_on_while_held(engine, conn, database_url, "k-seen", "stop", "read_committed")
+        _, b = await _hand_on_while_held(engine, conn, database_url, "k-seen", "stop", "read_committed", origin)
         assert (await engine.client.get(b)).status == "COMPLETED"
         assert await _message_commands(conn, b) == [("REJECTED", "INSTANCE_ENDED")]
         await _next_wait_gets_it(engine, conn, "k-seen")
