@@ -146,3 +146,26 @@ async def test_a_message_published_to_every_wait_stays_parked(database_url: str,
         third = await _waiting(engine, "a-1")
         assert await _applied_by(conn) == [second]
         assert (await engine.client.get(third)).step == "await_m"
+
+
+# The same wait with a step deadline of a minute, which leaves it for `after`.
+timed = Workflow("straightdeadline", version=1)
+timed.wait("await_m", messages={"m": "after"}, correlation="k", start=True, deadline=60, on_deadline="after")
+timed.wait("after", signals={"done": END})
+
+
+async def test_a_wait_its_step_deadline_left_hands_it_on(database_url: str, conn: asyncpg.Connection) -> None:
+    """The wait's deadline passed (its timer due, not yet fired) when the message was published to it: the
+    deadline leaves the wait first, and the next wait of the key takes the message."""
+    async with open_engine(database_url, Registry(timed), concurrency=2) as engine:
+        first = await engine.client.start(timed, {"k": "s-1"})
+        await engine.run_until_idle()
+        await engine.move_clock(61)
+        await _publish(engine, "s-1", 600, first)
+        await engine.run_until_idle()
+        assert (await engine.client.get(first)).step == "after"
+        await _left_untaken(conn, first)
+        nxt = await engine.client.start(timed, {"k": "s-1"})
+        await engine.run_until_idle()
+        assert (await engine.client.get(nxt)).step == "after"
+        assert await _applied_by(conn) == [nxt]
