@@ -591,33 +591,29 @@ BEGIN
     -- (core/transitions.py, _branch_done): the join counts each once. Parked reports of a join that forks
     -- again (RETRY) are of the branches that run again, which report again: superseded. Any other dead
     -- command is superseded (a human task's completion among them: its task is given back below).
-    WITH gone AS (
+    WITH held AS (
+        -- Every dead command, and the reports parked at a retried join; `offered`: PENDING again, else
+        -- superseded (one pass, ascending id).
+        SELECT x.id, x.kind IN ('SIGNAL', 'MESSAGE')
+                     OR x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION', 'TIMER') AND (r.path = ANY (v_waits)) IS TRUE
+                     AS offered
+        FROM {{schema}}.commands x
+        LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
+             AND r.step = x.step AND r.visit = x.visit
+        WHERE x.instance_id = p_instance
+          AND (x.state = 'DEAD' OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND (r.path = ANY (v_paths)) IS TRUE)
+        ORDER BY x.id FOR UPDATE OF x
+    ), again AS (
+        UPDATE {{schema}}.commands c SET state = 'PENDING', claims = 0, available_at = v_now, token = NULL
+        WHERE c.id IN (SELECT held.id FROM held WHERE held.offered)
+    ), gone AS (
         UPDATE {{schema}}.commands c SET state = 'SUPERSEDED', token = NULL, settled_at = v_now,
             last_error = 'RETRIED'
-        WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                       LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
-                            AND r.step = x.step AND r.visit = x.visit
-                       WHERE x.instance_id = p_instance
-                         AND (x.state = 'DEAD' AND x.kind NOT IN ('SIGNAL', 'MESSAGE')
-                              AND NOT (x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION', 'TIMER')
-                                       AND (r.path = ANY (v_waits)) IS TRUE)
-                              OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND r.path = ANY (v_paths)
-                                 AND NOT r.path = ANY (v_waits))
-                       ORDER BY x.id FOR UPDATE OF x)
+        WHERE c.id IN (SELECT held.id FROM held WHERE NOT held.offered)
         RETURNING c.id, c.kind
     )
     SELECT COALESCE(array_agg(gone.id) FILTER (WHERE gone.kind = 'TASK_COMPLETION'), '{}')
     INTO v_completions FROM gone;
-    UPDATE {{schema}}.commands c SET state = 'PENDING', claims = 0, available_at = v_now, token = NULL
-    WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
-                   LEFT JOIN {{schema}}.positions r ON r.instance_id = p_instance AND r.path = x.position
-                        AND r.step = x.step AND r.visit = x.visit
-                   WHERE x.instance_id = p_instance
-                     AND (x.state = 'DEAD' AND x.kind IN ('SIGNAL', 'MESSAGE')
-                          OR x.state = 'DEAD' AND x.kind IN ('BRANCH_DONE', 'EXTERNAL_COMPLETION', 'TIMER')
-                             AND r.path = ANY (v_waits)
-                          OR x.state = 'PARKED' AND x.kind = 'BRANCH_DONE' AND r.path = ANY (v_waits))
-                   ORDER BY x.id FOR UPDATE OF x);
     -- RUNNING while a position runs; when every open one waits (only waits that wait again: a task given back
     -- has nothing queued that would commit and say so), WAITING, as a commit would say (version 86).
     SELECT COALESCE(CASE WHEN bool_or(p.status = 'RUNNING') THEN 'RUNNING' ELSE 'WAITING' END, 'RUNNING')
@@ -2377,7 +2373,7 @@ BEGIN
         -- Delivered to one wait, the message goes on if that wait is left before it (`goes_on`, version 87):
         -- its row's id, taken now, is the subscription's message, as a message taken from the buffer is.
         IF NOT p_all THEN
-            v_msg := nextval(pg_get_serial_sequence('{{schema}}.messages', 'id'));
+            v_msg := nextval('{{schema}}.messages_id_seq');
         END IF;
         v_cmd := {{schema}}.deliver_to_subscription(
             s.instance_id, s.position, s.visit, s.step, p_name,
@@ -2410,7 +2406,7 @@ BEGIN
     INSERT INTO {{schema}}.messages (id, message_id, name, correlation_key, payload, fingerprint, status, deliveries,
                                      created_at, expires_at, delivered_at)
     OVERRIDING SYSTEM VALUE
-    VALUES (COALESCE(v_msg, nextval(pg_get_serial_sequence('{{schema}}.messages', 'id'))), p_message_id, p_name,
+    VALUES (COALESCE(v_msg, nextval('{{schema}}.messages_id_seq')), p_message_id, p_name,
             p_key, p_payload, p_fingerprint, v_status, v_delivered, v_now, v_expires,
             CASE WHEN v_status = 'DELIVERED' THEN v_now END);
     RETURN QUERY SELECT lower(v_status), v_delivered, CASE WHEN v_status = 'BUFFERED' THEN v_expires END, v_status;

@@ -92,7 +92,7 @@ BEGIN
         -- Delivered to one wait, the message goes on if that wait is left before it (`goes_on`, version 87):
         -- its row's id, taken now, is the subscription's message, as a message taken from the buffer is.
         IF NOT p_all THEN
-            v_msg := nextval(pg_get_serial_sequence('{{schema}}.messages', 'id'));
+            v_msg := nextval('{{schema}}.messages_id_seq');
         END IF;
         v_cmd := {{schema}}.deliver_to_subscription(
             s.instance_id, s.position, s.visit, s.step, p_name,
@@ -125,7 +125,7 @@ BEGIN
     INSERT INTO {{schema}}.messages (id, message_id, name, correlation_key, payload, fingerprint, status, deliveries,
                                      created_at, expires_at, delivered_at)
     OVERRIDING SYSTEM VALUE
-    VALUES (COALESCE(v_msg, nextval(pg_get_serial_sequence('{{schema}}.messages', 'id'))), p_message_id, p_name,
+    VALUES (COALESCE(v_msg, nextval('{{schema}}.messages_id_seq')), p_message_id, p_name,
             p_key, p_payload, p_fingerprint, v_status, v_delivered, v_now, v_expires,
             CASE WHEN v_status = 'DELIVERED' THEN v_now END);
     RETURN QUERY SELECT lower(v_status), v_delivered, CASE WHEN v_status = 'BUFFERED' THEN v_expires END, v_status;
