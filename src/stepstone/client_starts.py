@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_START_BATCH", "MAX_START_BATCH", "START_BATCHES_IN_FLIGHT", 
 
 DEFAULT_START_BATCH = 1_000
 """Instances per statement of `start_many`: past about a thousand the rate hardly grows, while a
-failing batch (a business key in use) takes more with it (docs/performance.md, "Batch starts")."""
+failing batch (a business key in use) takes more with it (docs/performance-history.md, "Batch starts")."""
 MAX_START_BATCH = 10_000
 START_BATCHES_IN_FLIGHT = 2
 """`start_many` sends two batches at a time, on two connections: a batch statement keeps one server

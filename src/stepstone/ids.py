@@ -3,8 +3,8 @@
 48 bits of Unix milliseconds, then 74 random bits (with the version and variant fields). Every index
 of an instance's rows leads with its id (instances, positions, commands, history), so random ids put
 each new instance on a random leaf page of five indexes that outgrow memory as waiting instances pile
-up; time-ordered ids keep new rows on the indexes' right edges (docs/performance.md, "Scale"). The
-random bits keep ids unguessable; the creation time can be read from an id.
+up; time-ordered ids keep new rows on the indexes' right edges (docs/performance-history.md, "Scale, round
+2"). The random bits keep ids unguessable; the creation time can be read from an id.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A waiting instance can wait for months, and every byte of slack on its pages is paid for that long.
 Instances and positions keep a fifth of each page free, which still holds one more version of any row
-kept in line, so an update stays HOT (docs/performance.md, "Waiting rows fill more of their pages"); a
+kept in line, so an update stays HOT (docs/performance-history.md, "Waiting rows fill more of their pages"); a
 fuller page would not (at fillfactor 90, with a 1.5 KB state, almost no instance update was HOT).
 """
 

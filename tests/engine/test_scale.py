@@ -119,7 +119,7 @@ class CountingClaims:
 
 
 # Since the features of 2026-12-01 merged, 10,000 starts on the durable PostgreSQL 15 can outlast this
-# test's 120 s waits (docs/performance.md, "the hot path got slower"): it runs in the embedded pass.
+# test's 120 s waits (docs/performance-history.md, "the hot path got slower"): it runs in the embedded pass.
 @pytest.mark.first_pass_only
 async def test_ten_thousand_waiting_instances_hold_no_worker_slot(engine: Engine, rows: Rows) -> None:
     n = 10_000

@@ -137,7 +137,7 @@ async def test_statistics_rolled_back_with_their_transaction_are_gathered_again(
     """An ANALYZE whose transaction rolls back (its connection cut before the commit) loses the statistics
     it wrote but not last_analyze or pg_class.reltuples, which are not transactional: judged by those the
     tables looked analyzed at their size and were left without statistics until they doubled, and the
-    claim read and sorted the whole backlog meanwhile (docs/performance.md, "Statistics lost with their
+    claim read and sorted the whole backlog meanwhile (docs/performance-history.md, "Statistics lost with their
     transaction")."""
     conn = await asyncpg.connect(database_url)
     try:

@@ -1,6 +1,6 @@
 """Three-step workflows/s of whichever stepstone is importable, for interleaved A/B runs of two trees.
 
-Not a test (pytest does not collect it): the harness behind the A/B tables of docs/performance.md.
+Not a test (pytest does not collect it): the harness behind the A/B tables of docs/performance-history.md.
 It runs the `throughput` workload's shape on its own, with nothing that differs between versions:
 a fresh database on the server at --admin-url, an in-process worker of 8 slots, 8 starters in a closed
 loop (at most 32 unfinished), 300 workflows of warm-up, ANALYZE (the steady state), then --total
@@ -10,7 +10,7 @@ counted alike even when one has no completion channel of its own.
 
 With --waiting the workflows are `bench_waiting`'s instead: one step, then a timer of 30 days, and a
 workflow counts when its instance reaches WAITING (what entering a timed wait costs: "The timer in place"
-in docs/performance.md). Either way it also prints the WAL the measured run wrote, per workflow, and
+in docs/performance-history.md). Either way it also prints the WAL the measured run wrote, per workflow, and
 this process's CPU time (the starters and the worker, as the bench's "engine CPU") per step commit.
 
     python tests/perf/ab_pairs.py --before <commit> --pairs 4
@@ -21,11 +21,11 @@ alternately).
 With --timings it also prints, for each store call of the measured run (claims, commits, group
 commits, starts), how many there were, their items (the segments of a group commit), their round
 trips, and the share of the run some call of that kind was in flight ("The group committer's rhythm"
-in docs/performance.md).
+in docs/performance-history.md).
 
 With --idle N, N more workers run beside it, each serving only `bench_signal`, of which nothing is
 started: a pool of another workflow with nothing to do. It prints how many claims they made during the
-measured run ("Wake-ups for the served workflows" in docs/performance.md).
+measured run ("Wake-ups for the served workflows" in docs/performance-history.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 is importable.
 
 Not a test (pytest does not collect it): the harness behind "The claim on its generic plan" in
-docs/performance.md. PostgreSQL keeps a prepared statement's generic plan only while it costs less than
+docs/performance-history.md. PostgreSQL keeps a prepared statement's generic plan only while it costs less than
 the average of every custom plan the connection made for it; a claim's estimated cost grows with the
 queue, so a connection whose first claims found small tables could plan each claim anew once the tables
 had grown and been analyzed. Two modes, each on a fresh database on the server at --admin-url:
@@ -21,7 +21,7 @@ its generic plan). `drain`: an in-process worker of 8 slots runs 20 workflows on
 --backlog three-step workflows are started in one batch and analyzed (as autovacuum would), and the
 drain is timed. `served`: --backlog starts of one workflow are queued, then 400 of another after them,
 and a store that serves only the second claims them 8 at a time (the claim of a worker that serves
-some workflows; "A worker that serves some workflows" in docs/performance.md): p50 and p90 of its
+some workflows; "A worker that serves some workflows" in docs/performance-history.md): p50 and p90 of its
 claims, and the same for a store that serves every workflow, first with the backlog and the 400 queued,
 then with 400 more of every workflow queued. `names`: --backlog starts of one workflow queued, and claims of 8
 that name no definitions, or it and 0, 4, 99 or 999 more that have no work (a worker serving that many

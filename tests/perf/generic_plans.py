@@ -1,6 +1,6 @@
 """Which of the store's named queries would read a whole index of `commands` on their generic plan.
 
-Not a test (pytest does not collect it): the audit behind docs/performance.md ("Lookups by id"). It
+Not a test (pytest does not collect it): the audit behind docs/performance-history.md ("Lookups by id"). It
 EXPLAINs the generic plan of every named query in the store's SQL files on the database at --url (analyze
 it first; one analyzed while the queue was empty shows the plans a backlog would meet) and prints each
 index scan on `commands` with no index condition, or whose only condition is on `id` in an index that

@@ -2,7 +2,7 @@
 `commands_not_runnable`.
 
 Not a test (pytest does not collect it): the probe behind "Deferred commands, found by an index of their
-own" in docs/performance.md. It makes a fresh database on the server at --admin-url, migrates it, seeds
+own" in docs/performance-history.md. It makes a fresh database on the server at --admin-url, migrates it, seeds
 --count waiting instances as `stepstone bench`'s scale workload does, and runs `EXPLAIN (ANALYZE,
 BUFFERS)` of the heartbeat's look-up of commands deferred for want of a plan (registry.sql,
 `resume_deferred`, with the bench registry's pins) five times with the index, and five times with it

@@ -1,6 +1,6 @@
 """Where a workflow's time goes in the latency workload's open loop, of whichever stepstone is importable.
 
-Not a test (pytest does not collect it): the probe behind "Not done yet", item 6, in docs/performance.md.
+Not a test (pytest does not collect it): the probe behind "Not done yet", item 6, in docs/performance-history.md.
 It makes a fresh database on the server at --admin-url, runs one in-process worker of 8 slots, starts
 three-step workflows on a fixed timetable at --rate for --seconds (at most 16 starts in flight, as the
 bench's open loop), and prints for the median, p90 and p99 workflow the parts of its time: waiting for
@@ -8,7 +8,7 @@ a start slot, the start's round trip, and from the start's return to the commit 
 collections of Python's garbage collector during the run; and the worker's ANALYZEs of its young tables
 (`refresh_statistics`), each a burst of server work that slow workflows cluster around. `--freeze`
 freezes the objects alive after the warm-up (`gc.freeze()`), which takes the full collections' pause
-away (an experiment: docs/performance.md, "Documents without statistics").
+away (an experiment: docs/performance-history.md, "Documents without statistics").
 
     python tests/perf/latency_parts.py --rate 480 --seconds 10
 """

@@ -1,5 +1,5 @@
 """The operators' instance lists and counts by a business key and by a status, on one connection after
-calls of the same statement without them (docs/performance.md, "Listings on their custom plans").
+calls of the same statement without them (docs/performance-history.md, "Listings on their custom plans").
 
 Seeds --count waiting instances (each with a business key, 1% FAILED) in a fresh database, then for each
 case opens a connection, runs the statement six times with other arguments (the counts or list of every

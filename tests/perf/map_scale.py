@@ -2,7 +2,7 @@
 stepstone is importable, for interleaved A/B runs of two trees.
 
 Not a test (pytest does not collect it): the harness behind "Joins take the queued reports" in
-docs/performance.md. For each --items size it makes a fresh database on the server at --admin-url,
+docs/performance-history.md. For each --items size it makes a fresh database on the server at --admin-url,
 starts one `bench_fanout` instance mapping over that many items that return at once, and prints its
 run time, items/s, and the most branch reports (BRANCH_DONE) that waited on the fork's position at
 once (sampled every 0.2 s).

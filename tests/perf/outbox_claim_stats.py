@@ -1,7 +1,7 @@
 """The relay's claim on an outbox that grew before any ANALYZE, of whichever stepstone is importable.
 
 Not a test (pytest does not collect it): the harness behind "The outbox claim on any statistics" in
-docs/performance.md. On a fresh database (on the server at --admin-url) it stages --events events in one
+docs/performance-history.md. On a fresh database (on the server at --admin-url) it stages --events events in one
 insert (keys cycling over --keys keys, as the bench stages them), then claims --limit events --claims times
 without ANALYZE, publishing each batch (as a relay does), and prints the p50/max of those claims; then it
 analyzes the outbox and does the same again. With --plan it prints the first claim's plan of each phase.

@@ -1,7 +1,7 @@
 """Bursts of signals queued on a few instances, and one-step workflows started behind them.
 
 Not a test (pytest does not collect it): the harness behind "Signals queued behind another" in
-docs/performance.md. With no worker running, `--hot` instances of a workflow that waits for `tick` again
+docs/performance-history.md. With no worker running, `--hot` instances of a workflow that waits for `tick` again
 and again each get `--signals` signals, then `--plain` one-step workflows are started; then an in-process
 worker of 8 slots starts and the script prints how long until every one-step workflow completed and until
 every signal was applied. `--hot 5 --signals 1000` is a burst on a few instances; `--hot 1000 --signals 5`

@@ -1,7 +1,7 @@
 """Where an idle signal's time goes before its next step starts: a breakdown of the latency workload's
 "signal -> next step, idle" figure (issue 17's p99 <= 3 ms target).
 
-Not a test (pytest does not collect it): a diagnostic behind docs/performance.md. On a fresh database at
+Not a test (pytest does not collect it): a diagnostic behind docs/performance-history.md. On a fresh database at
 --admin-url, with an in-process worker of 8 slots, it starts one `bench_signal` instance at a time, waits
 until it waits, sends its signal and records, on this process's monotonic clock from the send:
 
@@ -21,7 +21,7 @@ the clock, so it follows their names.
 
 With --waiting, that many waiting instances are seeded (as the scale bench seeds them) and analyzed
 after the worker has started and claimed on the empty database: the worker's connections then claim
-on tables that grew after their first claims ("The claim on its generic plan" in docs/performance.md).
+on tables that grew after their first claims ("The claim on its generic plan" in docs/performance-history.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The engine's Python a step, without a database: what the worker and the client spend per step and per
 start when no statement runs.
 
-Not a test (pytest does not collect it): a diagnostic behind docs/performance.md ("Less Python a step").
+Not a test (pytest does not collect it): a diagnostic behind docs/performance-history.md ("Less Python a step").
 `ab_throughput.py` measures the whole process on a real server, where a run's CPU a step commit moves by
 a few percent between runs; this takes the server out, so a change of one µs in the step's Python shows
 (three runs of one tree agree within about 1%). It runs the worker's segment loop (`Worker._segment`:

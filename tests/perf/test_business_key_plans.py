@@ -73,7 +73,7 @@ async def test_a_business_key_is_looked_up_after_other_calls_of_the_statement(da
     """A prepared statement (asyncpg's statement cache) takes its generic plan after five custom ones when
     that costs less than their average, and a generic plan cannot drop a `($n IS NULL OR col = $n)` filter
     nor use col's index for it. On one connection, after six lists or counts without a business key, a
-    list or count by a business key must still be a lookup (docs/performance.md, "Listings on their custom
+    list or count by a business key must still be a lookup (docs/performance-history.md, "Listings on their custom
     plans"): the management API's counts read 2,209 pages for it on their generic plan."""
     conn = await asyncpg.connect(database_url)
     try:

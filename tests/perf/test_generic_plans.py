@@ -1,5 +1,5 @@
 """No named query of the store reads a whole queue index to find a few commands, on the plans a database
-analyzed with an empty queue gives it (docs/performance.md, "Lookups by id"). `generic_plans.py` is the
+analyzed with an empty queue gives it (docs/performance-history.md, "Lookups by id"). `generic_plans.py` is the
 audit; this runs it over every named query, so a new one is checked without a workload that sends it."""
 
 from __future__ import annotations

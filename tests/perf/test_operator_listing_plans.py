@@ -5,7 +5,7 @@ Each filter is written `($n IS NULL OR col = $n)`. A prepared statement (asyncpg
 its generic plan after five custom ones when that costs less than their average, and a generic plan can
 use no index for such a filter. The external-task list and the stranded report did (migration 0066 moved
 them into functions planned on every call); the others here kept their custom plans, and this holds them
-to it (docs/performance.md, "Listings on their custom plans"). Measured as the pages the plan touches
+to it (docs/performance-history.md, "Listings on their custom plans"). Measured as the pages the plan touches
 (auto_explain, BUFFERS): after six calls without the filter, the call with it may read little more than on
 a fresh connection.
 """

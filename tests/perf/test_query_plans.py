@@ -204,7 +204,7 @@ async def queue_walks(database_url: str) -> list[str]:
 
 def whole_index_scans(plans: list[dict[str, Any]], walks: list[str]) -> list[str]:
     """'<index>: <query text>' for every index scan on commands that reads a whole index, or all of a queue,
-    to find a few rows (docs/performance.md, "Lookups by id"): one with no index condition; one whose only
+    to find a few rows (docs/performance-history.md, "Lookups by id"): one with no index condition; one whose only
     condition is on `id`, the first column of the primary key alone; one through a queue walk's index by a
     statement that is not such a walk (`walks`: the sources of those that are, from `queue_walks`); any
     through a RETIRED index; any through ROUTED but by a queue walk (the claim reads it)."""
@@ -331,8 +331,8 @@ async def test_guard_fails_without_the_claim_indexes(seeded: str) -> None:
 
 async def test_no_statement_is_compiled_by_jit(seeded: str) -> None:
     """With a million waiting instances the claim's estimated cost passed jit_above_cost and each claim
-    spent ~55 ms compiling (docs/performance.md); the threshold is lowered to 0 here so that every plan
-    passes it, as the claim's did: the store's connections must compile none."""
+    spent ~55 ms compiling (docs/performance-history.md, "Scale, round 2"); the threshold is lowered to 0 here
+    so that every plan passes it, as the claim's did: the store's connections must compile none."""
     conn = await asyncpg.connect(seeded)
     try:
         if not await conn.fetchval("SELECT pg_jit_available()"):
@@ -351,7 +351,7 @@ async def test_the_claim_keeps_its_generic_plan_as_the_queue_grows(database_url:
     """PostgreSQL keeps a prepared statement's generic plan only while it costs less than the average of
     the custom plans the connection ever made for it, and a claim's estimated cost grows with the queue:
     a connection whose first claims found the queue empty planned every claim anew (about 1 ms each) once
-    a backlog had arrived and been analyzed (docs/performance.md, "The claim on its generic plan"). The
+    a backlog had arrived and been analyzed (docs/performance-history.md, "The claim on its generic plan"). The
     claim's function runs it on its generic plan, whose clock CTE outputs the claim's parameters where a
     custom plan outputs their values."""
     await _explain_everything(database_url, verbose=True)

@@ -1,5 +1,5 @@
 """The row triggers a plain step commit consults, listed: each costs the parse of its WHEN on every
-commit (docs/performance.md, "Trigger conditions"; `tests/perf/trigger_conditions.py` measures them)."""
+commit (docs/performance-history.md, "Trigger conditions"; `tests/perf/trigger_conditions.py` measures them)."""
 
 from __future__ import annotations
 

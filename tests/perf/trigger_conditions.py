@@ -1,6 +1,6 @@
 """What each enabled row trigger of the step commit's tables adds to a one-row statement.
 
-Not a test (pytest does not collect it): the harness behind "Trigger conditions" in docs/performance.md.
+Not a test (pytest does not collect it): the harness behind "Trigger conditions" in docs/performance-history.md.
 PostgreSQL reads a trigger's WHEN back from its stored form and prepares it once per statement, and a
 step commit writes one row per statement, so that cost is paid on every commit. For each enabled
 trigger of instances, positions, commands and history, this copies the table's columns (no

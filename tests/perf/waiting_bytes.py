@@ -1,7 +1,7 @@
 """Bytes on disk per waiting instance, by relation, of whichever stepstone is importable.
 
 Not a test (pytest does not collect it): the harness behind "Waiting rows fill more of their pages" in
-docs/performance.md. It makes a fresh database on the server at --admin-url, migrates it, runs --setup
+docs/performance-history.md. It makes a fresh database on the server at --admin-url, migrates it, runs --setup
 (SQL, e.g. `ALTER TABLE stepstone.instances SET (fillfactor = 70)` to measure another layout on the same
 code), seeds 1,000 waiting instances as `stepstone bench`'s scale workload does (`seed_waiting`), then
 --count more, and prints each relation's growth per instance (heap, TOAST and every index), largest

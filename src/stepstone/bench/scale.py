@@ -115,7 +115,7 @@ async def measure(ctx: BenchContext, urls: dict[int, str], q: dict[str, str]) ->
     round measured alone says as much about its minute, and its connection, as about its size: on the
     same tables the empty claim's median (about 0.2 ms) moved by 15-50% from one round to the next, and
     measuring 1,000 waiting first and a million after the seed read +126% in one full run and -1% in
-    another (docs/performance.md, "Scale, measured in alternating rounds").
+    another (docs/performance-history.md, "Scale, measured in alternating rounds").
     """
     samples: dict[int, dict[str, list[float]]] = {size: {"claim": [], "commit": [], "empty": [], "wal": []}
                                                   for size in urls}

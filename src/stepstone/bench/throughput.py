@@ -3,7 +3,7 @@ worker processes). Starters keep at most a window of unfinished workflows outsta
 finished lets the next start, so the engine runs saturated but never builds an unbounded backlog.
 There is one starter per worker slot: the slots a group commit frees all at once are refilled at
 once. With 4 starters for 8 slots the arrivals came in fours, and the worker's claims and group
-commits followed them (4 to 6.7 step commits a statement against 8 with 8 starters; docs/performance.md,
+commits followed them (4 to 6.7 step commits a statement against 8 with 8 starters; docs/performance-history.md,
 "A starter for every slot").
 """
 

@@ -8,7 +8,7 @@ float, so a text with 19 digits in a row (every integer from 10**18 up has them)
 so does a text orjson refuses (NaN, an unpaired surrogate, a number beyond a double). The run is found
 with `bytes.translate` and `find`, a few µs for 16 KB; a regular expression cost as much as orjson saved.
 For a map's state of 16 KB: 77 against 352 µs a decode; for 100 bytes, 0.55 against 1.3 µs
-(docs/performance.md, "Large states: decoded by orjson, compared in C").
+(docs/performance-history.md, "Large states: decoded by orjson, compared in C").
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def claimed(workflow: str, command: CommandView, now: datetime | None = None,
 class _Seen:
     """One step attempt or one commit under observation: the `with` block of `step` and `commit`. A
     class rather than a generator-based manager: both run on every step, and the generator and its
-    wrapper cost about 1 µs each time (docs/performance.md, "Less Python a step")."""
+    wrapper cost about 1 µs each time (docs/performance-history.md, "Less Python a step")."""
 
     __slots__ = ("_began", "_end", "_failure", "_fields", "_spans", "_token", "outcome", "span")
 

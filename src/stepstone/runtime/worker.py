@@ -52,7 +52,7 @@ _COALESCE_CLAIMS = 0.002
 the claim loop waits this long once before claiming, so that segments ending at about the same time go
 out in one claim. Without it a saturated worker fell, in some runs, into claiming one or two commands at
 a time (0.3-0.5 claim statements a three-step workflow instead of 0.25), and stayed there
-(docs/performance.md, "Claims that wait for a second slot"). A worker with few slots, or one that is not
+(docs/performance-history.md, "Claims that wait for a second slot"). A worker with few slots, or one that is not
 saturated, never waits."""
 
 log = logging.getLogger("stepstone.worker")
@@ -320,7 +320,7 @@ class Worker:
         then whenever one has doubled since, until each was analyzed with 100,000 rows. The plans a young
         database's statements keep are made for the size its tables had at the last ANALYZE; autovacuum's
         comes within its nap time (a minute by default), and until then a claim read and sorted the whole
-        backlog, or read all of `commands` to re-check the few it took (docs/performance.md, "Plans made
+        backlog, or read all of `commands` to re-check the few it took (docs/performance-history.md, "Plans made
         on empty tables", "Plans of a young database")."""
         while True:
             await asyncio.sleep(self.config.statistics_interval)
@@ -565,7 +565,7 @@ class Worker:
         state_version: int,
     ) -> Committed | None:
         # While the commit that ends a segment is in flight its slot counts as free: the next claim goes
-        # out beside that commit instead of one round trip after it (docs/performance.md, "Claims beside
+        # out beside that commit instead of one round trip after it (docs/performance-history.md, "Claims beside
         # the last commit"); what it claims starts once this segment gives the slot back (`_slots`).
         ending = decision.continuation is None
         segment = self._segments.get((claim.instance.id, claim.instance.position))

@@ -3,7 +3,7 @@
 asyncpg's `Pool.fetch` acquires a connection, runs the statement and releases it, and the release
 goes through `asyncio.shield`, a task of its own that runs in a later pass of the event loop. That is
 about 40 µs of CPU and 40 µs of waiting on every statement of the hot path (one-at-a-time `SELECT 1`
-here: 135-150 µs a call through the pool against 95-106 µs on the connection; docs/performance.md, "A
+here: 135-150 µs a call through the pool against 95-106 µs on the connection; docs/performance-history.md, "A
 connection kept out of the pool"). The store's calls come one at a time more often than not (the
 group committer sends one commit statement at a time, a lone caller starts one instance at a time),
 so the first call takes a connection from the pool and keeps it; the next call that finds it idle runs

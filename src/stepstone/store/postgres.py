@@ -49,7 +49,7 @@ STATISTICS_ROWS = 1_000
 
 YOUNG_STATISTICS_TARGET = 10
 """The statistics target of the worker's ANALYZE of a young table (`refresh_statistics`); PostgreSQL's
-default is 100 (docs/performance.md, "Smaller samples for young tables")."""
+default is 100 (docs/performance-history.md, "Smaller samples for young tables")."""
 
 STATISTICS_SETTLED = 100_000
 """A hot table last analyzed with this many rows is left to autovacuum, whose re-analysis after a tenth

@@ -3673,7 +3673,7 @@ END $$;
 --
 -- start_instance: the dedup row, instance, root position, START command and history row in one
 -- statement instead of five. db_now: plpgsql, so its plan is kept for the session (the claim reads it
--- once per statement now, see queries.sql). docs/performance.md ("Commit path, round 2") has the
+-- once per statement now, see queries.sql). docs/performance-history.md ("Commit path, round 2") has the
 -- measurements that chose these shapes.
 
 -- start_instance changes here; its one definition is in the version 1 section.
@@ -4221,7 +4221,7 @@ $$;
 -- for each row as for a single start. Flow limits stay per row: a constraint trigger cannot be
 -- replaced in place (CREATE OR REPLACE refuses it, and migrations do not DROP), so flow_on_start only
 -- reads the clock after it found a limit. Measured on the local PostgreSQL 15 (10,000 starts in one
--- statement): the four triggers took 300 of 650 ms (docs/performance.md, "Batch starts").
+-- statement): the four triggers took 300 of 650 ms (docs/performance-history.md, "Batch starts").
 
 -- The admission check of instances_admit_pin, callable once for a batch: the scope whose registration
 -- the pin uses (the instance's own or 'default'), NULL when the workflow is registered nowhere (an
@@ -4388,8 +4388,9 @@ END $$;
 -- Commands fill their pages. Their rows are never updated in place (HOT): every claim and settle
 -- changes `state`, which the queue's partial indexes read, so the 30% of each page that fillfactor 70
 -- kept free for such updates was never used (0 of 8,800 command updates HOT after 2,000 three-step
--- workflows, docs/performance.md), and a waiting instance's settled START and pending TIMER carried
--- that slack on disk. New pages are filled; existing ones keep their layout until rewritten.
+-- workflows, docs/performance-history.md, "Hot-path changes and their measured effect"), and a waiting
+-- instance's settled START and pending TIMER carried that slack on disk. New pages are filled; existing
+-- ones keep their layout until rewritten.
 ALTER TABLE {{schema}}.commands SET (fillfactor = 100);
 
 -- ==== version 25 (migration 0025_migration_keeps_join_progress) ====
@@ -4457,7 +4458,7 @@ CREATE TRIGGER commands_notify_requeued
 -- ==== version 31 (migration 0031_waiting_rows_fill_pages) ====
 -- Waiting instances fill more of their pages: a fifth of each page left free still holds one more version
 -- of any row kept in line (none is above about 2 KB), so updates stay HOT as often as at fillfactor 70,
--- and the rest of the slack no longer follows every waiting instance on disk (docs/performance.md,
+-- and the rest of the slack no longer follows every waiting instance on disk (docs/performance-history.md,
 -- "Waiting rows fill more of their pages").
 ALTER TABLE {{schema}}.instances SET (fillfactor = 80);
 ALTER TABLE {{schema}}.positions SET (fillfactor = 80);

@@ -6,7 +6,7 @@
 -- then may read that whole index instead of the key's: whenever the last ANALYZE found the queue
 -- empty, the index looks free, however much it holds now (a backlog that came after it, or the entries
 -- of every claim since the last vacuum). `IS TRUE` means the same in a WHERE clause and proves nothing,
--- so only the claim's ordered walks use those indexes (docs/performance.md, "Lookups by id"; migration
+-- so only the claim's ordered walks use those indexes (docs/performance-history.md, "Lookups by id"; migration
 -- 0028 does the same in the commit path). A lookup of one instance's or one position's queued commands
 -- names the states of commands_position_queue, the index it should read, and narrows them with IS TRUE.
 -- The walks of ready work turn this round: commands_ready's predicate is
@@ -19,7 +19,7 @@
 -- definitions $4 when given. The statement is in the function (migration 0036): its plan must be the
 -- generic one on every call, which only a function's own plan_cache_mode can promise, since PostgreSQL
 -- otherwise weighs each new generic plan against every custom plan the connection ever made
--- (docs/performance.md, "The claim on its generic plan").
+-- (docs/performance-history.md, "The claim on its generic plan").
 SELECT * FROM {{schema}}.claim_heads($1, $2, $3, $4);
 
 -- name: commit_many
@@ -168,7 +168,7 @@ SELECT EXTRACT(EPOCH FROM (LEAST(
 -- planner takes it for nearly empty, and the claim's cached plan read and sorted the whole backlog; a
 -- table analyzed small and grown since keeps plans made for its old size: with `commands` analyzed at
 -- 300 rows, the claim's re-check of the commands it takes read the whole table (a sequential scan,
--- 1.5 ms a claim at 6,000 rows) until the next ANALYZE (docs/performance.md, "Plans made on empty
+-- 1.5 ms a claim at 6,000 rows) until the next ANALYZE (docs/performance-history.md, "Plans made on empty
 -- tables", "Plans of a young database"). Autovacuum re-analyzes after a tenth of a table has changed,
 -- but only once per nap time (a minute), in which a young table can grow tenfold.
 -- `due` names them as regclass prints a name (quoted where needed, qualified unless on the search path)
@@ -178,7 +178,7 @@ SELECT EXTRACT(EPOCH FROM (LEAST(
 -- proxy did) loses the statistics it wrote but keeps last_analyze, the reset count of changes and
 -- pg_class.reltuples, which are not transactional. Judged by those, the tables looked analyzed at
 -- their size, and a young database's claims read and sorted the whole backlog until autovacuum
--- analyzed it a minute later, or never with autovacuum off (docs/performance.md, "Statistics lost
+-- analyzed it a minute later, or never with autovacuum off (docs/performance-history.md, "Statistics lost
 -- with their transaction"). A table analyzed empty has none either, and counted 0 rows.
 SELECT count(*) FILTER (WHERE t.young) AS young,
        COALESCE(array_agg(t.name ORDER BY t.name)

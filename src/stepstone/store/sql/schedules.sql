@@ -19,7 +19,7 @@ RETURNING (xmax = 0) AS created, next_fire_at;
 -- name: list_schedules
 -- Every schedule. One schedule by its name is schedule_row, a statement of its own: an optional filter
 -- (`$1 IS NULL OR name = $1`) lost its index once the prepared statement took its generic plan after
--- calls of the whole list (a scan of every schedule; docs/performance.md, "Listings on their custom plans").
+-- calls of the whole list (a scan of every schedule; docs/performance-history.md, "Listings on their custom plans").
 SELECT name, scope, definition_id, spec, input, paused, next_fire_at, last_tick, last_instance, fired, skipped,
        created_at, updated_at
 FROM {{schema}}.schedules ORDER BY name;
