@@ -39,6 +39,8 @@ from stepstone.store.outbox import StagedEvent
 __all__ = ["NatsJetStreamPublisher", "nats_publisher", "stream_subjects"]
 
 DEFAULT_SUBJECT = "stepstone.{type}"
+PROBE_SECONDS = 2
+"""How long a PING waits for its PONG when a PubAck did not come: no PONG is the broker unreachable."""
 _STREAM_NAME = re.compile(r"[^\s.*>/\\]+")  # JetStream: no whitespace, '.', '*', '>' or path separator
 _UNREACHABLE = (nats_errors.ConnectionClosedError, nats_errors.ConnectionReconnectingError,
                 nats_errors.ConnectionDrainingError, nats_errors.NoServersError, nats_errors.StaleConnectionError,
@@ -111,6 +113,9 @@ class NatsJetStreamPublisher:
         js = await self._connect()
 
         async def send(event: StagedEvent) -> PublishResult:  # noqa: PLR0911 - one return per broker answer
+            if self._js is not js:  # the connection stopped answering during this batch
+                return PublishResult.transient(f"{self.name}: not sent, the connection stopped answering",
+                                               attempted=False)
             headers = {"Nats-Msg-Id": event.event_id, **headers_of(event)}
             try:
                 await js.publish(self.routing.target(event), body_of(event), timeout=self.timeout, headers=headers)
@@ -123,15 +128,33 @@ class NatsJetStreamPublisher:
             except js_errors.APIError as exc:
                 return PublishResult.refused(f"JetStream refused it: {exc}")
             except (nats_errors.TimeoutError, TimeoutError):
+                if not await self._answers(js):
+                    return PublishResult.transient(f"{self.name}: no PubAck, and no answer to a PING within "
+                                                   f"{PROBE_SECONDS:g} s", attempted=False)
                 return PublishResult.transient("no PubAck within the timeout")
             except _UNREACHABLE as exc:
                 return PublishResult.transient(f"{self.name}: {type(exc).__name__}", attempted=False)
             return PublishResult.OK
 
         results = await publish_in_lanes(batch, send, concurrency=self.concurrency)
-        if self._nc is None or not self._nc.is_connected:
+        if self._nc is None or not self._nc.is_connected or self._js is not js:
             await self._drop()  # reconnect on the next batch
         return results
+
+    async def _answers(self, js: JetStreamContext) -> bool:
+        """Whether the server still answers on this connection (a PING's PONG), asked when a PubAck did not
+        come. A connection that forwards nothing (a partition, a hung server) is the broker unreachable: no
+        attempt is counted, and the connection is dropped so the next batch connects again."""
+        nc = self._nc
+        if nc is None or self._js is not js:
+            return False
+        try:
+            await nc.flush(timeout=PROBE_SECONDS)
+        except (*_UNREACHABLE, nats_errors.TimeoutError, TimeoutError):
+            if self._js is js:
+                self._js = None  # publish() drops it once the batch is done
+            return False
+        return True
 
     async def close(self) -> None:
         await self._drop()

@@ -11,6 +11,7 @@ message no queue is bound for comes back (mandatory) and is refused, a nack is a
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import weakref
@@ -41,6 +42,9 @@ __all__ = ["RabbitMqPublisher", "amqp_publisher"]
 log = logging.getLogger("stepstone.outbox.rabbitmq")
 
 DEFAULT_EXCHANGE = "stepstone"
+PROBE_SECONDS = 2.0
+"""How long the broker has to answer on the connection when a confirm did not come: no answer is the
+broker unreachable."""
 DEFAULT_ROUTING_KEY = "{type}"
 _OURS = ("exchange", "routing_key", "concurrency")
 _CLIENTS = frozenset({  # what aiormq and aio_pika read from the URL's query: passed on to them
@@ -140,7 +144,10 @@ class RabbitMqPublisher:
     async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
         exchange = await self._connect()
 
-        async def send(event: StagedEvent) -> PublishResult:
+        async def send(event: StagedEvent) -> PublishResult:  # noqa: PLR0911 - one return per broker answer
+            if self._exchange is not exchange:  # the connection stopped answering during this batch
+                return PublishResult.transient(f"{self.name}: not sent, the connection stopped answering",
+                                               attempted=False)
             headers: dict[str, Any] = dict(headers_of(event))
             message = aio_pika.Message(
                 body_of(event), headers=headers, message_id=event.event_id, type=event.type,
@@ -153,15 +160,36 @@ class RabbitMqPublisher:
             except aiormq.exceptions.DeliveryError as exc:
                 return PublishResult.transient(f"nacked: {exc}")
             except TimeoutError:
+                if not await self._answers(exchange):
+                    return PublishResult.transient(f"{self.name}: no publisher confirm, and no answer on the "
+                                                   f"connection within {PROBE_SECONDS:g} s", attempted=False)
                 return PublishResult.transient("no publisher confirm within the timeout")
             except _UNREACHABLE as exc:
                 return PublishResult.transient(f"{self.name}: {type(exc).__name__}", attempted=False)
             return PublishResult.OK
 
         results = await publish_in_lanes(batch, send, concurrency=self.concurrency)
-        if self._channel is None or self._channel.is_closed:
+        if self._channel is None or self._channel.is_closed or self._exchange is not exchange:
             await self._drop()
         return results
+
+    async def _answers(self, exchange: AbstractExchange) -> bool:
+        """Whether the broker still answers on this channel (a passive declaration of the exchange), asked
+        when a confirm did not come. A connection that forwards nothing (a partition, a hung node) is the
+        broker unreachable: no attempt is counted, and the connection is dropped for the next batch."""
+        channel = self._channel
+        if channel is None or self._exchange is not exchange:
+            return False
+        try:
+            async with asyncio.timeout(PROBE_SECONDS):
+                await channel.declare_exchange(self.exchange_name, passive=True)
+        except (*_UNREACHABLE, TimeoutError):
+            if self._exchange is exchange:
+                self._exchange = None  # publish() drops the connection once the batch is done
+            return False
+        except aiormq.exceptions.AMQPError:  # an answer, whatever it says
+            return True
+        return True
 
     async def close(self) -> None:
         await self._drop()

@@ -10,6 +10,7 @@ acknowledged when Redis answers it, so durability is whatever the server's persi
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +35,9 @@ __all__ = ["RedisStreamsPublisher", "redis_publisher"]
 
 DEFAULT_STREAM = "stepstone:{category}"
 DEFAULT_MAXLEN = 1_000_000
+PROBE_SECONDS = 2.0
+"""How long the PING before each batch waits for Redis: the client's own socket timeout, retried, outlived
+half the relay's lease on a connection that no longer forwarded anything, and the batch counted attempts."""
 _TRANSIENT_REPLIES = ("OOM", "BUSY", "LOADING", "READONLY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
 
 
@@ -54,7 +58,10 @@ class RedisStreamsPublisher:
 
     async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
         try:
-            await self.client.ping()
+            async with asyncio.timeout(PROBE_SECONDS):
+                await self.client.ping()
+        except TimeoutError as exc:  # redis-py's own TimeoutError is no subclass of it
+            raise BrokerUnavailable(f"{self.name}: no answer to PING within {PROBE_SECONDS:g} s") from exc
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
             raise BrokerUnavailable(f"{self.name}: {exc}") from exc
 
