@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from stepstone.external import ExternalTasks
-from stepstone.external.http import create_app
+from stepstone.external.http import MAX_BODY_BYTES, create_app
 from stepstone.testing import Engine, open_engine
 from tests.external import workflows
 from tests.external.workflows import payment, shipping
@@ -123,3 +123,29 @@ async def test_the_list_pages_oldest_first(engine: Engine, http: httpx.AsyncClie
     assert len(seen) == 3 and seen == [t["id"] for t in whole["tasks"]] and whole["next_cursor"] is None
     bad = await http.get("/external-tasks", params={"cursor": "bm90IGEgY3Vyc29y"})
     assert (bad.status_code, bad.json()["error"]) == (400, "invalid_input"), bad.text
+
+
+async def test_a_body_over_the_limit_is_refused_as_it_arrives(engine: Engine, http: httpx.AsyncClient) -> None:
+    """The whole body was read into memory before its size was looked at (any size a client sent, with a
+    token or on a server without one), and then answered as bad input (400)."""
+    declared = await http.post("/external-tasks/fetch-and-lock", content=b" " * (MAX_BODY_BYTES + 1))
+    assert declared.status_code == 413 and declared.json()["error"] == "body_too_large"
+    chunk, chunks, read = b" " * 65536, 64, 0  # 4 MiB, sent without a Content-Length (chunked)
+
+    async def receive() -> dict[str, object]:
+        nonlocal read
+        read += 1
+        return {"type": "http.request", "body": chunk, "more_body": read < chunks}
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/external-tasks/fetch-and-lock", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "query_string": b"", "http_version": "1.1",
+             "scheme": "http", "server": ("test", 80), "client": ("127.0.0.1", 1)}
+    tasks = ExternalTasks(engine.store)
+    await create_app(tasks)(scope, receive, send)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 413
+    assert read <= MAX_BODY_BYTES // len(chunk) + 1, f"read {read} chunks of {chunks}: no more than the limit"

@@ -14,7 +14,8 @@ mount `create_app(tasks)` under a prefix.
 Errors are one JSON object `{"error": <kind>, "message": <one line>}` with a status that says what
 to do: 400 bad input, 401 no or wrong bearer token, 404 no such task (or path: `not_found`), 405 a
 method the path does not take (`method_not_allowed`), 409 the lock token was refused (`error` is
-lock_lost, lock_expired, not_open or not_awaited), 503 the database cannot be reached.
+lock_lost, lock_expired, not_open or not_awaited), 413 a body over 1 MiB (`body_too_large`), 503 the
+database cannot be reached.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from starlette.routing import Route
 
 from stepstone._waiting import cancel_and_wait
 from stepstone.core import json_text
-from stepstone.errors import InvalidInput, NotFound, StepstoneError, TaskLockRefused, Unavailable
+from stepstone.errors import InvalidInput, NotFound, PayloadTooLarge, StepstoneError, TaskLockRefused, Unavailable
 from stepstone.external.tasks import ExternalTasks, LockedTask
 
 __all__ = ["create_app"]
@@ -56,6 +57,8 @@ def _translated(exc: StepstoneError) -> JSONResponse:
                             status_code=409)
     if isinstance(exc, NotFound):
         return _error(404, "not_found", str(exc))
+    if isinstance(exc, PayloadTooLarge) and exc.what == "body":
+        return _error(413, "body_too_large", str(exc))
     if isinstance(exc, InvalidInput):
         return _error(400, "invalid_input", str(exc))
     if isinstance(exc, Unavailable):
@@ -110,9 +113,18 @@ async def _unless_gone(request: Request, work: Awaitable[list[LockedTask]]) -> l
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise InvalidInput(f"request body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}", what="body")
+    """The request's JSON object, read no further than MAX_BODY_BYTES: a larger body is refused by its
+    Content-Length before any of it is read, or as it arrives when it has none (chunked)."""
+    too_large = PayloadTooLarge(f"the request body exceeds the limit of {MAX_BODY_BYTES:,} bytes", what="body")
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        raise too_large
+    buffer = bytearray()
+    async for chunk in request.stream():
+        buffer += chunk
+        if len(buffer) > MAX_BODY_BYTES:
+            raise too_large
+    raw = bytes(buffer)
     if not raw.strip():
         return {}
     try:
