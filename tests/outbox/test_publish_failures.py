@@ -14,9 +14,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from stepstone.outbox.publisher import PublishResult, publish_in_lanes
+from stepstone.outbox.publisher import PublishResult, open_publisher, publish_in_lanes
 from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
+from tests.outbox.brokers import Kind
 from tests.outbox.conftest import first_claim, past_the_horizon, stage
 
 
@@ -345,3 +346,24 @@ async def test_a_rabbitmq_connection_the_broker_closes_is_said_in_one_line(
     said = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [(r.name, r.levelname, r.exc_info) for r in said] == [("stepstone.outbox.rabbitmq", "WARNING", None)]
     assert "(320 CONNECTION_FORCED - closed by the test); it connects again" in said[0].getMessage()
+
+
+async def test_a_target_the_client_can_never_send_to_is_refused_at_once(
+    kind: Kind, conn: asyncpg.Connection, outbox: PostgresOutbox
+) -> None:
+    """A routing template with `{key}` can make a target the broker's client will not send: a NATS subject
+    with a space (BadSubjectError), a RabbitMQ routing key over 255 bytes (TypeError while encoding). Each
+    was counted a transient failure and sent again, its key held, until max_attempts dead-lettered it."""
+    routes = {"nats": (f"{kind.tag}.ev.{{key}}", "a b"), "rabbitmq": ("ev.{key}", "k" * 256)}
+    if kind.name not in routes:
+        pytest.skip("only NATS subjects and RabbitMQ routing keys have a form their client refuses")
+    template, bad = routes[kind.name]
+    staged = await stage(conn, [bad, "good", bad])
+    publisher = open_publisher(kind.url, routing=template)
+    try:
+        assert await first_claim(Relay(outbox, publisher, RelayConfig(retry_base=60))) == 1
+    finally:
+        await publisher.close()
+    rows = await outbox.unpublished()
+    assert [(r.id, r.attempts, r.state) for r in rows] == [(staged[0][0], 1, "dead"), (staged[2][0], 0, "pending")]
+    assert (rows[0].last_error or "").startswith("refused"), rows[0].last_error

@@ -119,6 +119,8 @@ class NatsJetStreamPublisher:
             headers = {"Nats-Msg-Id": event.event_id, **headers_of(event)}
             try:
                 await js.publish(self.routing.target(event), body_of(event), timeout=self.timeout, headers=headers)
+            except nats_errors.BadSubjectError:  # the client's own check: never sent, and never will be
+                return PublishResult.refused(f"{self.routing.target(event)!r} is no NATS subject (no whitespace)")
             except (nats_errors.NoRespondersError, js_errors.NoStreamResponseError):
                 return PublishResult.refused(f"no JetStream stream captures subject {self.routing.target(event)!r}")
             except nats_errors.MaxPayloadError as exc:

@@ -42,6 +42,7 @@ __all__ = ["RabbitMqPublisher", "amqp_publisher"]
 log = logging.getLogger("stepstone.outbox.rabbitmq")
 
 DEFAULT_EXCHANGE = "stepstone"
+MAX_ROUTING_KEY_BYTES = 255
 PROBE_SECONDS = 2.0
 """How long the broker has to answer on the connection when a confirm did not come: no answer is the
 broker unreachable."""
@@ -148,12 +149,16 @@ class RabbitMqPublisher:
             if self._exchange is not exchange:  # the connection stopped answering during this batch
                 return PublishResult.transient(f"{self.name}: not sent, the connection stopped answering",
                                                attempted=False)
+            routing_key = self.routing.target(event)
+            if len(routing_key.encode()) > MAX_ROUTING_KEY_BYTES:  # AMQP's short string: the client cannot send it
+                return PublishResult.refused(f"routing key of {len(routing_key.encode())} bytes exceeds AMQP's "
+                                             f"{MAX_ROUTING_KEY_BYTES}: {routing_key[:60]!r}...")
             headers: dict[str, Any] = dict(headers_of(event))
             message = aio_pika.Message(
                 body_of(event), headers=headers, message_id=event.event_id, type=event.type,
                 content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
             try:
-                await exchange.publish(message, routing_key=self.routing.target(event), mandatory=True,
+                await exchange.publish(message, routing_key=routing_key, mandatory=True,
                                        timeout=self.timeout)
             except aiormq.exceptions.PublishError as exc:
                 return PublishResult.refused(f"returned unroutable: {exc}")
