@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stepstone.errors import ConfigError, UnknownBroker
-from stepstone.outbox.publisher import ENTRY_POINT_GROUP, InMemoryPublisher, Routing, open_publisher
+from stepstone.outbox.publisher import ENTRY_POINT_GROUP, InMemoryPublisher, PublishResult, Routing, open_publisher
 from stepstone.store.outbox import StagedEvent
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "stepstone"
@@ -68,28 +69,46 @@ def test_routing_fields() -> None:
     assert Routing("s:{category}:{type}:{key}").target(event) == "s:order:order.shipped:o-1"
 
 
-async def test_a_webhook_url_takes_each_field_as_one_percent_encoded_segment() -> None:
-    """A key went into the URL as it was: `../../admin` posted to /admin, `k#f` to /hooks/k, `k?q=1` added a
-    query; the receiver could not tell the event's key, and a key could aim the event at another endpoint."""
+async def to_webhook(template: str, keys: list[str]) -> tuple[list[PublishResult], Any]:
+    """One event of type `order.shipped` per key, posted through `template` to a local receiver: the
+    publisher's results and the receiver (its `paths` and `received`)."""
     from datetime import UTC, datetime  # noqa: PLC0415
 
     from tests.outbox.brokers import _webhook  # noqa: PLC0415
 
-    kind = _webhook("paths")
+    kind = _webhook("keys")
     try:
-        publisher = open_publisher(kind.base_url + "/hooks/{type}/{key}")
-        keys = ["../../admin", "k#f", "k?q=1", "a b", "p%41"]
+        publisher = open_publisher(kind.base_url + template)
         now = datetime.now(UTC)
         batch = [StagedEvent(n, f"e{n}", "i", "order.shipped", key, {}, now) for n, key in enumerate(keys)]
         try:
-            assert all(r.outcome.value == "ok" for r in await publisher.publish(batch))
+            return await publisher.publish(batch), kind.extra["server"]
         finally:
             await publisher.close()
-        assert sorted(kind.extra["server"].paths) == sorted([
-            "/hooks/order.shipped/..%2F..%2Fadmin", "/hooks/order.shipped/k%23f", "/hooks/order.shipped/k%3Fq%3D1",
-            "/hooks/order.shipped/a%20b", "/hooks/order.shipped/p%2541"])
     finally:
         await kind.cleanup()
+
+
+async def test_a_webhook_url_takes_each_field_as_one_percent_encoded_segment() -> None:
+    """A key went into the URL as it was: `../../admin` posted to /admin, `k#f` to /hooks/k, `k?q=1` added a
+    query; the receiver could not tell the event's key, and a key could aim the event at another endpoint."""
+    results, server = await to_webhook("/hooks/{type}/{key}", ["../../admin", "k#f", "k?q=1", "a b", "p%41"])
+    assert all(r.outcome.value == "ok" for r in results)
+    assert sorted(server.paths) == sorted([
+        "/hooks/order.shipped/..%2F..%2Fadmin", "/hooks/order.shipped/k%23f", "/hooks/order.shipped/k%3Fq%3D1",
+        "/hooks/order.shipped/a%20b", "/hooks/order.shipped/p%2541"])
+
+
+async def test_a_webhook_delivers_an_event_whose_key_no_header_can_carry() -> None:
+    """A key a header cannot carry as it is (non-ASCII such as `café`, a line break, spaces around it) made
+    the HTTP client refuse every POST of its event (UnicodeEncodeError, LocalProtocolError), each counted as
+    a transient failure, so the event could never be delivered: it held its key until it was dead-lettered,
+    and a requeue failed the same way. The envelope in the body carries the key; the header is left out."""
+    keys = ["café", "a\r\nb", " sp ", "plain", "inner space"]
+    results, server = await to_webhook("/hooks/{key}", keys)
+    assert [r.outcome.value for r in results] == ["ok"] * len(keys), [r.error for r in results]
+    header = {body["key"]: key for _, key, body, _ in server.received}
+    assert header == {"café": None, "a\r\nb": None, " sp ": None, "plain": "plain", "inner space": "inner space"}
 
 
 def test_broker_url_from_flag_env_or_pyproject(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ A field's value is percent-encoded into the URL: an event keyed ``../admin`` or 
 ``/events/..%2Fadmin`` or ``/events/a%23b``, never to another path or without its fragment.
 
 The body is the JSON envelope; the headers carry ``Idempotency-Key: <event id>`` (the receiver's dedup
-id), the event type, key and instance, and ``traceparent`` / ``tracestate`` when the event has them.
+id), the event type, key and instance, and ``traceparent`` / ``tracestate`` when the event has them; a
+value no header carries as it is (a key such as ``café``) is left out of them, the envelope has it.
 A 2xx answer acknowledges the event; 408, 425, 429 and 5xx are transient; any other status refuses it
 for good (dead-lettered until requeued); a connection that fails counts no attempt.
 
@@ -18,6 +19,7 @@ fragment, which no HTTP client sends: ``https://hooks.example.com/events/{type}#
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -40,6 +42,10 @@ from stepstone.store.outbox import StagedEvent
 __all__ = ["WebhookPublisher", "webhook_publisher"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+_HEADER_VALUE = re.compile(r"([\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?)?")
+"""A value HTTP carries as it is: visible ASCII, spaces inside only. Another (a key such as `café`, with a
+line break or spaces around it) made the client refuse the POST, every time: it is left out of the
+headers, and the body's envelope carries it."""
 _OPTIONS = ("timeout", "concurrency")
 MAX_TIMEOUT = 3600.0
 """Seconds a POST may wait at most (`timeout`): the relay bounds a whole publish by half its lease anyway."""
@@ -62,7 +68,8 @@ class WebhookPublisher:
 
     async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
         async def send(event: StagedEvent) -> PublishResult:
-            headers = {"content-type": "application/json", "idempotency-key": event.event_id, **headers_of(event)}
+            headers = {"content-type": "application/json", "idempotency-key": event.event_id,
+                       **{name: value for name, value in headers_of(event).items() if _HEADER_VALUE.fullmatch(value)}}
             target = self.routing.target(event)
             try:
                 answer = await self.client.post(target, content=body_of(event), headers=headers)
