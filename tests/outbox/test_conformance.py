@@ -85,6 +85,25 @@ async def test_every_event_arrives_with_its_id_and_trace_context(kind: Kind, con
     assert (status.pending, status.dead) == (0, 0)
 
 
+async def test_a_key_reaches_the_broker_as_it_was_or_not_in_a_header(kind: Kind, conn: asyncpg.Connection,
+                                                                   outbox: PostgresOutbox) -> None:
+    """Where a broker's headers cannot carry a key as it is, the publisher leaves it out of them (the
+    envelope has it) rather than send another key: NATS's client trimmed ` sp ` to `sp` and turned a line
+    break into a space, so a consumer reading `stepstone-key` got a key no event has."""
+    keys = [" sp ", "a\nb", "café", "plain"]
+    staged = await stage(conn, keys)
+    publisher = open_publisher(kind.url)
+    try:
+        assert await publish_until(Relay(outbox, publisher), len(keys)) == len(keys)
+    finally:
+        await publisher.close()
+    given = {event_id: key for _, event_id, key in staged}
+    seen = {event_id: key for event_id, key, _ in await kind.read()}
+    assert seen.keys() == given.keys()
+    assert {e: k for e, k in seen.items() if k is not None and k != given[e]} == {}, "a key other than the event's"
+    assert seen[next(e for e, k in given.items() if k == "plain")] == "plain"
+
+
 class Gated:
     """Holds each publish until `release` is set, after signalling `entered`."""
 

@@ -28,9 +28,9 @@ from stepstone.outbox.publisher import (
     PublishResult,
     Routing,
     body_of,
-    headers_of,
     publish_in_lanes,
     query_options,
+    text_headers_of,
     whole_option,
 )
 from stepstone.store.database import redact_url
@@ -116,7 +116,7 @@ class NatsJetStreamPublisher:
             if self._js is not js:  # the connection stopped answering during this batch
                 return PublishResult.transient(f"{self.name}: not sent, the connection stopped answering",
                                                attempted=False)
-            headers = {"Nats-Msg-Id": event.event_id, **headers_of(event)}
+            headers = {"Nats-Msg-Id": event.event_id, **text_headers_of(event)}
             try:
                 await js.publish(self.routing.target(event), body_of(event), timeout=self.timeout, headers=headers)
             except nats_errors.BadSubjectError:  # the client's own check: never sent, and never will be

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import re
 import string
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -50,6 +51,7 @@ __all__ = [
     "publish_in_lanes",
     "publish_progress",
     "query_options",
+    "text_headers_of",
     "whole_option",
 ]
 
@@ -158,6 +160,17 @@ def headers_of(event: StagedEvent) -> dict[str, str]:
         if isinstance(value, str):
             headers[name] = value
     return headers
+
+
+_TEXT_HEADER_VALUE = re.compile(r"([\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?)?")
+
+
+def text_headers_of(event: StagedEvent) -> dict[str, str]:
+    """`headers_of`, for brokers whose headers are lines of text (HTTP, NATS): a value they carry as it is
+    (visible ASCII, spaces inside only), others left out; the envelope has them. A key such as `café`, with a
+    line break or spaces around it, was refused by the HTTP client on every POST, and NATS's client trimmed
+    it or made its line break a space: a consumer reading the header got a key no event has."""
+    return {name: value for name, value in headers_of(event).items() if _TEXT_HEADER_VALUE.fullmatch(value)}
 
 
 def query_options(url: str, ours: Collection[str], *, client: Collection[str] = ()) -> dict[str, str]:

@@ -19,7 +19,6 @@ fragment, which no HTTP client sends: ``https://hooks.example.com/events/{type}#
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -32,8 +31,8 @@ from stepstone.outbox.publisher import (
     PublishResult,
     Routing,
     body_of,
-    headers_of,
     publish_in_lanes,
+    text_headers_of,
     whole_option,
 )
 from stepstone.store.database import redact_url
@@ -42,10 +41,6 @@ from stepstone.store.outbox import StagedEvent
 __all__ = ["WebhookPublisher", "webhook_publisher"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
-_HEADER_VALUE = re.compile(r"([\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?)?")
-"""A value HTTP carries as it is: visible ASCII, spaces inside only. Another (a key such as `café`, with a
-line break or spaces around it) made the client refuse the POST, every time: it is left out of the
-headers, and the body's envelope carries it."""
 _OPTIONS = ("timeout", "concurrency")
 MAX_TIMEOUT = 3600.0
 """Seconds a POST may wait at most (`timeout`): the relay bounds a whole publish by half its lease anyway."""
@@ -69,7 +64,7 @@ class WebhookPublisher:
     async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
         async def send(event: StagedEvent) -> PublishResult:
             headers = {"content-type": "application/json", "idempotency-key": event.event_id,
-                       **{name: value for name, value in headers_of(event).items() if _HEADER_VALUE.fullmatch(value)}}
+                       **text_headers_of(event)}
             target = self.routing.target(event)
             try:
                 answer = await self.client.post(target, content=body_of(event), headers=headers)
