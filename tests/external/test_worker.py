@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from stepstone.errors import Unavailable
 from stepstone.external import BusinessError, ExternalTasks, ExternalWorker, LockedTask, TaskEnded
 from stepstone.testing import Engine, open_engine
 from tests.external import workflows
@@ -137,3 +138,37 @@ async def test_run_stops_when_asked(engine: Engine) -> None:
     stop.set()
     await asyncio.wait_for(running, 5)  # the long poll is given up at once
     await worker.tasks.close()
+
+
+async def test_a_round_whose_answer_fails_still_finishes_its_other_handlers(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer that failed (the database away for a moment) ended the round at once: the other handlers
+    of its fetch went on running with nobody awaiting them, beside the next round's fetch (more than
+    `max_tasks` at a time), their answers' errors never retrieved, and `run` returned while they ran."""
+    await _start(engine, 6, 7)
+    tasks = ExternalTasks(engine.store)
+    worker = ExternalWorker(tasks, "py-1")
+    release, failed = asyncio.Event(), asyncio.Event()
+    complete = tasks.complete
+
+    async def flaky(task_id: str, lock_token: str, variables: dict[str, Any] | None = None, **kw: Any) -> Any:
+        if variables == {"charge_id": "ch-6"}:
+            failed.set()
+            raise Unavailable("the database is away")
+        return await complete(task_id, lock_token, variables, **kw)
+
+    monkeypatch.setattr(tasks, "complete", flaky)
+
+    @worker.subscribe("payments")
+    async def charge(task: LockedTask) -> dict[str, Any]:
+        if task.payload["amount"] == 7:
+            await release.wait()
+        return {"charge_id": f"ch-{task.payload['amount']}"}
+
+    round_ = asyncio.create_task(worker.run_once())
+    await failed.wait()
+    release.set()
+    with pytest.raises(Unavailable):
+        await round_
+    assert worker.answered == 1, "the other handler ran to its answer before the round ended"

@@ -95,7 +95,12 @@ class ExternalWorker:
                 return 0
         locked = await fetch
         before = self.answered
-        await asyncio.gather(*(self._handle(task) for task in locked))
+        # Every handler of the round runs to its answer before the round ends: an answer that failed (the
+        # database away) is raised once all have, never leaving the others running unawaited.
+        outcomes = await asyncio.gather(*(self._handle(task) for task in locked), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return self.answered - before
 
     async def _handle(self, task: LockedTask) -> None:
