@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -256,6 +258,45 @@ async def test_a_nats_stream_that_overlaps_holds_the_events(
         await assert_held(conn, outbox, publisher, "overlap", caplog)
     finally:
         await kind.cleanup()
+
+
+@pytest.fixture
+async def nats_without_jetstream() -> AsyncIterator[str]:
+    """The URL of a NATS server of this test's own, started without JetStream (skipped with no nats-server)."""
+    binary = shutil.which("nats-server", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/bin")
+    if binary is None:
+        pytest.skip("no nats-server binary to start a server without JetStream")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = await asyncio.create_subprocess_exec(binary, "-a", "127.0.0.1", "-p", str(port),
+                                                  stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async def accepting() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        assert await past_the_horizon(accepting, bool), "the NATS server never accepted a connection"
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        await server.wait()
+
+
+@pytest.mark.parametrize("query", ["", "&stream=NOJS"])
+async def test_a_nats_server_without_jetstream_holds_the_events(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, caplog: pytest.LogCaptureFixture, nats_without_jetstream: str,
+    query: str,
+) -> None:
+    """A server started without JetStream (a configuration's mistake) answered every event "no JetStream
+    stream captures subject ...": the whole outbox was refused and dead-lettered at the first batch. With
+    `stream=`, its setup failed with JetStream's 503, which every batch counted as the events' attempt."""
+    publisher = open_publisher(f"{nats_without_jetstream}?subject=t.{{type}}{query}")
+    await assert_held(conn, outbox, publisher, "JetStream", caplog)
 
 
 async def test_a_rabbitmq_exchange_of_another_type_holds_the_events(

@@ -71,6 +71,8 @@ class NatsJetStreamPublisher:
         self.timeout = timeout
         self._nc: NatsClient | None = None
         self._js: JetStreamContext | None = None
+        self._jetstream: Exception | bool | None = None
+        """Of this connection: unknown (None), JetStream answers (False), or why it does not (an error)."""
 
     async def _connect(self) -> JetStreamContext:
         if self._js is not None and self._nc is not None and self._nc.is_connected:
@@ -94,12 +96,34 @@ class NatsJetStreamPublisher:
             # connection opened for it is closed, not left open once per batch, and the refusal is the
             # configuration's (the relay holds the events), not the events'.
             await nc.close()
-            if isinstance(exc, js_errors.APIError) and not isinstance(exc, js_errors.ServiceUnavailableError):
+            if isinstance(exc, js_errors.ServiceUnavailableError):
+                raise self._no_jetstream(exc) from exc
+            if isinstance(exc, js_errors.APIError):
                 raise BrokerMisconfigured(f"{self.name}: JetStream will not create stream {self.stream!r} for "
                                           f"{stream_subjects(self.routing.template)}: {exc}") from exc
             raise
-        self._nc, self._js = nc, js
+        self._nc, self._js, self._jetstream = nc, js, None
         return js
+
+    def _no_jetstream(self, exc: Exception) -> BrokerMisconfigured:
+        return BrokerMisconfigured(f"{self.name}: JetStream does not answer (is it enabled on this server, for "
+                                   f"this account?): {exc}")
+
+    async def _jetstream_answers(self, js: JetStreamContext) -> bool:
+        """Asked once a connection when a publish found no responder: whether JetStream itself answers (its
+        account info). No responder there either is a server without JetStream, the configuration's mistake
+        (the relay holds the batch), not an event no stream captures (refused). Any other answer, or none (a
+        user not allowed to ask), keeps the refusal."""
+        if self._jetstream is None:
+            try:
+                await js.account_info()
+            except js_errors.ServiceUnavailableError as exc:
+                self._jetstream = exc
+            except Exception:  # noqa: BLE001 - see above: the publish's own refusal stands
+                self._jetstream = False
+            else:
+                self._jetstream = False
+        return self._jetstream is False
 
     async def _drop(self) -> None:
         nc, self._nc, self._js = self._nc, None, None
@@ -122,6 +146,8 @@ class NatsJetStreamPublisher:
             except nats_errors.BadSubjectError:  # the client's own check: never sent, and never will be
                 return PublishResult.refused(f"{self.routing.target(event)!r} is no NATS subject (no whitespace)")
             except (nats_errors.NoRespondersError, js_errors.NoStreamResponseError):
+                if not await self._jetstream_answers(js):
+                    return PublishResult.transient(f"{self.name}: JetStream does not answer", attempted=False)
                 return PublishResult.refused(f"no JetStream stream captures subject {self.routing.target(event)!r}")
             except nats_errors.MaxPayloadError as exc:
                 return PublishResult.refused(f"message too large: {exc}")
@@ -139,8 +165,11 @@ class NatsJetStreamPublisher:
             return PublishResult.OK
 
         results = await publish_in_lanes(batch, send, concurrency=self.concurrency)
-        if self._nc is None or not self._nc.is_connected or self._js is not js:
+        missing = self._jetstream
+        if self._nc is None or not self._nc.is_connected or self._js is not js or isinstance(missing, Exception):
             await self._drop()  # reconnect on the next batch
+        if isinstance(missing, Exception):
+            raise self._no_jetstream(missing)
         return results
 
     async def _answers(self, js: JetStreamContext) -> bool:
