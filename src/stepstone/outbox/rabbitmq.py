@@ -42,11 +42,12 @@ __all__ = ["RabbitMqPublisher", "amqp_publisher"]
 log = logging.getLogger("stepstone.outbox.rabbitmq")
 
 DEFAULT_EXCHANGE = "stepstone"
+DEFAULT_ROUTING_KEY = "{type}"
 MAX_ROUTING_KEY_BYTES = 255
+"""AMQP 0-9-1 carries a routing key as a short string: a longer one the client cannot encode at all."""
 PROBE_SECONDS = 2.0
 """How long the broker has to answer on the connection when a confirm did not come: no answer is the
 broker unreachable."""
-DEFAULT_ROUTING_KEY = "{type}"
 _OURS = ("exchange", "routing_key", "concurrency")
 _CLIENTS = frozenset({  # what aiormq and aio_pika read from the URL's query: passed on to them
     "auth", "cafile", "cadata", "capath", "certfile", "keyfile", "no_verify_ssl", "heartbeat", "name", "timeout",
