@@ -307,11 +307,11 @@ def test_the_catalog_and_graph_stages_report_every_problem_too(tmp_path: Path) -
     with pytest.raises(DocumentInvalid) as raised:
         load_document(GRAPH, None)  # structure only: the catalog's names are not asked
     assert [(p["path"], p["message"]) for p in raised.value.problems] == [
-        ("steps", "unreachable steps: c, j"),
+        ("steps", "unreachable steps: c, j, w"),  # w too: its payload is wrong, and nothing goes to it
         ("steps[0].deadline", "step 'a': its deadline must be at most a thousand years, got 1e+300 s"),
         ("steps[3].payloads.stop", "payload for 'stop', which is none of the wait's signals and messages"),
         ("steps[4]", "join step 'j' names no fork (fork='a')")]  # a rule about one step, at that step
-    assert str(raised.value).startswith("4 problems: line 4, column 3 (steps): unreachable steps: c, j; ")
+    assert str(raised.value).startswith("4 problems: line 4, column 3 (steps): unreachable steps: c, j, w; ")
     doc = tmp_path / "x.yaml"
     doc.write_text(NAMES)
     shown = CliRunner().invoke(cli, ["definitions", "validate", str(doc), "--catalog",
@@ -327,3 +327,42 @@ def test_the_catalog_and_graph_stages_report_every_problem_too(tmp_path: Path) -
     assert found["valid"] is False
     assert [p["path"] for p in found["problems"]] == ["steps", "steps[0].deadline", "steps[3].payloads.stop",
                                                       "steps[4]"]
+
+
+REFUND = """\
+id: refund
+version: 1
+steps:
+  - {name: decide, kind: task, start: true, title: Approve, decisions: {approve: pay, reject: $end},
+     payloads: {aprove: note}}
+  - {name: pay, kind: wait, signals: {paid: ship}}
+  - {name: ship, kind: action, handler: ship}
+"""
+CHAIN = """\
+id: chain
+version: 1
+steps:
+  - {name: a, kind: action, handler: review, start: true, next: w}
+  - {name: w, kind: wait, signals: {go: b}, payloads: {og: note}}
+  - {name: b, kind: action, handler: ship, next: c}
+  - {name: c, kind: action, handler: ship}
+"""
+ALONE = """\
+id: alone
+version: 1
+steps:
+  - {name: w, kind: wait, start: true, signals: {go: $end}, payloads: {og: note}}
+"""
+
+
+@pytest.mark.parametrize("text", [REFUND, CHAIN, ALONE], ids=["start", "middle", "alone"])
+def test_a_step_that_cannot_be_added_makes_no_graph_problem_of_its_own(text: str) -> None:
+    """A step refused for one of its fields (a payload for a decision it lacks) was left out of the graph
+    the rules then checked, which reported what its absence made: "no start step" for a start step
+    marked `start: true`, "no steps" for a document of one, the steps after it "unreachable". Only the
+    field's problem is reported now."""
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(text, None)
+    assert [p["message"] for p in raised.value.problems] == [raised.value.problems[0]["message"]], \
+        raised.value.problems
+    assert raised.value.problems[0]["message"].startswith("payload for "), raised.value.problems

@@ -24,7 +24,7 @@ the same document bound to other handler bodies keeps its version.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any, TypeVar
@@ -86,10 +86,12 @@ class DocumentWorkflow(Workflow[Any]):
         """The steps as declared, before the plan validates them (to show a problem at its field)."""
         return list(self._steps)
 
-    def plan_problems(self) -> list[str]:
-        """Every problem the plan's validation would find in the steps declared so far, one text each."""
-        start = self._start or (self._steps[0].name if len(self._steps) == 1 else None)  # as `plan` takes it
-        return plan_problems(self.id, self.version, start, self._steps)
+    def plan_problems(self, stand_ins: Sequence[Step] = (), start: str | None = None) -> list[str]:
+        """Every problem the plan's validation would find in the steps declared so far, one text each;
+        with `stand_ins` (and the `start` one of them is) for steps that could not be declared."""
+        steps = [*self._steps, *stand_ins]
+        start = self._start or start or (steps[0].name if len(steps) == 1 else None)  # as `plan` takes it
+        return plan_problems(self.id, self.version, start, steps)
 
 
 @cache
@@ -168,22 +170,27 @@ def _check_targets(data: dict[str, Any], marks: Marks) -> None:
             problems.append(located(f"step {step['name']!r} is defined twice", ("steps", n, "name"), marks))
         names.add(step["name"])
     for n, step in enumerate(data["steps"]):
-        places: list[tuple[tuple[Any, ...], Any]] = []
-        for key in _TARGET_FIELDS:
-            value = step.get(key)
-            if isinstance(value, list):
-                places += [(("steps", n, key, i), t) for i, t in enumerate(value)]
-            elif value is not None:
-                places.append((("steps", n, key), value))
-        for key in _ROUTE_FIELDS:
-            places += [(("steps", n, key, route), t) for route, t in (step.get(key) or {}).items()]
-        for path, target in places:
+        for path, target in _targets(step, n):
             if target != END and target not in names:
                 known = ", ".join(sorted(names))
                 problems.append(located(f"step {step['name']!r} goes to unknown step {target!r} (the steps are: "
                                         f"{known})", path, marks))
     if problems:
         raise all_of(problems)
+
+
+def _targets(step: dict[str, Any], n: int) -> list[tuple[tuple[Any, ...], Any]]:
+    """Every step the `n`th step may go to, each with its place."""
+    places: list[tuple[tuple[Any, ...], Any]] = []
+    for key in _TARGET_FIELDS:
+        value = step.get(key)
+        if isinstance(value, list):
+            places += [(("steps", n, key, i), t) for i, t in enumerate(value)]
+        elif value is not None:
+            places.append((("steps", n, key), value))
+    for key in _ROUTE_FIELDS:
+        places += [(("steps", n, key, route), t) for route, t in (step.get(key) or {}).items()]
+    return places
 
 
 def _check_catalog(data: dict[str, Any], marks: Marks, catalog: Catalog) -> None:
@@ -261,18 +268,32 @@ def _plan_problems(
     wf: DocumentWorkflow, steps: list[dict[str, Any]], failed: list[str], marks: Marks,
 ) -> list[DocumentInvalid]:
     """The plan's rules, each problem at the step it is about (a duration's at its field), else at
-    ``steps``; a problem that names a step that could not be added is left out (it is reported already)."""
+    ``steps``; a problem that names a step that could not be added is left out (it is reported already).
+    Such a step stands in for itself, with only its name and where it goes, so that its absence makes no
+    problem of the graph ("no start step" for the start step, the steps after it "unreachable")."""
     index = {step["name"]: n for n, step in enumerate(steps)}
     fields = {problem: ("steps", index[s.name], field)
               for s in wf.declared_steps() for field, problem in long_durations(s)}
+    missing = [(n, step) for n, step in enumerate(steps) if step["name"] in failed]
+    stand_ins = [_stand_in(step, n) for n, step in missing]
+    start = next((step["name"] for _, step in missing if step.get("start")), None)
     found = []
-    for problem in wf.plan_problems():
+    for problem in wf.plan_problems(stand_ins, start):
         if any(f"{name!r}" in problem for name in failed):
             continue
         named = [(problem.find(f"{name!r}"), name) for name in index if f"{name!r}" in problem]
         path = fields.get(problem) or (("steps", index[min(named)[1]]) if named else ("steps",))
         found.append(located(problem, path, marks))
     return found
+
+
+def _stand_in(step: dict[str, Any], n: int) -> Step:
+    """A step that could not be added, as the graph's rules see it: a fork with its branches, any other
+    kind an action going where the step may go (its own problems name it, and are left out)."""
+    if step["kind"] == "fork":
+        return Step(step["name"], "fork", branches=step.get("branches") or {}, map_over=step.get("map_over"),
+                    branch_step=step.get("branch"))
+    return Step(step["name"], "action", next=tuple(target for _, target in _targets(step, n)))
 
 
 def _stray_payloads(step: dict[str, Any], n: int, marks: Marks) -> list[DocumentInvalid]:
