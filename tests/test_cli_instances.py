@@ -151,6 +151,15 @@ def test_bad_json_lines_start_nothing(
     assert run.count("SELECT count(*) FROM stepstone.instances") == 0
 
 
+def test_an_input_file_that_is_not_utf8_is_one_line_and_starts_nothing(run: Cli, tmp_path: Path) -> None:
+    """A file in another encoding (a spreadsheet's Latin-1 export) ended `start` with a traceback."""
+    path = tmp_path / "inputs.jsonl"
+    path.write_bytes('{"name": "a"}\n{"name": "Jos\u00e9"}\n'.encode("latin-1"))
+    assert run.error("start", "hello", "--input-file", str(path), "--app", APP) == (
+        f"error: --input-file {path} is not UTF-8 text: byte 0xe9 at offset 27 (save it as UTF-8)")
+    assert run.count("SELECT count(*) FROM stepstone.instances") == 0
+
+
 def test_start_keys(run: Cli) -> None:
     first = run.json("start", "hello", "--input", '{"name": "a"}', "--idempotency-key", "k1", "--app", APP)
     again = run.json("start", "hello", "--input", '{"name": "a"}', "--idempotency-key", "k1", "--app", APP)

@@ -184,6 +184,9 @@ def start_command(
             text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text(encoding="utf-8")
         except OSError as exc:
             raise CliError(f"cannot read --input-file {input_file}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(f"--input-file {input_file} is not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at "
+                           f"offset {exc.start} (save it as UTF-8)") from None
         source = f"--input-file {input_file}"
         many = input_lines(text, source)
         if many is not None:
