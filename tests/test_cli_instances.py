@@ -20,6 +20,7 @@ from click.testing import CliRunner, Result
 
 from stepstone.cli import cli
 from stepstone.cli.instance_args import decode_cursor, encode_cursor
+from stepstone.errors import DatabaseUnavailable
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.postgres import PostgresStore
 from tests import cli_apps
@@ -158,6 +159,42 @@ def test_an_input_file_that_is_not_utf8_is_one_line_and_starts_nothing(run: Cli,
     assert run.error("start", "hello", "--input-file", str(path), "--app", APP) == (
         f"error: --input-file {path} is not UTF-8 text: byte 0xe9 at offset 27 (save it as UTF-8)")
     assert run.count("SELECT count(*) FROM stepstone.instances") == 0
+
+
+def test_a_file_whose_starts_fail_part_way_says_which_lines_started(
+    run: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An --input-file whose starts failed part-way (the database went away, Ctrl-C) said only why: the
+    batches committed before stayed started with no word of which lines they were, so the file could
+    be neither resumed nor run again without starting them twice. Their ids are printed now, in line
+    order, and the error names the lines started."""
+    real = PostgresStore.start_many
+
+    async def failing(self: PostgresStore, new: Any) -> list[tuple[str, bool]]:
+        if "n1500" in str(new.states):  # the second batch, lines 1,001 to 2,000, fails; the others start
+            raise DatabaseUnavailable("cannot reach PostgreSQL at db:5432: connection lost")
+        return await real(self, new)
+
+    monkeypatch.setattr(PostgresStore, "start_many", failing)
+    path = tmp_path / "inputs.jsonl"
+    path.write_text("".join(f'{{"name": "n{n}"}}\n' for n in range(2_500)))
+    result = run("start", "hello", "--input-file", str(path), "--app", APP)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[-1] == (
+        "error: cannot reach PostgreSQL at db:5432: connection lost: 1,500 of 2,500 started, lines 1-1000 "
+        "and 2001-2500 (their ids are printed, in line order); the other lines did not, unless their batch was "
+        "in flight as it stopped")
+    ids = result.stdout.split()
+    assert len(ids) == 1_500
+    monkeypatch.setattr(PostgresStore, "start_many", real)
+    assert [run.json("show", ids[n])["instance"]["state"]["name"] for n in (0, 999, 1_000, 1_499)] == [
+        "n0", "n999", "n2000", "n2499"]
+    assert run.count("SELECT count(*) FROM stepstone.instances") == 1_500
+    monkeypatch.setattr(PostgresStore, "start_many", failing)
+    as_json = run("start", "hello", "--input-file", str(path), "--app", APP, "-o", "json")
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["lines_started"] == [[1, 1_000], [2_001, 2_500]]
+    assert len(json.loads(as_json.stdout)["instance_ids"]) == 1_500
 
 
 def test_start_keys(run: Cli) -> None:

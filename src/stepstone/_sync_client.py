@@ -108,6 +108,7 @@ class SyncClient(SyncScheduleOperations, SyncTaskOperations, SyncTaskFilterOpera
         deadline: timedelta | float | datetime | None = None,
         batch_size: int = 1000,
         on_batch: Callable[[int, int], Any] | None = None,
+        on_started: Callable[[int, list[str]], Any] | None = None,
     ) -> list[str]:
         """Start one instance per input; returns their ids in input order. The instances are written
         `batch_size` at a time, each batch in one statement and one transaction, two batches at a time
@@ -120,7 +121,9 @@ class SyncClient(SyncScheduleOperations, SyncTaskOperations, SyncTaskFilterOpera
         business key in use. Other batches may have started (the ones sent before, and the one in
         flight beside it); calling again with the same inputs and idempotency keys starts only what
         is missing. `on_batch(started, total)` is
-        called after each batch (progress for long inputs)."""
+        called after each batch (progress for long inputs), and `on_started(first, ids)` with the index of
+        its first input and the ids it started: which inputs did start when a later batch fails or the
+        call is interrupted (batches may end out of order)."""
         return self._run(self._client.start_many(
             workflow,
             inputs,
@@ -130,6 +133,7 @@ class SyncClient(SyncScheduleOperations, SyncTaskOperations, SyncTaskFilterOpera
             deadline=deadline,
             batch_size=batch_size,
             on_batch=on_batch,
+            on_started=on_started,
         ))
 
     def detach(self, ) -> None:

@@ -102,6 +102,7 @@ class StartOperations(ClientBase):
         deadline: timedelta | float | datetime | None = None,
         batch_size: int = DEFAULT_START_BATCH,
         on_batch: Callable[[int, int], Any] | None = None,
+        on_started: Callable[[int, list[str]], Any] | None = None,
     ) -> list[str]:
         """Start one instance per input; returns their ids in input order. The instances are written
         `batch_size` at a time, each batch in one statement and one transaction, two batches at a time
@@ -114,7 +115,9 @@ class StartOperations(ClientBase):
         business key in use. Other batches may have started (the ones sent before, and the one in
         flight beside it); calling again with the same inputs and idempotency keys starts only what
         is missing. `on_batch(started, total)` is
-        called after each batch (progress for long inputs)."""
+        called after each batch (progress for long inputs), and `on_started(first, ids)` with the index of
+        its first input and the ids it started: which inputs did start when a later batch fails or the
+        call is interrupted (batches may end out of order)."""
         items = list(inputs)
         keys = _per_item("idempotency_keys", idempotency_keys, len(items))
         business = _per_item("business_keys", business_keys, len(items))
@@ -161,6 +164,8 @@ class StartOperations(ClientBase):
                     ))
                     results[n] = [instance_id for instance_id, _ in started]
                     done += hi - lo
+                    if on_started is not None:
+                        on_started(lo, results[n])
                     if on_batch is not None:
                         on_batch(done, len(items))
 

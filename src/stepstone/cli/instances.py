@@ -236,17 +236,42 @@ def _start_many(settings: Settings, registry: Registry, output: str, workflow: s
         if total > DEFAULT_START_BATCH:
             click.echo(f"started {started:,} of {total:,}", err=True)
 
+    started: dict[int, list[str]] = {}  # a committed batch's first item -> the ids it started
+
     async def work(client: Client) -> list[str]:
         try:
             return await client.start_many(workflow, [doc for _, doc in lines], scope=scope, deadline=deadline,
-                                           on_batch=progress)
+                                           on_batch=progress, on_started=started.__setitem__)
         except InvalidInput as exc:  # name the file's line (blank lines are skipped: not the item's number)
             if exc.item is None:
                 raise
             raise CliError(f"{source} line {lines[exc.item - 1][0]}: {exc.item_detail}") from None
 
-    ids = _with_client(settings, registry, work)
+    try:
+        ids = _with_client(settings, registry, work)
+    except CliError as exc:  # Ctrl-C, the database gone: the batches committed before stay started
+        if not started:
+            raise
+        raise _part_way(exc, started, lines, output) from None
     emit({"instance_ids": ids}, output, lambda: "\n".join(ids))
+def _part_way(exc: CliError, started: dict[int, list[str]], lines: list[tuple[int, Any]], output: str) -> CliError:
+    """The error of a file's starts that stopped part-way, once the ids its committed batches started are
+    printed (in line order): it names their lines, so that the rest can be started without these twice."""
+    spans: list[list[int]] = []  # [first, last] item, adjacent batches as one
+    for first in sorted(started):
+        last = first + len(started[first]) - 1
+        if spans and spans[-1][1] + 1 == first:
+            spans[-1][1] = last
+        else:
+            spans.append([first, last])
+    ranges = [[lines[a][0], lines[b][0]] for a, b in spans]
+    ids = [instance_id for first in sorted(started) for instance_id in started[first]]
+    emit({"instance_ids": ids, "lines_started": ranges}, output, lambda: "\n".join(ids))
+    named = " and ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in ranges)
+    rest = "; the other lines did not, unless their batch was in flight as it stopped" if len(ids) < len(lines) \
+        else ""
+    return type(exc)(f"{exc.format_message()}: {len(ids):,} of {len(lines):,} started, lines {named} (their ids "
+                     f"are printed, in line order){rest}")
 @click.command("signal")
 @click.argument("instance_id")
 @click.argument("name", type=TEXT)
