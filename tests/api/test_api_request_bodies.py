@@ -58,3 +58,17 @@ async def test_a_bulk_action_with_an_empty_filter_is_refused(api: Api) -> None:
                             json={"filter": {"workflow": "job"}, "dry_run": True})
     assert (r.status_code, r.json()["matched"]) == (200, 1)
     assert (await api.engine.client.get(waiting)).status == "WAITING"
+
+
+async def test_a_body_not_sent_as_json_says_to_send_it_as_json(api: Api) -> None:
+    """`curl -d '{...}'` without `-H 'content-type: application/json'` sends a form: the JSON in it was
+    refused as "body: Input should be a valid dictionary or object to extract fields from", which does
+    not say that the body was right and its content type wrong."""
+    operator = await api.token("operator")
+    for media in ("application/x-www-form-urlencoded", "text/plain"):
+        r = await api.http.post(f"{V1}/instances", headers={**operator, "content-type": media},
+                                content=b'{"workflow": "job", "input": {"name": "a"}}')
+        assert (r.status_code, r.json()["error"], r.json().get("what")) == (422, "InvalidInput", "body"), r.text
+        assert r.json()["detail"] == (f"body: sent as {media}, which the API does not read: send JSON, with "
+                                      "Content-Type: application/json"), r.text
+    assert await api.engine.client.list() == []

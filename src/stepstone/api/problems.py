@@ -120,8 +120,20 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
     detail = f"{where}: {first['msg']}" if where else str(first["msg"])
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    extra: dict[str, Any] = {}
+    if first["loc"] == ["body"] and media and not _is_json(media):
+        # FastAPI hands such a body over as bytes, which no body model takes: say what to change
+        detail = (f"body: sent as {media[:100]}, which the API does not read: send JSON, with Content-Type: "
+                  "application/json")
+        extra = {"what": "body"}
     return _page(request, 422, "InvalidInput", detail) or problem(422, "InvalidInput", detail,
-                                                                  error="InvalidInput", errors=errors)
+                                                                  error="InvalidInput", errors=errors, **extra)
+
+
+def _is_json(media: str) -> bool:
+    """Whether FastAPI reads a body of this media type as JSON (application/json, application/*+json)."""
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
