@@ -67,6 +67,16 @@ def test_broken_pyproject_is_config_error(tmp_path: Path) -> None:
         load_settings(environ={}, cwd=tmp_path)
 
 
+def test_a_pyproject_that_is_not_utf8_is_config_error(tmp_path: Path) -> None:
+    """A pyproject.toml saved as UTF-16 (Windows Notepad's "Unicode") ended every command that reads the
+    settings with a UnicodeDecodeError traceback."""
+    (tmp_path / "pyproject.toml").write_bytes("[tool.stepstone]\nschema = 'wf'\n".encode("utf-16"))
+    with pytest.raises(ConfigError) as raised:
+        load_settings(environ={}, cwd=tmp_path)
+    assert str(raised.value) == (f"cannot read {tmp_path / 'pyproject.toml'}: it is not UTF-8 text, as TOML is "
+                                 "(byte 0xff at offset 0)")
+
+
 def test_valid_names_and_quoting() -> None:
     assert validate_schema_name("_a1") == "_a1"
     assert quote_ident("select") == '"select"'

@@ -88,6 +88,9 @@ def _pyproject_table(path: Path) -> dict[str, object]:
             data = tomllib.load(fh)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read {path}: it is not UTF-8 text, as TOML is (byte 0x{exc.object[exc.start]:02x} "
+                          f"at offset {exc.start})") from exc
     tool = data.get("tool", {})
     table = tool.get("stepstone", {}) if isinstance(tool, dict) else {}
     if not isinstance(table, dict):
