@@ -55,6 +55,25 @@ def test_errors_are_one_line(spec: str, message: str) -> None:
     assert "\n" not in text
 
 
+@pytest.mark.parametrize(
+    ("spec", "dotted"),
+    [
+        ("tests/cli_apps.py:registry", "tests.cli_apps:registry"),
+        ("./tests/cli_apps.py:registry", "tests.cli_apps:registry"),
+        ("tests/cli_apps:registry", "tests.cli_apps:registry"),
+        ("cli_apps.py:registry", "cli_apps:registry"),
+    ],
+)
+def test_a_file_path_for_a_module_is_told_the_module_s_dotted_name(spec: str, dotted: str) -> None:
+    """A file path where the module's name goes failed as "no module named 'tests/cli_apps.py'" or, with a
+    leading ./, as "TypeError: the 'package' argument is required to perform a relative import"."""
+    with pytest.raises(CliError) as info:
+        load_app(spec)
+    assert info.value.format_message() == (
+        f"--app takes a module's dotted name, not a file path: {dotted} (from the directory the path starts "
+        f"in), not {spec!r}")
+
+
 def test_error_inside_the_module_is_reported_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "broken_flows_mod.py").write_text("import not_installed_dependency_xyz\n")
     monkeypatch.chdir(tmp_path)

@@ -54,6 +54,9 @@ def import_attribute(spec: str, option: str, example: str) -> Any:
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise CliError(f"{option} must look like module:attribute (e.g. {example}), got {spec!r}")
+    if any(c in module_name for c in "/\\") or module_name.startswith("."):
+        # no module's name holds a slash, and a relative one has no package to start from here
+        raise _file_path(spec, option)
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -61,6 +64,8 @@ def import_attribute(spec: str, option: str, example: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            if module_name.endswith(".py"):
+                raise _file_path(spec, option) from exc
             raise CliError(f"cannot import {module_name!r}: no module named {exc.name!r} "
                            f"(looked in {cwd} and the installed packages)") from exc
         raise CliError(f"importing {module_name!r} failed: {_one_line(exc)}") from exc
@@ -73,6 +78,14 @@ def import_attribute(spec: str, option: str, example: str) -> Any:
         except AttributeError:
             raise CliError(f"module {module_name!r} has no attribute {attribute!r}") from None
     return value
+
+
+def _file_path(spec: str, option: str) -> CliError:
+    """The error of a file path given where a module's dotted name goes (``flows/orders.py:registry``)."""
+    module_name, _, attribute = spec.partition(":")
+    parts = [p for p in module_name.removesuffix(".py").replace("\\", "/").split("/") if p not in ("", ".")]
+    return CliError(f"{option} takes a module's dotted name, not a file path: {'.'.join(parts)}:{attribute} "
+                    f"(from the directory the path starts in), not {spec!r}")
 
 
 def app_database(spec: str) -> Settings | None:
