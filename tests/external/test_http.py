@@ -105,6 +105,30 @@ async def test_errors_are_json_with_a_status(http: httpx.AsyncClient) -> None:
     assert wrong_method.headers["allow"] == "POST"
 
 
+async def test_a_field_or_parameter_a_route_does_not_take_is_refused_naming_it(
+    engine: Engine, http: httpx.AsyncClient
+) -> None:
+    """A misspelled field was dropped: `lock_duraton: 300` locked the task for the default 30 s (its worker
+    then lost it mid-work), `max_task: 10` fetched one task, and `?stauts=OPEN` listed every task."""
+    await engine.client.start(payment, {"order_id": "A-1", "amount": 5})
+    await engine.run_until_idle()
+    fetch = {"worker_id": "w", "topics": ["payments"], "lock_duraton": 300}
+    typo = await http.post("/external-tasks/fetch-and-lock", json=fetch)
+    assert (typo.status_code, typo.json()) == (400, {
+        "error": "invalid_input", "message": "unknown field 'lock_duraton' (this request takes: lock_duration, "
+        "max_tasks, timeout, topic, topics, worker_id)"})
+    listed = await http.get("/external-tasks", params={"stauts": "OPEN"})
+    assert (listed.status_code, listed.json()["message"]) == (
+        400, "unknown parameter 'stauts' (this request takes: cursor, instance_id, limit, status, topic)")
+    del fetch["lock_duraton"]
+    # the refused fetch locked nothing: this one gets the task
+    [task] = (await http.post("/external-tasks/fetch-and-lock", json=fetch)).json()["tasks"]
+    done = await http.post(f"/external-tasks/{task['id']}/complete",
+                           json={"lock_token": task["lock_token"], "varaibles": {"charge_id": "c"}})
+    assert (done.status_code, done.json()["message"]) == (
+        400, "unknown field 'varaibles' (this request takes: lock_token, variables, worker_id)")
+
+
 async def test_the_list_pages_oldest_first(engine: Engine, http: httpx.AsyncClient) -> None:
     """GET /external-tasks could not page: the first `limit` (at most 10,000) and no way on. A fork's
     three tasks are made in one commit, at one instant: the cursor keeps their order by id."""

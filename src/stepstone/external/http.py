@@ -6,11 +6,14 @@ mount `create_app(tasks)` under a prefix.
                                               "timeout"}                     -> {"tasks": [...]}
     POST /external-tasks/{id}/extend-lock    {"lock_token", "lock_duration"}  -> {"lock_until"}
     POST /external-tasks/{id}/complete       {"lock_token", "variables", "worker_id"}
-    POST /external-tasks/{id}/business-error {"lock_token", "code", "message", "variables", "details"}
-    POST /external-tasks/{id}/failure        {"lock_token", "message", "details", "retries", "retry_delay"}
+    POST /external-tasks/{id}/business-error {"lock_token", "code", "message", "variables", "details",
+                                              "worker_id"}
+    POST /external-tasks/{id}/failure        {"lock_token", "message", "details", "retries", "retry_delay",
+                                              "worker_id"}
     GET  /external-tasks?topic=&status=&instance_id=&limit=&cursor=
     GET  /health
 
+A body takes only its fields, and the list only its parameters: any other is refused (400), naming it.
 Errors are one JSON object `{"error": <kind>, "message": <one line>}` with a status that says what
 to do: 400 bad input, 401 no or wrong bearer token, 404 no such task (or path: `not_found`), 405 a
 method the path does not take (`method_not_allowed`), 409 the lock token was refused (`error` is
@@ -112,9 +115,11 @@ async def _unless_gone(request: Request, work: Awaitable[list[LockedTask]]) -> l
             job.cancel()
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    """The request's JSON object, read no further than MAX_BODY_BYTES: a larger body is refused by its
-    Content-Length before any of it is read, or as it arrives when it has none (chunked)."""
+async def _body(request: Request, *fields: str) -> dict[str, Any]:
+    """The request's JSON object, which takes these fields only: a misspelled one is refused, never dropped
+    (a `lock_duraton` would have locked the task for the default time). Read no further than
+    MAX_BODY_BYTES: a larger body is refused by its Content-Length before any of it is read, or as it
+    arrives when it has none (chunked)."""
     too_large = PayloadTooLarge(f"the request body exceeds the limit of {MAX_BODY_BYTES:,} bytes", what="body")
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
@@ -133,7 +138,15 @@ async def _body(request: Request) -> dict[str, Any]:
         raise InvalidInput(f"request body is not JSON: {exc}", what="body") from None
     if not isinstance(data, dict):
         raise InvalidInput("request body must be a JSON object", what="body")
+    _only(data, fields, "field")
     return data
+
+
+def _only(given: Any, takes: tuple[str, ...], what: str) -> None:
+    unknown = next((name for name in given if name not in takes), None)
+    if unknown is not None:
+        raise InvalidInput(f"unknown {what} {unknown!r} (this request takes: {', '.join(sorted(takes))})",
+                           what=unknown)
 
 
 def _required(data: dict[str, Any], name: str) -> Any:
@@ -146,7 +159,7 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
     """The ASGI app over `tasks`. With `token`, every request but /health needs `Authorization: Bearer <token>`."""
 
     async def fetch_and_lock(request: Request) -> Any:
-        data = await _body(request)
+        data = await _body(request, "worker_id", "topics", "topic", "max_tasks", "lock_duration", "timeout")
         topics = data.get("topics", data.get("topic"))
         locked = await _unless_gone(request, tasks.fetch_and_lock(
             _required(data, "worker_id"), _required({"topics": topics}, "topics"),
@@ -155,19 +168,19 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
         return {"tasks": [t.as_dict() for t in locked]}
 
     async def extend_lock(request: Request) -> Any:
-        data = await _body(request)
+        data = await _body(request, "lock_token", "lock_duration")
         until = await tasks.extend_lock(request.path_params["task_id"], _required(data, "lock_token"),
                                         _required(data, "lock_duration"))
         return {"task_id": request.path_params["task_id"], "lock_until": until.isoformat()}
 
     async def complete(request: Request) -> Any:
-        data = await _body(request)
+        data = await _body(request, "lock_token", "variables", "worker_id")
         answer = await tasks.complete(request.path_params["task_id"], _required(data, "lock_token"),
                                       data.get("variables"), worker_id=data.get("worker_id"))
         return answer.as_dict()
 
     async def business_error(request: Request) -> Any:
-        data = await _body(request)
+        data = await _body(request, "lock_token", "code", "message", "variables", "details", "worker_id")
         answer = await tasks.raise_error(
             request.path_params["task_id"], _required(data, "lock_token"), _required(data, "code"),
             data.get("message", ""), variables=data.get("variables"), details=data.get("details"),
@@ -175,7 +188,7 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
         return answer.as_dict()
 
     async def failure(request: Request) -> Any:
-        data = await _body(request)
+        data = await _body(request, "lock_token", "message", "details", "retries", "retry_delay", "worker_id")
         answer = await tasks.fail(
             request.path_params["task_id"], _required(data, "lock_token"), data.get("message", ""),
             details=data.get("details"), retries=data.get("retries"), retry_delay=data.get("retry_delay"),
@@ -184,6 +197,7 @@ def create_app(tasks: ExternalTasks, *, token: str | None = None) -> Starlette:
 
     async def listing(request: Request) -> Any:
         q = request.query_params
+        _only(q, ("topic", "status", "instance_id", "limit", "cursor"), "parameter")
         try:
             limit = int(q.get("limit", "50"))
         except ValueError:
