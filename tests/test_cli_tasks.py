@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
 from stepstone.cli import cli
@@ -138,6 +139,20 @@ def test_saved_filters_and_follow_up_dates_on_the_command_line(database_url: str
         message = cli.error("tasks", command, "--filter", "today")
         assert "whose inbox? pass --user USER or set STEPSTONE_ACTOR" in message, message
         assert "--as" not in cli("tasks", command, "--help").stdout
+
+
+def test_mode_all_lists_every_open_task_whoever_stepstone_actor_names(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """STEPSTONE_ACTOR says who acts (`--as`). `tasks list --mode all`, "every open task", took it as
+    `--user` too, which in mode all keeps that user's tasks alone: with it set, as for `claim` and
+    `complete`, the list of every task showed none of another's. Only `--user` narrows mode all now."""
+    cli = Cli(database_url)
+    _run(database_url, (expense, Expense(expense_id="c-9", employee="eve", amount=9)))
+    monkeypatch.setenv("STEPSTONE_ACTOR", "zed")
+    assert cli.json("tasks", "count", "--mode", "all") == {"count": 1}
+    assert len(cli.json("tasks", "list", "--mode", "all")["tasks"]) == 1
+    assert cli.json("tasks", "count", "--mode", "all", "--user", "zed") == {"count": 0}  # --user narrows it
 
 
 def test_messages_publish_says_what_happened(database_url: str) -> None:

@@ -155,7 +155,8 @@ def _inbox_options(func: Callable[..., T]) -> Callable[..., T]:
         click.option("--group", "groups", type=TEXT, multiple=True, metavar="G",
                      help="A group of the user (repeat for several)."),
         click.option("--mode", type=click.Choice(INBOX_MODES), default=None,
-                     help="inbox (default): assigned to the user or offered to them; all: every open task."),
+                     help="inbox (default): assigned to the user or offered to them; all: every open task "
+                          "(with --user or --group, theirs alone)."),
         click.option("--filter", "saved_filter", type=TEXT, metavar="NAME",
                      help="Use the user's saved filter NAME (`stepstone tasks filters`) for mode and filters."),
         click.option("--scope", type=TEXT, metavar="S",
@@ -175,7 +176,8 @@ def _where(**options: Any) -> TaskFilter:
 def _inbox_call(user: str | None, mode: str | None, saved_filter: str | None, scope: str | None,
                 filters: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of `Client.tasks` / `count_tasks` for the inbox options."""
-    who = user or os.environ.get(ACTOR_ENV) or None
+    # STEPSTONE_ACTOR names who acts; in mode all a user narrows "every open task" to theirs: only --user does
+    who = user or (None if mode == "all" else os.environ.get(ACTOR_ENV) or None)
     if who is None and mode != "all":
         raise CliError(f"whose inbox? pass --user USER or set {ACTOR_ENV}")
     if saved_filter is None:
