@@ -42,7 +42,7 @@ def test_schedule_errors_are_one_line(run: Cli) -> None:
     assert run.error("schedules", "pause", "nope") == "error: no schedule named 'nope'"
     line = run.error("schedules", "create", "s", "hello", "--cron", "0 25 * * *")
     assert line == "error: schedule 's': cron expression '0 25 * * *': hour field '25' is outside 0-23"
-    assert "exactly one of cron" in run.error("schedules", "create", "s", "hello")
+    assert run.error("schedules", "create", "s", "hello") == "error: give --cron EXPR or --every DURATION (one of them)"
     never = run.error("schedules", "create", "s", "hello", "--cron", "0 0 31 2 *")  # was a traceback
     assert never == "error: schedule 's': cron expression '0 0 31 2 *' never fires"
     deep = run.error("schedules", "create", "s", "hello", "--every", "60", "--input", "[" * 5000)  # a RecursionError
@@ -55,7 +55,7 @@ def test_limits_set_list_remove(run: Cli) -> None:
     assert (limit["workflow"], limit["key"], limit["max_running"], limit["waiting"]) == ("hello", "name", 2, 0)
     assert "released" in run("limits", "remove", "hello").stdout
     assert run("limits", "list").stdout.strip() == "no limits"
-    assert run.error("limits", "set", "hello") == "error: a flow limit takes max_running=..., min_interval=... or both"
+    assert run.error("limits", "set", "hello") == "error: give --max-running N, --min-interval DURATION or both"
 
 
 def test_pause_resume_delete_and_the_limits_answer_in_json(run: Cli) -> None:
@@ -68,6 +68,17 @@ def test_pause_resume_delete_and_the_limits_answer_in_json(run: Cli) -> None:
     assert run.json("limits", "set", "hello", "--max-running", "2") == {"scope": "default", "workflow": "hello",
                                                                         "admitted": 0}
     assert run.json("limits", "remove", "hello") == {"scope": "default", "workflow": "hello", "released": 0}
+
+
+def test_every_and_min_interval_take_durations_as_the_other_options_do(run: Cli) -> None:
+    """`schedules create --every 1h` was "'1h' is not a valid float" (exit 2), though --deadline, --older-than
+    and the worker's --retention-every take 1h; so was `limits set --min-interval 2m`."""
+    made = run.json("schedules", "create", "hourly", "hello", "--every", "1h", "--input", '{"name": "ada"}',
+                    "--app", APP)
+    assert made["spec"]["every_seconds"] == 3600
+    run("limits", "set", "hello", "--min-interval", "2m")
+    assert [limit["min_interval"] for limit in run.json("limits", "list")] == [120]
+    assert "'1x' is not a valid duration" in run("schedules", "create", "s", "hello", "--every", "1x").stderr
 
 
 def test_removing_a_limit_that_is_not_there_is_an_error(run: Cli) -> None:

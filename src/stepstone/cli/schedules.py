@@ -13,7 +13,7 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import INT4, TEXT, CliError, emit, output_option, render_table, with_settings
+from stepstone.cli.common import INT4, TEXT, CliError, Duration, emit, output_option, render_table, with_settings
 from stepstone.cli.instances import _with_client  # the one way a command opens a client
 from stepstone.client import Client
 from stepstone.config import Settings
@@ -60,7 +60,8 @@ def schedules_group() -> None:
 @click.argument("name", type=TEXT)
 @click.argument("workflow", type=TEXT)
 @click.option("--cron", metavar="EXPR", help="Five-field cron expression, e.g. '0 * * * *'.")
-@click.option("--every", type=float, metavar="SECONDS", help="A fixed interval instead of --cron.")
+@click.option("--every", type=Duration(0), metavar="DURATION",
+              help="A fixed interval instead of --cron (seconds, or 90s, 15m, 2h, 30d, 1w).")
 @click.option("--input", "input_text", metavar="JSON", help="The input of every instance it starts.")
 @click.option("--timezone", default="UTC", show_default=True, help="The zone --cron is read in.")
 @click.option("--overlap", type=click.Choice(OVERLAPS), default="skip", show_default=True,
@@ -77,6 +78,8 @@ def create_command(
     every: float | None, input_text: str | None, timezone: str, overlap: str, catch_up: str, scope: str,
 ) -> None:
     """Create or replace schedule NAME of WORKFLOW (declaring it again unchanged keeps its next tick)."""
+    if (cron is None) == (every is None):
+        raise CliError("give --cron EXPR or --every DURATION (one of them)")
     try:
         data = json_text.parse(input_text) if input_text is not None else None
     except json.JSONDecodeError as exc:
@@ -146,7 +149,8 @@ def limits_group() -> None:
 @click.argument("workflow", type=TEXT)
 @click.option("--max-running", type=INT4, metavar="N", help="At most N instances run at once.")
 @click.option("--key", metavar="FIELD", help="Per value of 'business_key' or of a top-level state field.")
-@click.option("--min-interval", type=float, metavar="SECONDS", help="Starts at least this far apart.")
+@click.option("--min-interval", type=Duration(0), metavar="DURATION",
+              help="Starts at least this far apart (seconds, or 90s, 15m, 2h, ...).")
 @_limit_scope_option
 @output_option
 @with_settings
@@ -155,6 +159,8 @@ def limits_set_command(
     scope: str, output: str,
 ) -> None:
     """Limit WORKFLOW's instances in a scope; those past the limit wait as rows and start in start order."""
+    if max_running is None and min_interval is None:
+        raise CliError("give --max-running N, --min-interval DURATION or both")
     admitted = _with_client(settings, None, lambda c: c.set_flow_limit(
         workflow, max_running=max_running, key=key, min_interval=min_interval, scope=scope))
     emit({"scope": scope, "workflow": workflow, "admitted": admitted}, output,
