@@ -342,7 +342,7 @@ def test_cursor_round_trip() -> None:
         (("signal", str(uuid.UUID(int=1)), "approve", "--payload", "{oops"), "--payload is not valid JSON"),
         (("list", "--after", "garbage"), "is not a cursor printed by `stepstone list`"),
         (("list", "--after", base64.urlsafe_b64encode(b"[" * 5000).decode()), "is not a cursor printed by"),
-        (("start", "hello", "--input", "[" * 5000, "--app", APP), "--input is not valid JSON: nested too deeply"),
+        (("start", "hello", "--input", "[" * 100_000, "--app", APP), "--input is not valid JSON: nested too deeply"),
     ],
 )
 def test_bad_input_is_one_line_and_stores_nothing(run: Cli, args: tuple[str, ...], message: str) -> None:
