@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import asyncpg
+import pytest
 
 from stepstone.outbox.publisher import Outcome, PublishResult
-from stepstone.outbox.relay import RelayConfig, settlements
+from stepstone.outbox.relay import Relay, RelayConfig, settlements
 from stepstone.store.outbox import PostgresOutbox, Settlement, StagedEvent
 from stepstone.store.postgres import PostgresStore
-from tests.outbox.conftest import claim, stage
+from tests.outbox.conftest import claim, first_claim, stage
 
 
 async def test_claim_is_staged_order_and_holds_a_key_behind_what_it_did_not_take(
@@ -135,3 +138,30 @@ async def test_keys_held_back_do_not_starve_the_keys_behind_them(
     assert leased == [ids[3]], "a waits behind its dead event; b's first is taken"
     _, rest = await claim(outbox, limit=2)
     assert rest == ids[6:], "a behind its dead event and b behind its lease use up no part of the limit"
+
+
+async def test_a_relay_counts_only_what_its_settle_recorded(
+    conn: asyncpg.Connection, store: PostgresStore, outbox: PostgresOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch whose lease ran out while it was published, and which another relay took over, is settled by
+    nobody here (the fence): the relay still counted it published and logged its dead letters as made."""
+    staged = await stage(conn, ["a", "b"])
+
+    class TakenOver:
+        name = "taken-over://"
+
+        async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+            await store.move_clock(31)  # the lease runs out; another relay takes the batch over
+            assert (await claim(outbox, relay="other"))[1] == [e.id for e in batch] == [i for i, _, _ in staged]
+            return [PublishResult.OK, PublishResult.refused("poison")]
+
+        async def close(self) -> None:
+            return None
+
+    relay = Relay(outbox, TakenOver(), RelayConfig())
+    with caplog.at_level(logging.WARNING, "stepstone.relay"):
+        assert await first_claim(relay) == 0
+    assert (relay.events.published, relay.events.dead) == (0, 0)
+    assert "dead-lettered" not in caplog.text
+    assert "taken over" in caplog.text
+    assert [r.claimed_by for r in await outbox.unpublished()] == ["other", "other"], "left to the relay holding it"

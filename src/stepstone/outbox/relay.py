@@ -170,8 +170,13 @@ class Relay:
         with publish_spans(batch, self.publisher.name) as spans:
             results = await self._publish(batch)
             spans.results(results)
-        plan = settlements(batch, results, self.config)
-        await self.outbox.settle(token, plan)
+        planned = settlements(batch, results, self.config)
+        recorded = await self.outbox.settle(token, planned)
+        plan = [s for s in planned if s.id in recorded]  # the rest were fenced: another relay holds them now
+        if len(plan) < len(planned):
+            log.warning("relay %s: %d event(s) of the batch were taken over by another relay (their lease ran out "
+                        "first); what this relay made of them is not recorded", self.config.relay_id,
+                        len(planned) - len(plan))
         published = sum(1 for s in plan if s.action == "published")
         self.events.count("published", published)
         self.events.count("failed", sum(1 for s in plan if s.action == "retry"))
