@@ -408,3 +408,25 @@ async def test_a_target_the_client_can_never_send_to_is_refused_at_once(
     rows = await outbox.unpublished()
     assert [(r.id, r.attempts, r.state) for r in rows] == [(staged[0][0], 1, "dead"), (staged[2][0], 0, "pending")]
     assert (rows[0].last_error or "").startswith("refused"), rows[0].last_error
+
+
+async def test_a_rabbitmq_event_whose_type_is_over_255_bytes_is_delivered(
+    conn: asyncpg.Connection, outbox: PostgresOutbox
+) -> None:
+    """The message's `type` property is an AMQP short string: an event type of more than 255 bytes (130
+    characters `é`, within the 200 characters a type may have) failed every publish in the client
+    (TypeError), counted as transient, until the event was dead-lettered. Its type rides in the headers and
+    the envelope; the property is left out."""
+    from tests.outbox.brokers import open_kind  # noqa: PLC0415
+
+    kind = await open_kind("rabbitmq")
+    try:
+        [(_, event_id, _)] = await stage(conn, ["k"], type_="é" * 130)
+        publisher = open_publisher(kind.url, routing="ev.fixed")
+        try:
+            assert await first_claim(Relay(outbox, publisher)) == 1, (await outbox.unpublished())[0].last_error
+        finally:
+            await publisher.close()
+        assert [e for e, _, _ in await kind.read()] == [event_id]
+    finally:
+        await kind.cleanup()

@@ -43,8 +43,9 @@ log = logging.getLogger("stepstone.outbox.rabbitmq")
 
 DEFAULT_EXCHANGE = "stepstone"
 DEFAULT_ROUTING_KEY = "{type}"
-MAX_ROUTING_KEY_BYTES = 255
-"""AMQP 0-9-1 carries a routing key as a short string: a longer one the client cannot encode at all."""
+MAX_SHORT_STRING_BYTES = 255
+"""AMQP 0-9-1 carries a routing key and the `type` property as short strings: a longer one the client
+cannot encode at all (a routing key that long is refused; a type that long is left out of the property)."""
 PROBE_SECONDS = 2.0
 """How long the broker has to answer on the connection when a confirm did not come: no answer is the
 broker unreachable."""
@@ -151,12 +152,13 @@ class RabbitMqPublisher:
                 return PublishResult.transient(f"{self.name}: not sent, the connection stopped answering",
                                                attempted=False)
             routing_key = self.routing.target(event)
-            if len(routing_key.encode()) > MAX_ROUTING_KEY_BYTES:  # AMQP's short string: the client cannot send it
+            if len(routing_key.encode()) > MAX_SHORT_STRING_BYTES:  # the client cannot send it
                 return PublishResult.refused(f"routing key of {len(routing_key.encode())} bytes exceeds AMQP's "
-                                             f"{MAX_ROUTING_KEY_BYTES}: {routing_key[:60]!r}...")
+                                             f"{MAX_SHORT_STRING_BYTES}: {routing_key[:60]!r}...")
             headers: dict[str, Any] = dict(headers_of(event))
+            short = len(event.type.encode()) <= MAX_SHORT_STRING_BYTES  # else in the headers and envelope only
             message = aio_pika.Message(
-                body_of(event), headers=headers, message_id=event.event_id, type=event.type,
+                body_of(event), headers=headers, message_id=event.event_id, type=event.type if short else None,
                 content_type="application/json", delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
             try:
                 await exchange.publish(message, routing_key=routing_key, mandatory=True,
