@@ -165,23 +165,31 @@ def test_demo_outbox_to_the_in_memory_broker(database_url: str) -> None:
 async def test_demo_outbox_leaves_an_applications_events_alone(
     conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str
 ) -> None:
-    """The demo's relay took every pending event of the database, the application's too: it published
-    them to the demo's broker (the in-memory one keeps nothing) and marked them published, so the
-    application's own relay never sent them."""
+    """A relay publishes every event of its schema's outbox: in the application's schema the demo's relay
+    took the application's events (published to the demo's broker, the in-memory one keeping nothing, and
+    marked published, so the application's relay never sent them), and an application's relay would have
+    taken the demo's. The demo refused to run beside events already staged, but not beside those an
+    application staged while it ran. On a configured database it now runs in a schema of its own."""
     await stage(conn, ["app-1", "app-2"], type_="invoice.issued")
     code, out, err = await run("demo", "outbox", "--broker", "memory://app-events", "--database-url", database_url)
-    assert code == 1, out
-    assert "the outbox already holds 2 unpublished event(s) of other workflows and 0 dead event(s)" in err
-    assert "instance" not in out, "no order was run"
+    assert code == 0, err
+    last = "outbox: 3 events published to memory://app-events in per-key order; 0 pending"
+    assert out.strip().splitlines()[-1] == last
+    assert "schema stepstone_demo is the demo's own" in out
     assert await outbox.published_count() == 0
-    assert (await outbox.status()).pending == 2
+    assert (await outbox.status()).pending == 2, "the application's outbox holds its own events alone"
+    demo = await conn.fetch("SELECT type, published_at IS NOT NULL AS sent FROM stepstone_demo.outbox ORDER BY id")
+    assert [(r["type"], r["sent"]) for r in demo] == [
+        ("order.reserved", True), ("order.shipped", True), ("order.receipt", True)]
 
 
-async def test_demo_outbox_runs_after_the_order_demo_and_publishes_its_events_too(
+async def test_demo_outbox_after_the_order_demo_on_a_configured_database_leaves_its_events_to_their_relay(
     outbox: PostgresOutbox, database_url: str
 ) -> None:
-    """`stepstone demo` then `stepstone demo outbox`, as a new user runs them on the embedded default: the
-    first leaves its order's events pending (no relay), which are the example's, not an application's."""
+    """`stepstone demo` then `stepstone demo outbox` on a configured database: the first leaves its order's
+    events pending in the configured schema (no relay), where the application's relay publishes them; the
+    second publishes its own order's, in its own schema. (On the embedded default, the demos' own database,
+    both run in one schema and the second publishes the first's events too.)"""
     code, out, err = await run("demo", "--database-url", database_url)
     assert code == 0, err
     left = (await outbox.status()).pending
@@ -189,7 +197,8 @@ async def test_demo_outbox_runs_after_the_order_demo_and_publishes_its_events_to
     code, out, err = await run("demo", "outbox", "--broker", "memory://after-demo", "--database-url", database_url)
     assert code == 0, err
     assert out.strip().splitlines()[-1] == (
-        f"outbox: {2 * left} events published to memory://after-demo in per-key order; 0 pending")
+        "outbox: 3 events published to memory://after-demo in per-key order; 0 pending")
+    assert (await outbox.status()).pending == left
 
 
 async def test_demo_outbox_refuses_a_broker_it_cannot_read_back_before_it_runs(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from dataclasses import replace
 
 import click
 
@@ -114,13 +115,28 @@ def _in_key_order(staged: list[tuple[int, str, str, str | None]], held: list[str
     return all(seq == sorted(seq) for seq in by_key.values())
 
 
+def _own_schema(settings: Settings) -> Settings:
+    """On a configured database the demo works in a schema of its own beside the application's: a relay
+    publishes every event of its schema's outbox, so in the application's schema the demo's relay would
+    take the application's events (marked published, sent to the demo's broker) and the application's
+    relay the demo's (sent to the application's broker). The embedded default is the demos' own database."""
+    if settings.database_url is None:
+        return settings
+    return replace(settings, schema=f"{settings.schema[:58]}_demo")
+
+
 async def _demo_outbox(settings: Settings, broker: str | None) -> None:
+    settings = _own_schema(settings)
     click.echo(await _migrate(settings))
+    if settings.database_url is not None:
+        click.echo(f"schema {settings.schema} is the demo's own, beside the application's: its relay publishes "
+                   f"only the demo's events (`DROP SCHEMA {settings.schema} CASCADE` removes it)")
     recording = _Recording(await _choose(broker))
     try:
         async with open_store(settings, pool_size=8) as store:
             outbox = PostgresOutbox(store)
-            await _nothing_else_unpublished(outbox, recording.name, embedded=settings.database_url is None)
+            await _nothing_else_unpublished(outbox, recording.name, embedded=settings.database_url is None,
+                                            schema=settings.schema)
             relay = Relay(outbox, recording, RelayConfig(poll_interval=0.2))
             worker = Worker(store, orders.registry, WorkerConfig(concurrency=4, poll_interval=0.5))
             await relay.start()
@@ -137,19 +153,18 @@ async def _demo_outbox(settings: Settings, broker: str | None) -> None:
         await recording.close()
 
 
-async def _nothing_else_unpublished(outbox: PostgresOutbox, broker: str, *, embedded: bool) -> None:
-    """The demo's relay publishes whatever the outbox holds: on a configured database whose application
-    has events waiting for its own relay, it would send them to the demo's broker and mark them published
-    (and the in-memory broker keeps nothing). So there it runs only when every unpublished event is the
-    order example's (the README's first steps leave theirs pending, having no relay). The embedded default
-    is the demos' own database, where the other demos leave their events pending too: all of them go out
-    with the demo's. Nowhere may one be dead (the demo waits for every event to go out)."""
+async def _nothing_else_unpublished(outbox: PostgresOutbox, broker: str, *, embedded: bool, schema: str) -> None:
+    """The demo's relay publishes whatever its schema's outbox holds. On a configured database that is the
+    demo's own schema (`_own_schema`), where only events of the order example belong: anything else was put
+    there by something other than the demo, and is not the demo's to publish. The embedded default is the
+    demos' own database, where the other demos leave their events pending: all of them go out with the
+    demo's. Nowhere may one be dead (the demo waits for every event to go out)."""
     foreign = 0 if embedded else await outbox.unpublished_beside([wf.id for wf in orders.registry])
     dead = (await outbox.status()).dead
     if foreign or dead:
         raise CliError(f"the outbox already holds {foreign} unpublished event(s) of other workflows and {dead} dead "
                        f"event(s): the demo's relay would publish them to {broker} as its own. Run the demo on a "
-                       "database of its own, or see them with `stepstone outbox list`")
+                       f"database of its own, or see them with `stepstone outbox list --schema {schema}`")
 
 
 async def _until_nothing_pending(outbox: PostgresOutbox, relay: Relay) -> None:
