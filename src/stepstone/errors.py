@@ -282,6 +282,18 @@ def parent_went_on(instance_id: str, parent_id: str | None, parent_status: str |
     )
 
 
+def child_report_pending(instance_id: str, parent_id: str | None, parent_status: str | None) -> InvalidState:
+    """The refusal of a retry of a FAILED child whose failure report its parent, still awaiting it, has not
+    applied yet (store/schema.sql, version 89): applied, it may take the parent past the child."""
+    return InvalidState(
+        f"instance {instance_id} is not retried: its parent {parent_id} ({parent_status}) has not yet applied the "
+        "report of its failure, which may take the parent past it (to the child step's on_failure, or into "
+        "compensation), and then nothing would take this child's result. Nothing changed. Retry it once the "
+        "parent has applied the report: a parent that failed at that step still awaits the child",
+        instance_id=instance_id, status="FAILED",
+    )
+
+
 class ChildNotAwaited(InvalidState):
     """A retry of a FAILED child refused: its parent no longer awaits it (replayed to another visit, gone on
     to on_failure, ended, compensating, or its branch closed), so its steps would run again for a result

@@ -310,6 +310,51 @@ def use_too(ctx: StepContext, state: Job) -> None:
     state.out = 0
 
 
+# A job that runs its work only on its signal "go": its parent waits for it before it fails (or completes).
+late_job: Workflow[Job] = Workflow("late_job", version=1, state=Job)
+late_job.wait("hold", signals={"go": "late_work"}, start=True)
+
+
+@late_job.step(next=None, retry=Retry(max_attempts=1))
+def late_work(ctx: StepContext, state: Job) -> None:
+    if state.n in FLAKY_JOBS:
+        raise ValueError(f"job {state.n} refused")
+    state.out = state.n * 10
+
+
+late_parent: Workflow[Job] = Workflow("late_parent", version=1, state=Job)
+
+
+@late_parent.child(workflow="late_job", next="late_use", on_failure="late_recover", start=True)
+def late_spawn(ctx: StepContext, state: Job) -> Job:
+    return Job(n=state.n)
+
+
+@late_parent.step(next=None)
+def late_use(ctx: StepContext, state: Job) -> None:
+    assert ctx.child is not None and ctx.child.status == "COMPLETED"
+    state.out = ctx.child.state["out"]
+
+
+@late_parent.step(next=None)
+def late_recover(ctx: StepContext, state: Job) -> None:
+    state.out = -1
+
+
+late_strict: Workflow[Job] = Workflow("late_strict", version=1, state=Job)
+
+
+@late_strict.child(workflow="late_job", next="late_take", start=True)
+def late_spawn_strict(ctx: StepContext, state: Job) -> Job:
+    return Job(n=state.n)
+
+
+@late_strict.step(next=None)
+def late_take(ctx: StepContext, state: Job) -> None:
+    assert ctx.child is not None and ctx.child.status == "COMPLETED"
+    state.out = ctx.child.state["out"]
+
+
 # Two branches, each starting a job (n and n + 1) without a failure route, joined by all.
 fan_jobs: Workflow[Fan] = Workflow("fan_jobs", version=1, state=Fan)
 fan_jobs.fork("fan", branches={"x": "job_x", "y": "job_y"}, start=True)
@@ -340,5 +385,5 @@ def sum_jobs(ctx: StepContext, state: Fan) -> None:
 
 registry = Registry(
     static, mapped, overlap, claim_once, race, gated, nested, looping, job, parent, strict_parent, abandoning,
-    fan_jobs,
+    fan_jobs, late_job, late_parent, late_strict,
 )

@@ -8,8 +8,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from stepstone import Registry, Workflow
 from stepstone.core.transitions import child_id
 from stepstone.errors import ChildNotAwaited, InvalidState
+from stepstone.ops import Operations
 from stepstone.testing import Engine, open_engine
 from tests.engine import branch_workflows as bw
 from tests.engine.conftest import Rows, kinds
@@ -212,3 +214,100 @@ async def test_a_replay_of_a_parent_whose_branch_awaits_a_running_child_is_refus
     assert (await engine.client.replay(iid, "fan")).visit > 1
     await engine.run_until_idle()
     assert (await engine.client.get(iid)).status == "COMPLETED"
+
+
+# A retry of a FAILED child whose failure report its parent has not applied yet (queued, or being applied by
+# the parent's worker) is refused and changes nothing: applied, the report may take the parent past the child
+# (to on_failure, into compensation), and the retried child would run for a result nothing takes. Once the
+# parent has applied it, the retry is decided as above (docs/operations.md, "Children and replay").
+
+
+async def _failed_with_its_report_queued(engine: Engine, database_url: str, workflow: Workflow[bw.Job], n: int,
+                                         rows: Rows) -> tuple[str, str]:
+    """The parent waits for its child; the child fails, on a worker that serves only the child's workflow, so
+    the failure report waits at the parent unapplied."""
+    bw.FLAKY_JOBS.add(n)
+    iid = await engine.client.start(workflow, {"n": n})
+    await engine.run_until_idle()
+    [cid] = [str(c["id"]) for c in (await engine.client.get(iid)).children]
+    async with open_engine(database_url, Registry(bw.late_job), concurrency=2, lease_seconds=30) as jobs:
+        await jobs.client.signal(cid, "go")
+        await jobs.run_until_idle()
+    assert ((await engine.client.get(iid)).status, (await engine.client.get(cid)).status) == ("WAITING", "FAILED")
+    assert await rows.count("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid "
+                            "AND kind = 'CHILD_COMPLETION' AND state IN ('PENDING', 'DEFERRED')", iid) == 1
+    bw.FLAKY_JOBS.clear()
+    return iid, cid
+
+
+def _not_yet(cid: str, iid: str) -> str:
+    return (f"instance {cid} is not retried: its parent {iid} (WAITING) has not yet applied the report of its "
+            "failure, which may take the parent past it (to the child step's on_failure, or into compensation), "
+            "and then nothing would take this child's result. Nothing changed. Retry it once the parent has "
+            "applied the report: a parent that failed at that step still awaits the child")
+
+
+async def test_a_child_whose_failure_report_waits_at_its_parent_is_not_retried(
+    engine: Engine, database_url: str, rows: Rows,
+) -> None:
+    iid, cid = await _failed_with_its_report_queued(engine, database_url, bw.late_parent, 8, rows)
+    history = await engine.client.history(cid)
+
+    with pytest.raises(InvalidState) as refused:
+        await engine.client.retry(cid)
+    assert str(refused.value) == _not_yet(cid, iid)
+    assert (refused.value.instance_id, refused.value.status) == (cid, "FAILED")
+    [item] = (await Operations.on(engine.store).retry([cid])).items
+    assert (item.outcome, item.reason) == ("report_pending", _not_yet(cid, iid))
+    assert (await engine.client.get(cid)).status == "FAILED"
+    assert await engine.client.history(cid) == history
+    assert await rows.count("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid "
+                            "AND kind = 'RETRY'", cid) == 0
+
+    await engine.run_until_idle()  # the parent takes the failure: on_failure, and it completes
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["out"]) == ("COMPLETED", -1)
+    with pytest.raises(ChildNotAwaited):
+        await engine.client.retry(cid)
+    assert await engine.client.history(cid) == history
+
+
+async def test_a_child_refused_while_its_report_waited_is_retried_once_its_parent_failed_on_it(
+    engine: Engine, database_url: str, rows: Rows,
+) -> None:
+    iid, cid = await _failed_with_its_report_queued(engine, database_url, bw.late_strict, 9, rows)
+    with pytest.raises(InvalidState) as refused:
+        await engine.client.retry(cid)
+    assert str(refused.value) == _not_yet(cid, iid)
+
+    await engine.run_until_idle()  # the parent fails at its child step (ChildFailed): it still awaits the child
+    assert (await engine.client.get(iid)).error["type"] == "ChildFailed"
+    await engine.client.retry(cid)  # its failed step runs again
+    await engine.run_until_idle()
+    assert (await engine.client.get(cid)).status == "COMPLETED"
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["out"]) == ("COMPLETED", 90)
+
+
+async def test_a_child_whose_failure_report_a_dead_worker_of_its_parent_claimed_is_not_retried(
+    engine: Engine, database_url: str, rows: Rows,
+) -> None:
+    """The parent's worker claimed the report and died before its commit: the report is CLAIMED under a lease
+    until another worker takes it over, and a retry of the child meanwhile is refused as while it was queued."""
+    iid, cid = await _failed_with_its_report_queued(engine, database_url, bw.late_parent, 6, rows)
+    [claim] = await engine.store.claim(1, 60, "dead-worker", [bw.late_parent.id])
+    assert claim.command.kind == "CHILD_COMPLETION"
+
+    with pytest.raises(InvalidState) as refused:
+        await engine.client.retry(cid)
+    assert str(refused.value) == _not_yet(cid, iid)
+    assert await rows.count("SELECT count(*) FROM stepstone.commands WHERE instance_id = $1::uuid "
+                            "AND kind = 'RETRY'", cid) == 0
+
+    await engine.move_clock(seconds=61)  # the dead worker's lease runs out: another worker applies the report
+    await engine.run_until_idle()
+    assert ((await engine.client.get(iid)).state["out"], (await engine.client.get(cid)).status) == (-1, "FAILED")
+    with pytest.raises(ChildNotAwaited):
+        await engine.client.retry(cid)

@@ -9,7 +9,14 @@ from typing import Any
 
 from stepstone.core.messages import signal_cause
 from stepstone.core.redaction import redact_state
-from stepstone.errors import InstanceNotFound, InvalidInput, InvalidState, child_not_awaited, parent_went_on
+from stepstone.errors import (
+    InstanceNotFound,
+    InvalidInput,
+    InvalidState,
+    child_not_awaited,
+    child_report_pending,
+    parent_went_on,
+)
 from stepstone.ops.history import (
     compensated_since,
     entry,
@@ -70,10 +77,9 @@ async def _bulk(
 
 def _why(action: str, row: dict[str, Any]) -> str:
     outcome, status = row["outcome"], row["status"]
-    if outcome == "parent_went_on":
-        return str(parent_went_on(str(row["id"]), str(row["parent_id"]), row["parent_status"] or "deleted"))
-    if outcome == "not_awaited":
-        return str(child_not_awaited(str(row["id"]), row.get("parent") or {}))
+    refused = _child_refused(row)
+    if refused is not None:
+        return refused
     if outcome == "not_found":
         return "no such instance"
     if outcome == "not_failed":
@@ -81,6 +87,18 @@ def _why(action: str, row: dict[str, Any]) -> str:
     if outcome == "unchanged":
         return saga_unchanged(status) or f"it had already ended ({status})"
     return f"{action}: {outcome}"
+
+
+def _child_refused(row: dict[str, Any]) -> str | None:
+    """Why a retry of a child was refused for its parent's sake, or None for any other outcome."""
+    outcome, child = row["outcome"], str(row["id"])
+    if outcome == "parent_went_on":
+        return str(parent_went_on(child, str(row["parent_id"]), row["parent_status"] or "deleted"))
+    if outcome == "not_awaited":
+        return str(child_not_awaited(child, row.get("parent") or {}))
+    if outcome == "report_pending":
+        return str(child_report_pending(child, str(row["parent_id"]), row["parent_status"]))
+    return None
 
 
 _SAGA_UNCHANGED = {

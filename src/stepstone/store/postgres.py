@@ -27,6 +27,7 @@ from stepstone.errors import (
     InternalError,
     InvalidState,
     child_not_awaited,
+    child_report_pending,
     parent_went_on,
 )
 from stepstone.store.caller_transaction import CallerTransactionQueries
@@ -445,6 +446,8 @@ class PostgresStore(SchedulingQueries, CallerTransactionQueries, ObservingQuerie
             raise InstanceNotFound(instance_id)
         if row["outcome"] == "parent_went_on":
             raise parent_went_on(instance_id, str(row["parent_id"]), row["parent_status"] or "deleted")
+        if row["outcome"] == "report_pending":
+            raise child_report_pending(instance_id, str(row["parent_id"]), row["parent_status"])
         if row["outcome"] == "not_awaited":  # what it says of the parent: read after the refusal
             parent = await self._fetchrow("parent_of_child", _uuid(instance_id))
             raise child_not_awaited(instance_id, dict(parent) if parent is not None else {})

@@ -484,6 +484,8 @@ DECLARE
     v_status text;
     v_timer bigint;
     v_plan jsonb;
+    v_report boolean;
+    v_standing text;
 BEGIN
     SELECT * INTO v_inst FROM {{schema}}.instances i WHERE i.id = p_instance FOR UPDATE;
     IF NOT FOUND THEN
@@ -498,9 +500,25 @@ BEGIN
     -- its steps would run again for a result nothing takes, beside what the parent went on with. Its
     -- parent's rows are read, not locked (a child never waits on its parent's rows): a replay of the
     -- parent locks this row before it writes, so this reads the parent as that replay left it.
-    IF v_inst.parent_id IS NOT NULL AND {{schema}}.child_standing(v_inst) = 'not_awaited' THEN
-        RETURN QUERY SELECT 'not_awaited', v_inst.status;
-        RETURN;
+    -- A child whose failure report its parent has not applied yet (queued, or under the worker applying it) is
+    -- refused while the parent still awaits it (outcome report_pending, version 89): applied, the report may
+    -- take the parent past the child (on_failure, compensation). The report is read first, each read in its
+    -- own snapshot: one seen applied is applied in the parent's standing read after it. The report exists:
+    -- the child's commit that failed it queued it, and this row's lock waited for that commit.
+    IF v_inst.parent_id IS NOT NULL THEN
+        v_report := EXISTS (SELECT 1 FROM {{schema}}.commands x
+                            WHERE x.instance_id = v_inst.parent_id AND x.kind = 'CHILD_COMPLETION'
+                              AND x.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
+                              AND x.payload->>'child_id' = p_instance::text);
+        v_standing := {{schema}}.child_standing(v_inst);
+        IF v_standing = 'not_awaited' THEN
+            RETURN QUERY SELECT 'not_awaited', v_inst.status;
+            RETURN;
+        END IF;
+        IF v_report AND v_standing = 'awaited' THEN
+            RETURN QUERY SELECT 'report_pending', v_inst.status;
+            RETURN;
+        END IF;
     END IF;
     -- The instance deadline passed while it was FAILED and its timer has not fired: it fires here, as a
     -- worker's claim would have fired it (core/saga.py, _deadline).
@@ -5838,3 +5856,7 @@ END $$;
 -- ==== version 88 (migration 0088_task_key_after_hand_back) ====
 -- task_key_seen and task_complete (in the version 7 section): a completion's key whose completion was handed
 -- back is no duplicate; the same request reserves the task again under it; why: the migration's header.
+
+-- ==== version 89 (migration 0089_child_retry_waits_for_its_report) ====
+-- retry_instance (in the version 1 section) refuses a child whose failure report its parent, still awaiting
+-- it, has not applied yet (outcome report_pending); why: the migration's header.
