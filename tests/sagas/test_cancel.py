@@ -7,8 +7,10 @@ from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
+import pytest
 
 from stepstone.client import Cancellation
+from stepstone.errors import ChildNotAwaited
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine
 from tests.sagas import workflows as w
@@ -142,3 +144,49 @@ async def test_cancelling_an_instance_that_ended_any_way_is_a_no_op(engine: Engi
             assert await engine.client.cancellation(iid, "late", compensate=compensate) == Cancellation(
                 iid, "unchanged", status)
         assert await engine.client.history(iid) == before
+
+
+async def test_a_detached_child_of_a_parent_whose_compensation_stopped_is_retried_as_its_own(engine: Engine) -> None:
+    """The parent was cancelled with compensation, which stopped (COMPENSATION_FAILED); its detached child
+    failed meanwhile. Neither the cancel nor the compensation touches that child, and nothing of the parent
+    takes its result (its child step was cancelled): it is retried as an instance of its own, as once the
+    parent has ended, and its report is ignored by the parent, which then compensates and ends as before."""
+    iid = await engine.client.start(w.loosening, {})
+    await engine.run_until_idle()
+    [cid] = [str(c["id"]) for c in (await engine.client.get(iid)).children]
+    w.FAIL[(iid, "undo_home")] = -1
+    assert await engine.client.cancel(iid, "stop", compensate=True) == "COMPENSATING"
+    await engine.run_until_idle()
+    w.FAIL[(cid, "brittle_work")] = -1
+    await engine.client.signal(cid, "go")
+    await engine.run_until_idle()
+    assert ((await engine.client.get(iid)).status, (await engine.client.get(cid)).status) == (
+        "COMPENSATION_FAILED", "FAILED")
+    del w.FAIL[(cid, "brittle_work")]
+
+    await engine.client.retry(cid)
+    await engine.run_until_idle()
+    assert ((await engine.client.get(iid)).status, (await engine.client.get(cid)).status) == (
+        "COMPENSATION_FAILED", "COMPLETED")
+    del w.FAIL[(iid, "undo_home")]
+    await engine.client.retry(iid)
+    await engine.run_until_idle()
+    await assert_ended(engine, iid, "CANCELLED", ["home:h"], "CANCEL_REQUESTED", "COMPENSATION_FAILED",
+                       "CALLBACK_IGNORED", "INSTANCE_RETRIED", "STEP_COMPENSATED")
+
+
+async def test_a_detached_child_whose_failure_took_its_parent_into_compensation_is_not_retried(
+    engine: Engine,
+) -> None:
+    """Detached or not, a child whose failure its parent took (it failed at the child step, and compensated)
+    is not awaited: a retry would run it for a result nothing takes."""
+    iid = await engine.client.start(w.loosening, {})
+    await engine.run_until_idle()
+    [cid] = [str(c["id"]) for c in (await engine.client.get(iid)).children]
+    w.FAIL[(cid, "brittle_work")] = 1
+    await engine.client.signal(cid, "go")
+    await engine.run_until_idle()
+    assert ((await engine.client.get(iid)).status, (await engine.client.get(cid)).status) == ("COMPENSATED", "FAILED")
+    with pytest.raises(ChildNotAwaited):
+        await engine.client.retry(cid)
+    assert (await engine.client.get(cid)).status == "FAILED"

@@ -5767,9 +5767,10 @@ END $$;
 -- while a child it awaits is under way (outcome child_live); why: the migration's header.
 -- Where a child stands with its parent: 'awaited' while the parent's position that started it is still at
 -- that step visit and waits, runs or failed there, in a parent that has not ended or begun to compensate
--- (retried, it goes on with the child's result); 'abandoned' when the parent ended with that position
--- cancelled at that visit and the child was started with cancel_with_parent false (it runs on as an
--- instance of its own); else 'not_awaited' (the parent moved on: replayed, took on_failure, ended,
+-- (retried, it goes on with the child's result); 'abandoned' when the parent ended, or compensates or
+-- stopped compensating (version 90), with that position cancelled at that visit and the child was started
+-- with cancel_with_parent false (it runs on as an instance of its own: neither the parent's cancel nor its
+-- compensation touches it); else 'not_awaited' (the parent moved on: replayed, took on_failure, ended,
 -- compensates, closed the child's branch, or no longer exists).
 CREATE FUNCTION {{schema}}.child_standing(p_child {{schema}}.instances)
 RETURNS text
@@ -5777,7 +5778,8 @@ LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED') AND x.status IN ('RUNNING', 'WAITING', 'FAILED')
         THEN 'awaited'
-        WHEN NOT p_child.cancel_with_parent AND {{schema}}.is_terminal(p.status) AND x.status = 'CANCELLED'
+        WHEN NOT p_child.cancel_with_parent AND x.status = 'CANCELLED'
+             AND ({{schema}}.is_terminal(p.status) OR p.status IN ('COMPENSATING', 'COMPENSATION_FAILED'))
         THEN 'abandoned'
         ELSE 'not_awaited' END
     FROM (SELECT 1) AS one
@@ -5860,3 +5862,8 @@ END $$;
 -- ==== version 89 (migration 0089_child_retry_waits_for_its_report) ====
 -- retry_instance (in the version 1 section) refuses a child whose failure report its parent, still awaiting
 -- it, has not applied yet (outcome report_pending); why: the migration's header.
+
+-- ==== version 90 (migration 0090_detached_child_of_a_compensating_parent) ====
+-- child_standing (in the version 83 section): a detached child whose parent compensates, or stopped
+-- compensating, with its child step cancelled is abandoned, as once the parent has ended; why: the
+-- migration's header.
