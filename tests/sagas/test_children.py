@@ -11,10 +11,11 @@ import asyncpg
 import pytest
 from click.testing import CliRunner
 
+from stepstone.authoring.workflow import Registry
 from stepstone.cli import cli
 from stepstone.core.transitions import child_id
 from stepstone.errors import InvalidState
-from stepstone.testing import Engine
+from stepstone.testing import Engine, open_engine
 from tests.sagas import workflows as w
 from tests.sagas.conftest import ALERTS, kinds
 
@@ -245,3 +246,54 @@ async def test_a_later_round_of_the_replayed_parents_saga_asks_the_child_again(
     assert (await engine.client.get(iid)).status == "COMPENSATED"
     assert [c for _, c in w.CALLS] == ["leg_book"] * 4 + ["outbound"]
     assert not await conn.fetchval("SELECT saga ? 'parent_replayed' FROM stepstone.instances WHERE id = $1", cid)
+
+
+# A child that completed while its parent waited for it, whose report the parent had not applied yet when its
+# saga began (a cancel with compensation, a deadline, another branch's failure): the saga settles that report
+# unapplied, so the child is compensated as if its report had been applied just before (its completion is the
+# parent's newest), never left COMPLETED under a parent that undid everything else. `policies` waits in two
+# branches for a `pair` child each; the one in branch a completes on a worker that serves only `pair`, so its
+# report waits at the parent.
+
+
+async def _kid_completed_with_its_report_queued(engine: Engine, database_url: str, **start: Any) -> tuple[str, str]:
+    iid = await engine.client.start(w.policies, {}, **start)
+    await engine.run_until_idle()
+    kid = next(str(c["id"]) for c in (await engine.client.get(iid)).children if c["position"] == "split/a")
+    async with open_engine(database_url, Registry(w.pair), concurrency=2, lease_seconds=30) as pairs:
+        await pairs.client.signal(kid, "go")
+        await pairs.run_until_idle()
+    assert (await engine.client.get(kid)).status == "COMPLETED"
+    return iid, kid
+
+
+async def _undone_with_its_kid(engine: Engine, iid: str, kid: str, status: str) -> None:
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["undone"]) == (status, ["home:h"])
+    assert (await engine.client.get(kid)).status == "COMPENSATED"
+    assert (await engine.client.get(kid)).state["undone"] == ["pair_two:p2", "pair_one:p1"]
+    assert [(i == kid, c) for i, c in w.CALLS] == [(True, "pair_two"), (True, "pair_one"), (False, "home")]
+    history = await engine.client.history(iid)
+    assert [h["step"] for h in history if h["kind"] == "STEP_COMPENSATED"] == ["kid", "home"]
+
+
+async def test_a_child_whose_completion_report_waits_when_its_parent_is_cancelled_is_compensated(
+    engine: Engine, database_url: str,
+) -> None:
+    iid, kid = await _kid_completed_with_its_report_queued(engine, database_url)
+    assert await engine.client.cancel(iid, "stop", compensate=True) == "COMPENSATING"
+    await engine.run_until_idle()
+    await _undone_with_its_kid(engine, iid, kid, "CANCELLED")
+
+
+async def test_a_deadline_fired_while_a_dead_worker_held_the_childs_report_compensates_the_child(
+    engine: Engine, database_url: str,
+) -> None:
+    """The parent's worker claimed the child's report and died; the parent's deadline fires before its lease
+    runs out."""
+    iid, kid = await _kid_completed_with_its_report_queued(engine, database_url, deadline=60)
+    [claim] = await engine.store.claim(1, 600, "dead-worker", [w.policies.id])
+    assert claim.command.kind == "CHILD_COMPLETION"
+    await engine.move_clock(seconds=61)
+    await engine.run_until_idle()
+    await _undone_with_its_kid(engine, iid, kid, "TIMED_OUT")

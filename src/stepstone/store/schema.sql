@@ -1826,6 +1826,8 @@ CREATE FUNCTION {{schema}}.saga_begin(p_instance uuid, p_cause text, p_reason te
 RETURNS text
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- The children it takes over, first, while the positions still wait (record_open_children, version 90).
+    PERFORM {{schema}}.record_open_children(p_instance, p_now);
     PERFORM {{schema}}.close_positions(p_instance, p_now, p_keep, true);
     PERFORM {{schema}}.open_saga_position(p_instance, p_now);
     PERFORM {{schema}}.settle_open_commands(p_instance, coalesce(p_reason, 'compensating: ' || p_cause), p_actor,
@@ -1835,7 +1837,6 @@ BEGIN
         saga = jsonb_strip_nulls(jsonb_build_object('cause', p_cause, 'reason', p_reason, 'actor', p_actor,
                                                     'at', p_now, 'record', p_record))
     WHERE i.id = p_instance;
-    PERFORM {{schema}}.record_open_children(p_instance, p_now);
     -- A step whose compensation an earlier round gave up (then a replay went on) is still not undone.
     PERFORM {{schema}}.saga_owe_given_up(p_instance);
     RETURN {{schema}}.saga_next(p_instance, p_now, p_actor);
@@ -3781,25 +3782,53 @@ INSERT INTO {{schema}}.effect_sections VALUES ('redacted_payloads', 60, 'redact_
 
 -- tell_parent changes here; its one definition is in the version 6 section.
 
--- The children still open that go with their parent become the parent's newest compensations (in
--- ascending child id order, so the highest id is undone first).
+-- The children a saga takes over when it begins, recorded as the parent's newest compensations: a child that
+-- completed while the parent's position waited for it, whose COMPLETED report (CHILD_COMPLETION) the parent has
+-- not applied (queued, or claimed by a worker applying it), recorded as that report would have recorded it
+-- (core/saga.py, on_child_completed: in a plan that declares a compensation; version 90), then the children
+-- still open that go with their parent, each set in ascending child id order (the highest id is undone first).
+-- One statement, one snapshot: a child whose last commit lands meanwhile is seen either open or COMPLETED with
+-- its report queued (one commit wrote both), never neither. saga_begin calls it first, while the positions
+-- still wait, before they close and the report is settled unapplied. Child rows are read, not locked:
+-- compensate_child locks each when the saga reaches it.
 CREATE FUNCTION {{schema}}.record_open_children(p_instance uuid, p_now timestamptz)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO {{schema}}.compensations (instance_id, position, step, visit, recorded, completed_at)
-    SELECT p_instance, coalesce(c.parent_position, ''),
-           coalesce((SELECT p.step FROM {{schema}}.positions p
-                     WHERE p.instance_id = p_instance AND p.path = coalesce(c.parent_position, '')
-                       AND p.visit = c.parent_visit), c.definition_id),
-           coalesce(c.parent_visit, 0),
-           jsonb_build_object('kind', 'child', 'child_id', c.id, 'open', true), p_now
-    FROM {{schema}}.instances c
-    WHERE c.parent_id = p_instance AND c.cancel_with_parent AND c.ended_at IS NULL
-      AND NOT EXISTS (SELECT 1 FROM {{schema}}.compensations k
+    SELECT p_instance, t.path, t.step, t.visit, t.recorded, p_now
+    FROM (
+        SELECT 1 AS part, c.id, x.path, x.step, x.visit, jsonb_build_object('kind', 'child', 'child_id', c.id)
+               AS recorded
+        FROM {{schema}}.positions x
+        JOIN {{schema}}.instances c ON c.id = (x.wait->>'child_id')::uuid
+        WHERE x.instance_id = p_instance AND x.status = 'WAITING' AND x.wait->>'kind' = 'child'
+          AND c.parent_id = p_instance AND c.status = 'COMPLETED'
+          AND COALESCE(c.parent_position, '') = x.path AND c.parent_visit = x.visit
+          AND EXISTS (SELECT 1 FROM {{schema}}.commands r
+                      WHERE r.instance_id = p_instance AND r.position = x.path AND r.kind = 'CHILD_COMPLETION'
+                        AND (r.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')) IS TRUE
+                        AND r.visit = x.visit AND r.payload->>'child_id' = c.id::text
+                        AND r.payload->>'status' = 'COMPLETED')
+          AND EXISTS (SELECT 1 FROM {{schema}}.instances i
+                      JOIN {{schema}}.definitions d ON d.scope IN (i.definition_scope, i.scope)
+                           AND d.definition_id = i.definition_id AND d.version = i.version
+                           AND d.plan_hash = i.plan_hash
+                      CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
+                      WHERE i.id = p_instance AND s ? 'compensation')
+        UNION ALL
+        SELECT 2, c.id, coalesce(c.parent_position, ''),
+               coalesce((SELECT p.step FROM {{schema}}.positions p
+                         WHERE p.instance_id = p_instance AND p.path = coalesce(c.parent_position, '')
+                           AND p.visit = c.parent_visit), c.definition_id),
+               coalesce(c.parent_visit, 0), jsonb_build_object('kind', 'child', 'child_id', c.id, 'open', true)
+        FROM {{schema}}.instances c
+        WHERE c.parent_id = p_instance AND c.cancel_with_parent AND c.ended_at IS NULL
+    ) AS t
+    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.compensations k
                       WHERE k.instance_id = p_instance AND k.recorded->>'kind' = 'child'
-                        AND k.recorded->>'child_id' = c.id::text)
-    ORDER BY c.id;
+                        AND k.recorded->>'child_id' = t.id::text)
+    ORDER BY t.part, t.id;
 END $$;
 
 -- saga_begin changes here; its one definition is in the version 6 section.
@@ -5863,7 +5892,9 @@ END $$;
 -- retry_instance (in the version 1 section) refuses a child whose failure report its parent, still awaiting
 -- it, has not applied yet (outcome report_pending); why: the migration's header.
 
--- ==== version 90 (migration 0090_detached_child_of_a_compensating_parent) ====
+-- ==== version 90 (migration 0090_children_and_their_parents_sagas) ====
 -- child_standing (in the version 83 section): a detached child whose parent compensates, or stopped
--- compensating, with its child step cancelled is abandoned, as once the parent has ended; why: the
+-- compensating, with its child step cancelled is abandoned, as once the parent has ended; saga_begin (in the
+-- version 6 section) records the children it takes over first, and record_open_children (in the version 16
+-- section) records a completed child whose report waits unapplied too, so the saga compensates it; why: the
 -- migration's header.
