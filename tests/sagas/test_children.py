@@ -297,3 +297,21 @@ async def test_a_deadline_fired_while_a_dead_worker_held_the_childs_report_compe
     await engine.move_clock(seconds=61)
     await engine.run_until_idle()
     await _undone_with_its_kid(engine, iid, kid, "TIMED_OUT")
+
+
+async def test_a_detached_child_that_completed_is_not_compensated_with_its_parent(engine: Engine) -> None:
+    """A child started with cancel_with_parent=False is detached: its parent's compensation leaves it as it is,
+    also once it completed and the parent went on with its result (docs/sagas.md, "Order, branches and
+    children")."""
+    iid = await engine.client.start(w.loosening, {})
+    await engine.run_until_idle()
+    [cid] = [str(c["id"]) for c in (await engine.client.get(iid)).children]
+    w.FAIL[(iid, "settle")] = -1
+    await engine.client.signal(cid, "go")
+    await engine.run_until_idle()
+
+    info = await engine.client.get(iid)
+    assert (info.status, info.state["undone"]) == ("COMPENSATED", ["home:h"])
+    assert (await engine.client.get(cid)).status == "COMPLETED"
+    assert "CHILD_COMPENSATING" not in kinds(await engine.client.history(iid))
+    assert [c["step"] for c in await engine.client.compensations(iid)] == ["home"]

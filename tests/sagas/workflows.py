@@ -446,7 +446,8 @@ punctual.wait("linger", signals={"go": "on_time"})
 punctual.step(on_time, name="on_time", next=None)
 punctual.step(fallback, name="fallback", next=None)
 
-# -- a detached child that may fail: home (compensable) -> loose (a `brittle` child, detached) -> finish ---
+# -- a detached child that may fail: home (compensable) -> loose (a `brittle` child, detached) -> settle ---
+# (settle fails while FAIL says so, FAIL[(parent, "settle")])
 # `brittle` waits for "go", then its step fails while FAIL says so (FAIL[(child, "brittle_work")]).
 
 brittle: Workflow[Trip] = Workflow("brittle", version=1, state=Trip)
@@ -461,8 +462,8 @@ def brittle_work(ctx: StepContext, state: Trip) -> None:
 loosening: Workflow[Trip] = Workflow("loosening", version=1, state=Trip)
 loosening.step(home, name="home", start=True, next="loose")
 loosening.compensation("home", retry=QUICK)(_undo("home"))
-loosening.child(kid, name="loose", workflow="brittle", next="finish", cancel_with_parent=False)
-loosening.step(finish, name="finish", next=None)
+loosening.child(kid, name="loose", workflow="brittle", next="settle", cancel_with_parent=False)
+loosening.step(tour_settle, name="settle", next=None, retry=Retry(max_attempts=1))
 
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
                     patient, stubborn, sleepy, touchy, policies, punctual, tour, tardy, wary,

@@ -209,8 +209,9 @@ def _compensate(
 
 
 def on_child_completed(plan: Plan, step: str, visit: int, child_id: object) -> tuple[RecordCompensable, ...]:
-    """In a saga, a child that completed is compensated, when the saga compensates, by compensating it."""
-    if not plan.compensable:
+    """In a saga, a child that completed is compensated, when the saga compensates, by compensating it; a
+    detached one (`cancel_with_parent` False) is not: neither a cancel nor a compensation touches it."""
+    if not plan.compensable or not plan.steps[step].cancel_with_parent:
         return ()
     return (RecordCompensable(step, visit, {"kind": "child", "child_id": child_id}),)
 

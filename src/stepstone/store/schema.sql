@@ -3785,8 +3785,9 @@ INSERT INTO {{schema}}.effect_sections VALUES ('redacted_payloads', 60, 'redact_
 -- The children a saga takes over when it begins, recorded as the parent's newest compensations: a child that
 -- completed while the parent's position waited for it, whose COMPLETED report (CHILD_COMPLETION) the parent has
 -- not applied (queued, or claimed by a worker applying it), recorded as that report would have recorded it
--- (core/saga.py, on_child_completed: in a plan that declares a compensation; version 90), then the children
--- still open that go with their parent, each set in ascending child id order (the highest id is undone first).
+-- (core/saga.py, on_child_completed: in a plan that declares a compensation, a child that goes with its parent;
+-- version 90), then the children still open that go with their parent, each set in ascending child id order
+-- (the highest id is undone first).
 -- One statement, one snapshot: a child whose last commit lands meanwhile is seen either open or COMPLETED with
 -- its report queued (one commit wrote both), never neither. saga_begin calls it first, while the positions
 -- still wait, before they close and the report is settled unapplied. Child rows are read, not locked:
@@ -3803,7 +3804,7 @@ BEGIN
         FROM {{schema}}.positions x
         JOIN {{schema}}.instances c ON c.id = (x.wait->>'child_id')::uuid
         WHERE x.instance_id = p_instance AND x.status = 'WAITING' AND x.wait->>'kind' = 'child'
-          AND c.parent_id = p_instance AND c.status = 'COMPLETED'
+          AND c.parent_id = p_instance AND c.status = 'COMPLETED' AND c.cancel_with_parent
           AND COALESCE(c.parent_position, '') = x.path AND c.parent_visit = x.visit
           AND EXISTS (SELECT 1 FROM {{schema}}.commands r
                       WHERE r.instance_id = p_instance AND r.position = x.path AND r.kind = 'CHILD_COMPLETION'

@@ -62,7 +62,7 @@ BEGIN
         FROM {{schema}}.positions x
         JOIN {{schema}}.instances c ON c.id = (x.wait->>'child_id')::uuid
         WHERE x.instance_id = p_instance AND x.status = 'WAITING' AND x.wait->>'kind' = 'child'
-          AND c.parent_id = p_instance AND c.status = 'COMPLETED'
+          AND c.parent_id = p_instance AND c.status = 'COMPLETED' AND c.cancel_with_parent
           AND COALESCE(c.parent_position, '') = x.path AND c.parent_visit = x.visit
           AND EXISTS (SELECT 1 FROM {{schema}}.commands r
                       WHERE r.instance_id = p_instance AND r.position = x.path AND r.kind = 'CHILD_COMPLETION'
