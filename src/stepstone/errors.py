@@ -296,8 +296,9 @@ def child_report_pending(instance_id: str, parent_id: str | None, parent_status:
 
 class ChildNotAwaited(InvalidState):
     """A retry of a FAILED child refused: its parent no longer awaits it (replayed to another visit, gone on
-    to on_failure, ended, compensating, or its branch closed), so its steps would run again for a result
-    nothing takes. Nothing changed. `awaits` is the child the parent's position awaits (or started) instead."""
+    to on_failure, ended, compensating, its branch closed, or going on without its failed branch), so its
+    steps would run again for a result nothing takes. Nothing changed. `awaits` is the child the parent's
+    position awaits (or started) instead."""
 
     def __init__(self, message: str, *, instance_id: str, parent_id: str | None, parent_status: str | None,
                  awaits: str | None) -> None:
@@ -324,6 +325,9 @@ def child_not_awaited(instance_id: str, parent: Mapping[str, Any]) -> ChildNotAw
         why = (f"its parent {parent_id} has moved past the step visit that started it (visit "
                f"{parent.get('child_visit')}{where}; it is {status} at step {parent.get('position_step')!r}, visit "
                f"{parent.get('position_visit')}{instead})")
+    elif parent.get("position_status") == "FAILED":
+        why = (f"its parent {parent_id} ({status}) goes on without the branch that started it "
+               f"({parent.get('parent_position')}, which failed and which its join does not need)")
     else:
         why = f"its parent {parent_id} ({status}) closed the branch that started it ({parent.get('position_status')})"
     step = parent.get("child_step") or "STEP"

@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from stepstone import Registry, Retry, StepContext, Workflow
+from stepstone.errors import ChildNotAwaited
 from stepstone.testing import Engine, open_engine
 from tests.engine.conftest import kinds
 
@@ -322,3 +323,27 @@ async def test_a_branch_failure_the_join_passes_over_logs_a_warning(
     by_position = {message.split("position ")[1].split(" ")[0].strip("'"): (level, message) for level, message in lines}
     assert by_position[passed][0] == logging.WARNING and "its join does not need it" in by_position[passed][1]
     assert by_position[stopped][0] == logging.ERROR and "the instance fails" in by_position[stopped][1]
+
+
+async def test_a_failed_child_of_a_branch_its_join_passed_over_is_not_retried(engine: Engine) -> None:
+    # Branch k failed on its child and the join, which needs any, went on waiting for h: the instance waits and
+    # cannot be retried, so nothing takes the child's result (its report would reach the failed branch and be
+    # ignored). Its retry is refused, and nothing changes; the instance completes on h as before.
+    FAILING.add("a")
+    iid = await engine.client.start(brood, {})
+    await engine.run_until_idle()
+    [kid] = [str(c["id"]) for c in (await engine.client.get(iid)).children]
+    FAILING.clear()
+    history = await engine.client.history(kid)
+
+    with pytest.raises(ChildNotAwaited) as refused:
+        await engine.client.retry(kid)
+    assert str(refused.value).startswith(
+        f"instance {kid} is not retried: its parent {iid} (WAITING) goes on without the branch that started it "
+        "(ask/k, which failed and which its join does not need), so nothing takes this child's result")
+    assert ((await engine.client.get(kid)).status, await engine.client.history(kid)) == ("FAILED", history)
+
+    await engine.client.signal(iid, "go", {}, position="ask/h")
+    await engine.run_until_idle()
+    assert (await engine.client.get(iid)).status == "COMPLETED"
+    assert "CALLBACK_IGNORED" not in kinds(await engine.client.history(iid))

@@ -5796,8 +5796,9 @@ END $$;
 -- not_awaited), and replay_instance (version 9 section) locks the children before it writes and refuses
 -- while a child it awaits is under way (outcome child_live); why: the migration's header.
 -- Where a child stands with its parent: 'awaited' while the parent's position that started it is still at
--- that step visit and waits, runs or failed there, in a parent that has not ended or begun to compensate
--- (retried, it goes on with the child's result); 'abandoned' when the parent ended, or compensates or
+-- that step visit and waits or runs there, in a parent that has not ended or begun to compensate, or failed
+-- there in a parent that failed (retried, it goes on with the child's result; a branch that failed in a
+-- parent that goes on without it, its join not needing it, is not awaited: version 90); 'abandoned' when the parent ended, or compensates or
 -- stopped compensating (version 90), with that position cancelled at that visit and the child was started
 -- with cancel_with_parent false (it runs on as an instance of its own: neither the parent's cancel nor its
 -- compensation touches it); else 'not_awaited' (the parent moved on: replayed, took on_failure, ended,
@@ -5806,7 +5807,8 @@ CREATE FUNCTION {{schema}}.child_standing(p_child {{schema}}.instances)
 RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN p.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED') AND x.status IN ('RUNNING', 'WAITING', 'FAILED')
+        WHEN p.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED')
+             AND (x.status IN ('RUNNING', 'WAITING') OR x.status = 'FAILED' AND p.status = 'FAILED')
         THEN 'awaited'
         WHEN NOT p_child.cancel_with_parent AND x.status = 'CANCELLED'
              AND ({{schema}}.is_terminal(p.status) OR p.status IN ('COMPENSATING', 'COMPENSATION_FAILED'))
@@ -5895,7 +5897,8 @@ END $$;
 
 -- ==== version 90 (migration 0090_children_and_their_parents_sagas) ====
 -- child_standing (in the version 83 section): a detached child whose parent compensates, or stopped
--- compensating, with its child step cancelled is abandoned, as once the parent has ended; saga_begin (in the
+-- compensating, with its child step cancelled is abandoned, as once the parent has ended, and a child of a
+-- branch that failed in a parent that goes on without it is not awaited; saga_begin (in the
 -- version 6 section) records the children it takes over first, and record_open_children (in the version 16
 -- section) records a completed child whose report waits unapplied too, so the saga compensates it; why: the
 -- migration's header.

@@ -17,6 +17,15 @@
 -- completed with its report queued (one commit wrote both), never neither; recorded in two statements, the
 -- open ones after the commands were settled, such a child could fall between them.
 --
+-- A FAILED child of a branch that failed on it while its parent goes on without that branch (its join does not
+-- need it) is not retried. child_standing said 'awaited' for a position FAILED at the child's visit in any
+-- parent that had not ended, so the retry went through; but only a FAILED instance is retried (which runs its
+-- failed positions again), and this parent runs on: the child's report reached the failed branch and was
+-- ignored, and the join went on, or completed, without it (tests/engine/test_branch_failures.py,
+-- test_a_failed_child_of_a_branch_its_join_passed_over_is_not_retried printed "Failed: DID NOT RAISE
+-- ChildNotAwaited"). A position FAILED there is awaited now only in a parent that is FAILED too; should the
+-- parent fail later, the child is awaited again, and retried after the parent's retry ran its branch again.
+--
 -- A detached child (cancel_with_parent false) whose parent was cancelled, or timed out, at its child step
 -- and compensates, or stopped compensating, is retried as an instance of its own, as once the parent has
 -- ended.
@@ -38,7 +47,8 @@ CREATE OR REPLACE FUNCTION {{schema}}.child_standing(p_child {{schema}}.instance
 RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
-        WHEN p.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED') AND x.status IN ('RUNNING', 'WAITING', 'FAILED')
+        WHEN p.status IN ('PENDING', 'RUNNING', 'WAITING', 'FAILED')
+             AND (x.status IN ('RUNNING', 'WAITING') OR x.status = 'FAILED' AND p.status = 'FAILED')
         THEN 'awaited'
         WHEN NOT p_child.cancel_with_parent AND x.status = 'CANCELLED'
              AND ({{schema}}.is_terminal(p.status) OR p.status IN ('COMPENSATING', 'COMPENSATION_FAILED'))
