@@ -57,6 +57,8 @@ class InstanceInfo:
     waiting_for: Any
     next_timer_at: datetime | None
     parked_signals: int
+    """The signals and messages parked with the instance (none of its other parked commands: a branch's
+    report parked at a failed join is counted by that join after the retry, docs/branches.md)."""
     error: Any
     business_key: str | None
     created_at: datetime

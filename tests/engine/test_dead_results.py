@@ -105,6 +105,20 @@ async def test_a_report_reaching_a_failed_join_waits_for_the_retry(engine: Engin
     assert kinds(await c.history(iid))[-1] == "BRANCH_PARKED"
 
 
+async def test_a_report_parked_at_a_failed_join_is_no_parked_signal(engine: Engine) -> None:
+    """The instance's `parked_signals` counted every PARKED command, so c's report parked at the failed join
+    was shown (Client.get, the API, `stepstone show`) as a parked signal the instance held. It counts the
+    signals and messages parked with it: a signal to the failed join's position is one."""
+    c = engine.client
+    iid = await _join_failed_at_bs_report(engine)
+    await c.signal(iid, "go", position="split/c")
+    await engine.run_until_idle()
+    assert (await c.get(iid)).parked_signals == 0
+    await c.signal(iid, "go")  # the root, failed at the join, takes no signal: parked on it
+    await engine.run_until_idle()
+    assert (await c.get(iid)).parked_signals == 1
+
+
 async def test_a_dead_lettered_branch_report_is_counted_once_after_the_retry(
     engine: Engine, conn: asyncpg.Connection,
 ) -> None:

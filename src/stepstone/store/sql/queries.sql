@@ -276,8 +276,9 @@ SELECT i.id, i.scope, i.definition_id, i.version, i.plan_hash, i.status, i.state
         WHERE c.instance_id = i.id AND c.kind = 'TIMER'  -- the queue index, by instance (head of this file)
           AND c.state IN ('PENDING', 'DEFERRED', 'CLAIMED') AND (c.state IN ('PENDING', 'DEFERRED')) IS TRUE
        ) AS next_timer_at,
+       -- Signals and messages only: a branch's report parked at a failed join (BRANCH_PARKED) is none.
        (SELECT count(*) FROM {{schema}}.commands c
-        WHERE c.instance_id = i.id AND c.state = 'PARKED') AS parked_signals,
+        WHERE c.instance_id = i.id AND c.state = 'PARKED' AND c.kind IN ('SIGNAL', 'MESSAGE')) AS parked_signals,
        i.parent_position,
        (SELECT coalesce(jsonb_agg(jsonb_build_object('path', p.path, 'status', p.status, 'step', p.step,
                                                      'visit', p.visit, 'wait', p.wait, 'error', p.error)
