@@ -2041,7 +2041,14 @@ BEGIN
                          WHERE p.instance_id = v_id AND p.path = x->>'position' AND p.step = x->>'step'
                            AND p.status = 'RUNNING')) AS visit
     ) AS t
-    WHERE t.visit IS NOT NULL;
+    WHERE t.visit IS NOT NULL
+      -- One timer a step visit: a retry of a wait or timer failed at its deadline queues its deadline anew,
+      -- and its RETRY, entering the step again at that visit, asked for it again (version 91).
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.commands y
+                      WHERE y.instance_id = v_id AND y.position = '$saga' AND y.kind = 'TIMER'
+                        AND y.name = 'step_deadline' AND y.step = x->>'step' AND y.visit = t.visit
+                        AND y.payload->>'position' = t.path
+                        AND (y.state IN ('PENDING', 'DEFERRED', 'CLAIMED')) IS TRUE);
 END $$;
 
 -- Step deadlines on waits and timers too, and on the start step. A position interrupted at a wait or
@@ -5902,3 +5909,7 @@ END $$;
 -- version 6 section) records the children it takes over first, and record_open_children (in the version 16
 -- section) records a completed child whose report waits unapplied too, so the saga compensates it; why: the
 -- migration's header.
+
+-- ==== version 91 (migration 0091_one_deadline_timer_a_visit) ====
+-- schedule_step_deadlines (in the version 6 section) queues no step deadline timer for a step visit that has
+-- one open; why: the migration's header.
