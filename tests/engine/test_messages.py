@@ -18,7 +18,15 @@ from stepstone.core.effects import Subscribe
 from stepstone.core.model import Decision
 from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.core.transitions import apply
-from stepstone.errors import IdempotencyConflict, InvalidInput, InvalidState, OpenSignalLimit, UnknownSignal
+from stepstone.errors import (
+    IdempotencyConflict,
+    InvalidInput,
+    InvalidState,
+    OpenSignalLimit,
+    Unavailable,
+    UnknownSignal,
+)
+from stepstone.store import postgres_tasks
 from stepstone.store.port import CommitRequest
 from stepstone.testing import Engine, open_engine
 from tests._pg import until_blocked
@@ -510,6 +518,32 @@ async def test_a_buffered_message_reaches_its_wait_whatever_the_instance_holds(
         info = await engine.client.get(iid)
         assert (info.status, info.state.get("done")) == ("COMPLETED", True), info
     assert await conn.fetchval("SELECT status FROM stepstone.messages") == "DELIVERED"
+
+
+async def test_a_publish_that_keeps_meeting_a_busy_instance_is_refused_after_about_ten_seconds(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every attempt refused (SQLSTATE 55P03, an instance busy whenever it is met): the client tries 200 times,
+    backing off from 2 ms to 50 ms, about ten seconds in all (the docs said five), then refuses the publish
+    Unavailable, having published nothing (each attempt is one statement, undone whole)."""
+    attempts: list[str] = []
+    waited: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def busy(name: str, *args: Any) -> Any:
+        attempts.append(name)
+        raise asyncpg.LockNotAvailableError("could not obtain lock on row in relation \"instances\"")
+
+    async def sleep(delay: float) -> None:
+        waited.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(engine.store, "_task_row", busy)
+    monkeypatch.setattr(postgres_tasks.asyncio, "sleep", sleep)
+    with pytest.raises(Unavailable, match="nothing was published"):
+        await engine.client.publish_message("receipt_received", "busy", {"n": 1}, correlate_all=True)
+    assert (len(attempts), set(attempts)) == (200, {"publish_message"})
+    assert 9.5 < sum(waited) < 10.5, sum(waited)
 
 
 async def test_a_publish_to_every_subscription_waits_for_a_busy_instance(
