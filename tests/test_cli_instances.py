@@ -290,6 +290,23 @@ def test_retry_a_failed_instance(run: Cli) -> None:
     assert shown["instance"]["state"] == {"ok": True}
 
 
+@pytest.mark.usefixtures("flaky_fails")
+def test_show_prints_where_the_failed_step_raised(run: Cli) -> None:
+    instance_id = run.json("start", "flaky", "--app", APP)["instance_id"]
+    run.drive()
+    [frame] = run.json("show", instance_id)["instance"]["error"]["frames"]
+    raising = 'raise RuntimeError("the service said no")'
+    line = next(n for n, text in enumerate(Path(cli_apps.__file__).read_text().splitlines(), 1) if raising in text)
+    assert frame == {"file": cli_apps.__file__, "line": line, "function": "attempt", "source": raising}
+    text = run("show", instance_id).stdout
+    assert (f'traceback\nTraceback (most recent call last):\n  File "{cli_apps.__file__}", line {line}, in attempt\n'
+            f"    {raising}\nRuntimeError: the service said no\n") in text
+    assert '"frames"' not in text  # the history's rows leave the frames to the traceback above
+    run.count("UPDATE stepstone.instances SET error = error - 'frames' RETURNING 1")  # as an earlier release wrote it
+    text = run("show", instance_id).stdout
+    assert "RuntimeError: the service said no" in text and "Traceback" not in text
+
+
 def test_list_filters_and_pages_newest_first(run: Cli) -> None:
     ids = [run.json("start", "hello", "--input", json.dumps({"name": str(i)}), "--app", APP)["instance_id"]
            for i in range(5)]

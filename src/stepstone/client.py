@@ -27,6 +27,7 @@ from stepstone.client_tasks import TaskOperations
 from stepstone.config import Settings
 from stepstone.context import durable
 from stepstone.core.attribution import Actor
+from stepstone.core.failures import traceback_text
 from stepstone.core.limits import Limits
 from stepstone.core.model import COMPENSATION_FAILED, COMPLETED, FAILED, STATUSES, TERMINAL
 from stepstone.errors import InvalidInput, UnknownSignal, WaitTimeout
@@ -60,6 +61,8 @@ class InstanceInfo:
     """The signals and messages parked with the instance (none of its other parked commands: a branch's
     report parked at a failed join is counted by that join after the retry, docs/branches.md)."""
     error: Any
+    """Why it failed, when it did: `step`, `type`, `message`, `attempt`, and `frames` where its handler raised
+    (`traceback` prints them; docs/api.md, "Failures"); None otherwise."""
     business_key: str | None
     created_at: datetime
     updated_at: datetime
@@ -75,6 +78,12 @@ class InstanceInfo:
     @property
     def completed(self) -> bool:
         return self.status == COMPLETED
+
+    @property
+    def traceback(self) -> str | None:
+        """Where the failing handler raised, as Python prints a traceback; None when the error has no frames
+        (no failure, a failure no handler raised, or one an earlier release stored)."""
+        return traceback_text(self.error)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,11 @@ async def test_failed_instance_is_a_dead_letter_and_retry_completes_it(api: Api)
     only_failures = (await api.http.get(f"{V1}/instances/{iid}/history", headers=operator,
                                         params={"failed_only": "true"})).json()["items"]
     assert only_failures and all("FAIL" in h["kind"] or "DEAD" in h["kind"] for h in only_failures)
+    # where the handler raised (docs/api.md, "Failures"): in the error and in each failed attempt's entry
+    error = (await api.http.get(f"{V1}/instances/{iid}", headers=operator)).json()["error"]
+    assert [(f["function"], f["source"]) for f in error["frames"]] == [
+        ("charge", 'raise Declined(f"card declined for {state.name}")')]
+    assert all(h["data"]["frames"] == error["frames"] for h in only_failures if h["kind"] == "STEP_FAILED")
 
     workflows.FAILING.discard("broken")
     r = await api.http.post(f"{V1}/instances/{iid}/retry", headers=operator)

@@ -51,6 +51,11 @@ async def test_list_and_instance_page_show_the_failed_step_in_the_graph(api: Api
     assert re.search(r'<g class="node kind-action failed visited" data-step="charge">', detail)
     assert 'class="node kind-wait" data-step="approval"' in detail
     assert "Declined" in detail  # the error, shown on the page
+    # where it raised, folded away under it and under each failed attempt in the history
+    assert detail.count('<details><summary>Traceback</summary><pre class="traceback">Traceback (most recent call '
+                        'last):\n  File ') == 3  # the error, its STEP_FAILED and INSTANCE_FAILED entries
+    assert '&#34;, line ' in detail and ", in charge\n    raise Declined(f&#34;card declined for" in detail
+    assert "&#34;frames&#34;" not in detail  # not as JSON beside it
     assert "Retry…" not in detail  # a viewer gets no actions
     assert "actions need operator" in detail
 

@@ -72,7 +72,8 @@ async def test_exhausted_retries_fail_the_instance_and_retry_redrives_it(engine:
 
     info = await engine.client.get(iid)
     assert info.status == "FAILED" and info.step == "work"
-    assert info.error == {"step": "work", "type": "Flaky", "message": "upstream busy (attempt 3)", "attempt": 3}
+    assert info.error == {"step": "work", "type": "Flaky", "message": "upstream busy (attempt 3)", "attempt": 3,
+                          "frames": info.error["frames"]}  # where it raised: tests/engine/test_failure_frames.py
     assert kinds(await engine.client.history(iid))[-2:] == ["STEP_FAILED", "INSTANCE_FAILED"]
     assert await rows.open_commands(iid) == []
     assert [i["id"] for i in await engine.client.list(status="FAILED")] == [iid]

@@ -35,6 +35,7 @@ from stepstone.client import Client, InstanceInfo
 from stepstone.client_starts import DEFAULT_START_BATCH
 from stepstone.config import Settings
 from stepstone.core import json_text
+from stepstone.core.failures import traceback_text, without_frames
 from stepstone.core.model import WAITING
 from stepstone.core.redaction import Redaction
 from stepstone.errors import DefinitionNotFound, InvalidInput
@@ -124,11 +125,14 @@ def _show_text(info: InstanceInfo, history: list[dict[str, Any]], compensations:
         rows.append(["archived", _time(info.archived_at)])
     table = render_table(
         [[h["seq"], _time(h["at"], millis=True), h["kind"], h.get("position") or "", h["step"] or "",
-          short_json(h["data"])] for h in history],
+          short_json(without_frames(h["data"]))] for h in history],
         ["seq", "time", "kind", "position", "step", "data"],
     )
     state = json.dumps(info.state, indent=2, ensure_ascii=False, sort_keys=True)
     parts = [render_table(rows), "", "state", state]
+    trace = traceback_text(info.error)
+    if trace is not None:  # where the failing handler raised (older failures have no frames)
+        parts[1:1] = ["", "traceback", trace]
     branches = [p for p in info.positions if p["path"]]
     if branches:
         parts += ["", "branches", render_table(

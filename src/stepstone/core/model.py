@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 from stepstone.core.effects import Effect, EmitEvent, EndInstance, Enqueue
+from stepstone.core.failures import Frame
 
 JSON = Any
 E = TypeVar("E", bound=Effect)
@@ -163,11 +164,14 @@ class StepSucceeded:
 
 @dataclass(frozen=True)
 class StepFailed:
-    """A handler raised. Only the error's type and message are kept, never payload values."""
+    """A handler raised. Only the error's type and message are kept, never payload values, and where it
+    raised: the frames of its error (code, never values; `core.failures`)."""
 
     error_type: str
     message: str
     retryable: bool = True
+    frames: tuple[Frame, ...] = ()
+    frames_omitted: int = 0
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from stepstone.core.effects import (
 )
 from stepstone.core.entering import child_failed, enter, fail, failed, join_branch, settled
 from stepstone.core.external_completion import awaited, external_done
+from stepstone.core.failures import frames_document
 from stepstone.core.leaving_waits import LATE, within_deadline
 from stepstone.core.messages import message_received, signal_cause
 from stepstone.core.model import (
@@ -141,7 +142,8 @@ def _complete(
             entered = enter(instance, plan, target or END, outcome.state, now)
             return Decision(settled(entered),
                             (*done, *state_change(instance.state, outcome.state, ops), *entered, *events))
-    failure = {"step": step.name, "type": outcome.error_type, "message": outcome.message, "attempt": command.attempt}
+    failure = {"step": step.name, "type": outcome.error_type, "message": outcome.message, "attempt": command.attempt,
+               **frames_document(outcome.frames, outcome.frames_omitted)}
     retryable = outcome.retryable and outcome.error_type not in step.retry.non_retryable
     if retryable and command.attempt < step.retry.max_attempts:
         delay = step.retry.backoff(command.attempt)

@@ -24,6 +24,8 @@ class JsonFormatter(logging.Formatter):
         doc.update(log_fields.get() or {})
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # a failed step's traceback, as stored (`observe._log_failure`)
+            doc["exception"] = record.exc_text
         return json.dumps(doc, ensure_ascii=False, default=str)
 
 

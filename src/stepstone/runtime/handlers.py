@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
@@ -30,6 +31,7 @@ from stepstone.authoring.workflow import (
     TaskOutcome,
     Workflow,
 )
+from stepstone.core.failures import Frame, bounded
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.core.transitions import child_id
@@ -105,7 +107,9 @@ async def _run(
     except BaseException as exc:  # noqa: BLE001 - every handler error becomes a StepFailed
         _reraise_own_cancellation(exc)
         retryable = not workflow.never_retried(run.step, exc)
-        return _failed(type(exc).__name__, _message(exc), retryable=retryable), None
+        frames, omitted = handler_frames(exc)
+        return replace(_failed(type(exc).__name__, _message(exc), retryable=retryable), frames=frames,
+                       frames_omitted=omitted), None
     child: ChildStart | None = None
     if workflow.plan.steps[run.step].kind == "child":
         named = child_id(instance.id, instance.position, run.step, run.visit)
@@ -305,6 +309,23 @@ def _reraise_own_cancellation(exc: BaseException) -> None:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise exc
+
+
+def handler_frames(error: BaseException, engine: tuple[str, ...] = ()) -> tuple[tuple[Frame, ...], int]:
+    """Where the handler raised `error` (`core.failures`): its traceback below the engine's call of the
+    handler (the leading frames in this module and the `engine` files that call it are dropped), bounded;
+    and how many outer frames were left out. Source lines are read as Python's traceback reads them
+    (`linecache`), local variables never."""
+    calling = {__file__, *engine}
+    try:
+        summary = traceback.extract_tb(error.__traceback__)
+    except Exception:  # noqa: BLE001 - a source that cannot be read must not lose the failure itself
+        return (), 0
+    start = 0
+    while start < len(summary) and summary[start].filename in calling:
+        start += 1
+    return bounded([Frame(_storable(s.filename), s.lineno or 0, _storable(s.name), _storable(s.line or ""))
+                    for s in summary[start:]])
 
 
 def _failed(error_type: str, message: str, *, retryable: bool) -> StepFailed:

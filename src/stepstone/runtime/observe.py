@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from opentelemetry.trace import Span
 
 from stepstone.core.effects import AdvanceSaga, IfStopped, MovePosition, RecordHistory
+from stepstone.core.failures import traceback_text
 from stepstone.core.model import FAILED, CommandView, Decision, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.observability import tracing
 
@@ -215,8 +216,17 @@ def _log_failure(workflow: str, instance: InstanceView, decision: Decision, stop
         level, message = logging.WARNING, f"a command of {where} was dead-lettered: {settle.reason}"
     else:
         level, message = logging.ERROR, f"{what} {step} of {where} gave up: {settle.reason}"
+    # Where the handler raised, once per failed attempt: the stored (redacted) failure as a traceback, never
+    # the exception itself, whose message the workflow's redaction has not seen.
+    trace = next((t for h in history if (t := traceback_text(h.data)) is not None), None)
     token = log_fields.set(fields)
     try:
-        log.log(level, "%s", message)
+        if trace is None:
+            log.log(level, "%s", message)
+        elif log.isEnabledFor(level):
+            file, line, function, _ = log.findCaller()
+            record = log.makeRecord(log.name, level, file, line, "%s", (message,), None, function)
+            record.exc_text = trace  # every logging.Formatter appends it as it would a traceback
+            log.handle(record)
     finally:
         log_fields.reset(token)

@@ -20,6 +20,7 @@ from stepstone.api.auth import TOKEN_COOKIE, Principal, TokenAuth
 from stepstone.api.context import context_of
 from stepstone.api.query_params import query_refusals
 from stepstone.core.attribution import Actor
+from stepstone.core.failures import traceback_text, without_frames
 from stepstone.errors import InvalidInput
 from stepstone.ids import short_id
 
@@ -70,7 +71,8 @@ def _compact(value: Any) -> str:
     return text if len(text) <= 400 else text[:399] + "…"
 
 
-_env.globals.update(when=_when, pretty=_pretty, compact=_compact)
+_env.globals.update(when=_when, pretty=_pretty, compact=_compact, without_frames=without_frames,
+                    traceback=traceback_text)
 
 
 def patch_lines(data: Any) -> list[str]:

@@ -1,0 +1,96 @@
+"""Where a handler failed: the frames of its error, as stored with the failure and shown to operators.
+
+A failure (`{"step", "type", "message", "attempt"}` in history and in the instance's error) gains
+`frames` when its handler raised: the innermost frames below the engine's call of the handler, each
+`{"file", "line", "function", "source"}` (the source line's text as Python prints it: code, never a
+value; no local variables), outermost first, and `frames_omitted`, how many outer frames were left out
+to stay within `MAX_FRAMES` and `MAX_FRAMES_BYTES`. Failures written by earlier releases, and failures
+no handler raised (a state that cannot be stored, a wrong transition), have neither key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MAX_FRAMES", "MAX_FRAMES_BYTES", "Frame", "bounded", "frames_document", "traceback_text", "without_frames"]
+
+MAX_FRAMES = 20
+"""The innermost frames kept of a handler's error (a deep recursion keeps its last 20)."""
+MAX_FRAMES_BYTES = 8192
+"""The most the kept frames take as JSON; outer frames are left out beyond it."""
+_MAX_FILE = 240
+_MAX_FUNCTION = 120
+_MAX_SOURCE = 240
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a handler's error: where (file, line, function) and the code at that line."""
+
+    file: str
+    line: int
+    function: str
+    source: str = ""
+
+    def document(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function, "source": self.source}
+
+
+def _cut(text: str, most: int, *, keep_end: bool = False) -> str:
+    if len(text) <= most:
+        return text
+    return "…" + text[-(most - 1):] if keep_end else text[: most - 1] + "…"
+
+
+def bounded(frames: list[Frame]) -> tuple[tuple[Frame, ...], int]:
+    """The innermost frames within `MAX_FRAMES` and `MAX_FRAMES_BYTES` (each text cut to a line's
+    worth; a file keeps its end), and how many outer frames were left out."""
+    kept = [Frame(_cut(f.file, _MAX_FILE, keep_end=True), f.line, _cut(f.function, _MAX_FUNCTION),
+                  _cut(f.source, _MAX_SOURCE)) for f in frames[-MAX_FRAMES:]]
+    size = 2
+    first = len(kept)
+    while first > 0:
+        size += len(json.dumps(kept[first - 1].document(), ensure_ascii=False).encode()) + 1
+        if size > MAX_FRAMES_BYTES:
+            break
+        first -= 1
+    kept = kept[first:]
+    return tuple(kept), len(frames) - len(kept)
+
+
+def frames_document(frames: tuple[Frame, ...], omitted: int) -> dict[str, Any]:
+    """The keys a failure gains for its frames: none when there are none (older rows look the same)."""
+    if not frames:
+        return {}
+    return {"frames": [f.document() for f in frames], **({"frames_omitted": omitted} if omitted else {})}
+
+
+def without_frames(error: Any) -> Any:
+    """A failure (or any history entry's data) without its frames, for a view that shows them as a traceback
+    of their own (`traceback_text`)."""
+    if isinstance(error, dict) and "frames" in error:
+        return {k: v for k, v in error.items() if k not in ("frames", "frames_omitted")}
+    return error
+
+
+def traceback_text(error: Any) -> str | None:
+    """A stored failure as Python prints a traceback (`Traceback (most recent call last):`, each frame's
+    `File "...", line N, in function` and its source line, then `Type: message`); None when it has no
+    frames (an older row, or a failure no handler raised)."""
+    if not isinstance(error, dict) or not isinstance(error.get("frames"), list) or not error["frames"]:
+        return None
+    lines = ["Traceback (most recent call last):"]
+    omitted = error.get("frames_omitted")
+    if isinstance(omitted, int) and omitted > 0:
+        lines.append(f"  ... {omitted} outer frame{'s' if omitted != 1 else ''} not kept")
+    for frame in error["frames"]:
+        if not isinstance(frame, dict):
+            continue
+        lines.append(f'  File "{frame.get("file")}", line {frame.get("line")}, in {frame.get("function")}')
+        if frame.get("source"):
+            lines.append(f"    {frame['source']}")
+    message = error.get("message")
+    lines.append(f"{error.get('type')}: {message}" if message else str(error.get("type")))
+    return "\n".join(lines)
