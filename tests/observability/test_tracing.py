@@ -117,6 +117,36 @@ async def test_a_failing_step_marks_its_span(engine: Engine, spans: object) -> N
     assert span.status.status_code.name == "ERROR" and span.attributes["stepstone.error_type"] == "ValueError"
 
 
+async def test_a_failing_steps_span_carries_its_message_as_history_stores_it(engine: Engine, spans: object) -> None:
+    """The span's status took the handler's message as raised, a sensitive value of the state in it, where
+    history, the instance's error and the log store it redacted."""
+    from typing import Annotated  # noqa: PLC0415
+
+    from pydantic import BaseModel  # noqa: PLC0415
+
+    from stepstone.authoring.sensitive import Sensitive  # noqa: PLC0415
+    from stepstone.authoring.workflow import Registry, Retry, StepContext, Workflow  # noqa: PLC0415
+    from stepstone.runtime.worker import Worker  # noqa: PLC0415
+
+    class Card(BaseModel):
+        card: Annotated[str, Sensitive] = "4111-1111-1111-1111"
+
+    declined: Workflow[Card] = Workflow("span_declined", state=Card)
+
+    @declined.step(start=True, retry=Retry(max_attempts=1))
+    async def charge(ctx: StepContext, state: Card) -> None:
+        raise ValueError(f"card {state.card} was declined")
+
+    worker = Worker(engine.store, Registry(declined))
+    await worker.register()
+    instance_id = await engine.client.start(declined, {})
+    await worker.run_until_idle()
+    [span] = _by_name(spans)["stepstone.step span_declined.charge"]
+    stored = (await engine.client.get(instance_id)).error
+    assert stored is not None and "4111" not in stored["message"]
+    assert span.status.description == f"ValueError: {stored['message']}"
+
+
 async def test_an_outbox_event_carries_the_trace_into_the_broker(engine: Engine, spans: object) -> None:
     from stepstone.outbox.publisher import InMemoryBroker, memory_publisher  # noqa: PLC0415
     from stepstone.outbox.relay import Relay  # noqa: PLC0415

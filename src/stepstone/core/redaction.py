@@ -271,6 +271,13 @@ class Redaction:
                 data = {**data, "patch": self.patch(data["patch"])}
         return self.scrub(data, secrets)
 
+    def failure_text(self, text: str, before: Any, command: CommandView | None = None) -> str:
+        """A failed handler's message as `decision` stores it (a failed step sets no state): for what
+        leaves the worker beside the history, the trace span's status."""
+        if self.empty:
+            return text
+        return self.text(text, self.secrets(before) | self._payload(command)[1])
+
     def decision(self, decision: Decision, before: Any, command: CommandView | None = None) -> Decision:
         """The decision as it may be stored: history, errors, the report to a parent and the claimed
         command's payload redacted; the live state (and a payload that runs again) untouched."""

@@ -77,14 +77,15 @@ class _Seen:
     class rather than a generator-based manager: both run on every step, and the generator and its
     wrapper cost about 1 µs each time (docs/performance-history.md, "Less Python a step")."""
 
-    __slots__ = ("_began", "_end", "_failure", "_fields", "_spans", "_token", "outcome", "span")
+    __slots__ = ("_began", "_end", "_failure", "_fields", "_shown", "_spans", "_token", "outcome", "span")
 
     def __init__(self, spans: AbstractContextManager[Span], end: Callable[[float, str], None], failure: str,
-                 fields: dict[str, object] | None = None) -> None:
+                 fields: dict[str, object] | None = None, shown: Callable[[str], str] = str) -> None:
         self._spans = spans
         self._end = end
         self._failure = failure
         self._fields = fields
+        self._shown = shown  # a failure's message as history stores it (redacted)
         self.outcome = "ok"
 
     def __enter__(self) -> _Seen:
@@ -107,7 +108,7 @@ class _Seen:
     def result(self, value: Any) -> None:
         if isinstance(value, StepFailed):
             self.outcome = "failed"
-            tracing.failed(self.span, value.error_type, value.message)
+            tracing.failed(self.span, value.error_type, self._shown(value.message))
         elif isinstance(value, StepSucceeded):
             self.outcome = "ok"
             if value.next:
@@ -135,7 +136,8 @@ def step(workflow: Any, instance: InstanceView, run: RunStep, command: CommandVi
 
     fields = {"workflow": workflow.id, "instance": instance.id, "position": instance.position, "step": run.step,
               "attempt": run.attempt}  # the order of docs/observability.md and of the failure lines (`_log_failure`)
-    return _Seen(spans, end, "crashed", fields)
+    return _Seen(spans, end, "crashed", fields,
+                 lambda message: workflow.redaction.failure_text(message, instance.state, command))
 
 
 def commit(instance: InstanceView, decision: Decision, workflow: str = "") -> _Seen:
