@@ -105,7 +105,7 @@ async def test_deadlines_under_kills_time_out_exactly_what_was_late(pg_server: P
     # s3 lingers past the deadline: whether a worker claims the timer first or the commit of s3 meets the
     # deadline, every one times out (before migration 0061, beside the full suite, as few as 4 of 12 did).
     assert outcome["instance due"] == {"TIMED_OUT": INSTANCE_DUE}, dict(outcome["instance due"])
-    _assert_repeats_explained(seen, fleet.kills)
+    checker.assert_repeats_explained(seen.ledger, fleet.kills, retried=seen.retried, fenced=seen.fenced)
     assert len(fleet.kills) >= KILLS // 2
     # The deadlines fired where the test means them to (at least once each; a kill or a busy machine can hold
     # a timer up, see the docstring): a step deadline under a running handler, an instance deadline after s1
@@ -146,7 +146,7 @@ async def test_step_deadlines_hold_with_every_slot_busy_under_kills(pg_server: P
     # No s2 committed (the checks above: none past its deadline, and each lingers past it), so every
     # instance went to `late` through its step deadline, once.
     assert seen.counts.get("STEP_DEADLINE_EXCEEDED", 0) == CROWDED, seen.counts
-    _assert_repeats_explained(seen, fleet.kills)
+    checker.assert_repeats_explained(seen.ledger, fleet.kills, retried=seen.retried, fenced=seen.fenced)
     print(f"crowded deadline kills: {len(fleet.kills)} kills, {seen.counts}")  # noqa: T201
 
 
@@ -163,8 +163,7 @@ class _Seen:
 
 
 async def _checked(url: str, fleet: Fleet) -> _Seen:
-    fenced = {(s["pid"], f["instance"], f.get("position") or "", int(f["visit"]))
-              for s in fleet.stats() for f in s.get("fenced_log", [])}
+    fenced = checker.fenced_visits(fleet.stats())
     conn = await asyncpg.connect(url)
     try:
         await checker.assert_none(conn, _NOTHING)
@@ -173,7 +172,7 @@ async def _checked(url: str, fleet: Fleet) -> _Seen:
             counts=dict(await conn.fetch(_COUNT_BY_KIND)),
             late=await conn.fetchrow(_LATE),
             ledger=await conn.fetch(checker.LEDGER_SQL),
-            retried={(r["key"], r["attempt"]) for r in await conn.fetch(_RETRIED)},
+            retried={(r["key"], r["attempt"]) for r in await conn.fetch(checker.RETRIED)},
             fenced=fenced,
         )
     finally:
@@ -204,32 +203,6 @@ def _plain(outcome: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return {kind: dict(counts) for kind, counts in outcome.items()}
 
 
-def _assert_repeats_explained(seen: _Seen, kills: list[dict[str, Any]]) -> None:
-    """Of one step visit's effects, every one but the committed one explained (a kill in its effect ->
-    commit window, or a commit of that visit refused: a deadline took its lease)."""
-    by_key: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
-    for r in seen.ledger:
-        by_key[r["key"]].append((r["pid"], r["at"], r["attempt"]))
-    fenced_on = dict.fromkeys(seen.fenced, 1)
-    # A compensation's key names its record, not the saga position's visit its fenced commit names: a
-    # compensation run is explained by any refused commit of its process on the instance's saga position.
-    saga_fenced = {(pid, instance) for pid, instance, position, _ in seen.fenced if position == "$saga"}
-    kill_at = {k["pid"]: k["at"] for k in kills}
-    unexplained = []
-    for key, rows in by_key.items():
-        if len(rows) > 1:
-            reasons = checker.explain(key, rows, retried=seen.retried, kill_at=kill_at, fenced_on=fenced_on, paused={})
-            if "/compensate/" in key:
-                instance = key.split("/", 1)[0]
-                reasons = [r or ("fenced" if (pid, instance) in saga_fenced else "")
-                           for r, (pid, _, _) in zip(reasons, rows, strict=True)]
-            if reasons.count("") > 1:
-                unexplained.append({"key": key, "rows": rows, "reasons": reasons})
-    assert not unexplained, f"effects repeated without a kill or a refused commit: {unexplained[:3]}"
-
-
-_RETRIED = (f"SELECT {checker.KEY} AS key, (h.data->>'attempt')::int AS attempt FROM stepstone.history h "
-            "WHERE h.kind = 'STEP_FAILED'")
 _COUNT_BY_KIND = ("SELECT kind, count(*) FROM stepstone.history WHERE kind IN ("
                   "'STEP_DEADLINE_PASSED', 'STEP_DEADLINE_EXCEEDED', 'DEADLINE_PASSED', 'STEP_COMPENSATED', "
                   "'INSTANCE_TIMED_OUT') GROUP BY 1")

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from stepstone.core.model import Decision
 from stepstone.runtime.worker import Worker, WorkerConfig
 from stepstone.store.port import Claim, Committed
 from stepstone.store.postgres import PostgresStore
-from tests.chaos import workflows
+from tests.chaos import family, workflows
 
 
 class _Counting(logging.Handler):
@@ -46,6 +47,17 @@ class RigWorker(Worker):
     fenced_log: list[dict[str, Any]]
     conflict_log: list[dict[str, Any]]
 
+    async def _segment(self, claim: Claim) -> None:
+        # A worker slow to apply a child's COMPLETED report (a pause between its claim and its commit, its lease
+        # renewed meanwhile), for a parent whose state asks for it (family.py's `hold_report`): held until the
+        # parent's saga begins, at most that many seconds; the window in which a cancel or a deadline begins the
+        # parent's saga while the report is claimed and not applied.
+        state, payload = claim.instance.state, claim.command.payload
+        if claim.command.kind == "CHILD_COMPLETION" and isinstance(state, dict) and state.get(family.HOLD_REPORT) \
+                and isinstance(payload, dict) and payload.get("status") == "COMPLETED":
+            await _hold(claim.instance.id, float(state[family.HOLD_REPORT]))
+        await super()._segment(claim)
+
     async def _commit(
         self, claim: Claim, command_id: int, decision: Decision, visit: int, state_version: int
     ) -> Committed | None:
@@ -58,6 +70,18 @@ class RigWorker(Worker):
         elif result.conflict:
             self.conflict_log.append(where)  # the shared state moved on; the worker rebases or runs again
         return result
+
+
+async def _hold(instance_id: str, seconds: float) -> None:
+    """Until the instance is no longer RUNNING or WAITING (its saga began, or it ended), at most `seconds`."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    pool = await workflows.LEDGER.get()
+    while loop.time() < until:
+        status = await pool.fetchval("SELECT status FROM stepstone.instances WHERE id = $1", uuid.UUID(instance_id))
+        if status not in ("RUNNING", "WAITING"):
+            return
+        await asyncio.sleep(0.05)  # the simulated slowness, polling the saga's start
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -119,6 +119,43 @@ def explain(
     return reasons
 
 
+# The (step-visit key, attempt) of every attempt that failed and was retried.
+RETRIED = (f"SELECT {KEY} AS key, (h.data->>'attempt')::int AS attempt FROM stepstone.history h "
+           "WHERE h.kind = 'STEP_FAILED'")
+
+
+def fenced_visits(stats: list[dict[str, Any]]) -> set[tuple[int, str, str, int]]:
+    """(pid, instance, position, visit) of every commit the fleet's workers had refused (Fleet.stats())."""
+    return {(s["pid"], f["instance"], f.get("position") or "", int(f["visit"]))
+            for s in stats for f in s.get("fenced_log", [])}
+
+
+def assert_repeats_explained(ledger: list[Any], kills: list[dict[str, Any]], *, retried: set[tuple[str, int]],
+                             fenced: set[tuple[int, str, str, int]]) -> None:
+    """Of one step visit's effects (`ledger`: LEDGER_SQL's rows), every one but the committed one explained:
+    a kill in its effect -> commit window, a failed attempt retried, or a commit of that visit refused (a
+    deadline or a cancel took its lease)."""
+    by_key: dict[str, list[tuple[int, float, int]]] = defaultdict(list)
+    for r in ledger:
+        by_key[r["key"]].append((r["pid"], r["at"], r["attempt"]))
+    fenced_on = dict.fromkeys(fenced, 1)
+    # A compensation's key names its record, not the saga position's visit its fenced commit names: a
+    # compensation run is explained by any refused commit of its process on the instance's saga position.
+    saga_fenced = {(pid, instance) for pid, instance, position, _ in fenced if position == "$saga"}
+    kill_at = {k["pid"]: k["at"] for k in kills}
+    unexplained = []
+    for key, rows in by_key.items():
+        if len(rows) > 1:
+            reasons = explain(key, rows, retried=retried, kill_at=kill_at, fenced_on=fenced_on, paused={})
+            if "/compensate/" in key:
+                instance = key.split("/", 1)[0]
+                reasons = [r or ("fenced" if (pid, instance) in saga_fenced else "")
+                           for r, (pid, _, _) in zip(reasons, rows, strict=True)]
+            if reasons.count("") > 1:
+                unexplained.append({"key": key, "rows": rows, "reasons": reasons})
+    assert not unexplained, f"effects repeated without a kill or a refused commit: {unexplained[:3]}"
+
+
 async def check(  # noqa: PLR0912 - one flat list of independent checks reads best
     conn: asyncpg.Connection,
     *,
