@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
 
-from stepstone.outbox.relay import Relay
+from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox
 from stepstone.store.postgres import PostgresStore
 from tests._pg import PgServer
@@ -82,6 +83,49 @@ async def claim(outbox: PostgresOutbox, limit: int = 500, relay: str = "r", *, s
         return token, [e.id for e in await outbox.claim(limit, 30, relay, token)]
 
     return await past_the_horizon(once, lambda got: bool(got[1]) or not some)
+
+
+async def held_by_a_refused_setup(relay: Relay) -> Exception:
+    """`run_once` until its claim takes something (a transaction elsewhere may hold the horizon) and the
+    publish fails; the error it raised."""
+    async def once() -> Exception | None:
+        try:
+            await relay.run_once()
+        except Exception as exc:  # noqa: BLE001 - the test looks at what it is
+            return exc
+        return None
+
+    raised = await past_the_horizon(once, lambda exc: exc is not None)
+    if raised is None:
+        raise AssertionError("no claim took the staged events")
+    return raised
+
+
+async def assert_held(conn: asyncpg.Connection, outbox: PostgresOutbox, publisher: Any, says: str,
+                      caplog: pytest.LogCaptureFixture) -> None:
+    """Two events meet a broker that refuses the publisher's setup, with max_attempts=1: held, not dead."""
+    from stepstone.errors import BrokerMisconfigured  # noqa: PLC0415
+
+    await stage(conn, ["k", None])
+    relay = Relay(outbox, publisher, RelayConfig(max_attempts=1, retry_base=0))
+    try:
+        for _ in range(2):
+            assert isinstance(await held_by_a_refused_setup(relay), BrokerMisconfigured)
+        rows = await outbox.unpublished()
+        assert [(r.attempts, r.state, r.claimed_by) for r in rows] == [(0, "pending", None)] * 2
+        assert all(says in (r.last_error or "") for r in rows)
+        assert await outbox.unpublished(dead=True) == []
+        assert relay.events.misconfigured == 2
+        with caplog.at_level(logging.WARNING, "stepstone.relay"):  # the loop says it once, as an error
+            await relay.start()
+            await relay.events.wait_until(lambda: relay.events.misconfigured >= 3, timeout=30)
+            await relay.stop()
+        lines = [r for r in caplog.records if r.name == "stepstone.relay"]
+        assert [r.levelname for r in lines] == ["ERROR"]
+        assert "refuses the publisher's setup" in lines[0].getMessage() and says in lines[0].getMessage()
+        assert "no attempt counted" in lines[0].getMessage() and not lines[0].exc_info
+    finally:
+        await publisher.close()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from stepstone.outbox.publisher import PublishResult, open_publisher, publish_in
 from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
 from tests.outbox.brokers import Kind
-from tests.outbox.conftest import first_claim, past_the_horizon, stage
+from tests.outbox.conftest import assert_held, first_claim, past_the_horizon, stage
 
 
 class Exploding:
@@ -199,49 +199,6 @@ async def test_an_exchange_rabbitmq_will_not_declare_leaves_no_connection_open(
         await fails_three_times_closing_each(publisher, "inequivalent arg 'type'", opened)
     finally:
         await admin.close()
-
-
-async def held_by_a_refused_setup(relay: Relay) -> Exception:
-    """`run_once` until its claim takes something (a transaction elsewhere may hold the horizon) and the
-    publish fails; the error it raised."""
-    async def once() -> Exception | None:
-        try:
-            await relay.run_once()
-        except Exception as exc:  # noqa: BLE001 - the test looks at what it is
-            return exc
-        return None
-
-    raised = await past_the_horizon(once, lambda exc: exc is not None)
-    if raised is None:
-        raise AssertionError("no claim took the staged events")
-    return raised
-
-
-async def assert_held(conn: asyncpg.Connection, outbox: PostgresOutbox, publisher: Any, says: str,
-                      caplog: pytest.LogCaptureFixture) -> None:
-    """Two events meet a broker that refuses the publisher's setup, with max_attempts=1: held, not dead."""
-    from stepstone.errors import BrokerMisconfigured  # noqa: PLC0415
-
-    await stage(conn, ["k", None])
-    relay = Relay(outbox, publisher, RelayConfig(max_attempts=1, retry_base=0))
-    try:
-        for _ in range(2):
-            assert isinstance(await held_by_a_refused_setup(relay), BrokerMisconfigured)
-        rows = await outbox.unpublished()
-        assert [(r.attempts, r.state, r.claimed_by) for r in rows] == [(0, "pending", None)] * 2
-        assert all(says in (r.last_error or "") for r in rows)
-        assert await outbox.unpublished(dead=True) == []
-        assert relay.events.misconfigured == 2
-        with caplog.at_level(logging.WARNING, "stepstone.relay"):  # the loop says it once, as an error
-            await relay.start()
-            await relay.events.wait_until(lambda: relay.events.misconfigured >= 3, timeout=30)
-            await relay.stop()
-        lines = [r for r in caplog.records if r.name == "stepstone.relay"]
-        assert [r.levelname for r in lines] == ["ERROR"]
-        assert "refuses the publisher's setup" in lines[0].getMessage() and says in lines[0].getMessage()
-        assert "no attempt counted" in lines[0].getMessage() and not lines[0].exc_info
-    finally:
-        await publisher.close()
 
 
 async def test_a_nats_stream_that_overlaps_holds_the_events(

@@ -4,8 +4,10 @@
         ok          the broker acknowledged the event (it is durable there)
         transient   not acknowledged, try again later (counted towards max attempts when attempted)
         refused     the broker refused this event for good (unroutable, too large, wrong type, 4xx)
+        held        not acknowledged for a reason of the configuration, not of the event (a webhook's 401):
+                    no attempt counted, and the relay holds the outbox as for BrokerMisconfigured
     A broker that cannot be reached at all raises BrokerUnavailable: nothing was acknowledged and no
-    attempt is counted.
+    attempt is counted; one that refuses the publisher's setup raises BrokerMisconfigured.
 
 Contract every publisher keeps (the conformance suite holds each one to it): events of one key are
 sent in batch order, each only after the previous one of its key was acknowledged, and after an
@@ -74,6 +76,8 @@ class PublishResult:
     error: str | None = None
     attempted: bool = True
     """False when the event was never offered to a reachable broker: no attempt is counted."""
+    misconfigured: bool = False
+    """The answer says the configuration is wrong for every event, whatever this one is (see `held`)."""
 
     OK: ClassVar[PublishResult]
 
@@ -84,6 +88,13 @@ class PublishResult:
     @classmethod
     def refused(cls, error: str) -> PublishResult:
         return cls(Outcome.REFUSED, error)
+
+    @classmethod
+    def held(cls, error: str) -> PublishResult:
+        """Not acknowledged because the configuration is wrong for any event (a webhook answered 401, a
+        Redis ACL refuses the command): no attempt counted, and the relay holds the outbox, raising
+        BrokerMisconfigured after recording what the broker did acknowledge beside it."""
+        return cls(Outcome.TRANSIENT, error, attempted=False, misconfigured=True)
 
 
 PublishResult.OK = PublishResult(Outcome.OK)
@@ -120,6 +131,11 @@ class Routing:
         if unknown:
             raise ConfigError(f"routing template {self.template!r} uses unknown field(s) {sorted(unknown)}; "
                               f"use {{type}}, {{category}} or {{key}}")
+
+    @property
+    def fixed(self) -> bool:
+        """Whether every event goes to the same target (the template uses no field)."""
+        return all(name is None for _, name, _, _ in string.Formatter().parse(self.template))
 
     def target(self, event: StagedEvent) -> str:
         return self.target_of(event.type, event.key)

@@ -232,6 +232,9 @@ class Relay:
                 if len(results) != len(batch):
                     raise RuntimeError(f"{self.publisher.name} answered {len(results)} results for "
                                        f"{len(batch)} events")
+                held = next((r for r in results if r.misconfigured), None)
+                if held is not None:  # an answer about the configuration: held as a refused setup is
+                    self._refused_setup = BrokerMisconfigured(held.error or f"{self.publisher.name}: misconfigured")
                 return results
         # Not the broker's "unreachable": counted against each event (backoff, then a dead letter), so a
         # batch is settled and reported instead of left leased and claimed again for ever.

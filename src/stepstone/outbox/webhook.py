@@ -9,8 +9,12 @@ A field's value is percent-encoded into the URL: an event keyed ``../admin`` or 
 The body is the JSON envelope; the headers carry ``Idempotency-Key: <event id>`` (the receiver's dedup
 id), the event type, key and instance, and ``traceparent`` / ``tracestate`` when the event has them; a
 value no header carries as it is (a key such as ``café``) is left out of them, the envelope has it.
-A 2xx answer acknowledges the event; 408, 425, 429 and 5xx are transient; any other status refuses it
-for good (dead-lettered until requeued); a connection that fails counts no attempt.
+A 2xx answer acknowledges the event; 408, 425, 429 and 5xx are transient; a connection that fails counts
+no attempt. An answer that can only mean the configured endpoint is wrong for every event holds the outbox
+(no attempt counted, as a broker refusing its setup): a redirect (3xx; no redirect is followed), 401, 403 or
+407 (the credentials), and 404, 405 or 410 from a URL with no `{field}` (the same for every event). Any other
+status refuses the event for good (dead-lettered until requeued): 400, 413, 422, or a 404 from a URL built
+from the event.
 
 The URL's query is the receiver's and goes out as given, so the publisher's own options ride in the
 fragment, which no HTTP client sends: ``https://hooks.example.com/events/{type}#timeout=5&concurrency=8``.
@@ -41,6 +45,10 @@ from stepstone.store.outbox import StagedEvent
 __all__ = ["WebhookPublisher", "webhook_publisher"]
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+_CREDENTIALS_STATUS = frozenset({401, 403, 407})
+"""Answers about the request's credentials (the URL's, the publisher's headers), whatever its event."""
+_NO_ENDPOINT_STATUS = frozenset({404, 405, 410})
+"""Answers about the URL: about the configuration when the URL is the same for every event."""
 _OPTIONS = ("timeout", "concurrency")
 MAX_TIMEOUT = 3600.0
 """Seconds a POST may wait at most (`timeout`): the relay bounds a whole publish by half its lease anyway."""
@@ -62,27 +70,56 @@ class WebhookPublisher:
                                         limits=httpx.Limits(max_connections=concurrency))
 
     async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        held: dict[str, PublishResult] = {}  # targets answered "wrong for every event" in this batch: not asked again
+
         async def send(event: StagedEvent) -> PublishResult:
             headers = {"content-type": "application/json", "idempotency-key": event.event_id,
                        **text_headers_of(event)}
             target = self.routing.target(event)
+            if target in held:
+                return held[target]
             try:
                 answer = await self.client.post(target, content=body_of(event), headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 return PublishResult.transient(self._failure(target, exc), attempted=False)
             except httpx.HTTPError as exc:
                 return PublishResult.transient(self._failure(target, exc))
-            if answer.is_success:
-                return PublishResult.OK
-            reason = f"{redact_url(target)}: HTTP {answer.status_code} {answer.reason_phrase}"
-            if answer.status_code in _TRANSIENT_STATUS or answer.status_code >= 500:
-                return PublishResult.transient(reason)
-            return PublishResult.refused(reason)
+            result = self._answered(target, answer)
+            if result.misconfigured:
+                held[target] = result
+            return result
 
         results = await publish_in_lanes(batch, send, concurrency=self.concurrency)
-        if results and all(not r.attempted for r in results):
+        if results and not any(r.attempted or r.misconfigured for r in results):
             raise BrokerUnavailable(results[0].error or f"{self.name} unreachable")
         return results
+
+    def _answered(self, target: str, answer: httpx.Response) -> PublishResult:
+        """What a status means: 2xx acknowledged; 408, 425, 429 and 5xx transient; an answer about the
+        endpoint whatever the event held (`_wrong_for_every_event`); anything else refused."""
+        if answer.is_success:
+            return PublishResult.OK
+        reason = f"{redact_url(target)}: HTTP {answer.status_code} {answer.reason_phrase}"
+        if answer.status_code in _TRANSIENT_STATUS or answer.status_code >= 500:
+            return PublishResult.transient(reason)
+        wrong = self._wrong_for_every_event(answer)
+        return PublishResult.refused(reason) if wrong is None else PublishResult.held(f"{reason}: {wrong}")
+
+    def _wrong_for_every_event(self, answer: httpx.Response) -> str | None:
+        """Why an answer can only mean the configured endpoint is wrong whatever the event, or None when it
+        may be about the event (400, 413, 422, a 404 from a URL built from the event): refused then."""
+        status = answer.status_code
+        if 300 <= status < 400:
+            where = answer.headers.get("location")
+            to = f" to {redact_url(where)}" if where else ""
+            return (f"the receiver redirects{to} and the publisher follows no redirect: set the broker URL to the "
+                    "address it names")
+        if status in _CREDENTIALS_STATUS:
+            return ("the receiver refuses the request whatever the event: check the credentials of the broker URL "
+                    "and the publisher's headers")
+        if status in _NO_ENDPOINT_STATUS and self.routing.fixed:
+            return "the URL is the same for every event, so no event can be delivered there: check the broker URL"
+        return None
 
     def _failure(self, target: str, exc: httpx.HTTPError) -> str:
         """The event's own URL (not the template) and what failed: a timeout says what it waited for."""
