@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
+import shutil
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -126,6 +130,34 @@ async def assert_held(conn: asyncpg.Connection, outbox: PostgresOutbox, publishe
         assert "no attempt counted" in lines[0].getMessage() and not lines[0].exc_info
     finally:
         await publisher.close()
+
+
+@contextlib.asynccontextmanager
+async def own_server(binary: str, why: str, arguments: Callable[[int], list[str]]) -> AsyncIterator[int]:
+    """A broker process of the test's own (`binary` run with `arguments(port)`) on a free local port, once it
+    accepts connections; its port. Skips, saying it needs `binary` to `why`, when there is none."""
+    found = shutil.which(binary, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/bin")
+    if found is None:
+        pytest.skip(f"no {binary} binary to {why}")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = await asyncio.create_subprocess_exec(found, *arguments(port), stdout=asyncio.subprocess.DEVNULL,
+                                                  stderr=asyncio.subprocess.DEVNULL)
+    try:
+        async def accepting() -> bool:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        assert await past_the_horizon(accepting, bool), f"{binary} never accepted a connection"
+        yield port
+    finally:
+        server.terminate()
+        await server.wait()
 
 
 @pytest.fixture

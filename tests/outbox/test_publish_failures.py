@@ -7,7 +7,6 @@ import asyncio
 import logging
 import os
 import shutil
-import socket
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
@@ -20,7 +19,7 @@ from stepstone.outbox.publisher import PublishResult, open_publisher, publish_in
 from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
 from tests.outbox.brokers import Kind
-from tests.outbox.conftest import assert_held, first_claim, past_the_horizon, stage
+from tests.outbox.conftest import assert_held, first_claim, own_server, stage
 
 
 class Exploding:
@@ -220,28 +219,9 @@ async def test_a_nats_stream_that_overlaps_holds_the_events(
 @pytest.fixture
 async def nats_without_jetstream() -> AsyncIterator[str]:
     """The URL of a NATS server of this test's own, started without JetStream (skipped with no nats-server)."""
-    binary = shutil.which("nats-server", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/bin")
-    if binary is None:
-        pytest.skip("no nats-server binary to start a server without JetStream")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = await asyncio.create_subprocess_exec(binary, "-a", "127.0.0.1", "-p", str(port),
-                                                  stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-    try:
-        async def accepting() -> bool:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                return False
-            writer.close()
-            return True
-
-        assert await past_the_horizon(accepting, bool), "the NATS server never accepted a connection"
+    async with own_server("nats-server", "start a server without JetStream",
+                          lambda port: ["-a", "127.0.0.1", "-p", str(port)]) as port:
         yield f"nats://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        await server.wait()
 
 
 @pytest.mark.parametrize("query", ["", "&stream=NOJS"])
@@ -279,7 +259,6 @@ async def test_a_rabbitmq_exchange_of_another_type_holds_the_events(
 
 def rabbitmqctl(*args: str) -> str | None:
     """rabbitmqctl's output, or None where it cannot reach the broker (not installed, not allowed)."""
-    import shutil  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
     tool = shutil.which("rabbitmqctl")

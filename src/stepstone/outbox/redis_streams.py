@@ -6,6 +6,11 @@ Each entry has the fields ``event_id`` (the consumer's dedup id: Redis 7 has no 
 deduplication of XADD), ``type``, ``key`` (empty when none) and ``body`` (the JSON envelope, with
 the trace context). ``maxlen`` trims approximately (``MAXLEN ~``); 0 keeps everything. An XADD is
 acknowledged when Redis answers it, so durability is whatever the server's persistence gives.
+
+A reply about the server's state rather than the event (OOM: maxmemory reached; READONLY: a replica;
+BUSY, LOADING, MISCONF, MASTERDOWN, CLUSTERDOWN, TRYAGAIN) counts no attempt, as an unreachable Redis;
+an ACL refusal (NOPERM, of the XADD or the PING) is the broker URL's user: held as a misconfiguration.
+Other command errors (WRONGTYPE, ...) refuse the event.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis import exceptions as redis_errors
 
-from stepstone.errors import BrokerUnavailable
+from stepstone.errors import BrokerMisconfigured, BrokerUnavailable
 from stepstone.outbox.publisher import (
     MAX_CONCURRENCY,
     PublishResult,
@@ -38,7 +43,15 @@ DEFAULT_MAXLEN = 1_000_000
 PROBE_SECONDS = 2.0
 """How long the PING before each batch waits for Redis: the client's own socket timeout, retried, outlived
 half the relay's lease on a connection that no longer forwarded anything, and the batch counted attempts."""
-_TRANSIENT_REPLIES = ("OOM", "BUSY", "LOADING", "READONLY", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN")
+_STATE_REPLIES: dict[type[redis_errors.ResponseError], str] = {
+    redis_errors.OutOfMemoryError: "OOM", redis_errors.ReadOnlyError: "READONLY",
+    redis_errors.MasterDownError: "MASTERDOWN", redis_errors.ClusterDownError: "CLUSTERDOWN",
+    redis_errors.TryAgainError: "TRYAGAIN",
+}
+"""Replies about the server's state that redis-py turns into a class of its own, their code stripped from the
+text (so a check of the text for "OOM" never matched: a full Redis refused every event for good)."""
+_STATE_CODES = ("BUSY", "LOADING", "MISCONF")
+"""The same, for replies redis-py leaves a plain ResponseError with the code in its text."""
 
 
 class RedisStreamsPublisher:
@@ -64,6 +77,8 @@ class RedisStreamsPublisher:
             raise BrokerUnavailable(f"{self.name}: no answer to PING within {PROBE_SECONDS:g} s") from exc
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
             raise BrokerUnavailable(f"{self.name}: {exc}") from exc
+        except redis_errors.NoPermissionError as exc:
+            raise BrokerMisconfigured(_not_permitted(self.name, exc)) from exc
 
         async def send(event: StagedEvent) -> PublishResult:
             try:
@@ -73,11 +88,13 @@ class RedisStreamsPublisher:
                 return PublishResult.transient(f"{self.name}: {exc}", attempted=False)
             except redis_errors.DataError as exc:  # the client's own check of the command: for good
                 return PublishResult.refused(str(exc))
+            except redis_errors.NoPermissionError as exc:
+                return PublishResult.held(_not_permitted(self.name, exc))
             except redis_errors.ResponseError as exc:
-                text = str(exc)
-                if text.startswith(_TRANSIENT_REPLIES):
-                    return PublishResult.transient(text)
-                return PublishResult.refused(text)
+                state = _server_state(exc)
+                if state is not None:  # the server's, whatever the event: nothing counted, as unreachable
+                    return PublishResult.transient(f"{self.name}: {state}", attempted=False)
+                return PublishResult.refused(str(exc))
             return PublishResult.OK
 
         return await publish_in_lanes(batch, send, concurrency=self.concurrency)
@@ -99,6 +116,19 @@ def redis_publisher(url: str, **options: Any) -> RedisStreamsPublisher:
     return RedisStreamsPublisher(
         url, routing=Routing(template), maxlen=whole_option(query, "maxlen", DEFAULT_MAXLEN, 0),
         concurrency=whole_option(query, "concurrency", 32, 1, MAX_CONCURRENCY))
+
+
+def _server_state(exc: redis_errors.ResponseError) -> str | None:
+    """The reply with its code when it is about the server's state (`_STATE_REPLIES`), else None."""
+    text = str(exc)
+    code = next((code for kind, code in _STATE_REPLIES.items() if isinstance(exc, kind)), None)
+    if code is not None:
+        return f"{code} {text}"
+    return text if text.startswith(_STATE_CODES) else None
+
+
+def _not_permitted(name: str, exc: redis_errors.NoPermissionError) -> str:
+    return f"{name}: NOPERM {exc}: allow the broker URL's user that command in Redis's ACL"
 
 
 def decode_entry(fields: dict[Any, Any]) -> dict[str, Any]:
