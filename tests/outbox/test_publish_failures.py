@@ -19,7 +19,7 @@ from stepstone.outbox.publisher import PublishResult, open_publisher, publish_in
 from stepstone.outbox.relay import Relay, RelayConfig
 from stepstone.store.outbox import PostgresOutbox, StagedEvent
 from tests.outbox.brokers import Kind
-from tests.outbox.conftest import assert_held, first_claim, own_server, stage
+from tests.outbox.conftest import assert_held, first_claim, held_by_a_refused_setup, own_server, stage
 
 
 class Exploding:
@@ -366,3 +366,38 @@ async def test_a_rabbitmq_event_whose_type_is_over_255_bytes_is_delivered(
         assert [e for e, _, _ in await kind.read()] == [event_id]
     finally:
         await kind.cleanup()
+
+
+class HeldThenHangs(Exploding):
+    """A publisher that answers one key's event with an answer about its configuration (held) while another
+    event's send never ends: the publish is cut at half the lease."""
+
+    name = "held-then-hangs://"
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:
+        stuck = asyncio.Event()  # never set
+
+        async def send(event: StagedEvent) -> PublishResult:
+            if event.key == "held":
+                return PublishResult.held("held-then-hangs://: the endpoint is wrong for every event")
+            await stuck.wait()
+            return PublishResult.OK
+
+        return await publish_in_lanes(batch, send)
+
+
+async def test_a_held_answer_in_a_publish_cut_at_half_the_lease_still_holds(
+    conn: asyncpg.Connection, outbox: PostgresOutbox
+) -> None:
+    """A held answer (the configuration's mistake) in a publish the relay then cut at half the lease was
+    released like any unsent event, and the relay went on at once instead of holding the outbox."""
+    from stepstone.errors import BrokerMisconfigured  # noqa: PLC0415
+
+    await stage(conn, ["held", "slow"])
+    relay = Relay(outbox, HeldThenHangs(), RelayConfig(lease_seconds=1.0, max_attempts=5, retry_base=0))
+    assert isinstance(await held_by_a_refused_setup(relay), BrokerMisconfigured)
+    rows = {r.key: r for r in await outbox.unpublished()}
+    assert rows["held"].attempts == 0
+    assert rows["held"].last_error == "held-then-hangs://: the endpoint is wrong for every event"
+    assert rows["slow"].attempts == 1, "the send the cut interrupted counts, as any cut send does"
+    assert relay.events.misconfigured == 1

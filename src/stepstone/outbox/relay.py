@@ -170,6 +170,9 @@ class Relay:
         with publish_spans(batch, self.publisher.name) as spans:
             results = await self._publish(batch)
             spans.results(results)
+        held = next((r for r in results if r.misconfigured), None)  # also in a publish cut at half the lease
+        if held is not None and self._refused_setup is None:  # an answer about the configuration, not the event
+            self._refused_setup = BrokerMisconfigured(held.error or f"{self.publisher.name}: misconfigured")
         planned = settlements(batch, results, self.config)
         recorded = await self.outbox.settle(token, planned)
         plan = [s for s in planned if s.id in recorded]  # the rest were fenced: another relay holds them now
@@ -232,9 +235,6 @@ class Relay:
                 if len(results) != len(batch):
                     raise RuntimeError(f"{self.publisher.name} answered {len(results)} results for "
                                        f"{len(batch)} events")
-                held = next((r for r in results if r.misconfigured), None)
-                if held is not None:  # an answer about the configuration: held as a refused setup is
-                    self._refused_setup = BrokerMisconfigured(held.error or f"{self.publisher.name}: misconfigured")
                 return results
         # Not the broker's "unreachable": counted against each event (backoff, then a dead letter), so a
         # batch is settled and reported instead of left leased and claimed again for ever.
