@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 from click.testing import CliRunner, Result
 
+from stepstone.authoring.workflow import Registry, StepContext, Workflow
 from stepstone.cli import cli
 from stepstone.cli.instance_args import decode_cursor, encode_cursor
 from stepstone.errors import DatabaseUnavailable
@@ -53,13 +54,13 @@ class Cli:
         assert lines[0].startswith("error: ")
         return lines[0]
 
-    def drive(self) -> None:
-        """Run every claimable command to the point where instances wait or end."""
+    def drive(self, registry: Registry = cli_apps.registry) -> None:
+        """Run every claimable command to the point where instances wait or end (and record `registry`)."""
 
         async def go() -> None:
             store = await PostgresStore.open(self.url)
             try:
-                worker = Worker(store, cli_apps.registry, WorkerConfig(concurrency=2))
+                worker = Worker(store, registry, WorkerConfig(concurrency=2))
                 await worker.register()
                 await worker.run_until_idle()
             finally:
@@ -380,6 +381,20 @@ def test_start_needs_an_app(run: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "pass --app module:attribute or set STEPSTONE_APP" in run.error("start", "hello")
     monkeypatch.setenv("STEPSTONE_APP", APP)
     assert uuid.UUID(run.json("start", "hello", "--input", '{"name": "env"}')["instance_id"])
+
+
+def test_a_start_of_a_version_the_app_lacks_names_the_app(run: Cli) -> None:
+    """The database selects hello v2 (recorded first), which --app does not hold: the refusal named "this
+    client's registry", which is nothing a user of the CLI gave."""
+    newer: Workflow[cli_apps.Greeting] = Workflow("hello", version=2, state=cli_apps.Greeting)
+
+    @newer.step(next=None)
+    def greet(ctx: StepContext, state: cli_apps.Greeting) -> None: ...
+
+    run.drive(Registry(newer))
+    assert run.error("start", "hello", "--input", '{"name": "ada"}', "--app", APP) == (
+        "error: workflow definition 'hello' v2 is the version scope default selects, and --app lacks it "
+        "(or holds another structure under that version)")
 
 
 def test_unmigrated_database_is_a_one_line_error(empty_database_url: str) -> None:

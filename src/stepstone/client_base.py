@@ -34,6 +34,8 @@ class ClientBase:
     limits: Limits
     actor: str | None
     _registered: set[tuple[str, str, int]]
+    _registry_named = "this client's registry"
+    """How a refusal names `registry`: the CLI and the API name what their user gave (`--app`)."""
 
     def _caller_transaction(self, connection: Any) -> CallerTransactionStore:
         if not isinstance(self.store, CallerTransactionStore):

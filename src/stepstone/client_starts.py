@@ -184,7 +184,7 @@ class StartOperations(ClientBase):
             return workflow
         self._text("workflow", workflow)
         found = await selected_workflow(self.store.definitions, self.registry, workflow, scope,
-                                        holder="this client's registry")
+                                        holder=self._registry_named)
         return self._workflow(workflow) if found is None else found
 
     def _start_state(self, wf: Workflow[Any], input: Any, business_key: str | None,  # noqa: A002

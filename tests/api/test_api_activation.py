@@ -136,3 +136,13 @@ async def test_the_registry_write_returns_the_schedules_it_refuses(served: Serve
     [kept] = await served.engine.store.definitions.deactivate("acme", "typed")
     assert (kept.name, kept.scope) == ("kept", "acme") and kept.problem.startswith("input")
     assert await served.engine.store.definitions.deactivate("acme", "typed") == [kept]  # again: the same
+
+
+async def test_a_start_of_a_version_the_server_lacks_names_the_servers_app(served: Served) -> None:
+    """The database selects typed v1, which this server (started without --app) does not hold: the refusal
+    named "this client's registry", which from the API is no registry the caller has or knows of."""
+    operator = await served.token("operator")
+    r = await served.http.post(f"{V1}/instances", headers=operator, json={"workflow": "typed", "input": {"a": 1}})
+    assert (r.status_code, r.json()["error"]) == (404, "DefinitionNotFound"), r.text
+    assert r.json()["detail"] == ("workflow definition 'typed' v1 is the version scope default selects, and the "
+                                  "server's --app lacks it (or holds another structure under that version)")

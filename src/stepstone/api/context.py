@@ -84,7 +84,9 @@ class ApiContext:
 
     def client(self, actor: str | None) -> Client:
         """A client acting as `actor`: every state change it makes is recorded with that name."""
-        return Client(self.store, self.registry, limits=self.limits, actor=actor)
+        client = Client(self.store, self.registry, limits=self.limits, actor=actor)
+        client._registry_named = "the server's --app"  # what `stepstone serve` was given, not the caller's
+        return client
 
     async def close(self) -> None:
         if self.broadcaster is not None:

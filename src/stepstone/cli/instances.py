@@ -62,6 +62,7 @@ def _with_client(settings: Settings, registry: Registry | None, work: Callable[[
     async def go() -> T:
         async with open_store(settings) as store:
             client = Client(store, registry)
+            client._registry_named = "--app"
             try:
                 return await work(client)
             finally:
