@@ -131,7 +131,8 @@ TWO = ("id: x\nversion: 1\nsteps:\n  - {name: a, kind: action, handler: h, start
 @pytest.mark.parametrize(("text", "where", "words"), [
     (TWO.replace("name: b", "name: a").replace("next: b", "next: $end"), "line 5, column 12 (steps[1].name)",
      "step 'a' is defined twice"),
-    (TWO.replace("start: true, ", ""), "line 4, column 3 (steps)", "no start step"),
+    # The document's spelling of the mark, not Python's `start=True`.
+    (TWO.replace("start: true, ", ""), "line 4, column 3 (steps)", "no start step (mark one with start: true)"),
     (TWO.replace("next: b", "next: $end"), "line 4, column 3 (steps)", "unreachable steps: b"),
     (TWO.replace("version: 1", "version: 1.0"), "line 2, column 10 (version)", "a whole number, got 1.0"),
     (TWO + "deadline: .inf\n", "line 6, column 11 (deadline)", "deadline must be at most a thousand years"),
@@ -146,6 +147,14 @@ def test_problems_found_after_the_schema_have_their_place_too(text: str, where: 
     with pytest.raises(DocumentInvalid) as raised:
         load_document(text, None)
     assert str(raised.value).startswith(where + ": ") and words in str(raised.value), str(raised.value)
+
+
+def test_a_json_document_without_a_start_step_is_told_the_json_spelling() -> None:
+    text = ('{"id": "x", "version": 1, "steps": [{"name": "a", "kind": "action", "handler": "h", "next": "b"},\n'
+            ' {"name": "b", "kind": "action", "handler": "h"}]}')
+    with pytest.raises(DocumentInvalid) as raised:
+        load_document(text, None, fmt="json")
+    assert str(raised.value) == 'line 1, column 36 (steps): no start step (mark one with "start": true)'
 
 
 @pytest.mark.parametrize(("text", "fmt"), [("", "yaml"), ("  \n# nothing yet\n", "yaml"), ("", "json"), ("\n", None)])

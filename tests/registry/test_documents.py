@@ -126,8 +126,9 @@ async def test_publish_run_and_digest_check(database_url: str) -> None:
         assert (published.status, published.recorded) == ("AVAILABLE", "inserted")
         again = await publish_document(defs, APPROVAL, catalog)
         assert (again.status, again.recorded) == ("AVAILABLE", "unchanged")
-        with pytest.raises(DefinitionDrift):
+        with pytest.raises(DefinitionDrift) as drift:
             await publish_document(defs, APPROVAL.replace("timeout: 3600", "timeout: 60"), catalog)
+        assert "but this document has plan" in str(drift.value), str(drift.value)  # there is no code here
         [record] = await defs.records(definition_id="approval")
         assert (record.kind, record.status, record.active) == ("DOCUMENT", "AVAILABLE", True)
 
@@ -170,6 +171,10 @@ def test_cli_validate_and_publish(database_url: str, tmp_path: Path) -> None:
     cat = "tests.registry.test_documents:catalog"
     ok = runner.invoke(cli, ["definitions", "validate", str(good), "--catalog", cat])
     assert ok.exit_code == 0 and ok.stdout.startswith("valid: approval v1 (scope default), 3 steps"), ok.output
+    one = tmp_path / "one.yaml"
+    one.write_text("id: one\nversion: 1\nsteps:\n  - {name: a, kind: action, handler: review}\n")
+    ok = runner.invoke(cli, ["definitions", "validate", str(one), "--catalog", cat])
+    assert ok.exit_code == 0 and ok.stdout.startswith("valid: one v1 (scope default), 1 step, plan "), ok.output
     refused = runner.invoke(cli, ["definitions", "validate", str(bad), "--catalog", cat])
     assert refused.exit_code == 1
     assert refused.stderr.strip() == ("error: line 16, column 14 (steps[2].handler): unknown handler 'shipp' "

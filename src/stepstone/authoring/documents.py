@@ -91,7 +91,8 @@ class DocumentWorkflow(Workflow[Any]):
         with `stand_ins` (and the `start` one of them is) for steps that could not be declared."""
         steps = [*self._steps, *stand_ins]
         start = self._start or start or (steps[0].name if len(steps) == 1 else None)  # as `plan` takes it
-        return plan_problems(self.id, self.version, start, steps)
+        mark = '"start": true' if self.document_format == "json" else "start: true"  # as the document spells it
+        return plan_problems(self.id, self.version, start, steps, start_mark=mark)
 
 
 @cache

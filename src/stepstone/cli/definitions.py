@@ -152,11 +152,13 @@ def validate_command(file: str, catalog: str | None, max_bytes: int, output: str
         wf = load_document(text, found, fmt=fmt, max_bytes=max_bytes)
     except StepstoneError as exc:
         raise _refused(exc, output) from None
+    count = len(wf.plan.steps)
+    steps = f"{count} step" if count == 1 else f"{count} steps"
     checked = ("schema, handlers and graph" if found is not None
                else "schema and graph (no --catalog: handlers unchecked)")
-    emit({"valid": True, "workflow": wf.id, "version": wf.version, "scope": wf.scope, "steps": len(wf.plan.steps),
+    emit({"valid": True, "workflow": wf.id, "version": wf.version, "scope": wf.scope, "steps": count,
           "plan_hash": wf.plan.plan_hash, "handlers_checked": found is not None}, output,
-         lambda: f"valid: {wf.id} v{wf.version} (scope {wf.scope}), {len(wf.plan.steps)} steps, "
+         lambda: f"valid: {wf.id} v{wf.version} (scope {wf.scope}), {steps}, "
                  f"plan {wf.plan.plan_hash[:12]}; checked {checked}")
 
 

@@ -302,9 +302,11 @@ def _shape_problems(steps: list[Step]) -> list[str]:
     return found
 
 
-def plan_problems(definition_id: str, version: int, start: str | None, steps: list[Step]) -> list[str]:
+def plan_problems(definition_id: str, version: int, start: str | None, steps: list[Step], *,
+                  start_mark: str = "start=True") -> list[str]:
     """Every problem that keeps these steps from becoming a plan, one text each (none: `Plan.build` takes
-    them); a text about a step names it (``step 'a' ...``, ``wait step 'w' ...``)."""
+    them); a text about a step names it (``step 'a' ...``, ``wait step 'w' ...``). `start_mark` is how the
+    author marks the start step (a document spells it its own way)."""
     found: list[str] = []
     if shape := _shape_problems(steps):
         return shape
@@ -319,7 +321,7 @@ def plan_problems(definition_id: str, version: int, start: str | None, steps: li
     if not steps:
         found.append("no steps")
     if start is None:
-        found.append("no start step (mark one with start=True)")
+        found.append(f"no start step (mark one with {start_mark})")
     elif start not in known:
         found.append(f"start step {start!r} is not defined")
     by_name = {s.name: s for s in steps}

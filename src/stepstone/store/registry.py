@@ -87,9 +87,10 @@ class PostgresRegistry:
                 row = await conn.fetchrow(self.q["definition_row"], pin.scope, pin.definition_id, pin.version)
                 assert row is not None
                 if row["plan_hash"] != pin.plan_hash:
+                    given = "this document" if kind == "DOCUMENT" else "this code"
                     raise DefinitionDrift(
                         f"drift: workflow {pin.definition_id!r} v{pin.version} (scope {pin.scope}) is registered "
-                        f"with plan {row['plan_hash'][:12]} but this code has plan {pin.plan_hash[:12]}; its "
+                        f"with plan {row['plan_hash'][:12]} but {given} has plan {pin.plan_hash[:12]}; its "
                         "structure changed without a version bump: give it a new version (nothing was re-pinned)",
                         definition_id=pin.definition_id, version=pin.version,
                     )
