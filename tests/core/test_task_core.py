@@ -150,13 +150,16 @@ def test_a_due_date_from_the_state_that_no_timestamp_holds_is_no_due_date() -> N
         assert resolve_instant({"state": "due"}, {"due": value}, NOW) is None, value
 
 
-@pytest.mark.parametrize("field", ["due", "follow_up", "reminder_seconds", "expire_seconds"])
-def test_every_task_date_written_as_seconds_is_at_most_a_thousand_years(field: str) -> None:
+@pytest.mark.parametrize(("field", "named"), [("due", "due"), ("follow_up", "follow_up"),
+                                             ("reminder_seconds", "reminder"), ("expire_seconds", "expire")])
+def test_every_task_date_written_as_seconds_is_at_most_a_thousand_years(field: str, named: str) -> None:
     """A due date or follow-up past a thousand years was taken, then dropped when the task opened
-    (due_at null), while a reminder or an expiry that long was refused."""
+    (due_at null), while a reminder or an expiry that long was refused. Each is named as `Workflow.task`
+    and a document take it."""
     extra = {"on_expire": "a"} if field == "expire_seconds" else {}
     spec = TaskSpec(title="x", **{field: 4e10}, **extra)  # type: ignore[arg-type]
-    with pytest.raises(PlanError, match=f"{field} must be at most a thousand years, got 40000000000.0 s"):
+    expected = f"task step 't': {named} must be at most a thousand years, got 40000000000.0 s"
+    with pytest.raises(PlanError, match=expected):
         Plan.build("p", 1, "t", [Step("t", "task", decisions={"ok": "a"}, task=spec), Step("a", "action")])
 
 

@@ -112,9 +112,18 @@ async def test_a_published_document_with_a_task_and_a_message_wait_runs_end_to_e
         assert (done.status, done.state["shipped"]) == ("COMPLETED", "refund")
 
 
-@pytest.mark.parametrize("field", ["due", "follow_up"])
-def test_a_due_date_or_follow_up_past_a_thousand_years_is_refused_like_a_reminder(field: str) -> None:
+@pytest.mark.parametrize("field", ["due", "follow_up", "reminder", "expire"])
+def test_a_task_date_past_a_thousand_years_is_refused_under_the_documents_field_name(field: str) -> None:
+    """A reminder or an expiry was refused as `reminder_seconds` or `expire_seconds`, names no document (and
+    no Python declaration) uses."""
+    extra = ", on_expire: $end" if field == "expire" else ""
     text = (f"id: t\nversion: 1\nsteps:\n  - {{name: a, kind: task, start: true, title: T, decisions: {{ok: $end}}, "
-            f"{field}: 40000000000}}\n")
-    with pytest.raises(DocumentInvalid, match=f"{field} must be at most a thousand years"):
+            f"{field}: 40000000000{extra}}}\n")
+    with pytest.raises(DocumentInvalid, match=f"task step 'a': {field} must be at most a thousand years"):
         load_document(text, None)
+
+
+def test_a_priority_out_of_range_is_told_it_may_be_read_from_the_state() -> None:
+    with pytest.raises(DocumentInvalid) as err:
+        load_document(REFUND.replace("priority: 70", "priority: 99999999999"), catalog)
+    assert str(err.value).endswith("2,147,483,647 (or read from the state), got 99999999999"), str(err.value)

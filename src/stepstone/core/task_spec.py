@@ -81,8 +81,8 @@ class TaskSpec:
         found.extend(f"{where}: form for unknown decision {d!r}" for d in self.forms if d not in decisions)
         if (self.expire_seconds is None) != (self.on_expire is None):
             found.append(f"{where}: expire and on_expire go together")
-        for name in ("reminder_seconds", "expire_seconds"):
-            value = getattr(self, name)
+        for attr, name in (("reminder_seconds", "reminder"), ("expire_seconds", "expire")):  # as authors write it
+            value = getattr(self, attr)
             if value is not None and value < 0:
                 found.append(f"{where}: {name} must not be negative")
             elif value is not None and not within_max(value):
@@ -93,7 +93,7 @@ class TaskSpec:
                 found.append(f"{where}: {name} must be at most a thousand years, got {value} s")
         if not isinstance(self.priority, dict) and not is_priority(self.priority):
             found.append(f"{where}: priority must be a whole number from {-MAX_INT4 - 1:,} to {MAX_INT4:,} "
-                         f"(or from_state(...)), got {self.priority!r}")
+                         f"(or read from the state), got {self.priority!r}")
         if self.escalate_user and self.escalate_group:
             found.append(f"{where}: escalate to a user or to a group, not both")
         found.extend(f"{where}: {what} {problem}" for what, name in self._literal_names()
