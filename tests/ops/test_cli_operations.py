@@ -58,6 +58,8 @@ async def test_find_inspect_history_and_stuck(engine: Engine, database_url: str)
     assert history.exit_code == 0 and "STEP_FAILED" in history.stdout and "worker" in history.stdout
     stuck = await as_json(database_url, "stuck", "--older-than", "1m")
     assert {i["reason"] for i in stuck["items"]} <= {"old", "dead letter", "retrying"}
+    # A bare number is seconds, as every duration option takes it (it was "not a duration like 90s ...")
+    assert await as_json(database_url, "stuck", "--older-than", "60") == stuck
     probe = await run(database_url, "probe")
     assert probe.exit_code == 0 and probe.stdout.startswith("idle")
 
@@ -123,14 +125,10 @@ async def test_repair_retention_and_replay_from_the_cli(engine: Engine, database
 
 async def test_bad_arguments_are_one_line_errors(database_url: str) -> None:
     for args, message in (
-        (["stuck", "--older-than", "soon"], "is not a duration"),
         (["repair", "retry"], "give instance ids or at least one filter"),
         (["find", "--since", "yesterday"], "neither an ISO 8601 time nor a duration"),
         (["find", "--since", "10000000w"], "longer than a thousand years"),  # before year 1: no instant
         (["find", "--until", "0001-01-01T00:00:00+00:01"], "--until '0001-01-01T00:00:00+00:01' is outside the"),
-        (["stuck", "--older-than", "9999999d"], "longer than a thousand years"),  # now - it: out of range
-        (["stuck", "--older-than", "99999999999999d"], "longer than a thousand years"),  # no timedelta holds it
-        (["retention", "set", "*", "completed", "99999999999d"], "longer than a thousand years"),
         (["inspect", "nope"], "'nope' is not an instance id (expected a UUID)"),
         (["find", "--parent", "zz"], "'zz' is not an instance id for --parent (expected a UUID)"),
         (["replay", "--instance", "00000000-0000-0000-0000-000000000000", "--from", "work"], "no instance"),
@@ -138,6 +136,15 @@ async def test_bad_arguments_are_one_line_errors(database_url: str) -> None:
         result = await run(database_url, *args)
         assert result.exit_code == 1, (args, result.output)
         assert result.stderr.strip().startswith("error: ") and message in result.stderr
+        assert "Traceback" not in result.output
+    for args, message in (  # a duration is refused as a usage error, as every duration option refuses one
+        (["stuck", "--older-than", "soon"], "'soon' is not a duration: give seconds (90) or 90s, 15m, 2h, 30d, 1w"),
+        (["stuck", "--older-than", "9999999d"], "longer than a thousand years"),  # now - it: out of range
+        (["stuck", "--older-than", "99999999999999d"], "longer than a thousand years"),  # no timedelta holds it
+        (["retention", "set", "*", "completed", "99999999999d"], "longer than a thousand years"),
+    ):
+        result = await run(database_url, *args)
+        assert result.exit_code == 2 and message in result.stderr, (args, result.output)
         assert "Traceback" not in result.output
 
 

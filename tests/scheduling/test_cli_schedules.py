@@ -79,7 +79,7 @@ def test_every_and_min_interval_take_durations_as_the_other_options_do(run: Cli)
     assert made["spec"]["every_seconds"] == 3600
     run("limits", "set", "hello", "--min-interval", "2m")
     assert [limit["min_interval"] for limit in run.json("limits", "list")] == [120]
-    assert "'1x' is not a valid duration" in run("schedules", "create", "s", "hello", "--every", "1x").stderr
+    assert "'1x' is not a duration: give seconds" in run("schedules", "create", "s", "hello", "--every", "1x").stderr
 
 
 def test_removing_a_limit_that_is_not_there_is_an_error(run: Cli) -> None:

@@ -23,6 +23,7 @@ from stepstone.core.timestamps import MAX_SECONDS
 from stepstone.errors import StepstoneError
 
 __all__ = [
+    "DURATION_FORMS",
     "FREE_TEXT",
     "SETTINGS_FOR_APP",
     "TEXT",
@@ -39,6 +40,7 @@ __all__ = [
     "render_table",
     "run_async",
     "settings_options",
+    "shown_duration",
     "with_settings",
 ]
 
@@ -65,8 +67,9 @@ class Interrupted(CliError):
 
 if TYPE_CHECKING:
     _ParamType = click.ParamType[str, Any]
+    _SecondsType = click.ParamType[float | None, Any]
 else:  # click before 8.2 has no type parameters at run time
-    _ParamType = click.ParamType
+    _ParamType = _SecondsType = click.ParamType
 
 
 class Text(_ParamType):
@@ -103,29 +106,49 @@ EVENT_ID = click.IntRange(1, MAX_INT8)  # an outbox event's id
 SEQ = click.IntRange(0, MAX_INT4)  # a history entry's sequence number (0: before the first)
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)?$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+DURATION_FORMS = "seconds (90) or 90s, 15m, 2h, 30d, 1w"
+
 
 def is_duration(text: str) -> bool:
-    """Whether `text` has a duration's form (`90s`, `2h`), to tell it from an instant."""
-    return _DURATION.match(text.strip().lower()) is not None
+    """Whether `text` has a duration's form with a unit (`90s`, `2h`), to tell it from an instant."""
+    match = _DURATION.match(text.strip().lower())
+    return match is not None and match.group(2) is not None
+
+
+def duration_seconds(text: str) -> float:
+    """The one reading of a duration the CLI is given: a bare number is seconds, or `90s`, `15m`, `2h`,
+    `30d`, `1w`; at most `core.timestamps.MAX_DURATION` (a longer one failed the statement, or did not fit a
+    timedelta at all). ValueError, worded for the option's name to go before it, otherwise."""
+    match = _DURATION.match(text.strip().lower())
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration: give {DURATION_FORMS}")
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{text!r} is longer than a thousand years")
+    return seconds
 
 
 def parse_duration(text: str, what: str) -> timedelta:
-    """`90s`, `15m`, `2h`, `30d`, `1w`; at most `core.timestamps.MAX_DURATION` (a longer one failed the statement,
-    or did not fit a timedelta at all)."""
-    match = _DURATION.match(text.strip().lower())
-    if match is None:
-        raise CliError(f"{what} {text!r} is not a duration like 90s, 15m, 2h, 30d or 1w")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds > MAX_SECONDS:
-        raise CliError(f"{what} {text!r} is longer than a thousand years")
-    return timedelta(seconds=seconds)
+    """`duration_seconds` as a timedelta, or a CliError naming `what`."""
+    try:
+        return timedelta(seconds=duration_seconds(text))
+    except ValueError as exc:
+        raise CliError(f"{what} {exc}") from None
+
+
+def shown_duration(seconds: float) -> str:
+    """`seconds` in the largest unit that holds it whole (900 -> 15m), as a duration option takes it."""
+    for unit, size in sorted(_UNITS.items(), key=lambda item: -item[1]):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 class Finite(click.FloatRange):
-    """A number from `low` to `high` (seconds: at most a thousand years, by default). click's FloatRange
-    lets NaN through (no comparison fails for it), which reached the server as 'interval out of range'."""
+    """A number from `low` to `high`. click's FloatRange lets NaN through (no comparison fails for it),
+    which reached the server as 'interval out of range'."""
 
     def __init__(self, low: float, high: float = MAX_SECONDS) -> None:
         super().__init__(min=low, max=high)
@@ -137,19 +160,30 @@ class Finite(click.FloatRange):
         return number
 
 
-class Duration(Finite):
-    """Seconds, as a number (`90`) or in the duration forms the other options take (`90s`, `15m`, `2h`,
-    `30d`, `1w`), from `low` to a thousand years."""
+class Duration(_SecondsType):
+    """The type of every CLI option that takes a length of time: seconds, a bare number (`90`) or with a
+    unit (`90s`, `15m`, `2h`, `30d`, `1w`, `duration_seconds`), from `low` to a thousand years; with `never`,
+    also the word never (None). A value it refuses is a usage error worded the same for every option."""
 
     name = "duration"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and is_duration(value):
-            try:
-                value = parse_duration(value, "").total_seconds()
-            except CliError as exc:
-                self.fail(exc.format_message().strip(), param, ctx)
-        return super().convert(value, param, ctx)
+    def __init__(self, low: float = 0, *, never: bool = False) -> None:
+        self.low = low
+        self.never = never
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | None:
+        if value is None or (isinstance(value, float | int) and not isinstance(value, bool)):
+            return None if value is None else float(value)  # a default given as a number
+        text = str(value)
+        if self.never and text.strip().lower() == "never":
+            return None
+        try:
+            seconds = duration_seconds(text)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if seconds < self.low:
+            self.fail(f"{text!r} is too short: at least {shown_duration(self.low)}", param, ctx)
+        return seconds
 
 
 @dataclass

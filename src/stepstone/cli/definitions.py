@@ -24,6 +24,7 @@ from stepstone.cli.common import (
     TEXT,
     VERSION,
     CliError,
+    Duration,
     Finite,
     emit,
     output_option,
@@ -300,7 +301,7 @@ def _step_map(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--step-map", multiple=True, metavar="OLD=NEW", help="Where a step of the old version goes.")
 @click.option("--transform", default=None, metavar="MODULE:FUNC", help="A function old state -> new state.")
 @click.option("--dry-run", is_flag=True, help="Check every instance and report; change nothing.")
-@click.option("--patience", type=Finite(0), default=DEFAULT_PATIENCE, show_default=True,
+@click.option("--patience", type=Duration(), default=DEFAULT_PATIENCE, show_default=True,
               help="Seconds a migration waits for its turn behind the instance's queued commands before it "
                    "answers refused.")
 @output_option

@@ -9,7 +9,7 @@ import click
 
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.app import app_option
-from stepstone.cli.common import TEXT, Finite, emit, output_option, with_settings
+from stepstone.cli.common import TEXT, Duration, emit, output_option, with_settings
 from stepstone.cli.instances import _jsonable, _time, _with_client, parse_json
 from stepstone.client_messages import Published
 from stepstone.config import Settings
@@ -39,7 +39,7 @@ def _describe(name: str, published: Published) -> str:
 @click.argument("correlation_key", type=TEXT)
 @click.option("--payload", metavar="JSON", help="The message's payload as JSON.")
 @click.option("--message-id", type=TEXT, metavar="ID", help="Publishing again with the same id delivers once.")
-@click.option("--ttl", type=Finite(0), metavar="SECONDS",
+@click.option("--ttl", type=Duration(),
               help="Keep it this long when no subscription is open.")
 @click.option("--all", "correlate_all", is_flag=True, help="Deliver to every open subscription, not the oldest.")
 @output_option

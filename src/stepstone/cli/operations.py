@@ -20,11 +20,13 @@ from stepstone.cli.common import (
     TEXT,
     VERSION,
     CliError,
+    Duration,
     emit,
     is_duration,
     output_option,
     parse_duration,
     run_async,
+    shown_duration,
     with_settings,
 )
 from stepstone.cli.connection import open_store
@@ -278,15 +280,15 @@ def probe_command(settings: Settings, output: str, instance_id: str | None, **fi
 
 
 @click.command("stuck")
-@click.option("--older-than", default="15m", show_default=True, metavar="DURATION",
+@click.option("--older-than", type=Duration(), default="15m", show_default=True,
               help="Commands open for longer than this count as stuck.")
 @filter_options
 @output_option
 @with_settings
-def stuck_command(settings: Settings, output: str, older_than: str, **filters: Any) -> None:
+def stuck_command(settings: Settings, output: str, older_than: float, **filters: Any) -> None:
     """Dead letters, steps retrying, and commands open for longer than a threshold (of the instances the
     filters keep, or of all)."""
-    threshold = parse_duration(older_than, "--older-than")
+    threshold = timedelta(seconds=older_than)
     where = _where(filters)
     report = _run(settings, lambda ops: ops.stuck(threshold, where=where))
 
@@ -294,7 +296,7 @@ def stuck_command(settings: Settings, output: str, older_than: str, **filters: A
         if not report.items:
             return "nothing stuck"
         head = (f"{report.count('dead letter')} dead letter(s), {report.count('retrying')} retrying, "
-                f"{report.count('old')} open longer than {older_than}")
+                f"{report.count('old')} open longer than {shown_duration(older_than)}")
         if report.more:
             head += f" (more are stuck: the first {len(report.items):,} are shown: narrow the filters)"
         return head + "\n" + rich_table(["instance", "workflow", "command", "kind", "step", "attempt", "why",
@@ -351,15 +353,15 @@ def _policy_text(row: dict[str, Any]) -> str:
 @retention_group.command("set")
 @click.argument("workflow", type=TEXT)
 @click.argument("status_class", type=click.Choice(STATUS_CLASSES))
-@click.argument("window", metavar="WINDOW|never")
-@click.option("--purge-after", metavar="DURATION", help="How long an archived instance is kept [default 1d].")
+@click.argument("window", type=Duration(never=True), metavar="WINDOW|never")
+@click.option("--purge-after", type=Duration(), help="How long an archived instance is kept [default 1d].")
 @output_option
 @with_settings
-def set_policy_command(settings: Settings, output: str, workflow: str, status_class: str, window: str,
-                       purge_after: str | None) -> None:
+def set_policy_command(settings: Settings, output: str, workflow: str, status_class: str, window: float | None,
+                       purge_after: float | None) -> None:
     """Set a window: `stepstone retention set '*' completed 14d` ('never' keeps them)."""
-    retain = None if window.lower() == "never" else parse_duration(window, "WINDOW")
-    purge = None if purge_after is None else parse_duration(purge_after, "--purge-after")
+    retain = None if window is None else timedelta(seconds=window)
+    purge = None if purge_after is None else timedelta(seconds=purge_after)
     row = _run(settings, lambda ops: ops.set_retention_policy(workflow, status_class, retain, purge))
     emit(_json(row), output, lambda: _policy_text(row))
 

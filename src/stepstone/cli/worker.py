@@ -23,7 +23,7 @@ import click
 from stepstone.authoring.workflow import Registry
 from stepstone.cli.addresses import host_port, http_url, one_port_clashes
 from stepstone.cli.app import app_option
-from stepstone.cli.common import CliError, Finite, parse_duration, run_async, with_settings
+from stepstone.cli.common import CliError, Duration, run_async, with_settings
 from stepstone.cli.connection import open_store
 from stepstone.cli.outbox import broker_of, broker_option, relay_beside, relay_options
 from stepstone.cli.serve import catalog_of, check_no_auth, serve_options
@@ -165,18 +165,18 @@ async def health_beside(worker: Worker, store: object, host: str, port: int) -> 
 @app_option(required=True)
 @click.option("--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=8, show_default=True,
               help="Steps run at the same time.")
-@click.option("--lease-seconds", type=Finite(1.0), default=30.0, show_default=True,
+@click.option("--lease-seconds", type=Duration(1.0), default=30.0, show_default=True,
               help="How long a claim lasts without renewal (renewed every third of it).")
-@click.option("--poll-interval", type=Finite(0.01), default=1.0, show_default=True,
+@click.option("--poll-interval", type=Duration(0.01), default=1.0, show_default=True,
               help="Longest pause between looks for work when no notification arrives.")
-@click.option("--drain-timeout", type=Finite(0.0), default=10.0, show_default=True,
+@click.option("--drain-timeout", type=Duration(), default=10.0, show_default=True,
               help="On SIGTERM/SIGINT, how long in-flight steps may take to finish.")
-@click.option("--heartbeat-seconds", type=Finite(0.05), default=10.0, show_default=True,
+@click.option("--heartbeat-seconds", type=Duration(0.05), default=10.0, show_default=True,
               help="How often the worker records which pins it serves (the stranded report reads it).")
 @broker_option
 @click.option("--no-relay", is_flag=True, help="Do not run the outbox relay here even when a broker is configured.")
 @relay_options
-@click.option("--retention-every", metavar="DURATION", default=None,
+@click.option("--retention-every", type=Duration(MIN_INTERVAL), default=None,
               help="Also run retention this often, e.g. 1h (one replica at a time; docs/operations.md).  "
                    f"[x>={MIN_INTERVAL:g}s]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, metavar="PORT",
@@ -191,7 +191,7 @@ async def health_beside(worker: Worker, store: object, host: str, port: int) -> 
 def worker_command(
     settings: Settings, registry: Registry, concurrency: int, lease_seconds: float, poll_interval: float,
     drain_timeout: float, heartbeat_seconds: float, broker: str | None, no_relay: bool, batch_size: int,
-    max_attempts: int, retention_every: str | None, metrics_port: int | None, metrics_host: str, log_format: str,
+    max_attempts: int, retention_every: float | None, metrics_port: int | None, metrics_host: str, log_format: str,
     serve_web: bool, host: str, port: int, read_only: bool, no_auth: bool, catalog: str | None,
 ) -> None:
     """Run the workflows of --app until SIGTERM/SIGINT.
@@ -206,10 +206,6 @@ def worker_command(
     # (its claim released, a warning logged); its daemon thread does not hold up the exit.
     url = None if no_relay else broker_of(settings, broker)
     relay = (url, RelayConfig(batch_size=batch_size, max_attempts=max_attempts)) if url else None
-    every = None if retention_every is None else parse_duration(retention_every, "--retention-every").total_seconds()
-    if every is not None and every < MIN_INTERVAL:  # 0s swept in a busy loop
-        raise click.BadParameter(f"{retention_every!r}: retention runs at least {MIN_INTERVAL:g}s apart",
-                                 param_hint="'--retention-every'")
     if not serve_web:
         _refuse_serve_options_alone()
     web = None
@@ -221,7 +217,7 @@ def worker_command(
                                      param_hint="'--metrics-port'")
         check_no_auth(host, no_auth)
         web = {"host": host, "port": port, "read_only": read_only, "no_auth": no_auth, "catalog": catalog_of(catalog)}
-    run_async(serve(settings, registry, config, relay, every, metrics_port, metrics_host, web))
+    run_async(serve(settings, registry, config, relay, retention_every, metrics_port, metrics_host, web))
 
 
 _SERVE_ONLY = {"catalog": "--catalog", "host": "--host", "port": "--port", "read_only": "--read-only",
