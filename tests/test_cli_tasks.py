@@ -134,11 +134,27 @@ def test_saved_filters_and_follow_up_dates_on_the_command_line(database_url: str
     assert cli("tasks", "filters", "delete", "today", "--as", "dee").stdout.strip() == "deleted task filter today"
     assert "no saved task filter 'today'" in cli.error("tasks", "filters", "delete", "today", "--as", "dee")
     assert "who does this" in cli.error("tasks", "filters", "list")
-    # `list` and `count` have no --as: the error names the option they take
-    for command in ("list", "count"):
+    for command in ("list", "count"):  # the error names the option every task command takes
         message = cli.error("tasks", command, "--filter", "today")
-        assert "whose inbox? pass --user USER or set STEPSTONE_ACTOR" in message, message
-        assert "--as" not in cli("tasks", command, "--help").stdout
+        assert "whose inbox? pass --as USER or set STEPSTONE_ACTOR" in message, message
+
+
+def test_every_task_command_names_its_user_with_as_and_still_takes_user(database_url: str) -> None:
+    """`tasks list --user ann` but `tasks claim --as ann`, and `tasks filters` showed both: one user, two
+    spellings. Every task command now shows `--as USER`; `--user` is still taken (hidden), so no script breaks."""
+    cli = Cli(database_url)
+    _run(database_url, (expense, Expense(expense_id="c-3", employee="eve", amount=9)))
+    as_ann = cli.json("tasks", "list", "--as", "alice", "--group", "finance")
+    assert [t["title"] for t in as_ann["tasks"]] == ["Approve expense c-3 of eve"]
+    assert cli.json("tasks", "list", "--user", "alice", "--group", "finance") == as_ann
+    assert cli.json("tasks", "count", "--as", "alice", "--group", "finance") == {"count": 1}
+    assert cli.json("tasks", "count", "--mode", "all", "--as", "zed") == {"count": 0}  # --as narrows mode all
+    assert "--as and --user name one user" in cli.error("tasks", "list", "--as", "alice", "--user", "bob")
+    commands = [("list",), ("count",), ("claim",), ("unclaim",), ("resolve",), ("reassign",), ("delegate",),
+                ("complete",), ("reassign-all",), ("filters", "save"), ("filters", "list"), ("filters", "delete")]
+    for command in commands:
+        helped = cli("tasks", *command, "--help").stdout
+        assert "--as USER" in helped and "--user" not in helped, (command, helped)
 
 
 def test_mode_all_lists_every_open_task_whoever_stepstone_actor_names(
@@ -146,13 +162,13 @@ def test_mode_all_lists_every_open_task_whoever_stepstone_actor_names(
 ) -> None:
     """STEPSTONE_ACTOR says who acts (`--as`). `tasks list --mode all`, "every open task", took it as
     `--user` too, which in mode all keeps that user's tasks alone: with it set, as for `claim` and
-    `complete`, the list of every task showed none of another's. Only `--user` narrows mode all now."""
+    `complete`, the list of every task showed none of another's. Only `--as` narrows mode all now."""
     cli = Cli(database_url)
     _run(database_url, (expense, Expense(expense_id="c-9", employee="eve", amount=9)))
     monkeypatch.setenv("STEPSTONE_ACTOR", "zed")
     assert cli.json("tasks", "count", "--mode", "all") == {"count": 1}
     assert len(cli.json("tasks", "list", "--mode", "all")["tasks"]) == 1
-    assert cli.json("tasks", "count", "--mode", "all", "--user", "zed") == {"count": 0}  # --user narrows it
+    assert cli.json("tasks", "count", "--mode", "all", "--as", "zed") == {"count": 0}  # --as narrows it
 
 
 def test_messages_publish_says_what_happened(database_url: str) -> None:

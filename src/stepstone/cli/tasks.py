@@ -59,6 +59,17 @@ def _groups_option(func: Callable[..., T]) -> Callable[..., T]:
                         help="A group the user belongs to (repeat for several).")(func)
 
 
+def _old_user_option(func: Callable[..., T]) -> Callable[..., T]:
+    """`--user`, the spelling `list`, `count` and `filters` took for `--as`: still taken, not shown."""
+    return click.option("--user", "old_user", type=TEXT, hidden=True)(func)
+
+
+def _one_user(user: str | None, old_user: str | None) -> str | None:
+    if user is not None and old_user is not None and user != old_user:
+        raise CliError("--as and --user name one user (--user is the older spelling of --as): give one")
+    return user or old_user
+
+
 def _admin_option(func: Callable[..., T]) -> Callable[..., T]:
     return click.option("--admin", is_flag=True, help="Override the assignee and candidate checks (recorded).")(func)
 
@@ -151,19 +162,20 @@ def _filter_options(func: Callable[..., T]) -> Callable[..., T]:
 def _inbox_options(func: Callable[..., T]) -> Callable[..., T]:
     """Whose inbox, how, and its filters: the options of `list` and `count`."""
     for option in reversed([
-        click.option("--user", type=TEXT, metavar="USER", help=f"Whose inbox (default: {ACTOR_ENV})."),
+        click.option("--as", "user", type=TEXT, metavar="USER",
+                     help=f"Whose inbox [env {ACTOR_ENV}, which does not narrow --mode all]."),
         click.option("--group", "groups", type=TEXT, multiple=True, metavar="G",
                      help="A group of the user (repeat for several)."),
         click.option("--mode", type=click.Choice(INBOX_MODES), default=None,
                      help="inbox (default): assigned to the user or offered to them; all: every open task "
-                          "(with --user or --group, theirs alone)."),
+                          "(with --as or --group, theirs alone)."),
         click.option("--filter", "saved_filter", type=TEXT, metavar="NAME",
                      help="Use the user's saved filter NAME (`stepstone tasks filters`) for mode and filters."),
         click.option("--scope", type=TEXT, metavar="S",
                      help="Only tasks of this scope; with --filter, the scope the filter was saved in."),
     ]):
         func = option(func)
-    return _filter_options(func)
+    return _filter_options(_old_user_option(func))
 
 
 def _where(**options: Any) -> TaskFilter:
@@ -176,10 +188,11 @@ def _where(**options: Any) -> TaskFilter:
 def _inbox_call(user: str | None, mode: str | None, saved_filter: str | None, scope: str | None,
                 filters: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments of `Client.tasks` / `count_tasks` for the inbox options."""
-    # STEPSTONE_ACTOR names who acts; in mode all a user narrows "every open task" to theirs: only --user does
+    user = _one_user(user, filters.pop("old_user"))
+    # STEPSTONE_ACTOR names who acts; in mode all a user narrows "every open task" to theirs: only --as does
     who = user or (None if mode == "all" else os.environ.get(ACTOR_ENV) or None)
     if who is None and mode != "all":
-        raise CliError(f"whose inbox? pass --user USER or set {ACTOR_ENV}")
+        raise CliError(f"whose inbox? pass --as USER or set {ACTOR_ENV}")
     if saved_filter is None:
         return {"user": who, "mode": mode, "where": _where(scope=scope, **filters)}
     if mode is not None or any(v not in (None, False) for v in filters.values()):
@@ -357,8 +370,8 @@ def filters_group() -> None:
 def _filter_owner_options(func: Callable[..., T]) -> Callable[..., T]:
     func = click.option("--scope", type=TEXT, default=DEFAULT_SCOPE, show_default=True, metavar="S",
                         help="The scope (tenant key) the filter belongs to; it shows only that scope's tasks.")(func)
-    return click.option("--user", type=TEXT, metavar="USER",
-                        help="Whose filter (default: --as / STEPSTONE_ACTOR).")(_actor_option(func))
+    return click.option("--as", "actor", type=TEXT, metavar="USER",
+                        help=f"Whose filter [env {ACTOR_ENV}].")(_old_user_option(func))
 
 
 def _saved_json(saved: SavedTaskFilter) -> dict[str, Any]:
@@ -379,10 +392,10 @@ def _saved_line(saved: SavedTaskFilter) -> str:
 @_filter_options
 @output_option
 @with_settings
-def filters_save_command(settings: Settings, output: str, name: str, user: str | None, actor: str | None,
+def filters_save_command(settings: Settings, output: str, name: str, old_user: str | None, actor: str | None,
                          scope: str, mode: str, **filters: Any) -> None:
     """Save (or replace) the inbox filter NAME: its mode and the filter options given."""
-    owner = user or _actor(actor)
+    owner = _actor(_one_user(actor, old_user))
     where = _where(**filters)
     saved = _run(settings, None, lambda c: c.save_task_filter(name, user=owner, mode=mode, where=where, scope=scope))
     emit(_saved_json(saved), output, lambda: f"saved task filter {_saved_line(saved)}")
@@ -392,9 +405,9 @@ def filters_save_command(settings: Settings, output: str, name: str, user: str |
 @_filter_owner_options
 @output_option
 @with_settings
-def filters_list_command(settings: Settings, output: str, user: str | None, actor: str | None, scope: str) -> None:
+def filters_list_command(settings: Settings, output: str, old_user: str | None, actor: str | None, scope: str) -> None:
     """The user's saved filters in the scope, by name."""
-    owner = user or _actor(actor)
+    owner = _actor(_one_user(actor, old_user))
     saved = _run(settings, None, lambda c: c.task_filters(user=owner, scope=scope))
     emit({"filters": [_saved_json(f) for f in saved]}, output,
          lambda: "\n".join(_saved_line(f) for f in saved) or f"{owner} has no saved task filters in scope {scope}")
@@ -405,10 +418,10 @@ def filters_list_command(settings: Settings, output: str, user: str | None, acto
 @_filter_owner_options
 @output_option
 @with_settings
-def filters_delete_command(settings: Settings, output: str, name: str, user: str | None, actor: str | None,
+def filters_delete_command(settings: Settings, output: str, name: str, old_user: str | None, actor: str | None,
                            scope: str) -> None:
     """Delete the saved filter NAME (an unknown name is an error)."""
-    owner = user or _actor(actor)
+    owner = _actor(_one_user(actor, old_user))
     if not _run(settings, None, lambda c: c.delete_task_filter(name, user=owner, scope=scope)):
         raise CliError(f"user {owner} has no saved task filter {name!r} in scope {scope}")
     emit({"deleted": name}, output, lambda: f"deleted task filter {name}")
