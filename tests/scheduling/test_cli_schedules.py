@@ -88,3 +88,28 @@ def test_removing_a_limit_that_is_not_there_is_an_error(run: Cli) -> None:
     assert run.error("limits", "remove", "hellp") == (
         "error: no flow limit on 'hellp' (`stepstone limits list` shows them)")
     assert [limit["workflow"] for limit in run.json("limits", "list")] == ["hello"]
+
+
+def test_a_schedule_or_limit_of_a_workflow_registered_nowhere_is_kept_with_a_warning(run: Cli) -> None:
+    """`schedules create s nosuch` (a typo) was taken in silence; then every tick logged an error. It is still
+    taken (the code may be deployed later), with a warning on stderr; a workflow --app or the database has
+    none."""
+    made = run("schedules", "create", "s", "helo", "--every", "60", "-o", "json")
+    assert made.exit_code == 0 and '"workflow": "helo"' in made.stdout  # stdout: the JSON alone
+    assert made.stderr.strip() == (
+        "warning: no workflow 'helo' is registered in the database: the schedule is kept, and its ticks start "
+        "nothing (a worker logs an error for each) until a version of it is deployed; "
+        "`stepstone definitions list` shows the registered workflows")
+    with_app = run("schedules", "create", "s", "helo", "--every", "60", "--app", APP)
+    assert with_app.exit_code == 0 and with_app.stderr.startswith(
+        "warning: no workflow 'helo' is registered in the database or in --app: the schedule is kept")
+    limited = run("limits", "set", "helo", "--max-running", "2")
+    assert limited.exit_code == 0 and limited.stdout.strip() == "limit set on helo"
+    assert limited.stderr.strip() == (
+        "warning: no workflow 'helo' is registered in the database: the limit is kept, and holds its instances "
+        "once a version of it is deployed; `stepstone definitions list` shows the registered workflows")
+    known = run("schedules", "create", "t", "hello", "--every", "60", "--input", '{"name": "ada"}', "--app", APP)
+    assert known.exit_code == 0 and known.stderr == "", known.stderr  # --app has it
+    run.drive()  # records hello in the database
+    assert run("limits", "set", "hello", "--max-running", "2").stderr == ""
+    assert run("schedules", "create", "u", "hello", "--every", "60", "--input", '{"name": "ada"}').stderr == ""

@@ -86,8 +86,29 @@ def create_command(
         raise CliError(f"--input is not valid JSON: {exc.msg}") from None
     schedule = Schedule(name, workflow, cron=cron, every=every, input=data, timezone=timezone,
                         overlap=overlap, catch_up=catch_up, scope=scope)  # type: ignore[arg-type]
-    info = _with_client(settings, registry, lambda c: c.schedule(schedule))
+
+    async def create(client: Client) -> tuple[ScheduleInfo, bool]:
+        return await client.schedule(schedule), await _registered_nowhere(client, registry, workflow)
+
+    info, nowhere = _with_client(settings, registry, create)
+    if nowhere:
+        _warn_nowhere(workflow, registry, "the schedule is kept, and its ticks start nothing (a worker logs an "
+                                          "error for each) until a version of it is deployed")
     emit(asdict(info), output, lambda: f"schedule {name}: {_when(info)}, next tick {_time(info.next_fire_at)}")
+
+
+async def _registered_nowhere(client: Client, registry: Registry | None, workflow: str) -> bool:
+    """Whether neither the database nor --app has any version of `workflow` (a typo, or code not yet deployed)."""
+    if registry is not None and registry.latest(workflow) is not None:
+        return False
+    return not await client.store.definitions.records(definition_id=workflow)
+
+
+def _warn_nowhere(workflow: str, registry: Registry | None, consequence: str) -> None:
+    """A schedule or limit of a workflow registered nowhere is kept (its code may deploy later): said on stderr."""
+    where = "in the database" + ("" if registry is None else " or in --app")
+    click.echo(f"warning: no workflow {workflow!r} is registered {where}: {consequence}; "
+               "`stepstone definitions list` shows the registered workflows", err=True)
 
 
 @schedules_group.command("list")
@@ -161,8 +182,15 @@ def limits_set_command(
     """Limit WORKFLOW's instances in a scope; those past the limit wait as rows and start in start order."""
     if max_running is None and min_interval is None:
         raise CliError("give --max-running N, --min-interval DURATION or both")
-    admitted = _with_client(settings, None, lambda c: c.set_flow_limit(
-        workflow, max_running=max_running, key=key, min_interval=min_interval, scope=scope))
+
+    async def set_limit(client: Client) -> tuple[int, bool]:
+        admitted = await client.set_flow_limit(workflow, max_running=max_running, key=key,
+                                               min_interval=min_interval, scope=scope)
+        return admitted, await _registered_nowhere(client, None, workflow)
+
+    admitted, nowhere = _with_client(settings, None, set_limit)
+    if nowhere:
+        _warn_nowhere(workflow, None, "the limit is kept, and holds its instances once a version of it is deployed")
     emit({"scope": scope, "workflow": workflow, "admitted": admitted}, output,
          lambda: f"limit set on {workflow}{_in_scope(scope)}" + (
              f"; {admitted} waiting instance(s) admitted" if admitted else ""))
