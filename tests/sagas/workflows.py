@@ -465,6 +465,27 @@ loosening.compensation("home", retry=QUICK)(_undo("home"))
 loosening.child(kid, name="loose", workflow="brittle", next="settle", cancel_with_parent=False)
 loosening.step(tour_settle, name="settle", next=None, retry=Retry(max_attempts=1))
 
+# -- a race: home -> fork(a: prep -> kid (a `pair` child) -> linger (waits "late"); b: lead (waits "go")) ---
+# -> join (one branch is enough) -> settle (fails). Branch b's "go" makes a the loser, after its child completed.
+
+rivals: Workflow[Trip] = Workflow("rivals", version=1, state=Trip)
+rivals.step(home, name="home", start=True, next="split")
+rivals.fork("split", branches={"a": "prep", "b": "lead"})
+
+
+@rivals.step(next="kid")
+def prep(ctx: StepContext, state: Trip) -> None:
+    ctx.record("p")
+
+
+rivals.child(kid, name="kid", workflow="pair", next="linger")
+rivals.wait("linger", signals={"late": "meet"})
+rivals.wait("lead", signals={"go": "meet"})
+rivals.join("meet", fork="split", next="settle", need=1)
+rivals.step(settle, name="settle", next=None, retry=Retry(max_attempts=1))
+for _name in ("home", "prep"):
+    rivals.compensation(_name, retry=QUICK)(_undo(_name))
+
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
                     patient, stubborn, sleepy, touchy, policies, punctual, tour, tardy, wary,
-                    hurried, brittle, loosening)
+                    hurried, brittle, loosening, rivals)

@@ -794,7 +794,9 @@ END $$;
 
 -- Cancel the live branches under a path prefix (a join's losers): their positions, open commands
 -- and the children still running (one that ended is a record, FAILED ones above all). Returns how many
--- positions it closed.
+-- positions it closed. A child that COMPLETED there, whose report the branch had not applied, is recorded
+-- as the report would have recorded it (reported_children, version 92): a later saga compensates it with the
+-- branch's completed steps.
 CREATE FUNCTION {{schema}}.close_branches(p_instance uuid, p_prefix text, p_reason text, p_now timestamptz,
                                           p_actor text)
 RETURNS integer
@@ -803,14 +805,18 @@ DECLARE
     v_n integer;
     v_len integer := length(p_prefix);
     v_child uuid;
+    v_closed text[];
 BEGIN
-    UPDATE {{schema}}.positions p SET status = 'CANCELLED', lease_token = NULL, lease_until = NULL,
-        lease_owner = NULL, updated_at = p_now
-    WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
-                                      WHERE x.instance_id = p_instance AND left(x.path, v_len) = p_prefix
-                                        AND x.status NOT IN ('COMPLETED', 'CANCELLED')
-                                      ORDER BY x.path FOR UPDATE);
-    GET DIAGNOSTICS v_n = ROW_COUNT;
+    WITH closed AS (
+        UPDATE {{schema}}.positions p SET status = 'CANCELLED', lease_token = NULL, lease_until = NULL,
+            lease_owner = NULL, updated_at = p_now
+        WHERE (p.instance_id, p.path) IN (SELECT x.instance_id, x.path FROM {{schema}}.positions x
+                                          WHERE x.instance_id = p_instance AND left(x.path, v_len) = p_prefix
+                                            AND x.status NOT IN ('COMPLETED', 'CANCELLED')
+                                          ORDER BY x.path FOR UPDATE)
+        RETURNING p.path)
+    SELECT coalesce(array_agg(c.path), '{}') INTO v_closed FROM closed c;
+    v_n := cardinality(v_closed);
     UPDATE {{schema}}.commands c SET state = 'CANCELLED', token = NULL, settled_at = p_now,
         last_error = 'BRANCH_CANCELLED: ' || p_reason
     WHERE c.id IN (SELECT x.id FROM {{schema}}.commands x
@@ -822,6 +828,16 @@ BEGIN
                      AND i.cancel_with_parent AND NOT {{schema}}.is_ended(i.status) ORDER BY i.id LOOP
         PERFORM {{schema}}.cancel_tree(v_child, 'branch cancelled: ' || p_reason, p_actor, false);
     END LOOP;
+    -- A child that completed in a branch closed here, its report not applied: recorded as the report would
+    -- have (version 92). Read after the loop: a child whose last commit landed meanwhile was waited for by
+    -- cancel_tree, so it is seen COMPLETED now.
+    INSERT INTO {{schema}}.compensations (instance_id, position, step, visit, recorded, completed_at)
+    SELECT p_instance, r.path, r.step, r.visit, jsonb_build_object('kind', 'child', 'child_id', r.child_id), p_now
+    FROM {{schema}}.reported_children(p_instance, p_prefix, v_closed) r
+    WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.compensations k
+                      WHERE k.instance_id = p_instance AND k.recorded->>'kind' = 'child'
+                        AND k.recorded->>'child_id' = r.child_id::text)
+    ORDER BY r.child_id;
     RETURN v_n;
 END $$;
 
@@ -3806,24 +3822,9 @@ BEGIN
     INSERT INTO {{schema}}.compensations (instance_id, position, step, visit, recorded, completed_at)
     SELECT p_instance, t.path, t.step, t.visit, t.recorded, p_now
     FROM (
-        SELECT 1 AS part, c.id, x.path, x.step, x.visit, jsonb_build_object('kind', 'child', 'child_id', c.id)
-               AS recorded
-        FROM {{schema}}.positions x
-        JOIN {{schema}}.instances c ON c.id = (x.wait->>'child_id')::uuid
-        WHERE x.instance_id = p_instance AND x.status = 'WAITING' AND x.wait->>'kind' = 'child'
-          AND c.parent_id = p_instance AND c.status = 'COMPLETED' AND c.cancel_with_parent
-          AND COALESCE(c.parent_position, '') = x.path AND c.parent_visit = x.visit
-          AND EXISTS (SELECT 1 FROM {{schema}}.commands r
-                      WHERE r.instance_id = p_instance AND r.position = x.path AND r.kind = 'CHILD_COMPLETION'
-                        AND (r.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')) IS TRUE
-                        AND r.visit = x.visit AND r.payload->>'child_id' = c.id::text
-                        AND r.payload->>'status' = 'COMPLETED')
-          AND EXISTS (SELECT 1 FROM {{schema}}.instances i
-                      JOIN {{schema}}.definitions d ON d.scope IN (i.definition_scope, i.scope)
-                           AND d.definition_id = i.definition_id AND d.version = i.version
-                           AND d.plan_hash = i.plan_hash
-                      CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
-                      WHERE i.id = p_instance AND s ? 'compensation')
+        SELECT 1 AS part, r.child_id AS id, r.path, r.step, r.visit,
+               jsonb_build_object('kind', 'child', 'child_id', r.child_id) AS recorded
+        FROM {{schema}}.reported_children(p_instance, '', NULL) r
         UNION ALL
         SELECT 2, c.id, coalesce(c.parent_position, ''),
                coalesce((SELECT p.step FROM {{schema}}.positions p
@@ -5913,3 +5914,37 @@ END $$;
 -- ==== version 91 (migration 0091_one_deadline_timer_a_visit) ====
 -- schedule_step_deadlines (in the version 6 section) queues no step deadline timer for a step visit that has
 -- one open; why: the migration's header.
+
+-- ==== version 92 (migration 0092_join_losers_children_compensated) ====
+-- close_branches (in the version 2 section) records a child that completed in a branch its join closes, whose
+-- report the branch had not applied, as the report would have, so a later saga compensates it with the
+-- branch's steps; record_open_children (in the version 16 section) reads such children through
+-- reported_children too; why: the migration's header.
+-- A child step's COMPLETED child whose report its position, still waiting for it, has not applied (queued, or
+-- claimed by a worker applying it), in a plan that declares a compensation and for a child that goes with its
+-- parent: what that report would record (core/saga.py, on_child_completed), under a path prefix ('' for all);
+-- with p_closed, of the positions at those paths that were closed waiting for it (its report not applied).
+CREATE FUNCTION {{schema}}.reported_children(p_instance uuid, p_prefix text, p_closed text[])
+RETURNS TABLE (child_id uuid, path text, step text, visit integer)
+LANGUAGE sql STABLE AS $$
+    SELECT c.id, x.path, x.step, x.visit
+    FROM {{schema}}.positions x
+    JOIN {{schema}}.instances c ON c.id = (x.wait->>'child_id')::uuid
+    WHERE x.instance_id = p_instance AND left(x.path, length(p_prefix)) = p_prefix
+      AND (x.status = 'WAITING' AND p_closed IS NULL OR x.status = 'CANCELLED' AND x.path = ANY (p_closed))
+      AND x.wait->>'kind' = 'child'
+      AND c.parent_id = p_instance AND c.status = 'COMPLETED' AND c.cancel_with_parent
+      AND COALESCE(c.parent_position, '') = x.path AND c.parent_visit = x.visit
+      AND EXISTS (SELECT 1 FROM {{schema}}.commands r
+                  WHERE r.instance_id = p_instance AND r.position = x.path AND r.kind = 'CHILD_COMPLETION'
+                    AND (CASE WHEN p_closed IS NULL THEN r.state IN ('PENDING', 'DEFERRED', 'CLAIMED', 'PARKED')
+                              ELSE r.state <> 'COMPLETE' END) IS TRUE
+                    AND r.visit = x.visit AND r.payload->>'child_id' = c.id::text
+                    AND r.payload->>'status' = 'COMPLETED')
+      AND EXISTS (SELECT 1 FROM {{schema}}.instances i
+                  JOIN {{schema}}.definitions d ON d.scope IN (i.definition_scope, i.scope)
+                       AND d.definition_id = i.definition_id AND d.version = i.version
+                       AND d.plan_hash = i.plan_hash
+                  CROSS JOIN LATERAL jsonb_array_elements(d.plan->'steps') AS s
+                  WHERE i.id = p_instance AND s ? 'compensation')
+$$;
