@@ -486,6 +486,17 @@ rivals.step(settle, name="settle", next=None, retry=Retry(max_attempts=1))
 for _name in ("home", "prep"):
     rivals.compensation(_name, retry=QUICK)(_undo(_name))
 
+# -- twins: home -> fork(a: kid, b: kid, each a `pair` child) -> join -> finish --------------------------
+
+twins: Workflow[Trip] = Workflow("twins", version=1, state=Trip)
+twins.step(home, name="home", start=True, next="split")
+twins.compensation("home", retry=QUICK)(_undo("home"))
+twins.fork("split", branches={"a": "kid", "b": "kid_b"})
+twins.child(kid, name="kid", workflow="pair", next="meet")
+twins.child(kid, name="kid_b", workflow="pair", next="meet")
+twins.join("meet", fork="split", next="finish")
+twins.step(finish, name="finish", next=None)
+
 registry = Registry(linear, waiting, forked, plain, leg, trip, timely, strict, pair, family, busy, parent, hasty,
                     patient, stubborn, sleepy, touchy, policies, punctual, tour, tardy, wary,
-                    hurried, brittle, loosening, rivals)
+                    hurried, brittle, loosening, rivals, twins)
