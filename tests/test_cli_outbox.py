@@ -9,17 +9,20 @@ import os
 import re
 import signal
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 import pytest
 from click.testing import CliRunner
 
 from stepstone.cli import cli
-from stepstone.store.outbox import PostgresOutbox, Settlement
+from stepstone.errors import BrokerMisconfigured
+from stepstone.outbox.publisher import PublishResult
+from stepstone.outbox.relay import Relay
+from stepstone.store.outbox import PostgresOutbox, Settlement, StagedEvent
 from stepstone.store.postgres import PostgresStore
 from tests.outbox.brokers import Kind, open_kind
-from tests.outbox.conftest import claim, stage
+from tests.outbox.conftest import claim, held_by_a_refused_setup, stage
 from tests.test_cli_worker import DEADLINE, ROOT, STEPSTONE, WorkerProcess, start_worker
 
 
@@ -79,6 +82,38 @@ async def test_status_list_and_requeue(conn: asyncpg.Connection, outbox: Postgre
     code, out, _ = await run("outbox", "requeue", "--all-dead", "--database-url", database_url)
     assert (code, out.strip()) == (0, "requeued 0 event(s)")
     assert (await outbox.status()).dead == 0
+
+
+class RefusingBroker:
+    """A broker that refuses the publisher's setup, as a webhook answering 401 does."""
+
+    name = "https://hooks.example.com/events"
+
+    async def publish(self, batch: Sequence[StagedEvent]) -> list[PublishResult]:  # noqa: ARG002 - the port's signature
+        raise BrokerMisconfigured(f"{self.name}: HTTP 401 Unauthorized")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_status_says_why_the_outbox_is_held(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, database_url: str
+) -> None:
+    """A broker refusing the publisher's setup holds the events as pending with no attempt counted:
+    status said only `pending`, its reason was in `outbox list` and the relay's log alone."""
+    await stage(conn, ["a", None])
+    code, out, _ = await run("outbox", "status", "--database-url", database_url, "-o", "json")
+    assert json.loads(out)["oldest_pending_error"] is None
+    relay = Relay(outbox, RefusingBroker())
+    assert isinstance(await held_by_a_refused_setup(relay), BrokerMisconfigured)
+    code, out, _ = await run("outbox", "status", "--database-url", database_url, "-o", "json")
+    status = json.loads(out)
+    assert (status["pending"], status["backing_off"], status["dead"]) == (2, 0, 0)
+    assert status["oldest_pending_error"] == "https://hooks.example.com/events: HTTP 401 Unauthorized"
+    code, out, _ = await run("outbox", "status", "--database-url", database_url)
+    assert code == 0
+    row = next(line for line in out.splitlines() if line.startswith("oldest pending error"))
+    assert row.split(None, 3)[-1] == "https://hooks.example.com/events: HTTP 401 Unauthorized"
 
 
 def test_relay_needs_a_broker(database_url: str) -> None:

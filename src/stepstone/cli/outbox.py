@@ -127,7 +127,8 @@ async def _with_outbox(settings: Settings, action: Any) -> Any:
 @with_settings
 @output_option
 def status_command(settings: Settings, output: str) -> None:
-    """Pending, in-flight, backing-off, above-horizon and dead events, and the lag of the oldest pending."""
+    """Pending, in-flight, backing-off, above-horizon and dead events, and the lag of the oldest pending
+    and its last error (why the outbox waits)."""
 
     async def read(outbox: PostgresOutbox) -> dict[str, Any]:
         return await outbox.summary()
@@ -139,6 +140,8 @@ def status_command(settings: Settings, output: str) -> None:
         rows = [[name, status[name]] for name in ("pending", "in_flight", "backing_off", "above_horizon", "dead",
                                                   "published", "discarded")]
         rows.append(["lag", "-" if lag is None else f"{lag:.3f} s"])
+        if status["oldest_pending_error"]:
+            rows.append(["oldest pending error", status["oldest_pending_error"]])
         return render_table(rows)
 
     emit(status, output, table)

@@ -67,6 +67,9 @@ class OutboxStatus:
     dead: int
     lag_seconds: float | None
     """Age of the oldest pending event on the db clock; None when nothing is pending."""
+    oldest_pending_error: str | None = None
+    """The oldest pending event's last error: why the outbox waits (a broker that refuses the publisher's
+    setup holds every event as pending, with no attempt counted); None when it has none."""
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -150,7 +153,7 @@ class PostgresOutbox:
         r = await self._fetchrow("outbox_status")
         assert r is not None  # an aggregate always returns a row
         return OutboxStatus(r["pending"], r["in_flight"], r["backing_off"], r["above_horizon"], r["dead"],
-                            r["lag_seconds"])
+                            r["lag_seconds"], r["oldest_pending_error"])
 
     async def published_count(self) -> int:
         with translate_errors(self.url):

@@ -58,8 +58,10 @@ END
 
 -- name: outbox_status
 -- Counts and lag: pending (not published, not dead), of them in flight, backing off and above the
--- visibility horizon (the outbox_state of each), dead letters, and the age of the oldest pending
--- event on the db clock (seconds).
+-- visibility horizon (the outbox_state of each), dead letters, the age of the oldest pending
+-- event on the db clock (seconds), and that event's last_error: why the outbox waits, e.g. the
+-- refusal of a broker that holds every event (a webhook's 401), which counts no attempt and leaves the
+-- events pending (the relay settles the oldest first of its key, so it keeps the error).
 SELECT
     count(*) FILTER (WHERE s.state <> 'dead') AS pending,
     count(*) FILTER (WHERE s.state = 'in_flight') AS in_flight,
@@ -68,6 +70,8 @@ SELECT
     count(*) FILTER (WHERE s.state = 'dead') AS dead,
     extract(epoch FROM {{schema}}.db_now() - min(s.created_at) FILTER (WHERE s.state <> 'dead'))::float8
         AS lag_seconds,
+    (SELECT o.last_error FROM {{schema}}.outbox o
+     WHERE o.published_at IS NULL AND o.dead_at IS NULL ORDER BY o.id LIMIT 1) AS oldest_pending_error,
     {{schema}}.db_now() AS now
 FROM (
     SELECT o.created_at, /*outbox_state*/ AS state
