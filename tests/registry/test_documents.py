@@ -315,7 +315,8 @@ def test_the_catalog_and_graph_stages_report_every_problem_too(tmp_path: Path) -
         ("steps", "unreachable steps: c, j, w"),  # w too: its payload is wrong, and nothing goes to it
         ("steps[0].deadline", "step 'a': its deadline must be at most a thousand years, got 1e+300 s"),
         ("steps[3].payloads.stop", "payload for 'stop', which is none of the wait's signals and messages"),
-        ("steps[4]", "join step 'j' names no fork (fork='a')")]  # a rule about one step, at that step
+        ("steps[4]", "join step 'j' names no fork: 'a' is not a fork step")]  # a rule about one step, at that step
+    # (in the document's words, not Python's `fork='a'`)
     assert str(raised.value).startswith("4 problems: line 4, column 3 (steps): unreachable steps: c, j, w; ")
     doc = tmp_path / "x.yaml"
     doc.write_text(NAMES)

@@ -493,7 +493,8 @@ def _flow_problems(start: str, steps: dict[str, Step]) -> list[str]:
         if j.kind != "join":
             continue
         if j.fork not in steps or steps[j.fork].kind != "fork":
-            found.append(f"join step {j.name!r} names no fork (fork={j.fork!r})")
+            found.append(f"join step {j.name!r} names no fork"
+                         + (f": {j.fork!r} is not a fork step" if j.fork else ""))
         elif j.fork in joins:
             found.append(f"fork {j.fork!r} has two joins: {joins[j.fork]!r} and {j.name!r}")
         else:
