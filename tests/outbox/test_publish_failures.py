@@ -127,7 +127,7 @@ async def test_a_nats_stream_jetstream_will_not_create_leaves_no_connection_open
     from tests.outbox.brokers import open_kind  # noqa: PLC0415
 
     kind = await open_kind("nats")
-    opened = record_connections(monkeypatch, nats_jetstream.nats)
+    opened = record_connections(monkeypatch, nats_jetstream)
     publisher = open_publisher(f"{kind.base_url}?subject={kind.tag}.ev.{{type}}&stream=OVERLAP{kind.tag.upper()}")
     try:
         await fails_three_times_closing_each(publisher, "overlap", opened)
@@ -234,6 +234,18 @@ async def test_a_nats_server_without_jetstream_holds_the_events(
     `stream=`, its setup failed with JetStream's 503, which every batch counted as the events' attempt."""
     publisher = open_publisher(f"{nats_without_jetstream}?subject=t.{{type}}{query}")
     await assert_held(conn, outbox, publisher, "JetStream", caplog)
+
+
+async def test_nats_refusing_the_credentials_holds_the_events(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server refusing the broker URL's credentials ("Authorization Violation") failed every publish with
+    an error counted against each event: the whole outbox was dead-lettered after max_attempts. The
+    credentials are the configuration's, not the events': held as a misconfiguration."""
+    async with own_server("nats-server", "start a server that requires a password",
+                          lambda port: ["-a", "127.0.0.1", "-p", str(port), "--user", "u", "--pass", "pw"]) as port:
+        publisher = open_publisher(f"nats://u:wrong@127.0.0.1:{port}?subject=t.{{type}}")
+        await assert_held(conn, outbox, publisher, "Authorization Violation", caplog)
 
 
 async def test_a_rabbitmq_exchange_of_another_type_holds_the_events(

@@ -16,7 +16,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import nats
 from nats import errors as nats_errors
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
@@ -45,6 +44,21 @@ _STREAM_NAME = re.compile(r"[^\s.*>/\\]+")  # JetStream: no whitespace, '.', '*'
 _UNREACHABLE = (nats_errors.ConnectionClosedError, nats_errors.ConnectionReconnectingError,
                 nats_errors.ConnectionDrainingError, nats_errors.NoServersError, nats_errors.StaleConnectionError,
                 nats_errors.OutboundBufferLimitError, OSError)
+_CREDENTIALS_REFUSED = "authorization violation"
+"""The server's -ERR to a CONNECT with credentials it does not accept (or none where it wants some), which
+nats-py raises as a plain `nats.errors.Error`: counted against each event, it dead-lettered the outbox."""
+
+
+async def connect(url: str, **options: Any) -> NatsClient:
+    """`nats.connect`, except that a client whose CONNECT the server refused is closed (nats.connect left its
+    socket open, once per batch while the relay held the events)."""
+    nc = NatsClient()
+    try:
+        await nc.connect(url, **options)
+    except BaseException:
+        await nc.close()
+        raise
+    return nc
 
 
 async def _ignore(_error: Exception) -> None:
@@ -80,10 +94,15 @@ class NatsJetStreamPublisher:
         await self._drop()
         try:
             # One try per server (0 would mean for ever); the relay backs off and reconnects itself.
-            nc = await nats.connect(self.url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1,
-                                    reconnect_time_wait=0.1, error_cb=_ignore)
+            nc = await connect(self.url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=1,
+                               reconnect_time_wait=0.1, error_cb=_ignore)
         except (*_UNREACHABLE, nats_errors.TimeoutError, TimeoutError) as exc:
             raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        except nats_errors.Error as exc:
+            if _CREDENTIALS_REFUSED in str(exc).lower():  # the URL's, whatever the events: the relay holds them
+                raise BrokerMisconfigured(f"{self.name}: the server refuses the broker URL's credentials: {exc}") \
+                    from exc
+            raise
         js = nc.jetstream(timeout=self.timeout)
         try:
             if self.stream:
