@@ -77,3 +77,17 @@ async def test_a_redis_acl_refusal_holds_the_events(
     await config(own_redis, "ACL", "SETUSER", "relay", "on", ">pw", "~*", "+@all", f"-{denied}")
     user_url = own_redis.replace("redis://", "redis://relay:pw@")
     await assert_held(conn, outbox, open_publisher(f"{user_url}?stream=s"), "NOPERM", caplog)
+
+
+@pytest.mark.parametrize("credentials", ["relay:wrong@", ""])
+async def test_redis_refusing_the_credentials_holds_the_events(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, own_redis: str, credentials: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A wrong password (WRONGPASS) or none where Redis wants one (NOAUTH) was held as an unreachable Redis, said
+    in a WARNING line as if the server were down. The credentials are the broker URL's: held as a
+    misconfiguration (an ERROR line), as NATS refusing them and a webhook's 401 are."""
+    await config(own_redis, "ACL", "SETUSER", "relay", "on", ">pw", "~*", "+@all")
+    await config(own_redis, "ACL", "SETUSER", "default", "on", ">pw")  # the default user wants a password too
+    url = own_redis.replace("redis://", f"redis://{credentials}")
+    await assert_held(conn, outbox, open_publisher(f"{url}?stream=s"), "credentials", caplog)

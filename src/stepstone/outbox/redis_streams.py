@@ -9,7 +9,8 @@ acknowledged when Redis answers it, so durability is whatever the server's persi
 
 A reply about the server's state rather than the event (OOM: maxmemory reached; READONLY: a replica;
 BUSY, LOADING, MISCONF, MASTERDOWN, CLUSTERDOWN, TRYAGAIN) counts no attempt, as an unreachable Redis;
-an ACL refusal (NOPERM, of the XADD or the PING) is the broker URL's user: held as a misconfiguration.
+an ACL refusal (NOPERM, of the XADD or the PING) is the broker URL's user, and a refusal of its credentials
+(WRONGPASS, NOAUTH) the URL's: either is held as a misconfiguration.
 Other command errors (WRONGTYPE, ...) refuse the event.
 """
 
@@ -52,6 +53,9 @@ _STATE_REPLIES: dict[type[redis_errors.ResponseError], str] = {
 text (so a check of the text for "OOM" never matched: a full Redis refused every event for good)."""
 _STATE_CODES = ("BUSY", "LOADING", "MISCONF")
 """The same, for replies redis-py leaves a plain ResponseError with the code in its text."""
+_NOT_ALLOWED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
+"""The broker URL's credentials refused (WRONGPASS, NOAUTH) or its user not allowed a command by the ACL
+(NOPERM): the configuration's, whatever the events, so held as a misconfiguration."""
 
 
 class RedisStreamsPublisher:
@@ -75,21 +79,21 @@ class RedisStreamsPublisher:
                 await self.client.ping()
         except TimeoutError as exc:  # redis-py's own TimeoutError is no subclass of it
             raise BrokerUnavailable(f"{self.name}: no answer to PING within {PROBE_SECONDS:g} s") from exc
+        except _NOT_ALLOWED as exc:  # before ConnectionError: AuthenticationError is one, but the URL's
+            raise BrokerMisconfigured(_not_allowed(self.name, exc)) from exc
         except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
             raise BrokerUnavailable(f"{self.name}: {exc}") from exc
-        except redis_errors.NoPermissionError as exc:
-            raise BrokerMisconfigured(_not_permitted(self.name, exc)) from exc
 
         async def send(event: StagedEvent) -> PublishResult:
             try:
                 await self.client.xadd(self.routing.target(event), self.fields(event),  # type: ignore[arg-type]
                                        maxlen=self.maxlen or None, approximate=True)
+            except _NOT_ALLOWED as exc:  # a new connection of the pool refused, or the XADD by the ACL
+                return PublishResult.held(_not_allowed(self.name, exc))
             except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
                 return PublishResult.transient(f"{self.name}: {exc}", attempted=False)
             except redis_errors.DataError as exc:  # the client's own check of the command: for good
                 return PublishResult.refused(str(exc))
-            except redis_errors.NoPermissionError as exc:
-                return PublishResult.held(_not_permitted(self.name, exc))
             except redis_errors.ResponseError as exc:
                 state = _server_state(exc)
                 if state is not None:  # the server's, whatever the event: nothing counted, as unreachable
@@ -127,7 +131,9 @@ def _server_state(exc: redis_errors.ResponseError) -> str | None:
     return text if text.startswith(_STATE_CODES) else None
 
 
-def _not_permitted(name: str, exc: redis_errors.NoPermissionError) -> str:
+def _not_allowed(name: str, exc: redis_errors.RedisError) -> str:
+    if isinstance(exc, redis_errors.AuthenticationError):
+        return f"{name}: Redis refuses the broker URL's credentials (WRONGPASS or NOAUTH): {exc}"
     return f"{name}: NOPERM {exc}: allow the broker URL's user that command in Redis's ACL"
 
 
