@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -267,6 +268,20 @@ async def test_a_rabbitmq_exchange_of_another_type_holds_the_events(
         await assert_held(conn, outbox, open_publisher(f"{url}?exchange={name}"), "inequivalent arg 'type'", caplog)
     finally:
         await admin.close()
+
+
+async def test_rabbitmq_refusing_the_credentials_holds_the_events(
+    conn: asyncpg.Connection, outbox: PostgresOutbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A login RabbitMQ refuses (ACCESS_REFUSED) was held as an unreachable broker, said in a WARNING line as
+    if it were down. The credentials are the broker URL's: held as a misconfiguration (an ERROR line), as a
+    webhook's 401 and Redis or NATS refusing them are."""
+    url = os.environ.get("STEPSTONE_TEST_AMQP_URL")
+    if not url:
+        pytest.skip("STEPSTONE_TEST_AMQP_URL is not set")
+    wrong = re.sub(r"//([^:@/]+):[^@/]*@", r"//\1:wrong@", url)
+    assert wrong != url, "the test URL carries a password to get wrong"
+    await assert_held(conn, outbox, open_publisher(wrong), "credentials", caplog)
 
 
 def rabbitmqctl(*args: str) -> str | None:

@@ -56,6 +56,8 @@ _CLIENTS = frozenset({  # what aiormq and aio_pika read from the URL's query: pa
 _REFUSED_SETUP = (aiormq.exceptions.ChannelPreconditionFailed, aiormq.exceptions.ChannelAccessRefused)
 """What the broker answers a declaration it will not make: another exchange of that name and another
 type or arguments (406), or a user without the right to declare it (403)."""
+_CREDENTIALS_REFUSED = (aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.AuthenticationError)
+"""A login the broker refuses (ACCESS_REFUSED, or no mechanism both sides know): the configuration's."""
 _UNREACHABLE = (aiormq.exceptions.AMQPConnectionError, aiormq.exceptions.ChannelInvalidStateError, ConnectionError,
                 OSError)
 
@@ -125,6 +127,9 @@ class RabbitMqPublisher:
             if conn is not None:
                 with contextlib.suppress(Exception):
                     await conn.close()
+            if isinstance(exc, _CREDENTIALS_REFUSED):  # an AMQPConnectionError, but the URL's, not the network's
+                raise BrokerMisconfigured(f"{self.name}: RabbitMQ refuses the broker URL's credentials: "
+                                          f"{type(exc).__name__}: {exc}") from exc
             if isinstance(exc, (*_UNREACHABLE, TimeoutError)):
                 raise BrokerUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from exc
             if isinstance(exc, _REFUSED_SETUP):  # the configuration's: the relay holds the events
