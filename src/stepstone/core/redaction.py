@@ -15,7 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stepstone.core.effects import (
+    AdvanceSaga,
     Effect,
+    EmitEvent,
     IfStopped,
     MovePosition,
     NotifyParent,
@@ -25,6 +27,7 @@ from stepstone.core.effects import (
     SetState,
 )
 from stepstone.core.model import CommandView, Decision, Settle
+from stepstone.core.saga import COMPENSATION_FAILED_EVENT
 
 __all__ = ["MIN_SCRUBBED", "REDACTED", "Hook", "Path", "PayloadKey", "Redaction", "redact_state"]
 
@@ -296,11 +299,15 @@ class Redaction:
             settle = Settle(settle.state, self.text(settle.reason, secrets), settle.retry_delay)
         return Decision(settle, tuple(effects))
 
-    def _effect(self, effect: Effect, secrets: frozenset[str]) -> Effect:
+    def _effect(self, effect: Effect, secrets: frozenset[str]) -> Effect:  # noqa: PLR0911 - one return per kind
         if isinstance(effect, RecordHistory):
             return replace(effect, data=self.history_data(effect.data, secrets))
-        if isinstance(effect, MovePosition) and effect.error is not None:
+        if isinstance(effect, (MovePosition, AdvanceSaga)) and effect.error is not None:
+            # a position's error; a compensation's last error (its record, its instance's error)
             return replace(effect, error=self.scrub(effect.error, secrets))
+        if isinstance(effect, EmitEvent) and effect.type == COMPENSATION_FAILED_EVENT:
+            # the engine's alert, which quotes that last error (an event a handler emits is its own data)
+            return replace(effect, payload=self.scrub(effect.payload, secrets))
         if isinstance(effect, NotifyParent):
             return replace(effect, payload=self._report(effect.payload, secrets))
         if isinstance(effect, OpenTask) and isinstance(effect.task, dict):
