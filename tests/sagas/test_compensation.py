@@ -13,6 +13,7 @@ import pytest
 from pydantic import BaseModel, model_validator
 
 from stepstone import CompensationContext, Registry, Retry, StepContext, Workflow
+from stepstone.core.failures import without_frames
 from stepstone.errors import InvalidState
 from stepstone.testing import Engine, open_engine
 from tests.sagas import workflows as w
@@ -94,7 +95,8 @@ async def test_exhaustion_alerts_once_and_retry_resumes_where_it_stopped(
     alert = ALERTS[0]
     assert {k: alert[k] for k in ("instance_id", "workflow", "step", "compensation", "attempts")} == {
         "instance_id": iid, "workflow": "linear", "step": "one", "compensation": "undo_one", "attempts": 3}
-    assert alert["last_error"] == {"type": "Boom", "message": "undo_one is down"}
+    assert without_frames(alert)["last_error"] == {"type": "Boom", "message": "undo_one is down"}
+    assert alert["last_error"]["frames"][-1]["function"] == "_maybe_fail"  # where the compensation raised
     events = await conn.fetch("SELECT payload FROM stepstone.outbox WHERE type = 'stepstone.compensation_failed'")
     assert len(events) == 1
     assert (await engine.client.wait_for(iid, timeout=5)).status == "COMPENSATION_FAILED"
@@ -359,7 +361,7 @@ async def test_a_saga_stopped_at_compensation_failed_says_which_step_and_why_in_
     error = (await engine.client.get(iid)).error
     assert error is not None
     assert (error["type"], error["step"], error["attempts"]) == ("CompensationFailed", "one", 3)
-    assert error["error"] == {"type": "Boom", "message": "undo_one is down"}
+    assert without_frames(error)["error"] == {"type": "Boom", "message": "undo_one is down"}
     assert describe_error(error) == (
         "CompensationFailed: the compensation of step 'one' gave up after 3 attempts: Boom: undo_one is down "
         "(step one)")

@@ -6,6 +6,10 @@ A failure (`{"step", "type", "message", "attempt"}` in history and in the instan
 value; no local variables), outermost first, and `frames_omitted`, how many outer frames were left out
 to stay within `MAX_FRAMES` and `MAX_FRAMES_BYTES`. Failures written by earlier releases, and failures
 no handler raised (a state that cannot be stored, a wrong transition), have neither key.
+
+A compensation handler's failure has the same keys; it sits one level down, in the `error` of a
+COMPENSATION_ATTEMPT_FAILED entry and of a COMPENSATION_FAILED instance, and in the `last_error` of the
+COMPENSATION_FAILED entry and alert. `without_frames` and `traceback_text` look there too.
 """
 
 from __future__ import annotations
@@ -67,19 +71,33 @@ def frames_document(frames: tuple[Frame, ...], omitted: int) -> dict[str, Any]:
     return {"frames": [f.document() for f in frames], **({"frames_omitted": omitted} if omitted else {})}
 
 
+_NESTED = ("error", "last_error")
+"""Where a compensation's failure sits inside a history entry's data or an instance's error."""
+
+
 def without_frames(error: Any) -> Any:
-    """A failure (or any history entry's data) without its frames, for a view that shows them as a traceback
-    of their own (`traceback_text`)."""
-    if isinstance(error, dict) and "frames" in error:
-        return {k: v for k, v in error.items() if k not in ("frames", "frames_omitted")}
-    return error
+    """A failure (or any history entry's data) without its frames, nested ones included, for a view that
+    shows them as a traceback of their own (`traceback_text`)."""
+    if not isinstance(error, dict):
+        return error
+    return {k: without_frames(v) if k in _NESTED else v for k, v in error.items()
+            if k not in ("frames", "frames_omitted")}
+
+
+def _with_frames(error: Any) -> dict[str, Any] | None:
+    """The failure in `error` that has frames: itself, or a compensation's failure inside it."""
+    for failure in (error, *(error.get(k) for k in _NESTED)) if isinstance(error, dict) else ():
+        if isinstance(failure, dict) and isinstance(failure.get("frames"), list) and failure["frames"]:
+            return failure
+    return None
 
 
 def traceback_text(error: Any) -> str | None:
     """A stored failure as Python prints a traceback (`Traceback (most recent call last):`, each frame's
     `File "...", line N, in function` and its source line, then `Type: message`); None when it has no
-    frames (an older row, or a failure no handler raised)."""
-    if not isinstance(error, dict) or not isinstance(error.get("frames"), list) or not error["frames"]:
+    frames (an older row, or a failure no handler raised). A compensation's failure inside `error` is found."""
+    error = _with_frames(error)
+    if error is None:
         return None
     lines = ["Traceback (most recent call last):"]
     omitted = error.get("frames_omitted")

@@ -33,6 +33,7 @@ from stepstone.core.effects import (
     state_change,
 )
 from stepstone.core.entering import enter, fail, settled
+from stepstone.core.failures import frames_document
 from stepstone.core.model import (
     COMPENSATING,
     FAILED,
@@ -204,7 +205,7 @@ def _compensate(
         reason = claims_spent(command, max_claims)
         declared = plan.steps[run.step].compensation if run.step in plan.steps else None
         name = declared.name if declared is not None else ""
-        return _exhausted(instance, run, "DeadLetter", reason, name, plan.definition_id)
+        return _exhausted(instance, run, {"type": "DeadLetter", "message": reason}, name, plan.definition_id)
     return run
 
 
@@ -229,8 +230,9 @@ def _child_compensated(instance: InstanceView, plan: Plan, payload: dict[str, JS
     error = payload.get("error")
     message = error.get("message") if isinstance(error, dict) else None
     run = RunCompensation(record, step, "", int(visit or 0), None, 1, None)
-    return _exhausted(instance, run, "ChildCompensationFailed",
-                      f"child {payload.get('child_id')} could not compensate: {message}", "", plan.definition_id)
+    return _exhausted(instance, run, {"type": "ChildCompensationFailed",
+                                      "message": f"child {payload.get('child_id')} could not compensate: {message}"},
+                      "", plan.definition_id)
 
 
 def complete_compensation(
@@ -252,7 +254,8 @@ def complete_compensation(
     if compensation is None:
         outcome = StepFailed("UnknownCompensation", f"the pinned plan declares no compensation on {run.step!r}",
                              retryable=False)
-    error = {"type": outcome.error_type, "message": outcome.message}
+    error = {"type": outcome.error_type, "message": outcome.message,
+             **frames_document(outcome.frames, outcome.frames_omitted)}
     policy = compensation.retry if compensation is not None else None
     retryable = outcome.retryable and policy is not None and outcome.error_type not in policy.non_retryable
     if policy is not None and retryable and run.attempt < policy.max_attempts:
@@ -263,15 +266,16 @@ def complete_compensation(
                            {**where, "compensation": name, "error": error, "retry_in": delay}),
              AdvanceSaga("attempt_failed", record=run.record, attempts=run.attempt, error=error)),
         )
-    return _exhausted(instance, run, outcome.error_type, outcome.message, name, plan.definition_id)
+    return _exhausted(instance, run, error, name, plan.definition_id)
 
 
 def _exhausted(
-    instance: InstanceView, run: RunCompensation, error_type: str, message: str, name: str, workflow: str,
+    instance: InstanceView, run: RunCompensation, error: dict[str, JSON], name: str, workflow: str,
 ) -> Decision:
     """The compensation is given up: COMPENSATION_FAILED, one history entry, one outbox event (in
-    this commit, so exactly once however many workers raced for it) and the worker's alert hook."""
-    error = {"type": error_type, "message": message}
+    this commit, so exactly once however many workers raced for it) and the worker's alert hook.
+    `error` is the last attempt's (`type`, `message`, and `frames` where its handler raised)."""
+    error_type, message = error["type"], error["message"]
     alert = alert_payload(instance.id, workflow, run, name, error)
     return Decision(Settle("FAILED", f"{error_type}: {message}"), (
         RecordHistory("COMPENSATION_FAILED", run.step, run.visit, alert),

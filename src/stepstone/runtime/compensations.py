@@ -19,7 +19,15 @@ from stepstone.authoring.workflow import CompensationContext, Workflow
 from stepstone.core.limits import Limits
 from stepstone.core.model import Decision, InstanceView, StepFailed, StepSucceeded
 from stepstone.core.saga import RunCompensation, exhausted_alert
-from stepstone.runtime.handlers import _boxed, _failed, _message, _Raised, _reraise_own_cancellation, left_behind
+from stepstone.runtime.handlers import (
+    _boxed,
+    _failed,
+    _message,
+    _Raised,
+    _reraise_own_cancellation,
+    left_behind,
+    raised,
+)
 
 
 def compensation_key(instance_id: str, record: int) -> str:
@@ -49,8 +57,8 @@ async def run_compensation(
         await _call(handler, ctx, state, run.recorded, executor)
     except BaseException as exc:  # noqa: BLE001 - every handler error becomes a StepFailed
         _reraise_own_cancellation(exc)
-        return _failed(type(exc).__name__, _message(exc),
-                       retryable=not workflow.compensation_never_retried(run.step, exc))
+        # As a step's failure: its frames from the compensation handler down, none of this module's above it.
+        return raised(exc, retryable=not workflow.compensation_never_retried(run.step, exc), engine=(__file__,))
     return left_behind(workflow, f"the compensation of {run.step!r}", None, state, ctx.events, limits)
 
 

@@ -106,10 +106,7 @@ async def _run(
         result = await _call(workflow, run.step, ctx, state, executor)
     except BaseException as exc:  # noqa: BLE001 - every handler error becomes a StepFailed
         _reraise_own_cancellation(exc)
-        retryable = not workflow.never_retried(run.step, exc)
-        frames, omitted = handler_frames(exc)
-        return replace(_failed(type(exc).__name__, _message(exc), retryable=retryable), frames=frames,
-                       frames_omitted=omitted), None
+        return raised(exc, retryable=not workflow.never_retried(run.step, exc)), None
     child: ChildStart | None = None
     if workflow.plan.steps[run.step].kind == "child":
         named = child_id(instance.id, instance.position, run.step, run.visit)
@@ -309,6 +306,14 @@ def _reraise_own_cancellation(exc: BaseException) -> None:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise exc
+
+
+def raised(error: BaseException, *, retryable: bool, engine: tuple[str, ...] = ()) -> StepFailed:
+    """What a handler (a step's or a compensation's, called from `engine`) raised, as its failure: type,
+    message and the frames below the engine's call (`handler_frames`)."""
+    frames, omitted = handler_frames(error, engine)
+    return replace(_failed(type(error).__name__, _message(error), retryable=retryable), frames=frames,
+                   frames_omitted=omitted)
 
 
 def handler_frames(error: BaseException, engine: tuple[str, ...] = ()) -> tuple[tuple[Frame, ...], int]:
