@@ -7,6 +7,12 @@ value; no local variables), outermost first, and `frames_omitted`, how many oute
 to stay within `MAX_FRAMES` and `MAX_FRAMES_BYTES`. Failures written by earlier releases, and failures
 no handler raised (a state that cannot be stored, a wrong transition), have neither key.
 
+An error raised from another (`raise X from Y`), or while handling one, keeps that one as `cause`:
+`{"type", "message"}`, its own `frames`/`frames_omitted` (from what remains of the same caps once the
+error raised took its frames: the chain together keeps at most `MAX_FRAMES` frames in `MAX_FRAMES_BYTES`),
+`"context": true` when it was not named by `from` but being handled, and its own `cause`, at most
+`MAX_CAUSES` deep. `raise X from None` keeps none, as Python prints none.
+
 A compensation handler's failure has the same keys; it sits one level down, in the `error` of a
 COMPENSATION_ATTEMPT_FAILED entry and of a COMPENSATION_FAILED instance, and in the `last_error` of the
 COMPENSATION_FAILED entry and alert. `without_frames` and `traceback_text` look there too.
@@ -18,12 +24,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_FRAMES", "MAX_FRAMES_BYTES", "Frame", "bounded", "frames_document", "traceback_text", "without_frames"]
+__all__ = ["MAX_CAUSES", "MAX_FRAMES", "MAX_FRAMES_BYTES", "Frame", "bounded", "frames_bytes", "frames_document",
+           "traceback_text", "without_frames"]
 
 MAX_FRAMES = 20
 """The innermost frames kept of a handler's error (a deep recursion keeps its last 20)."""
 MAX_FRAMES_BYTES = 8192
 """The most the kept frames take as JSON; outer frames are left out beyond it."""
+MAX_CAUSES = 3
+"""The most errors of a chain kept below the error raised (its cause, that one's cause...)."""
 _MAX_FILE = 240
 _MAX_FUNCTION = 120
 _MAX_SOURCE = 240
@@ -48,27 +57,39 @@ def _cut(text: str, most: int, *, keep_end: bool = False) -> str:
     return "…" + text[-(most - 1):] if keep_end else text[: most - 1] + "…"
 
 
-def bounded(frames: list[Frame]) -> tuple[tuple[Frame, ...], int]:
-    """The innermost frames within `MAX_FRAMES` and `MAX_FRAMES_BYTES` (each text cut to a line's
-    worth; a file keeps its end), and how many outer frames were left out."""
+def bounded(frames: list[Frame], most: int = MAX_FRAMES, most_bytes: int = MAX_FRAMES_BYTES,
+            ) -> tuple[tuple[Frame, ...], int]:
+    """The innermost frames within `most` frames and `most_bytes` (each text cut to a line's worth; a file
+    keeps its end), and how many outer frames were left out."""
     kept = [Frame(_cut(f.file, _MAX_FILE, keep_end=True), f.line, _cut(f.function, _MAX_FUNCTION),
-                  _cut(f.source, _MAX_SOURCE)) for f in frames[-MAX_FRAMES:]]
+                  _cut(f.source, _MAX_SOURCE)) for f in frames[max(len(frames) - most, 0):]]
     size = 2
     first = len(kept)
     while first > 0:
-        size += len(json.dumps(kept[first - 1].document(), ensure_ascii=False).encode()) + 1
-        if size > MAX_FRAMES_BYTES:
+        size += _size(kept[first - 1])
+        if size > most_bytes:
             break
         first -= 1
     kept = kept[first:]
     return tuple(kept), len(frames) - len(kept)
 
 
-def frames_document(frames: tuple[Frame, ...], omitted: int) -> dict[str, Any]:
-    """The keys a failure gains for its frames: none when there are none (older rows look the same)."""
+def _size(frame: Frame) -> int:
+    return len(json.dumps(frame.document(), ensure_ascii=False).encode()) + 1
+
+
+def frames_bytes(frames: tuple[Frame, ...]) -> int:
+    """What `frames` take of `MAX_FRAMES_BYTES` (as `bounded` counts)."""
+    return 2 + sum(_size(f) for f in frames)
+
+
+def frames_document(frames: tuple[Frame, ...], omitted: int, cause: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keys a failure gains for its frames and its cause: none when there are none (older rows look the
+    same)."""
     if not frames:
         return {}
-    return {"frames": [f.document() for f in frames], **({"frames_omitted": omitted} if omitted else {})}
+    return {"frames": [f.document() for f in frames], **({"frames_omitted": omitted} if omitted else {}),
+            **({"cause": cause} if cause is not None else {})}
 
 
 _NESTED = ("error", "last_error")
@@ -80,8 +101,8 @@ def without_frames(error: Any) -> Any:
     shows them as a traceback of their own (`traceback_text`)."""
     if not isinstance(error, dict):
         return error
-    return {k: without_frames(v) if k in _NESTED else v for k, v in error.items()
-            if k not in ("frames", "frames_omitted")}
+    gone = ("frames", "frames_omitted", "cause") if "frames" in error else ()  # a failure's cause goes with them
+    return {k: without_frames(v) if k in _NESTED else v for k, v in error.items() if k not in gone}
 
 
 def _with_frames(error: Any) -> dict[str, Any] | None:
@@ -94,16 +115,33 @@ def _with_frames(error: Any) -> dict[str, Any] | None:
 
 def traceback_text(error: Any) -> str | None:
     """A stored failure as Python prints a traceback (`Traceback (most recent call last):`, each frame's
-    `File "...", line N, in function` and its source line, then `Type: message`); None when it has no
-    frames (an older row, or a failure no handler raised). A compensation's failure inside `error` is found."""
+    `File "...", line N, in function` and its source line, then `Type: message`), its cause's printed first
+    as Python prints a chain; None when it has no frames (an older row, or a failure no handler raised).
+    A compensation's failure inside `error` is found."""
     error = _with_frames(error)
     if error is None:
         return None
-    lines = ["Traceback (most recent call last):"]
+    return "\n".join(_chained(error, MAX_CAUSES + 1))
+
+
+_LINKS = {False: "The above exception was the direct cause of the following exception:",
+          True: "During handling of the above exception, another exception occurred:"}
+
+
+def _chained(error: dict[str, Any], links: int) -> list[str]:
+    cause = error.get("cause")
+    before: list[str] = []
+    if isinstance(cause, dict) and links > 1:
+        before = [*_chained(cause, links - 1), "", _LINKS[cause.get("context") is True], ""]
+    lines = []
     omitted = error.get("frames_omitted")
+    frames = error.get("frames")
+    frames = frames if isinstance(frames, list) else []
+    if frames or omitted:
+        lines.append("Traceback (most recent call last):")
     if isinstance(omitted, int) and omitted > 0:
         lines.append(f"  ... {omitted} outer frame{'s' if omitted != 1 else ''} not kept")
-    for frame in error["frames"]:
+    for frame in frames:
         if not isinstance(frame, dict):
             continue
         lines.append(f'  File "{frame.get("file")}", line {frame.get("line")}, in {frame.get("function")}')
@@ -111,4 +149,4 @@ def traceback_text(error: Any) -> str | None:
             lines.append(f"    {frame['source']}")
     message = error.get("message")
     lines.append(f"{error.get('type')}: {message}" if message else str(error.get("type")))
-    return "\n".join(lines)
+    return before + lines

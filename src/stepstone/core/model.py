@@ -165,13 +165,15 @@ class StepSucceeded:
 @dataclass(frozen=True)
 class StepFailed:
     """A handler raised. Only the error's type and message are kept, never payload values, and where it
-    raised: the frames of its error (code, never values; `core.failures`)."""
+    raised: the frames of its error (code, never values; `core.failures`) and of the errors it was chained to."""
 
     error_type: str
     message: str
     retryable: bool = True
     frames: tuple[Frame, ...] = ()
     frames_omitted: int = 0
+    cause: JSON = None
+    """The error it was raised from or while handling, as stored (`core.failures`); None when none."""
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ def complete_compensation(
         outcome = StepFailed("UnknownCompensation", f"the pinned plan declares no compensation on {run.step!r}",
                              retryable=False)
     error = {"type": outcome.error_type, "message": outcome.message,
-             **frames_document(outcome.frames, outcome.frames_omitted)}
+             **frames_document(outcome.frames, outcome.frames_omitted, outcome.cause)}
     policy = compensation.retry if compensation is not None else None
     retryable = outcome.retryable and policy is not None and outcome.error_type not in policy.non_retryable
     if policy is not None and retryable and run.attempt < policy.max_attempts:

@@ -143,7 +143,7 @@ def _complete(
             return Decision(settled(entered),
                             (*done, *state_change(instance.state, outcome.state, ops), *entered, *events))
     failure = {"step": step.name, "type": outcome.error_type, "message": outcome.message, "attempt": command.attempt,
-               **frames_document(outcome.frames, outcome.frames_omitted)}
+               **frames_document(outcome.frames, outcome.frames_omitted, outcome.cause)}
     retryable = outcome.retryable and outcome.error_type not in step.retry.non_retryable
     if retryable and command.attempt < step.retry.max_attempts:
         delay = step.retry.backoff(command.attempt)

@@ -31,7 +31,7 @@ from stepstone.authoring.workflow import (
     TaskOutcome,
     Workflow,
 )
-from stepstone.core.failures import Frame, bounded
+from stepstone.core.failures import MAX_CAUSES, MAX_FRAMES, MAX_FRAMES_BYTES, Frame, bounded, frames_bytes
 from stepstone.core.limits import Limits, PayloadRejected
 from stepstone.core.model import ROOT, ChildStart, Event, InstanceView, RunStep, StepFailed, StepSucceeded
 from stepstone.core.transitions import child_id
@@ -313,10 +313,27 @@ def raised(error: BaseException, *, retryable: bool, engine: tuple[str, ...] = (
     message and the frames below the engine's call (`handler_frames`)."""
     frames, omitted = handler_frames(error, engine)
     return replace(_failed(type(error).__name__, _message(error), retryable=retryable), frames=frames,
-                   frames_omitted=omitted)
+                   frames_omitted=omitted, cause=_cause(error, engine, frames, {id(error)}, MAX_CAUSES))
 
 
-def handler_frames(error: BaseException, engine: tuple[str, ...] = ()) -> tuple[tuple[Frame, ...], int]:
+def _cause(error: BaseException, engine: tuple[str, ...], kept: tuple[Frame, ...], seen: set[int],
+           links: int) -> dict[str, Any] | None:
+    """What `error` was raised from (or while handling, unless `from None`), as Python prints the chain:
+    its frames from what the caps leave once `kept` are counted, then its own cause, `links` deep at most."""
+    context = error.__cause__ is None
+    cause = error.__context__ if context and not error.__suppress_context__ else error.__cause__
+    if cause is None or id(cause) in seen or links < 1:
+        return None
+    seen.add(id(cause))
+    frames, omitted = handler_frames(cause, engine, MAX_FRAMES - len(kept), MAX_FRAMES_BYTES - frames_bytes(kept))
+    return {"type": _storable(type(cause).__name__)[:200], "message": _storable(_message(cause)),
+            **({"frames": [f.document() for f in frames]} if frames else {}),
+            **({"frames_omitted": omitted} if omitted else {}), **({"context": True} if context else {}),
+            **({"cause": deeper} if (deeper := _cause(cause, engine, kept + frames, seen, links - 1)) else {})}
+
+
+def handler_frames(error: BaseException, engine: tuple[str, ...] = (), most: int = MAX_FRAMES,
+                   most_bytes: int = MAX_FRAMES_BYTES) -> tuple[tuple[Frame, ...], int]:
     """Where the handler raised `error` (`core.failures`): its traceback below the engine's call of the
     handler (the leading frames in this module and the `engine` files that call it are dropped), bounded;
     and how many outer frames were left out. Source lines are read as Python's traceback reads them
@@ -330,7 +347,7 @@ def handler_frames(error: BaseException, engine: tuple[str, ...] = ()) -> tuple[
     while start < len(summary) and summary[start].filename in calling:
         start += 1
     return bounded([Frame(_storable(s.filename), s.lineno or 0, _storable(s.name), _storable(s.line or ""))
-                    for s in summary[start:]])
+                    for s in summary[start:]], most, most_bytes)
 
 
 def _failed(error_type: str, message: str, *, retryable: bool) -> StepFailed:
